@@ -1,0 +1,39 @@
+# SPDX-License-Identifier: Apache-2.0
+# The two commands (README.md):
+#   make run    the main job on bundled data
+#   make test   the whole test suite: gcc -Werror build + CTest, then a clang
+#               ASan+UBSan build with libFuzzer targets + CTest
+# Both install missing Debian packages first (.ci/deps) and build.
+BUILD ?= build
+SAN_BUILD ?= build-san
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+CMAKE_COMMON := -DKVP_WERROR=ON -DKVP_SHARED_DIR=$(abspath ../shared)
+
+.PHONY: run test deps build test-main test-san clean
+
+deps:
+	@.ci/deps
+
+build: deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=gcc $(CMAKE_COMMON)
+	cmake --build $(BUILD) -j $(JOBS)
+
+run: build
+	$(BUILD)/bench/bench_prefix
+
+test-main: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+test-san: deps
+	cmake -S . -B $(SAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_COMPILER=clang \
+	  -DKVP_SANITIZE=address,undefined -DKVP_FUZZ=ON $(CMAKE_COMMON)
+	cmake --build $(SAN_BUILD) -j $(JOBS)
+	cd $(SAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  ctest --output-on-failure -j $(JOBS)
+
+test: test-main test-san
+	@echo "kvplane: all tests passed (gcc build and clang ASan+UBSan build)"
+
+clean:
+	rm -rf $(BUILD) $(SAN_BUILD)

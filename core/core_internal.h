@@ -1,0 +1,47 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* core internals shared with the modules DESIGN.md lets use core (router,
+ * kvtier, kernels, connectors): the one allocation helper, logging macros,
+ * small checks.  Not installed. */
+#ifndef KVP_CORE_INTERNAL_H
+#define KVP_CORE_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvplane/common.h"
+#include "kvplane/core.h"
+
+/* Resolve a caller's allocator (NULL -> libc) into a value to keep. */
+kvp_allocator kvp__allocator(const kvp_allocator *a);
+/* All allocation in kvplane goes through these (zstd allocations.h). */
+void *kvp__malloc(const kvp_allocator *a, size_t size);
+void *kvp__calloc(const kvp_allocator *a, size_t n, size_t size);
+void kvp__free(const kvp_allocator *a, void *p, size_t size);
+/* realloc on top of alloc/free: copies min(old,new) bytes. NULL on failure
+ * (the old block is then untouched). */
+void *kvp__realloc(const kvp_allocator *a, void *p, size_t old_size,
+                   size_t new_size);
+
+/* n * size without overflow; false on overflow. */
+static inline bool kvp__mul_ok(size_t n, size_t size, size_t *out) {
+  return !__builtin_mul_overflow(n, size, out);
+}
+
+/* Strict UTF-8 (no overlongs, no surrogates, <= U+10FFFF); len bytes. */
+bool kvp__utf8_valid(const char *s, size_t len);
+
+#define KVP_LOGE(mod, ...) kvp_log(KVP_LOG_ERROR, mod, __VA_ARGS__)
+#define KVP_LOGW(mod, ...) kvp_log(KVP_LOG_WARN, mod, __VA_ARGS__)
+#define KVP_LOGI(mod, ...) kvp_log(KVP_LOG_INFO, mod, __VA_ARGS__)
+#define KVP_LOGD(mod, ...) kvp_log(KVP_LOG_DEBUG, mod, __VA_ARGS__)
+
+#if defined(__GNUC__) || defined(__clang__)
+#define KVP_LIKELY(x) __builtin_expect(!!(x), 1)
+#define KVP_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#else
+#define KVP_LIKELY(x) (x)
+#define KVP_UNLIKELY(x) (x)
+#endif
+
+#endif /* KVP_CORE_INTERNAL_H */

@@ -1,0 +1,11 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* kvplane: where LLM KV-cache state lives and which worker serves the next
+ * turn.  Umbrella header over include/kvplane/<module>.h. */
+#ifndef KVPLANE_H
+#define KVPLANE_H
+
+#include "kvplane/common.h"
+#include "kvplane/core.h"
+#include "kvplane/prefix.h"
+
+#endif /* KVPLANE_H */

@@ -1,0 +1,280 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* kvplane prefix engine (router/prefix): namespaces, chained block keys,
+ * segment marks, the learned stability classifier and prompt-drift reports.
+ *
+ * A prompt of token ids is cut into full blocks of `block_size` tokens (the
+ * tail shorter than a block is reported, never hashed) and each block gets
+ *   key_i = H(key_{i-1}, tokens_i, extras_i),   key_{-1} = namespace seed
+ * so equal keys at block i imply equal prompts up to the end of block i. */
+#ifndef KVPLANE_PREFIX_H
+#define KVPLANE_PREFIX_H
+
+#include "kvplane/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVP_BLOCK_SIZE_MAX 4096u
+
+/* ---- namespace ------------------------------------------------------------
+ * Everything that makes two caches' KV bytes incompatible.  Strings are
+ * NUL-terminated UTF-8 (invalid UTF-8 -> KVP_EINVAL); NULL means "" except
+ * model_id, which is required.  Two descriptions that differ in any field
+ * give different seeds (length-prefixed encoding, SHA-256 truncated to 128
+ * bits), hence disjoint key spaces. */
+typedef struct kvp_namespace_desc {
+  const char *model_id;     /* e.g. "meta-llama/Llama-3.1-8B-Instruct" */
+  const char *tokenizer_id; /* e.g. the tokenizer's name@revision */
+  const char *kv_layout;    /* KV layout + dtype, e.g. "vllm-nhd:bf16" */
+  uint32_t block_size;      /* tokens per block, 1..KVP_BLOCK_SIZE_MAX */
+  const char *tenant_salt;  /* isolates tenants; NULL = shared */
+} kvp_namespace_desc;
+
+typedef struct kvp_namespace {
+  kvp_key seed;
+  uint32_t block_size;
+  uint32_t reserved_;
+} kvp_namespace;
+
+/* Returns 0, or KVP_EINVAL (NULL, model_id missing, block size out of range,
+ * invalid UTF-8). */
+KVP_API int kvp_namespace_init(const kvp_namespace_desc *desc,
+                               kvp_namespace *out);
+
+/* ---- hash algorithms ------------------------------------------------------ */
+typedef enum kvp_hash_algo {
+  /* kvplane native: XXH3-128 over (parent key, tokens as u32 LE, extras). */
+  KVP_HASH_XXH3_128 = 0,
+  /* kvplane native, collision resistant: SHA-256 (OpenSSL EVP), key = last
+   * 16 bytes of the digest. */
+  KVP_HASH_SHA256 = 1,
+  /* vLLM v1 exact: sha256(cbor2.dumps((parent, tuple(tokens), extra_keys),
+   * canonical=True)); block 0's parent is NONE_HASH = sha256(cbor(seed str)).
+   * The namespace seed is NOT mixed in (keys equal vLLM's); use cache_salt
+   * for isolation, as vLLM does. */
+  KVP_HASH_SHA256_CBOR = 2,
+  /* vLLM v1 exact: xxh3_128 of the same CBOR encoding. */
+  KVP_HASH_XXHASH_CBOR = 3
+} kvp_hash_algo;
+
+/* Parses "xxh3_128" | "sha256" | "sha256_cbor" | "xxhash_cbor".
+ * Returns 0 or KVP_EINVAL. */
+KVP_API int kvp_hash_algo_parse(const char *name, kvp_hash_algo *out);
+KVP_API const char *kvp_hash_algo_name(kvp_hash_algo algo);
+/* Digest length in bytes: 16 (xxh3_128, xxhash_cbor) or 32 (sha256*). */
+KVP_API size_t kvp_hash_algo_digest_len(kvp_hash_algo algo);
+
+/* A multimodal placeholder in token coordinates (vLLM PlaceholderRange). */
+typedef struct kvp_mm_span {
+  const char *id;  /* UTF-8 identifier (vLLM's mm hash / identifier) */
+  uint64_t offset; /* first token of the placeholder in the prompt */
+  uint64_t length; /* tokens */
+} kvp_mm_span;
+
+/* Per-request extras that enter block hashes exactly as vLLM's
+ * generate_block_hash_extra_keys: LoRA name on every block, (mm id, offset of
+ * the placeholder relative to the block start) on every block the placeholder
+ * overlaps, cache salt on block 0 only.  Order inside a block's tuple:
+ * lora, mm..., salt.  The zero value means "no extras".  `mm` must be sorted
+ * by offset (KVP_EINVAL otherwise).  Native algorithms hash the same fields
+ * with an unambiguous length-prefixed encoding. */
+typedef struct kvp_extras {
+  const char *lora_name;  /* NULL or "" = none */
+  const char *cache_salt; /* NULL or "" = none */
+  const kvp_mm_span *mm;
+  size_t n_mm;
+} kvp_extras;
+
+typedef struct kvp_hasher_opts {
+  kvp_hash_algo algo; /* 0 = KVP_HASH_XXH3_128 */
+  /* vLLM modes: the PYTHONHASHSEED string the engine runs with; NONE_HASH =
+   * H(cbor(text string)).  Required for vLLM modes (vLLM itself falls back to
+   * random bytes that no other process can reproduce): NULL -> KVP_EINVAL.
+   * Ignored by native modes. */
+  const char *python_hash_seed;
+  uint32_t reserved[8];
+} kvp_hasher_opts;
+
+/* An algorithm bound to a namespace.  Immutable after creation except for
+ * per-hasher scratch: NOT thread-safe; create one per thread (cheap). */
+typedef struct kvp_hasher kvp_hasher;
+
+KVP_API int kvp_hasher_create(const kvp_namespace *ns,
+                              const kvp_hasher_opts *opts,
+                              const kvp_allocator *alloc, kvp_hasher **out);
+KVP_API void kvp_hasher_destroy(kvp_hasher *h);
+KVP_API kvp_hash_algo kvp_hasher_algo(const kvp_hasher *h);
+KVP_API uint32_t kvp_hasher_block_size(const kvp_hasher *h);
+
+/* One-shot, allocation-free: keys of the full blocks of `tokens[0..n)`.
+ * Writes min(n / block_size, cap) keys to `keys` and, if non-NULL, the
+ * number of tail tokens (n % block_size) to *tail.  Returns the number of
+ * full blocks (which may exceed cap: then only cap keys were written), or
+ * KVP_EINVAL.  n == 0 is valid and returns 0. */
+KVP_API int kvp_hasher_hash(kvp_hasher *h, const uint32_t *tokens, size_t n,
+                            const kvp_extras *extras, kvp_key *keys,
+                            size_t cap, size_t *tail);
+
+/* ---- chain: the growing key chain of one prompt or session ---------------- */
+typedef struct kvp_chain kvp_chain;
+
+typedef struct kvp_chain_opts {
+  /* Coarser chunk keys to produce in the same pass, in tokens: any of 64,
+   * 256, 512 (or other multiples of the block size); 0 terminates.  A chunk
+   * key is derived from the fine key at the chunk's last block, so it commits
+   * to the whole prefix, and is domain-separated by the granularity. */
+  uint32_t chunk_tokens[4];
+  /* Keep every block's full digest (kvp_chain_digest); needed to compare
+   * against vLLM's full-width hashes. */
+  int keep_digests;
+  uint32_t reserved[7];
+} kvp_chain_opts;
+
+/* The chain borrows `h` (must outlive it) and copies `extras` (strings and
+ * mm spans included). */
+KVP_API int kvp_chain_create(kvp_hasher *h, const kvp_chain_opts *opts,
+                             const kvp_extras *extras,
+                             const kvp_allocator *alloc, kvp_chain **out);
+KVP_API void kvp_chain_destroy(kvp_chain *c);
+/* Append tokens (the session grew).  Completed blocks are hashed from the last
+ * key on: the prefix is never rehashed.  Returns the number of new full
+ * blocks, or KVP_EINVAL / KVP_ENOMEM (then the chain is unchanged). */
+KVP_API int kvp_chain_extend(kvp_chain *c, const uint32_t *tokens, size_t n);
+/* Forget everything (same hasher and extras). */
+KVP_API void kvp_chain_reset(kvp_chain *c);
+KVP_API size_t kvp_chain_len(const kvp_chain *c);    /* full blocks */
+KVP_API size_t kvp_chain_tokens(const kvp_chain *c); /* tokens seen */
+KVP_API size_t kvp_chain_tail(const kvp_chain *c);   /* unhashed tail */
+/* Pointer to kvp_chain_len() keys; valid until the next extend/reset. */
+KVP_API const kvp_key *kvp_chain_keys(const kvp_chain *c);
+/* Chunk keys at granularity `chunk_tokens` (one of those asked for at
+ * create); *n receives their count.  NULL if that granularity was not asked
+ * for.  Valid until the next extend/reset. */
+KVP_API const kvp_key *kvp_chain_chunk_keys(const kvp_chain *c,
+                                            uint32_t chunk_tokens, size_t *n);
+/* Copies block i's full digest (16 or 32 bytes) to buf.  Returns its length,
+ * KVP_ERANGE (i out of range), KVP_ENOSPC (cap too small) or KVP_ESTATE
+ * (keep_digests was off). */
+KVP_API int kvp_chain_digest(const kvp_chain *c, size_t i, uint8_t *buf,
+                             size_t cap);
+
+/* ---- segments ------------------------------------------------------------- */
+typedef enum kvp_role {
+  KVP_ROLE_OTHER = 0,
+  KVP_ROLE_SYSTEM,
+  KVP_ROLE_TOOLS,
+  KVP_ROLE_DOCUMENTS,
+  KVP_ROLE_HISTORY,
+  KVP_ROLE_USER,
+  KVP_ROLE_TOOL_OUTPUT,
+  KVP_ROLE_COUNT_
+} kvp_role;
+
+/* Ordered from least to most reusable so that min() composes along a chain. */
+typedef enum kvp_class {
+  KVP_CLASS_VOLATILE = 0,
+  KVP_CLASS_SEMI = 1,
+  KVP_CLASS_STABLE = 2,
+  KVP_CLASS_COUNT_ = 3,
+  KVP_CLASS_AUTO = 255 /* mark hint: use the role's default */
+} kvp_class;
+
+KVP_API const char *kvp_role_name(kvp_role r);   /* "system", ... */
+KVP_API int kvp_role_parse(const char *s, kvp_role *out);
+KVP_API const char *kvp_class_name(kvp_class c); /* "stable", ... */
+/* Default class of a role: system/tools -> stable, documents/history ->
+ * semi, user/tool_output/other -> volatile. */
+KVP_API kvp_class kvp_role_default_class(kvp_role r);
+
+/* A caller-supplied segment mark: tokens [offset, offset+length). */
+typedef struct kvp_segment_mark {
+  uint32_t offset;
+  uint32_t length;
+  uint8_t role;       /* kvp_role */
+  uint8_t class_hint; /* kvp_class, or KVP_CLASS_AUTO */
+  uint8_t reserved[6];
+} kvp_segment_mark;
+
+/* ---- stability classifier ---------------------------------------------------
+ * Learns from what it observes, in bounded memory: a block key seen across
+ * >= stable_sessions distinct sessions is stable; one re-seen within a
+ * session is semi-stable; the rest is volatile.  Because a chained key commits
+ * to its whole prefix, a block is never more reusable than the block before
+ * it: classes are made non-increasing along the chain, so a request is always
+ * [stable blocks][semi blocks][volatile blocks][volatile tail]. */
+typedef struct kvp_stability kvp_stability;
+
+typedef struct kvp_stability_opts {
+  uint32_t capacity;        /* tracked block keys; 0 = 1<<20.  CLOCK (LRU
+                               approximation) evicts beyond it. */
+  uint32_t stable_sessions; /* distinct sessions for stable; 0 = 3 */
+  uint32_t semi_repeats;    /* sightings within one session for semi; 0 = 2 */
+  uint32_t reserved[5];
+} kvp_stability_opts;
+
+typedef struct kvp_classification {
+  uint64_t tokens[KVP_CLASS_COUNT_]; /* indexed by kvp_class; tail volatile */
+  uint32_t stable_end;    /* blocks [0, stable_end) are stable */
+  uint32_t semi_end;      /* blocks [stable_end, semi_end) semi-stable */
+  uint32_t n_blocks;      /* blocks [semi_end, n_blocks) volatile */
+  uint32_t learned_blocks; /* blocks classified by learning (not by marks) */
+  uint32_t reserved[4];
+} kvp_classification;
+
+KVP_API int kvp_stability_create(const kvp_stability_opts *opts,
+                                 const kvp_allocator *alloc,
+                                 kvp_stability **out);
+KVP_API void kvp_stability_destroy(kvp_stability *s);
+/* Observe one request of `session` and classify it.  `keys` are its n_blocks
+ * block keys (block_size tokens each) followed by `tail` unhashed tokens.
+ * Marks (may be NULL/0) override learning for the blocks they cover: a block
+ * takes the least reusable class of the marks overlapping it (hint, or the
+ * role's default); uncovered blocks use what was learned before this call.
+ * Returns 0 or KVP_EINVAL.  Not thread-safe (one per router thread, or lock).*/
+KVP_API int kvp_stability_observe(kvp_stability *s, uint64_t session,
+                                  const kvp_key *keys, size_t n_blocks,
+                                  uint32_t block_size, size_t tail,
+                                  const kvp_segment_mark *marks, size_t n_marks,
+                                  kvp_classification *out);
+/* Keys currently tracked (<= capacity). */
+KVP_API size_t kvp_stability_size(const kvp_stability *s);
+
+/* ---- drift ------------------------------------------------------------------
+ * Why did this turn miss?  Compares a session's previous turn with this one. */
+typedef struct kvp_drift_report {
+  int64_t first_diverging_block; /* -1 when no block differs */
+  uint64_t common_prefix_tokens; /* tokens in the equal leading blocks */
+  uint8_t role;  /* kvp_role of the current turn at the divergence (marks of
+                    this turn, else the previous turn's, else OTHER) */
+  uint8_t reserved0[7];
+  /* Tokens of the previous turn after the divergence that reappear unchanged
+   * (whole blocks of the previous turn found anywhere after the divergence in
+   * this turn): reusable only had the prompt kept its order. */
+  uint64_t reappearing_tokens;
+  uint64_t shifted_tokens;  /* of those, found at a different offset */
+  uint64_t lost_tokens;     /* previous turn tokens after the divergence */
+  uint32_t reserved[4];
+} kvp_drift_report;
+
+/* One turn as the drift detector sees it: its block keys (same hasher for
+ * both turns), its tokens and optional marks. */
+typedef struct kvp_turn_view {
+  const kvp_key *keys;
+  size_t n_blocks;
+  const uint32_t *tokens;
+  size_t n_tokens; /* >= n_blocks * block_size */
+  const kvp_segment_mark *marks; /* may be NULL */
+  size_t n_marks;
+} kvp_turn_view;
+
+/* Returns 0, KVP_EINVAL or KVP_ENOMEM.  Thread-safe (no shared state). */
+KVP_API int kvp_drift_compare(const kvp_turn_view *prev,
+                              const kvp_turn_view *cur, uint32_t block_size,
+                              const kvp_allocator *alloc,
+                              kvp_drift_report *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVPLANE_PREFIX_H */

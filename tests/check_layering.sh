@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# DESIGN.md's module table, checked on the sources: a module may include its
+# own headers, the public include/ headers and the private headers of the
+# modules it may use -- never another module's folder by relative path.
+# (The build enforces the same through PRIVATE include paths.)
+set -u
+root=${1:-.}
+cd "$root" || exit 1
+declare -A allowed=(
+  [core]="core"
+  [router]="router core"
+  [kernels]="kernels core"
+  [kvtier]="kvtier core kernels"
+  [connectors]="connectors router kvtier core"
+)
+fail=0
+for mod in "${!allowed[@]}"; do
+  [ -d "$mod" ] || continue
+  while IFS= read -r -d '' f; do
+    while IFS= read -r line; do
+      inc=$(sed -E 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"([^"]+)".*/\1/' <<<"$line")
+      case "$inc" in
+        kvplane.h|kvplane/*) continue ;;
+        ../*|*/../*)
+          echo "$f: relative include escapes the module: $inc"; fail=1; continue ;;
+      esac
+      # private headers are named <module>_*.h (plus cli_*.h under connectors)
+      owner=${inc%%_*}
+      [ "$owner" = cli ] && owner=connectors
+      [ "$owner" = prefix ] && owner=router
+      ok=0
+      for a in ${allowed[$mod]}; do [ "$owner" = "$a" ] && ok=1; done
+      if [ "$ok" = 0 ] && [ -f "$(dirname "$f")/$inc" ]; then ok=1; fi
+      if [ "$ok" = 0 ]; then
+        echo "$f: includes \"$inc\" (module '$owner'), not allowed for '$mod'"; fail=1
+      fi
+    done < <(grep -E '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$f")
+  done < <(find "$mod" -name '*.[ch]' -print0 -o -name '*.cu' -print0)
+done
+[ "$fail" = 0 ] && echo "layering ok"
+exit $fail
