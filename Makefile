@@ -6,10 +6,11 @@
 # Both install missing Debian packages first (.ci/deps) and build.
 BUILD ?= build
 SAN_BUILD ?= build-san
+TSAN_BUILD ?= build-tsan
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_COMMON := -DKVP_WERROR=ON -DKVP_SHARED_DIR=$(abspath ../shared)
 
-.PHONY: run test deps build test-main test-san clean
+.PHONY: run test deps build test-main test-san test-tsan clean
 
 deps:
 	@.ci/deps
@@ -32,8 +33,16 @@ test-san: deps
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --output-on-failure -j $(JOBS)
 
-test: test-main test-san
-	@echo "kvplane: all tests passed (gcc build and clang ASan+UBSan build)"
+# ThreadSanitizer: only the tests labelled tsan (target kvp_tsan_tests).
+test-tsan: deps
+	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang \
+	  -DKVP_SANITIZE=thread $(CMAKE_COMMON)
+	cmake --build $(TSAN_BUILD) -j $(JOBS) --target kvp_tsan_tests
+	cd $(TSAN_BUILD) && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+	  ctest --output-on-failure -L tsan
+
+test: test-main test-san test-tsan
+	@echo "kvplane: all tests passed (gcc build, clang ASan+UBSan build, clang TSan build)"
 
 clean:
-	rm -rf $(BUILD) $(SAN_BUILD)
+	rm -rf $(BUILD) $(SAN_BUILD) $(TSAN_BUILD)

@@ -45,6 +45,8 @@ void *kvp__calloc(const kvp_allocator *a, size_t n, size_t size) {
 void kvp__free(const kvp_allocator *a, void *p, size_t size) {
   if (p == NULL)
     return;
+  if (size == 0) /* kvp__malloc asked the hook for 1 byte */
+    size = 1;
   if (a == NULL || a->free == NULL)
     free(p);
   else

@@ -6,6 +6,9 @@
 
 #include "kvplane/common.h"
 #include "kvplane/core.h"
+#include "kvplane/ledger.h"
 #include "kvplane/prefix.h"
+#include "kvplane/index.h"
+#include "kvplane/route.h"
 
 #endif /* KVPLANE_H */

@@ -80,6 +80,19 @@ static inline int kvp_key_eq(kvp_key a, kvp_key b) {
   return a.hi == b.hi && a.lo == b.lo;
 }
 
+/* Where a block's KV lives on a worker, fastest first.  Shared by the index
+ * (router), the tier manager (kvtier), the ledger (core) and the harness. */
+typedef enum kvp_tier {
+  KVP_TIER_HBM = 0,
+  KVP_TIER_DRAM = 1,
+  KVP_TIER_NVME = 2,
+  KVP_TIER_REMOTE = 3,
+  KVP_TIER_COUNT_ = 4
+} kvp_tier;
+
+/* Workers are numbered 0 .. KVP_WORKERS_MAX-1. */
+#define KVP_WORKERS_MAX 4096u
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,510 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Locality index microbenchmark: ingest rate (one writer), lookup latency of
+ * 2,048-block chains over 64 and 1,024 workers at 10M residencies, bytes per
+ * residency; each next to a straightforward baseline run in the same process
+ * (per-worker hash sets + a linear scan over workers), whose answers must
+ * agree with the index's.  --quick: small sizes, agreement only (CTest). */
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "index_internal.h"
+#include "kvplane.h"
+
+#define FAMILIES 32      /* system prompts shared across sessions */
+#define FAMILY_BLOCKS 256
+#define RUN 32           /* blocks per stored event */
+
+typedef struct cfg {
+  uint32_t workers;
+  uint64_t residencies;
+  uint32_t chain; /* blocks per session chain (the query length) */
+  uint32_t queries, base_queries;
+  double base_seconds; /* baseline query time budget */
+} cfg;
+
+/* ---- workload --------------------------------------------------------------- */
+
+typedef struct session {
+  uint32_t worker, family, len; /* resident prefix length */
+  uint8_t pattern;              /* tier layout, see sess_events */
+  uint64_t id;
+} session;
+
+typedef struct event {
+  uint32_t worker;
+  uint8_t tier;
+  uint32_t n;
+  uint64_t off;  /* into keys */
+  bool has_parent;
+} event;
+
+typedef struct workload {
+  session *s;
+  size_t ns, cap_s;
+  event *ev;
+  size_t nev, cap_ev;
+  kvp_key *keys;
+  size_t nkeys, cap_keys;
+  uint64_t residencies;
+} workload;
+
+static uint64_t rng_state = 42;
+static uint64_t rnd(void) {
+  uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+static uint64_t mix(uint64_t x) {
+  x ^= x >> 31;
+  x *= 0x7fb5d329728ea185ull;
+  x ^= x >> 27;
+  x *= 0x81dadef4bc2dd44dull;
+  return x ^ (x >> 33);
+}
+
+/* Block i of a session's chain: the family's prompt, then its own blocks. */
+static kvp_key block_key(const session *s, uint32_t i) {
+  uint64_t v = i < FAMILY_BLOCKS ? mix(0xFA00000000ull + s->family * 65536ull + i)
+                                 : mix(s->id * 4096 + i + 0x5E55000000000000ull);
+  return (kvp_key){.hi = mix(v), .lo = v | 4};
+}
+
+static void *grow(void *p, size_t *cap, size_t need, size_t elem) {
+  if (need <= *cap)
+    return p;
+  size_t c = *cap ? *cap : 1024;
+  while (c < need)
+    c *= 2;
+  void *q = realloc(p, c * elem);
+  if (q == NULL) {
+    fprintf(stderr, "bench_index: out of memory\n");
+    exit(1);
+  }
+  *cap = c;
+  return q;
+}
+
+/* Events storing blocks [a, b) of s in tier t, RUN blocks each. */
+static void add_run(workload *w, const session *s, uint32_t a, uint32_t b,
+                    uint8_t t) {
+  for (uint32_t i = a; i < b; i += RUN) {
+    uint32_t n = b - i < RUN ? b - i : RUN;
+    w->ev = grow(w->ev, &w->cap_ev, w->nev + 1, sizeof *w->ev);
+    w->keys = grow(w->keys, &w->cap_keys, w->nkeys + n + 1, sizeof *w->keys);
+    event *e = &w->ev[w->nev++];
+    *e = (event){s->worker, t, n, w->nkeys, i > 0};
+    if (i > 0) /* the parent key sits just before the run */
+      w->keys[w->nkeys++] = block_key(s, i - 1), e->off++;
+    for (uint32_t k = 0; k < n; k++)
+      w->keys[w->nkeys++] = block_key(s, i + k);
+  }
+}
+
+/* Tier layouts: 70% all in HBM; 20% first half HBM + all DRAM; 10% first
+ * quarter DRAM + all NVMe.  The family prompt is in HBM. */
+static void sess_events(workload *w, const session *s, bool family_new) {
+  uint32_t L = s->len, F = FAMILY_BLOCKS;
+  if (family_new)
+    add_run(w, s, 0, F, KVP_TIER_HBM);
+  if (s->pattern == 0) {
+    add_run(w, s, F, L, KVP_TIER_HBM);
+  } else if (s->pattern == 1) {
+    add_run(w, s, F, L / 2 > F ? L / 2 : F, KVP_TIER_HBM);
+    add_run(w, s, F, L, KVP_TIER_DRAM);
+  } else {
+    add_run(w, s, F, L / 4 > F ? L / 4 : F, KVP_TIER_DRAM);
+    add_run(w, s, F, L, KVP_TIER_NVME);
+  }
+}
+
+static void build(workload *w, const cfg *c) {
+  memset(w, 0, sizeof *w);
+  uint8_t *has_family = calloc((size_t)c->workers * FAMILIES, 1);
+  while (w->residencies < c->residencies) {
+    w->s = grow(w->s, &w->cap_s, w->ns + 1, sizeof *w->s);
+    session *s = &w->s[w->ns];
+    s->id = w->ns++;
+    s->worker = (uint32_t)(rnd() % c->workers);
+    s->family = (uint32_t)(rnd() % FAMILIES);
+    s->len = FAMILY_BLOCKS + (uint32_t)(rnd() % (c->chain - FAMILY_BLOCKS + 1));
+    uint64_t r = rnd() % 10;
+    s->pattern = r < 7 ? 0 : r < 9 ? 1 : 2;
+    uint8_t *hf = &has_family[(size_t)s->worker * FAMILIES + s->family];
+    sess_events(w, s, !*hf);
+    w->residencies += s->len - FAMILY_BLOCKS + (*hf ? 0 : FAMILY_BLOCKS);
+    *hf = 1;
+  }
+  free(has_family);
+}
+
+static void unbuild(workload *w) {
+  free(w->s);
+  free(w->ev);
+  free(w->keys);
+}
+
+/* ---- the baseline: per-worker hash sets, a scan over workers ------------------ */
+
+typedef struct bset {
+  uint64_t *fp;
+  uint8_t *mask;
+  size_t cap, n;
+} bset;
+
+typedef struct baseline {
+  bset *w;
+  uint32_t nw;
+} baseline;
+
+static size_t bs_find(const bset *b, uint64_t fp) {
+  size_t i = (size_t)(mix(fp) & (b->cap - 1));
+  while (b->fp[i] != 0 && b->fp[i] != fp)
+    i = (i + 1) & (b->cap - 1);
+  return i;
+}
+
+static uint8_t bs_get(const bset *b, uint64_t fp) {
+  if (b->cap == 0)
+    return 0;
+  size_t i = bs_find(b, fp);
+  return b->fp[i] == fp ? b->mask[i] : 0;
+}
+
+static void bs_grow(bset *b) {
+  bset o = *b;
+  b->cap = o.cap ? o.cap * 2 : 64;
+  b->fp = calloc(b->cap, sizeof *b->fp);
+  b->mask = calloc(b->cap, 1);
+  for (size_t i = 0; i < o.cap; i++)
+    if (o.fp[i] != 0 && o.mask[i] != 0) {
+      size_t j = bs_find(b, o.fp[i]);
+      b->fp[j] = o.fp[i];
+      b->mask[j] = o.mask[i];
+    }
+  free(o.fp);
+  free(o.mask);
+}
+
+/* Removed keys keep their slot with mask 0 (a tombstone, reused on store). */
+static void bs_update(bset *b, uint64_t fp, uint8_t add, uint8_t del) {
+  if ((b->n + 1) * 4 > b->cap * 3)
+    bs_grow(b);
+  size_t i = bs_find(b, fp);
+  if (b->fp[i] == 0) {
+    if (add == 0)
+      return;
+    b->fp[i] = fp;
+    b->n++;
+  }
+  b->mask[i] = (uint8_t)((b->mask[i] | add) & ~del);
+}
+
+static void bl_event(baseline *bl, const event *e, const kvp_key *keys,
+                     bool remove) {
+  bset *b = &bl->w[e->worker];
+  for (uint32_t i = 0; i < e->n; i++)
+    bs_update(b, keys[e->off + i].lo, remove ? 0 : (uint8_t)(1u << e->tier),
+              remove ? (uint8_t)(1u << e->tier) : 0);
+}
+
+static int bl_query(const baseline *bl, const kvp_key *k, size_t n,
+                    kvp_index_match *out, size_t cap) {
+  int found = 0;
+  for (uint32_t w = 0; w < bl->nw; w++) {
+    kvp_index_match m = {.worker = w};
+    for (size_t i = 0; i < n; i++) {
+      uint8_t mk = bs_get(&bl->w[w], k[i].lo);
+      if (mk == 0)
+        break;
+      m.prefix_blocks++;
+      m.tier_blocks[__builtin_ctz(mk)]++;
+    }
+    if (m.prefix_blocks > 0 && (size_t)found < cap)
+      out[found] = m;
+    found += m.prefix_blocks > 0;
+  }
+  return found;
+}
+
+static uint64_t bl_bytes(const baseline *bl) {
+  uint64_t b = bl->nw * sizeof(bset);
+  for (uint32_t w = 0; w < bl->nw; w++)
+    b += bl->w[w].cap * 9;
+  return b;
+}
+
+static void bl_free(baseline *bl) {
+  for (uint32_t w = 0; w < bl->nw; w++) {
+    free(bl->w[w].fp);
+    free(bl->w[w].mask);
+  }
+  free(bl->w);
+}
+
+/* ---- measurements --------------------------------------------------------------- */
+
+static int ingest_index(kvp_index *ix, const workload *w, uint64_t *seq,
+                        size_t from, size_t to, bool remove) {
+  for (size_t i = from; i < to; i++) {
+    const event *e = &w->ev[i];
+    const kvp_key *k = &w->keys[e->off];
+    int rc = remove ? kvp_index_removed(ix, e->worker, ++seq[e->worker],
+                                        (kvp_tier)e->tier, k, e->n)
+                    : kvp_index_stored(ix, e->worker, ++seq[e->worker],
+                                       (kvp_tier)e->tier,
+                                       e->has_parent ? k - 1 : NULL, k, e->n);
+    if (rc < 0) {
+      fprintf(stderr, "bench_index: event %zu: %s\n", i, kvp_strerror(rc));
+      return rc;
+    }
+  }
+  return 0;
+}
+
+static uint64_t blocks_of(const workload *w, size_t from, size_t to) {
+  uint64_t b = 0;
+  for (size_t i = from; i < to; i++)
+    b += w->ev[i].n;
+  return b;
+}
+
+/* A query chain: an existing session's full chain (its resident prefix and
+ * the blocks nobody holds after it), or 1 in 10 a new session of a family. */
+static void make_query(const workload *w, const cfg *c, kvp_key *k) {
+  session s = w->s[rnd() % w->ns];
+  if (rnd() % 10 == 0)
+    s.id = w->ns + rnd() % 1000000; /* a session nobody has seen */
+  for (uint32_t i = 0; i < c->chain; i++)
+    k[i] = block_key(&s, i);
+}
+
+static int same(const kvp_index_match *a, int na, const kvp_index_match *b,
+                int nb) {
+  if (na != nb)
+    return 0;
+  for (int i = 0; i < na; i++)
+    if (a[i].worker != b[i].worker || a[i].prefix_blocks != b[i].prefix_blocks ||
+        memcmp(a[i].tier_blocks, b[i].tier_blocks, sizeof a[i].tier_blocks) != 0)
+      return 0;
+  return 1;
+}
+
+typedef struct result {
+  double ingest_ix, ingest_bl, remove_ix, remove_bl; /* block events / s */
+  double bpr_ix, bpr_bl;                             /* bytes / residency */
+  kvp_hist_summary q_ix, q_bl;
+  uint64_t agree, compared, residencies, keys;
+  double blocks_per_query;
+} result;
+
+static void lookups(kvp_index *ix, const baseline *bl, const workload *w,
+                    const cfg *c, result *r) {
+  kvp_key *k = malloc(c->chain * sizeof *k);
+  kvp_index_match *mi = malloc(c->workers * sizeof *mi);
+  kvp_index_match *mb = malloc(c->workers * sizeof *mb);
+  kvp_hist *hi = NULL, *hb = NULL;
+  if (!k || !mi || !mb || kvp_hist_create(NULL, &hi) || kvp_hist_create(NULL, &hb))
+    exit(1);
+  kvp_index_stats s0, s1;
+  kvp_index_stats_get(ix, &s0);
+  for (uint32_t q = 0; q < c->queries + c->queries / 10; q++) {
+    make_query(w, c, k);
+    uint64_t t0 = kvp_now_ns();
+    int n = kvp_index_query(ix, k, c->chain, 0, mi, c->workers);
+    uint64_t t1 = kvp_now_ns();
+    if (n < 0)
+      exit(1);
+    if (q >= c->queries / 10) /* the first tenth warms up */
+      kvp_hist_record(hi, t1 - t0);
+  }
+  kvp_index_stats_get(ix, &s1);
+  r->blocks_per_query =
+      (double)(s1.query_blocks - s0.query_blocks) / (double)(s1.queries - s0.queries);
+  uint64_t start = kvp_now_ns();
+  for (uint32_t q = 0; q < c->base_queries; q++) {
+    make_query(w, c, k);
+    uint64_t t0 = kvp_now_ns();
+    int nb = bl_query(bl, k, c->chain, mb, c->workers);
+    uint64_t t1 = kvp_now_ns();
+    kvp_hist_record(hb, t1 - t0);
+    int ni = kvp_index_query(ix, k, c->chain, 0, mi, c->workers);
+    r->agree += same(mi, ni, mb, nb);
+    r->compared++;
+    if ((double)(t1 - start) > c->base_seconds * 1e9)
+      break;
+  }
+  kvp_hist_summarize(hi, &r->q_ix);
+  kvp_hist_summarize(hb, &r->q_bl);
+  kvp_hist_destroy(hi);
+  kvp_hist_destroy(hb);
+  free(k);
+  free(mi);
+  free(mb);
+}
+
+/* Every worker's digest against the baseline's key set. */
+static uint64_t digests_agree(kvp_index *ix, const baseline *bl) {
+  uint64_t bad = 0;
+  for (uint32_t w = 0; w < bl->nw; w++) {
+    const bset *b = &bl->w[w];
+    kvp_key *keys = malloc((b->n * 4 + 1) * sizeof *keys);
+    uint8_t *tiers = malloc(b->n * 4 + 1);
+    size_t n = 0;
+    for (size_t i = 0; i < b->cap; i++)
+      for (unsigned t = 0; t < 4; t++)
+        if (b->fp[i] != 0 && (b->mask[i] & (1u << t))) {
+          keys[n] = (kvp_key){0, b->fp[i]};
+          tiers[n++] = (uint8_t)t;
+        }
+    uint64_t want = 0, got = 1;
+    kvp_index_digest_of(keys, tiers, n, &want);
+    kvp_index_digest(ix, w, &got);
+    bad += want != got;
+    free(keys);
+    free(tiers);
+  }
+  return bad;
+}
+
+static int run_cfg(const cfg *c, result *r, bool quick) {
+  workload w;
+  build(&w, c);
+  memset(r, 0, sizeof *r);
+  kvp_index_opts o = {.max_workers = c->workers};
+  kvp_index *ix = NULL;
+  if (kvp_index_create(&o, NULL, &ix) < 0)
+    return 1;
+  baseline bl = {calloc(c->workers, sizeof(bset)), c->workers};
+  uint64_t *seq = calloc(c->workers, sizeof *seq);
+  for (uint32_t i = 0; i < c->workers; i++)
+    kvp_index_worker_add(ix, i);
+  uint64_t blocks = blocks_of(&w, 0, w.nev);
+  uint64_t t0 = kvp_now_ns();
+  if (ingest_index(ix, &w, seq, 0, w.nev, false) < 0)
+    return 1;
+  uint64_t t1 = kvp_now_ns();
+  for (size_t i = 0; i < w.nev; i++)
+    bl_event(&bl, &w.ev[i], w.keys, false);
+  uint64_t t2 = kvp_now_ns();
+  r->ingest_ix = (double)blocks / ((double)(t1 - t0) / 1e9);
+  r->ingest_bl = (double)blocks / ((double)(t2 - t1) / 1e9);
+  kvp_index_stats st;
+  kvp_index_stats_get(ix, &st);
+  r->residencies = st.residencies;
+  r->keys = st.keys;
+  r->bpr_ix = (double)st.bytes / (double)st.residencies;
+  r->bpr_bl = (double)bl_bytes(&bl) / (double)st.residencies;
+  lookups(ix, &bl, &w, c, r);
+  /* removal: the last tenth of the events, from both */
+  size_t from = w.nev - w.nev / 10;
+  blocks = blocks_of(&w, from, w.nev);
+  t0 = kvp_now_ns();
+  if (ingest_index(ix, &w, seq, from, w.nev, true) < 0)
+    return 1;
+  t1 = kvp_now_ns();
+  for (size_t i = from; i < w.nev; i++)
+    bl_event(&bl, &w.ev[i], w.keys, true);
+  t2 = kvp_now_ns();
+  r->remove_ix = (double)blocks / ((double)(t1 - t0) / 1e9);
+  r->remove_bl = (double)blocks / ((double)(t2 - t1) / 1e9);
+  int bad = 0;
+  if (quick) { /* after removals too: answers and digests */
+    result r2 = *r;
+    r2.agree = r2.compared = 0;
+    lookups(ix, &bl, &w, c, &r2);
+    bad |= r2.agree != r2.compared;
+    bad |= digests_agree(ix, &bl) != 0;
+    bad |= kvp__index_verify(ix) != 0;
+  }
+  bad |= r->agree != r->compared;
+  kvp_index_destroy(ix);
+  bl_free(&bl);
+  free(seq);
+  unbuild(&w);
+  return bad;
+}
+
+/* ---- report ---------------------------------------------------------------------- */
+
+static uint64_t peak_rss_kib(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  uint64_t v = 0;
+  while (f != NULL && fgets(line, sizeof line, f) != NULL)
+    if (sscanf(line, "VmHWM: %" SCNu64, &v) == 1)
+      break;
+  if (f != NULL)
+    fclose(f);
+  return v;
+}
+
+static const char *met(bool ok) { return ok ? "MET" : "NOT MET"; }
+
+static void report(const cfg *c, const result *r) {
+  printf("\n%u workers, %" PRIu64 " residencies, %" PRIu64 " keys, %u-block "
+         "chains (%.0f blocks read per query on average)\n",
+         c->workers, r->residencies, r->keys, c->chain, r->blocks_per_query);
+  printf("  %-22s %12s %12s %9s\n", "", "index", "baseline", "ratio");
+  printf("  %-22s %12.2f %12.2f %8.2fx   target >= 10 M/s per core: %s\n",
+         "ingest, M blocks/s", r->ingest_ix / 1e6, r->ingest_bl / 1e6,
+         r->ingest_ix / r->ingest_bl, met(r->ingest_ix >= 10e6));
+  printf("  %-22s %12.2f %12.2f %8.2fx\n", "removal, M blocks/s",
+         r->remove_ix / 1e6, r->remove_bl / 1e6, r->remove_ix / r->remove_bl);
+  printf("  %-22s %12.1f %12.1f %8.2fx   target <= 24: %s\n",
+         "bytes per residency", r->bpr_ix, r->bpr_bl, r->bpr_ix / r->bpr_bl,
+         met(r->bpr_ix <= 24.0));
+  const char *names[3] = {"lookup p50, us", "lookup p99, us", "lookup p99.9, us"};
+  uint64_t ix[3] = {r->q_ix.p50, r->q_ix.p99, r->q_ix.p999};
+  uint64_t bl[3] = {r->q_bl.p50, r->q_bl.p99, r->q_bl.p999};
+  for (int i = 0; i < 3; i++) {
+    printf("  %-22s %12.2f %12.1f %8.1fx faster", names[i], (double)ix[i] / 1e3,
+           (double)bl[i] / 1e3, (double)bl[i] / (double)(ix[i] ? ix[i] : 1));
+    if (i == 1 && c->workers == 64)
+      printf("   target <= 10 us: %s", met(ix[i] <= 10000));
+    printf("\n");
+  }
+  printf("  samples: %" PRIu64 " index, %" PRIu64 " baseline queries; "
+         "answers agree on %" PRIu64 "/%" PRIu64 "\n",
+         r->q_ix.count, r->q_bl.count, r->agree, r->compared);
+}
+
+int main(int argc, char **argv) {
+  bool quick = false;
+  uint32_t only = 0; /* run only the configuration with this many workers */
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
+      only = (uint32_t)strtoul(argv[++i], NULL, 10);
+    } else {
+      fprintf(stderr, "usage: bench_index [--quick] [--only WORKERS]\n");
+      return 2;
+    }
+  }
+  cfg full[2] = {{64, 10000000, 2048, 20000, 3000, 4.0},
+                 {1024, 10000000, 2048, 5000, 1000, 6.0}};
+  cfg small[2] = {{64, 200000, 512, 300, 300, 60.0},
+                  {300, 200000, 512, 300, 300, 60.0}};
+  cfg *cs = quick ? small : full;
+  printf("kvplane bench_index%s: block events in runs of %d, %d shared "
+         "prompts of %d blocks; one thread\n",
+         quick ? " --quick (agreement only)" : "", RUN, FAMILIES, FAMILY_BLOCKS);
+  int bad = 0;
+  for (int i = 0; i < 2; i++) {
+    if (only != 0 && cs[i].workers != only)
+      continue;
+    result r;
+    int b = run_cfg(&cs[i], &r, quick);
+    report(&cs[i], &r);
+    if (b)
+      printf("  DISAGREEMENT between index and baseline\n");
+    bad |= b;
+  }
+  printf("\npeak RSS %.2f GiB\n", (double)peak_rss_kib() / (1024.0 * 1024.0));
+  return bad ? 1 : 0;
+}

@@ -1,0 +1,2011 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* router/index: the locality index.  Block fingerprint -> holder set of
+ * (worker, tier mask), fed by KV events (stored/removed/cleared/resync) or by
+ * the router's own routing records; answers longest-prefix queries per worker.
+ *
+ * Layout.  64 shards chosen by the key hash; each is an open-addressing table
+ * of 16-byte slots {fingerprint, holder word}, four to a 64-byte bucket,
+ * linear probing over buckets, deletions leave tombstones.  A table is
+ * rebuilt (x1.4 when growing) when live + tombstones pass 7/8 of its slots,
+ * to 5/8, so the load stays in [0.625, 0.875]: ~21 bytes per key.
+ * The holder word keeps up to 4 holders inline, 16 bits each (worker id:12,
+ * tier mask:4), slot 0 first; a key held by <= 4 workers costs nothing more.
+ * A 5th holder spills the set to a `wset`: one word per tier for each group
+ * of 64 workers that holds the key (40 bytes, + 16-byte header), so a spilled
+ * key costs <= 11 more bytes per holder at 5 holders and < 1 at 64.  With 64
+ * workers or fewer every wset has one group: per-tier u64 worker bitmaps, the
+ * fast path.  Bytes per (key, worker) residency are therefore ~21 when no key
+ * is shared and fall as keys are shared.  A holder word whose low 4 bits are
+ * zero and that is not 0 is a wset pointer (16-byte aligned); 0 is "no
+ * holder".  Per-worker state (seq, digest, counts) is 64 bytes per worker id.
+ *
+ * Invariants.  A live slot's holder word is never 0 (the last holder leaving
+ * turns the slot into a tombstone).  Inline slots are packed from slot 0 and
+ * hold distinct workers with non-zero masks.  A worker's digest is the
+ * wrapping sum of mix(fp, tier) over its residencies and its residency count
+ * the number of keys it holds in any tier (kvp__index_verify recomputes both).
+ *
+ * Concurrency: epoch-based reclamation (EBR) for readers, per-shard spinlocks
+ * for writers.  A query pins one of 128 reader slots (a CAS, one load, one
+ * store for the whole query), then reads tables through atomic pointers with
+ * acquire loads and never takes a lock, retries or waits on a writer.
+ * Writers serialize per shard (a key's update locks only its shard) and per
+ * worker (its sequence check, digest and counts); they publish every change
+ * as one atomic store of a 64-bit word (holder word, fingerprint, table
+ * pointer, group count), so a reader sees each block's holder set before or
+ * after an update, never torn.  Memory a reader may still hold (a replaced
+ * table, a replaced wset, an evicted routing record) is retired with the
+ * current epoch and freed only once the epoch has advanced twice, which needs
+ * every pinned reader to have re-pinned since.  Why not the alternatives:
+ * per-shard reader-writer locks make a 2,048-block query take up to 64 shared
+ * lock words that every other reader also writes (the readers then contend
+ * with each other), and a shard rebuild (milliseconds) would stall them;
+ * seqlocks let a hot shard's write stream starve readers (they retry), and a
+ * rebuild still needs a reclamation scheme.  The price of EBR: freed memory
+ * lags by two epochs, and readers see per-block, not per-event, atomicity.
+ * Lock order: worker -> shard -> retire; approx -> retire; worker -> approx.
+ *
+ * The reader slot protocol (crossbeam's, with seq_cst RMWs instead of fences
+ * so ThreadSanitizer follows it): pin = CAS the slot from 0 to the global
+ * epoch, then re-read the global epoch until it matches what the slot holds;
+ * unpin = store 0 (release).  The epoch advances from g to g+1 only when no
+ * pinned slot holds another value than g.  A retirement reads its tag with an
+ * acq_rel RMW on the global epoch, after the unlinking store. */
+#include <limits.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "core_internal.h"
+#include "index_internal.h"
+
+#define SHARDS 64u
+#define BUCKET_SLOTS 4u
+#define EBR_SLOTS 128u
+#define PLANES 21u /* vertical counter bits */
+#define NTIERS ((unsigned)KVP_TIER_COUNT_)
+#define NCLS (NTIERS + 1u) /* a matched block counts in a tier or */
+#define CLS_ROUTED NTIERS  /* ... as routed only */
+#define GROUPS_MAX (KVP_WORKERS_MAX / 64u)
+#define INLINE_MAX 4u
+#define SHRINK_AT 3u /* wset -> inline at <= 3 holders */
+#define PF_DIST 16u  /* query prefetch distance, in blocks */
+#define FP_EMPTY 0u
+#define FP_TOMB 1u
+#define MIN_BUCKETS 4u
+#define STACK_GROUPS 4u
+#define APPROX_CHUNK 1024u
+#define APPROX_CAP_DEFAULT (1u << 20)
+#define APPROX_CAP_MAX (1u << 26)
+#define APPROX_SPARE (1u << 16)
+#define TTL_DEFAULT_NS (120ull * 1000000000ull)
+#define RECLAIM_BATCH 32u
+#define RECLAIM_BYTES (1u << 20)
+#define HUGE_BYTES (2u << 20)
+
+_Static_assert(KVP_INDEX_CHAIN_MAX < (1u << PLANES), "counters hold any count");
+_Static_assert(KVP_WORKERS_MAX <= 4096u, "inline slots keep 12-bit worker ids");
+_Static_assert(_Alignof(max_align_t) >= 16, "wset pointers keep 4 free bits");
+_Static_assert(NTIERS == 4u, "inline slots keep a 4-bit tier mask");
+
+enum { W_ABSENT = 0, W_ACTIVE = 1 };
+
+typedef struct kslot {
+  _Atomic uint64_t fp;  /* FP_EMPTY, FP_TOMB or a (remapped) fingerprint */
+  _Atomic uint64_t val; /* holder word (shards) or head record (approx) */
+} kslot;
+
+typedef struct ktab {
+  uint64_t nbuckets; /* fixed once the table is published */
+  kslot *slots;      /* 64-byte aligned, nbuckets * BUCKET_SLOTS */
+  uint64_t live;     /* writer-only (under the owner's lock) */
+  uint64_t tomb;     /* writer-only */
+  size_t raw_size;   /* this header and the slots are one allocation */
+} ktab;
+
+typedef struct wgroup {
+  uint64_t gid; /* worker id / 64; written once, before the group is counted */
+  _Atomic uint64_t tier[KVP_TIER_COUNT_]; /* bit w%64: worker holds it there */
+} wgroup;
+
+typedef struct wset {
+  _Atomic uint32_t ngroups; /* groups in use; see wset_add_group */
+  uint32_t cap;             /* groups allocated */
+  uint32_t nworkers;        /* writer-only: workers with a non-zero mask */
+  uint32_t pad_;
+  wgroup g[];
+} wset;
+
+typedef struct shard { /* 64 bytes: one cache line per shard */
+  kvp__spin lock;      /* writers of this shard */
+  uint32_t pad0_;
+  _Atomic(ktab *) tab;   /* see tab_rebuild */
+  _Atomic uint64_t keys; /* live keys, for stats (relaxed) */
+  /* The table's geometry again, for prefetching without dereferencing a
+   * table that a writer (who pins no epoch) may see freed: relaxed, a stale
+   * pair only prefetches a useless line. */
+  _Atomic(kslot *) pf_slots;
+  _Atomic uint64_t pf_nbuckets;
+  char pad_[24];
+} shard;
+
+typedef struct worker {       /* 64 bytes */
+  kvp__spin lock;             /* this worker's events, add/remove, get */
+  _Atomic uint32_t state;     /* W_*; see kvp_index_worker_add */
+  _Atomic uint32_t uncertain; /* a hint for queries (relaxed) */
+  uint32_t pad0_;
+  uint64_t last_seq;       /* under lock */
+  _Atomic uint64_t digest; /* written under lock; relaxed */
+  _Atomic uint64_t nres;   /* written under lock; relaxed */
+  char pad_[24];
+} worker;
+
+typedef struct ebr_slot { /* 64 bytes */
+  _Atomic uint64_t epoch; /* 0 = free, else the epoch its reader pinned */
+  _Atomic uint64_t queries, blocks; /* stats, kept in the reader's line */
+  char pad_[40];
+} ebr_slot;
+
+typedef struct retired {
+  void *p;
+  size_t size;
+  uint64_t epoch;
+} retired;
+
+typedef struct arec {     /* a routing record: key routed to worker at touch */
+  _Atomic uint64_t touch; /* caller's ns of the latest routing (relaxed) */
+  _Atomic uint32_t next;  /* next record of the same key, 0 = end */
+  uint32_t worker;        /* written before the record is linked */
+  uint64_t fp;            /* writer-only from here on */
+  uint32_t lru_prev, lru_next; /* lru_next also links the free list */
+} arec;
+
+typedef struct aretired {
+  uint32_t idx;
+  uint64_t epoch;
+} aretired;
+
+typedef struct counters {
+  _Atomic uint64_t applied, stale, gaps, unknown, invalid, orphan, resyncs,
+      expired, evicted;
+} counters;
+
+struct kvp_index {
+  kvp_allocator alloc;
+  bool default_alloc;
+  bool fast; /* max_workers <= 64: one worker group */
+  uint32_t max_workers;
+  shard *shards;   /* SHARDS, line-aligned inside shards_raw */
+  worker *workers; /* max_workers, line-aligned inside workers_raw */
+  ebr_slot *slots; /* EBR_SLOTS, line-aligned inside slots_raw */
+  void *shards_raw, *workers_raw, *slots_raw;
+  _Atomic uint64_t epoch; /* global epoch, starts at 1 */
+  _Atomic uint64_t bytes;
+  counters c;
+
+  kvp__spin retire_lock; /* retired memory, freed two epochs later */
+  retired *rl;
+  size_t rl_n, rl_cap, rl_bytes;
+
+  /* approximate mode: fp -> list of routing records; LRU over records */
+  kvp__spin alock;
+  _Atomic(ktab *) atab;    /* see tab_rebuild */
+  _Atomic uint64_t acount; /* linked records (relaxed) */
+  uint64_t acap, attl;
+  _Atomic(arec *) *adir; /* record chunks; see arec_at */
+  uint32_t adir_n, aused, afree, lru_head, lru_tail;
+  aretired *aret;
+  size_t aret_n, aret_cap;
+};
+
+/* ---- small helpers ------------------------------------------------------- */
+
+static inline uint64_t mix64(uint64_t x) { /* murmur3 fmix64 */
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  return x ^ (x >> 33);
+}
+
+/* 0 and 1 mark empty and dead slots, so they alias 2 and 3. */
+static inline uint64_t fp_of(kvp_key k) {
+  return k.lo > FP_TOMB ? k.lo : k.lo + 2;
+}
+
+static inline uint64_t dig_mix(uint64_t fp, unsigned tier) {
+  return mix64(fp ^ (0x9E3779B97F4A7C15ull * (tier + 1u)));
+}
+
+/* Digest change when a worker's mask on fp goes from `from` to `to`. */
+static uint64_t dig_delta(uint64_t fp, uint32_t from, uint32_t to) {
+  uint64_t d = 0;
+  for (unsigned t = 0; t < NTIERS; t++) {
+    uint32_t b = 1u << t;
+    if ((to & b) && !(from & b))
+      d += dig_mix(fp, t);
+    else if ((from & b) && !(to & b))
+      d -= dig_mix(fp, t);
+  }
+  return d;
+}
+
+static inline uint64_t bucket_of(uint64_t h, uint64_t nbuckets) {
+  return (uint64_t)(((unsigned __int128)h * nbuckets) >> 64);
+}
+
+static inline shard *shard_of(kvp_index *ix, uint64_t h) {
+  return &ix->shards[h & (SHARDS - 1)]; /* low bits; buckets use high bits */
+}
+
+static inline unsigned ctz64(uint64_t x) {
+  return (unsigned)__builtin_ctzll(x);
+}
+
+static inline bool is_wset(uint64_t p) { return p != 0 && (p & 0xFu) == 0; }
+
+static inline uint16_t in_slot(uint64_t p, unsigned k) {
+  return (uint16_t)(p >> (16u * k));
+}
+
+static void ctr_inc(_Atomic uint64_t *c) {
+  atomic_fetch_add_explicit(c, 1, memory_order_relaxed);
+}
+
+/* ---- memory -------------------------------------------------------------- */
+
+static void *ix_alloc(kvp_index *ix, size_t size) {
+  void *p = kvp__malloc(&ix->alloc, size);
+  if (p != NULL)
+    atomic_fetch_add_explicit(&ix->bytes, size, memory_order_relaxed);
+  return p;
+}
+
+static void ix_free(kvp_index *ix, void *p, size_t size) {
+  if (p == NULL)
+    return;
+  atomic_fetch_sub_explicit(&ix->bytes, size, memory_order_relaxed);
+  kvp__free(&ix->alloc, p, size);
+}
+
+static inline void *align64(void *p) {
+  return (void *)(((uintptr_t)p + 63) & ~(uintptr_t)63);
+}
+
+/* Cache-line aligned zeroed array; *raw is what to free (size + 63). */
+static void *ix_alloc_lines(kvp_index *ix, size_t size, void **raw) {
+  *raw = ix_alloc(ix, size + 63);
+  if (*raw == NULL)
+    return NULL;
+  void *p = align64(*raw);
+  memset(p, 0, size);
+  return p;
+}
+
+/* Big tables are read at random: 2 MiB pages spare most TLB misses.  Only
+ * for libc's memory, whose large blocks are private anonymous mappings. */
+static void advise_huge(const kvp_index *ix, void *p, size_t size) {
+#ifdef MADV_HUGEPAGE
+  if (!ix->default_alloc || size < 2 * (size_t)HUGE_BYTES)
+    return;
+  uintptr_t a = ((uintptr_t)p + HUGE_BYTES - 1) & ~(uintptr_t)(HUGE_BYTES - 1);
+  uintptr_t e = ((uintptr_t)p + size) & ~(uintptr_t)(HUGE_BYTES - 1);
+  if (e > a)
+    (void)madvise((void *)a, e - a, MADV_HUGEPAGE);
+#else
+  (void)ix, (void)p, (void)size;
+#endif
+}
+
+/* ---- epochs -------------------------------------------------------------- */
+
+static atomic_uint ebr_thread_seq;
+static _Thread_local unsigned ebr_hint = UINT_MAX;
+
+static unsigned ebr_pin(kvp_index *ix) {
+  if (ebr_hint == UINT_MAX)
+    ebr_hint =
+        atomic_fetch_add_explicit(&ebr_thread_seq, 1, memory_order_relaxed) %
+        EBR_SLOTS;
+  for (;;) {
+    for (unsigned k = 0; k < EBR_SLOTS; k++) {
+      unsigned i = (ebr_hint + k) % EBR_SLOTS;
+      _Atomic uint64_t *slot = &ix->slots[i].epoch;
+      uint64_t e = atomic_load_explicit(&ix->epoch, memory_order_relaxed);
+      uint64_t free_ = 0;
+      if (atomic_load_explicit(slot, memory_order_relaxed) != 0 ||
+          !atomic_compare_exchange_strong_explicit(
+              slot, &free_, e, memory_order_seq_cst, memory_order_relaxed))
+        continue;
+      /* seq_cst: ordered with ebr_advance's slot scan and epoch CAS */
+      for (uint64_t g;
+           (g = atomic_load_explicit(&ix->epoch, memory_order_seq_cst)) != e;)
+        e = g, (void)atomic_exchange_explicit(slot, e, memory_order_seq_cst);
+      ebr_hint = i;
+      return i;
+    }
+    sched_yield(); /* more than EBR_SLOTS readers at once */
+  }
+}
+
+static void ebr_unpin(kvp_index *ix, unsigned i) {
+  /* release: pairs with the seq_cst slot loads in ebr_advance, so every read
+   * of this query happens before whatever that writer then frees */
+  atomic_store_explicit(&ix->slots[i].epoch, 0, memory_order_release);
+}
+
+/* Moves the global epoch on if every pinned reader has seen it. */
+static void ebr_advance(kvp_index *ix) {
+  uint64_t g = atomic_load_explicit(&ix->epoch, memory_order_seq_cst);
+  for (unsigned i = 0; i < EBR_SLOTS; i++) {
+    /* seq_cst: pairs with the pin CAS/exchange and the unpin release */
+    uint64_t e =
+        atomic_load_explicit(&ix->slots[i].epoch, memory_order_seq_cst);
+    if (e != 0 && e != g)
+      return;
+  }
+  atomic_compare_exchange_strong_explicit(
+      &ix->epoch, &g, g + 1, memory_order_seq_cst, memory_order_relaxed);
+}
+
+/* The epoch a retirement is tagged with.  An RMW (acq_rel) so that the epoch
+ * CASes after it continue its release sequence: a reader that pins a later
+ * epoch also sees the unlinking store made before this call. */
+static uint64_t ebr_tag(kvp_index *ix) {
+  return atomic_fetch_add_explicit(&ix->epoch, 0, memory_order_acq_rel);
+}
+
+static bool ebr_safe(kvp_index *ix, uint64_t tag) {
+  /* acquire: pairs with the epoch CAS of ebr_advance (its slot scan saw every
+   * reader of the retired memory unpinned) */
+  return atomic_load_explicit(&ix->epoch, memory_order_acquire) >= tag + 2;
+}
+
+/* Waits until nothing retired at `tag` can still be read. */
+static void ebr_wait(kvp_index *ix, uint64_t tag) {
+  while (!ebr_safe(ix, tag)) {
+    ebr_advance(ix);
+    if (!ebr_safe(ix, tag))
+      sched_yield();
+  }
+}
+
+static void reclaim_locked(kvp_index *ix) {
+  ebr_advance(ix);
+  size_t k = 0;
+  for (size_t i = 0; i < ix->rl_n; i++) {
+    retired r = ix->rl[i];
+    if (ebr_safe(ix, r.epoch)) {
+      ix->rl_bytes -= r.size;
+      ix_free(ix, r.p, r.size);
+    } else {
+      ix->rl[k++] = r;
+    }
+  }
+  ix->rl_n = k;
+}
+
+/* Frees p (size bytes) once no reader can hold it.  Call after the store
+ * that made it unreachable. */
+static void retire(kvp_index *ix, void *p, size_t size) {
+  uint64_t tag = ebr_tag(ix);
+  kvp__spin_lock(&ix->retire_lock);
+  if (ix->rl_n == ix->rl_cap) {
+    size_t cap = ix->rl_cap ? 2 * ix->rl_cap : 64;
+    retired *rl = kvp__realloc(&ix->alloc, ix->rl, ix->rl_cap * sizeof *rl,
+                               cap * sizeof *rl);
+    if (rl == NULL) { /* no room to defer: wait out the readers instead */
+      kvp__spin_unlock(&ix->retire_lock);
+      ebr_wait(ix, tag);
+      ix_free(ix, p, size);
+      return;
+    }
+    atomic_fetch_add_explicit(&ix->bytes, (cap - ix->rl_cap) * sizeof *rl,
+                              memory_order_relaxed);
+    ix->rl = rl;
+    ix->rl_cap = cap;
+  }
+  ix->rl[ix->rl_n++] = (retired){p, size, tag};
+  ix->rl_bytes += size;
+  if (ix->rl_n >= RECLAIM_BATCH || ix->rl_bytes >= RECLAIM_BYTES)
+    reclaim_locked(ix);
+  kvp__spin_unlock(&ix->retire_lock);
+}
+
+/* ---- tables -------------------------------------------------------------- */
+
+static ktab *tab_new(kvp_index *ix, uint64_t nbuckets) {
+  size_t bytes, size;
+  if (!kvp__mul_ok(nbuckets, BUCKET_SLOTS * sizeof(kslot), &bytes) ||
+      __builtin_add_overflow(bytes, sizeof(ktab) + 63, &size))
+    return NULL;
+  ktab *t = ix_alloc(ix, size);
+  if (t == NULL)
+    return NULL;
+  t->nbuckets = nbuckets;
+  t->slots = align64(t + 1);
+  t->live = t->tomb = 0;
+  t->raw_size = size;
+  advise_huge(ix, t->slots, bytes);
+  memset(t->slots, 0, bytes); /* FP_EMPTY, holder 0 */
+  return t;
+}
+
+static uint64_t buckets_for(uint64_t live) {
+  uint64_t slots = live + live / 2 + live / 10 + 1; /* live / 0.625 */
+  uint64_t b = (slots + BUCKET_SLOTS - 1) / BUCKET_SLOTS;
+  return b < MIN_BUCKETS ? MIN_BUCKETS : b;
+}
+
+static inline bool tab_full(const ktab *t, uint64_t adding) {
+  return (t->live + t->tomb + adding) * 8 > t->nbuckets * BUCKET_SLOTS * 7;
+}
+
+typedef enum { PROBE_MISS, PROBE_HIT, PROBE_RACE } probe_rc;
+
+static probe_rc probe_once(ktab *t, uint64_t fp, uint64_t h, uint64_t *val) {
+  uint64_t nb = t->nbuckets, b = bucket_of(h, nb);
+  for (uint64_t n = 0; n < nb; n++) {
+    kslot *s = &t->slots[b * BUCKET_SLOTS];
+    for (unsigned k = 0; k < BUCKET_SLOTS; k++) {
+      /* acquire: pairs with the release of fp in slot_claim */
+      uint64_t f = atomic_load_explicit(&s[k].fp, memory_order_acquire);
+      if (f == fp) {
+        /* acquire: pairs with the releases of val in slot_set/slot_kill;
+         * re-reading fp after it rejects a value of a key that took the
+         * slot meanwhile */
+        *val = atomic_load_explicit(&s[k].val, memory_order_acquire);
+        return atomic_load_explicit(&s[k].fp, memory_order_relaxed) == fp
+                   ? PROBE_HIT
+                   : PROBE_RACE;
+      }
+      if (f == FP_EMPTY)
+        return PROBE_MISS;
+    }
+    if (++b == nb)
+      b = 0;
+  }
+  return PROBE_MISS;
+}
+
+/* Reader lookup: fp's holder word, 0 when absent. */
+static uint64_t tab_get(ktab *t, uint64_t fp, uint64_t h) {
+  uint64_t v = 0;
+  for (unsigned tries = 0; tries < 16; tries++) {
+    probe_rc rc = probe_once(t, fp, h, &v);
+    if (rc != PROBE_RACE)
+      return rc == PROBE_HIT ? v : 0;
+  }
+  return 0; /* a slot recycled 16 times under us: report a miss (fail open) */
+}
+
+/* Writer lookup (caller holds the table's lock): fp's slot or NULL, and in
+ * *ins the first reusable slot of its probe path. */
+static kslot *tab_find(ktab *t, uint64_t fp, uint64_t h, kslot **ins) {
+  uint64_t nb = t->nbuckets, b = bucket_of(h, nb);
+  kslot *reuse = NULL;
+  for (uint64_t n = 0; n < nb; n++) {
+    kslot *s = &t->slots[b * BUCKET_SLOTS];
+    for (unsigned k = 0; k < BUCKET_SLOTS; k++) {
+      uint64_t f = atomic_load_explicit(&s[k].fp, memory_order_relaxed);
+      if (f == fp)
+        return &s[k];
+      if (f == FP_TOMB && reuse == NULL)
+        reuse = &s[k];
+      if (f == FP_EMPTY) {
+        if (ins != NULL)
+          *ins = reuse ? reuse : &s[k];
+        return NULL;
+      }
+    }
+    if (++b == nb)
+      b = 0;
+  }
+  if (ins != NULL)
+    *ins = reuse; /* unreachable while the load stays below 7/8 */
+  return NULL;
+}
+
+static void slot_set(kslot *s, uint64_t val) {
+  /* release: pairs with the acquire of val in probe_once */
+  atomic_store_explicit(&s->val, val, memory_order_release);
+}
+
+/* Publishes a new key: holder word first, then the fingerprint. */
+static void slot_claim(ktab *t, kslot *s, uint64_t fp, uint64_t val) {
+  if (atomic_load_explicit(&s->fp, memory_order_relaxed) == FP_TOMB)
+    t->tomb--;
+  t->live++;
+  slot_set(s, val);
+  /* release: pairs with the acquire of fp in probe_once */
+  atomic_store_explicit(&s->fp, fp, memory_order_release);
+}
+
+static void slot_kill(ktab *t, kslot *s) {
+  slot_set(s, 0);
+  /* release: pairs with the acquire of fp in probe_once */
+  atomic_store_explicit(&s->fp, FP_TOMB, memory_order_release);
+  t->live--;
+  t->tomb++;
+}
+
+static void geometry_note(shard *sh, const ktab *t) {
+  if (sh == NULL)
+    return;
+  atomic_store_explicit(&sh->pf_slots, t->slots, memory_order_relaxed);
+  atomic_store_explicit(&sh->pf_nbuckets, t->nbuckets, memory_order_relaxed);
+}
+
+/* Rebuilds *where's table for `live` keys; the old one is retired. */
+static int tab_rebuild(kvp_index *ix, _Atomic(ktab *) *where, shard *sh,
+                       uint64_t live) {
+  ktab *old = atomic_load_explicit(where, memory_order_relaxed);
+  ktab *t = tab_new(ix, buckets_for(live));
+  if (t == NULL)
+    return KVP_ENOMEM;
+  for (uint64_t i = 0; i < old->nbuckets * BUCKET_SLOTS; i++) {
+    uint64_t f = atomic_load_explicit(&old->slots[i].fp, memory_order_relaxed);
+    if (f <= FP_TOMB)
+      continue;
+    kslot *ins = NULL;
+    (void)tab_find(t, f, mix64(f), &ins);
+    atomic_store_explicit(&ins->fp, f, memory_order_relaxed);
+    atomic_store_explicit(
+        &ins->val,
+        atomic_load_explicit(&old->slots[i].val, memory_order_relaxed),
+        memory_order_relaxed);
+    t->live++;
+  }
+  /* release: pairs with the acquire loads of the table pointer in queries;
+   * the slots above are visible before the table is */
+  atomic_store_explicit(where, t, memory_order_release);
+  geometry_note(sh, t);
+  retire(ix, old, old->raw_size);
+  return 0;
+}
+
+/* Makes room for one more key in *where's table.  Returns the table. */
+static int tab_reserve(kvp_index *ix, _Atomic(ktab *) *where, shard *sh,
+                       ktab **out) {
+  ktab *t = atomic_load_explicit(where, memory_order_relaxed);
+  if (tab_full(t, 1)) {
+    int rc = tab_rebuild(ix, where, sh, t->live + 1);
+    if (rc < 0)
+      return rc;
+    t = atomic_load_explicit(where, memory_order_relaxed);
+  }
+  *out = t;
+  return 0;
+}
+
+/* After deletions: give memory back when the table is mostly empty. */
+static void tab_maybe_shrink(kvp_index *ix, shard *sh) {
+  ktab *t = atomic_load_explicit(&sh->tab, memory_order_relaxed);
+  uint64_t slots = t->nbuckets * BUCKET_SLOTS;
+  if (t->nbuckets > MIN_BUCKETS && t->live * 6 < slots)
+    (void)tab_rebuild(ix, &sh->tab, sh, t->live); /* ENOMEM: keep the big one */
+}
+
+/* ---- holder sets --------------------------------------------------------- */
+
+typedef struct upd {
+  uint32_t worker;
+  uint32_t add, del;           /* tier masks to set and to clear */
+  uint32_t old_mask, new_mask; /* out: the worker's mask before/after */
+} upd;
+
+static size_t wset_size(uint32_t cap) {
+  return sizeof(wset) + (size_t)cap * sizeof(wgroup);
+}
+
+static wset *wset_new(kvp_index *ix, uint32_t cap) {
+  wset *ws = ix_alloc(ix, wset_size(cap));
+  if (ws == NULL)
+    return NULL;
+  memset(ws, 0, wset_size(cap));
+  ws->cap = cap;
+  return ws;
+}
+
+static int wset_find(wset *ws, uint32_t ng, uint64_t gid) {
+  for (uint32_t i = 0; i < ng; i++)
+    if (ws->g[i].gid == gid)
+      return (int)i;
+  return -1;
+}
+
+static uint32_t group_mask(wgroup *g, uint64_t bit) {
+  uint32_t m = 0;
+  for (unsigned t = 0; t < NTIERS; t++)
+    if (atomic_load_explicit(&g->tier[t], memory_order_relaxed) & bit)
+      m |= 1u << t;
+  return m;
+}
+
+/* Sets worker w's bits in group g to `mask`.  Relaxed: each word stands
+ * alone (readers take a block's words one by one). */
+static void group_set(wgroup *g, uint32_t w, uint32_t mask) {
+  uint64_t bit = 1ull << (w & 63);
+  for (unsigned t = 0; t < NTIERS; t++) {
+    uint64_t v = atomic_load_explicit(&g->tier[t], memory_order_relaxed);
+    uint64_t nv = (mask >> t) & 1 ? v | bit : v & ~bit;
+    if (nv != v)
+      atomic_store_explicit(&g->tier[t], nv, memory_order_relaxed);
+  }
+}
+
+/* Adds (w, mask) to a set not yet published (room guaranteed). */
+static void wset_put(wset *ws, uint32_t w, uint32_t mask) {
+  uint32_t ng = atomic_load_explicit(&ws->ngroups, memory_order_relaxed);
+  int gi = wset_find(ws, ng, w >> 6);
+  if (gi < 0) {
+    gi = (int)ng;
+    ws->g[ng].gid = w >> 6;
+    atomic_store_explicit(&ws->ngroups, ng + 1, memory_order_relaxed);
+  }
+  group_set(&ws->g[gi], w, mask);
+  ws->nworkers++;
+}
+
+static uint64_t in_pack(const uint16_t *sl, unsigned n) {
+  uint64_t p = 0;
+  for (unsigned k = 0; k < n; k++)
+    p |= (uint64_t)sl[k] << (16u * k);
+  return p;
+}
+
+/* Five holders: the inline four and the newcomer, into a wset. */
+static int spill(kvp_index *ix, const uint16_t *sl, const upd *u,
+                 uint64_t *out) {
+  uint64_t gids[INLINE_MAX + 1];
+  uint32_t ng = 0;
+  for (unsigned k = 0; k <= INLINE_MAX; k++) {
+    uint64_t gid = (k < INLINE_MAX ? (uint32_t)(sl[k] >> 4) : u->worker) >> 6;
+    bool seen = false;
+    for (uint32_t j = 0; j < ng; j++)
+      seen |= gids[j] == gid;
+    if (!seen)
+      gids[ng++] = gid;
+  }
+  wset *ws = wset_new(ix, ng);
+  if (ws == NULL)
+    return KVP_ENOMEM;
+  for (unsigned k = 0; k < INLINE_MAX; k++)
+    wset_put(ws, sl[k] >> 4, sl[k] & 0xFu);
+  wset_put(ws, u->worker, u->new_mask);
+  *out = (uint64_t)(uintptr_t)ws;
+  return 0;
+}
+
+static int inl_update(kvp_index *ix, uint64_t p, upd *u, uint64_t *out) {
+  uint16_t sl[INLINE_MAX];
+  unsigned n = 0, at = INLINE_MAX;
+  for (; n < INLINE_MAX && (in_slot(p, n) & 0xFu); n++) {
+    sl[n] = in_slot(p, n);
+    if ((uint32_t)(sl[n] >> 4) == u->worker)
+      at = n;
+  }
+  u->old_mask = at < n ? sl[at] & 0xFu : 0;
+  u->new_mask = (u->old_mask | u->add) & ~u->del & 0xFu;
+  *out = p;
+  if (u->new_mask == u->old_mask)
+    return 0;
+  uint16_t s = (uint16_t)(u->worker << 4 | u->new_mask);
+  if (at < n && u->new_mask != 0) {
+    sl[at] = s;
+  } else if (at < n) { /* drop slot `at`, keep the rest packed */
+    memmove(&sl[at], &sl[at + 1], (n - at - 1) * sizeof sl[0]);
+    n--;
+  } else if (n < INLINE_MAX) {
+    sl[n++] = s;
+  } else {
+    return spill(ix, sl, u, out);
+  }
+  *out = in_pack(sl, n);
+  return 0;
+}
+
+/* <= SHRINK_AT holders left: back to the inline form. */
+static uint64_t wset_to_inline(wset *ws) {
+  uint16_t sl[INLINE_MAX];
+  unsigned n = 0;
+  uint32_t ng = atomic_load_explicit(&ws->ngroups, memory_order_relaxed);
+  for (uint32_t i = 0; i < ng; i++) {
+    uint64_t any = 0;
+    for (unsigned t = 0; t < NTIERS; t++)
+      any |= atomic_load_explicit(&ws->g[i].tier[t], memory_order_relaxed);
+    for (; any != 0 && n < INLINE_MAX; any &= any - 1) {
+      uint32_t w = (uint32_t)(ws->g[i].gid * 64 + ctz64(any));
+      sl[n++] = (uint16_t)(w << 4 | group_mask(&ws->g[i], 1ull << (w & 63)));
+    }
+  }
+  return in_pack(sl, n);
+}
+
+/* A new group for u->worker: in place when there is room, else a copy
+ * without the empty groups. */
+static int wset_add_group(kvp_index *ix, wset *ws, uint32_t ng, const upd *u,
+                          uint64_t *out) {
+  if (ng < ws->cap) {
+    ws->g[ng].gid = u->worker >> 6;
+    group_set(&ws->g[ng], u->worker, u->new_mask);
+    ws->nworkers++;
+    /* release: pairs with the acquire of ngroups in readers; the group's gid
+     * and words are visible before it is counted */
+    atomic_store_explicit(&ws->ngroups, ng + 1, memory_order_release);
+    *out = (uint64_t)(uintptr_t)ws;
+    return 0;
+  }
+  uint32_t cap = ws->cap * 2 > GROUPS_MAX ? GROUPS_MAX : ws->cap * 2;
+  wset *nw = wset_new(ix, cap > ng + 1 ? cap : ng + 1);
+  if (nw == NULL)
+    return KVP_ENOMEM;
+  for (uint32_t i = 0; i < ng; i++) {
+    uint64_t any = 0;
+    for (unsigned t = 0; t < NTIERS; t++)
+      any |= atomic_load_explicit(&ws->g[i].tier[t], memory_order_relaxed);
+    for (; any != 0; any &= any - 1) {
+      uint32_t w = (uint32_t)(ws->g[i].gid * 64 + ctz64(any));
+      wset_put(nw, w, group_mask(&ws->g[i], 1ull << (w & 63)));
+    }
+  }
+  wset_put(nw, u->worker, u->new_mask);
+  *out = (uint64_t)(uintptr_t)nw;
+  return 0;
+}
+
+static int wset_update(kvp_index *ix, wset *ws, upd *u, uint64_t *out) {
+  uint32_t ng = atomic_load_explicit(&ws->ngroups, memory_order_relaxed);
+  int gi = wset_find(ws, ng, u->worker >> 6);
+  u->old_mask = gi >= 0 ? group_mask(&ws->g[gi], 1ull << (u->worker & 63)) : 0;
+  u->new_mask = (u->old_mask | u->add) & ~u->del & 0xFu;
+  *out = (uint64_t)(uintptr_t)ws;
+  if (u->new_mask == u->old_mask)
+    return 0;
+  if (gi < 0)
+    return wset_add_group(ix, ws, ng, u, out);
+  group_set(&ws->g[gi], u->worker, u->new_mask);
+  ws->nworkers += (u->new_mask != 0) - (u->old_mask != 0);
+  if (ws->nworkers <= SHRINK_AT)
+    *out = wset_to_inline(ws);
+  return 0;
+}
+
+/* Applies u to holder word p; *out is the word to publish (== p when the
+ * change was made in place or nothing changed). */
+static int set_update(kvp_index *ix, uint64_t p, upd *u, uint64_t *out) {
+  if (is_wset(p))
+    return wset_update(ix, (wset *)(uintptr_t)p, u, out);
+  return inl_update(ix, p, u, out);
+}
+
+/* Worker w's tier mask in holder word p. */
+static uint32_t mask_of(uint64_t p, uint32_t w) {
+  if (!is_wset(p)) {
+    for (unsigned k = 0; k < INLINE_MAX && (in_slot(p, k) & 0xFu); k++)
+      if ((uint32_t)(in_slot(p, k) >> 4) == w)
+        return in_slot(p, k) & 0xFu;
+    return 0;
+  }
+  wset *ws = (wset *)(uintptr_t)p;
+  uint32_t ng = atomic_load_explicit(&ws->ngroups, memory_order_acquire);
+  int gi = wset_find(ws, ng, w >> 6);
+  return gi < 0 ? 0 : group_mask(&ws->g[gi], 1ull << (w & 63));
+}
+
+/* ---- block updates ------------------------------------------------------- */
+
+typedef struct acc { /* an event's effect on its worker */
+  uint64_t digest;   /* wrapping delta */
+  int64_t nres;
+  uint64_t changed; /* keys whose mask changed */
+} acc;
+
+/* Publishes holder word np in place of p at slot s. */
+static void slot_replace(kvp_index *ix, shard *sh, ktab *t, kslot *s,
+                         uint64_t p, uint64_t np) {
+  if (np == p)
+    return;
+  if (np == 0) {
+    slot_kill(t, s);
+    atomic_store_explicit(&sh->keys, t->live, memory_order_relaxed);
+  } else {
+    slot_set(s, np);
+  }
+  if (is_wset(p) && (uint64_t)(uintptr_t)p != np) {
+    wset *ws = (wset *)(uintptr_t)p;
+    retire(ix, ws, wset_size(ws->cap));
+  }
+}
+
+static void acc_note(acc *a, uint64_t fp, const upd *u) {
+  if (u->old_mask == u->new_mask)
+    return;
+  a->digest += dig_delta(fp, u->old_mask, u->new_mask);
+  a->nres += (u->new_mask != 0) - (u->old_mask != 0);
+  a->changed++;
+}
+
+/* One key's update on its shard (locked by the caller). */
+static int shard_update(kvp_index *ix, shard *sh, uint64_t fp, uint64_t h,
+                        upd *u, acc *a) {
+  ktab *t = atomic_load_explicit(&sh->tab, memory_order_relaxed);
+  kslot *ins = NULL, *s = tab_find(t, fp, h, &ins);
+  uint64_t np;
+  if (s == NULL) {
+    if (u->add == 0)
+      return 0;
+    (void)inl_update(ix, 0, u, &np); /* never allocates from empty */
+    if (np == 0)
+      return 0;
+    int rc = tab_reserve(ix, &sh->tab, sh, &t);
+    if (rc < 0)
+      return rc;
+    (void)tab_find(t, fp, h, &ins);
+    slot_claim(t, ins, fp, np);
+    atomic_store_explicit(&sh->keys, t->live, memory_order_relaxed);
+    acc_note(a, fp, u);
+    return 0;
+  }
+  uint64_t p = atomic_load_explicit(&s->val, memory_order_relaxed);
+  int rc = set_update(ix, p, u, &np);
+  if (rc < 0)
+    return rc;
+  slot_replace(ix, sh, t, s, p, np);
+  acc_note(a, fp, u);
+  return 0;
+}
+
+static int key_update(kvp_index *ix, uint64_t fp, upd *u, acc *a) {
+  uint64_t h = mix64(fp);
+  shard *sh = shard_of(ix, h);
+  kvp__spin_lock(&sh->lock);
+  int rc = shard_update(ix, sh, fp, h, u, a);
+  kvp__spin_unlock(&sh->lock);
+  return rc;
+}
+
+static void prefetch_key(kvp_index *ix, uint64_t fp) {
+  uint64_t h = mix64(fp);
+  shard *sh = shard_of(ix, h);
+  kslot *s = atomic_load_explicit(&sh->pf_slots, memory_order_relaxed);
+  uint64_t nb = atomic_load_explicit(&sh->pf_nbuckets, memory_order_relaxed);
+  __builtin_prefetch(s + bucket_of(h, nb) * BUCKET_SLOTS, 0, 3);
+}
+
+/* An event's keys, with the next buckets prefetched while one is updated. */
+static int apply_keys(kvp_index *ix, uint32_t w, uint32_t add, uint32_t del,
+                      const kvp_key *keys, size_t n, acc *a) {
+  for (size_t i = 0; i < n && i < PF_DIST; i++)
+    prefetch_key(ix, fp_of(keys[i]));
+  for (size_t i = 0; i < n; i++) {
+    if (i + PF_DIST < n)
+      prefetch_key(ix, fp_of(keys[i + PF_DIST]));
+    upd u = {.worker = w, .add = add, .del = del};
+    int rc = key_update(ix, fp_of(keys[i]), &u, a);
+    if (rc < 0)
+      return rc;
+  }
+  return 0;
+}
+
+/* Worker w's mask on fp, read under the shard lock. */
+static uint32_t resident_mask(kvp_index *ix, uint64_t fp, uint32_t w) {
+  uint64_t h = mix64(fp);
+  shard *sh = shard_of(ix, h);
+  kvp__spin_lock(&sh->lock);
+  kslot *s = tab_find(atomic_load_explicit(&sh->tab, memory_order_relaxed), fp,
+                      h, NULL);
+  uint32_t m =
+      s ? mask_of(atomic_load_explicit(&s->val, memory_order_relaxed), w) : 0;
+  kvp__spin_unlock(&sh->lock);
+  return m;
+}
+
+/* ---- whole-worker scans -------------------------------------------------- */
+
+/* The key set a resync keeps: fp -> tier mask, open addressing. */
+typedef struct keepset {
+  uint64_t *fp;
+  uint8_t *mask;
+  size_t cap; /* power of two */
+  size_t n;   /* distinct fps */
+} keepset;
+
+static uint8_t *keep_slot(const keepset *k, uint64_t fp, bool *found) {
+  size_t i = (size_t)mix64(fp) & (k->cap - 1);
+  while (k->fp[i] != FP_EMPTY && k->fp[i] != fp)
+    i = (i + 1) & (k->cap - 1);
+  *found = k->fp[i] == fp;
+  return &k->mask[i];
+}
+
+static uint32_t keep_get(const keepset *k, uint64_t fp) {
+  bool found;
+  uint8_t *m = keep_slot(k, fp, &found);
+  return found ? *m : 0;
+}
+
+static void keep_free(kvp_index *ix, keepset *k) {
+  kvp__free(&ix->alloc, k->fp, k->cap * sizeof *k->fp);
+  kvp__free(&ix->alloc, k->mask, k->cap);
+}
+
+static int keep_build(kvp_index *ix, const kvp_key *keys, const uint8_t *tiers,
+                      size_t n, keepset *k) {
+  memset(k, 0, sizeof *k);
+  k->cap = 16;
+  while (k->cap < 2 * n)
+    k->cap *= 2;
+  k->fp = kvp__calloc(&ix->alloc, k->cap, sizeof *k->fp);
+  k->mask = kvp__calloc(&ix->alloc, k->cap, 1);
+  if (k->fp == NULL || k->mask == NULL) {
+    keep_free(ix, k);
+    return KVP_ENOMEM;
+  }
+  for (size_t i = 0; i < n; i++) {
+    uint64_t fp = fp_of(keys[i]);
+    bool found;
+    uint8_t *m = keep_slot(k, fp, &found);
+    if (!found) {
+      k->fp[m - k->mask] = fp;
+      k->n++;
+    }
+    *m |= (uint8_t)(1u << (tiers ? tiers[i] : KVP_TIER_HBM));
+  }
+  return 0;
+}
+
+/* Clears worker w from one shard, except what `keep` lists. */
+static void scan_shard(kvp_index *ix, shard *sh, uint32_t w,
+                       const keepset *keep, acc *a) {
+  kvp__spin_lock(&sh->lock);
+  ktab *t = atomic_load_explicit(&sh->tab, memory_order_relaxed);
+  for (uint64_t i = 0; i < t->nbuckets * BUCKET_SLOTS; i++) {
+    kslot *s = &t->slots[i];
+    uint64_t fp = atomic_load_explicit(&s->fp, memory_order_relaxed);
+    if (fp <= FP_TOMB)
+      continue;
+    uint64_t p = atomic_load_explicit(&s->val, memory_order_relaxed);
+    uint32_t m = mask_of(p, w);
+    uint32_t del = m & ~(keep ? keep_get(keep, fp) : 0u);
+    if (del == 0)
+      continue;
+    upd u = {.worker = w, .del = del};
+    uint64_t np;
+    (void)set_update(ix, p, &u, &np); /* removals never allocate */
+    slot_replace(ix, sh, t, s, p, np);
+    acc_note(a, fp, &u);
+  }
+  tab_maybe_shrink(ix, sh);
+  kvp__spin_unlock(&sh->lock);
+}
+
+static void scan_worker(kvp_index *ix, uint32_t w, const keepset *keep,
+                        acc *a) {
+  for (unsigned i = 0; i < SHARDS; i++)
+    scan_shard(ix, &ix->shards[i], w, keep, a);
+}
+
+/* ---- approximate mode ---------------------------------------------------- */
+
+static arec *arec_at(kvp_index *ix, uint32_t idx) {
+  /* acquire: pairs with the release in arec_alloc that published the chunk */
+  arec *c = atomic_load_explicit(&ix->adir[(idx - 1) / APPROX_CHUNK],
+                                 memory_order_acquire);
+  return &c[(idx - 1) % APPROX_CHUNK];
+}
+
+static void lru_unlink(kvp_index *ix, arec *r) {
+  if (r->lru_prev)
+    arec_at(ix, r->lru_prev)->lru_next = r->lru_next;
+  else
+    ix->lru_head = r->lru_next;
+  if (r->lru_next)
+    arec_at(ix, r->lru_next)->lru_prev = r->lru_prev;
+  else
+    ix->lru_tail = r->lru_prev;
+}
+
+static void lru_push(kvp_index *ix, uint32_t idx, arec *r) {
+  r->lru_prev = 0;
+  r->lru_next = ix->lru_head;
+  if (ix->lru_head)
+    arec_at(ix, ix->lru_head)->lru_prev = idx;
+  else
+    ix->lru_tail = idx;
+  ix->lru_head = idx;
+}
+
+/* Retired records whose readers are gone go back to the free list. */
+static void arec_reclaim(kvp_index *ix) {
+  ebr_advance(ix);
+  size_t k = 0;
+  for (size_t i = 0; i < ix->aret_n; i++) {
+    if (ebr_safe(ix, ix->aret[i].epoch)) {
+      arec_at(ix, ix->aret[i].idx)->lru_next = ix->afree;
+      ix->afree = ix->aret[i].idx;
+    } else {
+      ix->aret[k++] = ix->aret[i];
+    }
+  }
+  ix->aret_n = k;
+}
+
+static uint32_t arec_pop_free(kvp_index *ix) {
+  uint32_t idx = ix->afree;
+  if (idx)
+    ix->afree = arec_at(ix, idx)->lru_next;
+  return idx;
+}
+
+/* A record index, 0 when out of memory. */
+static uint32_t arec_alloc(kvp_index *ix) {
+  uint32_t idx = arec_pop_free(ix);
+  if (idx == 0 && ix->aret_n >= RECLAIM_BATCH)
+    arec_reclaim(ix), idx = arec_pop_free(ix);
+  if (idx != 0)
+    return idx;
+  if (ix->aused < ix->adir_n * APPROX_CHUNK) {
+    uint32_t c = ix->aused / APPROX_CHUNK;
+    if (ix->aused % APPROX_CHUNK == 0) {
+      arec *chunk = ix_alloc(ix, APPROX_CHUNK * sizeof(arec));
+      if (chunk == NULL)
+        return 0;
+      memset(chunk, 0, APPROX_CHUNK * sizeof(arec));
+      /* release: pairs with the acquire in arec_at */
+      atomic_store_explicit(&ix->adir[c], chunk, memory_order_release);
+    }
+    return ++ix->aused;
+  }
+  while (ix->aret_n > 0 && ix->afree == 0) { /* all slots wait for readers */
+    ebr_wait(ix, ix->aret[0].epoch);
+    arec_reclaim(ix);
+  }
+  return arec_pop_free(ix);
+}
+
+/* Unlinks record idx from its key's list and retires it. */
+static int arec_evict(kvp_index *ix, uint32_t idx) {
+  arec *r = arec_at(ix, idx);
+  ktab *t = atomic_load_explicit(&ix->atab, memory_order_relaxed);
+  kslot *s = tab_find(t, r->fp, mix64(r->fp), NULL);
+  uint32_t next = atomic_load_explicit(&r->next, memory_order_relaxed);
+  uint32_t head =
+      s ? (uint32_t)atomic_load_explicit(&s->val, memory_order_relaxed) : 0;
+  if (s == NULL) { /* not linked (cannot happen): only the LRU holds it */
+  } else if (head == idx && next == 0) {
+    slot_kill(t, s);
+  } else if (head == idx) {
+    slot_set(s, next);
+  } else {
+    arec *q = arec_at(ix, head);
+    uint32_t qn;
+    while ((qn = atomic_load_explicit(&q->next, memory_order_relaxed)) != idx &&
+           qn != 0)
+      q = arec_at(ix, qn);
+    /* release: pairs with the acquire of next in routed_walk */
+    atomic_store_explicit(&q->next, next, memory_order_release);
+  }
+  lru_unlink(ix, r);
+  atomic_store_explicit(
+      &ix->acount, atomic_load_explicit(&ix->acount, memory_order_relaxed) - 1,
+      memory_order_relaxed);
+  uint64_t tag = ebr_tag(ix);
+  if (ix->aret_n == ix->aret_cap) {
+    size_t cap = ix->aret_cap ? 2 * ix->aret_cap : 64;
+    aretired *a = kvp__realloc(&ix->alloc, ix->aret, ix->aret_cap * sizeof *a,
+                               cap * sizeof *a);
+    if (a == NULL) { /* wait out the readers and free it now */
+      ebr_wait(ix, tag);
+      r->lru_next = ix->afree;
+      ix->afree = idx;
+      return 0;
+    }
+    atomic_fetch_add_explicit(&ix->bytes, (cap - ix->aret_cap) * sizeof *a,
+                              memory_order_relaxed);
+    ix->aret = a;
+    ix->aret_cap = cap;
+  }
+  ix->aret[ix->aret_n++] = (aretired){idx, tag};
+  return 0;
+}
+
+static bool routed_live(uint64_t touch, uint64_t now, uint64_t ttl) {
+  return now < touch || now - touch < ttl;
+}
+
+static size_t approx_expire_locked(kvp_index *ix, uint64_t now) {
+  size_t n = 0;
+  while (ix->lru_tail != 0) {
+    arec *r = arec_at(ix, ix->lru_tail);
+    if (routed_live(atomic_load_explicit(&r->touch, memory_order_relaxed), now,
+                    ix->attl))
+      break;
+    (void)arec_evict(ix, ix->lru_tail);
+    n++;
+  }
+  atomic_fetch_add_explicit(&ix->c.expired, n, memory_order_relaxed);
+  return n;
+}
+
+/* Drops every record of worker w (approx lock held). */
+static void approx_purge_locked(kvp_index *ix, uint32_t w) {
+  for (uint32_t idx = ix->lru_head; idx != 0;) {
+    arec *r = arec_at(ix, idx);
+    uint32_t next = r->lru_next;
+    if (r->worker == w)
+      (void)arec_evict(ix, idx);
+    idx = next;
+  }
+}
+
+static void approx_purge(kvp_index *ix, uint32_t w) {
+  kvp__spin_lock(&ix->alock);
+  approx_purge_locked(ix, w);
+  kvp__spin_unlock(&ix->alock);
+}
+
+/* Records (fp -> w at now); 1 when a record was created. */
+static int approx_record(kvp_index *ix, uint64_t fp, uint32_t w, uint64_t now) {
+  uint64_t h = mix64(fp);
+  ktab *t = atomic_load_explicit(&ix->atab, memory_order_relaxed);
+  kslot *ins = NULL, *s = tab_find(t, fp, h, &ins);
+  uint32_t head =
+      s ? (uint32_t)atomic_load_explicit(&s->val, memory_order_relaxed) : 0;
+  for (uint32_t idx = head; idx != 0;) {
+    arec *r = arec_at(ix, idx);
+    if (r->worker == w) {
+      atomic_store_explicit(&r->touch, now, memory_order_relaxed);
+      lru_unlink(ix, r);
+      lru_push(ix, idx, r);
+      return 0;
+    }
+    idx = atomic_load_explicit(&r->next, memory_order_relaxed);
+  }
+  if (s == NULL) {
+    int rc = tab_reserve(ix, &ix->atab, NULL, &t);
+    if (rc < 0)
+      return rc;
+  }
+  uint32_t idx = arec_alloc(ix);
+  if (idx == 0)
+    return KVP_ENOMEM;
+  arec *r = arec_at(ix, idx);
+  r->worker = w;
+  r->fp = fp;
+  atomic_store_explicit(&r->touch, now, memory_order_relaxed);
+  atomic_store_explicit(&r->next, head, memory_order_relaxed);
+  if (s != NULL) {
+    slot_set(s, idx); /* release: the record is complete before it is seen */
+  } else {
+    (void)tab_find(t, fp, h, &ins);
+    slot_claim(t, ins, fp, idx);
+  }
+  lru_push(ix, idx, r);
+  atomic_store_explicit(
+      &ix->acount, atomic_load_explicit(&ix->acount, memory_order_relaxed) + 1,
+      memory_order_relaxed);
+  return 1;
+}
+
+/* ---- queries ------------------------------------------------------------- */
+
+typedef struct qgroup { /* per 64-worker group: who is still matching */
+  uint64_t alive, seen;
+  uint32_t gid, pad_;
+  uint32_t prefix[64];       /* set when the worker drops out */
+  uint64_t vc[NCLS][PLANES]; /* vertical counters: blocks per class */
+} qgroup;
+
+typedef struct qblk { /* one block's holders by group (wide path) */
+  uint64_t m[GROUPS_MAX][NCLS];
+  uint8_t touched[GROUPS_MAX];
+  uint8_t mark[GROUPS_MAX];
+  unsigned nt;
+} qblk;
+
+typedef struct qctx {
+  kvp_index *ix;
+  ktab *atab; /* NULL when no routing record exists */
+  uint64_t now, ttl;
+  size_t nread; /* blocks looked up */
+} qctx;
+
+/* counts[w] += 1 for every bit w of x, on bit-sliced counters. */
+static inline void vc_add(uint64_t *planes, uint64_t x) {
+  for (unsigned k = 0; x != 0; k++) {
+    uint64_t carry = planes[k] & x;
+    planes[k] ^= x;
+    x = carry;
+  }
+}
+
+/* Block i: m[c] = workers of the group holding it in class c. */
+static inline void q_step(qgroup *q, const uint64_t *m, uint32_t i) {
+  uint64_t any = m[0] | m[1] | m[2] | m[3] | m[4];
+  for (uint64_t d = q->alive & ~any; d != 0; d &= d - 1)
+    q->prefix[ctz64(d)] = i;
+  uint64_t a = q->alive & any;
+  q->alive = a;
+  for (unsigned c = 0; c < NCLS && a != 0; c++) { /* fastest class first */
+    uint64_t x = a & m[c];
+    if (x != 0) {
+      vc_add(q->vc[c], x);
+      a &= ~x;
+    }
+  }
+}
+
+static void q_prefetch(qctx *c, const kvp_key *key) {
+  uint64_t fp = fp_of(*key);
+  prefetch_key(c->ix, fp);
+  if (c->atab != NULL)
+    __builtin_prefetch(
+        &c->atab->slots[bucket_of(mix64(fp), c->atab->nbuckets) * BUCKET_SLOTS],
+        0, 3);
+}
+
+static uint64_t event_holders(qctx *c, uint64_t fp, uint64_t h) {
+  /* acquire: pairs with the release in tab_rebuild */
+  ktab *t =
+      atomic_load_explicit(&shard_of(c->ix, h)->tab, memory_order_acquire);
+  return tab_get(t, fp, h);
+}
+
+/* Walks a key's routing records from *idx (its list head): the worker of
+ * the next one not expired, or UINT32_MAX at the end. */
+static uint32_t routed_next(qctx *c, uint32_t *idx) {
+  while (*idx != 0) {
+    arec *r = arec_at(c->ix, *idx);
+    uint32_t w = r->worker;
+    bool live = routed_live(
+        atomic_load_explicit(&r->touch, memory_order_relaxed), c->now, c->ttl);
+    /* acquire: pairs with the releases of next in arec_evict and of the head
+     * in approx_record */
+    *idx = atomic_load_explicit(&r->next, memory_order_acquire);
+    if (live)
+      return w;
+  }
+  return UINT32_MAX;
+}
+
+static void gather_fast(qctx *c, uint64_t fp, uint64_t m[NCLS]) {
+  uint64_t h = mix64(fp), p = event_holders(c, fp, h);
+  memset(m, 0, NCLS * sizeof m[0]);
+  if (p & 0xFu) {
+    for (unsigned k = 0; k < INLINE_MAX; k++) {
+      uint32_t s = in_slot(p, k), mk = s & 0xFu;
+      uint64_t bit = 1ull << ((s >> 4) & 63);
+      for (unsigned t = 0; t < NTIERS; t++)
+        m[t] |= bit & (0 - (uint64_t)((mk >> t) & 1));
+    }
+  } else if (p != 0) {
+    wset *ws = (wset *)(uintptr_t)p;
+    /* acquire: pairs with the release in wset_add_group */
+    if (atomic_load_explicit(&ws->ngroups, memory_order_acquire) != 0)
+      for (unsigned t = 0; t < NTIERS; t++)
+        m[t] = atomic_load_explicit(&ws->g[0].tier[t], memory_order_relaxed);
+  }
+  if (c->atab == NULL)
+    return;
+  uint32_t idx = (uint32_t)tab_get(c->atab, fp, h);
+  for (uint32_t w; (w = routed_next(c, &idx)) != UINT32_MAX;)
+    m[CLS_ROUTED] |= 1ull << (w & 63);
+}
+
+static inline uint64_t *blk_group(qblk *b, uint32_t gid) {
+  if (!b->mark[gid]) {
+    b->mark[gid] = 1;
+    b->touched[b->nt++] = (uint8_t)gid;
+  }
+  return b->m[gid];
+}
+
+static void blk_clear(qblk *b) {
+  for (unsigned k = 0; k < b->nt; k++) {
+    memset(b->m[b->touched[k]], 0, sizeof b->m[0]);
+    b->mark[b->touched[k]] = 0;
+  }
+  b->nt = 0;
+}
+
+static void gather_wide(qctx *c, uint64_t fp, qblk *b) {
+  uint64_t h = mix64(fp), p = event_holders(c, fp, h);
+  if (p & 0xFu) {
+    for (unsigned k = 0; k < INLINE_MAX && (in_slot(p, k) & 0xFu); k++) {
+      uint32_t s = in_slot(p, k), w = s >> 4;
+      uint64_t *m = blk_group(b, w >> 6);
+      for (unsigned t = 0; t < NTIERS; t++)
+        if ((s >> t) & 1)
+          m[t] |= 1ull << (w & 63);
+    }
+  } else if (p != 0) {
+    wset *ws = (wset *)(uintptr_t)p;
+    /* acquire: pairs with the release in wset_add_group */
+    uint32_t ng = atomic_load_explicit(&ws->ngroups, memory_order_acquire);
+    for (uint32_t i = 0; i < ng; i++) {
+      uint64_t v[NTIERS], any = 0;
+      for (unsigned t = 0; t < NTIERS; t++)
+        any |= v[t] =
+            atomic_load_explicit(&ws->g[i].tier[t], memory_order_relaxed);
+      if (any == 0)
+        continue;
+      uint64_t *m = blk_group(b, (uint32_t)ws->g[i].gid);
+      for (unsigned t = 0; t < NTIERS; t++)
+        m[t] |= v[t];
+    }
+  }
+  if (c->atab == NULL)
+    return;
+  uint32_t idx = (uint32_t)tab_get(c->atab, fp, h);
+  for (uint32_t w; (w = routed_next(c, &idx)) != UINT32_MAX;)
+    blk_group(b, w >> 6)[CLS_ROUTED] |= 1ull << (w & 63);
+}
+
+/* Appends group q's matches (workers still added) to out. */
+static size_t emit_group(qctx *c, const qgroup *q, kvp_index_match *out,
+                         size_t cap, size_t k) {
+  uint32_t cnt[64][NCLS];
+  memset(cnt, 0, sizeof cnt);
+  for (unsigned cl = 0; cl < NCLS; cl++)
+    for (unsigned b = 0; b < PLANES; b++)
+      for (uint64_t x = q->vc[cl][b]; x != 0; x &= x - 1)
+        cnt[ctz64(x)][cl] += 1u << b;
+  for (uint64_t s = q->seen; s != 0; s &= s - 1) {
+    uint32_t bit = ctz64(s), w = q->gid * 64 + bit;
+    worker *wk = &c->ix->workers[w];
+    /* acquire: pairs with the release in kvp_index_worker_remove */
+    if (atomic_load_explicit(&wk->state, memory_order_acquire) != W_ACTIVE)
+      continue;
+    if (k < cap) {
+      kvp_index_match *o = &out[k];
+      memset(o, 0, sizeof *o);
+      o->worker = w;
+      o->prefix_blocks = q->prefix[bit];
+      memcpy(o->tier_blocks, cnt[bit], sizeof o->tier_blocks);
+      o->routed_blocks = cnt[bit][CLS_ROUTED];
+      o->uncertain =
+          atomic_load_explicit(&wk->uncertain, memory_order_relaxed) != 0;
+    }
+    k++;
+  }
+  return k;
+}
+
+static void q_finish(qgroup *q, uint32_t nproc) {
+  for (uint64_t a = q->alive; a != 0; a &= a - 1)
+    q->prefix[ctz64(a)] = nproc;
+}
+
+static int query_fast(qctx *c, const kvp_key *keys, size_t n,
+                      kvp_index_match *out, size_t cap) {
+  qgroup q;
+  uint64_t m[NCLS];
+  size_t i;
+  memset(&q, 0, sizeof q);
+  for (i = 0; i < n && i < PF_DIST; i++)
+    q_prefetch(c, &keys[i]);
+  for (i = 0; i < n; i++) {
+    if (i + PF_DIST < n)
+      q_prefetch(c, &keys[i + PF_DIST]);
+    gather_fast(c, fp_of(keys[i]), m);
+    if (i == 0)
+      q.alive = q.seen = m[0] | m[1] | m[2] | m[3] | m[4];
+    q_step(&q, m, (uint32_t)i);
+    if (q.alive == 0)
+      break;
+  }
+  c->nread = i < n ? i + 1 : n;
+  q_finish(&q, (uint32_t)i);
+  return (int)emit_group(c, &q, out, cap, 0);
+}
+
+static void sort_gids(uint8_t *g, unsigned n) {
+  for (unsigned i = 1; i < n; i++)
+    for (unsigned j = i; j > 0 && g[j - 1] > g[j]; j--) {
+      uint8_t t = g[j];
+      g[j] = g[j - 1];
+      g[j - 1] = t;
+    }
+}
+
+/* Runs the chain over the groups that hold block 0 (gathered in b). */
+static void wide_walk(qctx *c, const kvp_key *keys, size_t n, qblk *b,
+                      qgroup *qs, unsigned ng) {
+  uint8_t live[GROUPS_MAX];
+  unsigned nlive = ng;
+  for (unsigned j = 0; j < ng; j++)
+    live[j] = (uint8_t)j;
+  size_t i;
+  for (i = 0; i < n && nlive != 0; i++) {
+    if (i + PF_DIST < n)
+      q_prefetch(c, &keys[i + PF_DIST]);
+    if (i > 0)
+      gather_wide(c, fp_of(keys[i]), b);
+    unsigned k = 0;
+    for (unsigned j = 0; j < nlive; j++) {
+      qgroup *q = &qs[live[j]];
+      q_step(q, b->mark[q->gid] ? b->m[q->gid] : (const uint64_t[NCLS]){0},
+             (uint32_t)i);
+      if (q->alive != 0)
+        live[k++] = live[j];
+    }
+    nlive = k;
+    blk_clear(b);
+  }
+  c->nread = i != 0 ? i : 1; /* block 0 was read before the walk */
+  for (unsigned j = 0; j < ng; j++)
+    q_finish(&qs[j], (uint32_t)i);
+}
+
+static int query_wide(qctx *c, const kvp_key *keys, size_t n,
+                      kvp_index_match *out, size_t cap) {
+  qblk b;
+  qgroup stackq[STACK_GROUPS], *qs = stackq;
+  memset(&b, 0, sizeof b);
+  for (size_t i = 0; i < n && i < PF_DIST; i++)
+    q_prefetch(c, &keys[i]);
+  gather_wide(c, fp_of(keys[0]), &b);
+  unsigned ng = b.nt;
+  c->nread = 1;
+  uint8_t gids[GROUPS_MAX];
+  memcpy(gids, b.touched, ng);
+  sort_gids(gids, ng);
+  size_t qbytes = (size_t)ng * sizeof(qgroup);
+  if (ng > STACK_GROUPS && (qs = kvp__malloc(&c->ix->alloc, qbytes)) == NULL)
+    return KVP_ENOMEM;
+  memset(qs, 0, qbytes);
+  for (unsigned j = 0; j < ng; j++) {
+    const uint64_t *m = b.m[gids[j]];
+    qs[j].gid = gids[j];
+    qs[j].alive = qs[j].seen = m[0] | m[1] | m[2] | m[3] | m[4];
+  }
+  wide_walk(c, keys, n, &b, qs, ng);
+  size_t k = 0;
+  for (unsigned j = 0; j < ng; j++)
+    k = emit_group(c, &qs[j], out, cap, k);
+  if (qs != stackq)
+    kvp__free(&c->ix->alloc, qs, qbytes);
+  return (int)k;
+}
+
+int kvp_index_query(kvp_index *ix, const kvp_key *keys, size_t n,
+                    uint64_t now_ns, kvp_index_match *out, size_t cap) {
+  if (ix == NULL || (keys == NULL && n > 0) || (out == NULL && cap > 0))
+    return KVP_EINVAL;
+  if (n > KVP_INDEX_CHAIN_MAX)
+    return KVP_ERANGE;
+  if (n == 0)
+    return 0;
+  unsigned slot = ebr_pin(ix);
+  qctx c = {.ix = ix, .now = now_ns, .ttl = ix->attl};
+  if (atomic_load_explicit(&ix->acount, memory_order_relaxed) != 0)
+    /* acquire: pairs with the release in tab_rebuild */
+    c.atab = atomic_load_explicit(&ix->atab, memory_order_acquire);
+  int rc = ix->fast ? query_fast(&c, keys, n, out, cap)
+                    : query_wide(&c, keys, n, out, cap);
+  ebr_slot *es = &ix->slots[slot];
+  atomic_fetch_add_explicit(&es->queries, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&es->blocks, c.nread, memory_order_relaxed);
+  ebr_unpin(ix, slot);
+  return rc;
+}
+
+/* ---- workers and events -------------------------------------------------- */
+
+static int worker_check(kvp_index *ix, uint32_t w) {
+  if (w >= ix->max_workers) {
+    ctr_inc(&ix->c.unknown);
+    return KVP_ERANGE;
+  }
+  return 0;
+}
+
+/* Locks worker w for an event; checks that it exists and, when check_seq,
+ * its sequence number. */
+static int worker_enter(kvp_index *ix, uint32_t w, uint64_t seq, bool check_seq,
+                        worker **out) {
+  int rc = worker_check(ix, w);
+  if (rc < 0)
+    return rc;
+  worker *wk = &ix->workers[w];
+  kvp__spin_lock(&wk->lock);
+  if (atomic_load_explicit(&wk->state, memory_order_relaxed) != W_ACTIVE) {
+    kvp__spin_unlock(&wk->lock);
+    ctr_inc(&ix->c.unknown);
+    return KVP_ENOENT;
+  }
+  if (check_seq && seq <= wk->last_seq) {
+    kvp__spin_unlock(&wk->lock);
+    ctr_inc(&ix->c.stale);
+    return KVP_EEXIST;
+  }
+  if (check_seq && seq != wk->last_seq + 1) {
+    ctr_inc(&ix->c.gaps);
+    atomic_store_explicit(&wk->uncertain, 1, memory_order_relaxed);
+  }
+  if (check_seq)
+    wk->last_seq = seq;
+  *out = wk;
+  return 0;
+}
+
+/* Books the event's effect and unlocks; a failed event leaves the worker's
+ * set unknown, hence uncertain. */
+static int worker_leave(kvp_index *ix, worker *wk, const acc *a, int rc) {
+  uint64_t d = atomic_load_explicit(&wk->digest, memory_order_relaxed);
+  uint64_t r = atomic_load_explicit(&wk->nres, memory_order_relaxed);
+  atomic_store_explicit(&wk->digest, d + a->digest, memory_order_relaxed);
+  atomic_store_explicit(&wk->nres, r + (uint64_t)a->nres, memory_order_relaxed);
+  if (rc < 0)
+    atomic_store_explicit(&wk->uncertain, 1, memory_order_relaxed);
+  kvp__spin_unlock(&wk->lock);
+  if (rc >= 0)
+    ctr_inc(&ix->c.applied);
+  return rc;
+}
+
+static int event_args(kvp_index *ix, int tier, const kvp_key *keys, size_t n) {
+  if (ix == NULL)
+    return KVP_EINVAL;
+  int rc = 0;
+  if (tier < 0 || tier >= (int)NTIERS || (keys == NULL && n > 0))
+    rc = KVP_EINVAL;
+  else if (n > KVP_INDEX_CHAIN_MAX)
+    rc = KVP_ERANGE;
+  if (rc < 0)
+    ctr_inc(&ix->c.invalid);
+  return rc;
+}
+
+int kvp_index_stored(kvp_index *ix, uint32_t worker_id, uint64_t seq,
+                     kvp_tier tier, const kvp_key *parent, const kvp_key *keys,
+                     size_t n) {
+  int rc = event_args(ix, (int)tier, keys, n);
+  worker *wk;
+  if (rc < 0 || (rc = worker_enter(ix, worker_id, seq, true, &wk)) < 0)
+    return rc;
+  if (parent != NULL && resident_mask(ix, fp_of(*parent), worker_id) == 0)
+    ctr_inc(&ix->c.orphan);
+  acc a = {0};
+  rc = apply_keys(ix, worker_id, 1u << tier, 0, keys, n, &a);
+  return worker_leave(ix, wk, &a, rc < 0 ? rc : (int)a.changed);
+}
+
+int kvp_index_removed(kvp_index *ix, uint32_t worker_id, uint64_t seq,
+                      kvp_tier tier, const kvp_key *keys, size_t n) {
+  int rc = event_args(ix, (int)tier, keys, n);
+  worker *wk;
+  if (rc < 0 || (rc = worker_enter(ix, worker_id, seq, true, &wk)) < 0)
+    return rc;
+  acc a = {0};
+  rc = apply_keys(ix, worker_id, 0, 1u << tier, keys, n, &a);
+  return worker_leave(ix, wk, &a, rc < 0 ? rc : (int)a.changed);
+}
+
+int kvp_index_cleared(kvp_index *ix, uint32_t worker_id, uint64_t seq) {
+  int rc = event_args(ix, 0, NULL, 0);
+  worker *wk;
+  if (rc < 0 || (rc = worker_enter(ix, worker_id, seq, true, &wk)) < 0)
+    return rc;
+  acc a = {0};
+  if (atomic_load_explicit(&wk->nres, memory_order_relaxed) != 0)
+    scan_worker(ix, worker_id, NULL, &a);
+  approx_purge(ix, worker_id);
+  return worker_leave(ix, wk, &a, 0);
+}
+
+static int resync_args(kvp_index *ix, const kvp_key *keys, const uint8_t *tiers,
+                       size_t n) {
+  int rc = event_args(ix, 0, keys, 0);
+  if (rc < 0)
+    return rc;
+  if (keys == NULL && n > 0)
+    rc = KVP_EINVAL;
+  for (size_t i = 0; rc == 0 && tiers != NULL && i < n; i++)
+    if (tiers[i] >= NTIERS)
+      rc = KVP_EINVAL;
+  if (rc < 0)
+    ctr_inc(&ix->c.invalid);
+  return rc;
+}
+
+int kvp_index_resync(kvp_index *ix, uint32_t worker_id, uint64_t seq,
+                     const kvp_key *keys, const uint8_t *tiers, size_t n) {
+  int rc = resync_args(ix, keys, tiers, n);
+  worker *wk;
+  if (rc < 0 || (rc = worker_enter(ix, worker_id, seq, false, &wk)) < 0)
+    return rc;
+  keepset keep;
+  acc a = {0};
+  if ((rc = keep_build(ix, keys, tiers, n, &keep)) < 0) {
+    kvp__spin_unlock(&wk->lock); /* nothing changed */
+    return rc;
+  }
+  /* new keys first, then the sweep: keys in both sets never disappear */
+  for (size_t i = 0; i < n && rc == 0; i++) {
+    upd u = {.worker = worker_id,
+             .add = 1u << (tiers ? tiers[i] : KVP_TIER_HBM)};
+    rc = key_update(ix, fp_of(keys[i]), &u, &a);
+  }
+  if (rc == 0)
+    scan_worker(ix, worker_id, &keep, &a);
+  size_t distinct = keep.n;
+  keep_free(ix, &keep);
+  if (rc == 0) {
+    wk->last_seq = seq;
+    atomic_store_explicit(&wk->uncertain, 0, memory_order_relaxed);
+    ctr_inc(&ix->c.resyncs);
+  }
+  return worker_leave(
+      ix, wk, &a, rc < 0 ? rc : (int)(distinct > INT_MAX ? INT_MAX : distinct));
+}
+
+int kvp_index_worker_add(kvp_index *ix, uint32_t worker_id) {
+  if (ix == NULL)
+    return KVP_EINVAL;
+  if (worker_id >= ix->max_workers)
+    return KVP_ERANGE;
+  worker *wk = &ix->workers[worker_id];
+  int rc = 0;
+  kvp__spin_lock(&wk->lock);
+  if (atomic_load_explicit(&wk->state, memory_order_relaxed) == W_ACTIVE) {
+    rc = KVP_EEXIST;
+  } else {
+    wk->last_seq = 0;
+    atomic_store_explicit(&wk->uncertain, 0, memory_order_relaxed);
+    /* release: pairs with the acquire in emit_group */
+    atomic_store_explicit(&wk->state, W_ACTIVE, memory_order_release);
+  }
+  kvp__spin_unlock(&wk->lock);
+  return rc;
+}
+
+int kvp_index_worker_remove(kvp_index *ix, uint32_t worker_id) {
+  if (ix == NULL)
+    return KVP_EINVAL;
+  if (worker_id >= ix->max_workers)
+    return KVP_ERANGE;
+  worker *wk = &ix->workers[worker_id];
+  kvp__spin_lock(&wk->lock);
+  if (atomic_load_explicit(&wk->state, memory_order_relaxed) != W_ACTIVE) {
+    kvp__spin_unlock(&wk->lock);
+    return KVP_ENOENT;
+  }
+  /* release: pairs with the acquire in emit_group and record_routed; queries
+   * stop reporting the worker before its residencies go */
+  atomic_store_explicit(&wk->state, W_ABSENT, memory_order_release);
+  acc a = {0};
+  scan_worker(ix, worker_id, NULL, &a);
+  approx_purge(ix, worker_id);
+  atomic_store_explicit(&wk->digest, 0, memory_order_relaxed);
+  atomic_store_explicit(&wk->nres, 0, memory_order_relaxed);
+  kvp__spin_unlock(&wk->lock);
+  return 0;
+}
+
+/* ---- approximate mode API ------------------------------------------------ */
+
+int kvp_index_record_routed(kvp_index *ix, uint32_t worker_id,
+                            const kvp_key *keys, size_t n, uint64_t now_ns) {
+  int rc = event_args(ix, 0, keys, n);
+  if (rc < 0 || (rc = worker_check(ix, worker_id)) < 0)
+    return rc;
+  int created = 0;
+  kvp__spin_lock(&ix->alock);
+  /* acquire: pairs with the release in kvp_index_worker_remove; a removal
+   * that purged before we took the lock is seen here */
+  if (atomic_load_explicit(&ix->workers[worker_id].state,
+                           memory_order_acquire) != W_ACTIVE) {
+    rc = KVP_ENOENT;
+    ctr_inc(&ix->c.unknown);
+  }
+  if (rc == 0)
+    (void)approx_expire_locked(ix, now_ns);
+  for (size_t i = 0; rc == 0 && i < n; i++) {
+    rc = approx_record(ix, fp_of(keys[i]), worker_id, now_ns);
+    created += rc > 0;
+    rc = rc > 0 ? 0 : rc;
+    while (atomic_load_explicit(&ix->acount, memory_order_relaxed) > ix->acap) {
+      (void)arec_evict(ix, ix->lru_tail);
+      ctr_inc(&ix->c.evicted);
+    }
+  }
+  kvp__spin_unlock(&ix->alock);
+  return rc < 0 ? rc : created;
+}
+
+int kvp_index_expire(kvp_index *ix, uint64_t now_ns) {
+  if (ix == NULL)
+    return KVP_EINVAL;
+  kvp__spin_lock(&ix->alock);
+  size_t n = approx_expire_locked(ix, now_ns);
+  kvp__spin_unlock(&ix->alock);
+  return n > INT_MAX ? INT_MAX : (int)n;
+}
+
+/* ---- digests and introspection ------------------------------------------- */
+
+int kvp_index_digest_of(const kvp_key *keys, const uint8_t *tiers, size_t n,
+                        uint64_t *digest) {
+  if (digest == NULL || (keys == NULL && n > 0))
+    return KVP_EINVAL;
+  uint64_t d = 0;
+  for (size_t i = 0; i < n; i++) {
+    unsigned t = tiers ? tiers[i] : KVP_TIER_HBM;
+    if (t >= NTIERS)
+      return KVP_EINVAL;
+    d += dig_mix(fp_of(keys[i]), t);
+  }
+  *digest = d;
+  return 0;
+}
+
+int kvp_index_worker_get(kvp_index *ix, uint32_t worker_id,
+                         kvp_index_worker_info *out) {
+  if (ix == NULL || out == NULL)
+    return KVP_EINVAL;
+  if (worker_id >= ix->max_workers)
+    return KVP_ERANGE;
+  worker *wk = &ix->workers[worker_id];
+  int rc = 0;
+  kvp__spin_lock(&wk->lock);
+  if (atomic_load_explicit(&wk->state, memory_order_relaxed) != W_ACTIVE) {
+    rc = KVP_ENOENT;
+  } else {
+    memset(out, 0, sizeof *out);
+    out->last_seq = wk->last_seq;
+    out->digest = atomic_load_explicit(&wk->digest, memory_order_relaxed);
+    out->residencies = atomic_load_explicit(&wk->nres, memory_order_relaxed);
+    out->uncertain =
+        atomic_load_explicit(&wk->uncertain, memory_order_relaxed) != 0;
+  }
+  kvp__spin_unlock(&wk->lock);
+  return rc;
+}
+
+int kvp_index_digest(kvp_index *ix, uint32_t worker_id, uint64_t *digest) {
+  if (digest == NULL)
+    return KVP_EINVAL;
+  kvp_index_worker_info info;
+  int rc = kvp_index_worker_get(ix, worker_id, &info);
+  if (rc == 0)
+    *digest = info.digest;
+  return rc;
+}
+
+#define LOAD_(x) atomic_load_explicit(&(x), memory_order_relaxed)
+
+int kvp_index_stats_get(kvp_index *ix, kvp_index_stats *out) {
+  if (ix == NULL || out == NULL)
+    return KVP_EINVAL;
+  memset(out, 0, sizeof *out);
+  for (unsigned i = 0; i < SHARDS; i++)
+    out->keys += LOAD_(ix->shards[i].keys);
+  for (uint32_t w = 0; w < ix->max_workers; w++) {
+    worker *wk = &ix->workers[w];
+    if (LOAD_(wk->state) != W_ACTIVE)
+      continue;
+    out->workers++;
+    out->uncertain_workers += LOAD_(wk->uncertain) != 0;
+    out->residencies += LOAD_(wk->nres);
+  }
+  for (unsigned i = 0; i < EBR_SLOTS; i++) {
+    out->queries += LOAD_(ix->slots[i].queries);
+    out->query_blocks += LOAD_(ix->slots[i].blocks);
+  }
+  out->routed = LOAD_(ix->acount);
+  out->bytes = LOAD_(ix->bytes);
+  out->events_applied = LOAD_(ix->c.applied);
+  out->events_stale = LOAD_(ix->c.stale);
+  out->seq_gaps = LOAD_(ix->c.gaps);
+  out->events_unknown_worker = LOAD_(ix->c.unknown);
+  out->events_invalid = LOAD_(ix->c.invalid);
+  out->orphan_stores = LOAD_(ix->c.orphan);
+  out->resyncs = LOAD_(ix->c.resyncs);
+  out->routed_expired = LOAD_(ix->c.expired);
+  out->routed_evicted = LOAD_(ix->c.evicted);
+  return 0;
+}
+
+/* ---- create / destroy ---------------------------------------------------- */
+
+static int opts_check(const kvp_index_opts *o) {
+  for (size_t i = 0; i < sizeof o->reserved / sizeof o->reserved[0]; i++)
+    if (o->reserved[i] != 0)
+      return KVP_EINVAL;
+  if (o->max_workers > KVP_WORKERS_MAX || o->approx_capacity > APPROX_CAP_MAX)
+    return KVP_ERANGE;
+  return 0;
+}
+
+static int create_tables(kvp_index *ix, uint64_t expected_keys) {
+  ix->shards = ix_alloc_lines(ix, SHARDS * sizeof(shard), &ix->shards_raw);
+  ix->workers =
+      ix_alloc_lines(ix, ix->max_workers * sizeof(worker), &ix->workers_raw);
+  ix->slots = ix_alloc_lines(ix, EBR_SLOTS * sizeof(ebr_slot), &ix->slots_raw);
+  if (ix->shards == NULL || ix->workers == NULL || ix->slots == NULL)
+    return KVP_ENOMEM;
+  for (unsigned i = 0; i < SHARDS; i++) {
+    ktab *t = tab_new(ix, buckets_for(expected_keys / SHARDS));
+    if (t == NULL)
+      return KVP_ENOMEM;
+    atomic_store_explicit(&ix->shards[i].tab, t, memory_order_relaxed);
+    geometry_note(&ix->shards[i], t);
+  }
+  /* Room for the records retired but not yet reusable (a reader preempted
+   * while pinned holds the epoch back for a time slice): chunks are
+   * allocated only when used, so the spare costs one pointer per chunk. */
+  ix->adir_n = (uint32_t)((4 * ix->acap + APPROX_SPARE) / APPROX_CHUNK + 1);
+  ix->adir = ix_alloc(ix, ix->adir_n * sizeof *ix->adir);
+  if (ix->adir == NULL)
+    return KVP_ENOMEM;
+  memset(ix->adir, 0, ix->adir_n * sizeof *ix->adir);
+  ktab *t = tab_new(ix, MIN_BUCKETS);
+  if (t == NULL)
+    return KVP_ENOMEM;
+  atomic_store_explicit(&ix->atab, t, memory_order_relaxed);
+  return 0;
+}
+
+int kvp_index_create(const kvp_index_opts *opts, const kvp_allocator *alloc,
+                     kvp_index **out) {
+  kvp_index_opts o = {0};
+  if (out == NULL)
+    return KVP_EINVAL;
+  *out = NULL;
+  if (opts != NULL)
+    o = *opts;
+  int rc = opts_check(&o);
+  if (rc < 0)
+    return rc;
+  kvp_allocator a = kvp__allocator(alloc);
+  kvp_index *ix = kvp__calloc(&a, 1, sizeof *ix);
+  if (ix == NULL)
+    return KVP_ENOMEM;
+  ix->alloc = a;
+  ix->default_alloc = alloc == NULL || alloc->alloc == NULL;
+  ix->max_workers = o.max_workers ? o.max_workers : KVP_WORKERS_MAX;
+  ix->fast = ix->max_workers <= 64;
+  ix->acap = o.approx_capacity ? o.approx_capacity : APPROX_CAP_DEFAULT;
+  ix->attl = o.approx_ttl_ns ? o.approx_ttl_ns : TTL_DEFAULT_NS;
+  atomic_store_explicit(&ix->epoch, 1, memory_order_relaxed);
+  atomic_store_explicit(&ix->bytes, sizeof *ix, memory_order_relaxed);
+  if ((rc = create_tables(ix, o.expected_keys)) < 0) {
+    kvp_index_destroy(ix);
+    return rc;
+  }
+  *out = ix;
+  return 0;
+}
+
+static void free_table(kvp_index *ix, _Atomic(ktab *) *where, bool sets) {
+  ktab *t = atomic_load_explicit(where, memory_order_relaxed);
+  if (t == NULL)
+    return;
+  for (uint64_t i = 0; sets && i < t->nbuckets * BUCKET_SLOTS; i++) {
+    uint64_t p = atomic_load_explicit(&t->slots[i].val, memory_order_relaxed);
+    if (atomic_load_explicit(&t->slots[i].fp, memory_order_relaxed) > FP_TOMB &&
+        is_wset(p))
+      ix_free(ix, (wset *)(uintptr_t)p, wset_size(((wset *)(uintptr_t)p)->cap));
+  }
+  ix_free(ix, t, t->raw_size);
+}
+
+void kvp_index_destroy(kvp_index *ix) {
+  if (ix == NULL)
+    return;
+  for (unsigned i = 0; ix->shards != NULL && i < SHARDS; i++)
+    free_table(ix, &ix->shards[i].tab, true);
+  free_table(ix, &ix->atab, false);
+  for (uint32_t c = 0; ix->adir != NULL && c < ix->adir_n; c++)
+    ix_free(ix, atomic_load_explicit(&ix->adir[c], memory_order_relaxed),
+            APPROX_CHUNK * sizeof(arec));
+  ix_free(ix, ix->adir, ix->adir_n * sizeof *ix->adir);
+  for (size_t i = 0; i < ix->rl_n; i++)
+    ix_free(ix, ix->rl[i].p, ix->rl[i].size);
+  kvp__free(&ix->alloc, ix->rl, ix->rl_cap * sizeof *ix->rl);
+  kvp__free(&ix->alloc, ix->aret, ix->aret_cap * sizeof *ix->aret);
+  ix_free(ix, ix->shards_raw, SHARDS * sizeof(shard) + 63);
+  ix_free(ix, ix->workers_raw, ix->max_workers * sizeof(worker) + 63);
+  ix_free(ix, ix->slots_raw, EBR_SLOTS * sizeof(ebr_slot) + 63);
+  kvp_allocator a = ix->alloc;
+  kvp__free(&a, ix, sizeof *ix);
+}
+
+/* ---- consistency check (tests) ------------------------------------------- */
+
+typedef struct vstate {
+  uint64_t *digest, *nres;
+  int bad;
+} vstate;
+
+static void verify_holder(kvp_index *ix, uint64_t fp, uint32_t w, uint32_t m,
+                          vstate *v) {
+  if (w >= ix->max_workers || m == 0 || m > 0xFu) {
+    v->bad = 1;
+    KVP_LOGE("index", "key %016llx: bad holder %u mask %u",
+             (unsigned long long)fp, w, m);
+    return;
+  }
+  v->digest[w] += dig_delta(fp, 0, m);
+  v->nres[w]++;
+}
+
+static void verify_word(kvp_index *ix, uint64_t fp, uint64_t p, vstate *v) {
+  if (p == 0) {
+    v->bad = 1;
+    KVP_LOGE("index", "live key %016llx without holders",
+             (unsigned long long)fp);
+    return;
+  }
+  if (is_wset(p)) {
+    wset *ws = (wset *)(uintptr_t)p;
+    uint32_t ng = atomic_load_explicit(&ws->ngroups, memory_order_relaxed),
+             nw = 0;
+    for (uint32_t i = 0; i < ng; i++) {
+      uint64_t any = 0;
+      for (unsigned t = 0; t < NTIERS; t++)
+        any |= atomic_load_explicit(&ws->g[i].tier[t], memory_order_relaxed);
+      for (; any != 0; any &= any - 1, nw++) {
+        uint32_t w = (uint32_t)(ws->g[i].gid * 64 + ctz64(any));
+        verify_holder(ix, fp, w, group_mask(&ws->g[i], 1ull << (w & 63)), v);
+      }
+    }
+    if (ng > ws->cap || nw != ws->nworkers || nw <= SHRINK_AT)
+      v->bad = 1, KVP_LOGE("index", "wset: %u groups of %u, %u workers (%u)",
+                           ng, ws->cap, nw, ws->nworkers);
+    return;
+  }
+  for (unsigned k = 0; k < INLINE_MAX && (in_slot(p, k) & 0xFu); k++)
+    verify_holder(ix, fp, in_slot(p, k) >> 4, in_slot(p, k) & 0xFu, v);
+  {
+    unsigned n = 0;
+    while (n < INLINE_MAX && (in_slot(p, n) & 0xFu))
+      n++;
+    if (n < INLINE_MAX && (p >> (16u * n)) != 0)
+      v->bad = 1, KVP_LOGE("index", "inline slots not packed");
+  }
+}
+
+int kvp__index_verify(kvp_index *ix) {
+  vstate v = {kvp__calloc(NULL, ix->max_workers, 8),
+              kvp__calloc(NULL, ix->max_workers, 8), 0};
+  if (v.digest == NULL || v.nres == NULL)
+    v.bad = 1;
+  for (unsigned i = 0; !v.bad && i < SHARDS; i++) {
+    shard *sh = &ix->shards[i];
+    ktab *t = atomic_load_explicit(&sh->tab, memory_order_relaxed);
+    uint64_t live = 0;
+    for (uint64_t k = 0; k < t->nbuckets * BUCKET_SLOTS; k++) {
+      uint64_t fp = atomic_load_explicit(&t->slots[k].fp, memory_order_relaxed);
+      if (fp <= FP_TOMB)
+        continue;
+      live++;
+      verify_word(ix, fp,
+                  atomic_load_explicit(&t->slots[k].val, memory_order_relaxed),
+                  &v);
+    }
+    if (live != t->live || live != LOAD_(sh->keys))
+      v.bad = 1,
+      KVP_LOGE("index", "shard %u: %llu keys, counted %llu", i,
+               (unsigned long long)live, (unsigned long long)t->live);
+  }
+  for (uint32_t w = 0; !v.bad && w < ix->max_workers; w++) {
+    worker *wk = &ix->workers[w];
+    if (LOAD_(wk->digest) != v.digest[w] || LOAD_(wk->nres) != v.nres[w])
+      v.bad = 1, KVP_LOGE("index", "worker %u: digest/residencies differ", w);
+  }
+  uint64_t nlru = 0;
+  for (uint32_t idx = ix->lru_head; idx != 0; idx = arec_at(ix, idx)->lru_next)
+    nlru++;
+  if (nlru != LOAD_(ix->acount))
+    v.bad = 1,
+    KVP_LOGE("index", "routed records: %llu linked, %llu counted",
+             (unsigned long long)nlru, (unsigned long long)LOAD_(ix->acount));
+  kvp__free(NULL, v.digest, ix->max_workers * 8);
+  kvp__free(NULL, v.nres, ix->max_workers * 8);
+  return v.bad ? KVP_ECORRUPT : 0;
+}

@@ -1,0 +1,758 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Segments (role/class names), the learned stability classifier and the
+ * prompt-drift detector of prefix.h.
+ *
+ * Classifier.  One open-addressing table (linear probing, power-of-two slots
+ * >= capacity / 0.75, backward-shift deletion, no tombstones) of 16-byte
+ * entries keyed by the block key's 64-bit fingerprint `lo`:
+ *   meta     = tag (fingerprint bits 0..53; bit 9 set) | flags | sightings
+ *   sessions = 64-bit sketch, one bit per hash(session) % 64
+ * A block's class is read from its entry BEFORE this sighting is learned:
+ * stable once the sketch's linear-counting estimate -64 ln(1 - k/64) of k set
+ * bits reaches stable_sessions (latched in STABLE_BIT when a bit is added, so
+ * the per-block path never counts bits); semi when this session's bit is set
+ * and the sightings (all sessions, saturating at semi_repeats - 1) reached
+ * semi_repeats - 1; volatile otherwise.  Then the running minimum along the
+ * chain, with marks folded in, turns classes into [stable][semi][volatile].
+ * Invariants:
+ *   - meta == 0 <=> the slot is empty; size <= capacity < slots, so every
+ *     probe run ends at an empty slot;
+ *   - every entry is reachable from its home slot without crossing an empty
+ *     slot (backward shift keeps this on delete, so no tombstones), and no
+ *     tag is stored twice (kvp__stability_check verifies all three);
+ *   - memory is allocated once, at create; observe never allocates.
+ * Only `lo` is looked at, and only its low 54 bits are stored: two keys with
+ * the same tag share an entry and may be mis-classified, which costs at most
+ * a retention or routing preference.  Nothing here ever returns KV bytes, so a
+ * fingerprint collision can never serve the wrong KV (tiers check all 128
+ * bits).
+ * Eviction is CLOCK, not a linked LRU: a touch sets one bit in the entry the
+ * probe already loaded, with no list splicing and no 16 bytes of pointers per
+ * entry; on this read-mostly, per-block hot path that is the difference
+ * between one cache line and three per block.
+ *
+ * Drift.  Compares two turns' chains for the first differing block, then finds
+ * which of the previous turn's later blocks still occur anywhere in the new
+ * turn with a Rabin-Karp rolling hash over block-sized windows, each candidate
+ * confirmed by memcmp (so a hash collision can never inflate a count). */
+#include <assert.h>
+#include <math.h>
+#include <stdbool.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "core_internal.h"
+#include "kvplane/prefix.h"
+#include "prefix_stability_internal.h"
+
+/* ---- names -------------------------------------------------------------- */
+static const char *const role_names[KVP_ROLE_COUNT_] = {
+    "other", "system", "tools", "documents", "history", "user", "tool_output"};
+
+static const char *const class_names[KVP_CLASS_COUNT_] = {"volatile", "semi",
+                                                          "stable"};
+
+const char *kvp_role_name(kvp_role r) {
+  return (unsigned)r < KVP_ROLE_COUNT_ ? role_names[r] : "unknown";
+}
+
+int kvp_role_parse(const char *s, kvp_role *out) {
+  if (s == NULL || out == NULL)
+    return KVP_EINVAL;
+  for (unsigned r = 0; r < KVP_ROLE_COUNT_; r++)
+    if (strcmp(s, role_names[r]) == 0) {
+      *out = (kvp_role)r;
+      return 0;
+    }
+  return KVP_EINVAL;
+}
+
+const char *kvp_class_name(kvp_class c) {
+  if ((unsigned)c < KVP_CLASS_COUNT_)
+    return class_names[c];
+  return c == KVP_CLASS_AUTO ? "auto" : "unknown";
+}
+
+kvp_class kvp_role_default_class(kvp_role r) {
+  switch (r) {
+  case KVP_ROLE_SYSTEM:
+  case KVP_ROLE_TOOLS:
+    return KVP_CLASS_STABLE;
+  case KVP_ROLE_DOCUMENTS:
+  case KVP_ROLE_HISTORY:
+    return KVP_CLASS_SEMI;
+  default: /* user, tool output, other, and anything unknown: least reusable */
+    return KVP_CLASS_VOLATILE;
+  }
+}
+
+/* ---- marks, shared by the classifier and drift --------------------------- */
+static bool mark_valid(const kvp_segment_mark *m) {
+  if ((uint64_t)m->offset + m->length > UINT32_MAX)
+    return false;
+  if (m->role >= KVP_ROLE_COUNT_)
+    return false;
+  return m->class_hint < KVP_CLASS_COUNT_ || m->class_hint == KVP_CLASS_AUTO;
+}
+
+static bool marks_valid(const kvp_segment_mark *m, size_t n) {
+  if (n > 0 && m == NULL)
+    return false;
+  for (size_t i = 0; i < n; i++)
+    if (!mark_valid(&m[i]))
+      return false;
+  return true;
+}
+
+static uint8_t mark_class(const kvp_segment_mark *m) {
+  if (m->class_hint != KVP_CLASS_AUTO)
+    return m->class_hint;
+  return (uint8_t)kvp_role_default_class((kvp_role)m->role);
+}
+
+/* ---- classifier table --------------------------------------------------- */
+#define SIGHT_MASK 0x7Full   /* bits 0..6: saturating sightings, 0..127 */
+#define REF_BIT 0x80ull      /* bit 7: CLOCK reference bit */
+#define STABLE_BIT 0x100ull  /* bit 8: the sketch reached stable_sessions */
+#define TAG_MASK (~0x1FFull) /* bits 9..63: the tag */
+#define TAG_ONE 0x200ull
+#define FIB 0x9E3779B97F4A7C15ull
+#define CHUNK 256u  /* blocks per stack batch of mark summaries */
+#define PREFETCH 8u /* blocks ahead (8..32 measured alike on a cold table) */
+#define SEMI_REPEATS_MAX (SIGHT_MASK + 1)
+#define STABLE_SESSIONS_MAX 256u /* the 64-bit sketch saturates near 266 */
+
+typedef struct entry {
+  uint64_t meta;
+  uint64_t sessions;
+} entry;
+_Static_assert(sizeof(entry) == 16, "four entries per cache line");
+
+struct kvp_stability {
+  entry *slots;
+  size_t mask;    /* slots - 1 */
+  unsigned shift; /* 64 - log2(slots): Fibonacci hashing's top bits */
+  size_t size;    /* entries in use, <= capacity */
+  size_t capacity;
+  size_t hand;          /* CLOCK hand */
+  uint32_t stable_bits; /* sketch bits set for stable: 1..64 */
+  uint32_t semi_seen;   /* sightings before this call for semi: 1..127 */
+  kvp_allocator alloc;
+};
+
+/* The fingerprint's low 54 bits above the flags, bit 9 forced on so that a
+ * tag is never 0 (0 = empty slot).  A false match per probe: ~2^-54.  Low
+ * bits rather than high: structured fingerprints (counters) differ there. */
+static inline uint64_t tag_of(uint64_t fp) { return (fp << 10) | TAG_ONE; }
+
+/* The home slot depends on the stored tag only, so deletion can recompute it.
+ * Multiplying spreads structured fingerprints (test keys, counters). */
+static inline size_t home_of(uint64_t tag, unsigned shift) {
+  return (size_t)((tag * FIB) >> shift);
+}
+
+uint32_t kvp__stability_session_bit(uint64_t session) {
+  /* murmur3 fmix64: session ids are often small consecutive integers */
+  session ^= session >> 33;
+  session *= 0xFF51AFD7ED558CCDull;
+  session ^= session >> 33;
+  session *= 0xC4CEB9FE1A85EC53ull;
+  session ^= session >> 33;
+  return (uint32_t)(session >> 58);
+}
+
+double kvp__stability_sessions_estimate(uint32_t bits_set) {
+  if (bits_set >= 64)
+    return INFINITY;
+  return -64.0 * log1p(-(double)bits_set / 64.0);
+}
+
+size_t kvp__stability_slots(const kvp_stability *s) { return s->mask + 1; }
+
+int kvp__stability_check(const kvp_stability *s) {
+  size_t used = 0;
+  for (size_t i = 0; i <= s->mask; i++) {
+    uint64_t m = s->slots[i].meta;
+    if (m == 0)
+      continue;
+    used++;
+    /* from home to i: no empty slot, and no other entry with this tag */
+    for (size_t k = home_of(m & TAG_MASK, s->shift); k != i;
+         k = (k + 1) & s->mask)
+      if (s->slots[k].meta == 0 ||
+          (s->slots[k].meta & TAG_MASK) == (m & TAG_MASK))
+        return KVP_ECORRUPT;
+  }
+  return used == s->size && used <= s->capacity ? 0 : KVP_ECORRUPT;
+}
+
+/* Fewest sketch bits whose linear-counting estimate reaches `sessions`.  For
+ * small counts the estimate is the popcount itself (est(k) in [k, k+1) for
+ * k <= 8), so "3 sessions" means "3 bits". */
+static uint32_t bits_for_sessions(uint32_t sessions) {
+  uint32_t k = 1;
+  while (k < 64 && kvp__stability_sessions_estimate(k) < (double)sessions)
+    k++;
+  return k;
+}
+
+/* Fills hole by backward shift: each later entry of the run moves into the
+ * hole unless its home lies cyclically in (hole, j], where a probe from its
+ * home would meet the hole first and stop. */
+static void remove_at(kvp_stability *s, size_t hole) {
+  for (size_t j = (hole + 1) & s->mask; s->slots[j].meta != 0;
+       j = (j + 1) & s->mask) {
+    size_t home = home_of(s->slots[j].meta & TAG_MASK, s->shift);
+    if (((j - home) & s->mask) >= ((j - hole) & s->mask)) {
+      s->slots[hole] = s->slots[j];
+      hole = j;
+    }
+  }
+  s->slots[hole] = (entry){0, 0};
+  s->size--;
+}
+
+/* CLOCK: clear reference bits under the hand until an unreferenced entry
+ * turns up, and evict it.  Ends within two sweeps (size >= 1).  The hand
+ * stays on the evicted slot: backward shift may have moved an entry there
+ * that this sweep has not looked at yet. */
+static void clock_evict(kvp_stability *s) {
+  assert(s->size > 0);
+  for (;;) {
+    entry *e = &s->slots[s->hand];
+    if (e->meta == 0 || (e->meta & REF_BIT)) {
+      e->meta &= ~REF_BIT;
+      s->hand = (s->hand + 1) & s->mask;
+      continue;
+    }
+    remove_at(s, s->hand);
+    return;
+  }
+}
+
+/* First sighting of a key: it enters referenced, so the hand gives it one
+ * sweep to be seen again.  `slot` is the empty slot its probe ended on. */
+static void insert(kvp_stability *s, uint64_t tag, uint64_t bit, size_t slot) {
+  if (s->size == s->capacity) {
+    clock_evict(s);
+    slot = home_of(tag, s->shift); /* the shift may have opened a nearer slot */
+    while (s->slots[slot].meta != 0)
+      slot = (slot + 1) & s->mask;
+  }
+  uint64_t stable = s->stable_bits <= 1 ? STABLE_BIT : 0;
+  s->slots[slot] = (entry){tag | stable | REF_BIT | 1u, bit};
+  s->size++;
+}
+
+/* A session new to this key (at most 64 times per key): the sketch grows and
+ * may reach the stable threshold, latched in meta so that the per-block path
+ * never counts bits.  Returns the new meta. */
+static uint64_t add_session(const kvp_stability *s, entry *e, uint64_t meta,
+                            uint64_t bit) {
+  e->sessions |= bit;
+  if ((uint32_t)__builtin_popcountll(e->sessions) >= s->stable_bits)
+    meta |= STABLE_BIT;
+  return meta;
+}
+
+/* The table as the per-block loop sees it, copied into the caller's locals:
+ * read through *s it would be reloaded after every entry store, which may
+ * alias it.  Slots are addressed by byte offset (entries are 16 bytes, past
+ * what an x86 address can scale by). */
+typedef struct probe_ctx {
+  char *base;         /* the slots */
+  size_t off_mask;    /* (slots - 1) * sizeof(entry) */
+  unsigned shift;     /* home_of's shift less log2(sizeof(entry)) */
+  uint32_t semi_seen; /* as in kvp_stability */
+  uint64_t bit;       /* this session's sketch bit */
+} probe_ctx;
+
+static inline size_t home_off(const probe_ctx *p, uint64_t tag) {
+  return (size_t)((tag * FIB) >> p->shift) & ~(sizeof(entry) - 1);
+}
+
+/* The rest of a probe whose home slot held another key: walks the run, and
+ * inserts the key at its end if absent (then returns NULL).  Out of line:
+ * the per-block path stays straight for the common hit at home. */
+static entry *probe_on(kvp_stability *s, const probe_ctx *p, uint64_t tag,
+                       size_t off) {
+  for (;;) {
+    entry *e = (entry *)(p->base + off);
+    if ((e->meta & TAG_MASK) == tag)
+      return e;
+    if (e->meta == 0) {
+      insert(s, tag, p->bit, off / sizeof(entry));
+      return NULL;
+    }
+    off = (off + sizeof(entry)) & p->off_mask;
+  }
+}
+
+/* The learned class of one block from what was known before this sighting,
+ * then this sighting learned; off is the tag's home slot.  One probe,
+ * normally one cache line.  Sightings saturate at semi_seen: counting further
+ * would change nothing. */
+static inline uint8_t learn_one(kvp_stability *s, const probe_ctx *p,
+                                uint64_t tag, size_t off) {
+  entry *e = (entry *)(p->base + off);
+  if (KVP_UNLIKELY((e->meta & TAG_MASK) != tag)) {
+    e = probe_on(s, p, tag, off);
+    if (e == NULL)
+      return KVP_CLASS_VOLATILE; /* first sighting */
+  }
+  uint64_t m = e->meta, sess = e->sessions;
+  uint32_t seen = (uint32_t)(m & SIGHT_MASK);
+  uint8_t c = (sess & p->bit) != 0 && seen >= p->semi_seen;
+  if (m & STABLE_BIT)
+    c = KVP_CLASS_STABLE;
+  if (KVP_UNLIKELY((sess & p->bit) == 0))
+    m = add_session(s, e, m, p->bit);
+  e->meta = (m | REF_BIT) + (seen < p->semi_seen);
+  return c;
+}
+
+/* ---- one request's walk down its chain ----------------------------------- */
+/* Classes only go down along a chain, so the walk keeps the running minimum
+ * and where it first fell below stable and below semi. */
+typedef struct walk {
+  size_t stable_end, semi_end;
+  uint8_t run;
+} walk;
+
+static inline void walk_step(walk *w, uint8_t c, size_t b) {
+  if (KVP_LIKELY(c >= w->run))
+    return;
+  if (w->run == KVP_CLASS_STABLE)
+    w->stable_end = b;
+  if (c == KVP_CLASS_VOLATILE)
+    w->semi_end = b;
+  w->run = c;
+}
+
+/* Per-block mark summary of a chunk: the low 2 bits hold the least reusable
+ * class among marks that START at the block (STABLE if none), MK_COVERED is
+ * set when any mark overlaps it.  Folding `(learned | mk >> 2)` then the min
+ * with `mk & 3` into the running minimum gives exactly "covered blocks take
+ * the least reusable overlapping mark, the rest what was learned": a mark's
+ * class enters at its first block and the running minimum carries it on. */
+#define MK_COVERED 0x0Cu
+
+#if defined(__GNUC__) || defined(__clang__)
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define ALWAYS_INLINE inline
+#endif
+
+/* One block of the walk: learn it, fold in its marks, step. */
+static ALWAYS_INLINE walk walk_one(kvp_stability *s, const probe_ctx *p,
+                                   uint64_t fp, size_t off, const uint8_t *mk,
+                                   size_t j, size_t i, walk w) {
+  uint8_t c = learn_one(s, p, tag_of(fp), off);
+  if (mk != NULL) {
+    uint8_t start = mk[j] & 3u;
+    c = (uint8_t)(c | (mk[j] >> 2));
+    c = c < start ? c : start;
+  }
+  walk_step(&w, c, i);
+  return w;
+}
+
+/* Learns and walks blocks [c0, c0 + len) of n; mk == NULL: no marks.  Always
+ * inlined so that each call site gets a loop specialised for its mk.  Home
+ * slots are computed once, PREFETCH blocks ahead, prefetched, and kept in a
+ * ring until their block comes up; the last PREFETCH blocks of the request
+ * take a loop without prefetches, so the main loop has no bounds test. */
+static ALWAYS_INLINE walk walk_blocks(kvp_stability *s, const kvp_key *keys,
+                                      size_t n, size_t c0, size_t len,
+                                      uint64_t bit, const uint8_t *mk, walk w) {
+  const probe_ctx p = {(char *)s->slots, s->mask * sizeof(entry), s->shift - 4u,
+                       s->semi_seen, bit};
+  _Static_assert(sizeof(entry) == 16, "shift - 4 is log2(sizeof(entry))");
+  size_t ring[PREFETCH];
+  for (size_t i = c0; i < c0 + PREFETCH && i < n; i++)
+    ring[i % PREFETCH] = home_off(&p, tag_of(keys[i].lo));
+  size_t end = c0 + len, i = c0;
+  size_t pf_end = n > PREFETCH ? n - PREFETCH : 0;
+  for (; i < end && i < pf_end; i++) {
+    size_t off = ring[i % PREFETCH];
+    size_t ahead = home_off(&p, tag_of(keys[i + PREFETCH].lo));
+    ring[i % PREFETCH] = ahead;
+    __builtin_prefetch(p.base + ahead, 1, 3); /* written: ask for ownership */
+    w = walk_one(s, &p, keys[i].lo, off, mk, i - c0, i, w);
+  }
+  for (; i < end; i++)
+    w = walk_one(s, &p, keys[i].lo, ring[i % PREFETCH], mk, i - c0, i, w);
+  return w;
+}
+
+/* Blocks [*fb, *lb] overlapped by m, clipped to n_blocks; false if none. */
+static bool mark_blocks(const kvp_segment_mark *m, uint32_t bs, size_t n_blocks,
+                        size_t *fb, size_t *lb) {
+  if (m->length == 0 || m->offset / bs >= n_blocks)
+    return false;
+  *fb = m->offset / bs;
+  size_t last = ((size_t)m->offset + m->length - 1) / bs;
+  *lb = last < n_blocks ? last : n_blocks - 1;
+  return true;
+}
+
+/* Fills mk[0..len) for blocks [c0, c0 + len) and returns how many are
+ * uncovered (classified by learning).  Coverage goes through a difference
+ * array: O(n_marks + len) however much the marks overlap. */
+static size_t mark_chunk(const kvp_segment_mark *marks, size_t n_marks,
+                         uint32_t bs, size_t n_blocks, size_t c0, size_t len,
+                         uint8_t *mk) {
+  int32_t diff[CHUNK + 1] = {0};
+  memset(mk, KVP_CLASS_STABLE, len);
+  for (size_t k = 0; k < n_marks; k++) {
+    size_t fb, lb;
+    if (!mark_blocks(&marks[k], bs, n_blocks, &fb, &lb) || lb < c0 ||
+        fb >= c0 + len)
+      continue;
+    uint8_t c = mark_class(&marks[k]);
+    if (fb >= c0 && c < mk[fb - c0])
+      mk[fb - c0] = c;
+    diff[(fb > c0 ? fb : c0) - c0]++;
+    diff[(lb < c0 + len - 1 ? lb : c0 + len - 1) + 1 - c0]--;
+  }
+  size_t learned = 0;
+  int32_t depth = 0;
+  for (size_t j = 0; j < len; j++) {
+    depth += diff[j];
+    if (depth > 0)
+      mk[j] |= MK_COVERED;
+    else
+      learned++;
+  }
+  return learned;
+}
+
+/* ---- classifier API ------------------------------------------------------ */
+/* The table is probed at random: with 4 KiB pages nearly every block of a
+ * long prompt lands on its own page and misses the TLB, which costs more than
+ * the probe (measured: 2,048 blocks on a 32 MiB table, ~2x).  Ask for
+ * transparent huge pages; only on memory from the default allocator (what a
+ * caller's allocator hands out is not ours to re-advise), and only as a hint:
+ * failure changes nothing but speed.  The table is then zeroed by writing,
+ * not by calloc's untouched pages: a first READ maps the shared zero page,
+ * and the write fault after it gets 4 KiB pages, advice or not.  So the
+ * whole table is resident from create on -- it is sized to be filled. */
+static void advise_huge(void *p, size_t bytes) {
+#if defined(MADV_HUGEPAGE)
+  const uintptr_t huge = (uintptr_t)2 << 20;
+  uintptr_t lo = ((uintptr_t)p + huge - 1) & ~(huge - 1);
+  uintptr_t hi = ((uintptr_t)p + bytes) & ~(huge - 1);
+  if (hi > lo)
+    (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
+
+int kvp_stability_create(const kvp_stability_opts *opts,
+                         const kvp_allocator *alloc, kvp_stability **out) {
+  if (out == NULL)
+    return KVP_EINVAL;
+  *out = NULL;
+  kvp_stability_opts o = opts ? *opts : (kvp_stability_opts){0};
+  uint64_t capacity = o.capacity ? o.capacity : (1u << 20);
+  uint32_t stable = o.stable_sessions ? o.stable_sessions : 3;
+  uint32_t semi = o.semi_repeats ? o.semi_repeats : 2;
+  if (stable > STABLE_SESSIONS_MAX || semi < 2 || semi > SEMI_REPEATS_MAX)
+    return KVP_EINVAL;
+  uint64_t want = (capacity * 4 + 2) / 3, slots = 8;
+  while (slots < want)
+    slots <<= 1;
+  if (slots > SIZE_MAX / sizeof(entry))
+    return KVP_ENOMEM;
+
+  kvp_allocator a = kvp__allocator(alloc);
+  kvp_stability *s = kvp__calloc(&a, 1, sizeof *s);
+  if (s == NULL)
+    goto fail_struct;
+  size_t bytes = (size_t)slots * sizeof(entry);
+  s->slots = kvp__malloc(&a, bytes);
+  if (s->slots == NULL)
+    goto fail_slots;
+  if (alloc == NULL || alloc->alloc == NULL)
+    advise_huge(s->slots, bytes);
+  memset(s->slots, 0, bytes); /* written, not calloc'd: see advise_huge */
+  s->alloc = a;
+  s->mask = (size_t)slots - 1;
+  s->shift = 64u - (unsigned)__builtin_ctzll(slots);
+  s->capacity = (size_t)capacity;
+  s->stable_bits = bits_for_sessions(stable);
+  s->semi_seen = semi - 1;
+  *out = s;
+  return 0;
+
+fail_slots:
+  kvp__free(&a, s, sizeof *s);
+fail_struct:
+  return KVP_ENOMEM;
+}
+
+void kvp_stability_destroy(kvp_stability *s) {
+  if (s == NULL)
+    return;
+  kvp_allocator a = s->alloc;
+  kvp__free(&a, s->slots, (s->mask + 1) * sizeof(entry));
+  kvp__free(&a, s, sizeof *s);
+}
+
+size_t kvp_stability_size(const kvp_stability *s) {
+  return s != NULL ? s->size : 0;
+}
+
+static bool observe_args_ok(const kvp_stability *s, const kvp_key *keys,
+                            size_t n_blocks, uint32_t block_size,
+                            const kvp_segment_mark *marks, size_t n_marks,
+                            const kvp_classification *out) {
+  if (s == NULL || out == NULL || (keys == NULL && n_blocks > 0))
+    return false;
+  if (block_size == 0 || block_size > KVP_BLOCK_SIZE_MAX)
+    return false;
+  if (n_blocks > UINT32_MAX) /* the block boundaries are reported as u32 */
+    return false;
+  return marks_valid(marks, n_marks);
+}
+
+int kvp_stability_observe(kvp_stability *s, uint64_t session,
+                          const kvp_key *keys, size_t n_blocks,
+                          uint32_t block_size, size_t tail,
+                          const kvp_segment_mark *marks, size_t n_marks,
+                          kvp_classification *out) {
+  if (!observe_args_ok(s, keys, n_blocks, block_size, marks, n_marks, out))
+    return KVP_EINVAL;
+  uint64_t bit = 1ull << kvp__stability_session_bit(session);
+  walk w = {n_blocks, n_blocks, KVP_CLASS_STABLE};
+  size_t learned = n_blocks;
+  if (n_marks == 0) {
+    w = walk_blocks(s, keys, n_blocks, 0, n_blocks, bit, NULL, w);
+  } else {
+    uint8_t mk[CHUNK];
+    learned = 0;
+    for (size_t c0 = 0; c0 < n_blocks; c0 += CHUNK) {
+      size_t len = n_blocks - c0 < CHUNK ? n_blocks - c0 : CHUNK;
+      learned += mark_chunk(marks, n_marks, block_size, n_blocks, c0, len, mk);
+      w = walk_blocks(s, keys, n_blocks, c0, len, bit, mk, w);
+    }
+  }
+  memset(out, 0, sizeof *out);
+  out->tokens[KVP_CLASS_STABLE] = (uint64_t)w.stable_end * block_size;
+  out->tokens[KVP_CLASS_SEMI] =
+      (uint64_t)(w.semi_end - w.stable_end) * block_size;
+  out->tokens[KVP_CLASS_VOLATILE] =
+      (uint64_t)(n_blocks - w.semi_end) * block_size + tail;
+  out->stable_end = (uint32_t)w.stable_end;
+  out->semi_end = (uint32_t)w.semi_end;
+  out->n_blocks = (uint32_t)n_blocks;
+  out->learned_blocks = (uint32_t)learned;
+  return 0;
+}
+
+/* ---- drift --------------------------------------------------------------- */
+/* Polynomial hash of token windows modulo the Mersenne prime 2^61 - 1: unlike
+ * arithmetic mod 2^64 it has no Thue-Morse blind spot, so crafted prompts
+ * cannot make every window collide (memcmp would still keep counts exact, but
+ * the scan would go quadratic). */
+#define RK_P ((1ull << 61) - 1)
+#define RK_BASE 0x16A09E667F3BCC9ull /* < RK_P, > any token id + 1 */
+#define FOUND 1u /* on a group representative: its content occurs in cur */
+#define SAME 2u  /* on a block: its content occurs in cur at its own offset */
+
+static inline uint64_t rk_mul(uint64_t a, uint64_t b) {
+  unsigned __int128 p = (unsigned __int128)a * b;
+  uint64_t r = ((uint64_t)p & RK_P) + (uint64_t)(p >> 61);
+  return r >= RK_P ? r - RK_P : r;
+}
+
+static inline uint64_t rk_add(uint64_t a, uint64_t b) {
+  uint64_t r = a + b;
+  return r >= RK_P ? r - RK_P : r;
+}
+
+static uint64_t rk_hash(const uint32_t *t, size_t n) {
+  uint64_t h = 0;
+  for (size_t i = 0; i < n; i++)
+    h = rk_add(rk_mul(h, RK_BASE), (uint64_t)t[i] + 1);
+  return h;
+}
+
+/* The previous turn's blocks [d, np) grouped by content: blocks with equal
+ * tokens share a representative, so a window is confirmed against each
+ * distinct content once and repeated blocks cost nothing extra. */
+typedef struct rk_set {
+  const uint32_t *prev;
+  size_t d, m, bs; /* first block, block count, block size */
+  uint64_t *hash;  /* [m] window hash of each block */
+  uint32_t *group; /* [m] local index of the block's representative */
+  uint8_t *flags;  /* [m] FOUND / SAME */
+  uint32_t *table; /* [tmask + 1] representative + 1; 0 = empty */
+  size_t tmask;
+  unsigned tshift;
+} rk_set;
+
+static inline const uint32_t *rk_block(const rk_set *r, size_t l) {
+  return r->prev + (r->d + l) * r->bs;
+}
+
+static void rk_insert(rk_set *r, size_t l) {
+  const size_t bytes = r->bs * sizeof(uint32_t);
+  size_t i = (size_t)((r->hash[l] * FIB) >> r->tshift);
+  for (; r->table[i] != 0; i = (i + 1) & r->tmask) {
+    uint32_t rep = r->table[i] - 1;
+    if (r->hash[rep] == r->hash[l] &&
+        memcmp(rk_block(r, rep), rk_block(r, l), bytes) == 0) {
+      r->group[l] = rep;
+      return;
+    }
+  }
+  r->table[i] = (uint32_t)l + 1;
+  r->group[l] = (uint32_t)l;
+}
+
+/* The window at token p of cur, with hash h: marks the content group it
+ * equals as found, and the block of prev at the same offset as SAME if that
+ * block is in the group.  Confirms by memcmp only when it can change a flag,
+ * which bounds the memcmp work by O(n) outside of hash collisions. */
+static void rk_probe(rk_set *r, const uint32_t *window, size_t p, uint64_t h) {
+  const size_t bytes = r->bs * sizeof(uint32_t);
+  size_t q = p / r->bs; /* prev block at this offset, if aligned */
+  bool aligned = p % r->bs == 0 && q >= r->d && q - r->d < r->m;
+  size_t i = (size_t)((h * FIB) >> r->tshift);
+  for (; r->table[i] != 0; i = (i + 1) & r->tmask) {
+    uint32_t rep = r->table[i] - 1;
+    if (r->hash[rep] != h)
+      continue;
+    bool same = aligned && r->group[q - r->d] == rep;
+    if ((r->flags[rep] & FOUND) && !same)
+      continue; /* nothing to learn from this group; a colliding one may */
+    if (memcmp(rk_block(r, rep), window, bytes) != 0)
+      continue; /* a true hash collision: another group may still match */
+    r->flags[rep] |= FOUND;
+    if (same)
+      r->flags[q - r->d] |= SAME;
+    return;
+  }
+}
+
+static void rk_scan(rk_set *r, const kvp_turn_view *cur, size_t from) {
+  const size_t bs = r->bs;
+  if (cur->n_tokens < bs || from > cur->n_tokens - bs)
+    return;
+  uint64_t top = 1; /* RK_BASE^(bs-1): weight of the token leaving */
+  for (size_t i = 1; i < bs; i++)
+    top = rk_mul(top, RK_BASE);
+  const uint32_t *t = cur->tokens;
+  uint64_t h = rk_hash(t + from, bs);
+  for (size_t p = from;; p++) {
+    rk_probe(r, t + p, p, h);
+    if (p + bs >= cur->n_tokens)
+      break;
+    uint64_t out = rk_mul((uint64_t)t[p] + 1, top);
+    h = rk_add(rk_mul(rk_add(h, RK_P - out), RK_BASE), (uint64_t)t[p + bs] + 1);
+  }
+}
+
+/* One allocation for all of rk_set's arrays, largest alignment first. */
+static int rk_alloc(rk_set *r, const kvp_allocator *a, size_t *bytes) {
+  size_t tslots = 8;
+  while (tslots < 2 * r->m)
+    tslots <<= 1;
+  size_t total = r->m * (sizeof(uint64_t) + sizeof(uint32_t) + 1) +
+                 tslots * sizeof(uint32_t);
+  uint8_t *p = kvp__calloc(a, 1, total);
+  if (p == NULL)
+    return KVP_ENOMEM;
+  r->hash = (uint64_t *)p;
+  r->group = (uint32_t *)(p + r->m * sizeof(uint64_t));
+  r->table = r->group + r->m;
+  r->flags = (uint8_t *)(r->table + tslots);
+  r->tmask = tslots - 1;
+  r->tshift = 64u - (unsigned)__builtin_ctzll(tslots);
+  *bytes = total;
+  return 0;
+}
+
+/* Fills reappearing/shifted tokens for prev's blocks [d, np). */
+static int find_reappearing(const kvp_turn_view *prev, const kvp_turn_view *cur,
+                            size_t d, uint32_t bs, const kvp_allocator *alloc,
+                            kvp_drift_report *out) {
+  rk_set r = {.prev = prev->tokens, .d = d, .m = prev->n_blocks - d, .bs = bs};
+  if (r.m == 0)
+    return 0;
+  size_t bytes;
+  int rc = rk_alloc(&r, alloc, &bytes);
+  if (rc < 0)
+    return rc;
+  for (size_t l = 0; l < r.m; l++) {
+    r.hash[l] = rk_hash(rk_block(&r, l), bs);
+    rk_insert(&r, l);
+  }
+  rk_scan(&r, cur, d * bs);
+  for (size_t l = 0; l < r.m; l++) {
+    if (!(r.flags[r.group[l]] & FOUND))
+      continue;
+    out->reappearing_tokens += bs;
+    if (!(r.flags[l] & SAME))
+      out->shifted_tokens += bs;
+  }
+  kvp__free(alloc, r.hash, bytes);
+  return 0;
+}
+
+/* Role of the narrowest mark covering token t (the most specific segment);
+ * -1 if none. */
+static int role_at(const kvp_segment_mark *marks, size_t n, uint64_t t) {
+  int role = -1;
+  uint64_t best = UINT64_MAX;
+  for (size_t k = 0; k < n; k++) {
+    const kvp_segment_mark *m = &marks[k];
+    if (t >= m->offset && t - m->offset < m->length && m->length < best) {
+      best = m->length;
+      role = m->role;
+    }
+  }
+  return role;
+}
+
+static bool turn_valid(const kvp_turn_view *t, uint32_t bs) {
+  size_t need;
+  if (t == NULL || (t->keys == NULL && t->n_blocks > 0) ||
+      (t->tokens == NULL && t->n_tokens > 0))
+    return false;
+  if (t->n_blocks > UINT32_MAX || !kvp__mul_ok(t->n_blocks, bs, &need) ||
+      t->n_tokens < need)
+    return false;
+  return marks_valid(t->marks, t->n_marks);
+}
+
+int kvp_drift_compare(const kvp_turn_view *prev, const kvp_turn_view *cur,
+                      uint32_t block_size, const kvp_allocator *alloc,
+                      kvp_drift_report *out) {
+  if (out == NULL || block_size == 0 || block_size > KVP_BLOCK_SIZE_MAX ||
+      !turn_valid(prev, block_size) || !turn_valid(cur, block_size))
+    return KVP_EINVAL;
+  memset(out, 0, sizeof *out);
+  out->first_diverging_block = -1;
+  out->role = KVP_ROLE_OTHER;
+  size_t n = prev->n_blocks < cur->n_blocks ? prev->n_blocks : cur->n_blocks;
+  size_t d = 0;
+  while (d < n && kvp_key_eq(prev->keys[d], cur->keys[d]))
+    d++;
+  out->common_prefix_tokens = (uint64_t)d * block_size;
+  if (d == prev->n_blocks) /* equal, or cur extends prev block for block */
+    return 0;
+  out->first_diverging_block = (int64_t)d;
+  uint64_t t = (uint64_t)d * block_size;
+  int role = role_at(cur->marks, cur->n_marks, t);
+  if (role < 0)
+    role = role_at(prev->marks, prev->n_marks, t);
+  out->role = (uint8_t)(role < 0 ? KVP_ROLE_OTHER : role);
+  out->lost_tokens = (uint64_t)(prev->n_blocks - d) * block_size;
+  kvp_allocator a = kvp__allocator(alloc);
+  int rc = find_reappearing(prev, cur, d, block_size, &a, out);
+  return rc < 0 ? rc : 0;
+}

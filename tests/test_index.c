@@ -1,0 +1,829 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* router/index: query semantics per tier, sequence gaps and resync, digests,
+ * approximate mode (TTL, LRU cap), bad input, allocation failure, and the
+ * <= 64 and > 64 worker paths against a naive per-worker hash-set model. */
+#include "index_internal.h"
+#include "test_harness.h"
+
+#define MAXM 64 /* matches asked for per query */
+
+static kvp_key K(uint64_t lo) { return (kvp_key){.hi = lo * 3, .lo = lo}; }
+
+static kvp_index *mk(uint32_t max_workers, uint32_t nworkers) {
+  kvp_index_opts o = {.max_workers = max_workers};
+  kvp_index *ix = NULL;
+  ASSERT_OK(kvp_index_create(&o, NULL, &ix));
+  for (uint32_t w = 0; w < nworkers; w++)
+    ASSERT_OK(kvp_index_worker_add(ix, w));
+  return ix;
+}
+
+/* keys lo = base .. base+n-1 */
+static void run(kvp_key *k, uint64_t base, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    k[i] = K(base + i);
+}
+
+static const kvp_index_match *find_match(const kvp_index_match *m, int n,
+                                         uint32_t w) {
+  for (int i = 0; i < n; i++)
+    if (m[i].worker == w)
+      return &m[i];
+  return NULL;
+}
+
+static uint64_t stat_blocks(kvp_index *ix) {
+  kvp_index_stats s;
+  ASSERT_OK(kvp_index_stats_get(ix, &s));
+  return s.query_blocks;
+}
+
+/* ---- query semantics ------------------------------------------------------ */
+
+/* Worker 0: HBM 0..4, DRAM 0..7, NVMe 8; worker 1: remote 0..2, HBM 4..9;
+ * worker 2: HBM 1..9 (not block 0). */
+static void load_tiers(kvp_index *ix) {
+  kvp_key k[16];
+  run(k, 100, 16);
+  ASSERT_EQ(kvp_index_stored(ix, 0, 1, KVP_TIER_HBM, NULL, k, 5), 5);
+  ASSERT_EQ(kvp_index_stored(ix, 0, 2, KVP_TIER_DRAM, NULL, k, 8), 8);
+  ASSERT_EQ(kvp_index_stored(ix, 0, 3, KVP_TIER_NVME, &k[7], &k[8], 1), 1);
+  ASSERT_EQ(kvp_index_stored(ix, 1, 1, KVP_TIER_REMOTE, NULL, k, 3), 3);
+  ASSERT_EQ(kvp_index_stored(ix, 1, 2, KVP_TIER_HBM, &k[3], &k[4], 6), 6);
+  ASSERT_EQ(kvp_index_stored(ix, 2, 1, KVP_TIER_HBM, &k[0], &k[1], 9), 9);
+}
+
+static void check_tiers(uint32_t max_workers) {
+  kvp_index *ix = mk(max_workers, 3);
+  load_tiers(ix);
+  kvp_key chain[1000];
+  run(chain, 100, 10);
+  run(&chain[10], 5000, 990);
+  kvp_index_match m[MAXM];
+  int n = kvp_index_query(ix, chain, 10, 0, m, MAXM);
+  ASSERT_EQ(n, 2); /* worker 2 lacks block 0 */
+  ASSERT_EQ(m[0].worker, 0u);
+  ASSERT_EQ(m[0].prefix_blocks, 9u);
+  ASSERT_EQ(m[0].tier_blocks[KVP_TIER_HBM], 5u); /* fastest tier wins */
+  ASSERT_EQ(m[0].tier_blocks[KVP_TIER_DRAM], 3u);
+  ASSERT_EQ(m[0].tier_blocks[KVP_TIER_NVME], 1u);
+  ASSERT_EQ(m[0].tier_blocks[KVP_TIER_REMOTE], 0u);
+  ASSERT_EQ(m[0].routed_blocks, 0u);
+  ASSERT_EQ(m[0].uncertain, 0);
+  ASSERT_EQ(m[1].worker, 1u);
+  ASSERT_EQ(m[1].prefix_blocks, 3u); /* block 3 is a hole */
+  ASSERT_EQ(m[1].tier_blocks[KVP_TIER_REMOTE], 3u);
+  ASSERT_EQ(m[1].tier_blocks[KVP_TIER_HBM], 0u);
+  /* cap smaller than the count: the count, the first matches */
+  kvp_index_match one[2] = {{0}};
+  ASSERT_EQ(kvp_index_query(ix, chain, 10, 0, one, 1), 2);
+  ASSERT_EQ(one[0].worker, 0u);
+  ASSERT_EQ(one[1].prefix_blocks, 0u); /* untouched */
+  ASSERT_EQ(kvp_index_query(ix, chain, 10, 0, NULL, 0), 2);
+  /* early stop: after block 9 nobody holds the chain, 990 blocks unread */
+  ASSERT_EQ(kvp_index_stored(ix, 2, 2, KVP_TIER_HBM, NULL, &chain[500], 400),
+            400);
+  uint64_t before = stat_blocks(ix);
+  ASSERT_EQ(kvp_index_query(ix, chain, 1000, 0, m, MAXM), 2);
+  ASSERT_EQ(stat_blocks(ix) - before, 10u);
+  ASSERT_EQ(m[0].prefix_blocks, 9u);
+  /* from block 1 on, worker 2 matches too; block 10 stops the walk */
+  before = stat_blocks(ix);
+  ASSERT_EQ(kvp_index_query(ix, &chain[1], 999, 0, m, MAXM), 3);
+  ASSERT_EQ(m[0].prefix_blocks, 8u);
+  ASSERT_EQ(m[1].prefix_blocks, 2u);
+  ASSERT_EQ(m[2].worker, 2u);
+  ASSERT_EQ(m[2].prefix_blocks, 9u);
+  ASSERT_EQ(stat_blocks(ix) - before, 10u);
+  /* a chain nobody starts: one block read */
+  before = stat_blocks(ix);
+  ASSERT_EQ(kvp_index_query(ix, &chain[10], 990, 0, m, MAXM), 0);
+  ASSERT_EQ(stat_blocks(ix) - before, 1u);
+  /* removals: DRAM 5..7 gone -> worker 0 holds 0..4 only */
+  ASSERT_EQ(kvp_index_removed(ix, 0, 4, KVP_TIER_DRAM, &chain[5], 3), 3);
+  ASSERT_EQ(kvp_index_removed(ix, 0, 5, KVP_TIER_DRAM, &chain[5], 3), 0);
+  ASSERT_EQ(kvp_index_query(ix, chain, 10, 0, m, MAXM), 2);
+  ASSERT_EQ(m[0].prefix_blocks, 5u);
+  ASSERT_EQ(m[0].tier_blocks[KVP_TIER_HBM], 5u);
+  ASSERT_EQ(m[0].tier_blocks[KVP_TIER_DRAM], 0u);
+  /* an HBM copy leaving exposes the DRAM copy underneath */
+  ASSERT_EQ(kvp_index_removed(ix, 0, 6, KVP_TIER_HBM, &chain[2], 1), 1);
+  ASSERT_EQ(kvp_index_query(ix, chain, 10, 0, m, MAXM), 2);
+  ASSERT_EQ(m[0].prefix_blocks, 5u);
+  ASSERT_EQ(m[0].tier_blocks[KVP_TIER_HBM], 4u);
+  ASSERT_EQ(m[0].tier_blocks[KVP_TIER_DRAM], 1u);
+  ASSERT_OK(kvp__index_verify(ix));
+  kvp_index_destroy(ix);
+}
+
+TEST(query_tiers_fast) { check_tiers(8); }
+TEST(query_tiers_wide) { check_tiers(0); }
+
+TEST(worker_ids_across_groups) {
+  kvp_index *ix = mk(0, 0);
+  const uint32_t ws[] = {4095, 0, 64, 63, 1000, 2048, 127};
+  kvp_key k[4];
+  run(k, 7, 4);
+  for (unsigned i = 0; i < 7; i++) {
+    ASSERT_OK(kvp_index_worker_add(ix, ws[i]));
+    /* worker ws[i] holds i % 4 + 1 blocks */
+    ASSERT_EQ(kvp_index_stored(ix, ws[i], 1, KVP_TIER_DRAM, NULL, k, i % 4 + 1),
+              (int)(i % 4 + 1));
+  }
+  kvp_index_match m[MAXM];
+  ASSERT_EQ(kvp_index_query(ix, k, 4, 0, m, MAXM), 7);
+  for (int i = 1; i < 7; i++)
+    ASSERT_LT(m[i - 1].worker, m[i].worker); /* increasing ids */
+  for (unsigned i = 0; i < 7; i++) {
+    const kvp_index_match *x = find_match(m, 7, ws[i]);
+    ASSERT_NOT_NULL(x);
+    ASSERT_EQ(x->prefix_blocks, i % 4 + 1);
+    ASSERT_EQ(x->tier_blocks[KVP_TIER_DRAM], i % 4 + 1);
+  }
+  ASSERT_OK(kvp__index_verify(ix));
+  kvp_index_destroy(ix);
+}
+
+/* ---- sequence numbers, gaps, resync ----------------------------------------- */
+
+static kvp_index_worker_info info_of(kvp_index *ix, uint32_t w) {
+  kvp_index_worker_info i;
+  ASSERT_OK(kvp_index_worker_get(ix, w, &i));
+  return i;
+}
+
+TEST(gap_and_resync) {
+  kvp_index *ix = mk(16, 2);
+  kvp_key k[8];
+  run(k, 40, 8);
+  ASSERT_EQ(kvp_index_stored(ix, 0, 1, KVP_TIER_HBM, NULL, k, 4), 4);
+  ASSERT_EQ(info_of(ix, 0).uncertain, 0);
+  /* seq 2 lost: applied, but the worker is uncertain */
+  ASSERT_EQ(kvp_index_stored(ix, 0, 3, KVP_TIER_HBM, &k[3], &k[4], 2), 2);
+  ASSERT_EQ(info_of(ix, 0).uncertain, 1);
+  ASSERT_EQ(info_of(ix, 0).last_seq, 3u);
+  ASSERT_EQ(info_of(ix, 1).uncertain, 0); /* per worker */
+  kvp_index_match m[MAXM];
+  ASSERT_EQ(kvp_index_query(ix, k, 8, 0, m, MAXM), 1);
+  ASSERT_EQ(m[0].prefix_blocks, 6u);
+  ASSERT_EQ(m[0].uncertain, 1);
+  /* late and duplicate events are dropped and counted */
+  ASSERT_ERR(kvp_index_stored(ix, 0, 2, KVP_TIER_HBM, NULL, &k[6], 2), KVP_EEXIST);
+  ASSERT_ERR(kvp_index_removed(ix, 0, 3, KVP_TIER_HBM, k, 1), KVP_EEXIST);
+  ASSERT_ERR(kvp_index_cleared(ix, 0, 1), KVP_EEXIST);
+  ASSERT_EQ(kvp_index_query(ix, k, 8, 0, m, MAXM), 1);
+  ASSERT_EQ(m[0].prefix_blocks, 6u); /* nothing of them applied */
+  kvp_index_stats s;
+  ASSERT_OK(kvp_index_stats_get(ix, &s));
+  ASSERT_EQ(s.seq_gaps, 1u);
+  ASSERT_EQ(s.events_stale, 3u);
+  ASSERT_EQ(s.uncertain_workers, 1u);
+  /* resync at seq 10: keys 1, 2 (HBM) and 7 (NVMe) replace the set */
+  kvp_key nk[3] = {k[1], k[2], k[7]};
+  uint8_t nt[3] = {KVP_TIER_HBM, KVP_TIER_HBM, KVP_TIER_NVME};
+  ASSERT_EQ(kvp_index_resync(ix, 0, 10, nk, nt, 3), 3);
+  kvp_index_worker_info i0 = info_of(ix, 0);
+  ASSERT_EQ(i0.uncertain, 0);
+  ASSERT_EQ(i0.last_seq, 10u);
+  ASSERT_EQ(i0.residencies, 3u);
+  ASSERT_EQ(kvp_index_query(ix, k, 8, 0, m, MAXM), 0); /* block 0 gone */
+  ASSERT_EQ(kvp_index_query(ix, &k[1], 2, 0, m, MAXM), 1);
+  ASSERT_EQ(m[0].prefix_blocks, 2u);
+  ASSERT_EQ(m[0].uncertain, 0);
+  ASSERT_ERR(kvp_index_stored(ix, 0, 10, KVP_TIER_HBM, NULL, k, 1), KVP_EEXIST);
+  ASSERT_EQ(kvp_index_stored(ix, 0, 11, KVP_TIER_HBM, NULL, k, 1), 1);
+  ASSERT_EQ(info_of(ix, 0).uncertain, 0); /* 11 follows 10: no gap */
+  /* an empty resync clears; a resync may also move the base backwards */
+  ASSERT_EQ(kvp_index_resync(ix, 0, 5, NULL, NULL, 0), 0);
+  ASSERT_EQ(info_of(ix, 0).residencies, 0u);
+  ASSERT_EQ(kvp_index_stored(ix, 0, 6, KVP_TIER_HBM, NULL, k, 2), 2);
+  ASSERT_OK(kvp_index_stats_get(ix, &s));
+  ASSERT_EQ(s.resyncs, 2u);
+  ASSERT_EQ(s.seq_gaps, 1u);
+  /* cleared: everything of the worker, in every tier */
+  ASSERT_EQ(kvp_index_stored(ix, 0, 7, KVP_TIER_REMOTE, NULL, k, 8), 8);
+  ASSERT_OK(kvp_index_cleared(ix, 0, 8));
+  ASSERT_EQ(info_of(ix, 0).residencies, 0u);
+  ASSERT_EQ(kvp_index_query(ix, k, 8, 0, m, MAXM), 0);
+  ASSERT_OK(kvp_index_stats_get(ix, &s));
+  ASSERT_EQ(s.keys, 0u);
+  ASSERT_OK(kvp__index_verify(ix));
+  kvp_index_destroy(ix);
+}
+
+TEST(resync_keeps_common_keys) {
+  /* keys in both the old and the new set are never absent: they are added
+   * before the sweep (checked here through the final state and counts) */
+  kvp_index *ix = mk(16, 1);
+  kvp_key k[64];
+  run(k, 900, 64);
+  ASSERT_EQ(kvp_index_stored(ix, 0, 1, KVP_TIER_DRAM, NULL, k, 40), 40);
+  uint8_t t[64];
+  for (int i = 0; i < 64; i++)
+    t[i] = (uint8_t)(i % 2 ? KVP_TIER_DRAM : KVP_TIER_HBM);
+  /* duplicates in the snapshot are harmless */
+  kvp_key dup[66];
+  uint8_t dt[66];
+  memcpy(dup, &k[20], 44 * sizeof(kvp_key));
+  memcpy(dt, &t[20], 44);
+  dup[44] = k[20], dt[44] = t[20];
+  ASSERT_EQ(kvp_index_resync(ix, 0, 2, dup, dt, 45), 44);
+  ASSERT_EQ(info_of(ix, 0).residencies, 44u);
+  uint64_t want, got;
+  ASSERT_OK(kvp_index_digest_of(&k[20], &t[20], 44, &want));
+  ASSERT_OK(kvp_index_digest(ix, 0, &got));
+  ASSERT_EQ(got, want);
+  kvp_index_match m[MAXM];
+  ASSERT_EQ(kvp_index_query(ix, &k[20], 44, 0, m, MAXM), 1);
+  ASSERT_EQ(m[0].prefix_blocks, 44u);
+  ASSERT_EQ(m[0].tier_blocks[KVP_TIER_HBM], 22u);
+  ASSERT_EQ(m[0].tier_blocks[KVP_TIER_DRAM], 22u);
+  ASSERT_OK(kvp__index_verify(ix));
+  kvp_index_destroy(ix);
+}
+
+/* ---- digests ------------------------------------------------------------------ */
+
+TEST(digest_equality_and_divergence) {
+  kvp_index *ix = mk(8, 2);
+  kvp_key k[32];
+  uint8_t t[32];
+  run(k, 7000, 32);
+  for (int i = 0; i < 32; i++)
+    t[i] = (uint8_t)(i < 16 ? KVP_TIER_HBM : KVP_TIER_NVME);
+  uint64_t d0, d1, ref, empty;
+  ASSERT_OK(kvp_index_digest_of(NULL, NULL, 0, &empty));
+  ASSERT_EQ(empty, 0u);
+  ASSERT_OK(kvp_index_digest(ix, 0, &d0));
+  ASSERT_EQ(d0, empty);
+  /* same set, different event order and batching -> same digest */
+  ASSERT_OK(kvp_index_stored(ix, 0, 1, KVP_TIER_HBM, NULL, k, 16));
+  ASSERT_OK(kvp_index_stored(ix, 0, 2, KVP_TIER_NVME, NULL, &k[16], 16));
+  for (int i = 31, s = 1; i >= 0; i--, s++)
+    ASSERT_OK(kvp_index_stored(ix, 1, (uint64_t)s, (kvp_tier)t[i], NULL, &k[i], 1));
+  ASSERT_OK(kvp_index_digest(ix, 0, &d0));
+  ASSERT_OK(kvp_index_digest(ix, 1, &d1));
+  ASSERT_OK(kvp_index_digest_of(k, t, 32, &ref));
+  ASSERT_EQ(d0, ref);
+  ASSERT_EQ(d1, ref);
+  ASSERT_NE(ref, 0u);
+  /* storing what is there changes nothing */
+  ASSERT_EQ(kvp_index_stored(ix, 0, 3, KVP_TIER_HBM, NULL, k, 16), 0);
+  ASSERT_OK(kvp_index_digest(ix, 0, &d0));
+  ASSERT_EQ(d0, ref);
+  /* a tier is part of the digest */
+  ASSERT_OK(kvp_index_stored(ix, 0, 4, KVP_TIER_DRAM, NULL, k, 1));
+  ASSERT_OK(kvp_index_removed(ix, 0, 5, KVP_TIER_HBM, k, 1));
+  ASSERT_OK(kvp_index_digest(ix, 0, &d0));
+  ASSERT_NE(d0, ref);
+  t[0] = KVP_TIER_DRAM;
+  ASSERT_OK(kvp_index_digest_of(k, t, 32, &ref));
+  ASSERT_EQ(d0, ref);
+  /* a lost removal: silent divergence that the digest shows */
+  ASSERT_OK(kvp_index_removed(ix, 0, 7, KVP_TIER_NVME, &k[31], 1)); /* gap */
+  ASSERT_OK(kvp_index_digest(ix, 0, &d0));
+  ASSERT_OK(kvp_index_digest_of(k, t, 30, &ref)); /* worker also dropped 30 */
+  ASSERT_NE(d0, ref);
+  ASSERT_OK(kvp_index_digest_of(k, t, 31, &ref));
+  ASSERT_EQ(d0, ref);
+  ASSERT_ERR(kvp_index_digest_of(k, NULL, 1, NULL), KVP_EINVAL);
+  uint8_t bad = 4;
+  ASSERT_ERR(kvp_index_digest_of(k, &bad, 1, &ref), KVP_EINVAL);
+  ASSERT_ERR(kvp_index_digest_of(NULL, NULL, 1, &ref), KVP_EINVAL);
+  ASSERT_ERR(kvp_index_digest(ix, 8, &d0), KVP_ERANGE);
+  ASSERT_ERR(kvp_index_digest(ix, 5, &d0), KVP_ENOENT);
+  kvp_index_destroy(ix);
+}
+
+/* ---- approximate mode ------------------------------------------------------------ */
+
+TEST(approx_ttl) {
+  kvp_index_opts o = {.max_workers = 8, .approx_ttl_ns = 100};
+  kvp_index *ix = NULL;
+  ASSERT_OK(kvp_index_create(&o, NULL, &ix));
+  ASSERT_OK(kvp_index_worker_add(ix, 1));
+  ASSERT_OK(kvp_index_worker_add(ix, 2));
+  kvp_key k[8];
+  run(k, 300, 8);
+  ASSERT_EQ(kvp_index_record_routed(ix, 1, k, 4, 1000), 4);
+  kvp_index_match m[MAXM];
+  ASSERT_EQ(kvp_index_query(ix, k, 8, 1099, m, MAXM), 1);
+  ASSERT_EQ(m[0].worker, 1u);
+  ASSERT_EQ(m[0].prefix_blocks, 4u);
+  ASSERT_EQ(m[0].routed_blocks, 4u);
+  ASSERT_EQ(m[0].tier_blocks[KVP_TIER_HBM], 0u);
+  ASSERT_EQ(kvp_index_query(ix, k, 8, 1100, m, MAXM), 0); /* expired */
+  ASSERT_EQ(kvp_index_query(ix, k, 8, 999, m, MAXM), 1);  /* time < touch */
+  /* refresh the first two only: they match, the chain stops at block 2 */
+  ASSERT_EQ(kvp_index_record_routed(ix, 1, k, 2, 1060), 0); /* refreshed */
+  ASSERT_EQ(kvp_index_query(ix, k, 8, 1120, m, MAXM), 1);
+  ASSERT_EQ(m[0].prefix_blocks, 2u);
+  /* an event residency counts in its tier, a routed-only block as routed */
+  ASSERT_OK(kvp_index_stored(ix, 1, 1, KVP_TIER_DRAM, NULL, k, 1));
+  ASSERT_EQ(kvp_index_query(ix, k, 8, 1120, m, MAXM), 1);
+  ASSERT_EQ(m[0].tier_blocks[KVP_TIER_DRAM], 1u);
+  ASSERT_EQ(m[0].routed_blocks, 1u);
+  ASSERT_EQ(m[0].prefix_blocks, 2u);
+  /* expire() returns the memory of what no longer matches */
+  kvp_index_stats s;
+  ASSERT_OK(kvp_index_stats_get(ix, &s));
+  ASSERT_EQ(s.routed, 4u);
+  ASSERT_EQ(kvp_index_expire(ix, 1120), 2); /* blocks 2, 3 (touched 1000) */
+  ASSERT_EQ(kvp_index_expire(ix, 1120), 0);
+  ASSERT_OK(kvp_index_stats_get(ix, &s));
+  ASSERT_EQ(s.routed, 2u);
+  ASSERT_EQ(s.routed_expired, 2u);
+  /* record_routed expires too */
+  ASSERT_EQ(kvp_index_record_routed(ix, 2, &k[4], 1, 5000), 1);
+  ASSERT_OK(kvp_index_stats_get(ix, &s));
+  ASSERT_EQ(s.routed, 1u);
+  ASSERT_EQ(s.routed_expired, 4u);
+  ASSERT_OK(kvp__index_verify(ix));
+  kvp_index_destroy(ix);
+}
+
+TEST(approx_lru_cap) {
+  kvp_index_opts o = {.max_workers = 100, .approx_capacity = 8};
+  kvp_index *ix = NULL;
+  ASSERT_OK(kvp_index_create(&o, NULL, &ix));
+  ASSERT_OK(kvp_index_worker_add(ix, 1));
+  ASSERT_OK(kvp_index_worker_add(ix, 70));
+  kvp_key a[8], b[4];
+  run(a, 10, 8);
+  run(b, 50, 4);
+  ASSERT_EQ(kvp_index_record_routed(ix, 1, a, 8, 1), 8);
+  kvp_index_match m[MAXM];
+  ASSERT_EQ(kvp_index_query(ix, a, 8, 2, m, MAXM), 1);
+  ASSERT_EQ(m[0].prefix_blocks, 8u);
+  /* refresh a[0]: now the most recent; a[1..4] go first */
+  ASSERT_EQ(kvp_index_record_routed(ix, 1, a, 1, 3), 0);
+  ASSERT_EQ(kvp_index_record_routed(ix, 70, b, 4, 4), 4);
+  kvp_index_stats s;
+  ASSERT_OK(kvp_index_stats_get(ix, &s));
+  ASSERT_EQ(s.routed, 8u);
+  ASSERT_EQ(s.routed_evicted, 4u);
+  ASSERT_EQ(kvp_index_query(ix, a, 8, 5, m, MAXM), 1);
+  ASSERT_EQ(m[0].worker, 1u);
+  ASSERT_EQ(m[0].prefix_blocks, 1u); /* a[0] kept, a[1] evicted */
+  ASSERT_EQ(kvp_index_query(ix, b, 4, 5, m, MAXM), 1);
+  ASSERT_EQ(m[0].worker, 70u);
+  ASSERT_EQ(m[0].routed_blocks, 4u);
+  /* a chain longer than the cap keeps its newest blocks */
+  kvp_key c[20];
+  run(c, 500, 20);
+  ASSERT_EQ(kvp_index_record_routed(ix, 70, c, 20, 6), 20);
+  ASSERT_OK(kvp_index_stats_get(ix, &s));
+  ASSERT_EQ(s.routed, 8u);
+  ASSERT_EQ(kvp_index_query(ix, &c[12], 8, 7, m, MAXM), 1);
+  ASSERT_EQ(m[0].prefix_blocks, 8u);
+  ASSERT_EQ(kvp_index_query(ix, c, 20, 7, m, MAXM), 0);
+  /* removing a worker drops its records */
+  ASSERT_OK(kvp_index_worker_remove(ix, 70));
+  ASSERT_OK(kvp_index_stats_get(ix, &s));
+  ASSERT_EQ(s.routed, 0u);
+  ASSERT_ERR(kvp_index_record_routed(ix, 70, c, 2, 8), KVP_ENOENT);
+  ASSERT_ERR(kvp_index_record_routed(ix, 100, c, 2, 8), KVP_ERANGE);
+  ASSERT_OK(kvp__index_verify(ix));
+  kvp_index_destroy(ix);
+}
+
+/* ---- bad input -------------------------------------------------------------------- */
+
+TEST(bad_input) {
+  kvp_index *ix = NULL;
+  kvp_index_opts o = {0};
+  ASSERT_ERR(kvp_index_create(NULL, NULL, NULL), KVP_EINVAL);
+  o.reserved[3] = 1;
+  ASSERT_ERR(kvp_index_create(&o, NULL, &ix), KVP_EINVAL);
+  o.reserved[3] = 0;
+  o.max_workers = KVP_WORKERS_MAX + 1;
+  ASSERT_ERR(kvp_index_create(&o, NULL, &ix), KVP_ERANGE);
+  ASSERT_NULL(ix);
+  o.max_workers = 0;
+  o.approx_capacity = (1u << 26) + 1;
+  ASSERT_ERR(kvp_index_create(&o, NULL, &ix), KVP_ERANGE);
+  kvp_index_destroy(NULL);
+
+  ix = mk(64, 0);
+  kvp_key k[4];
+  run(k, 4, 4);
+  k[0].lo = 0; /* a legal key, kept as fingerprint 2 */
+  ASSERT_ERR(kvp_index_worker_add(ix, 64), KVP_ERANGE);
+  ASSERT_OK(kvp_index_worker_add(ix, 63));
+  ASSERT_ERR(kvp_index_worker_add(ix, 63), KVP_EEXIST);
+  ASSERT_ERR(kvp_index_worker_remove(ix, 5), KVP_ENOENT);
+  ASSERT_ERR(kvp_index_worker_remove(ix, 64), KVP_ERANGE);
+  ASSERT_ERR(kvp_index_stored(ix, 64, 1, KVP_TIER_HBM, NULL, k, 4), KVP_ERANGE);
+  ASSERT_ERR(kvp_index_stored(ix, UINT32_MAX, 1, KVP_TIER_HBM, NULL, k, 4),
+             KVP_ERANGE);
+  ASSERT_ERR(kvp_index_stored(ix, 5, 1, KVP_TIER_HBM, NULL, k, 4), KVP_ENOENT);
+  ASSERT_ERR(kvp_index_removed(ix, 5, 1, KVP_TIER_HBM, k, 4), KVP_ENOENT);
+  ASSERT_ERR(kvp_index_cleared(ix, 5, 1), KVP_ENOENT);
+  ASSERT_ERR(kvp_index_resync(ix, 5, 1, k, NULL, 4), KVP_ENOENT);
+  ASSERT_ERR(kvp_index_stored(ix, 63, 1, (kvp_tier)4, NULL, k, 4), KVP_EINVAL);
+  ASSERT_ERR(kvp_index_stored(ix, 63, 1, (kvp_tier)-1, NULL, k, 4), KVP_EINVAL);
+  ASSERT_ERR(kvp_index_stored(ix, 63, 1, KVP_TIER_HBM, NULL, NULL, 4), KVP_EINVAL);
+  ASSERT_ERR(kvp_index_stored(NULL, 63, 1, KVP_TIER_HBM, NULL, k, 4), KVP_EINVAL);
+  /* oversized chains: rejected before a key is read */
+  ASSERT_ERR(kvp_index_stored(ix, 63, 1, KVP_TIER_HBM, NULL, k,
+                              KVP_INDEX_CHAIN_MAX + 1), KVP_ERANGE);
+  ASSERT_ERR(kvp_index_record_routed(ix, 63, k, KVP_INDEX_CHAIN_MAX + 1, 0),
+             KVP_ERANGE);
+  kvp_index_match m[MAXM];
+  ASSERT_ERR(kvp_index_query(ix, k, KVP_INDEX_CHAIN_MAX + 1, 0, m, MAXM),
+             KVP_ERANGE);
+  ASSERT_ERR(kvp_index_query(ix, NULL, 3, 0, m, MAXM), KVP_EINVAL);
+  ASSERT_ERR(kvp_index_query(ix, k, 3, 0, NULL, 2), KVP_EINVAL);
+  ASSERT_ERR(kvp_index_query(NULL, k, 3, 0, m, MAXM), KVP_EINVAL);
+  ASSERT_EQ(kvp_index_query(ix, k, 0, 0, m, MAXM), 0);
+  uint8_t bad[4] = {0, 1, 9, 0};
+  ASSERT_ERR(kvp_index_resync(ix, 63, 1, k, bad, 4), KVP_EINVAL);
+  ASSERT_ERR(kvp_index_resync(ix, 63, 1, NULL, NULL, 4), KVP_EINVAL);
+  /* none of the above changed anything or consumed a sequence number */
+  ASSERT_EQ(info_of(ix, 63).last_seq, 0u);
+  ASSERT_EQ(info_of(ix, 63).residencies, 0u);
+  kvp_index_stats s;
+  ASSERT_OK(kvp_index_stats_get(ix, &s));
+  ASSERT_EQ(s.events_unknown_worker, 6u);
+  ASSERT_EQ(s.events_invalid, 7u);
+  ASSERT_EQ(s.events_applied, 0u);
+  ASSERT_EQ(s.keys, 0u);
+  /* key lo 0 is stored (aliasing lo 2, as documented) */
+  ASSERT_EQ(kvp_index_stored(ix, 63, 1, KVP_TIER_HBM, NULL, k, 4), 4);
+  kvp_key alias = K(2);
+  ASSERT_EQ(kvp_index_query(ix, &alias, 1, 0, m, MAXM), 1);
+  /* events after removal are rejected; a new incarnation starts afresh */
+  ASSERT_OK(kvp_index_worker_remove(ix, 63));
+  ASSERT_EQ(kvp_index_query(ix, k, 4, 0, m, MAXM), 0);
+  ASSERT_ERR(kvp_index_stored(ix, 63, 2, KVP_TIER_HBM, NULL, k, 4), KVP_ENOENT);
+  ASSERT_ERR(kvp_index_worker_get(ix, 63, &(kvp_index_worker_info){0}),
+             KVP_ENOENT);
+  ASSERT_OK(kvp_index_worker_add(ix, 63));
+  ASSERT_EQ(kvp_index_query(ix, k, 4, 0, m, MAXM), 0);
+  ASSERT_EQ(kvp_index_stored(ix, 63, 1, KVP_TIER_HBM, NULL, k, 2), 2);
+  ASSERT_EQ(info_of(ix, 63).uncertain, 0);
+  ASSERT_OK(kvp_index_stats_get(ix, &s));
+  ASSERT_EQ(s.keys, 2u);
+  ASSERT_EQ(s.workers, 1u);
+  ASSERT_ERR(kvp_index_stats_get(ix, NULL), KVP_EINVAL);
+  ASSERT_OK(kvp__index_verify(ix));
+  kvp_index_destroy(ix);
+}
+
+/* ---- allocation ------------------------------------------------------------------- */
+
+typedef struct counting_alloc {
+  size_t live, allocs, fail_after; /* fail_after 0 = never */
+} counting_alloc;
+
+static void *ca_alloc(void *o, size_t n) {
+  counting_alloc *c = o;
+  if (c->fail_after != 0 && c->allocs >= c->fail_after)
+    return NULL;
+  c->allocs++;
+  void *p = malloc(n);
+  if (p != NULL)
+    c->live += n;
+  return p;
+}
+
+static void ca_free(void *o, void *p, size_t n) {
+  counting_alloc *c = o;
+  c->live -= n;
+  free(p);
+}
+
+TEST(allocator_accounting) {
+  counting_alloc c = {0};
+  kvp_allocator a = {ca_alloc, ca_free, &c};
+  kvp_index_opts o = {.max_workers = 128};
+  kvp_index *ix = NULL;
+  ASSERT_OK(kvp_index_create(&o, &a, &ix));
+  static kvp_key k[20000];
+  run(k, 1000, 20000);
+  for (uint32_t w = 0; w < 12; w++) {
+    ASSERT_OK(kvp_index_worker_add(ix, w * 10));
+    ASSERT_OK(kvp_index_stored(ix, w * 10, 1, KVP_TIER_HBM, NULL, k, 2000 * (w + 1) > 20000 ? 20000 : 2000 * (w + 1)));
+    ASSERT_OK(kvp_index_record_routed(ix, w * 10, k, 100, 5));
+  }
+  ASSERT_OK(kvp_index_removed(ix, 0, 2, KVP_TIER_HBM, k, 1000));
+  ASSERT_OK(kvp_index_cleared(ix, 10, 2));
+  kvp_index_stats s;
+  ASSERT_OK(kvp_index_stats_get(ix, &s));
+  ASSERT_EQ(s.bytes, c.live); /* stats.bytes is all the memory held */
+  ASSERT_GT(s.bytes, 20000u * 16);
+  ASSERT_OK(kvp__index_verify(ix));
+  kvp_index_destroy(ix);
+  ASSERT_EQ(c.live, 0u);
+}
+
+TEST(out_of_memory) {
+  /* every allocation budget: calls fail cleanly, state stays consistent */
+  static kvp_key k[3000];
+  run(k, 77, 3000);
+  int saw_enomem = 0;
+  for (size_t budget = 1; budget < 200; budget += 7) {
+    counting_alloc c = {.fail_after = budget};
+    kvp_allocator a = {ca_alloc, ca_free, &c};
+    kvp_index_opts o = {.max_workers = 200};
+    kvp_index *ix = NULL;
+    int rc = kvp_index_create(&o, &a, &ix);
+    if (rc < 0) {
+      ASSERT_ERR(rc, KVP_ENOMEM);
+      ASSERT_NULL(ix);
+      ASSERT_EQ(c.live, 0u);
+      continue;
+    }
+    for (uint32_t w = 0; w < 8; w++) {
+      ASSERT_OK(kvp_index_worker_add(ix, w * 25));
+      rc = kvp_index_stored(ix, w * 25, 1, KVP_TIER_HBM, NULL, k, 3000);
+      if (rc == KVP_ENOMEM) {
+        saw_enomem = 1;
+        ASSERT_EQ(info_of(ix, w * 25).uncertain, 1);
+      } else {
+        ASSERT_EQ(rc, 3000);
+      }
+      rc = kvp_index_record_routed(ix, w * 25, k, 1500, 1);
+      ASSERT_TRUE(rc == 1500 || rc == KVP_ENOMEM);
+    }
+    kvp_index_match m[8];
+    rc = kvp_index_query(ix, k, 3000, 1, m, 8);
+    ASSERT_TRUE(rc >= 0 || rc == KVP_ENOMEM);
+    ASSERT_OK(kvp__index_verify(ix));
+    kvp_index_destroy(ix);
+    ASSERT_EQ(c.live, 0u);
+  }
+  ASSERT_TRUE(saw_enomem);
+}
+
+/* ---- the two paths against a naive model ------------------------------------------ */
+
+/* One worker's key set: fp -> tier mask (0 = absent), linear probing. */
+typedef struct rset {
+  uint64_t fp[8192];
+  uint8_t m[8192];
+  uint8_t routed[8192];
+} rset;
+
+static size_t rs_slot(rset *r, uint64_t fp) {
+  size_t i = (size_t)(fp * 0x9E3779B97F4A7C15ull >> 51);
+  while (r->fp[i] != 0 && r->fp[i] != fp)
+    i = (i + 1) & 8191;
+  r->fp[i] = fp;
+  return i;
+}
+
+#define NW 64
+#define NCHAIN 48
+#define CLEN 40
+
+typedef struct model {
+  rset w[NW];
+  int added[NW];
+  uint64_t seq[NW];
+  uint64_t chain[NCHAIN][CLEN]; /* key lo */
+} model;
+
+static uint32_t phys(uint32_t w) { return (w * 613u + 17u) % 4096u; }
+
+static void model_chains(model *md) {
+  for (int c = 0; c < NCHAIN; c++) {
+    /* chains share prefixes with an earlier chain (a tree of prompts) */
+    int parent = c > 0 ? (int)kvt_rand_below((uint64_t)c) : -1;
+    int shared = parent >= 0 ? (int)kvt_rand_below(CLEN) : 0;
+    for (int i = 0; i < CLEN; i++)
+      md->chain[c][i] = i < shared ? md->chain[parent][i] : (kvt_rand() | 4);
+  }
+}
+
+/* The reference answer for worker w: 0 when it lacks block 0. */
+static kvp_index_match model_match(model *md, uint32_t w, const kvp_key *k,
+                                   size_t n) {
+  kvp_index_match x = {0};
+  x.worker = w;
+  for (size_t i = 0; i < n && md->added[w]; i++) {
+    size_t s = rs_slot(&md->w[w], k[i].lo);
+    uint8_t m = md->w[w].m[s];
+    if (m == 0 && !md->w[w].routed[s])
+      break;
+    x.prefix_blocks++;
+    if (m == 0)
+      x.routed_blocks++;
+    else
+      x.tier_blocks[__builtin_ctz(m)]++;
+  }
+  return x;
+}
+
+static void model_apply(model *md, uint32_t w, uint8_t add, uint8_t del,
+                        const kvp_key *k, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    size_t s = rs_slot(&md->w[w], k[i].lo);
+    md->w[w].m[s] = (uint8_t)((md->w[w].m[s] | add) & ~del);
+  }
+}
+
+static void model_clear(model *md, uint32_t w, int routed_too) {
+  for (size_t s = 0; s < 8192; s++) {
+    md->w[w].m[s] = 0;
+    if (routed_too)
+      md->w[w].routed[s] = 0;
+  }
+}
+
+/* Both indexes answer an event alike. */
+static void both(int rca, int rcb) { ASSERT_EQ(rca, rcb); }
+
+/* One random operation on worker w, applied to the model and both indexes. */
+static void random_op(model *md, kvp_index *ia, kvp_index *ib, uint32_t w) {
+  kvp_key k[CLEN];
+  int c = (int)kvt_rand_below(NCHAIN);
+  size_t lo = kvt_rand_below(CLEN), hi = lo + 1 + kvt_rand_below(CLEN - lo);
+  for (size_t i = lo; i < hi; i++)
+    k[i - lo] = K(md->chain[c][i]);
+  size_t n = hi - lo;
+  kvp_tier t = (kvp_tier)kvt_rand_below(4);
+  uint64_t r = kvt_rand_below(100);
+  if (!md->added[w]) {
+    ASSERT_OK(kvp_index_worker_add(ia, w));
+    ASSERT_OK(kvp_index_worker_add(ib, phys(w)));
+    md->added[w] = 1;
+    md->seq[w] = 0;
+    return;
+  }
+  uint64_t sq = ++md->seq[w];
+  if (r < 50) {
+    model_apply(md, w, (uint8_t)(1u << t), 0, k, n);
+    both(kvp_index_stored(ia, w, sq, t, NULL, k, n),
+         kvp_index_stored(ib, phys(w), sq, t, NULL, k, n));
+  } else if (r < 80) {
+    model_apply(md, w, 0, (uint8_t)(1u << t), k, n);
+    both(kvp_index_removed(ia, w, sq, t, k, n),
+         kvp_index_removed(ib, phys(w), sq, t, k, n));
+  } else if (r < 90) {
+    md->seq[w]--;
+    for (size_t i = 0; i < n; i++)
+      md->w[w].routed[rs_slot(&md->w[w], k[i].lo)] = 1;
+    both(kvp_index_record_routed(ia, w, k, n, 1),
+         kvp_index_record_routed(ib, phys(w), k, n, 1));
+  } else if (r < 94) {
+    model_clear(md, w, 1);
+    ASSERT_OK(kvp_index_cleared(ia, w, sq));
+    ASSERT_OK(kvp_index_cleared(ib, phys(w), sq));
+  } else if (r < 98) {
+    uint8_t tiers[CLEN];
+    for (size_t i = 0; i < n; i++)
+      tiers[i] = (uint8_t)kvt_rand_below(4);
+    model_clear(md, w, 0);
+    for (size_t i = 0; i < n; i++)
+      model_apply(md, w, (uint8_t)(1u << tiers[i]), 0, &k[i], 1);
+    both(kvp_index_resync(ia, w, sq, k, tiers, n),
+         kvp_index_resync(ib, phys(w), sq, k, tiers, n));
+  } else {
+    model_clear(md, w, 1);
+    md->added[w] = 0;
+    ASSERT_OK(kvp_index_worker_remove(ia, w));
+    ASSERT_OK(kvp_index_worker_remove(ib, phys(w)));
+  }
+}
+
+static int by_worker(const void *x, const void *y) {
+  uint32_t a = ((const kvp_index_match *)x)->worker;
+  uint32_t b = ((const kvp_index_match *)y)->worker;
+  return (a > b) - (a < b);
+}
+
+static void expect_match(const kvp_index_match *got, const kvp_index_match *want) {
+  ASSERT_EQ(got->worker, want->worker);
+  ASSERT_EQ(got->prefix_blocks, want->prefix_blocks);
+  for (int t = 0; t < 4; t++)
+    ASSERT_EQ(got->tier_blocks[t], want->tier_blocks[t]);
+  ASSERT_EQ(got->routed_blocks, want->routed_blocks);
+  ASSERT_EQ(got->uncertain, 0);
+}
+
+static void random_query(model *md, kvp_index *ia, kvp_index *ib) {
+  kvp_key k[CLEN + 1];
+  int c = (int)kvt_rand_below(NCHAIN);
+  size_t n = 1 + kvt_rand_below(CLEN);
+  for (size_t i = 0; i < n; i++)
+    k[i] = K(md->chain[c][i]);
+  if (kvt_rand_below(4) == 0) /* a new turn: one block nobody has */
+    k[n++] = K(kvt_rand() | 4);
+  kvp_index_match want[NW], ga[NW], gb[NW];
+  int nw = 0;
+  for (uint32_t w = 0; w < NW; w++) {
+    kvp_index_match x = model_match(md, w, k, n);
+    if (x.prefix_blocks > 0)
+      want[nw++] = x;
+  }
+  int na = kvp_index_query(ia, k, n, 1, ga, NW);
+  int nb = kvp_index_query(ib, k, n, 1, gb, NW);
+  ASSERT_EQ(na, nw);
+  ASSERT_EQ(nb, nw);
+  for (int i = 0; i < nb; i++) /* back to model ids */
+    for (uint32_t w = 0; w < NW; w++)
+      if (phys(w) == gb[i].worker) {
+        gb[i].worker = w;
+        break;
+      }
+  qsort(gb, (size_t)nb, sizeof gb[0], by_worker);
+  for (int i = 0; i < nw; i++) {
+    expect_match(&ga[i], &want[i]);
+    expect_match(&gb[i], &want[i]);
+  }
+}
+
+static void check_digests(model *md, kvp_index *ia, kvp_index *ib) {
+  static kvp_key keys[8192 * 4];
+  static uint8_t tiers[8192 * 4];
+  for (uint32_t w = 0; w < NW; w++) {
+    if (!md->added[w])
+      continue;
+    size_t n = 0;
+    for (size_t s = 0; s < 8192; s++)
+      for (unsigned t = 0; t < 4; t++)
+        if (md->w[w].m[s] & (1u << t)) {
+          keys[n] = K(md->w[w].fp[s]);
+          tiers[n++] = (uint8_t)t;
+        }
+    uint64_t want, da, db;
+    ASSERT_OK(kvp_index_digest_of(keys, tiers, n, &want));
+    ASSERT_OK(kvp_index_digest(ia, w, &da));
+    ASSERT_OK(kvp_index_digest(ib, phys(w), &db));
+    ASSERT_EQ(da, want);
+    ASSERT_EQ(db, want);
+  }
+}
+
+TEST(paths_agree_with_model) {
+  model *md = calloc(1, sizeof *md);
+  ASSERT_NOT_NULL(md);
+  model_chains(md);
+  kvp_index *ia = mk(64, 0), *ib = mk(0, 0);
+  for (int round = 0; round < 40; round++) {
+    /* skew: a few workers take most events, so keys gather > 4 holders */
+    for (int op = 0; op < 400; op++) {
+      uint32_t w = kvt_rand_below(3) ? (uint32_t)kvt_rand_below(12)
+                                     : (uint32_t)kvt_rand_below(NW);
+      random_op(md, ia, ib, w);
+    }
+    for (int q = 0; q < 100; q++)
+      random_query(md, ia, ib);
+    check_digests(md, ia, ib);
+    ASSERT_OK(kvp__index_verify(ia));
+    ASSERT_OK(kvp__index_verify(ib));
+  }
+  kvp_index_stats sa, sb;
+  ASSERT_OK(kvp_index_stats_get(ia, &sa));
+  ASSERT_OK(kvp_index_stats_get(ib, &sb));
+  ASSERT_EQ(sa.keys, sb.keys);
+  ASSERT_EQ(sa.residencies, sb.residencies);
+  ASSERT_GT(sa.residencies, 0u);
+  kvp_index_destroy(ia);
+  kvp_index_destroy(ib);
+  free(md);
+}
+
+TEST(many_holders_spill_and_shrink) {
+  /* one key held by 0..N workers and back: inline <-> spilled sets, groups
+   * appended, grown and compacted */
+  for (int wide = 0; wide < 2; wide++) {
+    kvp_index *ix = mk(wide ? 0 : 64, 0);
+    uint32_t n = wide ? 4096 : 64;
+    kvp_key k[2];
+    run(k, 42, 2);
+    kvp_index_match *m = calloc(n, sizeof *m);
+    ASSERT_NOT_NULL(m);
+    for (uint32_t i = 0; i < n; i++) {
+      uint32_t w = wide ? (i * 2741u) % 4096u : i;
+      ASSERT_OK(kvp_index_worker_add(ix, w));
+      ASSERT_EQ(kvp_index_stored(ix, w, 1, (kvp_tier)(i % 4), NULL, k, 2), 2);
+      if (i % 97 == 0 || i < 8)
+        ASSERT_EQ(kvp_index_query(ix, k, 2, 0, m, n), (int)i + 1);
+    }
+    ASSERT_EQ(kvp_index_query(ix, k, 2, 0, m, n), (int)n);
+    for (uint32_t i = 0; i < n; i++) {
+      ASSERT_EQ(m[i].worker, i); /* every id, in order */
+      ASSERT_EQ(m[i].prefix_blocks, 2u);
+    }
+    for (uint32_t i = 0; i < n; i++) {
+      uint32_t w = wide ? (i * 2741u) % 4096u : i;
+      ASSERT_EQ(kvp_index_removed(ix, w, 2, (kvp_tier)(i % 4), &k[1], 1), 1);
+      if (i % 97 == 0 || i + 8 > n)
+        ASSERT_EQ(kvp_index_query(ix, &k[1], 1, 0, m, n), (int)(n - i - 1));
+    }
+    ASSERT_OK(kvp__index_verify(ix));
+    free(m);
+    kvp_index_destroy(ix);
+  }
+}
+
+TEST_MAIN(TEST_ENTRY(query_tiers_fast), TEST_ENTRY(query_tiers_wide),
+          TEST_ENTRY(worker_ids_across_groups), TEST_ENTRY(gap_and_resync),
+          TEST_ENTRY(resync_keeps_common_keys),
+          TEST_ENTRY(digest_equality_and_divergence), TEST_ENTRY(approx_ttl),
+          TEST_ENTRY(approx_lru_cap), TEST_ENTRY(bad_input),
+          TEST_ENTRY(allocator_accounting), TEST_ENTRY(out_of_memory),
+          TEST_ENTRY(paths_agree_with_model),
+          TEST_ENTRY(many_holders_spill_and_shrink))

@@ -1,0 +1,1103 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* router/route: the agentic worked example (reuse, avoided prefill, the load
+ * guard), each peer policy on a hand-computed case, the cost model's terms by
+ * hand, segment classes, herd-free ties across replicas, measured bandwidth,
+ * in-flight bookkeeping, JSON receipts and bad input. */
+#include <jansson.h>
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+
+#include "core_internal.h"
+#include "route_internal.h"
+#include "test_harness.h"
+
+#define BS 16u
+
+/* ---- helpers ------------------------------------------------------------- */
+/* Synthetic block keys: chain `c`, block i.  Chains sharing a prefix are
+ * built by copying (the router never hashes; it only passes keys through). */
+static kvp_key key_of(uint64_t c, size_t i) {
+  return (kvp_key){kvp__mix64(c * 0x9E3779B97F4A7C15ull + i),
+                   kvp__mix64(c ^ (i << 20) ^ 0xabcdefull)};
+}
+
+static kvp_key *keys_new(size_t n, uint64_t c) {
+  kvp_key *k = malloc((n ? n : 1) * sizeof *k);
+  ASSERT_NOT_NULL(k);
+  for (size_t i = 0; i < n; i++)
+    k[i] = key_of(c, i);
+  return k;
+}
+
+static kvp_router *router_new(kvp_policy p, uint32_t n, uint32_t replica) {
+  kvp_router_opts o = {0};
+  o.policy = p;
+  o.n_workers = n;
+  o.replica_id = replica;
+  o.seed = 12345;
+  kvp_router *r = NULL;
+  ASSERT_OK(kvp_router_create(&o, NULL, &r));
+  return r;
+}
+
+static kvp_route_request req_of(const kvp_key *keys, size_t nb, uint64_t tokens,
+                                uint64_t session, uint64_t id) {
+  kvp_route_request q = {0};
+  q.keys = keys;
+  q.n_blocks = nb;
+  q.prompt_tokens = tokens;
+  q.session_id = session;
+  q.request_id = id;
+  return q;
+}
+
+static kvp_worker_match hbm(uint32_t w, uint32_t blocks) {
+  kvp_worker_match m = {0};
+  m.worker = w;
+  m.blocks[KVP_TIER_HBM] = blocks;
+  return m;
+}
+
+static void set_load(kvp_router *r, uint32_t w, uint32_t queued,
+                     uint32_t running, uint64_t prefill, uint64_t decode,
+                     double util) {
+  kvp_worker_load l = {0};
+  l.queued_requests = queued;
+  l.running_requests = running;
+  l.prefill_tokens = prefill;
+  l.decode_blocks = decode;
+  l.kv_util = util;
+  ASSERT_OK(kvp_router_set_load(r, w, &l));
+}
+
+static const kvp_route_candidate *cand_for(const kvp_decision *d, uint32_t w) {
+  for (unsigned i = 0; i < d->n_top; i++)
+    if (d->top[i].worker == w)
+      return &d->top[i];
+  return NULL;
+}
+
+static json_t *receipt(const kvp_decision *d) {
+  char buf[8192];
+  int n = kvp_router_receipt_json(d, buf, sizeof buf);
+  ASSERT_GT(n, 0);
+  ASSERT_LT(n, (int)sizeof buf);
+  json_error_t err;
+  json_t *j = json_loads(buf, 0, &err);
+  if (j == NULL)
+    fprintf(stderr, "bad JSON (%s): %s\n", err.text, buf);
+  ASSERT_NOT_NULL(j);
+  return j;
+}
+
+/* Default model/GPU (Llama-3.1-8B on an H100 at 50%): FLOPs for tokens
+ * [a, b) = 2 * 8.03e9 * n + 4*32*32*128 * sum(t), achieved 4.945e14 FLOP/s. */
+static double hand_flops(double a, double b) {
+  return 1.606e10 * (b - a) + 524288.0 * (b - a) * (a + b - 1.0) / 2.0;
+}
+#define F_EFF 4.945e14
+
+TEST(policy_names_and_model_math) {
+  kvp_policy p;
+  for (int i = 0; i < KVP_POLICY_COUNT_; i++) {
+    ASSERT_OK(kvp_policy_parse(kvp_policy_name((kvp_policy)i), &p));
+    ASSERT_EQ((int)p, i);
+  }
+  ASSERT_OK(kvp_policy_parse("SGLang-Cache-Aware", &p));
+  ASSERT_EQ((int)p, (int)KVP_POLICY_SGLANG);
+  ASSERT_ERR(kvp_policy_parse("sglang", &p), KVP_EINVAL);
+  ASSERT_ERR(kvp_policy_parse(NULL, &p), KVP_EINVAL);
+  ASSERT_STR_EQ(kvp_policy_name(KVP_POLICY_COUNT_), "unknown");
+  /* 2 * 32 layers * 8 KV heads * 128 * 2 bytes */
+  ASSERT_DOUBLE_NEAR(kvp_model_kv_bytes_per_token(NULL), 131072.0, 0.0);
+  /* tokens 0 and 1: 2 * 1.606e10 + 524288 * (0 + 1) */
+  ASSERT_DOUBLE_NEAR(kvp_model_prefill_flops(NULL, 0, 2), 3.212e10 + 524288.0,
+                     1.0);
+  ASSERT_DOUBLE_NEAR(kvp_model_prefill_flops(NULL, 5, 5), 0.0, 0.0);
+  kvp_model_spec bad = {32, 32, 8, 128, 2, 0, -1.0, {0}};
+  ASSERT_DOUBLE_NEAR(kvp_model_kv_bytes_per_token(&bad), 0.0, 0.0);
+}
+
+/* ---- THE AGENTIC WORKED EXAMPLE ------------------------------------------ */
+/* Token i of a conversation: turn 2 repeats turn 1's tokens, then adds. */
+static uint32_t conv_tok(uint64_t conv, size_t i) {
+  return (uint32_t)(kvp__mix64(conv * 0x9E3779B97F4A7C15ull + i) % 128256u);
+}
+
+typedef struct convo {
+  kvp_hasher *h;
+  uint32_t *tok;
+  kvp_key *keys;
+  size_t cap;
+} convo;
+
+static void convo_init(convo *c, size_t cap) {
+  kvp_namespace_desc nd = {.model_id = "test/route", .block_size = BS};
+  kvp_namespace ns;
+  ASSERT_OK(kvp_namespace_init(&nd, &ns));
+  ASSERT_OK(kvp_hasher_create(&ns, NULL, NULL, &c->h));
+  c->tok = malloc(cap * sizeof *c->tok);
+  c->keys = malloc(cap / BS * sizeof *c->keys);
+  ASSERT_NOT_NULL(c->tok);
+  ASSERT_NOT_NULL(c->keys);
+  for (size_t i = 0; i < cap; i++)
+    c->tok[i] = conv_tok(42, i);
+  c->cap = cap;
+}
+
+/* The first n tokens of the conversation, hashed as the router would. */
+static kvp_route_request convo_turn(convo *c, size_t n, uint64_t id) {
+  size_t tail = 99;
+  int nb = kvp_hasher_hash(c->h, c->tok, n, NULL, c->keys, c->cap / BS, &tail);
+  ASSERT_EQ(nb, (int)(n / BS));
+  ASSERT_EQ(tail, n % BS);
+  return req_of(c->keys, (size_t)nb, n, 42, id);
+}
+
+static kvp_index *index_new(uint32_t workers) {
+  kvp_index_opts io = {0};
+  io.max_workers = workers;
+  kvp_index *ix = NULL;
+  ASSERT_OK(kvp_index_create(&io, NULL, &ix));
+  for (uint32_t w = 0; w < workers; w++)
+    ASSERT_OK(kvp_index_worker_add(ix, w));
+  return ix;
+}
+
+/* Turn 1 prefills 60,000 tokens on some worker A, whose KV events then put
+ * its 3,750 blocks in the index (HBM).  Turn 2 (the same 60,000 + 1,000 new
+ * tokens) must go to A with a receipt showing 60,000 tokens of prefill
+ * avoided; with A overloaded past the guard, turn 3 goes elsewhere and the
+ * receipt says so. */
+TEST(agentic_worked_example) {
+  enum { W = 8 };
+  kvp_router *r = router_new(KVP_POLICY_KVPLANE_COST, W, 0);
+  kvp_index *ix = index_new(W);
+  convo c;
+  convo_init(&c, 64000);
+  kvp_decision d;
+
+  kvp_route_request t1 = convo_turn(&c, 60000, 1); /* 3,750 blocks, no tail */
+  ASSERT_OK(kvp_router_route(r, ix, &t1, 0, &d));
+  uint32_t a = d.worker;
+  ASSERT_LT(a, (uint32_t)W);
+  ASSERT_EQ(d.reason, KVP_REASON_TIE); /* all idle and cold: hash decides */
+  ASSERT_EQ(d.avoided_tokens, 0u);
+  ASSERT_EQ(d.uncached_tokens, 60000u);
+  uint64_t inflight_tokens = 0;
+  ASSERT_OK(kvp_router_inflight(r, a, NULL, &inflight_tokens, NULL));
+  ASSERT_EQ(inflight_tokens, 60000u);
+  /* A prefilled turn 1: its stored event, then the prefill completes */
+  ASSERT_EQ(kvp_index_stored(ix, a, 1, KVP_TIER_HBM, NULL, c.keys, 3750), 3750);
+  ASSERT_OK(kvp_router_complete(r, a, 1));
+
+  kvp_route_request t2 = convo_turn(&c, 61000, 2); /* 3,812 blocks + 8 */
+  ASSERT_OK(kvp_router_route(r, ix, &t2, 0, &d));
+  ASSERT_EQ(d.worker, a);
+  ASSERT_EQ(d.reason, KVP_REASON_COST);
+  ASSERT_EQ(d.avoided_tokens, 60000u); /* 3,750 whole blocks */
+  ASSERT_EQ(d.uncached_tokens, 1000u);
+  ASSERT_EQ(d.matched_tokens[KVP_TIER_HBM], 60000u);
+  ASSERT_EQ(d.reused_tier_tokens[KVP_TIER_HBM], 60000u);
+  ASSERT_EQ(d.matched_elsewhere_tokens, 0u);
+  /* 9.636e14 + 9.437e14 = 1.907e15 FLOPs, 3.857 s at 4.945e14 FLOP/s */
+  ASSERT_DOUBLE_NEAR(d.avoided_flops, hand_flops(0, 60000), 1e6);
+  ASSERT_DOUBLE_NEAR(d.avoided_flops, 1.90733e15, 1e11);
+  ASSERT_DOUBLE_NEAR(d.avoided_s, d.avoided_flops / F_EFF, 1e-9);
+  ASSERT_TRUE(d.avoided_s > 3.8);
+  /* here: 1,000 tokens at context 60,000 = 0.0966 s + 7.86e9 B / 3.35e12
+   * B/s = 2.3 ms; elsewhere: the whole 61,000 = 3.95 s */
+  ASSERT_DOUBLE_NEAR(d.top[0].recompute_s, hand_flops(60000, 61000) / F_EFF,
+                     1e-9);
+  ASSERT_DOUBLE_NEAR(d.top[0].load_s, 60000.0 * 131072.0 / 3.35e12, 1e-9);
+  ASSERT_DOUBLE_NEAR(d.load_s, d.top[0].load_s, 0.0);
+  ASSERT_EQ(d.n_top, 4u);
+  ASSERT_DOUBLE_NEAR(d.top[1].recompute_s, hand_flops(0, 61000) / F_EFF, 1e-9);
+  ASSERT_NOT_NULL(
+      strstr(d.reason_text, "holds 60,000 of 61,000 tokens (HBM 60,000)"));
+  json_t *j = receipt(&d);
+  json_t *av = json_object_get(j, "avoided");
+  ASSERT_EQ(json_integer_value(json_object_get(av, "tokens")), 60000);
+  ASSERT_DOUBLE_NEAR(json_real_value(json_object_get(av, "flops")),
+                     d.avoided_flops, 1e7); /* printed to 9 digits */
+  ASSERT_STR_EQ(json_string_value(json_object_get(j, "reason")), "cost");
+  json_decref(j);
+  ASSERT_EQ(kvp_index_stored(ix, a, 2, KVP_TIER_HBM, &c.keys[3749],
+                             c.keys + 3750, 62),
+            62);
+  ASSERT_OK(kvp_router_complete(r, a, 2));
+
+  /* A now has 40 queued requests, the others 1 each: 40 > 2.0 x mean 1. */
+  for (uint32_t w = 0; w < W; w++)
+    set_load(r, w, w == a ? 40 : 1, 0, 0, 0, 0.5);
+  kvp_route_request t3 = convo_turn(&c, 62024, 3);
+  ASSERT_OK(kvp_router_route(r, ix, &t3, 0, &d));
+  ASSERT_NE(d.worker, a);
+  ASSERT_EQ(d.reason, KVP_REASON_GUARD);
+  char want[96];
+  snprintf(want, sizeof want,
+           "guard: worker %u overloaded (load 40 > 2x mean 1", a);
+  ASSERT_NOT_NULL(strstr(d.reason_text, want));
+  const kvp_route_candidate *ca = cand_for(&d, a);
+  ASSERT_NOT_NULL(ca);
+  ASSERT_TRUE(ca->flags & KVP_CAND_GUARDED);
+  ASSERT_EQ(ca->reused_tokens, 61000u - 8u);   /* 3,812 blocks */
+  ASSERT_TRUE(ca->total_s < d.top[0].total_s); /* cost alone keeps A */
+  ASSERT_EQ(d.avoided_tokens, 0u);
+  ASSERT_EQ(d.matched_elsewhere_tokens, 61000u - 8u);
+  j = receipt(&d);
+  ASSERT_STR_EQ(json_string_value(json_object_get(j, "reason")), "guard");
+  json_decref(j);
+  kvp_hasher_destroy(c.h);
+  free(c.tok);
+  free(c.keys);
+  kvp_index_destroy(ix);
+  kvp_router_destroy(r);
+}
+
+/* Engines without KV events: the router records what it routed (approximate
+ * mode), so the next turn finds it, as a predicted (uncertain) match. */
+TEST(approximate_index_records_routes) {
+  kvp_router_opts o = {0};
+  o.n_workers = 4;
+  o.record_routed = 1;
+  kvp_router *r = NULL;
+  ASSERT_OK(kvp_router_create(&o, NULL, &r));
+  kvp_index *ix = index_new(6); /* the index knows workers 4, 5 too */
+  convo c;
+  convo_init(&c, 8192);
+  kvp_decision d;
+  kvp_route_request t1 = convo_turn(&c, 4096, 1);
+  ASSERT_OK(kvp_router_route(r, ix, &t1, 1000, &d));
+  uint32_t a = d.worker;
+  ASSERT_FALSE(d.flags & KVP_DECISION_NOT_RECORDED);
+  ASSERT_OK(kvp_router_complete(r, a, 1));
+  /* a worker the router does not know holds more: ignored, not an error */
+  ASSERT_EQ(kvp_index_stored(ix, 5, 1, KVP_TIER_HBM, NULL, c.keys, 256), 256);
+  kvp_route_request t2 = convo_turn(&c, 5000, 2);
+  ASSERT_OK(kvp_router_route(r, ix, &t2, 2000, &d));
+  ASSERT_EQ(d.worker, a);
+  ASSERT_EQ(d.avoided_tokens, 4096u);
+  ASSERT_EQ(d.matched_elsewhere_tokens, 0u); /* worker 5 is not ours */
+  ASSERT_TRUE(d.top[0].flags & KVP_CAND_UNCERTAIN);
+  /* 0.8 x (recompute the new 904 tokens + load) + 0.2 x recompute all */
+  double want =
+      0.8 * hand_flops(4096, 5000) / F_EFF + 0.2 * hand_flops(0, 5000) / F_EFF;
+  ASSERT_DOUBLE_NEAR(d.top[0].recompute_s, want, 1e-12);
+  ASSERT_ERR(kvp_router_route(r, NULL, &t2, 0, &d), KVP_EINVAL);
+  ASSERT_EQ(d.worker, KVP_WORKER_NONE);
+  kvp_hasher_destroy(c.h);
+  free(c.tok);
+  free(c.keys);
+  kvp_index_destroy(ix);
+  kvp_router_destroy(r);
+}
+
+/* ---- the cost model by hand ---------------------------------------------- */
+/* A toy model so every term is checkable: 2 layers, 2 heads, 1 KV head, head
+ * dim 4, 2-byte KV, 1,000 parameters -> 32 B/token, 128 B per 4-token block;
+ * FLOPs/token = 2,000 + 64 * context; achieved 1e6 x 0.5 = 5e5 FLOP/s. */
+static kvp_router *toy_router(uint32_t n) {
+  kvp_router_opts o = {0};
+  o.n_workers = n;
+  o.block_size = 4;
+  o.model = (kvp_model_spec){2, 2, 1, 4, 2, 0, 1000.0, {0}};
+  o.gpu.flops = 1e6;
+  o.gpu.efficiency = 0.5;
+  o.gpu.bw[KVP_TIER_HBM] = 1e5;
+  o.gpu.bw[KVP_TIER_DRAM] = 1e4;
+  o.gpu.latency_s[KVP_TIER_DRAM] = 1e-3;
+  kvp_router *r = NULL;
+  ASSERT_OK(kvp_router_create(&o, NULL, &r));
+  return r;
+}
+
+TEST(cost_terms_by_hand_and_bandwidth_override) {
+  kvp_router *r = toy_router(2);
+  kvp_key *keys = keys_new(4, 1);
+  kvp_worker_match m[2] = {hbm(0, 2), {0}};
+  m[1].worker = 1;
+  m[1].blocks[KVP_TIER_DRAM] = 3;
+  kvp_route_request q = req_of(keys, 4, 16, 0, 0);
+  kvp_decision d;
+  /* w0: recompute [8,16) = 16,000 + 64 * 92 = 21,888 -> 0.043776 s;
+   *     load 256 B / 1e5 = 0.00256 s; total 0.046336 s.
+   * w1: recompute [12,16) = 8,000 + 64 * 54 = 11,456 -> 0.022912 s;
+   *     load 384 B / 1e4 + 1 ms = 0.0394 s; total 0.062312 s. */
+  ASSERT_OK(kvp_router_route_matches(r, &q, m, 2, &d));
+  ASSERT_EQ(d.worker, 0u);
+  ASSERT_DOUBLE_NEAR(d.top[0].recompute_s, 0.043776, 1e-12);
+  ASSERT_DOUBLE_NEAR(d.top[0].load_s, 0.00256, 1e-12);
+  ASSERT_DOUBLE_NEAR(d.top[0].total_s, 0.046336, 1e-12);
+  ASSERT_DOUBLE_NEAR(d.top[1].total_s, 0.062312, 1e-12);
+  ASSERT_EQ(d.top[1].reused_tokens, 12u);
+  ASSERT_OK(kvp_router_complete(r, 0, d.request_id));
+
+  /* measured host link 1e6 B/s: w1 load = 0.000384 + 0.001 -> 0.024296 s */
+  ASSERT_DOUBLE_NEAR(kvp_router_bandwidth(r, KVP_TIER_DRAM), 1e4, 0.0);
+  ASSERT_OK(kvp_router_report_bandwidth(r, KVP_TIER_DRAM, 1e6));
+  ASSERT_DOUBLE_NEAR(kvp_router_bandwidth(r, KVP_TIER_DRAM), 1e6, 0.0);
+  ASSERT_OK(kvp_router_route_matches(r, &q, m, 2, &d));
+  ASSERT_EQ(d.worker, 1u);
+  ASSERT_DOUBLE_NEAR(d.top[0].total_s, 0.024296, 1e-12);
+  ASSERT_EQ(d.reused_tier_tokens[KVP_TIER_DRAM], 12u);
+  ASSERT_OK(kvp_router_complete(r, 1, d.request_id));
+
+  /* later reports blend (EWMA 0.25): 0.25 * 100 + 0.75 * 1e6 */
+  ASSERT_OK(kvp_router_report_bandwidth(r, KVP_TIER_DRAM, 100.0));
+  ASSERT_DOUBLE_NEAR(kvp_router_bandwidth(r, KVP_TIER_DRAM), 750025.0, 1e-6);
+  for (int i = 0; i < 60; i++) /* converge to a slow link: 100 B/s */
+    ASSERT_OK(kvp_router_report_bandwidth(r, KVP_TIER_DRAM, 100.0));
+  /* payoff, not hits: loading 384 B at ~100 B/s (3.8 s) loses to recomputing
+   * all 16 tokens: 32,000 + 64 * 120 = 39,680 -> 0.07936 s */
+  ASSERT_OK(kvp_router_route_matches(r, &q, m, 2, &d));
+  ASSERT_EQ(d.worker, 0u);
+  const kvp_route_candidate *c1 = cand_for(&d, 1);
+  ASSERT_NOT_NULL(c1);
+  ASSERT_EQ(c1->matched_tokens, 12u);
+  ASSERT_EQ(c1->reused_tokens, 0u);
+  ASSERT_DOUBLE_NEAR(c1->total_s, 0.07936, 1e-12);
+  ASSERT_OK(kvp_router_complete(r, 0, d.request_id));
+
+  /* queue: 10 reported prefill tokens x 2,000 / 5e5 = 0.04 s on w0 */
+  set_load(r, 0, 1, 0, 10, 0, 0.0);
+  ASSERT_OK(kvp_router_route_matches(r, &q, m, 2, &d));
+  ASSERT_DOUBLE_NEAR(cand_for(&d, 0)->queue_s, 0.04, 1e-12);
+  free(keys);
+  kvp_router_destroy(r);
+}
+
+/* ---- segment classes ----------------------------------------------------- */
+/* A stable prefix cached on every worker must not pull new sessions onto one
+ * worker: kvplane spreads them (the prefix costs the same everywhere), while
+ * SGLang's cache-aware rule (match rate 0.67 > 0.3, first best match) sends
+ * them all to worker 0. */
+TEST(stable_prefix_everywhere_does_not_pull) {
+  enum { W = 4, STABLE = 128, OWN = 64, S = 8 };
+  int count[2][W] = {{0}};
+  for (int pol = 0; pol < 2; pol++) {
+    kvp_router *r =
+        router_new(pol ? KVP_POLICY_SGLANG : KVP_POLICY_KVPLANE_COST, W, 0);
+    kvp_worker_match m[W];
+    for (uint32_t w = 0; w < W; w++)
+      m[w] = hbm(w, STABLE);
+    for (uint64_t s = 1; s <= S; s++) {
+      kvp_key *keys = keys_new(STABLE + OWN, 99);
+      for (size_t i = STABLE; i < STABLE + OWN; i++)
+        keys[i] = key_of(1000 + s, i); /* each session's own turn */
+      kvp_route_request q = req_of(keys, STABLE + OWN, 0, s, s);
+      kvp_decision d;
+      ASSERT_OK(kvp_router_route_matches(r, &q, m, W, &d));
+      count[pol][d.worker]++;
+      ASSERT_EQ(d.avoided_tokens, (uint64_t)STABLE * BS);
+      free(keys);
+    }
+    kvp_router_destroy(r);
+  }
+  for (uint32_t w = 0; w < W; w++)
+    ASSERT_EQ(count[0][w], S / W); /* kvplane: 2 each */
+  ASSERT_EQ(count[1][0], S);       /* SGLang: all on worker 0 */
+}
+
+/* The semi-stable history is what affinity is for: all workers hold the
+ * stable part, worker 2 also holds this session's history.  The cost model
+ * compares only what differs; no special case in the code. */
+TEST(semi_stable_history_drives_affinity) {
+  enum { W = 4, STABLE = 128, SEMI = 256, NEW = 32, NB = STABLE + SEMI + NEW };
+  kvp_router *r = router_new(KVP_POLICY_KVPLANE_COST, W, 0);
+  kvp_key *keys = keys_new(NB, 5);
+  kvp_worker_match m[W];
+  for (uint32_t w = 0; w < W; w++)
+    m[w] = hbm(w, w == 2 ? STABLE + SEMI : STABLE);
+  kvp_classification cls = {0};
+  cls.stable_end = STABLE, cls.semi_end = STABLE + SEMI, cls.n_blocks = NB;
+  kvp_route_request q = req_of(keys, NB, 0, 77, 0);
+  q.cls = &cls;
+  set_load(r, 2, 2, 1, 2000, 0, 0.3); /* worker 2 is a little busier */
+  kvp_decision d;
+  ASSERT_OK(kvp_router_route_matches(r, &q, m, W, &d));
+  ASSERT_EQ(d.worker, 2u);
+  ASSERT_EQ(d.reason, KVP_REASON_COST);
+  ASSERT_EQ(d.reused_class_tokens[KVP_CLASS_STABLE], (uint64_t)STABLE * BS);
+  ASSERT_EQ(d.reused_class_tokens[KVP_CLASS_SEMI], (uint64_t)SEMI * BS);
+  ASSERT_EQ(d.reused_class_tokens[KVP_CLASS_VOLATILE], 0u);
+  for (unsigned i = 1; i < d.n_top; i++) /* the others reuse the stable part */
+    ASSERT_EQ(d.top[i].reused_tokens, (uint64_t)STABLE * BS);
+  ASSERT_OK(kvp_router_complete(r, 2, d.request_id));
+  /* Busy enough that the history no longer pays: 200,000 queued tokens are
+   * 6.5 s of prefill, the history 0.6 s. */
+  set_load(r, 2, 2, 1, 200000, 0, 0.3);
+  ASSERT_OK(kvp_router_route_matches(r, &q, m, W, &d));
+  ASSERT_NE(d.worker, 2u);
+  ASSERT_NE(d.reason, KVP_REASON_GUARD); /* the cost model moved it */
+  ASSERT_EQ(d.reused_class_tokens[KVP_CLASS_STABLE], (uint64_t)STABLE * BS);
+  ASSERT_EQ(d.reused_class_tokens[KVP_CLASS_SEMI], 0u);
+  free(keys);
+  kvp_router_destroy(r);
+}
+
+/* ---- affinity and herding ------------------------------------------------ */
+TEST(affinity_within_epsilon) {
+  kvp_router *r = router_new(KVP_POLICY_KVPLANE_COST, 4, 0);
+  kvp_key *keys = keys_new(64, 3);
+  kvp_route_request q = req_of(keys, 64, 0, 9, 0);
+  kvp_decision d;
+  ASSERT_OK(kvp_router_route_matches(r, &q, NULL, 0, &d));
+  uint32_t s = d.worker;
+  ASSERT_OK(kvp_router_complete(r, s, d.request_id));
+  /* 1,024 tokens cost 0.0347 s; 20 queued tokens on s add 0.65 ms (< 2 ms) */
+  set_load(r, s, 0, 1, 20, 0, 0.0);
+  ASSERT_OK(kvp_router_route_matches(r, &q, NULL, 0, &d));
+  ASSERT_EQ(d.worker, s);
+  ASSERT_EQ(d.reason, KVP_REASON_AFFINITY);
+  ASSERT_NOT_NULL(strstr(d.reason_text, "affinity: session stays on worker"));
+  ASSERT_OK(kvp_router_complete(r, s, d.request_id));
+  /* 2,000 queued tokens add 65 ms: beyond epsilon, the session moves */
+  set_load(r, s, 0, 1, 2000, 0, 0.0);
+  ASSERT_OK(kvp_router_route_matches(r, &q, NULL, 0, &d));
+  ASSERT_NE(d.worker, s);
+  free(keys);
+  kvp_router_destroy(r);
+}
+
+/* Router replicas seeing identical state must not all pick one worker. */
+TEST(no_herding_across_replicas) {
+  enum { W = 8, R = 64 };
+  int count[W] = {0};
+  kvp_key *keys = keys_new(32, 11);
+  for (uint32_t rep = 0; rep < R; rep++) {
+    kvp_router *r = router_new(KVP_POLICY_KVPLANE_COST, W, rep);
+    kvp_route_request q = req_of(keys, 32, 0, 5, 1000);
+    kvp_decision d, d2;
+    ASSERT_OK(kvp_router_route_matches(r, &q, NULL, 0, &d));
+    ASSERT_EQ(d.reason, KVP_REASON_TIE);
+    count[d.worker]++;
+    kvp_router_destroy(r);
+    r = router_new(KVP_POLICY_KVPLANE_COST, W, rep); /* deterministic */
+    ASSERT_OK(kvp_router_route_matches(r, &q, NULL, 0, &d2));
+    ASSERT_EQ(d2.worker, d.worker);
+    kvp_router_destroy(r);
+  }
+  int distinct = 0, most = 0;
+  for (int w = 0; w < W; w++)
+    distinct += count[w] > 0, most = count[w] > most ? count[w] : most;
+  ASSERT_GE(distinct, 7); /* lowest-index ties would give 1 */
+  ASSERT_LE(most, 18);    /* 64 / 8 = 8 expected */
+  free(keys);
+}
+
+/* ---- peer policies on hand-computed cases -------------------------------- */
+TEST(round_robin_skips_offline) {
+  kvp_router *r = router_new(KVP_POLICY_ROUND_ROBIN, 3, 0);
+  kvp_worker_load off = {0};
+  off.flags = KVP_WORKER_OFFLINE;
+  ASSERT_OK(kvp_router_set_load(r, 1, &off));
+  const uint32_t want[] = {0, 2, 0, 2};
+  for (int i = 0; i < 4; i++) {
+    kvp_route_request q = req_of(NULL, 0, 10, 0, 0);
+    kvp_decision d;
+    ASSERT_OK(kvp_router_route_matches(r, &q, NULL, 0, &d));
+    ASSERT_EQ(d.worker, want[i]);
+    ASSERT_EQ(d.reason, KVP_REASON_ROUND_ROBIN);
+    ASSERT_EQ(d.n_eligible, 2u);
+  }
+  kvp_router_destroy(r);
+}
+
+TEST(least_loaded_counts_inflight) {
+  kvp_router *r = router_new(KVP_POLICY_LEAST_LOADED, 3, 0);
+  set_load(r, 0, 0, 1, 1000, 0, 0.0);
+  set_load(r, 1, 0, 5, 500, 0, 0.0);
+  set_load(r, 2, 0, 3, 500, 0, 0.0);
+  kvp_key *keys = keys_new(20, 2);
+  kvp_route_request q = req_of(keys, 20, 0, 0, 0);
+  kvp_decision d;
+  /* 1,000 / 500 / 500 tokens; tie -> fewer requests: 3 < 5 -> worker 2 */
+  ASSERT_OK(kvp_router_route_matches(r, &q, NULL, 0, &d));
+  ASSERT_EQ(d.worker, 2u);
+  ASSERT_DOUBLE_NEAR(d.top[0].score, 500.0, 0.0);
+  /* worker 2 now 500 + 320 in flight = 820 > 500 -> worker 1 */
+  ASSERT_OK(kvp_router_route_matches(r, &q, NULL, 0, &d));
+  ASSERT_EQ(d.worker, 1u);
+  ASSERT_NOT_NULL(strstr(d.reason_text, "least_loaded: worker 1 is least"));
+  free(keys);
+  kvp_router_destroy(r);
+}
+
+TEST(prefix_greedy_ties_to_least_loaded) {
+  kvp_router *r = router_new(KVP_POLICY_PREFIX_GREEDY, 3, 0);
+  kvp_key *keys = keys_new(10, 4);
+  kvp_route_request q = req_of(keys, 10, 0, 0, 0);
+  kvp_worker_match m[3] = {hbm(0, 5), hbm(1, 7), hbm(2, 7)};
+  m[1].blocks[KVP_TIER_HBM] = 3, m[1].blocks[KVP_TIER_NVME] = 4; /* any tier */
+  set_load(r, 1, 0, 0, 800, 0, 0.0);
+  set_load(r, 2, 0, 0, 100, 0, 0.0);
+  kvp_decision d;
+  /* 7 blocks on 1 and 2; pending 800 vs 100 -> worker 2 */
+  ASSERT_OK(kvp_router_route_matches(r, &q, m, 3, &d));
+  ASSERT_EQ(d.worker, 2u);
+  ASSERT_EQ(d.reason, KVP_REASON_PREFIX);
+  ASSERT_EQ(d.top[1].worker, 1u); /* then worker 1 (7 blocks), then 0 */
+  ASSERT_EQ(d.top[2].worker, 0u);
+  free(keys);
+  kvp_router_destroy(r);
+}
+
+TEST(sglang_cache_aware_branches) {
+  kvp_router *r = router_new(KVP_POLICY_SGLANG, 4, 0);
+  kvp_key *keys = keys_new(62, 6);
+  kvp_route_request q = req_of(keys, 62, 1000, 0, 0); /* 992 + 8 tokens */
+  kvp_worker_match m = hbm(1, 40);                    /* 640 tokens */
+  const uint32_t loads[4] = {10, 12, 8, 9};
+  for (uint32_t w = 0; w < 4; w++)
+    set_load(r, w, loads[w], 0, 0, 0, 0.0);
+  kvp_decision d;
+  /* balanced (12 - 8 <= 64); match rate 640 / 1000 = 0.64 > 0.3 -> 1 */
+  ASSERT_OK(kvp_router_route_matches(r, &q, &m, 1, &d));
+  ASSERT_EQ(d.worker, 1u);
+  ASSERT_EQ(d.reason, KVP_REASON_PREFIX);
+  ASSERT_DOUBLE_NEAR(d.top[0].score, 0.64, 1e-12);
+  ASSERT_OK(kvp_router_complete(r, 1, d.request_id));
+  /* 10 blocks = 160 tokens: rate 0.16 <= 0.3 -> least loaded: 2 (load 8) */
+  m.blocks[KVP_TIER_HBM] = 10;
+  ASSERT_OK(kvp_router_route_matches(r, &q, &m, 1, &d));
+  ASSERT_EQ(d.worker, 2u);
+  ASSERT_EQ(d.reason, KVP_REASON_LEAST_LOADED);
+  ASSERT_OK(kvp_router_complete(r, 2, d.request_id));
+  /* imbalanced: 100 - 8 = 92 > 64 and 100 > 1.5 x 8 -> shortest queue (2),
+   * whatever the match (worker 0 holds everything) */
+  set_load(r, 0, 100, 0, 0, 0, 0.0);
+  m = hbm(0, 62);
+  ASSERT_OK(kvp_router_route_matches(r, &q, &m, 1, &d));
+  ASSERT_EQ(d.worker, 2u);
+  ASSERT_NOT_NULL(strstr(d.reason_text, "imbalanced"));
+  ASSERT_OK(kvp_router_complete(r, 2, d.request_id));
+  /* 200/150/140/170: difference 60 <= 64 -> not imbalanced -> match (0) */
+  const uint32_t high[4] = {200, 150, 140, 170};
+  for (uint32_t w = 0; w < 4; w++)
+    set_load(r, w, high[w], 0, 0, 0, 0.0);
+  ASSERT_OK(kvp_router_route_matches(r, &q, &m, 1, &d));
+  ASSERT_EQ(d.worker, 0u);
+  free(keys);
+  kvp_router_destroy(r);
+}
+
+TEST(llmd_weighted_scores) {
+  kvp_router *r = router_new(KVP_POLICY_LLMD, 3, 0);
+  kvp_key *keys = keys_new(10, 8);
+  kvp_route_request q = req_of(keys, 10, 0, 0, 0);
+  kvp_worker_match m[2] = {hbm(0, 10), hbm(1, 5)};
+  set_load(r, 0, 5, 0, 0, 0, 0.9);
+  set_load(r, 1, 1, 0, 0, 0, 0.2);
+  set_load(r, 2, 0, 0, 0, 0, 0.0);
+  /* queue scores (5-q)/5: 0, 0.8, 1.
+   * w0 = 3 x 1.0 + 2 x 0.1 + 2 x 0   = 3.2
+   * w1 = 3 x 0.5 + 2 x 0.8 + 2 x 0.8 = 4.7   <- max
+   * w2 = 3 x 0   + 2 x 1.0 + 2 x 1   = 4.0 */
+  kvp_decision d;
+  ASSERT_OK(kvp_router_route_matches(r, &q, m, 2, &d));
+  ASSERT_EQ(d.worker, 1u);
+  ASSERT_DOUBLE_NEAR(d.top[0].score, 4.7, 1e-12);
+  ASSERT_EQ(d.top[1].worker, 2u);
+  ASSERT_DOUBLE_NEAR(d.top[1].score, 4.0, 1e-12);
+  ASSERT_DOUBLE_NEAR(d.top[2].score, 3.2, 1e-12);
+  /* all queues equal -> queue score 1 for all: w0 = 3 + 0.2 + 2 = 5.2 */
+  for (uint32_t w = 0; w < 3; w++)
+    set_load(r, w, 3, 0, 0, 0, w == 0 ? 0.9 : (w == 1 ? 0.2 : 0.0));
+  ASSERT_OK(kvp_router_route_matches(r, &q, m, 2, &d));
+  ASSERT_EQ(d.worker, 0u);
+  ASSERT_DOUBLE_NEAR(d.top[0].score, 5.2, 1e-12);
+  free(keys);
+  kvp_router_destroy(r);
+}
+
+static kvp_router *dynamo_router(double temperature, uint64_t seed) {
+  kvp_router_opts o = {0};
+  o.policy = KVP_POLICY_DYNAMO;
+  o.n_workers = 3;
+  o.dynamo_temperature = temperature;
+  o.seed = seed;
+  kvp_router *r = NULL;
+  ASSERT_OK(kvp_router_create(&o, NULL, &r));
+  set_load(r, 0, 0, 1, 320, 10, 0.0);
+  set_load(r, 1, 0, 1, 0, 30, 0.0);
+  set_load(r, 2, 0, 1, 0, 25, 0.0);
+  return r;
+}
+
+TEST(dynamo_cost_and_softmax) {
+  kvp_key *keys = keys_new(10, 9);
+  kvp_route_request q = req_of(keys, 10, 0, 0, 0); /* 160 tokens, 10 blocks */
+  kvp_worker_match m[2] = {hbm(0, 8), {0}};
+  m[1].worker = 1;
+  m[1].blocks[KVP_TIER_DRAM] = 10;
+  /* w0: (320 + 160) / 16 = 30 - 8 x 1.0 = 22;   + decode 10 + 10 = 42
+   * w1: 160 / 16 = 10 - 10 x 0.75 = 2.5;        + decode 30 + 10 = 42.5
+   * w2: 10 - 0 = 10;                            + decode 25 + 10 = 45 */
+  kvp_router *r = dynamo_router(0.0, 1);
+  kvp_decision d;
+  ASSERT_OK(kvp_router_route_matches(r, &q, m, 2, &d));
+  ASSERT_EQ(d.worker, 0u);
+  ASSERT_DOUBLE_NEAR(d.top[0].score, 42.0, 1e-12);
+  ASSERT_DOUBLE_NEAR(d.top[1].score, 42.5, 1e-12);
+  ASSERT_DOUBLE_NEAR(d.top[2].score, 45.0, 1e-12);
+  kvp_router_destroy(r);
+  /* temperature 1: normalised 0, 1/6, 1 -> p = e^0, e^-1/6, e^-1 over their
+   * sum = 0.452, 0.382, 0.166; same seed -> same samples. */
+  int count[3] = {0};
+  kvp_router *r1 = dynamo_router(1.0, 77), *r2 = dynamo_router(1.0, 77);
+  for (uint64_t i = 1; i <= 3000; i++) {
+    kvp_decision d1, d2;
+    q.request_id = i;
+    ASSERT_OK(kvp_router_route_matches(r1, &q, m, 2, &d1));
+    ASSERT_OK(kvp_router_route_matches(r2, &q, m, 2, &d2));
+    ASSERT_EQ(d1.worker, d2.worker);
+    ASSERT_OK(kvp_router_complete(r1, d1.worker, i)); /* keep loads fixed */
+    ASSERT_OK(kvp_router_complete(r2, d2.worker, i));
+    count[d1.worker]++;
+  }
+  ASSERT_DOUBLE_NEAR(count[0] / 3000.0, 0.452, 0.04);
+  ASSERT_DOUBLE_NEAR(count[1] / 3000.0, 0.382, 0.04);
+  ASSERT_DOUBLE_NEAR(count[2] / 3000.0, 0.166, 0.04);
+  kvp_router_destroy(r1);
+  kvp_router_destroy(r2);
+  free(keys);
+}
+
+/* report_bandwidth is the one call other threads may make while routing. */
+typedef struct bw_job {
+  kvp_router *r;
+  atomic_int stop;
+  atomic_int reports;
+} bw_job;
+
+static void *bw_reporter(void *arg) {
+  bw_job *j = arg;
+  /* relaxed: a plain stop flag, no data rides on it */
+  while (!atomic_load_explicit(&j->stop, memory_order_relaxed)) {
+    double bw = (atomic_load_explicit(&j->reports, memory_order_relaxed) & 1)
+                    ? 40e9
+                    : 60e9;
+    if (kvp_router_report_bandwidth(j->r, KVP_TIER_DRAM, bw) == 0)
+      atomic_fetch_add_explicit(&j->reports, 1, memory_order_relaxed);
+  }
+  return NULL;
+}
+
+TEST(bandwidth_reports_race_routing) {
+  bw_job j = {router_new(KVP_POLICY_KVPLANE_COST, 4, 0), 0, 0};
+  kvp_key *keys = keys_new(64, 5);
+  kvp_worker_match m = {0};
+  m.worker = 1;
+  m.blocks[KVP_TIER_DRAM] = 48;
+  pthread_t t;
+  ASSERT_EQ(pthread_create(&t, NULL, bw_reporter, &j), 0);
+  for (uint64_t i = 1; i <= 2000; i++) {
+    kvp_route_request q = req_of(keys, 64, 0, 0, i);
+    kvp_decision d;
+    ASSERT_OK(kvp_router_route_matches(j.r, &q, &m, 1, &d));
+    ASSERT_EQ(d.worker, 1u); /* 100 MB at 40-60 GB/s beats recomputing */
+    ASSERT_OK(kvp_router_complete(j.r, d.worker, i));
+  }
+  /* on a loaded machine the reporter may not have run yet: let it report
+   * at least twice before stopping it, so the race really happened */
+  while (atomic_load_explicit(&j.reports, memory_order_relaxed) < 2)
+    sched_yield();
+  atomic_store_explicit(&j.stop, 1, memory_order_relaxed);
+  ASSERT_EQ(pthread_join(t, NULL), 0);
+  ASSERT_GE(atomic_load(&j.reports), 2);
+  double bw = kvp_router_bandwidth(j.r, KVP_TIER_DRAM);
+  ASSERT_TRUE(bw >= 40e9 && bw <= 60e9); /* an EWMA of the two values */
+  free(keys);
+  kvp_router_destroy(j.r);
+}
+
+/* ---- in flight, predicted matches, offline workers ----------------------- */
+TEST(inflight_bookkeeping) {
+  kvp_router_opts o = {0};
+  o.n_workers = 2;
+  o.max_inflight = 2;
+  kvp_router *r = NULL;
+  ASSERT_OK(kvp_router_create(&o, NULL, &r));
+  kvp_key *keys = keys_new(8, 1);
+  kvp_route_request q = req_of(keys, 8, 0, 0, 0);
+  kvp_decision d1, d2, d3;
+  ASSERT_OK(kvp_router_route_matches(r, &q, NULL, 0, &d1));
+  ASSERT_TRUE(d1.request_id >> 63); /* assigned ids carry the top bit */
+  ASSERT_OK(kvp_router_route_matches(r, &q, NULL, 0, &d2));
+  ASSERT_NE(d1.request_id, d2.request_id);
+  ASSERT_NE(d1.worker, d2.worker); /* the first one's queue repels */
+  ASSERT_OK(kvp_router_route_matches(r, &q, NULL, 0, &d3));
+  ASSERT_TRUE(d3.flags & KVP_DECISION_UNTRACKED); /* table holds 2 */
+  uint64_t n = 0, t = 0;
+  double s = 0;
+  ASSERT_OK(kvp_router_inflight(r, d1.worker, &n, &t, &s));
+  ASSERT_EQ(n, 1u);
+  ASSERT_EQ(t, 128u);
+  ASSERT_DOUBLE_NEAR(s, hand_flops(0, 128) / F_EFF, 1e-15);
+  ASSERT_ERR(kvp_router_complete(r, d2.worker, d1.request_id), KVP_ENOENT);
+  ASSERT_OK(kvp_router_complete(r, d1.worker, d1.request_id));
+  ASSERT_ERR(kvp_router_complete(r, d1.worker, d1.request_id), KVP_ENOENT);
+  ASSERT_OK(kvp_router_inflight(r, d1.worker, &n, &t, &s));
+  ASSERT_EQ(n, 0u);
+  ASSERT_EQ(t, 0u);
+  ASSERT_DOUBLE_NEAR(s, 0.0, 0.0);
+  /* a retry of a request still in flight moves it */
+  q.request_id = d2.request_id;
+  ASSERT_OK(kvp_router_route_matches(r, &q, NULL, 0, &d3));
+  ASSERT_TRUE(d3.flags & KVP_DECISION_REPLACED);
+  ASSERT_EQ(d3.worker, d1.worker); /* d2's worker was busy with d2 itself */
+  ASSERT_OK(kvp_router_inflight(r, d2.worker, &n, NULL, NULL));
+  ASSERT_EQ(n, 0u);
+  ASSERT_OK(kvp_router_complete(r, d3.worker, d2.request_id));
+  free(keys);
+  kvp_router_destroy(r);
+}
+
+/* Many requests in and out, random order: the per-worker sums always equal
+ * what is still outstanding (backward-shift deletion keeps lookups right). */
+TEST(inflight_random_churn) {
+  kvp_router_opts o = {0};
+  o.n_workers = 5;
+  o.max_inflight = 64;
+  o.policy = KVP_POLICY_ROUND_ROBIN;
+  kvp_router *r = NULL;
+  ASSERT_OK(kvp_router_create(&o, NULL, &r));
+  uint64_t ids[64], toks[64];
+  uint32_t wk[64];
+  size_t live = 0;
+  for (int step = 0; step < 20000; step++) {
+    if (live < 64 && (live == 0 || kvt_rand_below(2))) {
+      kvp_route_request q = req_of(NULL, 0, 1 + kvt_rand_below(500), 0,
+                                   1 + kvt_rand_below(1u << 30));
+      kvp_decision d;
+      ASSERT_OK(kvp_router_route_matches(r, &q, NULL, 0, &d));
+      if (d.flags & KVP_DECISION_REPLACED) { /* same random id drawn twice */
+        for (size_t i = 0; i < live; i++)
+          if (ids[i] == d.request_id)
+            ids[i] = ids[--live], toks[i] = toks[live], wk[i] = wk[live];
+      }
+      ids[live] = d.request_id, toks[live] = q.prompt_tokens,
+      wk[live++] = d.worker;
+    } else {
+      size_t i = kvt_rand_below(live);
+      ASSERT_OK(kvp_router_complete(r, wk[i], ids[i]));
+      ids[i] = ids[--live], toks[i] = toks[live], wk[i] = wk[live];
+    }
+    if (step % 997 == 0)
+      for (uint32_t w = 0; w < 5; w++) {
+        uint64_t n = 0, t = 0, wn = 0, wt = 0;
+        ASSERT_OK(kvp_router_inflight(r, w, &n, &t, NULL));
+        for (size_t i = 0; i < live; i++)
+          if (wk[i] == w)
+            wn++, wt += toks[i];
+        ASSERT_EQ(n, wn);
+        ASSERT_EQ(t, wt);
+      }
+  }
+  kvp_router_destroy(r);
+}
+
+TEST(uncertain_match_is_discounted) {
+  kvp_router *r = toy_router(2);
+  kvp_key *keys = keys_new(4, 1);
+  kvp_worker_match m = hbm(0, 2);
+  m.flags = KVP_MATCH_UNCERTAIN;
+  kvp_route_request q = req_of(keys, 4, 16, 0, 0);
+  kvp_decision d;
+  ASSERT_OK(kvp_router_route_matches(r, &q, &m, 1, &d));
+  const kvp_route_candidate *c = cand_for(&d, 0);
+  ASSERT_NOT_NULL(c);
+  ASSERT_TRUE(c->flags & KVP_CAND_UNCERTAIN);
+  /* 0.8 x (0.043776 + 0.00256) + 0.2 x 0.07936 */
+  ASSERT_DOUBLE_NEAR(c->total_s, 0.8 * 0.046336 + 0.2 * 0.07936, 1e-12);
+  free(keys);
+  kvp_router_destroy(r);
+}
+
+TEST(offline_workers_never_chosen) {
+  for (int pol = 0; pol < KVP_POLICY_COUNT_; pol++) {
+    kvp_router *r = router_new((kvp_policy)pol, 4, 0);
+    kvp_worker_load off = {0};
+    off.flags = KVP_WORKER_OFFLINE;
+    ASSERT_OK(kvp_router_set_load(r, 0, &off));
+    ASSERT_OK(kvp_router_set_load(r, 2, &off));
+    kvp_key *keys = keys_new(16, 3);
+    kvp_worker_match m = hbm(0, 16); /* the best match is offline */
+    for (int i = 0; i < 20; i++) {
+      kvp_route_request q = req_of(keys, 16, 0, (uint64_t)i + 1, 0);
+      kvp_decision d;
+      ASSERT_OK(kvp_router_route_matches(r, &q, &m, 1, &d));
+      ASSERT_TRUE(d.worker == 1 || d.worker == 3);
+      for (unsigned k = 0; k < d.n_top; k++)
+        ASSERT_TRUE(d.top[k].worker == 1 || d.top[k].worker == 3);
+    }
+    ASSERT_OK(kvp_router_set_load(r, 1, &off));
+    ASSERT_OK(kvp_router_set_load(r, 3, &off));
+    kvp_route_request q = req_of(keys, 16, 0, 0, 0);
+    kvp_decision d;
+    ASSERT_ERR(kvp_router_route_matches(r, &q, &m, 1, &d), KVP_ESTATE);
+    ASSERT_EQ(d.worker, KVP_WORKER_NONE);
+    free(keys);
+    kvp_router_destroy(r);
+  }
+}
+
+/* ---- receipts ------------------------------------------------------------ */
+TEST(receipt_json_snprintf_and_escaping) {
+  kvp_router *r = router_new(KVP_POLICY_KVPLANE_COST, 3, 0);
+  kvp_key *keys = keys_new(16, 2);
+  kvp_route_request q = req_of(keys, 16, 0, 4, 0);
+  q.tenant = 17;
+  kvp_worker_match m = hbm(1, 12);
+  kvp_decision d;
+  ASSERT_OK(kvp_router_route_matches(r, &q, &m, 1, &d));
+  json_t *j = receipt(&d);
+  ASSERT_EQ(json_integer_value(json_object_get(j, "worker")), 1);
+  ASSERT_STR_EQ(json_string_value(json_object_get(j, "policy")),
+                "kvplane_cost");
+  ASSERT_STR_EQ(json_string_value(json_object_get(j, "reason_text")),
+                d.reason_text);
+  ASSERT_STR_EQ(json_string_value(json_object_get(j, "tenant")), "17");
+  char id[32];
+  snprintf(id, sizeof id, "%" PRIu64, d.request_id); /* > 2^63: a string */
+  ASSERT_STR_EQ(json_string_value(json_object_get(j, "request_id")), id);
+  ASSERT_EQ(json_array_size(json_object_get(j, "top")), 3u);
+  ASSERT_EQ(json_integer_value(
+                json_object_get(json_object_get(j, "matched_tokens"), "hbm")),
+            192);
+  json_decref(j);
+
+  char full[8192], small[40];
+  int n = kvp_router_receipt_json(&d, full, sizeof full);
+  ASSERT_EQ(kvp_router_receipt_json(&d, NULL, 0), n);
+  ASSERT_EQ(kvp_router_receipt_json(&d, small, sizeof small), n);
+  ASSERT_EQ(strlen(small), sizeof small - 1);
+  ASSERT_MEM_EQ(small, full, sizeof small - 1);
+  ASSERT_ERR(kvp_router_receipt_json(NULL, full, sizeof full), KVP_EINVAL);
+  ASSERT_ERR(kvp_router_receipt_json(&d, NULL, 10), KVP_EINVAL);
+
+  /* hostile text and non-finite numbers still give valid JSON */
+  snprintf(d.reason_text, sizeof d.reason_text, "a\"b\\c\n\x01\x7f");
+  d.top[0].total_s = NAN;
+  d.avoided_s = INFINITY;
+  j = receipt(&d);
+  ASSERT_STR_EQ(json_string_value(json_object_get(j, "reason_text")),
+                "a\"b\\c\n\x01\x7f");
+  ASSERT_TRUE(json_is_null(json_object_get(
+      json_array_get(json_object_get(j, "top"), 0), "total_s")));
+  ASSERT_TRUE(
+      json_is_null(json_object_get(json_object_get(j, "avoided"), "seconds")));
+  json_decref(j);
+  free(keys);
+  kvp_router_destroy(r);
+}
+
+/* Every policy's receipt is valid JSON with a reason naming the worker. */
+TEST(every_policy_has_a_receipt) {
+  for (int pol = 0; pol < KVP_POLICY_COUNT_; pol++) {
+    kvp_router *r = router_new((kvp_policy)pol, 5, 0);
+    kvp_key *keys = keys_new(40, 2);
+    kvp_route_request q = req_of(keys, 40, 0, 3, 0);
+    kvp_worker_match m[2] = {hbm(3, 30), hbm(1, 10)};
+    kvp_decision d;
+    ASSERT_OK(kvp_router_route_matches(r, &q, m, 2, &d));
+    ASSERT_EQ((int)d.policy, pol);
+    char want[32];
+    snprintf(want, sizeof want, "worker %u", d.worker);
+    if (strstr(d.reason_text, want) == NULL)
+      fprintf(stderr, "%s: %s\n", kvp_policy_name((kvp_policy)pol),
+              d.reason_text);
+    ASSERT_NOT_NULL(strstr(d.reason_text, want));
+    json_t *j = receipt(&d);
+    ASSERT_STR_EQ(json_string_value(json_object_get(j, "policy")),
+                  kvp_policy_name((kvp_policy)pol));
+    json_decref(j);
+    free(keys);
+    kvp_router_destroy(r);
+  }
+}
+
+/* ---- bad input ----------------------------------------------------------- */
+TEST(bad_options) {
+  kvp_router *r = (kvp_router *)&r; /* must be reset to NULL on failure */
+  kvp_router_opts o = {0};
+  ASSERT_ERR(kvp_router_create(&o, NULL, &r), KVP_EINVAL); /* 0 workers */
+  ASSERT_NULL(r);
+  ASSERT_ERR(kvp_router_create(NULL, NULL, &r), KVP_EINVAL);
+  o.n_workers = KVP_WORKERS_MAX + 1;
+  ASSERT_ERR(kvp_router_create(&o, NULL, &r), KVP_EINVAL);
+  o.n_workers = 2;
+  ASSERT_ERR(kvp_router_create(&o, NULL, NULL), KVP_EINVAL);
+  kvp_router_opts b;
+#define BAD_OPT(...)                                                           \
+  do {                                                                         \
+    b = o;                                                                     \
+    __VA_ARGS__;                                                               \
+    ASSERT_ERR(kvp_router_create(&b, NULL, &r), KVP_EINVAL);                   \
+  } while (0)
+  BAD_OPT(b.policy = KVP_POLICY_COUNT_);
+  BAD_OPT(b.model.params = -8e9); /* negative */
+  BAD_OPT(b.model = (kvp_model_spec){32, 32, 8, 128, 2, 0, NAN, {0}});
+  BAD_OPT(b.model = (kvp_model_spec){32, 8, 16, 128, 2, 0, 8e9, {0}}); /* GQA */
+  BAD_OPT(b.model.layers = 32); /* incomplete */
+  BAD_OPT(b.gpu.flops = NAN);
+  BAD_OPT(b.gpu.flops = -1.0);
+  BAD_OPT(b.gpu.efficiency = 1.5);
+  BAD_OPT(b.gpu.bw[KVP_TIER_NVME] = INFINITY);
+  BAD_OPT(b.gpu.latency_s[KVP_TIER_DRAM] = -1e-6);
+  BAD_OPT(b.guard = -2.0);
+  BAD_OPT(b.guard_ref = 7);
+  BAD_OPT(b.dynamo_credit[KVP_TIER_DRAM] = NAN);
+  BAD_OPT(b.uncertain_confidence = 2.0);
+  BAD_OPT(b.block_size = KVP_BLOCK_SIZE_MAX + 1);
+  BAD_OPT(b.reserved[3] = 1);
+  BAD_OPT(b.gpu.reserved[0] = 1);
+#undef BAD_OPT
+  ASSERT_OK(kvp_router_create(&o, NULL, &r));
+  kvp_router_destroy(r);
+  kvp_router_destroy(NULL);
+}
+
+/* Bad calls fail with KVP_EINVAL, leave *out naming no worker, and change
+ * nothing: the next good decision is the one a fresh router would make. */
+TEST(bad_input_changes_nothing) {
+  kvp_router *r = router_new(KVP_POLICY_KVPLANE_COST, 4, 0);
+  kvp_router *fresh = router_new(KVP_POLICY_KVPLANE_COST, 4, 0);
+  kvp_key *keys = keys_new(64, 1);
+  kvp_route_request q = req_of(keys, 64, 0, 5, 0);
+  kvp_worker_match m[2] = {hbm(1, 10), hbm(1, 20)};
+  kvp_decision d;
+#define BAD_ROUTE(req, mm, nm)                                                 \
+  do {                                                                         \
+    d.worker = 0;                                                              \
+    ASSERT_ERR(kvp_router_route_matches(r, req, mm, nm, &d), KVP_EINVAL);      \
+    ASSERT_EQ(d.worker, KVP_WORKER_NONE);                                      \
+  } while (0)
+  BAD_ROUTE(&q, m, 2); /* worker 1 twice */
+  m[1].worker = 4;
+  BAD_ROUTE(&q, m, 2); /* unknown worker */
+  m[1].worker = 2, m[1].blocks[KVP_TIER_HBM] = 65;
+  BAD_ROUTE(&q, m, 2); /* longer than the chain */
+  m[1].blocks[KVP_TIER_HBM] = 20, m[1].flags = 0x80;
+  BAD_ROUTE(&q, m, 2); /* unknown flag */
+  BAD_ROUTE(&q, NULL, 1);
+  BAD_ROUTE(NULL, NULL, 0);
+  kvp_route_request b = q;
+  b.keys = NULL;
+  BAD_ROUTE(&b, NULL, 0);
+  b = q, b.n_blocks = (1u << 20) + 1; /* oversized chain */
+  BAD_ROUTE(&b, NULL, 0);
+  b = q, b.prompt_tokens = 64 * BS - 1; /* fewer tokens than hashed */
+  BAD_ROUTE(&b, NULL, 0);
+  b = q, b.prompt_tokens = UINT64_MAX;
+  BAD_ROUTE(&b, NULL, 0);
+  kvp_classification cls = {0};
+  cls.n_blocks = 63;
+  b = q, b.cls = &cls;
+  BAD_ROUTE(&b, NULL, 0);
+  cls.n_blocks = 64, cls.stable_end = 10, cls.semi_end = 5;
+  BAD_ROUTE(&b, NULL, 0);
+  b = q, b.reserved[0] = 1;
+  BAD_ROUTE(&b, NULL, 0);
+#undef BAD_ROUTE
+  ASSERT_ERR(kvp_router_route_matches(NULL, &q, NULL, 0, &d), KVP_EINVAL);
+  ASSERT_ERR(kvp_router_route_matches(r, &q, NULL, 0, NULL), KVP_EINVAL);
+
+  kvp_worker_load l = {0};
+  l.kv_util = NAN;
+  ASSERT_ERR(kvp_router_set_load(r, 0, &l), KVP_EINVAL);
+  l.kv_util = -0.1;
+  ASSERT_ERR(kvp_router_set_load(r, 0, &l), KVP_EINVAL);
+  l.kv_util = 1.5;
+  ASSERT_ERR(kvp_router_set_load(r, 0, &l), KVP_EINVAL);
+  l.kv_util = 0.5, l.prefill_tokens = (uint64_t)-5; /* a negative, cast */
+  ASSERT_ERR(kvp_router_set_load(r, 0, &l), KVP_EINVAL);
+  l.prefill_tokens = 0, l.flags = 0x10;
+  ASSERT_ERR(kvp_router_set_load(r, 0, &l), KVP_EINVAL);
+  l.flags = 0, l.reserved[2] = 9;
+  ASSERT_ERR(kvp_router_set_load(r, 0, &l), KVP_EINVAL);
+  l.reserved[2] = 0;
+  l.flags = 0;
+  ASSERT_ERR(kvp_router_set_load(r, 4, &l), KVP_EINVAL);
+  ASSERT_ERR(kvp_router_set_load(r, 0, NULL), KVP_EINVAL);
+  ASSERT_ERR(kvp_router_set_load(NULL, 0, &l), KVP_EINVAL);
+  ASSERT_ERR(kvp_router_report_bandwidth(r, KVP_TIER_DRAM, NAN), KVP_EINVAL);
+  ASSERT_ERR(kvp_router_report_bandwidth(r, KVP_TIER_DRAM, -1.0), KVP_EINVAL);
+  ASSERT_ERR(kvp_router_report_bandwidth(r, KVP_TIER_DRAM, 0.0), KVP_EINVAL);
+  ASSERT_ERR(kvp_router_report_bandwidth(r, KVP_TIER_DRAM, INFINITY),
+             KVP_EINVAL);
+  ASSERT_ERR(kvp_router_report_bandwidth(r, KVP_TIER_COUNT_, 1e9), KVP_EINVAL);
+  ASSERT_ERR(kvp_router_report_bandwidth(NULL, KVP_TIER_DRAM, 1e9), KVP_EINVAL);
+  ASSERT_DOUBLE_NEAR(kvp_router_bandwidth(r, KVP_TIER_DRAM), 50e9, 0.0);
+  ASSERT_ERR(kvp_router_complete(r, 4, 1), KVP_EINVAL);
+  ASSERT_ERR(kvp_router_complete(r, 0, 1), KVP_ENOENT);
+  ASSERT_ERR(kvp_router_complete(r, 0, 0), KVP_ENOENT);
+  ASSERT_ERR(kvp_router_inflight(r, 4, NULL, NULL, NULL), KVP_EINVAL);
+
+  /* nothing moved: same decision, same id, no in-flight residue */
+  kvp_decision a, f;
+  m[1].flags = 0;
+  ASSERT_OK(kvp_router_route_matches(r, &q, m, 2, &a));
+  ASSERT_OK(kvp_router_route_matches(fresh, &q, m, 2, &f));
+  ASSERT_EQ(a.worker, f.worker);
+  ASSERT_EQ(a.request_id, f.request_id);
+  ASSERT_STR_EQ(a.reason_text, f.reason_text);
+  for (uint32_t w = 0; w < 4; w++) {
+    uint64_t n = 0;
+    ASSERT_OK(kvp_router_inflight(r, w, &n, NULL, NULL));
+    ASSERT_EQ(n, w == a.worker ? 1u : 0u);
+  }
+  free(keys);
+  kvp_router_destroy(r);
+  kvp_router_destroy(fresh);
+}
+
+typedef struct counting_alloc {
+  size_t live, allocs;
+} counting_alloc;
+static void *ca_alloc(void *o, size_t n) {
+  counting_alloc *c = o;
+  c->live += n, c->allocs++;
+  return malloc(n);
+}
+static void ca_free(void *o, void *p, size_t n) {
+  ((counting_alloc *)o)->live -= n;
+  free(p);
+}
+
+TEST(allocator_is_used_and_balanced) {
+  counting_alloc c = {0, 0};
+  kvp_allocator a = {ca_alloc, ca_free, &c};
+  kvp_router_opts o = {0};
+  o.n_workers = 64;
+  kvp_router *r = NULL;
+  ASSERT_OK(kvp_router_create(&o, &a, &r));
+  ASSERT_GT(c.allocs, 1u);
+  ASSERT_GT(c.live, 0u);
+  kvp_router_destroy(r);
+  ASSERT_EQ(c.live, 0u);
+}
+
+TEST_MAIN(TEST_ENTRY(policy_names_and_model_math),
+          TEST_ENTRY(agentic_worked_example),
+          TEST_ENTRY(approximate_index_records_routes),
+          TEST_ENTRY(cost_terms_by_hand_and_bandwidth_override),
+          TEST_ENTRY(stable_prefix_everywhere_does_not_pull),
+          TEST_ENTRY(semi_stable_history_drives_affinity),
+          TEST_ENTRY(affinity_within_epsilon),
+          TEST_ENTRY(no_herding_across_replicas),
+          TEST_ENTRY(round_robin_skips_offline),
+          TEST_ENTRY(least_loaded_counts_inflight),
+          TEST_ENTRY(prefix_greedy_ties_to_least_loaded),
+          TEST_ENTRY(sglang_cache_aware_branches),
+          TEST_ENTRY(llmd_weighted_scores), TEST_ENTRY(dynamo_cost_and_softmax),
+          TEST_ENTRY(bandwidth_reports_race_routing),
+          TEST_ENTRY(inflight_bookkeeping), TEST_ENTRY(inflight_random_churn),
+          TEST_ENTRY(uncertain_match_is_discounted),
+          TEST_ENTRY(offline_workers_never_chosen),
+          TEST_ENTRY(receipt_json_snprintf_and_escaping),
+          TEST_ENTRY(every_policy_has_a_receipt), TEST_ENTRY(bad_options),
+          TEST_ENTRY(bad_input_changes_nothing),
+          TEST_ENTRY(allocator_is_used_and_balanced))
