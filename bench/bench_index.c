@@ -13,37 +13,41 @@
 #include "index_internal.h"
 #include "kvplane.h"
 
-#define FAMILIES 32      /* system prompts shared across sessions */
+#define FAMILIES 32 /* system prompts shared across sessions */
 #define FAMILY_BLOCKS 256
-#define RUN 32           /* blocks per stored event */
+#define RUN 32 /* blocks per stored event */
 
 typedef struct cfg {
   uint32_t workers;
   uint64_t residencies;
+  uint64_t churn; /* residencies of new sessions for the steady-state phase */
   uint32_t chain; /* blocks per session chain (the query length) */
   uint32_t queries, base_queries;
   double base_seconds; /* baseline query time budget */
 } cfg;
 
-/* ---- workload --------------------------------------------------------------- */
+/* ---- workload ---------------------------------------------------------------
+ */
 
 typedef struct session {
   uint32_t worker, family, len; /* resident prefix length */
   uint8_t pattern;              /* tier layout, see sess_events */
   uint64_t id;
+  size_t ev_first, ev_end; /* its events */
 } session;
 
 typedef struct event {
   uint32_t worker;
   uint8_t tier;
   uint32_t n;
-  uint64_t off;  /* into keys */
+  uint64_t off; /* into keys */
   bool has_parent;
 } event;
 
 typedef struct workload {
   session *s;
   size_t ns, cap_s;
+  size_t ns_init, nev_init; /* the first residencies; the rest is churn */
   event *ev;
   size_t nev, cap_ev;
   kvp_key *keys;
@@ -69,8 +73,9 @@ static uint64_t mix(uint64_t x) {
 
 /* Block i of a session's chain: the family's prompt, then its own blocks. */
 static kvp_key block_key(const session *s, uint32_t i) {
-  uint64_t v = i < FAMILY_BLOCKS ? mix(0xFA00000000ull + s->family * 65536ull + i)
-                                 : mix(s->id * 4096 + i + 0x5E55000000000000ull);
+  uint64_t v = i < FAMILY_BLOCKS
+                   ? mix(0xFA00000000ull + s->family * 65536ull + i)
+                   : mix(s->id * 4096 + i + 0x5E55000000000000ull);
   return (kvp_key){.hi = mix(v), .lo = v | 4};
 }
 
@@ -125,7 +130,9 @@ static void sess_events(workload *w, const session *s, bool family_new) {
 static void build(workload *w, const cfg *c) {
   memset(w, 0, sizeof *w);
   uint8_t *has_family = calloc((size_t)c->workers * FAMILIES, 1);
-  while (w->residencies < c->residencies) {
+  while (w->residencies < c->residencies + c->churn) {
+    if (w->residencies >= c->residencies && w->ns_init == 0)
+      w->ns_init = w->ns, w->nev_init = w->nev;
     w->s = grow(w->s, &w->cap_s, w->ns + 1, sizeof *w->s);
     session *s = &w->s[w->ns];
     s->id = w->ns++;
@@ -135,10 +142,15 @@ static void build(workload *w, const cfg *c) {
     uint64_t r = rnd() % 10;
     s->pattern = r < 7 ? 0 : r < 9 ? 1 : 2;
     uint8_t *hf = &has_family[(size_t)s->worker * FAMILIES + s->family];
+    s->ev_first = w->nev;
     sess_events(w, s, !*hf);
+    s = &w->s[s->id]; /* w->ev grew, not w->s: still valid */
+    s->ev_end = w->nev;
     w->residencies += s->len - FAMILY_BLOCKS + (*hf ? 0 : FAMILY_BLOCKS);
     *hf = 1;
   }
+  if (w->ns_init == 0)
+    w->ns_init = w->ns, w->nev_init = w->nev;
   free(has_family);
 }
 
@@ -148,7 +160,8 @@ static void unbuild(workload *w) {
   free(w->keys);
 }
 
-/* ---- the baseline: per-worker hash sets, a scan over workers ------------------ */
+/* ---- the baseline: per-worker hash sets, a scan over workers
+ * ------------------ */
 
 typedef struct bset {
   uint64_t *fp;
@@ -246,7 +259,8 @@ static void bl_free(baseline *bl) {
   free(bl->w);
 }
 
-/* ---- measurements --------------------------------------------------------------- */
+/* ---- measurements
+ * --------------------------------------------------------------- */
 
 static int ingest_index(kvp_index *ix, const workload *w, uint64_t *seq,
                         size_t from, size_t to, bool remove) {
@@ -276,7 +290,7 @@ static uint64_t blocks_of(const workload *w, size_t from, size_t to) {
 /* A query chain: an existing session's full chain (its resident prefix and
  * the blocks nobody holds after it), or 1 in 10 a new session of a family. */
 static void make_query(const workload *w, const cfg *c, kvp_key *k) {
-  session s = w->s[rnd() % w->ns];
+  session s = w->s[rnd() % w->ns_init];
   if (rnd() % 10 == 0)
     s.id = w->ns + rnd() % 1000000; /* a session nobody has seen */
   for (uint32_t i = 0; i < c->chain; i++)
@@ -288,15 +302,18 @@ static int same(const kvp_index_match *a, int na, const kvp_index_match *b,
   if (na != nb)
     return 0;
   for (int i = 0; i < na; i++)
-    if (a[i].worker != b[i].worker || a[i].prefix_blocks != b[i].prefix_blocks ||
-        memcmp(a[i].tier_blocks, b[i].tier_blocks, sizeof a[i].tier_blocks) != 0)
+    if (a[i].worker != b[i].worker ||
+        a[i].prefix_blocks != b[i].prefix_blocks ||
+        memcmp(a[i].tier_blocks, b[i].tier_blocks, sizeof a[i].tier_blocks) !=
+            0)
       return 0;
   return 1;
 }
 
 typedef struct result {
-  double ingest_ix, ingest_bl, remove_ix, remove_bl; /* block events / s */
-  double bpr_ix, bpr_bl;                             /* bytes / residency */
+  double warm_ix, warm_bl;   /* block events / s from empty to full */
+  double churn_ix, churn_bl; /* at full size: new sessions in, old out */
+  double bpr_ix, bpr_bl;     /* bytes / residency */
   kvp_hist_summary q_ix, q_bl;
   uint64_t agree, compared, residencies, keys;
   double blocks_per_query;
@@ -308,7 +325,8 @@ static void lookups(kvp_index *ix, const baseline *bl, const workload *w,
   kvp_index_match *mi = malloc(c->workers * sizeof *mi);
   kvp_index_match *mb = malloc(c->workers * sizeof *mb);
   kvp_hist *hi = NULL, *hb = NULL;
-  if (!k || !mi || !mb || kvp_hist_create(NULL, &hi) || kvp_hist_create(NULL, &hb))
+  if (!k || !mi || !mb || kvp_hist_create(NULL, &hi) ||
+      kvp_hist_create(NULL, &hb))
     exit(1);
   kvp_index_stats s0, s1;
   kvp_index_stats_get(ix, &s0);
@@ -323,8 +341,8 @@ static void lookups(kvp_index *ix, const baseline *bl, const workload *w,
       kvp_hist_record(hi, t1 - t0);
   }
   kvp_index_stats_get(ix, &s1);
-  r->blocks_per_query =
-      (double)(s1.query_blocks - s0.query_blocks) / (double)(s1.queries - s0.queries);
+  r->blocks_per_query = (double)(s1.query_blocks - s0.query_blocks) /
+                        (double)(s1.queries - s0.queries);
   uint64_t start = kvp_now_ns();
   for (uint32_t q = 0; q < c->base_queries; q++) {
     make_query(w, c, k);
@@ -371,6 +389,57 @@ static uint64_t digests_agree(kvp_index *ix, const baseline *bl) {
   return bad;
 }
 
+/* Steady state: each new session's events in, then an old session's out
+ * (the same number of sessions), on the index or on the baseline. */
+static int churn(kvp_index *ix, baseline *bl, const workload *w, uint64_t *seq,
+                 uint64_t *blocks) {
+  size_t nnew = w->ns - w->ns_init;
+  for (size_t j = 0; j < nnew; j++) {
+    const session *in = &w->s[w->ns_init + j], *out = &w->s[j];
+    for (int dir = 0; dir < 2; dir++) {
+      const session *x = dir ? out : in;
+      if (ix != NULL &&
+          ingest_index(ix, w, seq, x->ev_first, x->ev_end, dir == 1) < 0)
+        return -1;
+      for (size_t e = x->ev_first; bl != NULL && e < x->ev_end; e++)
+        bl_event(bl, &w->ev[e], w->keys, dir == 1);
+      *blocks += blocks_of(w, x->ev_first, x->ev_end);
+    }
+  }
+  return 0;
+}
+
+static double rate(uint64_t blocks, uint64_t t0, uint64_t t1) {
+  return (double)blocks / ((double)(t1 - t0) / 1e9);
+}
+
+/* Warm-up ingest into empty structures, for the index then the baseline. */
+static int warm(kvp_index *ix, baseline *bl, const workload *w, uint64_t *seq,
+                result *r) {
+  uint64_t blocks = blocks_of(w, 0, w->nev_init);
+  uint64_t t0 = kvp_now_ns();
+  if (ingest_index(ix, w, seq, 0, w->nev_init, false) < 0)
+    return -1;
+  uint64_t t1 = kvp_now_ns();
+  for (size_t i = 0; i < w->nev_init; i++)
+    bl_event(bl, &w->ev[i], w->keys, false);
+  r->warm_ix = rate(blocks, t0, t1);
+  r->warm_bl = rate(blocks, t1, kvp_now_ns());
+  return 0;
+}
+
+static int steady(kvp_index *ix, baseline *bl, const workload *w, uint64_t *seq,
+                  result *r) {
+  uint64_t bi = 0, bb = 0, t0 = kvp_now_ns();
+  if (churn(ix, NULL, w, seq, &bi) < 0)
+    return -1;
+  uint64_t t1 = kvp_now_ns();
+  (void)churn(NULL, bl, w, seq, &bb);
+  r->churn_ix = rate(bi, t0, t1);
+  r->churn_bl = rate(bb, t1, kvp_now_ns());
+  return 0;
+}
+
 static int run_cfg(const cfg *c, result *r, bool quick) {
   workload w;
   build(&w, c);
@@ -383,16 +452,8 @@ static int run_cfg(const cfg *c, result *r, bool quick) {
   uint64_t *seq = calloc(c->workers, sizeof *seq);
   for (uint32_t i = 0; i < c->workers; i++)
     kvp_index_worker_add(ix, i);
-  uint64_t blocks = blocks_of(&w, 0, w.nev);
-  uint64_t t0 = kvp_now_ns();
-  if (ingest_index(ix, &w, seq, 0, w.nev, false) < 0)
+  if (warm(ix, &bl, &w, seq, r) < 0)
     return 1;
-  uint64_t t1 = kvp_now_ns();
-  for (size_t i = 0; i < w.nev; i++)
-    bl_event(&bl, &w.ev[i], w.keys, false);
-  uint64_t t2 = kvp_now_ns();
-  r->ingest_ix = (double)blocks / ((double)(t1 - t0) / 1e9);
-  r->ingest_bl = (double)blocks / ((double)(t2 - t1) / 1e9);
   kvp_index_stats st;
   kvp_index_stats_get(ix, &st);
   r->residencies = st.residencies;
@@ -400,20 +461,10 @@ static int run_cfg(const cfg *c, result *r, bool quick) {
   r->bpr_ix = (double)st.bytes / (double)st.residencies;
   r->bpr_bl = (double)bl_bytes(&bl) / (double)st.residencies;
   lookups(ix, &bl, &w, c, r);
-  /* removal: the last tenth of the events, from both */
-  size_t from = w.nev - w.nev / 10;
-  blocks = blocks_of(&w, from, w.nev);
-  t0 = kvp_now_ns();
-  if (ingest_index(ix, &w, seq, from, w.nev, true) < 0)
+  if (steady(ix, &bl, &w, seq, r) < 0)
     return 1;
-  t1 = kvp_now_ns();
-  for (size_t i = from; i < w.nev; i++)
-    bl_event(&bl, &w.ev[i], w.keys, true);
-  t2 = kvp_now_ns();
-  r->remove_ix = (double)blocks / ((double)(t1 - t0) / 1e9);
-  r->remove_bl = (double)blocks / ((double)(t2 - t1) / 1e9);
-  int bad = 0;
-  if (quick) { /* after removals too: answers and digests */
+  int bad = r->agree != r->compared;
+  if (quick) { /* after the churn too: answers, digests, invariants */
     result r2 = *r;
     r2.agree = r2.compared = 0;
     lookups(ix, &bl, &w, c, &r2);
@@ -421,7 +472,6 @@ static int run_cfg(const cfg *c, result *r, bool quick) {
     bad |= digests_agree(ix, &bl) != 0;
     bad |= kvp__index_verify(ix) != 0;
   }
-  bad |= r->agree != r->compared;
   kvp_index_destroy(ix);
   bl_free(&bl);
   free(seq);
@@ -429,7 +479,26 @@ static int run_cfg(const cfg *c, result *r, bool quick) {
   return bad;
 }
 
-/* ---- report ---------------------------------------------------------------------- */
+/* The machine's floor: random 64-byte reads from 256 MiB, 32 prefetched
+ * ahead, as a table walk at best does them (ns per line). */
+static double line_floor_ns(void) {
+  size_t lines = (256u << 20) / 64, n = 4000000;
+  uint64_t *m = malloc(lines * 64), acc = 0;
+  if (m == NULL)
+    return 0;
+  memset(m, 1, lines * 64);
+  uint64_t t0 = kvp_now_ns();
+  for (size_t i = 0; i < n; i++) {
+    __builtin_prefetch(&m[(mix(i + 32) % lines) * 8]);
+    acc += m[(mix(i) % lines) * 8];
+  }
+  double ns = (double)(kvp_now_ns() - t0) / (double)n;
+  free(m);
+  return acc == 0 ? 0 : ns;
+}
+
+/* ---- report
+ * ---------------------------------------------------------------------- */
 
 static uint64_t peak_rss_kib(void) {
   FILE *f = fopen("/proc/self/status", "r");
@@ -445,20 +514,21 @@ static uint64_t peak_rss_kib(void) {
 
 static const char *met(bool ok) { return ok ? "MET" : "NOT MET"; }
 
-static void report(const cfg *c, const result *r) {
+static void report(const cfg *c, const result *r, double floor_ns) {
   printf("\n%u workers, %" PRIu64 " residencies, %" PRIu64 " keys, %u-block "
          "chains (%.0f blocks read per query on average)\n",
          c->workers, r->residencies, r->keys, c->chain, r->blocks_per_query);
   printf("  %-22s %12s %12s %9s\n", "", "index", "baseline", "ratio");
+  printf("  %-22s %12.2f %12.2f %8.2fx\n", "ingest from empty, M/s",
+         r->warm_ix / 1e6, r->warm_bl / 1e6, r->warm_ix / r->warm_bl);
   printf("  %-22s %12.2f %12.2f %8.2fx   target >= 10 M/s per core: %s\n",
-         "ingest, M blocks/s", r->ingest_ix / 1e6, r->ingest_bl / 1e6,
-         r->ingest_ix / r->ingest_bl, met(r->ingest_ix >= 10e6));
-  printf("  %-22s %12.2f %12.2f %8.2fx\n", "removal, M blocks/s",
-         r->remove_ix / 1e6, r->remove_bl / 1e6, r->remove_ix / r->remove_bl);
+         "ingest steady, M/s", r->churn_ix / 1e6, r->churn_bl / 1e6,
+         r->churn_ix / r->churn_bl, met(r->churn_ix >= 10e6));
   printf("  %-22s %12.1f %12.1f %8.2fx   target <= 24: %s\n",
          "bytes per residency", r->bpr_ix, r->bpr_bl, r->bpr_ix / r->bpr_bl,
          met(r->bpr_ix <= 24.0));
-  const char *names[3] = {"lookup p50, us", "lookup p99, us", "lookup p99.9, us"};
+  const char *names[3] = {"lookup p50, us", "lookup p99, us",
+                          "lookup p99.9, us"};
   uint64_t ix[3] = {r->q_ix.p50, r->q_ix.p99, r->q_ix.p999};
   uint64_t bl[3] = {r->q_bl.p50, r->q_bl.p99, r->q_bl.p999};
   for (int i = 0; i < 3; i++) {
@@ -468,6 +538,12 @@ static void report(const cfg *c, const result *r) {
       printf("   target <= 10 us: %s", met(ix[i] <= 10000));
     printf("\n");
   }
+  if (floor_ns > 0)
+    printf("  memory floor here: %.1f ns per random line (prefetched), so a "
+           "walk reading one line per block needs >= %.1f us for %u blocks, "
+           ">= %.1f us for the mean %.0f\n",
+           floor_ns, floor_ns * c->chain / 1e3, c->chain,
+           floor_ns * r->blocks_per_query / 1e3, r->blocks_per_query);
   printf("  samples: %" PRIu64 " index, %" PRIu64 " baseline queries; "
          "answers agree on %" PRIu64 "/%" PRIu64 "\n",
          r->q_ix.count, r->q_bl.count, r->agree, r->compared);
@@ -486,21 +562,23 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
-  cfg full[2] = {{64, 10000000, 2048, 20000, 3000, 4.0},
-                 {1024, 10000000, 2048, 5000, 1000, 6.0}};
-  cfg small[2] = {{64, 200000, 512, 300, 300, 60.0},
-                  {300, 200000, 512, 300, 300, 60.0}};
+  cfg full[2] = {{64, 10000000, 1000000, 2048, 20000, 3000, 4.0},
+                 {1024, 10000000, 1000000, 2048, 5000, 1000, 6.0}};
+  cfg small[2] = {{64, 200000, 40000, 512, 300, 300, 60.0},
+                  {300, 200000, 40000, 512, 300, 300, 60.0}};
   cfg *cs = quick ? small : full;
   printf("kvplane bench_index%s: block events in runs of %d, %d shared "
          "prompts of %d blocks; one thread\n",
-         quick ? " --quick (agreement only)" : "", RUN, FAMILIES, FAMILY_BLOCKS);
+         quick ? " --quick (agreement only)" : "", RUN, FAMILIES,
+         FAMILY_BLOCKS);
+  double floor_ns = quick ? 0 : line_floor_ns();
   int bad = 0;
   for (int i = 0; i < 2; i++) {
     if (only != 0 && cs[i].workers != only)
       continue;
     result r;
     int b = run_cfg(&cs[i], &r, quick);
-    report(&cs[i], &r);
+    report(&cs[i], &r, floor_ns);
     if (b)
       printf("  DISAGREEMENT between index and baseline\n");
     bad |= b;

@@ -29,7 +29,9 @@
  * Eviction is CLOCK, not a linked LRU: a touch sets one bit in the entry the
  * probe already loaded, with no list splicing and no 16 bytes of pointers per
  * entry; on this read-mostly, per-block hot path that is the difference
- * between one cache line and three per block.
+ * between one cache line and three per block.  A new key enters referenced,
+ * so it lives at least until the hand has passed it twice: long enough, at
+ * any realistic capacity, for another session to send it again.
  *
  * Drift.  Compares two turns' chains for the first differing block, then finds
  * which of the previous turn's later blocks still occur anywhere in the new
@@ -117,8 +119,9 @@ static uint8_t mark_class(const kvp_segment_mark *m) {
 #define TAG_MASK (~0x1FFull) /* bits 9..63: the tag */
 #define TAG_ONE 0x200ull
 #define FIB 0x9E3779B97F4A7C15ull
-#define CHUNK 256u  /* blocks per stack batch of mark summaries */
+#define CHUNK 256u  /* blocks per coverage bitmap (on the stack) */
 #define PREFETCH 8u /* blocks ahead (8..32 measured alike on a cold table) */
+#define CLOCK_SWEEP 256u /* slots the CLOCK hand clears per eviction, at most */
 #define SEMI_REPEATS_MAX (SIGHT_MASK + 1)
 #define STABLE_SESSIONS_MAX 256u /* the 64-bit sketch saturates near 266 */
 
@@ -212,21 +215,27 @@ static void remove_at(kvp_stability *s, size_t hole) {
   s->size--;
 }
 
-/* CLOCK: clear reference bits under the hand until an unreferenced entry
- * turns up, and evict it.  Ends within two sweeps (size >= 1).  The hand
- * stays on the evicted slot: backward shift may have moved an entry there
- * that this sweep has not looked at yet. */
+/* CLOCK with a bounded sweep: clear reference bits under the hand until an
+ * unreferenced entry turns up, and evict it; but after CLOCK_SWEEP slots evict
+ * whatever the hand reaches next.  Unbounded, one eviction could sweep the
+ * whole table (every entry is referenced the first time it fills): a
+ * millisecond on the hot path.  Bounded, the worst case is CLOCK_SWEEP slots
+ * (4 KiB, sequential), and a referenced entry is evicted only after a run of
+ * CLOCK_SWEEP slots with no unreferenced one, when nearly everything is
+ * equally recent anyway (measured on a stream of new keys at 1,000 entries:
+ * ~1 sweep in 200 passes 32 slots).  The hand stays on the evicted slot:
+ * backward shift may have moved an entry there that this sweep has not looked
+ * at yet. */
 static void clock_evict(kvp_stability *s) {
   assert(s->size > 0);
-  for (;;) {
+  for (uint32_t swept = 0;; swept++) {
     entry *e = &s->slots[s->hand];
-    if (e->meta == 0 || (e->meta & REF_BIT)) {
-      e->meta &= ~REF_BIT;
-      s->hand = (s->hand + 1) & s->mask;
-      continue;
+    if (e->meta != 0 && (!(e->meta & REF_BIT) || swept >= CLOCK_SWEEP)) {
+      remove_at(s, s->hand);
+      return;
     }
-    remove_at(s, s->hand);
-    return;
+    e->meta &= ~REF_BIT;
+    s->hand = (s->hand + 1) & s->mask;
   }
 }
 
@@ -329,61 +338,72 @@ static inline void walk_step(walk *w, uint8_t c, size_t b) {
   w->run = c;
 }
 
-/* Per-block mark summary of a chunk: the low 2 bits hold the least reusable
- * class among marks that START at the block (STABLE if none), MK_COVERED is
- * set when any mark overlaps it.  Folding `(learned | mk >> 2)` then the min
- * with `mk & 3` into the running minimum gives exactly "covered blocks take
- * the least reusable overlapping mark, the rest what was learned": a mark's
- * class enters at its first block and the running minimum carries it on. */
-#define MK_COVERED 0x0Cu
-
 #if defined(__GNUC__) || defined(__clang__)
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 #else
 #define ALWAYS_INLINE inline
 #endif
 
-/* One block of the walk: learn it, fold in its marks, step. */
+/* How a run of blocks meets the marks: none cover it (learned classes
+ * count), all do (learned classes are ignored: only learning happens), or
+ * some do (a coverage bitmap says which). */
+typedef enum cover { COVER_NONE, COVER_ALL, COVER_SOME } cover;
+
+/* One block of a walk: learn it, then (unless the marks decide alone) fold
+ * its class into the running minimum.  With COVER_SOME, bit (i - base) of
+ * cov says block i is covered; a covered block's class becomes 3, which
+ * never lowers the minimum (the marks' own classes enter through the plan,
+ * at the block where each mark starts). */
 static ALWAYS_INLINE walk walk_one(kvp_stability *s, const probe_ctx *p,
-                                   uint64_t fp, size_t off, const uint8_t *mk,
-                                   size_t j, size_t i, walk w) {
+                                   uint64_t fp, size_t off, size_t i,
+                                   cover how, const uint64_t *cov, size_t base,
+                                   walk w) {
   uint8_t c = learn_one(s, p, tag_of(fp), off);
-  if (mk != NULL) {
-    uint8_t start = mk[j] & 3u;
-    c = (uint8_t)(c | (mk[j] >> 2));
-    c = c < start ? c : start;
-  }
+  if (how == COVER_ALL)
+    return w;
+  if (how == COVER_SOME)
+    c |= (uint8_t)(((cov[(i - base) >> 6] >> ((i - base) & 63)) & 1u) * 3u);
   walk_step(&w, c, i);
   return w;
 }
 
-/* Learns and walks blocks [c0, c0 + len) of n; mk == NULL: no marks.  Always
- * inlined so that each call site gets a loop specialised for its mk.  Home
- * slots are computed once, PREFETCH blocks ahead, prefetched, and kept in a
- * ring until their block comes up; the last PREFETCH blocks of the request
- * take a loop without prefetches, so the main loop has no bounds test. */
+/* Learns and walks blocks [a, b) of n.  Always inlined, so each call site
+ * gets loops specialised for its `how`.  Home slots are computed once,
+ * PREFETCH blocks ahead, prefetched, and kept in a ring until their block
+ * comes up; the request's last PREFETCH blocks take a second loop, so the
+ * first needs no bounds test. */
 static ALWAYS_INLINE walk walk_blocks(kvp_stability *s, const kvp_key *keys,
-                                      size_t n, size_t c0, size_t len,
-                                      uint64_t bit, const uint8_t *mk, walk w) {
-  const probe_ctx p = {(char *)s->slots, s->mask * sizeof(entry), s->shift - 4u,
-                       s->semi_seen, bit};
+                                      size_t n, size_t a, size_t b,
+                                      uint64_t bit, cover how,
+                                      const uint64_t *cov, size_t base,
+                                      walk w) {
+  const probe_ctx p = {(char *)s->slots, s->mask * sizeof(entry),
+                       s->shift - 4u, s->semi_seen, bit};
   _Static_assert(sizeof(entry) == 16, "shift - 4 is log2(sizeof(entry))");
   size_t ring[PREFETCH];
-  for (size_t i = c0; i < c0 + PREFETCH && i < n; i++)
+  for (size_t i = a; i < a + PREFETCH && i < n; i++)
     ring[i % PREFETCH] = home_off(&p, tag_of(keys[i].lo));
-  size_t end = c0 + len, i = c0;
-  size_t pf_end = n > PREFETCH ? n - PREFETCH : 0;
-  for (; i < end && i < pf_end; i++) {
+  size_t pf_end = n > PREFETCH ? n - PREFETCH : 0, i = a;
+  for (; i < b && i < pf_end; i++) {
     size_t off = ring[i % PREFETCH];
     size_t ahead = home_off(&p, tag_of(keys[i + PREFETCH].lo));
     ring[i % PREFETCH] = ahead;
-    __builtin_prefetch(p.base + ahead, 1, 3); /* written: ask for ownership */
-    w = walk_one(s, &p, keys[i].lo, off, mk, i - c0, i, w);
+    __builtin_prefetch(p.base + ahead, 1, 3); /* written: ask ownership */
+    w = walk_one(s, &p, keys[i].lo, off, i, how, cov, base, w);
   }
-  for (; i < end; i++)
-    w = walk_one(s, &p, keys[i].lo, ring[i % PREFETCH], mk, i - c0, i, w);
+  for (; i < b; i++)
+    w = walk_one(s, &p, keys[i].lo, ring[i % PREFETCH], i, how, cov, base, w);
   return w;
 }
+
+/* ---- marks over blocks --------------------------------------------------- */
+/* Classes only go down along a chain, so a mark of class c whose first block
+ * is f bounds every block >= f by c: two thresholds say it all, injected into
+ * the walk at those blocks. */
+typedef struct mark_plan {
+  size_t semi_from; /* first block touched by a mark of class <= semi */
+  size_t vol_from;  /* first block touched by a volatile mark */
+} mark_plan;
 
 /* Blocks [*fb, *lb] overlapped by m, clipped to n_blocks; false if none. */
 static bool mark_blocks(const kvp_segment_mark *m, uint32_t bs, size_t n_blocks,
@@ -396,35 +416,92 @@ static bool mark_blocks(const kvp_segment_mark *m, uint32_t bs, size_t n_blocks,
   return true;
 }
 
-/* Fills mk[0..len) for blocks [c0, c0 + len) and returns how many are
- * uncovered (classified by learning).  Coverage goes through a difference
- * array: O(n_marks + len) however much the marks overlap. */
-static size_t mark_chunk(const kvp_segment_mark *marks, size_t n_marks,
-                         uint32_t bs, size_t n_blocks, size_t c0, size_t len,
-                         uint8_t *mk) {
-  int32_t diff[CHUNK + 1] = {0};
-  memset(mk, KVP_CLASS_STABLE, len);
+static mark_plan plan_marks(const kvp_segment_mark *marks, size_t n_marks,
+                            uint32_t bs, size_t n_blocks) {
+  mark_plan p = {SIZE_MAX, SIZE_MAX};
+  for (size_t k = 0; k < n_marks; k++) {
+    size_t fb, lb;
+    if (!mark_blocks(&marks[k], bs, n_blocks, &fb, &lb))
+      continue;
+    uint8_t c = mark_class(&marks[k]);
+    if (c <= KVP_CLASS_SEMI && fb < p.semi_from)
+      p.semi_from = fb;
+    if (c == KVP_CLASS_VOLATILE && fb < p.vol_from)
+      p.vol_from = fb;
+  }
+  return p;
+}
+
+/* Sets bits [lo, hi) of a chunk's coverage bitmap. */
+static void set_bits(uint64_t *cov, size_t lo, size_t hi) {
+  for (size_t k = lo >> 6; k <= (hi - 1) >> 6; k++) {
+    uint64_t m = ~0ull;
+    if (k == lo >> 6)
+      m &= ~0ull << (lo & 63);
+    if (k == (hi - 1) >> 6)
+      m &= ~0ull >> (63 - ((hi - 1) & 63));
+    cov[k] |= m;
+  }
+}
+
+/* Coverage bitmap of blocks [c0, c0 + len); returns how many are covered.
+ * O(n_marks) word operations, however much the marks overlap. */
+static size_t cover_chunk(const kvp_segment_mark *marks, size_t n_marks,
+                          uint32_t bs, size_t n_blocks, size_t c0, size_t len,
+                          uint64_t cov[CHUNK / 64]) {
+  memset(cov, 0, CHUNK / 8);
   for (size_t k = 0; k < n_marks; k++) {
     size_t fb, lb;
     if (!mark_blocks(&marks[k], bs, n_blocks, &fb, &lb) || lb < c0 ||
         fb >= c0 + len)
       continue;
-    uint8_t c = mark_class(&marks[k]);
-    if (fb >= c0 && c < mk[fb - c0])
-      mk[fb - c0] = c;
-    diff[(fb > c0 ? fb : c0) - c0]++;
-    diff[(lb < c0 + len - 1 ? lb : c0 + len - 1) + 1 - c0]--;
+    size_t hi = lb < c0 + len - 1 ? lb + 1 : c0 + len;
+    set_bits(cov, (fb > c0 ? fb : c0) - c0, hi - c0);
   }
-  size_t learned = 0;
-  int32_t depth = 0;
-  for (size_t j = 0; j < len; j++) {
-    depth += diff[j];
-    if (depth > 0)
-      mk[j] |= MK_COVERED;
-    else
-      learned++;
+  size_t covered = 0;
+  for (size_t k = 0; k < CHUNK / 64; k++)
+    covered += (size_t)__builtin_popcountll(cov[k]);
+  return covered;
+}
+
+/* The marks' caps that start at block a, then the next block where one does
+ * (or end). */
+static size_t apply_plan(const mark_plan *p, size_t a, size_t end, walk *w) {
+  if (a == p->semi_from)
+    walk_step(w, KVP_CLASS_SEMI, a);
+  if (a == p->vol_from)
+    walk_step(w, KVP_CLASS_VOLATILE, a);
+  size_t next = end;
+  if (p->semi_from > a && p->semi_from < next)
+    next = p->semi_from;
+  if (p->vol_from > a && p->vol_from < next)
+    next = p->vol_from;
+  return next;
+}
+
+/* The walk with marks: chunk by chunk (the coverage bitmap lives on the
+ * stack), each chunk split where the plan's caps start.  Adds the uncovered
+ * blocks to *learned. */
+static walk walk_marked(kvp_stability *s, const kvp_key *keys, size_t n,
+                        uint64_t bit, const kvp_segment_mark *marks,
+                        size_t n_marks, uint32_t bs, size_t *learned, walk w) {
+  mark_plan plan = plan_marks(marks, n_marks, bs, n);
+  uint64_t cov[CHUNK / 64];
+  for (size_t c0 = 0; c0 < n; c0 += CHUNK) {
+    size_t len = n - c0 < CHUNK ? n - c0 : CHUNK, end = c0 + len;
+    size_t covered = cover_chunk(marks, n_marks, bs, n, c0, len, cov);
+    *learned += len - covered;
+    for (size_t a = c0, b; a < end; a = b) {
+      b = apply_plan(&plan, a, end, &w);
+      if (covered == len)
+        w = walk_blocks(s, keys, n, a, b, bit, COVER_ALL, NULL, c0, w);
+      else if (covered == 0)
+        w = walk_blocks(s, keys, n, a, b, bit, COVER_NONE, NULL, c0, w);
+      else
+        w = walk_blocks(s, keys, n, a, b, bit, COVER_SOME, cov, c0, w);
+    }
   }
-  return learned;
+  return w;
 }
 
 /* ---- classifier API ------------------------------------------------------ */
@@ -527,17 +604,14 @@ int kvp_stability_observe(kvp_stability *s, uint64_t session,
     return KVP_EINVAL;
   uint64_t bit = 1ull << kvp__stability_session_bit(session);
   walk w = {n_blocks, n_blocks, KVP_CLASS_STABLE};
-  size_t learned = n_blocks;
+  size_t learned = 0;
   if (n_marks == 0) {
-    w = walk_blocks(s, keys, n_blocks, 0, n_blocks, bit, NULL, w);
+    w = walk_blocks(s, keys, n_blocks, 0, n_blocks, bit, COVER_NONE, NULL, 0,
+                    w);
+    learned = n_blocks;
   } else {
-    uint8_t mk[CHUNK];
-    learned = 0;
-    for (size_t c0 = 0; c0 < n_blocks; c0 += CHUNK) {
-      size_t len = n_blocks - c0 < CHUNK ? n_blocks - c0 : CHUNK;
-      learned += mark_chunk(marks, n_marks, block_size, n_blocks, c0, len, mk);
-      w = walk_blocks(s, keys, n_blocks, c0, len, bit, mk, w);
-    }
+    w = walk_marked(s, keys, n_blocks, bit, marks, n_marks, block_size,
+                    &learned, w);
   }
   memset(out, 0, sizeof *out);
   out->tokens[KVP_CLASS_STABLE] = (uint64_t)w.stable_end * block_size;

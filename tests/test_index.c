@@ -38,7 +38,8 @@ static uint64_t stat_blocks(kvp_index *ix) {
   return s.query_blocks;
 }
 
-/* ---- query semantics ------------------------------------------------------ */
+/* ---- query semantics ------------------------------------------------------
+ */
 
 /* Worker 0: HBM 0..4, DRAM 0..7, NVMe 8; worker 1: remote 0..2, HBM 4..9;
  * worker 2: HBM 1..9 (not block 0). */
@@ -144,7 +145,8 @@ TEST(worker_ids_across_groups) {
   kvp_index_destroy(ix);
 }
 
-/* ---- sequence numbers, gaps, resync ----------------------------------------- */
+/* ---- sequence numbers, gaps, resync -----------------------------------------
+ */
 
 static kvp_index_worker_info info_of(kvp_index *ix, uint32_t w) {
   kvp_index_worker_info i;
@@ -168,7 +170,8 @@ TEST(gap_and_resync) {
   ASSERT_EQ(m[0].prefix_blocks, 6u);
   ASSERT_EQ(m[0].uncertain, 1);
   /* late and duplicate events are dropped and counted */
-  ASSERT_ERR(kvp_index_stored(ix, 0, 2, KVP_TIER_HBM, NULL, &k[6], 2), KVP_EEXIST);
+  ASSERT_ERR(kvp_index_stored(ix, 0, 2, KVP_TIER_HBM, NULL, &k[6], 2),
+             KVP_EEXIST);
   ASSERT_ERR(kvp_index_removed(ix, 0, 3, KVP_TIER_HBM, k, 1), KVP_EEXIST);
   ASSERT_ERR(kvp_index_cleared(ix, 0, 1), KVP_EEXIST);
   ASSERT_EQ(kvp_index_query(ix, k, 8, 0, m, MAXM), 1);
@@ -242,7 +245,8 @@ TEST(resync_keeps_common_keys) {
   kvp_index_destroy(ix);
 }
 
-/* ---- digests ------------------------------------------------------------------ */
+/* ---- digests
+ * ------------------------------------------------------------------ */
 
 TEST(digest_equality_and_divergence) {
   kvp_index *ix = mk(8, 2);
@@ -260,7 +264,8 @@ TEST(digest_equality_and_divergence) {
   ASSERT_OK(kvp_index_stored(ix, 0, 1, KVP_TIER_HBM, NULL, k, 16));
   ASSERT_OK(kvp_index_stored(ix, 0, 2, KVP_TIER_NVME, NULL, &k[16], 16));
   for (int i = 31, s = 1; i >= 0; i--, s++)
-    ASSERT_OK(kvp_index_stored(ix, 1, (uint64_t)s, (kvp_tier)t[i], NULL, &k[i], 1));
+    ASSERT_OK(
+        kvp_index_stored(ix, 1, (uint64_t)s, (kvp_tier)t[i], NULL, &k[i], 1));
   ASSERT_OK(kvp_index_digest(ix, 0, &d0));
   ASSERT_OK(kvp_index_digest(ix, 1, &d1));
   ASSERT_OK(kvp_index_digest_of(k, t, 32, &ref));
@@ -295,7 +300,8 @@ TEST(digest_equality_and_divergence) {
   kvp_index_destroy(ix);
 }
 
-/* ---- approximate mode ------------------------------------------------------------ */
+/* ---- approximate mode
+ * ------------------------------------------------------------ */
 
 TEST(approx_ttl) {
   kvp_index_opts o = {.max_workers = 8, .approx_ttl_ns = 100};
@@ -387,7 +393,8 @@ TEST(approx_lru_cap) {
   kvp_index_destroy(ix);
 }
 
-/* ---- bad input -------------------------------------------------------------------- */
+/* ---- bad input
+ * -------------------------------------------------------------------- */
 
 TEST(bad_input) {
   kvp_index *ix = NULL;
@@ -422,11 +429,14 @@ TEST(bad_input) {
   ASSERT_ERR(kvp_index_resync(ix, 5, 1, k, NULL, 4), KVP_ENOENT);
   ASSERT_ERR(kvp_index_stored(ix, 63, 1, (kvp_tier)4, NULL, k, 4), KVP_EINVAL);
   ASSERT_ERR(kvp_index_stored(ix, 63, 1, (kvp_tier)-1, NULL, k, 4), KVP_EINVAL);
-  ASSERT_ERR(kvp_index_stored(ix, 63, 1, KVP_TIER_HBM, NULL, NULL, 4), KVP_EINVAL);
-  ASSERT_ERR(kvp_index_stored(NULL, 63, 1, KVP_TIER_HBM, NULL, k, 4), KVP_EINVAL);
+  ASSERT_ERR(kvp_index_stored(ix, 63, 1, KVP_TIER_HBM, NULL, NULL, 4),
+             KVP_EINVAL);
+  ASSERT_ERR(kvp_index_stored(NULL, 63, 1, KVP_TIER_HBM, NULL, k, 4),
+             KVP_EINVAL);
   /* oversized chains: rejected before a key is read */
   ASSERT_ERR(kvp_index_stored(ix, 63, 1, KVP_TIER_HBM, NULL, k,
-                              KVP_INDEX_CHAIN_MAX + 1), KVP_ERANGE);
+                              KVP_INDEX_CHAIN_MAX + 1),
+             KVP_ERANGE);
   ASSERT_ERR(kvp_index_record_routed(ix, 63, k, KVP_INDEX_CHAIN_MAX + 1, 0),
              KVP_ERANGE);
   kvp_index_match m[MAXM];
@@ -470,7 +480,8 @@ TEST(bad_input) {
   kvp_index_destroy(ix);
 }
 
-/* ---- allocation ------------------------------------------------------------------- */
+/* ---- allocation
+ * ------------------------------------------------------------------- */
 
 typedef struct counting_alloc {
   size_t live, allocs, fail_after; /* fail_after 0 = never */
@@ -503,7 +514,9 @@ TEST(allocator_accounting) {
   run(k, 1000, 20000);
   for (uint32_t w = 0; w < 12; w++) {
     ASSERT_OK(kvp_index_worker_add(ix, w * 10));
-    ASSERT_OK(kvp_index_stored(ix, w * 10, 1, KVP_TIER_HBM, NULL, k, 2000 * (w + 1) > 20000 ? 20000 : 2000 * (w + 1)));
+    ASSERT_OK(
+        kvp_index_stored(ix, w * 10, 1, KVP_TIER_HBM, NULL, k,
+                         2000 * (w + 1) > 20000 ? 20000 : 2000 * (w + 1)));
     ASSERT_OK(kvp_index_record_routed(ix, w * 10, k, 100, 5));
   }
   ASSERT_OK(kvp_index_removed(ix, 0, 2, KVP_TIER_HBM, k, 1000));
@@ -556,7 +569,8 @@ TEST(out_of_memory) {
   ASSERT_TRUE(saw_enomem);
 }
 
-/* ---- the two paths against a naive model ------------------------------------------ */
+/* ---- the two paths against a naive model
+ * ------------------------------------------ */
 
 /* One worker's key set: fp -> tier mask (0 = absent), linear probing. */
 typedef struct rset {
@@ -693,7 +707,8 @@ static int by_worker(const void *x, const void *y) {
   return (a > b) - (a < b);
 }
 
-static void expect_match(const kvp_index_match *got, const kvp_index_match *want) {
+static void expect_match(const kvp_index_match *got,
+                         const kvp_index_match *want) {
   ASSERT_EQ(got->worker, want->worker);
   ASSERT_EQ(got->prefix_blocks, want->prefix_blocks);
   for (int t = 0; t < 4; t++)

@@ -10,8 +10,8 @@
 #include "index_internal.h"
 #include "test_harness.h"
 
-#define PIN 48     /* the pinned chain: stored before readers start */
-#define POOL 64    /* churn chains */
+#define PIN 48  /* the pinned chain: stored before readers start */
+#define POOL 64 /* churn chains */
 #define PLEN 24
 #define NWRITERS 2
 #define NREADERS 2
@@ -78,7 +78,8 @@ static void churn(wstate *s, int i) {
     s->seq[i] = 0;
     rc = 0;
   } else {
-    rc = kvp_index_stored(c->ix, w, s->seq[i] += 2, t, NULL, ch + a, n); /* gap */
+    rc = kvp_index_stored(c->ix, w, s->seq[i] += 2, t, NULL, ch + a,
+                          n); /* gap */
   }
   ASSERT_TRUE(rc >= 0);
   atomic_fetch_add_explicit(&c->events, 1, memory_order_relaxed);
@@ -184,8 +185,9 @@ static void stress(uint32_t max_workers, const uint32_t *ids) {
   wstate ws[NWRITERS];
   memset(ws, 0, sizeof ws);
   for (int i = 0; i < 2; i++) {
-    ASSERT_EQ(kvp_index_stored(c->ix, ids[i], 1, KVP_TIER_HBM, NULL, c->pin, PIN),
-              PIN);
+    ASSERT_EQ(
+        kvp_index_stored(c->ix, ids[i], 1, KVP_TIER_HBM, NULL, c->pin, PIN),
+        PIN);
     ws[i % NWRITERS].seq[i] = 1;
   }
   pthread_t th[NWRITERS + NREADERS + 2];

@@ -10,13 +10,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli_tokens.h"
 #include "cli_vectors.h"
 #include "kvplane.h"
 
 #define EXIT_MISMATCH 1
 #define EXIT_USAGE 2
 #define MM_MAX 64
-#define BATCH 4096
 
 static const char usage_text[] =
     "usage: kvplane <command> [options]\n"
@@ -279,117 +279,30 @@ static int run_check(const char *path) {
 }
 
 /* ---- token ids from stdin ------------------------------------------------- */
-typedef struct tok_reader {
-  FILE *f;
-  size_t line, col; /* of the character last read, 1-based */
-  size_t count;     /* tokens read */
-  bool json;        /* inside "[ ... ]" */
+/* The chain, and the library's error if it refused a batch: the reader says
+ * only that its callback stopped it, the tool names the call that failed. */
+typedef struct feed {
   kvp_chain *ch;
-  uint32_t batch[BATCH];
-  size_t n;
-} tok_reader;
+  int rc;
+} feed;
 
-static int next_char(tok_reader *t) {
-  int c = getc(t->f);
-  if (c == '\n') {
-    t->line++;
-    t->col = 0;
-  } else if (c != EOF) {
-    t->col++;
-  }
-  return c;
-}
-
-static bool is_blank(int c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' ||
-         c == '\v';
-}
-
-static int skip_blanks(tok_reader *t) {
-  int c;
-  while ((c = next_char(t)) != EOF && is_blank(c))
-    ;
-  return c;
-}
-
-PRINTF_LIKE(3, 4)
-static int input_error(size_t line, size_t col, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  fprintf(stderr, "kvplane hash: stdin:%zu:%zu: ", line, col);
-  vfprintf(stderr, fmt, ap);
-  fputc('\n', stderr);
-  va_end(ap);
-  return EXIT_USAGE;
-}
-
-static int flush_batch(tok_reader *t) {
-  int rc = t->n > 0 ? kvp_chain_extend(t->ch, t->batch, t->n) : 0;
-  t->n = 0;
-  return rc < 0 ? lib_error("kvp_chain_extend", rc) : 0;
-}
-
-/* One token starting with `c`; returns the character after it. */
-static int read_token(tok_reader *t, int c, int *status) {
-  char text[28];
-  size_t len = 0, line = t->line, col = t->col;
-  for (; c != EOF && !is_blank(c) && c != ',' && !(t->json && c == ']');
-       c = next_char(t)) {
-    if (len < sizeof text - 4)
-      text[len++] = (char)c;
-    else if (len == sizeof text - 4) /* too long to be an id: cut it */
-      memcpy(text + len, "...", 3), len += 3;
-  }
-  text[len] = '\0';
-  t->count++;
-  uint32_t id;
-  if (!parse_u32(text, 0, UINT32_MAX, &id)) {
-    *status = input_error(line, col, "token %zu \"%s\" is not a token id "
-                          "(expected an integer 0..4294967295)", t->count,
-                          text);
-    return c;
-  }
-  t->batch[t->n++] = id;
-  *status = t->n == BATCH ? flush_batch(t) : 0;
-  return c;
-}
-
-/* What may follow the last token: EOF, or "]" and blanks in JSON mode. */
-static int read_end(tok_reader *t, int c, bool after_comma) {
-  if (after_comma)
-    return hash_error("stdin: a token id must follow the last ','");
-  if (t->json && c != ']')
-    return hash_error("stdin: the JSON array lacks its closing ']'");
-  if (t->json && skip_blanks(t) != EOF)
-    return input_error(t->line, t->col, "unexpected text after ']'");
-  return flush_batch(t);
+static int extend(void *arg, const uint32_t *ids, size_t n) {
+  feed *fd = arg;
+  int rc = kvp_chain_extend(fd->ch, ids, n);
+  if (rc < 0)
+    fd->rc = rc;
+  return rc;
 }
 
 /* Streams every token into the chain.  Returns 0 or an exit status. */
-static int read_tokens(tok_reader *t) {
-  bool after_comma = false, first = true;
-  int c = skip_blanks(t), status = 0;
-  if (c == '[') {
-    t->json = true;
-    c = skip_blanks(t);
-  }
-  while (status == 0) {
-    while (is_blank(c))
-      c = next_char(t);
-    if (c == EOF || (t->json && c == ']'))
-      return read_end(t, c, after_comma);
-    if (c == ',') {
-      if (first || after_comma)
-        return input_error(t->line, t->col,
-                           "',' without a token id before it");
-      after_comma = true;
-      c = next_char(t);
-      continue;
-    }
-    c = read_token(t, c, &status);
-    after_comma = first = false;
-  }
-  return status;
+static int read_tokens(kvp_chain *ch) {
+  char why[512];
+  feed fd = {.ch = ch};
+  if (cli_tokens_read(stdin, "stdin", extend, &fd, why, sizeof why) == 0)
+    return 0;
+  if (fd.rc < 0)
+    return lib_error("kvp_chain_extend", fd.rc);
+  return hash_error("%s", why);
 }
 
 /* ---- hash: printing ------------------------------------------------------- */
@@ -488,7 +401,6 @@ static int run_hash(const hash_opts *o) {
   kvp_chain_opts co = {.keep_digests = o->fmt == FMT_JSON};
   kvp_extras ex = {.lora_name = o->lora, .cache_salt = o->salt,
                    .mm = o->mm, .n_mm = o->n_mm};
-  tok_reader t = {.f = stdin, .line = 1};
   int rc, status = resolve(o, &ns, &ho);
   if (status >= 0)
     return status;
@@ -501,8 +413,7 @@ static int run_hash(const hash_opts *o) {
     status = lib_error("chain (--chunks, --salt, --lora, --mm)", rc);
     goto out;
   }
-  t.ch = ch;
-  status = read_tokens(&t);
+  status = read_tokens(ch);
   if (status == 0)
     status = print_keys(o, ch);
 out:

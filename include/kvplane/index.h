@@ -109,14 +109,14 @@ KVP_API int kvp_index_resync(kvp_index *ix, uint32_t worker, uint64_t seq,
                              const kvp_key *keys, const uint8_t *tiers,
                              size_t n);
 
-/* ---- approximate mode ---------------------------------------------------------
- * For engines that publish no events (SGLang's gateway, Dynamo's approximate
- * mode): the router records each chain it routed to a worker; those records
- * match for approx_ttl_ns after the latest routing, and the least recently
- * routed go first beyond approx_capacity.  Time is the caller's (any
- * monotonic nanosecond clock, e.g. kvp_now_ns() or a simulator's), never read
- * by the index.  Thread-safe; the calls serialize with each other, never with
- * queries. */
+/* ---- approximate mode
+ * --------------------------------------------------------- For engines that
+ * publish no events (SGLang's gateway, Dynamo's approximate mode): the router
+ * records each chain it routed to a worker; those records match for
+ * approx_ttl_ns after the latest routing, and the least recently routed go
+ * first beyond approx_capacity.  Time is the caller's (any monotonic nanosecond
+ * clock, e.g. kvp_now_ns() or a simulator's), never read by the index.
+ * Thread-safe; the calls serialize with each other, never with queries. */
 
 /* Records keys[0..n) as routed to `worker` at now_ns (refreshing records that
  * exist).  Also drops records expired at now_ns.  Returns the number of new
@@ -129,7 +129,8 @@ KVP_API int kvp_index_record_routed(kvp_index *ix, uint32_t worker,
  * this returns their memory).  Returns how many, or KVP_EINVAL. */
 KVP_API int kvp_index_expire(kvp_index *ix, uint64_t now_ns);
 
-/* ---- query ------------------------------------------------------------------- */
+/* ---- query
+ * ------------------------------------------------------------------- */
 
 /* One worker's match for a chain.  prefix_blocks = the longest prefix of the
  * chain resident on the worker (any tier, or routed); each of those blocks is
@@ -168,12 +169,13 @@ _Static_assert(sizeof(kvp_index_match) == 40, "kvp_index_match is ABI");
 KVP_API int kvp_index_query(kvp_index *ix, const kvp_key *keys, size_t n,
                             uint64_t now_ns, kvp_index_match *out, size_t cap);
 
-/* ---- divergence digest ----------------------------------------------------------
- * A worker's digest is the wrapping sum over its (key, tier) residencies of a
- * 64-bit mix of (fingerprint, tier): order-independent, updated with every
- * event, computable by the worker from its own key list.  Equal sets give
- * equal digests; a difference is missed with probability ~2^-64 per
- * comparison.  Routed records are not part of it. */
+/* ---- divergence digest
+ * ---------------------------------------------------------- A worker's digest
+ * is the wrapping sum over its (key, tier) residencies of a 64-bit mix of
+ * (fingerprint, tier): order-independent, updated with every event, computable
+ * by the worker from its own key list.  Equal sets give equal digests; a
+ * difference is missed with probability ~2^-64 per comparison.  Routed records
+ * are not part of it. */
 
 /* The index's digest of `worker` (waits for that worker's event in flight).
  * Returns 0, KVP_EINVAL, KVP_ERANGE or KVP_ENOENT. */
@@ -185,7 +187,8 @@ KVP_API int kvp_index_digest(kvp_index *ix, uint32_t worker, uint64_t *digest);
 KVP_API int kvp_index_digest_of(const kvp_key *keys, const uint8_t *tiers,
                                 size_t n, uint64_t *digest);
 
-/* ---- introspection ---------------------------------------------------------------- */
+/* ---- introspection
+ * ---------------------------------------------------------------- */
 typedef struct kvp_index_worker_info {
   uint64_t last_seq;    /* last applied sequence number (0: none yet) */
   uint64_t digest;      /* as kvp_index_digest */
