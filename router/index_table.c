@@ -5,9 +5,10 @@
  *
  * Layout.  64 shards chosen by the key hash; each is an open-addressing table
  * of 16-byte slots {fingerprint, holder word}, four to a 64-byte bucket,
- * linear probing over buckets, deletions leave tombstones.  A table is
- * rebuilt (x1.4 when growing) when live + tombstones pass 7/8 of its slots,
- * to 5/8, so the load stays in [0.625, 0.875]: ~21 bytes per key.
+ * linear probing over buckets; a deleted key leaves a tombstone unless no
+ * probe path crosses its slot (see slot_kill).  A table is rebuilt (x1.4
+ * when growing) when live + tombstones pass 7/8 of its slots, to 5/8, so
+ * the load stays in [0.625, 0.875]: ~21 bytes per key.
  * The holder word keeps up to 4 holders inline, 16 bits each (worker id:12,
  * tier mask:4), slot 0 first; a key held by <= 4 workers costs nothing more.
  * A 5th holder spills the set to a `wset`: one word per tier for each group
@@ -340,6 +341,8 @@ static unsigned ebr_pin(kvp_index *ix) {
       _Atomic uint64_t *slot = &ix->slots[i].epoch;
       uint64_t e = atomic_load_explicit(&ix->epoch, memory_order_relaxed);
       uint64_t free_ = 0;
+      /* seq_cst CAS: pairs with the slot loads of ebr_advance; it continues
+       * the release sequence of the unpin store that freed the slot */
       if (atomic_load_explicit(slot, memory_order_relaxed) != 0 ||
           !atomic_compare_exchange_strong_explicit(
               slot, &free_, e, memory_order_seq_cst, memory_order_relaxed))
@@ -363,6 +366,7 @@ static void ebr_unpin(kvp_index *ix, unsigned i) {
 
 /* Moves the global epoch on if every pinned reader has seen it. */
 static void ebr_advance(kvp_index *ix) {
+  /* seq_cst: pairs with the pin's re-read of the epoch */
   uint64_t g = atomic_load_explicit(&ix->epoch, memory_order_seq_cst);
   for (unsigned i = 0; i < EBR_SLOTS; i++) {
     /* seq_cst: pairs with the pin CAS/exchange and the unpin release */
@@ -371,6 +375,8 @@ static void ebr_advance(kvp_index *ix) {
     if (e != 0 && e != g)
       return;
   }
+  /* seq_cst (a release): pairs with the acquire in ebr_safe and with the
+   * pin's seq_cst re-read of the epoch */
   atomic_compare_exchange_strong_explicit(
       &ix->epoch, &g, g + 1, memory_order_seq_cst, memory_order_relaxed);
 }
@@ -468,12 +474,11 @@ static inline bool tab_full(const ktab *t, uint64_t adding) {
 }
 
 /* Which slots of a bucket hold fp, are free (empty or dead), are empty
- * (bit k = slot k),
- * computed without branching on the loaded values: a bucket still on its
- * way from memory then costs no mispredicted branch, which would throw away
- * the loads and prefetches issued after it.  No key sits after an empty
- * slot on its probe path (slots never become empty again), so a hit is
- * valid wherever the empty slots are. */
+ * (bit k = slot k), computed without branching on the loaded values: a
+ * bucket still on its way from memory then costs no mispredicted branch,
+ * which would throw away the loads and prefetches issued after it.  No key
+ * sits after an empty slot on its probe path (slot_kill empties only slots
+ * no path crosses), so a hit is valid wherever the empty slots are. */
 typedef struct bmask {
   unsigned hit, free, empty; /* free: empty or dead */
 } bmask;
@@ -501,6 +506,16 @@ static inline unsigned scan_hits(kslot *s, uint64_t fp) {
   uint64_t f1 = atomic_load_explicit(&s[1].fp, memory_order_acquire);
   uint64_t f2 = atomic_load_explicit(&s[2].fp, memory_order_acquire);
   uint64_t f3 = atomic_load_explicit(&s[3].fp, memory_order_acquire);
+  return (unsigned)(f0 == fp) | (unsigned)(f1 == fp) << 1 |
+         (unsigned)(f2 == fp) << 2 | (unsigned)(f3 == fp) << 3;
+}
+
+/* The writer's: its own stores need no ordering. */
+static inline unsigned scan_hits_relaxed(kslot *s, uint64_t fp) {
+  uint64_t f0 = atomic_load_explicit(&s[0].fp, memory_order_relaxed);
+  uint64_t f1 = atomic_load_explicit(&s[1].fp, memory_order_relaxed);
+  uint64_t f2 = atomic_load_explicit(&s[2].fp, memory_order_relaxed);
+  uint64_t f3 = atomic_load_explicit(&s[3].fp, memory_order_relaxed);
   return (unsigned)(f0 == fp) | (unsigned)(f1 == fp) << 1 |
          (unsigned)(f2 == fp) << 2 | (unsigned)(f3 == fp) << 3;
 }
@@ -565,9 +580,10 @@ static kslot *tab_find(ktab *t, uint64_t fp, uint64_t h, kslot **ins) {
   kslot *reuse = NULL;
   for (uint64_t n = 0; n < nb; n++) {
     kslot *s = &t->slots[b * BUCKET_SLOTS];
+    unsigned hit = scan_hits_relaxed(s, fp);
+    if (hit != 0)
+      return &s[ctz64(hit)];
     bmask m = bucket_scan(s, fp, memory_order_relaxed);
-    if (m.hit != 0)
-      return &s[ctz64(m.hit)];
     if (reuse == NULL && m.free != 0)
       reuse = &s[ctz64(m.free)]; /* the first one on the path */
     if (m.empty != 0) {
@@ -598,12 +614,33 @@ static void slot_claim(ktab *t, kslot *s, uint64_t fp, uint64_t val) {
   atomic_store_explicit(&s->fp, fp, memory_order_release);
 }
 
+static inline kslot *slot_step(ktab *t, kslot *s, int dir) {
+  uint64_t n = t->nbuckets * BUCKET_SLOTS, i = (uint64_t)(s - t->slots);
+  return &t->slots[dir > 0 ? (i + 1) % n : (i + n - 1) % n];
+}
+
+/* A key leaves.  No key sits past an empty slot on its probe path, so a
+ * slot followed by an empty one is on nobody's path: it becomes empty, and
+ * so do the dead slots just before it.  Churn then does not fill the table
+ * with tombstones (each rebuild to purge them moves the whole shard). */
 static void slot_kill(ktab *t, kslot *s) {
   slot_set(s, 0);
-  /* release: pairs with the acquire of fp in probe_once */
-  atomic_store_explicit(&s->fp, FP_TOMB, memory_order_release);
   t->live--;
-  t->tomb++;
+  if (atomic_load_explicit(&slot_step(t, s, 1)->fp, memory_order_relaxed) !=
+      FP_EMPTY) {
+    /* release: pairs with the acquire of fp in probe_once */
+    atomic_store_explicit(&s->fp, FP_TOMB, memory_order_release);
+    t->tomb++;
+    return;
+  }
+  /* release (here and below): pairs with the acquire of fp in probe_once */
+  atomic_store_explicit(&s->fp, FP_EMPTY, memory_order_release);
+  for (kslot *p = slot_step(t, s, -1);
+       atomic_load_explicit(&p->fp, memory_order_relaxed) == FP_TOMB;
+       p = slot_step(t, p, -1)) {
+    atomic_store_explicit(&p->fp, FP_EMPTY, memory_order_release);
+    t->tomb--;
+  }
 }
 
 static void geometry_note(shard *sh, const ktab *t) {
@@ -755,6 +792,12 @@ static int spill(kvp_index *ix, const uint16_t *sl, const upd *u,
 }
 
 static int inl_update(kvp_index *ix, uint64_t p, upd *u, uint64_t *out) {
+  if (p == 0) { /* a new key: the common case of ingest */
+    u->old_mask = 0;
+    u->new_mask = u->add & ~u->del & 0xFu;
+    *out = u->new_mask ? (uint64_t)(u->worker << 4 | u->new_mask) : 0;
+    return 0;
+  }
   uint16_t sl[INLINE_MAX];
   unsigned n = 0, at = INLINE_MAX;
   for (; n < INLINE_MAX && (in_slot(p, n) & 0xFu); n++) {
@@ -865,6 +908,7 @@ static uint32_t mask_of(uint64_t p, uint32_t w) {
     return 0;
   }
   wset *ws = (wset *)(uintptr_t)p;
+  /* acquire: pairs with the release in wset_add_group */
   uint32_t ng = atomic_load_explicit(&ws->ngroups, memory_order_acquire);
   int gi = wset_find(ws, ng, w >> 6);
   return gi < 0 ? 0 : group_mask(&ws->g[gi], 1ull << (w & 63));
@@ -935,8 +979,8 @@ static int shard_update(kvp_index *ix, shard *sh, uint64_t fp, uint64_t h,
   return 0;
 }
 
-static int key_update(kvp_index *ix, uint64_t fp, upd *u, acc *a) {
-  uint64_t h = mix64(fp);
+static int key_update_h(kvp_index *ix, uint64_t fp, uint64_t h, upd *u,
+                        acc *a) {
   shard *sh = shard_of(ix, h);
   kvp__spin_lock(&sh->lock);
   int rc = shard_update(ix, sh, fp, h, u, a);
@@ -944,7 +988,12 @@ static int key_update(kvp_index *ix, uint64_t fp, upd *u, acc *a) {
   return rc;
 }
 
-static void prefetch_key(kvp_index *ix, uint64_t fp) {
+static int key_update(kvp_index *ix, uint64_t fp, upd *u, acc *a) {
+  return key_update_h(ix, fp, mix64(fp), u, a);
+}
+
+/* Prefetches fp's bucket pair for writing; returns fp's hash. */
+static uint64_t prefetch_key(kvp_index *ix, uint64_t fp) {
   uint64_t h = mix64(fp);
   shard *sh = shard_of(ix, h);
   kslot *s = atomic_load_explicit(&sh->pf_slots, memory_order_relaxed);
@@ -952,18 +1001,21 @@ static void prefetch_key(kvp_index *ix, uint64_t fp) {
   kslot *b = s + bucket_of(h, nb) * BUCKET_SLOTS;
   __builtin_prefetch(b, 1, 3);
   __builtin_prefetch(b + BUCKET_SLOTS, 1, 3); /* past the end: harmless */
+  return h;
 }
 
 /* An event's keys, with the next buckets prefetched while one is updated. */
 static int apply_keys(kvp_index *ix, uint32_t w, uint32_t add, uint32_t del,
                       const kvp_key *keys, size_t n, acc *a) {
+  uint64_t hs[PF_DIST]; /* the hashes computed for the prefetches */
   for (size_t i = 0; i < n && i < PF_DIST; i++)
-    prefetch_key(ix, fp_of(keys[i]));
+    hs[i] = prefetch_key(ix, fp_of(keys[i]));
   for (size_t i = 0; i < n; i++) {
+    uint64_t h = hs[i % PF_DIST];
     if (i + PF_DIST < n)
-      prefetch_key(ix, fp_of(keys[i + PF_DIST]));
+      hs[i % PF_DIST] = prefetch_key(ix, fp_of(keys[i + PF_DIST]));
     upd u = {.worker = w, .add = add, .del = del};
-    int rc = key_update(ix, fp_of(keys[i]), &u, a);
+    int rc = key_update_h(ix, fp_of(keys[i]), h, &u, a);
     if (rc < 0)
       return rc;
   }
@@ -2098,9 +2150,10 @@ int kvp__index_verify(kvp_index *ix) {
   for (unsigned i = 0; !v.bad && i < SHARDS; i++) {
     shard *sh = &ix->shards[i];
     ktab *t = atomic_load_explicit(&sh->tab, memory_order_relaxed);
-    uint64_t live = 0;
+    uint64_t live = 0, tomb = 0;
     for (uint64_t k = 0; k < t->nbuckets * BUCKET_SLOTS; k++) {
       uint64_t fp = atomic_load_explicit(&t->slots[k].fp, memory_order_relaxed);
+      tomb += fp == FP_TOMB;
       if (fp <= FP_TOMB)
         continue;
       live++;
@@ -2108,7 +2161,7 @@ int kvp__index_verify(kvp_index *ix) {
                   atomic_load_explicit(&t->slots[k].val, memory_order_relaxed),
                   &v);
     }
-    if (live != t->live || live != LOAD_(sh->keys))
+    if (live != t->live || live != LOAD_(sh->keys) || tomb != t->tomb)
       v.bad = 1,
       KVP_LOGE("index", "shard %u: %llu keys, counted %llu", i,
                (unsigned long long)live, (unsigned long long)t->live);
