@@ -80,6 +80,10 @@ typedef struct hash_job {
   const kvp_segment_mark *marks;
   size_t n_marks;
   uint64_t session;
+  /* sets tokens/n/session for the next request, outside the timed region */
+  void (*next)(struct hash_job *j, int rep);
+  uint32_t *scratch; /* next()'s prompt buffer, o.tokens long */
+  size_t max_tokens;
 } hash_job;
 
 static void run_kvplane(void *arg) {
@@ -101,7 +105,9 @@ static split_times time_classify(hash_job *j, int reps) {
   int rc = kvp_hist_create(NULL, &hh);
   if (rc < 0 || (rc = kvp_hist_create(NULL, &hc)) < 0)
     die("histogram", rc);
+  uint64_t blocks = 0;
   for (int i = -(reps / 10 + 1); i < reps; i++) {
+    j->next(j, i);
     size_t tail;
     uint64_t t0 = kvp_now_ns();
     int nb = kvp_hasher_hash(j->h, j->tokens, j->n, NULL, j->keys, j->cap, &tail);
@@ -109,8 +115,7 @@ static split_times time_classify(hash_job *j, int reps) {
     if (nb < 0)
       die("kvp_hasher_hash", nb);
     kvp_classification c;
-    /* 8 sessions share the prompt, as tenants' agents share system + tools */
-    rc = kvp_stability_observe(j->stab, j->session++ % 8, j->keys, (size_t)nb,
+    rc = kvp_stability_observe(j->stab, j->session, j->keys, (size_t)nb,
                                kvp_hasher_block_size(j->h), tail, j->marks,
                                j->n_marks, &c);
     uint64_t t2 = kvp_now_ns();
@@ -119,13 +124,60 @@ static split_times time_classify(hash_job *j, int reps) {
     if (i >= 0) { /* negative i: warm-up */
       kvp_hist_record(hh, t1 - t0);
       kvp_hist_record(hc, t2 - t1);
+      blocks += (uint64_t)nb;
     }
   }
-  split_times t = {(double)kvp_hist_quantile(hh, 0.5),
-                   (double)kvp_hist_quantile(hc, 0.5)};
+  /* medians per request, scaled to the mean request size */
+  double per = (double)blocks / (double)reps;
+  split_times t = {(double)kvp_hist_quantile(hh, 0.5) / per,
+                   (double)kvp_hist_quantile(hc, 0.5) / per};
   kvp_hist_destroy(hh);
   kvp_hist_destroy(hc);
   return t;
+}
+
+/* Scenarios.  resend: one prompt re-sent by 8 sessions that share it (the
+ * tenant's agents re-sending system + tools + context).  multiturn: 64
+ * sessions share a 4K-token system+tools prefix; each turn re-sends the
+ * session's previous prompt plus 512 new tokens, from 16K up to the prompt
+ * size, then the session is replaced by a new one.  cold: every request is
+ * a fresh prompt (first sightings only, inserts and evictions). */
+static uint32_t token_at(uint64_t stream, uint64_t i) {
+  uint64_t z = stream * 0x9E3779B97F4A7C15ull + i * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 31)) * 0x94D049BB133111EBull;
+  return (uint32_t)((z ^ (z >> 29)) % 128256);
+}
+
+static void next_resend(hash_job *j, int rep) {
+  (void)rep;
+  j->session = j->session % 8 + 1;
+}
+
+static void next_multiturn(hash_job *j, int rep) {
+  static uint64_t turn[64], gen[64], calls;
+  (void)rep;
+  uint32_t s = (uint32_t)(calls++ % 64);
+  size_t len = 16384 + 512 * (size_t)turn[s]++;
+  if (len > j->max_tokens) { /* conversation over: a new session takes it */
+    gen[s]++;
+    turn[s] = 1;
+    len = 16384;
+  }
+  for (size_t i = 0; i < len; i++)
+    j->scratch[i] = i < 4096 ? token_at(0, i) : token_at(1 + s + 64 * gen[s], i);
+  j->tokens = j->scratch;
+  j->n = len;
+  j->session = 1000000 + (uint64_t)s + 64 * gen[s]; /* one per conversation */
+}
+
+static void next_cold(hash_job *j, int rep) {
+  static uint64_t stream = 1u << 20;
+  for (size_t i = 0; i < j->max_tokens; i++)
+    j->scratch[i] = token_at(stream, i);
+  stream++;
+  j->tokens = j->scratch;
+  j->n = j->max_tokens;
+  j->session = (uint64_t)rep + (1ull << 40);
 }
 
 /* ---- straightforward reference: a fresh buffer per block, then hash -------- */
@@ -423,19 +475,36 @@ int main(int argc, char **argv) {
       {2 * q, 4 * q, KVP_ROLE_DOCUMENTS, KVP_CLASS_AUTO, {0}},
       {6 * q, 8 * q, KVP_ROLE_HISTORY, KVP_CLASS_AUTO, {0}},
       {14 * q, 2 * q, KVP_ROLE_USER, KVP_CLASS_AUTO, {0}}};
+  uint32_t *scratch = malloc(o.tokens * sizeof *scratch);
+  if (scratch == NULL)
+    die("malloc", KVP_ENOMEM);
   hash_job j = {.h = h, .tokens = tokens, .n = o.tokens, .keys = keys, .cap = nb,
-                .stab = st};
+                .stab = st, .next = next_resend, .scratch = scratch,
+                .max_tokens = o.tokens};
   split_times learn = time_classify(&j, o.reps);
   j.marks = marks;
   j.n_marks = sizeof marks / sizeof marks[0];
   split_times mk = time_classify(&j, o.reps);
+  j.marks = NULL;
+  j.n_marks = 0;
+  j.next = next_multiturn;
+  split_times multi = time_classify(&j, o.reps);
+  j.next = next_cold;
+  split_times cold = time_classify(&j, o.quick ? o.reps : o.reps / 3 + 1);
+  free(scratch);
   double learn_ovh = learn.classify_ns / learn.hash_ns;
-  printf("\nsegmentation + classification, timed interleaved with xxh3_128 hashing:\n");
-  printf("  hashing                 %8.2f ns/block\n", learn.hash_ns / (double)nb);
-  printf("  learned classification  %8.2f ns/block  (+%.1f%% of hashing)\n",
-         learn.classify_ns / (double)nb, 100.0 * learn_ovh);
-  printf("  marks + classification  %8.2f ns/block  (+%.1f%% of hashing)\n",
-         mk.classify_ns / (double)nb, 100.0 * mk.classify_ns / mk.hash_ns);
+  double multi_ovh = multi.classify_ns / multi.hash_ns;
+  printf("\nsegmentation + classification, timed interleaved with xxh3_128 hashing\n"
+         "(ns per block; %% = classification time over hashing time):\n");
+  printf("  %-34s %7s %9s %9s\n", "scenario", "hash", "classify", "overhead");
+  printf("  %-34s %7.2f %9.2f %8.1f%%\n", "re-sent prompt, learned",
+         learn.hash_ns, learn.classify_ns, 100.0 * learn_ovh);
+  printf("  %-34s %7.2f %9.2f %8.1f%%\n", "re-sent prompt, with 5 marks", mk.hash_ns,
+         mk.classify_ns, 100.0 * mk.classify_ns / mk.hash_ns);
+  printf("  %-34s %7.2f %9.2f %8.1f%%\n", "multi-turn (+512 tokens a turn)",
+         multi.hash_ns, multi.classify_ns, 100.0 * multi_ovh);
+  printf("  %-34s %7.2f %9.2f %8.1f%%\n", "cold (every block a first sighting)",
+         cold.hash_ns, cold.classify_ns, 100.0 * cold.classify_ns / cold.hash_ns);
   kvp_stability_destroy(st);
   kvp_hasher_destroy(h);
 
@@ -445,7 +514,9 @@ int main(int argc, char **argv) {
            res[0].ns_block <= 10.0 ? "met" : "MISSED",
            res[2].py_ns_block < 0 ? "not measured"
            : res[2].py_ns_block / res[2].ns_block >= 15.0 ? "met" : "MISSED",
-           learn_ovh <= 0.20 ? "met" : "MISSED");
+           learn_ovh <= 0.20 && multi_ovh <= 0.20 ? "met (re-sent and multi-turn; "
+                                                    "cold first sightings are not)"
+                                                  : "MISSED");
   }
   printf("\nall implementations agree: %s\n", all_ok ? "yes" : "NO");
   free(tokens);

@@ -320,6 +320,7 @@ struct kvp_hasher {
   uint8_t *buf;
   size_t cap, pos;
   bool streaming, failed;
+  bool fast16; /* xxh3_80 verified against XXH3_128bits at create */
 };
 
 static void sink_begin(kvp_hasher *h) {
@@ -561,11 +562,58 @@ xxh3_run(kvp_hasher *h, kvp__cursor *cur, const uint32_t *tok, size_t n,
   cur->start += (uint64_t)n * bs;
 }
 
+/* XXH3_128bits(parent || 64 token bytes), bit-exact with XXH3's 17..128-byte
+ * path for len 80, read from two places: the parent from registers, the
+ * tokens from the caller's array (no copy, no store-to-load of the key). */
+static inline XXH128_hash_t xxh3_80(const uint8_t par[16], const uint8_t *tk) {
+  const uint8_t *sec = XXH3_kSecret;
+  XXH128_hash_t acc = {80 * XXH_PRIME64_1, 0};
+  acc = XXH128_mix32B(acc, tk + 16, tk + 16, sec + 64, 0);
+  acc = XXH128_mix32B(acc, tk, tk + 32, sec + 32, 0);
+  acc = XXH128_mix32B(acc, par, tk + 48, sec, 0);
+  XXH128_hash_t r;
+  r.low64 = XXH3_avalanche(acc.low64 + acc.high64);
+  r.high64 = 0 - XXH3_avalanche(acc.low64 * XXH_PRIME64_1 +
+                                acc.high64 * XXH_PRIME64_4 + 80 * XXH_PRIME64_2);
+  return r;
+}
+
+/* xxh3_80 re-expresses xxHash internals (XXH128_mix32B, XXH3_avalanche,
+ * the default secret): verify it against the library's own XXH3_128bits at
+ * create, so a different xxHash release degrades to the generic path instead
+ * of changing keys. */
+static bool xxh3_80_selftest(void) {
+  uint8_t in[80];
+  for (unsigned i = 0; i < sizeof in; i++)
+    in[i] = (uint8_t)(i * 151u + 7u);
+  XXH128_hash_t want = XXH3_128bits(in, sizeof in);
+  XXH128_hash_t got = xxh3_80(in, in + 16);
+  return want.low64 == got.low64 && want.high64 == got.high64;
+}
+
+static void xxh3_run16(kvp__cursor *cur, const uint32_t *tok, size_t n,
+                       kvp_key *keys, uint8_t *digests) {
+  kvp_key k = key_from(cur->parent);
+  for (size_t i = 0; i < n; i++) {
+    uint8_t par[16];
+    key_bytes(k, par);
+    XXH128_hash_t r = xxh3_80(par, (const uint8_t *)(tok + i * 16));
+    k = (kvp_key){r.high64, r.low64};
+    keys[i] = k;
+    if (digests != NULL)
+      key_bytes(k, digests + 16 * i);
+  }
+  key_bytes(k, cur->parent);
+  cur->start += (uint64_t)n * 16;
+}
+
 __attribute__((flatten)) static void xxh3_plain(kvp_hasher *h, kvp__cursor *cur,
                                                 const uint32_t *tok, size_t n,
                                                 kvp_key *keys,
                                                 uint8_t *digests) {
-  if (h->block_size == 16)
+  if (h->fast16)
+    xxh3_run16(cur, tok, n, keys, digests);
+  else if (h->block_size == 16)
     xxh3_run(h, cur, tok, n, keys, digests, 16);
   else
     xxh3_run(h, cur, tok, n, keys, digests, h->block_size);
@@ -698,6 +746,12 @@ int kvp_hasher_create(const kvp_namespace *ns, const kvp_hasher_opts *opts,
   rc = root_init(h, ns, o.python_hash_seed);
   if (rc < 0)
     goto fail_backend;
+  if (h->algo == KVP_HASH_XXH3_128 && h->block_size == 16 && host_le) {
+    h->fast16 = xxh3_80_selftest();
+    if (!h->fast16)
+      KVP_LOGW(LOG_MOD, "xxh3 fast path disagrees with this xxHash build; "
+               "using the generic path (same keys, slower)");
+  }
   *out = h;
   return 0;
 fail_backend:

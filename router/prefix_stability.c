@@ -5,7 +5,8 @@
  * Classifier.  One open-addressing table (linear probing, power-of-two slots
  * >= capacity / 0.75, backward-shift deletion, no tombstones) of 16-byte
  * entries keyed by the block key's 64-bit fingerprint `lo`:
- *   meta     = tag (fingerprint bits 0..53; bit 9 set) | flags | sightings
+ *   meta     = tag (fingerprint bits 0..49; bit 13 set) | stamp | flags |
+ *              sightings
  *   sessions = 64-bit sketch, one bit per hash(session) % 64
  * A block's class is read from its entry BEFORE this sighting is learned:
  * stable once the sketch's linear-counting estimate -64 ln(1 - k/64) of k set
@@ -21,7 +22,7 @@
  *     slot (backward shift keeps this on delete, so no tombstones), and no
  *     tag is stored twice (kvp__stability_check verifies all three);
  *   - memory is allocated once, at create; observe never allocates.
- * Only `lo` is looked at, and only its low 54 bits are stored: two keys with
+ * Only `lo` is looked at, and only its low 50 bits are stored: two keys with
  * the same tag share an entry and may be mis-classified, which costs at most
  * a retention or routing preference.  Nothing here ever returns KV bytes, so a
  * fingerprint collision can never serve the wrong KV (tiers check all 128
@@ -32,6 +33,35 @@
  * between one cache line and three per block.  A new key enters referenced,
  * so it lives at least until the hand has passed it twice: long enough, at
  * any realistic capacity, for another session to send it again.
+ *
+ * Fast path: a request re-sending what its session sent before.  Chained keys
+ * nest: a request holding block i holds every block < i, so along a chain
+ * the sketch only loses bits, sightings only go down, and "settled" (this
+ * session's bit set and sightings saturated: learning it again changes
+ * nothing but the reference bit) is true on a prefix [0, b) and false after.
+ * Same for stable.  So observe binary-searches b and the stable boundary
+ * (O(log n) probes, read-only) and runs the per-block path on [b, n) only:
+ * in multi-turn traffic, the new turn.  Exact when the prefix's entries are
+ * all still there -- which untouched entries need not be, CLOCK being driven
+ * by touches.  Hence the stamp: every touch writes the current epoch (a
+ * quarter revolution of the CLOCK hand; every write of one request uses the
+ * epoch it started in), so an entry stamped e proves that its whole prefix
+ * was touched since epoch e began (the per-block path touches all of it, or
+ * the fast path ran under a prefix proving the same).  The fast path runs
+ * only when block b-1's stamp is the current epoch: then the hand has moved
+ * less than a quarter of the table since [0, b) was touched, and CLOCK needs a
+ * full revolution after a touch to evict non-forcibly.  Otherwise (and for
+ * short requests, and on any sign of a missing entry) the per-block path runs
+ * over the whole request and re-stamps it: a chain sent at least every three
+ * epochs is re-walked before CLOCK can take anything from it, and what a
+ * forced eviction (the bounded sweep) took from the middle of a prefix is
+ * re-learned at the chain's first request of the next epoch.  Until then the
+ * fast path can only report what the block at b-1 proves for all blocks
+ * before it: never more reusable than a table that had forgotten nothing (see
+ * prefix.h).  The binary search needs the table nested along chains again
+ * after such a re-learning, so the per-block walk restores it: when block i's
+ * entry holds a session or sightings that block i-1's lacks, i-1 inherits
+ * them (true of i-1: every request with key i held key i-1).
  *
  * Drift.  Compares two turns' chains for the first differing block, then finds
  * which of the previous turn's later blocks still occur anywhere in the new
@@ -113,17 +143,29 @@ static uint8_t mark_class(const kvp_segment_mark *m) {
 }
 
 /* ---- classifier table --------------------------------------------------- */
-#define SIGHT_MASK 0x7Full   /* bits 0..6: saturating sightings, 0..127 */
-#define REF_BIT 0x80ull      /* bit 7: CLOCK reference bit */
-#define STABLE_BIT 0x100ull  /* bit 8: the sketch reached stable_sessions */
-#define TAG_MASK (~0x1FFull) /* bits 9..63: the tag */
-#define TAG_ONE 0x200ull
+#define SIGHT_MASK 0x7Full    /* bits 0..6: saturating sightings, 0..127 */
+#define REF_BIT 0x80ull       /* bit 7: CLOCK reference bit */
+#define STABLE_BIT 0x100ull   /* bit 8: the sketch reached stable_sessions */
+#define STAMP_SHIFT 9         /* bits 9..12: epoch of the last touch, mod 16 */
+#define STAMP_MASK 0x1E00ull
+#define EPOCHS 16u
+#define TAG_MASK (~0x1FFFull) /* bits 13..63: the tag */
+#define TAG_ONE 0x2000ull
+#define FAST_MIN 32u /* blocks: below, two probes are a good part of the walk */
 #define FIB 0x9E3779B97F4A7C15ull
 #define CHUNK 256u  /* blocks per coverage bitmap (on the stack) */
 #define PREFETCH 8u /* blocks ahead (8..32 measured alike on a cold table) */
 #define CLOCK_SWEEP 256u /* slots the CLOCK hand clears per eviction, at most */
 #define SEMI_REPEATS_MAX (SIGHT_MASK + 1)
 #define STABLE_SESSIONS_MAX 256u /* the 64-bit sketch saturates near 266 */
+
+#if defined(__GNUC__) || defined(__clang__)
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#define NOINLINE __attribute__((noinline))
+#else
+#define ALWAYS_INLINE inline
+#define NOINLINE
+#endif
 
 typedef struct entry {
   uint64_t meta;
@@ -138,15 +180,21 @@ struct kvp_stability {
   size_t size;    /* entries in use, <= capacity */
   size_t capacity;
   size_t hand;          /* CLOCK hand */
+  uint64_t swept;       /* slots the hand has ever moved: the clock of stamps */
+  unsigned epoch_shift; /* log2(slots / 4): swept >> it = epoch */
+  uint64_t stamp;       /* this call's epoch, in meta position */
   uint32_t stable_bits; /* sketch bits set for stable: 1..64 */
   uint32_t semi_seen;   /* sightings before this call for semi: 1..127 */
+  bool fast;            /* the fast path is allowed (tests turn it off) */
+  uint64_t fast_calls;  /* observes served by it (tests) */
   kvp_allocator alloc;
 };
 
-/* The fingerprint's low 54 bits above the flags, bit 9 forced on so that a
- * tag is never 0 (0 = empty slot).  A false match per probe: ~2^-54.  Low
- * bits rather than high: structured fingerprints (counters) differ there. */
-static inline uint64_t tag_of(uint64_t fp) { return (fp << 10) | TAG_ONE; }
+/* The fingerprint's low 50 bits above the flags and stamp, bit 13 forced on
+ * so that a tag is never 0 (0 = empty slot).  A false match per probe:
+ * ~2^-50.  Low bits rather than high: structured fingerprints (counters)
+ * differ there. */
+static inline uint64_t tag_of(uint64_t fp) { return (fp << 14) | TAG_ONE; }
 
 /* The home slot depends on the stored tag only, so deletion can recompute it.
  * Multiplying spreads structured fingerprints (test keys, counters). */
@@ -236,12 +284,14 @@ static void clock_evict(kvp_stability *s) {
     }
     e->meta &= ~REF_BIT;
     s->hand = (s->hand + 1) & s->mask;
+    s->swept++;
   }
 }
 
 /* First sighting of a key: it enters referenced, so the hand gives it one
  * sweep to be seen again.  `slot` is the empty slot its probe ended on. */
-static void insert(kvp_stability *s, uint64_t tag, uint64_t bit, size_t slot) {
+static entry *insert(kvp_stability *s, uint64_t tag, uint64_t bit,
+                     size_t slot) {
   if (s->size == s->capacity) {
     clock_evict(s);
     slot = home_of(tag, s->shift); /* the shift may have opened a nearer slot */
@@ -249,8 +299,9 @@ static void insert(kvp_stability *s, uint64_t tag, uint64_t bit, size_t slot) {
       slot = (slot + 1) & s->mask;
   }
   uint64_t stable = s->stable_bits <= 1 ? STABLE_BIT : 0;
-  s->slots[slot] = (entry){tag | stable | REF_BIT | 1u, bit};
+  s->slots[slot] = (entry){tag | s->stamp | stable | REF_BIT | 1u, bit};
   s->size++;
+  return &s->slots[slot];
 }
 
 /* A session new to this key (at most 64 times per key): the sketch grows and
@@ -274,40 +325,72 @@ typedef struct probe_ctx {
   unsigned shift;     /* home_of's shift less log2(sizeof(entry)) */
   uint32_t semi_seen; /* as in kvp_stability */
   uint64_t bit;       /* this session's sketch bit */
+  uint64_t touch;     /* REF_BIT | this call's stamp */
 } probe_ctx;
 
 static inline size_t home_off(const probe_ctx *p, uint64_t tag) {
   return (size_t)((tag * FIB) >> p->shift) & ~(sizeof(entry) - 1);
 }
 
+/* The previous block's entry in a walk and what it holds after this call's
+ * learning (kept in registers: comparing needs no load).  {NULL, ~0, ~0}
+ * before the first block: it lacks nothing. */
+typedef struct link {
+  entry *e;
+  uint64_t sessions, seen;
+} link;
+
 /* The rest of a probe whose home slot held another key: walks the run, and
- * inserts the key at its end if absent (then returns NULL).  Out of line:
- * the per-block path stays straight for the common hit at home. */
-static entry *probe_on(kvp_stability *s, const probe_ctx *p, uint64_t tag,
-                       size_t off) {
+ * inserts the key at its end if absent.  Returns the entry, its address + 1
+ * if it was just inserted (entries are 16-byte aligned).  Out of line: the
+ * per-block path stays straight for the common hit at home. */
+#define ADDED ((uintptr_t)1)
+static uintptr_t probe_on(kvp_stability *s, const probe_ctx *p, uint64_t tag,
+                          size_t off) {
   for (;;) {
     entry *e = (entry *)(p->base + off);
     if ((e->meta & TAG_MASK) == tag)
-      return e;
-    if (e->meta == 0) {
-      insert(s, tag, p->bit, off / sizeof(entry));
-      return NULL;
-    }
+      return (uintptr_t)e;
+    if (e->meta == 0)
+      return (uintptr_t)insert(s, tag, p->bit, off / sizeof(entry)) | ADDED;
     off = (off + sizeof(entry)) & p->off_mask;
   }
+}
+
+/* Restores nesting between the entries of consecutive blocks of a chain:
+ * every request that held block i's key held block i-1's, so what i's entry
+ * proves (sessions, sightings, hence stable) is true of i-1.  A pair out of
+ * order means i-1 was evicted and is being re-learned (or a fingerprint
+ * collided); the fast path's binary search needs the order back. */
+static NOINLINE void inherit(const kvp_stability *s, entry *prev,
+                             const entry *e) {
+  uint64_t m = prev->meta, seen = m & SIGHT_MASK;
+  if ((e->meta & SIGHT_MASK) > seen)
+    seen = e->meta & SIGHT_MASK;
+  prev->sessions |= e->sessions;
+  m = (m & ~SIGHT_MASK) | seen;
+  if ((uint32_t)__builtin_popcountll(prev->sessions) >= s->stable_bits)
+    m |= STABLE_BIT;
+  prev->meta = m;
 }
 
 /* The learned class of one block from what was known before this sighting,
  * then this sighting learned; off is the tag's home slot.  One probe,
  * normally one cache line.  Sightings saturate at semi_seen: counting further
- * would change nothing. */
-static inline uint8_t learn_one(kvp_stability *s, const probe_ctx *p,
-                                uint64_t tag, size_t off) {
+ * would change nothing.  *lk is the previous block's entry and becomes this
+ * one's.  Only a hit uses its pointer: nothing moved since it was set (an
+ * insert may move entries, but a new entry, holding this session alone,
+ * proves nothing its predecessor lacks: this call just learned it there). */
+static ALWAYS_INLINE uint8_t learn_one(kvp_stability *s, const probe_ctx *p,
+                                       uint64_t tag, size_t off, link *lk) {
   entry *e = (entry *)(p->base + off);
   if (KVP_UNLIKELY((e->meta & TAG_MASK) != tag)) {
-    e = probe_on(s, p, tag, off);
-    if (e == NULL)
-      return KVP_CLASS_VOLATILE; /* first sighting */
+    uintptr_t r = probe_on(s, p, tag, off);
+    e = (entry *)(r & ~ADDED);
+    if (r & ADDED) { /* first sighting */
+      *lk = (link){e, p->bit, 1};
+      return KVP_CLASS_VOLATILE;
+    }
   }
   uint64_t m = e->meta, sess = e->sessions;
   uint32_t seen = (uint32_t)(m & SIGHT_MASK);
@@ -316,7 +399,12 @@ static inline uint8_t learn_one(kvp_stability *s, const probe_ctx *p,
     c = KVP_CLASS_STABLE;
   if (KVP_UNLIKELY((sess & p->bit) == 0))
     m = add_session(s, e, m, p->bit);
-  e->meta = (m | REF_BIT) + (seen < p->semi_seen);
+  m = ((m & ~STAMP_MASK) | p->touch) + (seen < p->semi_seen);
+  e->meta = m;
+  uint64_t now_sess = sess | p->bit, now_seen = m & SIGHT_MASK;
+  if (KVP_UNLIKELY(((now_sess & ~lk->sessions) | (now_seen > lk->seen)) != 0))
+    inherit(s, lk->e, e);
+  *lk = (link){e, now_sess, now_seen};
   return c;
 }
 
@@ -338,12 +426,6 @@ static inline void walk_step(walk *w, uint8_t c, size_t b) {
   w->run = c;
 }
 
-#if defined(__GNUC__) || defined(__clang__)
-#define ALWAYS_INLINE inline __attribute__((always_inline))
-#else
-#define ALWAYS_INLINE inline
-#endif
-
 /* How a run of blocks meets the marks: none cover it (learned classes
  * count), all do (learned classes are ignored: only learning happens), or
  * some do (a coverage bitmap says which). */
@@ -355,10 +437,10 @@ typedef enum cover { COVER_NONE, COVER_ALL, COVER_SOME } cover;
  * never lowers the minimum (the marks' own classes enter through the plan,
  * at the block where each mark starts). */
 static ALWAYS_INLINE walk walk_one(kvp_stability *s, const probe_ctx *p,
-                                   uint64_t fp, size_t off, size_t i,
+                                   link *lk, uint64_t fp, size_t off, size_t i,
                                    cover how, const uint64_t *cov, size_t base,
                                    walk w) {
-  uint8_t c = learn_one(s, p, tag_of(fp), off);
+  uint8_t c = learn_one(s, p, tag_of(fp), off, lk);
   if (how == COVER_ALL)
     return w;
   if (how == COVER_SOME)
@@ -372,13 +454,14 @@ static ALWAYS_INLINE walk walk_one(kvp_stability *s, const probe_ctx *p,
  * PREFETCH blocks ahead, prefetched, and kept in a ring until their block
  * comes up; the request's last PREFETCH blocks take a second loop, so the
  * first needs no bounds test. */
-static ALWAYS_INLINE walk walk_blocks(kvp_stability *s, const kvp_key *keys,
-                                      size_t n, size_t a, size_t b,
-                                      uint64_t bit, cover how,
+static ALWAYS_INLINE walk walk_blocks(kvp_stability *s, link *lk,
+                                      const kvp_key *keys, size_t n, size_t a,
+                                      size_t b, uint64_t bit, cover how,
                                       const uint64_t *cov, size_t base,
                                       walk w) {
+  link l = *lk;
   const probe_ctx p = {(char *)s->slots, s->mask * sizeof(entry),
-                       s->shift - 4u, s->semi_seen, bit};
+                       s->shift - 4u, s->semi_seen, bit, REF_BIT | s->stamp};
   _Static_assert(sizeof(entry) == 16, "shift - 4 is log2(sizeof(entry))");
   size_t ring[PREFETCH];
   for (size_t i = a; i < a + PREFETCH && i < n; i++)
@@ -389,10 +472,12 @@ static ALWAYS_INLINE walk walk_blocks(kvp_stability *s, const kvp_key *keys,
     size_t ahead = home_off(&p, tag_of(keys[i + PREFETCH].lo));
     ring[i % PREFETCH] = ahead;
     __builtin_prefetch(p.base + ahead, 1, 3); /* written: ask ownership */
-    w = walk_one(s, &p, keys[i].lo, off, i, how, cov, base, w);
+    w = walk_one(s, &p, &l, keys[i].lo, off, i, how, cov, base, w);
   }
   for (; i < b; i++)
-    w = walk_one(s, &p, keys[i].lo, ring[i % PREFETCH], i, how, cov, base, w);
+    w = walk_one(s, &p, &l, keys[i].lo, ring[i % PREFETCH], i, how, cov, base,
+                 w);
+  *lk = l;
   return w;
 }
 
@@ -479,29 +564,182 @@ static size_t apply_plan(const mark_plan *p, size_t a, size_t end, walk *w) {
   return next;
 }
 
-/* The walk with marks: chunk by chunk (the coverage bitmap lives on the
- * stack), each chunk split where the plan's caps start.  Adds the uncovered
- * blocks to *learned. */
-static walk walk_marked(kvp_stability *s, const kvp_key *keys, size_t n,
-                        uint64_t bit, const kvp_segment_mark *marks,
-                        size_t n_marks, uint32_t bs, size_t *learned, walk w) {
-  mark_plan plan = plan_marks(marks, n_marks, bs, n);
+/* The walk with marks over blocks [from, n): chunk by chunk (the coverage
+ * bitmap lives on the stack), each chunk split where the plan's caps start
+ * (caps starting before `from` are the caller's).  Adds the uncovered blocks
+ * to *learned. */
+static walk walk_marked(kvp_stability *s, link *lk, const kvp_key *keys,
+                        size_t n, size_t from, uint64_t bit,
+                        const mark_plan *pl,
+                        const kvp_segment_mark *marks, size_t n_marks,
+                        uint32_t bs, size_t *learned, walk w) {
+  const mark_plan plan = *pl;
   uint64_t cov[CHUNK / 64];
-  for (size_t c0 = 0; c0 < n; c0 += CHUNK) {
+  for (size_t c0 = from; c0 < n; c0 += CHUNK) {
     size_t len = n - c0 < CHUNK ? n - c0 : CHUNK, end = c0 + len;
     size_t covered = cover_chunk(marks, n_marks, bs, n, c0, len, cov);
     *learned += len - covered;
     for (size_t a = c0, b; a < end; a = b) {
       b = apply_plan(&plan, a, end, &w);
       if (covered == len)
-        w = walk_blocks(s, keys, n, a, b, bit, COVER_ALL, NULL, c0, w);
+        w = walk_blocks(s, lk, keys, n, a, b, bit, COVER_ALL, NULL, c0, w);
       else if (covered == 0)
-        w = walk_blocks(s, keys, n, a, b, bit, COVER_NONE, NULL, c0, w);
+        w = walk_blocks(s, lk, keys, n, a, b, bit, COVER_NONE, NULL, c0, w);
       else
-        w = walk_blocks(s, keys, n, a, b, bit, COVER_SOME, cov, c0, w);
+        w = walk_blocks(s, lk, keys, n, a, b, bit, COVER_SOME, cov, c0, w);
     }
   }
   return w;
+}
+
+/* ---- fast path ----------------------------------------------------------- */
+/* Read-only lookup; NULL if absent. */
+static entry *find(const kvp_stability *s, uint64_t fp) {
+  uint64_t tag = tag_of(fp);
+  for (size_t i = home_of(tag, s->shift);; i = (i + 1) & s->mask) {
+    entry *e = &s->slots[i];
+    if ((e->meta & TAG_MASK) == tag)
+      return e;
+    if (e->meta == 0)
+      return NULL;
+  }
+}
+
+/* Learning this block again would change nothing but its reference bit and
+ * stamp: this session's bit is set and the sightings are saturated. */
+static inline bool settled(const kvp_stability *s, const entry *e,
+                           uint64_t bit) {
+  return e != NULL && (e->sessions & bit) != 0 &&
+         (e->meta & SIGHT_MASK) >= s->semi_seen;
+}
+
+/* Where the fast path may start: blocks [0, b) settled, [b, n) to walk, and
+ * [0, stable_end) of them stable. */
+typedef struct fast_plan {
+  size_t b, stable_end;
+  entry *anchor; /* block b-1's entry */
+} fast_plan;
+
+/* First block of (lo, hi) where pred fails, given that it holds at lo and
+ * fails at hi (hi itself if it never fails in between); *last = the entry
+ * at the returned index - 1.  Binary search: pred is monotone along a chain
+ * whose entries are all present. */
+#define BSEARCH(s, keys, lo, hi, last, pred)                                   \
+  do {                                                                         \
+    while ((hi) - (lo) > 1) {                                                  \
+      size_t mid_ = (lo) + ((hi) - (lo)) / 2;                                  \
+      entry *e_ = find((s), (keys)[mid_].lo);                                  \
+      if (pred) {                                                              \
+        (lo) = mid_;                                                           \
+        (last) = e_;                                                           \
+      } else {                                                                 \
+        (hi) = mid_;                                                           \
+      }                                                                        \
+    }                                                                          \
+  } while (0)
+
+/* Finds b and the stable boundary by binary search, read-only but for block
+ * b-1's reference bit.  False when the per-block path must run over the whole
+ * request: nothing settled (b = 0), b-1 not touched in this epoch (its prefix
+ * may have lost entries to CLOCK), or a missing entry inside [0, b) seen on
+ * the way (a forced eviction: re-learn it now). */
+static bool plan_fast(kvp_stability *s, const kvp_key *keys, size_t n,
+                      uint64_t bit, fast_plan *fp) {
+  entry *anchor = find(s, keys[n - 1].lo), *first = NULL;
+  size_t lo = n - 1, hi = n;
+  if (!settled(s, anchor, bit)) {
+    first = find(s, keys[0].lo);
+    if (!settled(s, first, bit))
+      return false;
+    lo = 0, hi = n - 1, anchor = first;
+    BSEARCH(s, keys, lo, hi, anchor, settled(s, e_, bit));
+  }
+  if ((anchor->meta & STAMP_MASK) != s->stamp)
+    return false;
+  anchor->meta |= REF_BIT;
+  fp->anchor = anchor;
+  fp->b = hi;
+  fp->stable_end = hi;
+  if (anchor->meta & STABLE_BIT)
+    return true;
+  if (first == NULL && (first = find(s, keys[0].lo)) == NULL)
+    return false;
+  if (!(first->meta & STABLE_BIT)) {
+    fp->stable_end = 0;
+    return true;
+  }
+  /* stable at 0, not at b-1; a missing or unsettled entry in between is a
+   * hole in the prefix */
+  lo = 0, hi = fp->b - 1;
+  bool hole = false;
+  entry *unused = NULL;
+  BSEARCH(s, keys, lo, hi, unused,
+          (hole |= !settled(s, e_, bit), e_ && (e_->meta & STABLE_BIT)));
+  (void)unused;
+  fp->stable_end = hi;
+  return !hole;
+}
+
+/* The walk over the settled blocks [0, b) without probing them: learned
+ * class stable below stable_end, semi from there; marks cap as in the plan.
+ * Events applied in block order, as the per-block walk would meet them. */
+static walk walk_settled(const fast_plan *fp, const mark_plan *pl,
+                         const kvp_segment_mark *marks, size_t n_marks,
+                         uint32_t bs, size_t n, size_t *learned, walk w) {
+  size_t drop = fp->b; /* first uncovered block >= stable_end */
+  uint64_t cov[CHUNK / 64];
+  for (size_t c0 = 0; c0 < fp->b; c0 += CHUNK) {
+    size_t len = fp->b - c0 < CHUNK ? fp->b - c0 : CHUNK;
+    size_t covered = n_marks ? cover_chunk(marks, n_marks, bs, n, c0, len, cov)
+                             : 0;
+    *learned += len - covered;
+    for (size_t i = fp->stable_end > c0 ? fp->stable_end - c0 : 0;
+         drop == fp->b && i < len; i++)
+      if (covered == 0 || !((cov[i >> 6] >> (i & 63)) & 1u))
+        drop = c0 + i;
+  }
+  size_t at[3] = {drop, pl->semi_from, pl->vol_from};
+  uint8_t cls[3] = {KVP_CLASS_SEMI, KVP_CLASS_SEMI, KVP_CLASS_VOLATILE};
+  for (;;) { /* smallest event below b first */
+    int k = -1;
+    for (int j = 0; j < 3; j++)
+      if (at[j] < fp->b && (k < 0 || at[j] < at[k]))
+        k = j;
+    if (k < 0)
+      return w;
+    walk_step(&w, cls[k], at[k]);
+    at[k] = SIZE_MAX;
+  }
+}
+
+/* ---- internals for tests ------------------------------------------------- */
+void kvp__stability_set_fast(kvp_stability *s, bool on) { s->fast = on; }
+
+uint64_t kvp__stability_fast_calls(const kvp_stability *s) {
+  return s->fast_calls;
+}
+
+int kvp__stability_lookup(const kvp_stability *s, uint64_t fp,
+                          kvp__stability_entry *out) {
+  const entry *e = find(s, fp);
+  if (e == NULL)
+    return KVP_ENOENT;
+  *out = (kvp__stability_entry){e->sessions, (uint32_t)(e->meta & SIGHT_MASK),
+                                (e->meta & STABLE_BIT) != 0,
+                                (e->meta & REF_BIT) != 0};
+  return 0;
+}
+
+int kvp__stability_forget(kvp_stability *s, uint64_t fp) {
+  entry *e = find(s, fp);
+  if (e == NULL)
+    return KVP_ENOENT;
+  remove_at(s, (size_t)(e - s->slots));
+  return 0;
+}
+
+void kvp__stability_advance_epoch(kvp_stability *s) {
+  s->swept += (uint64_t)1 << s->epoch_shift;
 }
 
 /* ---- classifier API ------------------------------------------------------ */
@@ -559,8 +797,10 @@ int kvp_stability_create(const kvp_stability_opts *opts,
   s->mask = (size_t)slots - 1;
   s->shift = 64u - (unsigned)__builtin_ctzll(slots);
   s->capacity = (size_t)capacity;
+  s->epoch_shift = (unsigned)__builtin_ctzll(slots) - 2; /* slots >= 8 */
   s->stable_bits = bits_for_sessions(stable);
   s->semi_seen = semi - 1;
+  s->fast = true;
   *out = s;
   return 0;
 
@@ -603,15 +843,31 @@ int kvp_stability_observe(kvp_stability *s, uint64_t session,
   if (!observe_args_ok(s, keys, n_blocks, block_size, marks, n_marks, out))
     return KVP_EINVAL;
   uint64_t bit = 1ull << kvp__stability_session_bit(session);
+  s->stamp = ((s->swept >> s->epoch_shift) % EPOCHS) << STAMP_SHIFT;
   walk w = {n_blocks, n_blocks, KVP_CLASS_STABLE};
   size_t learned = 0;
+  fast_plan fp = {0, 0, NULL};
+  if (!s->fast || n_blocks < FAST_MIN ||
+      !plan_fast(s, keys, n_blocks, bit, &fp))
+    fp = (fast_plan){0, 0, NULL};
+  else
+    s->fast_calls++;
+  link lk = {NULL, ~0ull, ~0ull}; /* the walk from b goes on from b-1 */
+  if (fp.anchor != NULL)
+    lk = (link){fp.anchor, fp.anchor->sessions, fp.anchor->meta & SIGHT_MASK};
+  mark_plan plan = {SIZE_MAX, SIZE_MAX};
+  if (n_marks > 0)
+    plan = plan_marks(marks, n_marks, block_size, n_blocks);
+  if (fp.b > 0)
+    w = walk_settled(&fp, &plan, marks, n_marks, block_size, n_blocks, &learned,
+                     w);
   if (n_marks == 0) {
-    w = walk_blocks(s, keys, n_blocks, 0, n_blocks, bit, COVER_NONE, NULL, 0,
-                    w);
-    learned = n_blocks;
+    w = walk_blocks(s, &lk, keys, n_blocks, fp.b, n_blocks, bit, COVER_NONE,
+                    NULL, 0, w);
+    learned += n_blocks - fp.b;
   } else {
-    w = walk_marked(s, keys, n_blocks, bit, marks, n_marks, block_size,
-                    &learned, w);
+    w = walk_marked(s, &lk, keys, n_blocks, fp.b, bit, &plan, marks, n_marks,
+                    block_size, &learned, w);
   }
   memset(out, 0, sizeof *out);
   out->tokens[KVP_CLASS_STABLE] = (uint64_t)w.stable_end * block_size;

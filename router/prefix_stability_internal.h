@@ -5,6 +5,7 @@
 #ifndef KVP_PREFIX_STABILITY_INTERNAL_H
 #define KVP_PREFIX_STABILITY_INTERNAL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -26,5 +27,34 @@ size_t kvp__stability_slots(const kvp_stability *s);
  * slot without crossing an empty one; no tag is stored twice), else
  * KVP_ECORRUPT.  O(slots * probe length): for tests. */
 int kvp__stability_check(const kvp_stability *s);
+
+/* The fast path (binary search over what this session already sent) on or
+ * off; on at create.  Off, every observe takes the per-block path: the
+ * reference the fast path is tested against. */
+void kvp__stability_set_fast(kvp_stability *s, bool on);
+
+/* Observes the fast path served since create. */
+uint64_t kvp__stability_fast_calls(const kvp_stability *s);
+
+/* One tracked key's state, as learned so far. */
+typedef struct kvp__stability_entry {
+  uint64_t sessions;  /* the sketch */
+  uint32_t sightings; /* saturating at semi_repeats - 1 */
+  bool stable;        /* the sketch reached stable_sessions */
+  bool referenced;    /* CLOCK reference bit */
+} kvp__stability_entry;
+
+/* The entry of fingerprint fp (a key's lo): 0, or KVP_ENOENT. */
+int kvp__stability_lookup(const kvp_stability *s, uint64_t fp,
+                          kvp__stability_entry *out);
+
+/* Drops fp's entry as an eviction would (backward shift): 0, or KVP_ENOENT.
+ * Tests use it to punch a hole into the middle of a learned chain. */
+int kvp__stability_forget(kvp_stability *s, uint64_t fp);
+
+/* Moves the stamp clock by one epoch (a quarter revolution of the CLOCK
+ * hand) without evicting: every stamp is now stale, so the next observe of
+ * any chain takes the per-block path, as it would after real churn. */
+void kvp__stability_advance_epoch(kvp_stability *s);
 
 #endif /* KVP_PREFIX_STABILITY_INTERNAL_H */

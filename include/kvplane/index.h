@@ -169,8 +169,8 @@ _Static_assert(sizeof(kvp_index_match) == 40, "kvp_index_match is ABI");
 KVP_API int kvp_index_query(kvp_index *ix, const kvp_key *keys, size_t n,
                             uint64_t now_ns, kvp_index_match *out, size_t cap);
 
-/* ---- divergence digest
- * ---------------------------------------------------------- A worker's digest
+/* ---- divergence digest ---------------------------------------------------
+ * A worker's digest
  * is the wrapping sum over its (key, tier) residencies of a 64-bit mix of
  * (fingerprint, tier): order-independent, updated with every event, computable
  * by the worker from its own key list.  Equal sets give equal digests; a

@@ -258,8 +258,25 @@ typedef struct kvp_segment_mark {
  *             over all sessions: exact for a key private to one session (what
  *             semi is for); a shared key is on its way to stable anyway.
  *   volatile  everything else, first sightings included.
- * Keys are tracked by their 64-bit fingerprint `lo` (54 bits of it stored):
- * a collision can only mis-classify a block, never serve KV bytes. */
+ * Keys are tracked by their 64-bit fingerprint `lo` (50 bits of it stored):
+ * a collision can only mis-classify a block, never serve KV bytes.
+ *
+ * The keys of a request must be a chain (kvp_hasher_hash / kvp_chain keys):
+ * each key commits to all blocks before it, so whoever sent block i sent
+ * blocks 0..i-1 too.  Observe relies on it: the blocks this session already
+ * sent (a prefix of the request) are found by binary search and not walked
+ * one by one -- O(log n) probes for them, the per-block cost only for the
+ * rest, e.g. a conversation's new turn.  While nothing is evicted this gives
+ * exactly the classes and state described above.  Once CLOCK evicts, the
+ * first request of a chain in each epoch (a quarter revolution of the CLOCK
+ * hand) walks all its blocks again, so a chain sent at least every 3/4
+ * revolution keeps its entries (the per-block path: every revolution);
+ * between those walks, an entry evicted from the middle of an
+ * already-sent prefix (CLOCK's bounded sweep can take a recently used one)
+ * may go unnoticed, and its blocks then get what the prefix's last block
+ * proves: never more than a table that had forgotten nothing would say (a
+ * block is reported stable only if >= stable_sessions sessions sent it).  A
+ * re-learned entry inherits what the next block of its chain proves. */
 typedef struct kvp_stability kvp_stability;
 
 typedef struct kvp_stability_opts {
@@ -296,8 +313,9 @@ KVP_API void kvp_stability_destroy(kvp_stability *s);
  * takes the least reusable class of the marks overlapping it (hint, or the
  * role's default); uncovered blocks use what was learned before this call.
  * Then classes are made non-increasing along the chain.  Every block is
- * learned, marked or not.  Never allocates: a few ns per block when the
- * table is cache-resident, one memory miss (prefetched) when not.
+ * learned, marked or not.  Never allocates.  Cost: O(log n_blocks) probes for
+ * the prefix this session already sent (see above), then a few ns per block
+ * when the table is cache-resident, one memory miss (prefetched) when not.
  * Returns 0 or KVP_EINVAL (NULL s/out, keys NULL with n_blocks > 0,
  * n_blocks > UINT32_MAX, block_size 0 or > KVP_BLOCK_SIZE_MAX, marks NULL
  * with n_marks > 0, an invalid mark); a rejected call learns nothing.
