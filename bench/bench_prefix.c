@@ -138,10 +138,11 @@ static split_times time_classify(hash_job *j, int reps) {
 
 /* Scenarios.  resend: one prompt re-sent by 8 sessions that share it (the
  * tenant's agents re-sending system + tools + context).  multiturn: 64
- * sessions share a 4K-token system+tools prefix; each turn re-sends the
- * session's previous prompt plus 512 new tokens, from 16K up to the prompt
- * size, then the session is replaced by a new one.  cold: every request is
- * a fresh prompt (first sightings only, inserts and evictions). */
+ * sessions share a system+tools prefix (an eighth of the prompt size: 4K of
+ * 32K); each turn re-sends the session's previous prompt plus 512 new tokens,
+ * from half the prompt size up to all of it, then a new session replaces it.
+ * cold: every request is a fresh prompt (first sightings only, inserts and
+ * evictions). */
 static uint32_t token_at(uint64_t stream, uint64_t i) {
   uint64_t z = stream * 0x9E3779B97F4A7C15ull + i * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 31)) * 0x94D049BB133111EBull;
@@ -157,14 +158,15 @@ static void next_multiturn(hash_job *j, int rep) {
   static uint64_t turn[64], gen[64], calls;
   (void)rep;
   uint32_t s = (uint32_t)(calls++ % 64);
-  size_t len = 16384 + 512 * (size_t)turn[s]++;
+  size_t start = j->max_tokens / 2, shared = start / 4; /* 16K, 4K at 32K */
+  size_t len = start + 512 * (size_t)turn[s]++;
   if (len > j->max_tokens) { /* conversation over: a new session takes it */
     gen[s]++;
     turn[s] = 1;
-    len = 16384;
+    len = start;
   }
   for (size_t i = 0; i < len; i++)
-    j->scratch[i] = i < 4096 ? token_at(0, i) : token_at(1 + s + 64 * gen[s], i);
+    j->scratch[i] = i < shared ? token_at(0, i) : token_at(1 + s + 64 * gen[s], i);
   j->tokens = j->scratch;
   j->n = len;
   j->session = 1000000 + (uint64_t)s + 64 * gen[s]; /* one per conversation */
