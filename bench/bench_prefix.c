@@ -16,6 +16,7 @@
 #include <xxhash.h>
 #include <cbor.h>
 
+#include "bench_util.h"
 #include "kvplane.h"
 
 #define ALGOS 4
@@ -43,11 +44,6 @@ static uint64_t next_rand(void) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
-}
-
-static void die(const char *what, int rc) {
-  fprintf(stderr, "bench_prefix: %s: %s\n", what, kvp_strerror(rc));
-  exit(1);
 }
 
 /* Median of `reps` timed runs of fn(arg) after reps/10+1 warm-ups, in ns. */
@@ -364,17 +360,6 @@ static int parse(int argc, char **argv, opts *o) {
   return 0;
 }
 
-static void pin_cpu(int cpu) {
-  if (cpu < 0)
-    return;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpu, &set);
-  if (sched_setaffinity(0, sizeof set, &set) != 0)
-    fprintf(stderr, "bench_prefix: cannot pin to CPU %d (%s); running unpinned\n",
-            cpu, strerror(errno));
-}
-
 static kvp_hasher *make_hasher(const opts *o, kvp_hash_algo algo, kvp_namespace *ns) {
   kvp_namespace_desc d = {.model_id = "meta-llama/Llama-3.1-8B-Instruct",
                           .tokenizer_id = "llama3", .kv_layout = "vllm-nhd:bf16",
@@ -395,6 +380,7 @@ static bool keys_equal(const kvp_key *a, const kvp_key *b, size_t n) {
 }
 
 int main(int argc, char **argv) {
+  bench_name = "bench_prefix";
   opts o;
   if (parse(argc, argv, &o) < 0)
     return 2;

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_util.h"
 #include "kvplane.h"
 
 #define BS 16u
@@ -31,11 +32,6 @@ typedef struct opts {
   uint64_t seed;
   bool quick;
 } opts;
-
-static void die(const char *what, int rc) {
-  fprintf(stderr, "bench_route: %s: %s\n", what, kvp_strerror(rc));
-  exit(1);
-}
 
 static void *xcalloc(size_t n, size_t size) {
   void *p = calloc(n, size);
@@ -376,17 +372,6 @@ static int parse(int argc, char **argv, opts *o) {
   return 0;
 }
 
-static void pin_cpu(int cpu) {
-  if (cpu < 0)
-    return;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpu, &set);
-  if (sched_setaffinity(0, sizeof set, &set) != 0)
-    fprintf(stderr, "bench_route: cannot pin to CPU %d (%s); unpinned\n", cpu,
-            strerror(errno));
-}
-
 static kvp_hasher *make_hasher(void) {
   kvp_namespace_desc d = {0};
   d.model_id = "bench/route";
@@ -400,6 +385,7 @@ static kvp_hasher *make_hasher(void) {
 }
 
 int main(int argc, char **argv) {
+  bench_name = "bench_route";
   opts o;
   if (parse(argc, argv, &o) < 0)
     return 2;
