@@ -62,6 +62,11 @@
  * after such a re-learning, so the per-block walk restores it: when block i's
  * entry holds a session or sightings that block i-1's lacks, i-1 inherits
  * them (true of i-1: every request with key i held key i-1).
+ * The searches' probes depend on each other, a memory miss each in
+ * multi-turn traffic; a small direct-mapped table of per-session hints
+ * (where the session's last request ended) predicts where they will end, so
+ * their whole paths, and the new turn's first slots, are prefetched at once.
+ * Hints steer prefetches only, never a decision (see "session hints").
  *
  * Drift.  Compares two turns' chains for the first differing block, then finds
  * which of the previous turn's later blocks still occur anywhere in the new
@@ -158,6 +163,8 @@ static uint8_t mark_class(const kvp_segment_mark *m) {
 #define CLOCK_SWEEP 256u /* slots the CLOCK hand clears per eviction, at most */
 #define SEMI_REPEATS_MAX (SIGHT_MASK + 1)
 #define STABLE_SESSIONS_MAX 256u /* the 64-bit sketch saturates near 266 */
+#define KEYS_PER_HINT 64u /* hint slots: capacity / this (16 bytes each) */
+#define WALK_AHEAD 32u    /* blocks of a hinted new turn prefetched up front */
 
 #if defined(__GNUC__) || defined(__clang__)
 #define ALWAYS_INLINE inline __attribute__((always_inline))
@@ -186,7 +193,11 @@ struct kvp_stability {
   uint32_t stable_bits; /* sketch bits set for stable: 1..64 */
   uint32_t semi_seen;   /* sightings before this call for semi: 1..127 */
   bool fast;            /* the fast path is allowed (tests turn it off) */
+  bool hinted;          /* session hints steer its prefetches (likewise) */
   uint64_t fast_calls;  /* observes served by it (tests) */
+  uint64_t hint_calls;  /* observes whose session hint matched (tests) */
+  struct hint *hints;   /* direct-mapped by session hash */
+  size_t hint_mask;     /* hint slots - 1 */
   kvp_allocator alloc;
 };
 
@@ -202,14 +213,19 @@ static inline size_t home_of(uint64_t tag, unsigned shift) {
   return (size_t)((tag * FIB) >> shift);
 }
 
-uint32_t kvp__stability_session_bit(uint64_t session) {
-  /* murmur3 fmix64: session ids are often small consecutive integers */
+/* murmur3 fmix64: session ids are often small consecutive integers.  Bits
+ * 58..63 pick the sketch bit, low bits a hint slot, bits 26..57 check it. */
+static inline uint64_t session_mix(uint64_t session) {
   session ^= session >> 33;
   session *= 0xFF51AFD7ED558CCDull;
   session ^= session >> 33;
   session *= 0xC4CEB9FE1A85EC53ull;
   session ^= session >> 33;
-  return (uint32_t)(session >> 58);
+  return session;
+}
+
+uint32_t kvp__stability_session_bit(uint64_t session) {
+  return (uint32_t)(session_mix(session) >> 58);
 }
 
 double kvp__stability_sessions_estimate(uint32_t bits_set) {
@@ -464,8 +480,10 @@ static ALWAYS_INLINE walk walk_blocks(kvp_stability *s, link *lk,
                        s->shift - 4u, s->semi_seen, bit, REF_BIT | s->stamp};
   _Static_assert(sizeof(entry) == 16, "shift - 4 is log2(sizeof(entry))");
   size_t ring[PREFETCH];
-  for (size_t i = a; i < a + PREFETCH && i < n; i++)
+  for (size_t i = a; i < a + PREFETCH && i < n; i++) {
     ring[i % PREFETCH] = home_off(&p, tag_of(keys[i].lo));
+    __builtin_prefetch(p.base + ring[i % PREFETCH], 1, 3);
+  }
   size_t pf_end = n > PREFETCH ? n - PREFETCH : 0, i = a;
   for (; i < b && i < pf_end; i++) {
     size_t off = ring[i % PREFETCH];
@@ -680,6 +698,73 @@ static bool plan_fast(kvp_stability *s, const kvp_key *keys, size_t n,
   return !hole;
 }
 
+/* ---- session hints ------------------------------------------------------- */
+/* plan_fast's binary searches are ~2 log2(n) dependent probes, nearly all
+ * memory misses in multi-turn traffic (each turn moves the midpoints onto
+ * keys not probed before): ~20 serial misses for 2,048 blocks, more than the
+ * new turn's prefetched walk.  But a conversation's next request re-sends
+ * its last one and appends, so its searches most likely end where the last
+ * request ended (settled up to its length, stable up to the same block).
+ * Knowing the answer, the path a binary search takes to it is known, so all
+ * its probes are prefetched at once (with the new turn's first WALK_AHEAD
+ * slots, which the walk would otherwise meet cold) and the searches then run
+ * as before and hit cache.  A hint only chooses what to prefetch: the
+ * searches take the same steps whatever it says, so results and table state
+ * never depend on hints (tests compare the tables byte for byte), and a hint
+ * needs no epoch or verification; a stale or wrong one, or two sessions on
+ * one slot, costs a few wasted prefetches.  Direct-mapped,
+ * one slot per KEYS_PER_HINT tracked keys: about the number of long
+ * conversations the table can hold at once. */
+typedef struct hint {
+  uint32_t check;      /* session_mix bits 26..57, | 1; 0: empty slot */
+  uint32_t last;       /* low 32 bits of the request's last fingerprint */
+  uint32_t n;          /* the request's blocks */
+  uint32_t stable_end; /* the stable boundary it found, or its walk did */
+} hint;
+_Static_assert(sizeof(hint) == 16, "four hints per cache line");
+
+static inline uint32_t hint_check(uint64_t mix) {
+  return (uint32_t)(mix >> 26) | 1u;
+}
+
+static inline void prefetch_key(const kvp_stability *s, uint64_t fp) {
+  __builtin_prefetch(&s->slots[home_of(tag_of(fp), s->shift)], 0, 3);
+}
+
+/* Prefetches the probes of BSEARCH over (lo, hi) if it ends at `want`. */
+static void prefetch_path(const kvp_stability *s, const kvp_key *keys,
+                          size_t lo, size_t hi, size_t want) {
+  while (hi - lo > 1) {
+    size_t mid = lo + (hi - lo) / 2;
+    prefetch_key(s, keys[mid].lo);
+    if (mid < want)
+      lo = mid;
+    else
+      hi = mid;
+  }
+}
+
+/* Prefetches what plan_fast will probe: its two opening probes, then, if the
+ * session's hint says this request extends its last one, both searches'
+ * paths to where they ended last time.  Returns whether the hint matched. */
+static bool prefetch_plan(const kvp_stability *s, const kvp_key *keys,
+                          size_t n, const hint *h, uint32_t check) {
+  prefetch_key(s, keys[n - 1].lo);
+  prefetch_key(s, keys[0].lo);
+  if (h->check != check || h->n == 0 || h->n > n ||
+      (uint32_t)keys[h->n - 1].lo != h->last)
+    return false;
+  size_t b = h->n, st = h->stable_end;
+  if (b < n) /* keys[n-1] new: settled is searched in (0, n-1) */
+    prefetch_path(s, keys, 0, n - 1, b);
+  if (st > 0 && st < b) /* first stable, b-1 not: searched in (0, b-1) */
+    prefetch_path(s, keys, 0, b - 1, st);
+  for (size_t i = b; i < n && i < b + WALK_AHEAD; i++) /* the new turn: */
+    __builtin_prefetch(&s->slots[home_of(tag_of(keys[i].lo), s->shift)], 1,
+                       3); /* written: ask ownership */
+  return true;
+}
+
 /* The walk over the settled blocks [0, b) without probing them: learned
  * class stable below stable_end, semi from there; marks cap as in the plan.
  * Events applied in block order, as the per-block walk would meet them. */
@@ -715,8 +800,20 @@ static walk walk_settled(const fast_plan *fp, const mark_plan *pl,
 /* ---- internals for tests ------------------------------------------------- */
 void kvp__stability_set_fast(kvp_stability *s, bool on) { s->fast = on; }
 
+void kvp__stability_set_hints(kvp_stability *s, bool on) { s->hinted = on; }
+
+uint64_t kvp__stability_hint_calls(const kvp_stability *s) {
+  return s->hint_calls;
+}
+
 uint64_t kvp__stability_fast_calls(const kvp_stability *s) {
   return s->fast_calls;
+}
+
+bool kvp__stability_same(const kvp_stability *a, const kvp_stability *b) {
+  return a->mask == b->mask && a->size == b->size && a->hand == b->hand &&
+         a->swept == b->swept &&
+         memcmp(a->slots, b->slots, (a->mask + 1) * sizeof(entry)) == 0;
 }
 
 int kvp__stability_lookup(const kvp_stability *s, uint64_t fp,
@@ -781,6 +878,9 @@ int kvp_stability_create(const kvp_stability_opts *opts,
     slots <<= 1;
   if (slots > SIZE_MAX / sizeof(entry))
     return KVP_ENOMEM;
+  size_t hints = 8;
+  while (hints < capacity / KEYS_PER_HINT)
+    hints <<= 1;
 
   kvp_allocator a = kvp__allocator(alloc);
   kvp_stability *s = kvp__calloc(&a, 1, sizeof *s);
@@ -793,6 +893,10 @@ int kvp_stability_create(const kvp_stability_opts *opts,
   if (alloc == NULL || alloc->alloc == NULL)
     advise_huge(s->slots, bytes);
   memset(s->slots, 0, bytes); /* written, not calloc'd: see advise_huge */
+  s->hints = kvp__calloc(&a, hints, sizeof(hint));
+  if (s->hints == NULL)
+    goto fail_hints;
+  s->hint_mask = hints - 1;
   s->alloc = a;
   s->mask = (size_t)slots - 1;
   s->shift = 64u - (unsigned)__builtin_ctzll(slots);
@@ -801,9 +905,12 @@ int kvp_stability_create(const kvp_stability_opts *opts,
   s->stable_bits = bits_for_sessions(stable);
   s->semi_seen = semi - 1;
   s->fast = true;
+  s->hinted = true;
   *out = s;
   return 0;
 
+fail_hints:
+  kvp__free(&a, s->slots, bytes);
 fail_slots:
   kvp__free(&a, s, sizeof *s);
 fail_struct:
@@ -814,6 +921,7 @@ void kvp_stability_destroy(kvp_stability *s) {
   if (s == NULL)
     return;
   kvp_allocator a = s->alloc;
+  kvp__free(&a, s->hints, (s->hint_mask + 1) * sizeof(hint));
   kvp__free(&a, s->slots, (s->mask + 1) * sizeof(entry));
   kvp__free(&a, s, sizeof *s);
 }
@@ -842,13 +950,16 @@ int kvp_stability_observe(kvp_stability *s, uint64_t session,
                           kvp_classification *out) {
   if (!observe_args_ok(s, keys, n_blocks, block_size, marks, n_marks, out))
     return KVP_EINVAL;
-  uint64_t bit = 1ull << kvp__stability_session_bit(session);
+  uint64_t mix = session_mix(session), bit = 1ull << (mix >> 58);
   s->stamp = ((s->swept >> s->epoch_shift) % EPOCHS) << STAMP_SHIFT;
   walk w = {n_blocks, n_blocks, KVP_CLASS_STABLE};
   size_t learned = 0;
   fast_plan fp = {0, 0, NULL};
-  if (!s->fast || n_blocks < FAST_MIN ||
-      !plan_fast(s, keys, n_blocks, bit, &fp))
+  bool fast = s->fast && n_blocks >= FAST_MIN;
+  hint *h = fast && s->hinted ? &s->hints[mix & s->hint_mask] : NULL;
+  if (h != NULL && prefetch_plan(s, keys, n_blocks, h, hint_check(mix)))
+    s->hint_calls++;
+  if (!fast || !plan_fast(s, keys, n_blocks, bit, &fp))
     fp = (fast_plan){0, 0, NULL};
   else
     s->fast_calls++;
@@ -869,6 +980,10 @@ int kvp_stability_observe(kvp_stability *s, uint64_t session,
     w = walk_marked(s, &lk, keys, n_blocks, fp.b, bit, &plan, marks, n_marks,
                     block_size, &learned, w);
   }
+  if (h != NULL) /* the walk's stable_end if no fast plan: a guess is fine */
+    *h = (hint){hint_check(mix), (uint32_t)keys[n_blocks - 1].lo,
+                (uint32_t)n_blocks,
+                (uint32_t)(fp.b > 0 ? fp.stable_end : w.stable_end)};
   memset(out, 0, sizeof *out);
   out->tokens[KVP_CLASS_STABLE] = (uint64_t)w.stable_end * block_size;
   out->tokens[KVP_CLASS_SEMI] =

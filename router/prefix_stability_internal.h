@@ -36,6 +36,19 @@ void kvp__stability_set_fast(kvp_stability *s, bool on);
 /* Observes the fast path served since create. */
 uint64_t kvp__stability_fast_calls(const kvp_stability *s);
 
+/* Session hints (which of the fast path's probes to prefetch) on or off; on
+ * at create.  They change speed only: tests compare tables with and without. */
+void kvp__stability_set_hints(kvp_stability *s, bool on);
+
+/* Observes whose session hint matched the request (a prefix of it ended at
+ * the hinted block) since create. */
+uint64_t kvp__stability_hint_calls(const kvp_stability *s);
+
+/* Whether two classifiers of the same capacity hold byte-identical tables
+ * (every entry's tag, sketch, sightings, flags, reference bit and stamp, in
+ * the same slots) and the same CLOCK hand and epoch clock. */
+bool kvp__stability_same(const kvp_stability *a, const kvp_stability *b);
+
 /* One tracked key's state, as learned so far. */
 typedef struct kvp__stability_entry {
   uint64_t sessions;  /* the sketch */

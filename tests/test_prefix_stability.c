@@ -700,7 +700,8 @@ static void agentic_step(prompt *p, size_t n_sess, uint32_t i,
     q->n = q->marks[--q->n_marks].offset;
   } else if (what == 2) {
     const prompt *from = &p[kvt_rand_below(n_sess)];
-    if (from->n <= MAX_TOK - 450) /* started, with room to grow */
+    /* started, with room to grow (tokens and marks) */
+    if (from->n <= MAX_TOK - 450 && from->n_marks < MAX_MARKS - 2)
       *q = *from;
   }
   if (what != 3) /* 3: the same prompt again */
@@ -948,6 +949,69 @@ TEST(fast_path_keeps_hot_chain) {
       kvp_stability_destroy(s);
     }
   free(hot);
+}
+
+/* Session hints only steer prefetches (router/prefix_stability.c, "session
+ * hints"): with them on and off, random agentic traffic gets the same
+ * classes and leaves byte-identical tables after every request -- reference
+ * bits, stamps and CLOCK hand included.  Rounds with a table large enough to
+ * forget nothing and with tables small enough to churn (forced evictions,
+ * holes punched, epochs moved, many sessions on few hint slots), under random
+ * thresholds and marks. */
+TEST(session_hints_change_nothing) {
+  enum { SESSIONS = 16, REQUESTS = 1200 };
+  for (int round = 0; round < 4; round++) {
+    uint64_t ids[SESSIONS];
+    pick_sessions(ids, SESSIONS, kvt_rand());
+    kvp_stability_opts o = {.capacity = 1u << 16};
+    if (round > 0)
+      o = (kvp_stability_opts){
+          .capacity = 300 + (uint32_t)kvt_rand_below(round == 1 ? 700 : 6000),
+          .stable_sessions = 1 + (uint32_t)kvt_rand_below(6),
+          .semi_repeats = 2 + (uint32_t)kvt_rand_below(4)};
+    kvp_stability *on = NULL, *off = NULL;
+    ASSERT_OK(kvp_stability_create(&o, NULL, &on));
+    ASSERT_OK(kvp_stability_create(&o, NULL, &off));
+    kvp__stability_set_hints(off, false);
+    static prompt p[SESSIONS];
+    for (int i = 0; i < SESSIONS; i++)
+      p[i].n = p[i].n_marks = MAX_TOK; /* forces a new conversation */
+    for (int r = 0; r < REQUESTS; r++) {
+      uint32_t i = (uint32_t)kvt_rand_below(SESSIONS);
+      kvp_segment_mark mk[MAX_MARKS];
+      size_t n_mk;
+      agentic_step(p, SESSIONS, i, mk, &n_mk);
+      if (round > 1 && kvt_rand_below(8) == 0 && p[i].nb > 0) {
+        uint64_t fp = p[i].keys[kvt_rand_below(p[i].nb)].lo;
+        int rc = kvp__stability_forget(on, fp);
+        ASSERT_EQ(rc, kvp__stability_forget(off, fp));
+      }
+      if (round > 1 && kvt_rand_below(50) == 0) {
+        kvp__stability_advance_epoch(on);
+        kvp__stability_advance_epoch(off);
+      }
+      kvp_classification con, coff;
+      ASSERT_OK(kvp_stability_observe(on, ids[i], p[i].keys, p[i].nb, BS,
+                                      p[i].tail, mk, n_mk, &con));
+      ASSERT_OK(kvp_stability_observe(off, ids[i], p[i].keys, p[i].nb, BS,
+                                       p[i].tail, mk, n_mk, &coff));
+      ASSERT_SAME_CLASSES(con, coff);
+      ASSERT_TRUE(kvp__stability_same(on, off));
+    }
+    ASSERT_OK(kvp__stability_check(on));
+    ASSERT_EQ(kvp__stability_fast_calls(on), kvp__stability_fast_calls(off));
+    ASSERT_EQ(kvp__stability_hint_calls(off), 0u);
+    /* most requests extend or re-send the session's last one */
+    if (round == 0)
+      ASSERT_GE(kvp__stability_hint_calls(on), (uint64_t)REQUESTS / 2);
+    ASSERT_GT(kvp__stability_hint_calls(on), 0u);
+    printf("# hints, capacity %u: %" PRIu64 " of %d requests matched, %" PRIu64
+           " took the fast path\n",
+           o.capacity, kvp__stability_hint_calls(on), REQUESTS,
+           kvp__stability_fast_calls(on));
+    kvp_stability_destroy(on);
+    kvp_stability_destroy(off);
+  }
 }
 
 /* ---- drift --------------------------------------------------------------- */
@@ -1351,7 +1415,9 @@ TEST_MAIN(
     TEST_ENTRY(fast_path_matches_reference),
     TEST_ENTRY(fast_path_hole_self_heals),
     TEST_ENTRY(fast_path_conservative_under_churn),
-    TEST_ENTRY(fast_path_keeps_hot_chain), TEST_ENTRY(drift_history_inserted),
+    TEST_ENTRY(fast_path_keeps_hot_chain),
+    TEST_ENTRY(session_hints_change_nothing),
+    TEST_ENTRY(drift_history_inserted),
     TEST_ENTRY(drift_reordered_files), TEST_ENTRY(drift_tool_schema_edit),
     TEST_ENTRY(drift_system_timestamp), TEST_ENTRY(drift_no_divergence),
     TEST_ENTRY(drift_role_fallback), TEST_ENTRY(drift_memory_and_errors),

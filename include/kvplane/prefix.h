@@ -265,7 +265,8 @@ typedef struct kvp_segment_mark {
  * each key commits to all blocks before it, so whoever sent block i sent
  * blocks 0..i-1 too.  Observe relies on it: the blocks this session already
  * sent (a prefix of the request) are found by binary search and not walked
- * one by one -- O(log n) probes for them, the per-block cost only for the
+ * one by one -- O(log n) probes for them (prefetched together when the
+ * request extends the session's last one), the per-block cost only for the
  * rest, e.g. a conversation's new turn.  While nothing is evicted this gives
  * exactly the classes and state described above.  Once CLOCK evicts, the
  * first request of a chain in each epoch (a quarter revolution of the CLOCK
@@ -282,7 +283,8 @@ typedef struct kvp_stability kvp_stability;
 typedef struct kvp_stability_opts {
   /* Tracked block keys; 0 = 1<<20.  CLOCK (an LRU approximation) evicts
    * beyond it.  Memory: a power of two >= capacity / 0.75 slots of 16 bytes
-   * (1<<20 -> 32 MiB), allocated and written at create. */
+   * (1<<20 -> 32 MiB), allocated and written at create, plus 16 bytes of
+   * per-session prefetch hints per 64 keys (1<<20 -> 256 KiB). */
   uint32_t capacity;
   uint32_t stable_sessions; /* distinct sessions for stable: 1..256; 0 = 3 */
   uint32_t semi_repeats;    /* sightings within one session for semi:
