@@ -310,23 +310,31 @@ static int same(const kvp_index_match *a, int na, const kvp_index_match *b,
   return 1;
 }
 
+typedef struct qres { /* one query plan's lookups */
+  kvp_hist_summary q;
+  uint64_t agree, compared, violations;
+  double blocks_per_query;
+} qres;
+
 typedef struct result {
   double warm_ix, warm_bl;   /* block events / s from empty to full */
   double churn_ix, churn_bl; /* at full size: new sessions in, old out */
   double bpr_ix, bpr_bl;     /* bytes / residency */
-  kvp_hist_summary q_ix, q_bl;
-  uint64_t agree, compared, residencies, keys;
-  double blocks_per_query;
+  qres walk, bisect;         /* bisect: prefix_closed (<= 64 workers) */
+  kvp_hist_summary q_bl;
+  uint64_t residencies, keys;
 } result;
 
+/* Times c->queries lookups with the index's current query plan, then checks
+ * up to c->base_queries of its answers against the baseline (timed when
+ * hb != NULL: the baseline's latency). */
 static void lookups(kvp_index *ix, const baseline *bl, const workload *w,
-                    const cfg *c, result *r) {
+                    const cfg *c, qres *r, kvp_hist *hb) {
   kvp_key *k = malloc(c->chain * sizeof *k);
   kvp_index_match *mi = malloc(c->workers * sizeof *mi);
   kvp_index_match *mb = malloc(c->workers * sizeof *mb);
-  kvp_hist *hi = NULL, *hb = NULL;
-  if (!k || !mi || !mb || kvp_hist_create(NULL, &hi) ||
-      kvp_hist_create(NULL, &hb))
+  kvp_hist *hi = NULL;
+  if (!k || !mi || !mb || kvp_hist_create(NULL, &hi))
     exit(1);
   kvp_index_stats s0, s1;
   kvp_index_stats_get(ix, &s0);
@@ -343,26 +351,43 @@ static void lookups(kvp_index *ix, const baseline *bl, const workload *w,
   kvp_index_stats_get(ix, &s1);
   r->blocks_per_query = (double)(s1.query_blocks - s0.query_blocks) /
                         (double)(s1.queries - s0.queries);
+  r->violations = s1.closure_violations - s0.closure_violations;
   uint64_t start = kvp_now_ns();
   for (uint32_t q = 0; q < c->base_queries; q++) {
     make_query(w, c, k);
     uint64_t t0 = kvp_now_ns();
     int nb = bl_query(bl, k, c->chain, mb, c->workers);
     uint64_t t1 = kvp_now_ns();
-    kvp_hist_record(hb, t1 - t0);
+    if (hb != NULL)
+      kvp_hist_record(hb, t1 - t0);
     int ni = kvp_index_query(ix, k, c->chain, 0, mi, c->workers);
     r->agree += same(mi, ni, mb, nb);
     r->compared++;
     if ((double)(t1 - start) > c->base_seconds * 1e9)
       break;
   }
-  kvp_hist_summarize(hi, &r->q_ix);
-  kvp_hist_summarize(hb, &r->q_bl);
+  kvp_hist_summarize(hi, &r->q);
   kvp_hist_destroy(hi);
-  kvp_hist_destroy(hb);
   free(k);
   free(mi);
   free(mb);
+}
+
+/* Both query plans on the same index (bisection only where it applies). */
+static void lookups_all(kvp_index *ix, const baseline *bl, const workload *w,
+                        const cfg *c, result *r) {
+  kvp_hist *hb = NULL;
+  if (kvp_hist_create(NULL, &hb))
+    exit(1);
+  kvp__index_set_prefix_closed(ix, false);
+  lookups(ix, bl, w, c, &r->walk, hb);
+  kvp_hist_summarize(hb, &r->q_bl);
+  kvp_hist_destroy(hb);
+  if (c->workers <= 64) {
+    kvp__index_set_prefix_closed(ix, true);
+    lookups(ix, bl, w, c, &r->bisect, NULL);
+    kvp__index_set_prefix_closed(ix, false);
+  }
 }
 
 /* Every worker's digest against the baseline's key set. */
@@ -460,15 +485,18 @@ static int run_cfg(const cfg *c, result *r, bool quick) {
   r->keys = st.keys;
   r->bpr_ix = (double)st.bytes / (double)st.residencies;
   r->bpr_bl = (double)bl_bytes(&bl) / (double)st.residencies;
-  lookups(ix, &bl, &w, c, r);
+  lookups_all(ix, &bl, &w, c, r);
   if (steady(ix, &bl, &w, seq, r) < 0)
     return 1;
-  int bad = r->agree != r->compared;
+  int bad = r->walk.agree != r->walk.compared ||
+            r->bisect.agree != r->bisect.compared;
   if (quick) { /* after the churn too: answers, digests, invariants */
     result r2 = *r;
-    r2.agree = r2.compared = 0;
-    lookups(ix, &bl, &w, c, &r2);
-    bad |= r2.agree != r2.compared;
+    memset(&r2.walk, 0, sizeof r2.walk);
+    memset(&r2.bisect, 0, sizeof r2.bisect);
+    lookups_all(ix, &bl, &w, c, &r2);
+    bad |= r2.walk.agree != r2.walk.compared;
+    bad |= r2.bisect.agree != r2.bisect.compared;
     bad |= digests_agree(ix, &bl) != 0;
     bad |= kvp__index_verify(ix) != 0;
   }
@@ -516,8 +544,8 @@ static const char *met(bool ok) { return ok ? "MET" : "NOT MET"; }
 
 static void report(const cfg *c, const result *r, double floor_ns) {
   printf("\n%u workers, %" PRIu64 " residencies, %" PRIu64 " keys, %u-block "
-         "chains (%.0f blocks read per query on average)\n",
-         c->workers, r->residencies, r->keys, c->chain, r->blocks_per_query);
+         "chains\n",
+         c->workers, r->residencies, r->keys, c->chain);
   printf("  %-22s %12s %12s %9s\n", "", "index", "baseline", "ratio");
   printf("  %-22s %12.2f %12.2f %8.2fx\n", "ingest from empty, M/s",
          r->warm_ix / 1e6, r->warm_bl / 1e6, r->warm_ix / r->warm_bl);
@@ -527,26 +555,35 @@ static void report(const cfg *c, const result *r, double floor_ns) {
   printf("  %-22s %12.1f %12.1f %8.2fx   target <= 24: %s\n",
          "bytes per residency", r->bpr_ix, r->bpr_bl, r->bpr_ix / r->bpr_bl,
          met(r->bpr_ix <= 24.0));
-  const char *names[3] = {"lookup p50, us", "lookup p99, us",
-                          "lookup p99.9, us"};
-  uint64_t ix[3] = {r->q_ix.p50, r->q_ix.p99, r->q_ix.p999};
-  uint64_t bl[3] = {r->q_bl.p50, r->q_bl.p99, r->q_bl.p999};
-  for (int i = 0; i < 3; i++) {
-    printf("  %-22s %12.2f %12.1f %8.1fx faster", names[i], (double)ix[i] / 1e3,
-           (double)bl[i] / 1e3, (double)bl[i] / (double)(ix[i] ? ix[i] : 1));
-    if (i == 1 && c->workers == 64)
-      printf("   target <= 10 us: %s", met(ix[i] <= 10000));
-    printf("\n");
+  const char *names[3] = {"p50, us", "p99, us", "p99.9, us"};
+  const qres *plans[2] = {&r->walk, &r->bisect};
+  const char *pname[2] = {"lookup, walk", "lookup, bisect"};
+  for (int pl = 0; pl < (c->workers <= 64 ? 2 : 1); pl++) {
+    const qres *q = plans[pl];
+    uint64_t ix[3] = {q->q.p50, q->q.p99, q->q.p999};
+    uint64_t bl[3] = {r->q_bl.p50, r->q_bl.p99, r->q_bl.p999};
+    for (int i = 0; i < 3; i++) {
+      char name[64];
+      snprintf(name, sizeof name, "%s %s", pname[pl], names[i]);
+      printf("  %-22s %12.2f %12.1f %8.1fx faster", name, (double)ix[i] / 1e3,
+             (double)bl[i] / 1e3, (double)bl[i] / (double)(ix[i] ? ix[i] : 1));
+      if (i == 1 && c->workers == 64)
+        printf("   target <= 10 us: %s", met(ix[i] <= 10000));
+      printf("\n");
+    }
+    printf("  %-22s %12.1f blocks read per query; %" PRIu64 " index, %" PRIu64
+           " baseline queries; answers agree on %" PRIu64 "/%" PRIu64
+           "; contract violations seen %" PRIu64 "\n",
+           pname[pl], q->blocks_per_query, q->q.count, r->q_bl.count,
+           q->agree, q->compared, q->violations);
   }
   if (floor_ns > 0)
     printf("  memory floor here: %.1f ns per random line (prefetched), so a "
            "walk reading one line per block needs >= %.1f us for %u blocks, "
            ">= %.1f us for the mean %.0f\n",
            floor_ns, floor_ns * c->chain / 1e3, c->chain,
-           floor_ns * r->blocks_per_query / 1e3, r->blocks_per_query);
-  printf("  samples: %" PRIu64 " index, %" PRIu64 " baseline queries; "
-         "answers agree on %" PRIu64 "/%" PRIu64 "\n",
-         r->q_ix.count, r->q_bl.count, r->agree, r->compared);
+           floor_ns * r->walk.blocks_per_query / 1e3,
+           r->walk.blocks_per_query);
 }
 
 int main(int argc, char **argv) {

@@ -6,6 +6,7 @@
 
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "kvplane/index.h"
@@ -37,5 +38,9 @@ static inline void kvp__spin_unlock(kvp__spin *l) {
  * checks every holder set's encoding.  Call only while no writer runs.
  * Returns 0 or KVP_ECORRUPT (and logs what differs). */
 int kvp__index_verify(kvp_index *ix);
+
+/* Turns kvp_index_opts.prefix_closed on or off on a live index (tests and the
+ * benchmark compare both query plans on one index).  No query in flight. */
+void kvp__index_set_prefix_closed(kvp_index *ix, bool on);
 
 #endif /* KVP_INDEX_INTERNAL_H */

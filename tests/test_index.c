@@ -834,6 +834,144 @@ TEST(many_holders_spill_and_shrink) {
   }
 }
 
+/* ---- prefix_closed: bisection against the walk ---------------------------
+ * Random clusters that keep the contract (each worker's t+1 fastest classes
+ * hold a prefix of every chain): chains share family prefixes, tier t holds
+ * [s_t, a_t) with a_0 <= a_1 <= ... and s_t <= a_{t-1}, some prefixes also
+ * routed (approximate mode), some top tiers removed again.  Bisection must
+ * give the walk's answer, byte for byte, and see no violation. */
+enum { PC_FAM = 4, PC_CHAINS = 24, PC_LEN = 300 };
+
+static size_t pc_fam_len(int chain) { /* the shared family prefix */
+  return 40 + (size_t)(chain % PC_FAM) * 30;
+}
+
+static uint64_t pc_key(int chain, size_t i) {
+  int fam = chain % PC_FAM;
+  return i < pc_fam_len(chain) ? 0x10000000ull + (uint64_t)fam * 4096 + i
+                     : 0x20000000ull + (uint64_t)chain * 4096 + i;
+}
+
+static void pc_chain(int chain, size_t n, kvp_key *k) {
+  for (size_t i = 0; i < n; i++)
+    k[i] = K(pc_key(chain, i));
+}
+
+/* Stores chain c on worker w keeping the contract; returns the next seq. */
+static uint64_t pc_place(kvp_index *ix, uint32_t w, uint64_t seq, int c,
+                         bool remove_top) {
+  kvp_key k[PC_LEN];
+  pc_chain(c, PC_LEN, k);
+  size_t a[4], st[4], prev = 0;
+  for (int t = 0; t < 4; t++) {
+    size_t grow = kvt_rand_below(3) == 0 ? 0 : kvt_rand_below(PC_LEN / 3);
+    a[t] = prev + grow > PC_LEN ? PC_LEN : prev + grow;
+    st[t] = t == 0 ? 0 : kvt_rand_below(prev + 1); /* starts inside */
+    prev = a[t];
+  }
+  for (int t = 0; t < 4; t++)
+    if (a[t] > st[t])
+      ASSERT_GE(kvp_index_stored(ix, w, seq++, (kvp_tier)t,
+                                 st[t] ? &k[st[t] - 1] : NULL, &k[st[t]],
+                                 a[t] - st[t]),
+                0);
+  /* The slowest tier drops the top of its part, beyond the family prefix
+   * (other chains' placements share that): a suffix of this placement's
+   * only, so the contract holds. */
+  size_t cut = st[3] > pc_fam_len(c) ? st[3] : pc_fam_len(c);
+  if (remove_top && a[3] > cut)
+    ASSERT_GE(kvp_index_removed(ix, w, seq++, KVP_TIER_REMOTE, &k[cut],
+                                a[3] - cut),
+              0);
+  if (kvt_rand_below(5) == 0) /* a routing record over a prefix */
+    ASSERT_GE(kvp_index_record_routed(ix, w, k, kvt_rand_below(PC_LEN) + 1, 1),
+              0);
+  return seq;
+}
+
+static void pc_compare(kvp_index *ix, uint32_t nw) {
+  kvp_key k[PC_LEN + 1];
+  int c = (int)kvt_rand_below(PC_CHAINS);
+  size_t n = 1 + kvt_rand_below(PC_LEN);
+  pc_chain(c, n, k);
+  if (kvt_rand_below(4) == 0) /* a new turn nobody holds */
+    k[n++] = K(kvt_rand() | 4);
+  kvp_index_match walk[64], bis[64];
+  kvp__index_set_prefix_closed(ix, false);
+  int nwk = kvp_index_query(ix, k, n, 1, walk, nw);
+  kvp__index_set_prefix_closed(ix, true);
+  int nbs = kvp_index_query(ix, k, n, 1, bis, nw);
+  ASSERT_GE(nwk, 0);
+  ASSERT_EQ(nbs, nwk);
+  ASSERT_MEM_EQ(bis, walk, (size_t)nwk * sizeof walk[0]);
+}
+
+TEST(prefix_closed_bisect_matches_walk) {
+  for (int round = 0; round < 12; round++) {
+    uint32_t nw = 1 + (uint32_t)kvt_rand_below(64);
+    kvp_index_opts o = {.max_workers = 64, .prefix_closed = 1};
+    kvp_index *ix = NULL;
+    ASSERT_OK(kvp_index_create(&o, NULL, &ix));
+    uint64_t *seq = calloc(nw, sizeof *seq);
+    ASSERT_NOT_NULL(seq);
+    for (uint32_t w = 0; w < nw; w++) {
+      ASSERT_OK(kvp_index_worker_add(ix, w));
+      seq[w] = 1;
+    }
+    static bool placed[64][PC_CHAINS]; /* each chain once per worker */
+    memset(placed, 0, sizeof placed);
+    for (int p = 0; p < 6 * (int)nw; p++) {
+      uint32_t w = (uint32_t)kvt_rand_below(nw);
+      int c = (int)kvt_rand_below(PC_CHAINS);
+      if (!placed[w][c])
+        seq[w] = pc_place(ix, w, seq[w], c, kvt_rand_below(4) == 0);
+      placed[w][c] = true;
+    }
+    for (int q = 0; q < 300; q++)
+      pc_compare(ix, nw);
+    kvp_index_stats st;
+    ASSERT_OK(kvp_index_stats_get(ix, &st));
+    ASSERT_EQ(st.closure_violations, 0u);
+    ASSERT_GT(st.queries, 0u);
+    free(seq);
+    kvp_index_destroy(ix);
+  }
+}
+
+/* A hole a probe lands on: counted, and the query walks (the exact answer).
+ * Worker 0: HBM blocks 0..3 and 6, DRAM 0..7.  Bisection over 8 blocks
+ * probes 0, 4 (HBM clear), then 2 and 6: HBM set at 6 after clear at 4. */
+TEST(prefix_closed_violation_walks) {
+  kvp_index_opts o = {.max_workers = 8, .prefix_closed = 2};
+  kvp_index *ix = NULL;
+  ASSERT_ERR(kvp_index_create(&o, NULL, &ix), KVP_ERANGE);
+  o.prefix_closed = 1;
+  ASSERT_OK(kvp_index_create(&o, NULL, &ix));
+  ASSERT_OK(kvp_index_worker_add(ix, 0));
+  kvp_key k[8];
+  run(k, 700, 8);
+  ASSERT_EQ(kvp_index_stored(ix, 0, 1, KVP_TIER_DRAM, NULL, k, 8), 8);
+  ASSERT_EQ(kvp_index_stored(ix, 0, 2, KVP_TIER_HBM, NULL, k, 4), 4);
+  ASSERT_EQ(kvp_index_stored(ix, 0, 3, KVP_TIER_HBM, &k[5], &k[6], 1), 1);
+  kvp_index_match m[2];
+  ASSERT_EQ(kvp_index_query(ix, k, 8, 0, m, 2), 1);
+  ASSERT_EQ(m[0].prefix_blocks, 8u);
+  ASSERT_EQ(m[0].tier_blocks[KVP_TIER_HBM], 5u); /* 0..3 and 6 */
+  ASSERT_EQ(m[0].tier_blocks[KVP_TIER_DRAM], 3u);
+  kvp_index_stats st;
+  ASSERT_OK(kvp_index_stats_get(ix, &st));
+  ASSERT_EQ(st.closure_violations, 1u);
+  /* the contract kept again (HBM 0..3 only): bisection answers alone */
+  ASSERT_EQ(kvp_index_removed(ix, 0, 4, KVP_TIER_HBM, &k[6], 1), 1);
+  ASSERT_EQ(kvp_index_query(ix, k, 8, 0, m, 2), 1);
+  ASSERT_EQ(m[0].tier_blocks[KVP_TIER_HBM], 4u);
+  ASSERT_EQ(m[0].tier_blocks[KVP_TIER_DRAM], 4u);
+  ASSERT_OK(kvp_index_stats_get(ix, &st));
+  ASSERT_EQ(st.closure_violations, 1u);
+  ASSERT_LT(st.query_blocks, 2u * 8u); /* the second read < 8 blocks */
+  kvp_index_destroy(ix);
+}
+
 TEST_MAIN(TEST_ENTRY(query_tiers_fast), TEST_ENTRY(query_tiers_wide),
           TEST_ENTRY(worker_ids_across_groups), TEST_ENTRY(gap_and_resync),
           TEST_ENTRY(resync_keeps_common_keys),
@@ -841,4 +979,6 @@ TEST_MAIN(TEST_ENTRY(query_tiers_fast), TEST_ENTRY(query_tiers_wide),
           TEST_ENTRY(approx_lru_cap), TEST_ENTRY(bad_input),
           TEST_ENTRY(allocator_accounting), TEST_ENTRY(out_of_memory),
           TEST_ENTRY(paths_agree_with_model),
-          TEST_ENTRY(many_holders_spill_and_shrink))
+          TEST_ENTRY(many_holders_spill_and_shrink),
+          TEST_ENTRY(prefix_closed_bisect_matches_walk),
+          TEST_ENTRY(prefix_closed_violation_walks))

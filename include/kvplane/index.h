@@ -41,7 +41,24 @@ typedef struct kvp_index_opts {
   /* Presize for this many distinct keys (avoids rehashing while warming up);
    * 0 = start small and grow. */
   uint64_t expected_keys;
-  uint32_t reserved[8];
+  /* 1: the caller promises every worker's cache is prefix-closed tier by
+   * tier: for each t, the blocks a worker holds in its t+1 fastest tiers
+   * (HBM, then + DRAM, + NVMe, + remote, + routed records) form, along any
+   * chain, a prefix.  Engines that evict leaves first keep it: vLLM frees a
+   * request's blocks tail first and touches shared prefixes with every use;
+   * SGLang's radix cache evicts leaves only; a tier manager that demotes what
+   * HBM evicts keeps HBM a prefix and HBM+DRAM a longer one.  Queries on <= 64
+   * workers then bisect the chain instead of walking it: about d log2(n)
+   * probes for d distinct per-tier prefix lengths, issued a round at a time
+   * so their memory misses overlap.  Every probe also checks the contract
+   * against the probes around it; a violation seen is counted
+   * (stats.closure_violations) and that query walks the chain instead.  A
+   * hole between probes is not seen: the answer then over-counts that
+   * worker's prefix (a routing hint only: the engine's own cache decides
+   * what is reused; a wrong index never serves wrong KV).  0 = walk every
+   * query (exact for any residency pattern). */
+  uint32_t prefix_closed;
+  uint32_t reserved[7];
 } kvp_index_opts;
 
 /* Creates an empty index with no workers.  opts may be NULL (defaults); the
@@ -158,7 +175,8 @@ _Static_assert(sizeof(kvp_index_match) == 40, "kvp_index_match is ABI");
  * first block, in increasing worker id, with the match defined above; routed
  * records count if not expired at now_ns (pass any value when approximate
  * mode is unused).  Stops reading the chain as soon as no worker still holds
- * every block so far.  Writes min(count, cap) matches to out and returns the
+ * every block so far; with opts.prefix_closed (<= 64 workers) bisects it
+ * instead (see kvp_index_opts).  Writes min(count, cap) matches to out and returns the
  * count (which may exceed cap: size out for max_workers to get all), or
  * KVP_EINVAL (ix NULL, keys NULL with n > 0, out NULL with cap > 0),
  * KVP_ERANGE (n > KVP_INDEX_CHAIN_MAX), KVP_ENOMEM (more than 4 worker groups
@@ -221,7 +239,10 @@ typedef struct kvp_index_stats {
   uint64_t routed_evicted; /* routed records dropped by the capacity */
   uint64_t queries;
   uint64_t query_blocks; /* blocks queries looked up (early stop shows) */
-  uint64_t reserved[5];
+  /* prefix_closed queries whose probes contradicted the contract (they
+   * walked the chain instead) */
+  uint64_t closure_violations;
+  uint64_t reserved[4];
 } kvp_index_stats;
 
 /* Counters, each read atomically but not all at one instant.  Thread-safe,
