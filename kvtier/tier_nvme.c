@@ -1,0 +1,557 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The NVMe tier: log-structured slab files, one per payload size class
+ * ("kvtier-<payload>.slab"), grown with fallocate, opened with O_DIRECT.
+ * A slot = header sector + payload, written in ONE write from a staging
+ * buffer (registered with io_uring when allowed).  A slot is reused only
+ * after its previous block left the index, so a torn write can only damage
+ * a block nobody may read any more; recovery and reads verify both
+ * checksums and drop what fails.  All calls run under the store's lock. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "core_internal.h"
+#include "kvtier_internal.h"
+
+#define GROW_BYTES (UINT64_C(64) << 20)
+
+static uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+/* ---- slab classes ---------------------------------------------------------*/
+static int class_open(kvp_tier_store *t, uint64_t cap, bool create,
+                      int32_t *out) {
+  for (uint32_t i = 0; i < t->ncls; i++)
+    if (t->cls[i].cap == cap) {
+      *out = (int32_t)i;
+      return 0;
+    }
+  char name[64];
+  snprintf(name, sizeof name, "kvtier-%" PRIu64 ".slab", cap);
+  int fd = openat(t->dirfd, name,
+                  O_RDWR | O_DIRECT | O_CLOEXEC | (create ? O_CREAT : 0), 0600);
+  if (fd < 0)
+    return -errno;
+  if (create)
+    fsync(t->dirfd); /* the new file's name survives a crash */
+  tier_nclass *n = kvp__realloc(&t->a, t->cls, t->ncls * sizeof *n,
+                                (t->ncls + 1) * sizeof *n);
+  if (n == NULL) {
+    close(fd);
+    return KVP_ENOMEM;
+  }
+  t->cls = n;
+  tier_nclass *c = &n[t->ncls];
+  *c = (tier_nclass){.cap = cap, .slot_bytes = t->hdr_bytes + cap, .fd = fd};
+  c->file_idx = kvp__tier_io_register_file(t->io, fd);
+  int rc = kvp_tier_policy_create(t->o.policy, &t->a, &c->pol);
+  if (rc < 0) {
+    close(fd);
+    return rc;
+  }
+  *out = (int32_t)t->ncls++;
+  return 0;
+}
+
+/* Make room for more slots: fallocate (ftruncate where unsupported). */
+static int class_grow(kvp_tier_store *t, tier_nclass *c, uint64_t slots) {
+  uint64_t add = slots * c->slot_bytes, off = c->nslots * c->slot_bytes;
+  int rc = fallocate(c->fd, 0, (off_t)off, (off_t)add);
+  if (rc != 0 && (errno == EOPNOTSUPP || errno == ENOSYS))
+    rc = ftruncate(c->fd, (off_t)(off + add));
+  if (rc != 0)
+    return -errno;
+  uint64_t n = c->nslots + slots;
+  uint32_t *ow = kvp__realloc(&t->a, c->owner, c->nslots * sizeof *ow, n * sizeof *ow);
+  if (ow == NULL)
+    return KVP_ENOMEM;
+  c->owner = ow;
+  uint64_t *fr = kvp__realloc(&t->a, c->free, c->nslots * sizeof *fr, n * sizeof *fr);
+  if (fr == NULL)
+    return KVP_ENOMEM;
+  c->free = fr;
+  for (uint64_t s = n; s-- > c->nslots;) {
+    ow[s] = TIER_NIL;
+    fr[c->nfree++] = s;
+  }
+  c->nslots = n;
+  t->nvme_alloc += add;
+  return 0;
+}
+
+static void slot_release(kvp_tier_store *t, tier_nclass *c, uint64_t slot) {
+  c->owner[slot] = TIER_NIL;
+  c->free[c->nfree++] = slot;
+  t->nvme_used -= c->cap;
+}
+
+/* A free slot in class ci: free list, growth within capacity, or eviction of
+ * the class's policy victim.  Returns 0 or KVP_ENOSPC. */
+static int slot_take(kvp_tier_store *t, int32_t ci, uint64_t *slot) {
+  tier_nclass *c = &t->cls[ci];
+  if (c->nfree == 0 && t->nvme_alloc + c->slot_bytes <= t->nvme_cap) {
+    uint64_t room = (t->nvme_cap - t->nvme_alloc) / c->slot_bytes;
+    uint64_t want = GROW_BYTES / c->slot_bytes;
+    want = want == 0 ? 1 : want;
+    int rc = class_grow(t, c, want < room ? want : room);
+    if (rc < 0 && rc != -ENOSPC)
+      return rc;
+    if (rc == -ENOSPC)
+      t->st.io_errors++;
+  }
+  if (c->nfree == 0) {
+    uint32_t v;
+    if (kvp_tier_policy_victim(c->pol, &v) < 0)
+      return KVP_ENOSPC;
+    t->st.evictions[KVP_TIER_NVME]++;
+    kvp__tier_nvme_drop(t, v, false, true);
+    kvp__tier_entry_gc(t, v);
+  }
+  *slot = c->free[--c->nfree];
+  return 0;
+}
+
+/* ---- encryption (AES-256-GCM, AAD = the block's identity) -----------------*/
+static void aad_of(const tier_slot_hdr *h, uint8_t aad[48]) {
+  uint64_t v[6] = {h->ns.hi, h->ns.lo, h->key.hi, h->key.lo, h->len, h->epoch};
+  for (int i = 0; i < 6; i++)
+    for (int b = 0; b < 8; b++)
+      aad[i * 8 + b] = (uint8_t)(v[i] >> (8 * b));
+}
+
+static int gcm(kvp_tier_store *t, bool enc, const uint8_t key[32],
+               tier_slot_hdr *h, const uint8_t *in, uint8_t *out) {
+  EVP_CIPHER_CTX *x = t->cctx;
+  uint8_t aad[48];
+  int l, ok;
+  aad_of(h, aad);
+  if (h->len > INT32_MAX)
+    return KVP_ERANGE;
+  if (enc) {
+    ok = EVP_EncryptInit_ex(x, EVP_aes_256_gcm(), NULL, key, h->iv) &&
+         EVP_EncryptUpdate(x, NULL, &l, aad, sizeof aad) &&
+         EVP_EncryptUpdate(x, out, &l, in, (int)h->len) &&
+         EVP_EncryptFinal_ex(x, out + l, &l) &&
+         EVP_CIPHER_CTX_ctrl(x, EVP_CTRL_GCM_GET_TAG, 16, h->tag);
+  } else {
+    ok = EVP_DecryptInit_ex(x, EVP_aes_256_gcm(), NULL, key, h->iv) &&
+         EVP_DecryptUpdate(x, NULL, &l, aad, sizeof aad) &&
+         EVP_DecryptUpdate(x, out, &l, in, (int)h->len) &&
+         EVP_CIPHER_CTX_ctrl(x, EVP_CTRL_GCM_SET_TAG, 16, h->tag) &&
+         EVP_DecryptFinal_ex(x, out + l, &l) > 0;
+  }
+  return ok ? 0 : KVP_ECORRUPT;
+}
+
+/* ---- writes -----------------------------------------------------------------*/
+/* Builds entry id's slot image in staging buffer b; 0 or an error. */
+static int stage_slot(kvp_tier_store *t, uint32_t id, uint8_t *b,
+                      uint64_t cap) {
+  tier_entry *e = &t->ents[id];
+  const tier_ns *ns = kvp__tier_ns_find(t, e->ns);
+  tier_slot_hdr h = {.ns = e->ns, .key = e->key, .len = e->len,
+                     .epoch = ++t->epoch};
+  uint8_t *pay = b + t->hdr_bytes;
+  if (ns != NULL && ns->enc) {
+    h.flags = TIER_HDR_F_AESGCM;
+    if (RAND_bytes(h.iv, sizeof h.iv) != 1 || gcm(t, true, ns->key, &h, e->dram, pay) < 0)
+      return KVP_EIO;
+  } else {
+    memcpy(pay, e->dram, e->len);
+  }
+  memset(pay + e->len, 0, cap - e->len);
+  h.payload_sum = kvp__tier_payload_sum(pay, e->len);
+  memset(b, 0, t->hdr_bytes);
+  kvp__tier_hdr_encode(&h, b);
+  return 0;
+}
+
+static tio_op op_of(kvp_tier_store *t, int kind, tier_nclass *c, uint64_t slot,
+                    uint8_t *buf, uint32_t len, size_t i) {
+  return (tio_op){.op = (uint8_t)kind, .fd = c->fd, .file = c->file_idx,
+                  .buf = buf, .len = len,
+                  .buf_index = t->fixed_bufs ? (int)i : -1,
+                  .off = slot * c->slot_bytes};
+}
+
+static void write_chunk(kvp_tier_store *t, const uint32_t *ids, size_t n,
+                        int *res, tio_op *ops, uint64_t *slots) {
+  uint64_t t0 = kvp_now_ns(), bytes = 0;
+  for (size_t i = 0; i < n; i++) {
+    tier_entry *e = &t->ents[ids[i]];
+    uint8_t *b = t->stage + i * t->stage_each;
+    uint64_t cap = kvp__tier_class_bytes(e->len);
+    int32_t ci;
+    res[i] = cap + t->hdr_bytes > t->stage_each ? KVP_ERANGE : class_open(t, cap, true, &ci);
+    if (res[i] == 0)
+      res[i] = slot_take(t, ci, &slots[i]);
+    if (res[i] == 0 && (res[i] = stage_slot(t, ids[i], b, cap)) < 0)
+      t->cls[ci].free[t->cls[ci].nfree++] = slots[i];
+    if (res[i] < 0) {
+      ops[i] = (tio_op){.op = TIO_SYNC, .fd = -1, .res = res[i]};
+      continue;
+    }
+    e->nclass = ci; /* provisional: the slot is taken, not yet owned */
+    ops[i] = op_of(t, TIO_WRITE, &t->cls[ci], slots[i], b,
+                   (uint32_t)(t->hdr_bytes + round_up(e->len, t->hdr_bytes)), i);
+  }
+  /* run only the real writes (placeholder ops keep their error) */
+  size_t k = 0;
+  tio_op run[1024];
+  size_t map[1024];
+  for (size_t i = 0; i < n; i++)
+    if (res[i] == 0) {
+      run[k] = ops[i];
+      map[k++] = i;
+    }
+  kvp__tier_io_run(t->io, run, k, t->qd);
+  for (size_t j = 0; j < k; j++) {
+    size_t i = map[j];
+    tier_entry *e = &t->ents[ids[i]];
+    tier_nclass *c = &t->cls[e->nclass];
+    t->st.nvme_writes++;
+    if (run[j].res != (int)run[j].len) {
+      if (run[j].res >= 0)
+        t->st.short_io++;
+      else
+        t->st.io_errors++;
+      res[i] = run[j].res < 0 ? run[j].res : KVP_EIO;
+      c->free[c->nfree++] = slots[i];
+      e->nclass = -1;
+      continue;
+    }
+    bytes += run[j].len;
+    t->st.nvme_bytes_written += run[j].len;
+    c->owner[slots[i]] = ids[i];
+    e->nslot = slots[i];
+    t->nvme_used += c->cap;
+    t->st.nvme_blocks++;
+    kvp_tier_policy_insert(c->pol, ids[i], e->key.lo ^ e->ns.lo, c->cap, e->cls);
+    kvp__tier_emit(t, KVP_TIER_NVME, 1, e);
+  }
+  (void)t0, (void)bytes;
+}
+
+void kvp__tier_nvme_write(kvp_tier_store *t, const uint32_t *ids, size_t n,
+                          bool durable, int *res) {
+  if (t->io == NULL) {
+    for (size_t i = 0; i < n; i++)
+      res[i] = KVP_ENOTSUP;
+    return;
+  }
+  tio_op ops[1024];
+  uint64_t slots[1024];
+  for (size_t at = 0; at < n; at += t->qd_max)
+    write_chunk(t, ids + at, n - at < t->qd_max ? n - at : t->qd_max, res + at,
+                ops, slots);
+  if (!durable)
+    return;
+  int rc = kvp__tier_nvme_sync(t);
+  for (size_t i = 0; rc < 0 && i < n; i++)
+    if (res[i] == 0)
+      res[i] = rc; /* on NVMe, but not acknowledged durable */
+}
+
+int kvp__tier_nvme_sync(kvp_tier_store *t) {
+  tio_op ops[256];
+  uint32_t k = 0;
+  int rc = 0;
+  for (uint32_t i = 0; i < t->ncls; i++) {
+    ops[k++] = (tio_op){.op = TIO_SYNC, .fd = t->cls[i].fd,
+                        .file = t->cls[i].file_idx, .buf_index = -1};
+    if (k == 256 || i + 1 == t->ncls) {
+      kvp__tier_io_run(t->io, ops, k, t->qd);
+      for (uint32_t j = 0; j < k; j++)
+        if (ops[j].res < 0) {
+          t->st.io_errors++;
+          rc = ops[j].res;
+        }
+      k = 0;
+    }
+  }
+  return rc;
+}
+
+/* ---- reads ------------------------------------------------------------------*/
+/* Checks a slot read into b and copies its payload to dst: 0 or a miss. */
+static int verify_slot(kvp_tier_store *t, const tier_entry *e, const uint8_t *b,
+                       void *dst) {
+  tier_slot_hdr h;
+  if (kvp__tier_hdr_decode(b, TIER_HDR_BYTES, &h) < 0 ||
+      h.payload_sum != kvp__tier_payload_sum(b + t->hdr_bytes, h.len)) {
+    t->st.checksum_failures++;
+    return KVP_ECORRUPT;
+  }
+  if (!kvp_key_eq(h.ns, e->ns) || !kvp_key_eq(h.key, e->key) || h.len != e->len) {
+    t->st.key_mismatch++;
+    return KVP_ECORRUPT;
+  }
+  const tier_ns *ns = kvp__tier_ns_find(t, e->ns);
+  bool enc = (h.flags & TIER_HDR_F_AESGCM) != 0;
+  if (ns == NULL || enc != ns->enc) {
+    t->st.auth_failures++; /* an encrypted namespace never reads plaintext */
+    return KVP_ECORRUPT;
+  }
+  if (!enc) {
+    memcpy(dst, b + t->hdr_bytes, h.len);
+    return 0;
+  }
+  if (gcm(t, false, ns->key, &h, b + t->hdr_bytes, dst) < 0) {
+    t->st.auth_failures++;
+    return KVP_ECORRUPT;
+  }
+  return 0;
+}
+
+static void read_chunk(kvp_tier_store *t, const uint32_t *ids, size_t n,
+                       void *const *dst, int *res) {
+  tio_op ops[1024];
+  uint64_t t0 = kvp_now_ns(), bytes = 0;
+  for (size_t i = 0; i < n; i++) {
+    tier_entry *e = &t->ents[ids[i]];
+    tier_nclass *c = &t->cls[e->nclass];
+    ops[i] = op_of(t, TIO_READ, c, e->nslot, t->stage + i * t->stage_each,
+                   (uint32_t)(t->hdr_bytes + round_up(e->len, t->hdr_bytes)), i);
+  }
+  kvp__tier_io_run(t->io, ops, n, t->qd);
+  for (size_t i = 0; i < n; i++) {
+    t->st.nvme_reads++;
+    if (ops[i].res != (int)ops[i].len) {
+      if (ops[i].res >= 0)
+        t->st.short_io++;
+      else
+        t->st.io_errors++;
+      res[i] = KVP_ENOENT;
+    } else {
+      bytes += ops[i].len;
+      t->st.nvme_bytes_read += ops[i].len;
+      res[i] = verify_slot(t, &t->ents[ids[i]], ops[i].buf, dst[i]) == 0
+                   ? KVP_TIER_NVME
+                   : KVP_ENOENT;
+    }
+    if (res[i] < 0) { /* a miss; the slot is not trusted again */
+      kvp__tier_nvme_drop(t, ids[i], false, false);
+    }
+  }
+  if (bytes > 0)
+    kvp__tier_bw_note(t, KVP_TIER_NVME, bytes, kvp_now_ns() - t0);
+}
+
+void kvp__tier_nvme_read(kvp_tier_store *t, const uint32_t *ids, size_t n,
+                         void *const *dst, int *res) {
+  for (size_t at = 0; at < n; at += t->qd_max)
+    read_chunk(t, ids + at, n - at < t->qd_max ? n - at : t->qd_max, dst + at,
+               res + at);
+}
+
+void kvp__tier_nvme_drop(kvp_tier_store *t, uint32_t id, bool wipe,
+                         bool evicted) {
+  tier_entry *e = &t->ents[id];
+  if (e->nclass < 0)
+    return;
+  tier_nclass *c = &t->cls[e->nclass];
+  if (wipe) { /* so recovery does not bring an evicted block back */
+    memset(t->stage, 0, t->hdr_bytes);
+    tio_op op = op_of(t, TIO_WRITE, c, e->nslot, t->stage, t->hdr_bytes, 0);
+    kvp__tier_io_run(t->io, &op, 1, 1);
+    if (op.res != (int)t->hdr_bytes)
+      t->st.io_errors++;
+  }
+  kvp_tier_policy_remove(c->pol, id, evicted);
+  slot_release(t, c, e->nslot);
+  e->nclass = -1;
+  t->st.nvme_blocks--;
+  kvp__tier_emit(t, KVP_TIER_NVME, 0, e);
+}
+
+/* ---- open / recovery ---------------------------------------------------------*/
+static void recover_slot(kvp_tier_store *t, int32_t ci, uint64_t slot,
+                         const tier_slot_hdr *h) {
+  tier_nclass *c = &t->cls[ci];
+  if (kvp__tier_class_bytes(h->len) != c->cap) {
+    t->st.recovery_bad_slots++;
+    return;
+  }
+  if (h->epoch > t->epoch)
+    t->epoch = h->epoch;
+  uint32_t id = kvp__tier_entry_find(t, h->ns, h->key);
+  if (id != TIER_NIL) { /* the same block twice: keep one slot */
+    t->st.recovery_dup_slots++;
+    return;
+  }
+  id = kvp__tier_entry_new(t, h->ns, h->key);
+  if (id == TIER_NIL)
+    return;
+  tier_entry *e = &t->ents[id];
+  e->len = h->len;
+  e->cls = KVP_CLASS_SEMI; /* admitted to NVMe once: at least reused */
+  e->nclass = ci;
+  e->nslot = slot;
+  c->owner[slot] = id;
+  t->nvme_used += c->cap;
+  t->st.nvme_blocks++;
+  t->st.recovered_slots++;
+  kvp_tier_policy_insert(c->pol, id, h->key.lo ^ h->ns.lo, c->cap, e->cls);
+  kvp__tier_emit(t, KVP_TIER_NVME, 1, e);
+}
+
+static int recover_class(kvp_tier_store *t, int32_t ci) {
+  tier_nclass *c = &t->cls[ci];
+  struct stat sb;
+  if (fstat(c->fd, &sb) != 0)
+    return -errno;
+  uint64_t slots = (uint64_t)sb.st_size / c->slot_bytes;
+  c->nslots = 0;
+  int rc = class_grow(t, c, slots); /* adopts the existing slots */
+  if (rc < 0 || slots == 0)
+    return rc;
+  tio_op ops[1024];
+  for (uint64_t at = 0; at < slots; at += t->qd_max) {
+    size_t n = slots - at < t->qd_max ? slots - at : t->qd_max;
+    for (size_t i = 0; i < n; i++)
+      ops[i] = op_of(t, TIO_READ, c, at + i, t->stage + i * t->stage_each,
+                     t->hdr_bytes, i);
+    kvp__tier_io_run(t->io, ops, n, t->qd);
+    for (size_t i = 0; i < n; i++) {
+      tier_slot_hdr h;
+      if (ops[i].res != (int)t->hdr_bytes) {
+        t->st.io_errors++;
+        continue;
+      }
+      rc = kvp__tier_hdr_decode(ops[i].buf, TIER_HDR_BYTES, &h);
+      if (rc == 0)
+        recover_slot(t, ci, at + i, &h);
+      else if (((uint8_t *)ops[i].buf)[0] != 0)
+        t->st.recovery_bad_slots++;
+    }
+  }
+  c->nfree = 0; /* rebuild the free stack from the owners */
+  for (uint64_t s = slots; s-- > 0;)
+    if (c->owner[s] == TIER_NIL)
+      c->free[c->nfree++] = s;
+  return 0;
+}
+
+static int recover(kvp_tier_store *t) {
+  DIR *d = fdopendir(dup(t->dirfd));
+  if (d == NULL)
+    return -errno;
+  struct dirent *de;
+  int rc = 0;
+  while (rc == 0 && (de = readdir(d)) != NULL) {
+    uint64_t cap;
+    char tail[8];
+    if (sscanf(de->d_name, "kvtier-%" SCNu64 ".sla%1s", &cap, tail) != 2 ||
+        strcmp(tail, "b") != 0 || cap == 0 || cap % 4096 != 0 ||
+        kvp__tier_class_bytes(cap) != cap || cap + t->hdr_bytes > t->stage_each)
+      continue;
+    int32_t ci;
+    rc = class_open(t, cap, false, &ci);
+    if (rc == 0)
+      rc = recover_class(t, ci);
+  }
+  closedir(d);
+  return rc;
+}
+
+static uint64_t fs_free(int dirfd) {
+  struct statvfs v;
+  return fstatvfs(dirfd, &v) == 0 ? (uint64_t)v.f_bavail * v.f_frsize : 0;
+}
+
+/* O_DIRECT on the directory's file system (tmpfs refuses it). */
+static int probe_direct(kvp_tier_store *t) {
+  int fd = openat(t->dirfd, ".", O_TMPFILE | O_RDWR | O_DIRECT, 0600);
+  if (fd < 0 && (errno == EOPNOTSUPP || errno == EISDIR))
+    return 0; /* no O_TMPFILE here: class files will tell */
+  if (fd < 0) {
+    KVP_LOGE("kvtier", "nvme_dir %s: O_DIRECT refused (%s); tmpfs cannot hold "
+             "the NVMe tier: use a directory on a disk (e.g. /var/tmp)",
+             t->dir, strerror(errno));
+    return KVP_ENOTSUP;
+  }
+  struct statx sx;
+  if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 &&
+      (sx.stx_mask & STATX_DIOALIGN) && sx.stx_dio_offset_align > 512)
+    t->hdr_bytes = sx.stx_dio_offset_align;
+  close(fd);
+  return 0;
+}
+
+int kvp__tier_nvme_open(kvp_tier_store *t) {
+  int rc;
+  t->hdr_bytes = 512;
+  t->dirfd = open(t->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (t->dirfd < 0) {
+    rc = -errno;
+    KVP_LOGE("kvtier", "nvme_dir %s: %s", t->dir, strerror(errno));
+    return rc;
+  }
+  if ((rc = probe_direct(t)) < 0)
+    return rc;
+  t->nvme_cap = t->o.nvme_bytes;
+  if (t->nvme_cap == 0) {
+    double f = t->o.nvme_fraction > 0 ? t->o.nvme_fraction : 0.5;
+    t->nvme_cap = (uint64_t)(f * (double)fs_free(t->dirfd));
+  }
+  uint64_t maxb = t->o.max_block_bytes ? t->o.max_block_bytes : (UINT64_C(4) << 20);
+  t->stage_each = round_up(t->hdr_bytes + kvp__tier_class_bytes(maxb), 4096);
+  t->stage_len = round_up(t->stage_each * t->qd_max, UINT64_C(2) << 20);
+  void *p = mmap(NULL, t->stage_len, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    return KVP_ENOMEM;
+  t->stage = p;
+  if ((rc = kvp__tier_io_create(t->o.io_backend, t->qd_max, t->o.io_filter,
+                                t->o.io_filter_opaque, &t->a, &t->io)) < 0)
+    return rc;
+  t->fixed_bufs = kvp__tier_io_register_buffers(t->io, t->stage, t->stage_each,
+                                                t->qd_max);
+  if ((t->cctx = EVP_CIPHER_CTX_new()) == NULL)
+    return KVP_ENOMEM;
+  return recover(t);
+}
+
+void kvp__tier_nvme_close(kvp_tier_store *t) {
+  for (uint32_t i = 0; i < t->ncls; i++) {
+    tier_nclass *c = &t->cls[i];
+    close(c->fd);
+    kvp_tier_policy_destroy(c->pol);
+    kvp__free(&t->a, c->owner, c->nslots * sizeof *c->owner);
+    kvp__free(&t->a, c->free, c->nslots * sizeof *c->free);
+  }
+  kvp__free(&t->a, t->cls, t->ncls * sizeof *t->cls);
+  kvp__tier_io_destroy(t->io);
+  if (t->stage != NULL)
+    munmap(t->stage, t->stage_len);
+  EVP_CIPHER_CTX_free(t->cctx);
+  if (t->dirfd > 0)
+    close(t->dirfd);
+}
+
+int kvp__tier_nvme_set_policy(kvp_tier_store *t, kvp_tier_policy_kind k) {
+  for (uint32_t i = 0; i < t->ncls; i++) {
+    tier_nclass *c = &t->cls[i];
+    kvp_tier_policy *np;
+    int rc = kvp_tier_policy_create(k, &t->a, &np);
+    if (rc < 0)
+      return rc;
+    for (uint64_t s = 0; s < c->nslots; s++)
+      if (c->owner[s] != TIER_NIL) {
+        tier_entry *e = &t->ents[c->owner[s]];
+        kvp_tier_policy_insert(np, c->owner[s], e->key.lo ^ e->ns.lo, c->cap, e->cls);
+      }
+    kvp_tier_policy_destroy(c->pol);
+    c->pol = np;
+  }
+  return 0;
+}
