@@ -107,9 +107,11 @@ static bool hook_merge(extent_hooks_t *h, void *addr_a, size_t size_a,
 
 static int map_region(tier_dram *d, uint64_t bytes, kvp_tier_huge huge) {
   d->len = (size_t)((bytes + CHUNK - 1) / CHUNK * CHUNK);
+  /* no MAP_NORESERVE: the kernel reserves the huge pages now or refuses,
+   * instead of SIGBUS on first touch */
   if (huge == KVP_TIER_HUGE_AUTO) {
     void *p = mmap(NULL, d->len, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB | MAP_NORESERVE, -1, 0);
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
     if (p != MAP_FAILED) {
       d->map = d->base = p;
       d->map_len = d->len;
@@ -149,7 +151,7 @@ static int make_arena(tier_dram *d) {
 
 int kvp__tier_dram_create(uint64_t bytes, kvp_tier_huge huge,
                           const kvp_allocator *a, tier_dram **out) {
-  if (bytes < CHUNK || bytes > (UINT64_C(1) << 46))
+  if (bytes < 2 * CHUNK || bytes > (UINT64_C(1) << 46)) /* arena metadata takes a chunk */
     return KVP_ERANGE;
   tier_dram *d = kvp__calloc(a, 1, sizeof *d);
   if (d == NULL)

@@ -94,19 +94,50 @@ static void slot_release(kvp_tier_store *t, tier_nclass *c, uint64_t slot) {
   t->nvme_used -= c->cap;
 }
 
-/* A free slot in class ci: free list, growth within capacity, or eviction of
- * the class's policy victim.  Returns 0 or KVP_ENOSPC. */
+/* Gives back the trailing free slots of every other class's file, so a
+ * class that needs room can grow (capacity counts allocated file bytes). */
+static void reclaim_tails(kvp_tier_store *t, int32_t keep) {
+  for (uint32_t i = 0; i < t->ncls; i++) {
+    tier_nclass *c = &t->cls[i];
+    uint64_t n = c->nslots;
+    if ((int32_t)i == keep)
+      continue;
+    while (n > 0 && c->owner[n - 1] == TIER_NIL)
+      n--;
+    if (n == c->nslots || ftruncate(c->fd, (off_t)(n * c->slot_bytes)) != 0)
+      continue;
+    uint64_t k = 0; /* the free stack without the cut slots */
+    for (uint64_t j = 0; j < c->nfree; j++)
+      if (c->free[j] < n)
+        c->free[k++] = c->free[j];
+    c->nfree = k;
+    t->nvme_alloc -= (c->nslots - n) * c->slot_bytes;
+    c->nslots = n;
+  }
+}
+
+static int try_grow(kvp_tier_store *t, tier_nclass *c) {
+  if (t->nvme_alloc + c->slot_bytes > t->nvme_cap)
+    return KVP_ENOSPC;
+  uint64_t room = (t->nvme_cap - t->nvme_alloc) / c->slot_bytes;
+  uint64_t step = t->nvme_cap / 32 < GROW_BYTES ? t->nvme_cap / 32 : GROW_BYTES;
+  uint64_t want = step / c->slot_bytes;
+  want = want == 0 ? 1 : want;
+  int rc = class_grow(t, c, want < room ? want : room);
+  if (rc == -ENOSPC)
+    t->st.io_errors++; /* the file system is fuller than the capacity says */
+  return rc;
+}
+
+/* A free slot in class ci: free list, growth within capacity, trailing
+ * space of other classes, or eviction of the class's policy victim.
+ * Returns 0 or KVP_ENOSPC. */
 static int slot_take(kvp_tier_store *t, int32_t ci, uint64_t *slot) {
   tier_nclass *c = &t->cls[ci];
-  if (c->nfree == 0 && t->nvme_alloc + c->slot_bytes <= t->nvme_cap) {
-    uint64_t room = (t->nvme_cap - t->nvme_alloc) / c->slot_bytes;
-    uint64_t want = GROW_BYTES / c->slot_bytes;
-    want = want == 0 ? 1 : want;
-    int rc = class_grow(t, c, want < room ? want : room);
-    if (rc < 0 && rc != -ENOSPC)
-      return rc;
-    if (rc == -ENOSPC)
-      t->st.io_errors++;
+  if (c->nfree == 0 && try_grow(t, c) < 0 &&
+      kvp_tier_policy_count(c->pol) == 0) {
+    reclaim_tails(t, ci);
+    try_grow(t, c);
   }
   if (c->nfree == 0) {
     uint32_t v;
