@@ -92,7 +92,7 @@ uint64_t kvp__tier_class_bytes(uint64_t len) {
   if (len <= 16384)
     return (len + 4095) & ~UINT64_C(4095);
   int top = 63 - __builtin_clzll(len - 1); /* 2^top < len <= 2^(top+1) */
-  uint64_t step = UINT64_C(1) << (top - 1);  /* four classes per doubling */
+  uint64_t step = UINT64_C(1) << (top - 2);  /* four classes per doubling */
   return (len + step - 1) & ~(step - 1);
 }
 
