@@ -58,11 +58,11 @@ static inline kvp_namespace tt_ns(const char *tenant, uint32_t bs) {
   return ns;
 }
 
-/* Deterministic bytes for (ns, key). */
-static inline void tt_fill(const kvp_namespace *ns, kvp_key k, void *buf,
-                           size_t n) {
+/* Deterministic bytes for (ns, key): fill writes them, check compares
+ * (thread-safe, no buffer). */
+static inline bool tt_gen_(const kvp_namespace *ns, kvp_key k, uint8_t *b,
+                           size_t n, bool fill) {
   uint64_t s = k.hi * 0x9E3779B97F4A7C15ull ^ k.lo ^ ns->seed.lo;
-  uint8_t *b = buf;
   for (size_t i = 0; i < n; i++) {
     if (i % 8 == 0) {
       s += 0x9E3779B97F4A7C15ull;
@@ -71,17 +71,21 @@ static inline void tt_fill(const kvp_namespace *ns, kvp_key k, void *buf,
       z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
       s = z ^ (z >> 31);
     }
-    b[i] = (uint8_t)(s >> (8 * (i % 8)));
+    uint8_t v = (uint8_t)(s >> (8 * (i % 8)));
+    if (fill)
+      b[i] = v;
+    else if (b[i] != v)
+      return false;
   }
+  return true;
 }
-
+static inline void tt_fill(const kvp_namespace *ns, kvp_key k, void *buf,
+                           size_t n) {
+  tt_gen_(ns, k, buf, n, true);
+}
 static inline bool tt_check(const kvp_namespace *ns, kvp_key k,
                             const void *buf, size_t n) {
-  static uint8_t tmp[4 << 20];
-  if (n > sizeof tmp)
-    return false;
-  tt_fill(ns, k, tmp, n);
-  return memcmp(tmp, buf, n) == 0;
+  return tt_gen_(ns, k, (uint8_t *)(uintptr_t)buf, n, false);
 }
 
 /* io_uring first when the kernel lets us (else said once), then POSIX. */
