@@ -67,18 +67,37 @@ void kvp__tier_dram_region(const tier_dram *d, void **base, size_t *len);
 int kvp__tier_dram_huge(const tier_dram *d);
 uint64_t kvp__tier_dram_slot_bytes(const tier_dram *d);
 
-/* ---- I/O: io_uring or POSIX behind one batch call -------------------------*/
+/* ---- I/O: io_uring or POSIX behind one streaming batch call -------------*/
 enum { TIO_READ = 0, TIO_WRITE = 1, TIO_SYNC = 2 };
 typedef struct tio_op {
   uint8_t op;
-  int fd;        /* real descriptor */
-  int file;      /* registered file index, -1 none */
+  bool needs_buf; /* take a staging buffer before prep */
+  bool skipped;   /* set by the layer: prep failed or the ring broke */
+  bool inflight;  /* set by the layer */
+  int fd;         /* real descriptor */
+  int file;       /* registered file index, -1 none */
   void *buf;
   uint32_t len;
-  int buf_index; /* registered buffer index, -1 none */
+  int buf_index;  /* registered buffer index, -1 none (set by the layer) */
+  int pool_idx;   /* staging buffer held, -1 none (set by the layer) */
   uint64_t off;
-  int res;       /* bytes or -errno, after the filter */
+  int res;        /* bytes or -errno, after the filter; prep may preset an
+                     error (< 0) to skip the I/O */
 } tio_op;
+
+/* Staging buffers ops borrow while in flight (registered with io_uring when
+ * possible). */
+typedef struct tio_pool {
+  uint8_t *base;
+  size_t each;
+  uint32_t n;
+  bool fixed;
+} tio_pool;
+
+/* prep(arg, i, op): op i got its buffer and is about to be submitted (fill
+ * the buffer for a write; set op->res < 0 to skip it).  done(arg, i, op):
+ * op i completed (res final); its buffer is reused after done returns. */
+typedef void (*tio_cb)(void *arg, size_t i, tio_op *op);
 
 typedef struct tier_io tier_io;
 int kvp__tier_io_create(kvp_tier_io_backend b, uint32_t qd,
@@ -86,13 +105,15 @@ int kvp__tier_io_create(kvp_tier_io_backend b, uint32_t qd,
                         const kvp_allocator *a, tier_io **out);
 void kvp__tier_io_destroy(tier_io *io);
 bool kvp__tier_io_is_uring(const tier_io *io);
-/* Registered buffers/files (io_uring only; false when not possible). */
+/* Registered buffers/files (io_uring only; false / -1 when not possible). */
 bool kvp__tier_io_register_buffers(tier_io *io, void *base, size_t each,
                                    uint32_t n);
-int kvp__tier_io_register_file(tier_io *io, int fd); /* index or -1 */
-/* Runs ops[0..n) with up to qd in flight; each op's res is set.  Returns 0
- * (errors are per op). */
-int kvp__tier_io_run(tier_io *io, tio_op *ops, size_t n, uint32_t qd);
+int kvp__tier_io_register_file(tier_io *io, int fd);
+/* Runs ops[0..n) with up to qd in flight (and no more than the pool's
+ * buffers), refilling the queue as completions arrive.  Returns 0, or a
+ * ring error after which the unfinished ops carry that error. */
+int kvp__tier_io_run(tier_io *io, tio_op *ops, size_t n, uint32_t qd,
+                     const tio_pool *pool, tio_cb prep, tio_cb done, void *arg);
 
 /* io_uring backend (kvtier/uring/); KVP_ENOTSUP when built without it. */
 typedef struct tier_uring tier_uring;
@@ -102,8 +123,12 @@ void kvp__tier_uring_destroy(tier_uring *u);
 bool kvp__tier_uring_register_buffers(tier_uring *u, void *base, size_t each,
                                       uint32_t n);
 int kvp__tier_uring_register_file(tier_uring *u, int fd);
-/* Submits and reaps ops (raw kernel results in res). */
-int kvp__tier_uring_run(tier_uring *u, tio_op *ops, size_t n, uint32_t qd);
+/* Queues op (tag comes back with its completion); KVP_EBUSY: ring full. */
+int kvp__tier_uring_queue(tier_uring *u, const tio_op *op, uint64_t tag);
+/* Submits what is queued, waits for >= 1 completion, hands each to cb.
+ * Returns completions seen or a negative ring error. */
+typedef void (*tier_uring_cb)(void *arg, uint64_t tag, int res);
+int kvp__tier_uring_reap(tier_uring *u, tier_uring_cb cb, void *arg);
 
 /* ---- the store (tier_store.c: API, index, DRAM; tier_nvme.c: slabs) ------ */
 #include <pthread.h>

@@ -77,16 +77,99 @@ static int posix_one(const tio_op *o) {
   return r < 0 ? -errno : (int)r;
 }
 
-int kvp__tier_io_run(tier_io *io, tio_op *ops, size_t n, uint32_t qd) {
-  if (io->u != NULL) {
-    kvp__tier_uring_run(io->u, ops, n, qd);
-  } else {
-    for (size_t i = 0; i < n; i++)
-      ops[i].res = posix_one(&ops[i]);
+typedef struct run_state {
+  tier_io *io;
+  tio_op *ops;
+  const tio_pool *pool;
+  tio_cb done;
+  void *arg;
+  uint32_t *freeb, nfree;
+  size_t finished;
+} run_state;
+
+static void finish(run_state *r, size_t i) {
+  tio_op *o = &r->ops[i];
+  o->inflight = false;
+  if (r->io->filter != NULL && !o->skipped)
+    o->res = r->io->filter(r->io->fopaque, o->op, o->buf, o->len, o->off,
+                           o->res);
+  if (r->done != NULL)
+    r->done(r->arg, i, o);
+  if (o->pool_idx >= 0)
+    r->freeb[r->nfree++] = (uint32_t)o->pool_idx;
+  o->pool_idx = -1;
+  r->finished++;
+}
+
+static void on_cqe(void *arg, uint64_t tag, int res) {
+  run_state *r = arg;
+  r->ops[tag].res = res;
+  finish(r, (size_t)tag);
+}
+
+int kvp__tier_io_run(tier_io *io, tio_op *ops, size_t n, uint32_t qd,
+                     const tio_pool *pool, tio_cb prep, tio_cb done, void *arg) {
+  uint32_t freeb[1024];
+  run_state r = {.io = io, .ops = ops, .pool = pool, .done = done, .arg = arg,
+                 .freeb = freeb};
+  uint32_t nbuf = pool ? (pool->n < 1024 ? pool->n : 1024) : 0;
+  for (uint32_t b = nbuf; b-- > 0;)
+    freeb[r.nfree++] = b;
+  size_t next = 0, inflight = 0;
+  int err = 0;
+  while (r.finished < n) {
+    while (next < n && inflight < qd && err == 0) {
+      tio_op *o = &ops[next];
+      o->pool_idx = o->buf_index = -1;
+      if (o->needs_buf) {
+        if (r.nfree == 0)
+          break;
+        uint32_t b = freeb[--r.nfree];
+        o->pool_idx = (int)b;
+        o->buf = pool->base + (size_t)b * pool->each;
+        o->buf_index = pool->fixed ? (int)b : -1;
+      }
+      o->res = 0;
+      o->skipped = false;
+      if (prep != NULL)
+        prep(arg, next, o);
+      if (o->res < 0) { /* prep failed: no I/O, no filter */
+        o->skipped = true;
+        finish(&r, next);
+      } else if (io->u != NULL) {
+        if (kvp__tier_uring_queue(io->u, o, next) < 0) {
+          if (o->pool_idx >= 0)
+            freeb[r.nfree++] = (uint32_t)o->pool_idx;
+          break; /* ring full: reap first */
+        }
+        o->inflight = true;
+        inflight++;
+      } else {
+        o->res = posix_one(o);
+        finish(&r, next);
+      }
+      next++;
+    }
+    if (inflight == 0) {
+      if (err != 0 || (next == n && r.finished == n))
+        break;
+      continue;
+    }
+    size_t before = r.finished;
+    int rc = kvp__tier_uring_reap(io->u, on_cqe, &r);
+    if (rc < 0) { /* ring unusable: fail the rest */
+      err = rc;
+      for (size_t i = 0; i < n; i++)
+        if (i >= next || ops[i].inflight) {
+          if (i >= next)
+            ops[i].pool_idx = -1;
+          ops[i].res = rc;
+          ops[i].skipped = true;
+          finish(&r, i);
+        }
+      break;
+    }
+    inflight -= r.finished - before;
   }
-  if (io->filter != NULL)
-    for (size_t i = 0; i < n; i++)
-      ops[i].res = io->filter(io->fopaque, ops[i].op, ops[i].buf, ops[i].len,
-                              ops[i].off, ops[i].res);
-  return 0;
+  return err;
 }

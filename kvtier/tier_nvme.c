@@ -184,9 +184,24 @@ static int gcm(kvp_tier_store *t, bool enc, const uint8_t key[32],
 }
 
 /* ---- writes -----------------------------------------------------------------*/
-/* Builds entry id's slot image in staging buffer b; 0 or an error. */
-static int stage_slot(kvp_tier_store *t, uint32_t id, uint8_t *b,
-                      uint64_t cap) {
+static tio_pool pool_of(const kvp_tier_store *t) {
+  return (tio_pool){.base = t->stage, .each = t->stage_each, .n = t->qd_max,
+                    .fixed = t->fixed_bufs};
+}
+
+static tio_op op_of(int kind, const tier_nclass *c, uint64_t slot,
+                    uint32_t len) {
+  return (tio_op){.op = (uint8_t)kind, .needs_buf = kind != TIO_SYNC,
+                  .fd = c->fd, .file = c->file_idx, .len = len,
+                  .off = slot * c->slot_bytes};
+}
+
+static uint32_t io_len(const kvp_tier_store *t, uint64_t len) {
+  return (uint32_t)(t->hdr_bytes + round_up(len, t->hdr_bytes));
+}
+
+/* Builds entry id's slot image (header sector + payload) in b. */
+static int stage_slot(kvp_tier_store *t, uint32_t id, uint8_t *b) {
   tier_entry *e = &t->ents[id];
   const tier_ns *ns = kvp__tier_ns_find(t, e->ns);
   tier_slot_hdr h = {.ns = e->ns, .key = e->key, .len = e->len,
@@ -199,116 +214,106 @@ static int stage_slot(kvp_tier_store *t, uint32_t id, uint8_t *b,
   } else {
     memcpy(pay, e->dram, e->len);
   }
-  memset(pay + e->len, 0, cap - e->len);
+  memset(pay + e->len, 0, round_up(e->len, t->hdr_bytes) - e->len);
   h.payload_sum = kvp__tier_payload_sum(pay, e->len);
   memset(b, 0, t->hdr_bytes);
   kvp__tier_hdr_encode(&h, b);
   return 0;
 }
 
-static tio_op op_of(kvp_tier_store *t, int kind, tier_nclass *c, uint64_t slot,
-                    uint8_t *buf, uint32_t len, size_t i) {
-  return (tio_op){.op = (uint8_t)kind, .fd = c->fd, .file = c->file_idx,
-                  .buf = buf, .len = len,
-                  .buf_index = t->fixed_bufs ? (int)i : -1,
-                  .off = slot * c->slot_bytes};
+typedef struct wctx {
+  kvp_tier_store *t;
+  const uint32_t *ids;
+  int *res;
+  uint64_t *slots;
+} wctx;
+
+static void wprep(void *arg, size_t i, tio_op *op) {
+  wctx *w = arg;
+  op->res = w->res[i] < 0 ? w->res[i] : stage_slot(w->t, w->ids[i], op->buf);
 }
 
-static void write_chunk(kvp_tier_store *t, const uint32_t *ids, size_t n,
-                        int *res, tio_op *ops, uint64_t *slots) {
-  uint64_t t0 = kvp_now_ns(), bytes = 0;
-  for (size_t i = 0; i < n; i++) {
-    tier_entry *e = &t->ents[ids[i]];
-    uint8_t *b = t->stage + i * t->stage_each;
-    uint64_t cap = kvp__tier_class_bytes(e->len);
-    int32_t ci;
-    res[i] = cap + t->hdr_bytes > t->stage_each ? KVP_ERANGE : class_open(t, cap, true, &ci);
-    if (res[i] == 0)
-      res[i] = slot_take(t, ci, &slots[i]);
-    if (res[i] == 0 && (res[i] = stage_slot(t, ids[i], b, cap)) < 0)
-      t->cls[ci].free[t->cls[ci].nfree++] = slots[i];
-    if (res[i] < 0) {
-      ops[i] = (tio_op){.op = TIO_SYNC, .fd = -1, .res = res[i]};
-      continue;
-    }
-    e->nclass = ci; /* provisional: the slot is taken, not yet owned */
-    ops[i] = op_of(t, TIO_WRITE, &t->cls[ci], slots[i], b,
-                   (uint32_t)(t->hdr_bytes + round_up(e->len, t->hdr_bytes)), i);
-  }
-  /* run only the real writes (placeholder ops keep their error) */
-  size_t k = 0;
-  tio_op run[1024];
-  size_t map[1024];
-  for (size_t i = 0; i < n; i++)
-    if (res[i] == 0) {
-      run[k] = ops[i];
-      map[k++] = i;
-    }
-  kvp__tier_io_run(t->io, run, k, t->qd);
-  for (size_t j = 0; j < k; j++) {
-    size_t i = map[j];
-    tier_entry *e = &t->ents[ids[i]];
-    tier_nclass *c = &t->cls[e->nclass];
+static void wdone(void *arg, size_t i, tio_op *op) {
+  wctx *w = arg;
+  kvp_tier_store *t = w->t;
+  tier_entry *e = &t->ents[w->ids[i]];
+  if (e->nclass < 0) /* no slot was taken */
+    return;
+  tier_nclass *c = &t->cls[e->nclass];
+  if (!op->skipped)
     t->st.nvme_writes++;
-    if (run[j].res != (int)run[j].len) {
-      if (run[j].res >= 0)
-        t->st.short_io++;
-      else
-        t->st.io_errors++;
-      res[i] = run[j].res < 0 ? run[j].res : KVP_EIO;
-      c->free[c->nfree++] = slots[i];
-      e->nclass = -1;
-      continue;
-    }
-    bytes += run[j].len;
-    t->st.nvme_bytes_written += run[j].len;
-    c->owner[slots[i]] = ids[i];
-    e->nslot = slots[i];
-    t->nvme_used += c->cap;
-    t->st.nvme_blocks++;
-    kvp_tier_policy_insert(c->pol, ids[i], e->key.lo ^ e->ns.lo, c->cap, e->cls);
-    kvp__tier_emit(t, KVP_TIER_NVME, 1, e);
+  if (op->res != (int)op->len) {
+    if (op->skipped)
+      w->res[i] = op->res;
+    else if (op->res >= 0)
+      t->st.short_io++, w->res[i] = KVP_EIO;
+    else
+      t->st.io_errors++, w->res[i] = op->res;
+    c->free[c->nfree++] = w->slots[i];
+    e->nclass = -1;
+    return;
   }
-  (void)t0, (void)bytes;
+  t->st.nvme_bytes_written += op->len;
+  c->owner[w->slots[i]] = w->ids[i];
+  e->nslot = w->slots[i];
+  t->nvme_used += c->cap;
+  t->st.nvme_blocks++;
+  kvp_tier_policy_insert(c->pol, w->ids[i], e->key.lo ^ e->ns.lo, c->cap, e->cls);
+  kvp__tier_emit(t, KVP_TIER_NVME, 1, e);
 }
 
 void kvp__tier_nvme_write(kvp_tier_store *t, const uint32_t *ids, size_t n,
                           bool durable, int *res) {
-  if (t->io == NULL) {
-    for (size_t i = 0; i < n; i++)
-      res[i] = KVP_ENOTSUP;
+  if (n == 0)
     return;
-  }
-  tio_op ops[1024];
-  uint64_t slots[1024];
-  for (size_t at = 0; at < n; at += t->qd_max)
-    write_chunk(t, ids + at, n - at < t->qd_max ? n - at : t->qd_max, res + at,
-                ops, slots);
-  if (!durable)
-    return;
-  int rc = kvp__tier_nvme_sync(t);
-  for (size_t i = 0; rc < 0 && i < n; i++)
+  tio_op *ops = kvp__calloc(&t->a, n, sizeof *ops);
+  uint64_t *slots = kvp__calloc(&t->a, n, sizeof *slots);
+  for (size_t i = 0; i < n; i++)
+    res[i] = t->io == NULL ? KVP_ENOTSUP : ops == NULL || slots == NULL ? KVP_ENOMEM : 0;
+  if (res[0] < 0)
+    goto out;
+  for (size_t i = 0; i < n; i++) { /* metadata first: classes and slots */
+    tier_entry *e = &t->ents[ids[i]];
+    uint64_t cap = kvp__tier_class_bytes(e->len);
+    int32_t ci = -1;
+    res[i] = cap + t->hdr_bytes > t->stage_each ? KVP_ERANGE : class_open(t, cap, true, &ci);
     if (res[i] == 0)
-      res[i] = rc; /* on NVMe, but not acknowledged durable */
+      res[i] = slot_take(t, ci, &slots[i]);
+    if (res[i] == 0)
+      e->nclass = ci; /* provisional: the slot is taken, not yet owned */
+    ops[i] = res[i] == 0 ? op_of(TIO_WRITE, &t->cls[ci], slots[i], io_len(t, e->len))
+                         : (tio_op){.op = TIO_WRITE, .fd = -1};
+  }
+  wctx w = {t, ids, res, slots};
+  tio_pool pool = pool_of(t);
+  kvp__tier_io_run(t->io, ops, n, t->qd, &pool, wprep, wdone, &w);
+  if (durable) {
+    int rc = kvp__tier_nvme_sync(t);
+    for (size_t i = 0; rc < 0 && i < n; i++)
+      if (res[i] == 0)
+        res[i] = rc; /* on NVMe, but not acknowledged durable */
+  }
+out:
+  kvp__free(&t->a, ops, n * sizeof *ops);
+  kvp__free(&t->a, slots, n * sizeof *slots);
 }
 
 int kvp__tier_nvme_sync(kvp_tier_store *t) {
-  tio_op ops[256];
-  uint32_t k = 0;
   int rc = 0;
-  for (uint32_t i = 0; i < t->ncls; i++) {
-    ops[k++] = (tio_op){.op = TIO_SYNC, .fd = t->cls[i].fd,
-                        .file = t->cls[i].file_idx, .buf_index = -1};
-    if (k == 256 || i + 1 == t->ncls) {
-      kvp__tier_io_run(t->io, ops, k, t->qd);
-      for (uint32_t j = 0; j < k; j++)
-        if (ops[j].res < 0) {
-          t->st.io_errors++;
-          rc = ops[j].res;
-        }
-      k = 0;
+  if (t->ncls == 0)
+    return 0;
+  tio_op *ops = kvp__calloc(&t->a, t->ncls, sizeof *ops);
+  if (ops == NULL)
+    return KVP_ENOMEM;
+  for (uint32_t i = 0; i < t->ncls; i++)
+    ops[i] = op_of(TIO_SYNC, &t->cls[i], 0, 0);
+  kvp__tier_io_run(t->io, ops, t->ncls, t->qd, NULL, NULL, NULL, NULL);
+  for (uint32_t j = 0; j < t->ncls; j++)
+    if (ops[j].res < 0) {
+      t->st.io_errors++;
+      rc = ops[j].res;
     }
-  }
+  kvp__free(&t->a, ops, t->ncls * sizeof *ops);
   return rc;
 }
 
@@ -318,6 +323,7 @@ static int verify_slot(kvp_tier_store *t, const tier_entry *e, const uint8_t *b,
                        void *dst) {
   tier_slot_hdr h;
   if (kvp__tier_hdr_decode(b, TIER_HDR_BYTES, &h) < 0 ||
+      h.len > t->stage_each - t->hdr_bytes ||
       h.payload_sum != kvp__tier_payload_sum(b + t->hdr_bytes, h.len)) {
     t->st.checksum_failures++;
     return KVP_ECORRUPT;
@@ -343,45 +349,59 @@ static int verify_slot(kvp_tier_store *t, const tier_entry *e, const uint8_t *b,
   return 0;
 }
 
-static void read_chunk(kvp_tier_store *t, const uint32_t *ids, size_t n,
-                       void *const *dst, int *res) {
-  tio_op ops[1024];
-  uint64_t t0 = kvp_now_ns(), bytes = 0;
-  for (size_t i = 0; i < n; i++) {
-    tier_entry *e = &t->ents[ids[i]];
-    tier_nclass *c = &t->cls[e->nclass];
-    ops[i] = op_of(t, TIO_READ, c, e->nslot, t->stage + i * t->stage_each,
-                   (uint32_t)(t->hdr_bytes + round_up(e->len, t->hdr_bytes)), i);
+typedef struct rctx {
+  kvp_tier_store *t;
+  const uint32_t *ids;
+  void *const *dst;
+  int *res;
+  uint64_t bytes;
+} rctx;
+
+static void rdone(void *arg, size_t i, tio_op *op) {
+  rctx *r = arg;
+  kvp_tier_store *t = r->t;
+  t->st.nvme_reads++;
+  if (op->res != (int)op->len) {
+    if (op->res >= 0)
+      t->st.short_io++;
+    else
+      t->st.io_errors++;
+    r->res[i] = KVP_ENOENT;
+  } else {
+    r->bytes += op->len;
+    t->st.nvme_bytes_read += op->len;
+    r->res[i] = verify_slot(t, &t->ents[r->ids[i]], op->buf, r->dst[i]) == 0
+                    ? KVP_TIER_NVME
+                    : KVP_ENOENT;
   }
-  kvp__tier_io_run(t->io, ops, n, t->qd);
-  for (size_t i = 0; i < n; i++) {
-    t->st.nvme_reads++;
-    if (ops[i].res != (int)ops[i].len) {
-      if (ops[i].res >= 0)
-        t->st.short_io++;
-      else
-        t->st.io_errors++;
-      res[i] = KVP_ENOENT;
-    } else {
-      bytes += ops[i].len;
-      t->st.nvme_bytes_read += ops[i].len;
-      res[i] = verify_slot(t, &t->ents[ids[i]], ops[i].buf, dst[i]) == 0
-                   ? KVP_TIER_NVME
-                   : KVP_ENOENT;
-    }
-    if (res[i] < 0) { /* a miss; the slot is not trusted again */
-      kvp__tier_nvme_drop(t, ids[i], false, false);
-    }
-  }
-  if (bytes > 0)
-    kvp__tier_bw_note(t, KVP_TIER_NVME, bytes, kvp_now_ns() - t0);
+  if (r->res[i] < 0) /* a miss; the slot is not trusted again */
+    kvp__tier_nvme_drop(t, r->ids[i], false, false);
 }
 
 void kvp__tier_nvme_read(kvp_tier_store *t, const uint32_t *ids, size_t n,
                          void *const *dst, int *res) {
-  for (size_t at = 0; at < n; at += t->qd_max)
-    read_chunk(t, ids + at, n - at < t->qd_max ? n - at : t->qd_max, dst + at,
-               res + at);
+  tio_op *ops = kvp__calloc(&t->a, n, sizeof *ops);
+  if (ops == NULL) {
+    for (size_t i = 0; i < n; i++)
+      res[i] = KVP_ENOENT;
+    return;
+  }
+  for (size_t i = 0; i < n; i++) {
+    tier_entry *e = &t->ents[ids[i]];
+    ops[i] = op_of(TIO_READ, &t->cls[e->nclass], e->nslot, io_len(t, e->len));
+  }
+  rctx r = {t, ids, dst, res, 0};
+  tio_pool pool = pool_of(t);
+  uint64_t t0 = kvp_now_ns();
+  kvp__tier_io_run(t->io, ops, n, t->qd, &pool, NULL, rdone, &r);
+  if (r.bytes > 0)
+    kvp__tier_bw_note(t, KVP_TIER_NVME, r.bytes, kvp_now_ns() - t0);
+  kvp__free(&t->a, ops, n * sizeof *ops);
+}
+
+static void zprep(void *arg, size_t i, tio_op *op) {
+  (void)i;
+  memset(op->buf, 0, ((kvp_tier_store *)arg)->hdr_bytes);
 }
 
 void kvp__tier_nvme_drop(kvp_tier_store *t, uint32_t id, bool wipe,
@@ -391,9 +411,9 @@ void kvp__tier_nvme_drop(kvp_tier_store *t, uint32_t id, bool wipe,
     return;
   tier_nclass *c = &t->cls[e->nclass];
   if (wipe) { /* so recovery does not bring an evicted block back */
-    memset(t->stage, 0, t->hdr_bytes);
-    tio_op op = op_of(t, TIO_WRITE, c, e->nslot, t->stage, t->hdr_bytes, 0);
-    kvp__tier_io_run(t->io, &op, 1, 1);
+    tio_op op = op_of(TIO_WRITE, c, e->nslot, t->hdr_bytes);
+    tio_pool pool = pool_of(t);
+    kvp__tier_io_run(t->io, &op, 1, 1, &pool, zprep, NULL, t);
     if (op.res != (int)t->hdr_bytes)
       t->st.io_errors++;
   }
@@ -435,6 +455,24 @@ static void recover_slot(kvp_tier_store *t, int32_t ci, uint64_t slot,
   kvp__tier_emit(t, KVP_TIER_NVME, 1, e);
 }
 
+typedef struct scanctx {
+  kvp_tier_store *t;
+  int32_t ci;
+  uint64_t base;
+} scanctx;
+
+static void sdone(void *arg, size_t i, tio_op *op) {
+  scanctx *s = arg;
+  tier_slot_hdr h;
+  if (op->res != (int)op->len) {
+    s->t->st.io_errors++;
+  } else if (kvp__tier_hdr_decode(op->buf, TIER_HDR_BYTES, &h) == 0) {
+    recover_slot(s->t, s->ci, s->base + i, &h);
+  } else if (((uint8_t *)op->buf)[0] != 0) {
+    s->t->st.recovery_bad_slots++; /* not a wiped or never-written slot */
+  }
+}
+
 static int recover_class(kvp_tier_store *t, int32_t ci) {
   tier_nclass *c = &t->cls[ci];
   struct stat sb;
@@ -445,26 +483,20 @@ static int recover_class(kvp_tier_store *t, int32_t ci) {
   int rc = class_grow(t, c, slots); /* adopts the existing slots */
   if (rc < 0 || slots == 0)
     return rc;
-  tio_op ops[1024];
-  for (uint64_t at = 0; at < slots; at += t->qd_max) {
-    size_t n = slots - at < t->qd_max ? slots - at : t->qd_max;
+  enum { CHUNK = 1024 };
+  tio_op *ops = kvp__calloc(&t->a, CHUNK, sizeof *ops);
+  if (ops == NULL)
+    return KVP_ENOMEM;
+  tio_pool pool = pool_of(t);
+  for (uint64_t at = 0; at < slots; at += CHUNK) {
+    size_t n = slots - at < CHUNK ? (size_t)(slots - at) : CHUNK;
     for (size_t i = 0; i < n; i++)
-      ops[i] = op_of(t, TIO_READ, c, at + i, t->stage + i * t->stage_each,
-                     t->hdr_bytes, i);
-    kvp__tier_io_run(t->io, ops, n, t->qd);
-    for (size_t i = 0; i < n; i++) {
-      tier_slot_hdr h;
-      if (ops[i].res != (int)t->hdr_bytes) {
-        t->st.io_errors++;
-        continue;
-      }
-      rc = kvp__tier_hdr_decode(ops[i].buf, TIER_HDR_BYTES, &h);
-      if (rc == 0)
-        recover_slot(t, ci, at + i, &h);
-      else if (((uint8_t *)ops[i].buf)[0] != 0)
-        t->st.recovery_bad_slots++;
-    }
+      ops[i] = op_of(TIO_READ, c, at + i, t->hdr_bytes);
+    scanctx sc = {t, ci, at};
+    kvp__tier_io_run(t->io, ops, n, t->qd_max, &pool, NULL, sdone, &sc);
   }
+  kvp__free(&t->a, ops, CHUNK * sizeof *ops);
+  c = &t->cls[ci];
   c->nfree = 0; /* rebuild the free stack from the owners */
   for (uint64_t s = slots; s-- > 0;)
     if (c->owner[s] == TIER_NIL)

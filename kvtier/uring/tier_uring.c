@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* io_uring backend: one ring per store (used under the store's lock),
  * registered files (sparse table, filled as slab files open) and registered
- * buffers (the staging area), batched submission with up to qd in flight. */
+ * buffers (the staging pool).  tier_io.c drives the queue: queue ops while
+ * there is room, reap completions, queue more. */
 #include <errno.h>
 #include <liburing.h>
 
@@ -63,53 +64,40 @@ int kvp__tier_uring_register_file(tier_uring *u, int fd) {
   return idx;
 }
 
-static void prep(struct io_uring_sqe *sqe, const tio_op *o) {
+int kvp__tier_uring_queue(tier_uring *u, const tio_op *o, uint64_t tag) {
+  struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring);
+  if (sqe == NULL)
+    return KVP_EBUSY;
   int fd = o->file >= 0 ? o->file : o->fd;
-  if (o->op == TIO_SYNC) {
+  if (o->op == TIO_SYNC)
     io_uring_prep_fsync(sqe, fd, IORING_FSYNC_DATASYNC);
-  } else if (o->buf_index >= 0) {
-    if (o->op == TIO_READ)
-      io_uring_prep_read_fixed(sqe, fd, o->buf, o->len, o->off, o->buf_index);
-    else
-      io_uring_prep_write_fixed(sqe, fd, o->buf, o->len, o->off, o->buf_index);
-  } else if (o->op == TIO_READ) {
+  else if (o->buf_index >= 0 && o->op == TIO_READ)
+    io_uring_prep_read_fixed(sqe, fd, o->buf, o->len, o->off, o->buf_index);
+  else if (o->buf_index >= 0)
+    io_uring_prep_write_fixed(sqe, fd, o->buf, o->len, o->off, o->buf_index);
+  else if (o->op == TIO_READ)
     io_uring_prep_read(sqe, fd, o->buf, o->len, o->off);
-  } else {
+  else
     io_uring_prep_write(sqe, fd, o->buf, o->len, o->off);
-  }
   if (o->file >= 0)
     sqe->flags |= IOSQE_FIXED_FILE;
+  io_uring_sqe_set_data64(sqe, tag);
+  return 0;
 }
 
-int kvp__tier_uring_run(tier_uring *u, tio_op *ops, size_t n, uint32_t qd) {
-  size_t next = 0, done = 0, inflight = 0;
-  while (done < n) {
-    while (next < n && inflight < qd) {
-      struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring);
-      if (sqe == NULL)
-        break;
-      prep(sqe, &ops[next]);
-      io_uring_sqe_set_data64(sqe, next);
-      next++;
-      inflight++;
-    }
-    int rc = io_uring_submit_and_wait(&u->ring, 1);
-    if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
-      /* the ring is unusable: fail whatever has not completed */
-      for (size_t i = 0; i < n; i++)
-        if (i >= next)
-          ops[i].res = rc;
-      return rc;
-    }
-    struct io_uring_cqe *cqe;
-    unsigned head, seen = 0;
-    io_uring_for_each_cqe(&u->ring, head, cqe) {
-      ops[io_uring_cqe_get_data64(cqe)].res = cqe->res;
-      seen++;
-    }
-    io_uring_cq_advance(&u->ring, seen);
-    done += seen;
-    inflight -= seen;
+int kvp__tier_uring_reap(tier_uring *u, tier_uring_cb cb, void *arg) {
+  int rc;
+  do
+    rc = io_uring_submit_and_wait(&u->ring, 1);
+  while (rc == -EINTR);
+  if (rc < 0 && rc != -EAGAIN && rc != -EBUSY)
+    return rc;
+  struct io_uring_cqe *cqe;
+  unsigned head, seen = 0;
+  io_uring_for_each_cqe(&u->ring, head, cqe) {
+    cb(arg, io_uring_cqe_get_data64(cqe), cqe->res);
+    seen++;
   }
-  return 0;
+  io_uring_cq_advance(&u->ring, seen);
+  return (int)seen;
 }

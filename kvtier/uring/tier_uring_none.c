@@ -18,9 +18,11 @@ int kvp__tier_uring_register_file(tier_uring *u, int fd) {
   (void)u, (void)fd;
   return -1;
 }
-int kvp__tier_uring_run(tier_uring *u, tio_op *ops, size_t n, uint32_t qd) {
-  (void)u, (void)qd;
-  for (size_t i = 0; i < n; i++)
-    ops[i].res = KVP_ENOTSUP;
+int kvp__tier_uring_queue(tier_uring *u, const tio_op *op, uint64_t tag) {
+  (void)u, (void)op, (void)tag;
+  return KVP_ENOTSUP;
+}
+int kvp__tier_uring_reap(tier_uring *u, tier_uring_cb cb, void *arg) {
+  (void)u, (void)cb, (void)arg;
   return KVP_ENOTSUP;
 }
