@@ -544,7 +544,7 @@ static int probe_direct(kvp_tier_store *t) {
   }
   struct statx sx;
   if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 &&
-      (sx.stx_mask & STATX_DIOALIGN) && sx.stx_dio_offset_align > 512)
+      (sx.stx_mask & STATX_DIOALIGN) && sx.stx_dio_offset_align > 4096)
     t->hdr_bytes = sx.stx_dio_offset_align;
   close(fd);
   return 0;
@@ -552,7 +552,7 @@ static int probe_direct(kvp_tier_store *t) {
 
 int kvp__tier_nvme_open(kvp_tier_store *t) {
   int rc;
-  t->hdr_bytes = 512;
+  t->hdr_bytes = 4096;
   t->dirfd = open(t->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (t->dirfd < 0) {
     rc = -errno;
