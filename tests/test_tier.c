@@ -11,6 +11,7 @@
 
 #define KB 1024u
 #define MB (1024u * 1024u)
+#define HDR 4096u /* the header sector on a 4 KiB-block file system */
 
 static uint8_t buf[4 << 20], out[4 << 20];
 
@@ -187,11 +188,11 @@ static void nvme_corruption(kvp_tier_io_backend be) {
   snprintf(f, sizeof f, "%s/kvtier-8192.slab", dir);
   int fd = open(f, O_RDWR);
   ASSERT_GE(fd, 0);
-  uint64_t slot = 512 + 8192;
+  uint64_t slot = HDR + 8192;
   uint8_t x = 0;
-  ASSERT_EQ(pread(fd, &x, 1, (off_t)(slot * 0 + 512 + 100)), 1);
+  ASSERT_EQ(pread(fd, &x, 1, (off_t)(slot * 0 + HDR + 100)), 1);
   x ^= 0x10;
-  ASSERT_EQ(pwrite(fd, &x, 1, (off_t)(slot * 0 + 512 + 100)), 1); /* payload */
+  ASSERT_EQ(pwrite(fd, &x, 1, (off_t)(slot * 0 + HDR + 100)), 1); /* payload */
   ASSERT_EQ(pread(fd, &x, 1, (off_t)(slot * 1 + 50)), 1);
   x ^= 0x01;
   ASSERT_EQ(pwrite(fd, &x, 1, (off_t)(slot * 1 + 50)), 1); /* header */
@@ -236,17 +237,17 @@ static void nvme_encryption(kvp_tier_io_backend be) {
   snprintf(f, sizeof f, "%s/kvtier-8192.slab", dir);
   int fd = open(f, O_RDWR);
   ASSERT_GE(fd, 0);
-  uint64_t slot = 512 + 8192;
-  static uint8_t img[512 + 8192];
+  uint64_t slot = HDR + 8192;
+  static uint8_t img[HDR + 8192];
   ASSERT_EQ(pread(fd, img, sizeof img, 0), (ssize_t)sizeof img);
   tt_fill(&ns, K(0, 1), buf, 8 * KB);
-  ASSERT_TRUE(memcmp(img + 512, buf, 64) != 0);
+  ASSERT_TRUE(memcmp(img + HDR, buf, 64) != 0);
   /* tamper slot 0 and fix both checksums, as a deliberate attacker would */
   tier_slot_hdr h;
   ASSERT_OK(kvp__tier_hdr_decode(img, sizeof img, &h));
   ASSERT_EQ(h.flags, TIER_HDR_F_AESGCM);
-  img[512 + 9] ^= 0x80;
-  h.payload_sum = kvp__tier_payload_sum(img + 512, 8 * KB);
+  img[HDR + 9] ^= 0x80;
+  h.payload_sum = kvp__tier_payload_sum(img + HDR, 8 * KB);
   kvp__tier_hdr_encode(&h, img);
   ASSERT_EQ(pwrite(fd, img, sizeof img, 0), (ssize_t)sizeof img);
   (void)slot;
@@ -297,7 +298,7 @@ static int filter(void *opaque, int op, void *b, size_t len, uint64_t off,
     f->hits++;
     break;
   }
-  case 6: if (op == 0 && res > 1000) { ((uint8_t *)b)[700] ^= 1; f->hits++; } break;
+  case 6: if (op == 0 && res > 8192) { ((uint8_t *)b)[res / 2] ^= 1; f->hits++; } break;
   case 7: if (op == 2) { f->hits++; return -EIO; } break;
   }
   return res;

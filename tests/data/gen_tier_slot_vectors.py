@@ -29,4 +29,4 @@ if len(sys.argv) > 1:
         f.write(plain + bytes(512 - 128) + enc + bytes(512 - 128))
 if len(sys.argv) > 2:   # a one-slot slab image of the 4 KiB class (fuzz seed)
     with open(sys.argv[2], "wb") as f:
-        f.write(plain + bytes(512 - 128) + payload + bytes(4096 - len(payload)))
+        f.write(plain + bytes(4096 - 128) + payload + bytes(4096 - len(payload)))

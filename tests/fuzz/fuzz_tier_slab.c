@@ -45,7 +45,7 @@ static const char *scratch_dir(void) {
 }
 
 static void recover_file(const uint8_t *data, size_t size) {
-  const uint64_t slot = 512 + 4096;
+  const uint64_t slot = 4096 + 4096; /* header sector + 4 KiB class */
   char path[128];
   snprintf(path, sizeof path, "%s/kvtier-4096.slab", scratch_dir());
   int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
@@ -85,7 +85,7 @@ static void recover_file(const uint8_t *data, size_t size) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size > MAX_INPUT)
     return 0;
-  static const uint64_t slots[] = {512, 512 + 4096, 512 + 8192, 4096};
+  static const uint64_t slots[] = {512, 4096 + 4096, 4096 + 8192, 4096};
   for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++)
     kvp__tier_scan_image(data, size, slots[i], check_hdr, (void *)data);
   tier_slot_hdr h;
