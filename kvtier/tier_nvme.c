@@ -64,6 +64,8 @@ static int class_open(kvp_tier_store *t, uint64_t cap, bool create,
 
 /* Make room for more slots: fallocate (ftruncate where unsupported). */
 static int class_grow(kvp_tier_store *t, tier_nclass *c, uint64_t slots) {
+  if (slots == 0) /* e.g. a slab file created just before a crash */
+    return 0;
   uint64_t add = slots * c->slot_bytes, off = c->nslots * c->slot_bytes;
   int rc = fallocate(c->fd, 0, (off_t)off, (off_t)add);
   if (rc != 0 && (errno == EOPNOTSUPP || errno == ENOSYS))
