@@ -517,8 +517,14 @@ static int recover(kvp_tier_store *t) {
     char tail[8];
     if (sscanf(de->d_name, "kvtier-%" SCNu64 ".sla%1s", &cap, tail) != 2 ||
         strcmp(tail, "b") != 0 || cap == 0 || cap % 4096 != 0 ||
-        kvp__tier_class_bytes(cap) != cap || cap + t->hdr_bytes > t->stage_each)
+        kvp__tier_class_bytes(cap) != cap)
       continue;
+    if (cap + t->hdr_bytes > t->stage_each) {
+      KVP_LOGW("kvtier", "%s/%s: blocks larger than max_block_bytes; not "
+               "recovered (raise max_block_bytes to read them)", t->dir,
+               de->d_name);
+      continue;
+    }
     int32_t ci;
     rc = class_open(t, cap, false, &ci);
     if (rc == 0)

@@ -154,7 +154,7 @@ static void nvme_recovery(kvp_tier_io_backend be) {
   tt_mkdir(dir, sizeof dir);
   kvp_namespace ns = tt_ns("a", 16);
   char f[512]; /* an empty slab file, as a crash right after creating it leaves */
-  snprintf(f, sizeof f, "%s/kvtier-1310720.slab", dir);
+  snprintf(f, sizeof f, "%s/kvtier-8192.slab", dir);
   close(open(f, O_CREAT | O_WRONLY, 0600));
   kvp_tier_store *t = mk(dir, be, 16 * MB, 64 * MB);
   ASSERT_OK(kvp_tier_ns_add(t, &ns, NULL));
