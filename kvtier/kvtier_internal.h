@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <sys/uio.h>
+
 #include "kvplane/tier.h"
 
 /* ---- on-disk slot header (golden vectors in tests/test_tier_format.c) -----
@@ -81,6 +83,11 @@ typedef struct tio_op {
   int buf_index;  /* registered buffer index, -1 none (set by the layer) */
   int pool_idx;   /* staging buffer held, -1 none (set by the layer) */
   uint64_t off;
+  /* reads only: a second segment (the caller's buffer, so the payload is
+   * not copied); the op then reads len + len2 bytes */
+  void *buf2;
+  uint32_t len2;
+  struct iovec iov[2]; /* the layer's */
   int res;        /* bytes or -errno, after the filter; prep may preset an
                      error (< 0) to skip the I/O */
 } tio_op;
@@ -124,7 +131,7 @@ bool kvp__tier_uring_register_buffers(tier_uring *u, void *base, size_t each,
                                       uint32_t n);
 int kvp__tier_uring_register_file(tier_uring *u, int fd);
 /* Queues op (tag comes back with its completion); KVP_EBUSY: ring full. */
-int kvp__tier_uring_queue(tier_uring *u, const tio_op *op, uint64_t tag);
+int kvp__tier_uring_queue(tier_uring *u, tio_op *op, uint64_t tag);
 /* Submits what is queued, waits for >= 1 completion, hands each to cb.
  * Returns completions seen or a negative ring error. */
 typedef void (*tier_uring_cb)(void *arg, uint64_t tag, int res);

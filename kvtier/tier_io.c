@@ -64,10 +64,14 @@ int kvp__tier_io_register_file(tier_io *io, int fd) {
   return io->u != NULL ? kvp__tier_uring_register_file(io->u, fd) : -1;
 }
 
-static int posix_one(const tio_op *o) {
+static int posix_one(tio_op *o) {
   ssize_t r;
+  o->iov[0] = (struct iovec){o->buf, o->len};
+  o->iov[1] = (struct iovec){o->buf2, o->len2};
   do {
-    if (o->op == TIO_READ)
+    if (o->op == TIO_READ && o->buf2 != NULL)
+      r = preadv(o->fd, o->iov, 2, (off_t)o->off);
+    else if (o->op == TIO_READ)
       r = pread(o->fd, o->buf, o->len, (off_t)o->off);
     else if (o->op == TIO_WRITE)
       r = pwrite(o->fd, o->buf, o->len, (off_t)o->off);
@@ -91,8 +95,8 @@ static void finish(run_state *r, size_t i) {
   tio_op *o = &r->ops[i];
   o->inflight = false;
   if (r->io->filter != NULL && !o->skipped)
-    o->res = r->io->filter(r->io->fopaque, o->op, o->buf, o->len, o->off,
-                           o->res);
+    o->res = r->io->filter(r->io->fopaque, o->op, o->buf2 ? o->buf2 : o->buf,
+                           (size_t)o->len + o->len2, o->off, o->res);
   if (r->done != NULL)
     r->done(r->arg, i, o);
   if (o->pool_idx >= 0)

@@ -320,17 +320,18 @@ int kvp__tier_nvme_sync(kvp_tier_store *t) {
 }
 
 /* ---- reads ------------------------------------------------------------------*/
-/* Checks a slot read into b and copies its payload to dst: 0 or a miss. */
-static int verify_slot(kvp_tier_store *t, const tier_entry *e, const uint8_t *b,
-                       void *dst) {
+/* Checks a slot read as header sector hb + payload pay (the staging buffer
+ * right after hb, or dst itself for a direct read) and leaves the payload
+ * in dst: 0 or a miss. */
+static int verify_slot(kvp_tier_store *t, const tier_entry *e, const uint8_t *hb,
+                       const uint8_t *pay, void *dst) {
   tier_slot_hdr h;
-  if (kvp__tier_hdr_decode(b, TIER_HDR_BYTES, &h) < 0 ||
-      h.len > t->stage_each - t->hdr_bytes ||
-      h.payload_sum != kvp__tier_payload_sum(b + t->hdr_bytes, h.len)) {
+  if (kvp__tier_hdr_decode(hb, TIER_HDR_BYTES, &h) < 0 || h.len != e->len ||
+      h.payload_sum != kvp__tier_payload_sum(pay, h.len)) {
     t->st.checksum_failures++;
     return KVP_ECORRUPT;
   }
-  if (!kvp_key_eq(h.ns, e->ns) || !kvp_key_eq(h.key, e->key) || h.len != e->len) {
+  if (!kvp_key_eq(h.ns, e->ns) || !kvp_key_eq(h.key, e->key)) {
     t->st.key_mismatch++;
     return KVP_ECORRUPT;
   }
@@ -341,10 +342,11 @@ static int verify_slot(kvp_tier_store *t, const tier_entry *e, const uint8_t *b,
     return KVP_ECORRUPT;
   }
   if (!enc) {
-    memcpy(dst, b + t->hdr_bytes, h.len);
+    if (pay != dst)
+      memcpy(dst, pay, h.len);
     return 0;
   }
-  if (gcm(t, false, ns->key, &h, b + t->hdr_bytes, dst) < 0) {
+  if (gcm(t, false, ns->key, &h, pay, dst) < 0) {
     t->st.auth_failures++;
     return KVP_ECORRUPT;
   }
@@ -363,7 +365,7 @@ static void rdone(void *arg, size_t i, tio_op *op) {
   rctx *r = arg;
   kvp_tier_store *t = r->t;
   t->st.nvme_reads++;
-  if (op->res != (int)op->len) {
+  if (op->res != (int)(op->len + op->len2)) {
     if (op->res >= 0)
       t->st.short_io++;
     else
@@ -372,7 +374,8 @@ static void rdone(void *arg, size_t i, tio_op *op) {
   } else {
     r->bytes += op->len;
     t->st.nvme_bytes_read += op->len;
-    r->res[i] = verify_slot(t, &t->ents[r->ids[i]], op->buf, r->dst[i]) == 0
+    const uint8_t *pay = op->buf2 ? op->buf2 : (uint8_t *)op->buf + t->hdr_bytes;
+    r->res[i] = verify_slot(t, &t->ents[r->ids[i]], op->buf, pay, r->dst[i]) == 0
                     ? KVP_TIER_NVME
                     : KVP_ENOENT;
   }
@@ -390,7 +393,17 @@ void kvp__tier_nvme_read(kvp_tier_store *t, const uint32_t *ids, size_t n,
   }
   for (size_t i = 0; i < n; i++) {
     tier_entry *e = &t->ents[ids[i]];
+    const tier_ns *ns = kvp__tier_ns_find(t, e->ns);
     ops[i] = op_of(TIO_READ, &t->cls[e->nclass], e->nslot, io_len(t, e->len));
+    /* a plaintext payload of whole sectors goes straight into an aligned
+     * caller buffer (header sector to staging): no copy.  On a miss dst
+     * holds whatever was read. */
+    if (((uintptr_t)dst[i] % t->hdr_bytes) == 0 && e->len % t->hdr_bytes == 0 &&
+        ns != NULL && !ns->enc) {
+      ops[i].len = t->hdr_bytes;
+      ops[i].buf2 = dst[i];
+      ops[i].len2 = (uint32_t)e->len;
+    }
   }
   rctx r = {t, ids, dst, res, 0};
   tio_pool pool = pool_of(t);

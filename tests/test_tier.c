@@ -13,7 +13,9 @@
 #define MB (1024u * 1024u)
 #define HDR 4096u /* the header sector on a 4 KiB-block file system */
 
-static uint8_t buf[4 << 20], out[4 << 20];
+/* out is page-aligned: NVMe reads of whole-sector blocks go straight into it */
+static uint8_t buf[4 << 20];
+static _Alignas(4096) uint8_t out[4 << 20];
 
 static kvp_tier_store *mk(const char *dir, kvp_tier_io_backend b,
                           uint64_t dram, uint64_t nvme) {

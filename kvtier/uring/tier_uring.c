@@ -64,14 +64,18 @@ int kvp__tier_uring_register_file(tier_uring *u, int fd) {
   return idx;
 }
 
-int kvp__tier_uring_queue(tier_uring *u, const tio_op *o, uint64_t tag) {
+int kvp__tier_uring_queue(tier_uring *u, tio_op *o, uint64_t tag) {
   struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring);
   if (sqe == NULL)
     return KVP_EBUSY;
   int fd = o->file >= 0 ? o->file : o->fd;
-  if (o->op == TIO_SYNC)
+  if (o->op == TIO_SYNC) {
     io_uring_prep_fsync(sqe, fd, IORING_FSYNC_DATASYNC);
-  else if (o->buf_index >= 0 && o->op == TIO_READ)
+  } else if (o->buf2 != NULL) { /* header sector + caller's buffer */
+    o->iov[0] = (struct iovec){o->buf, o->len};
+    o->iov[1] = (struct iovec){o->buf2, o->len2};
+    io_uring_prep_readv(sqe, fd, o->iov, 2, o->off);
+  } else if (o->buf_index >= 0 && o->op == TIO_READ)
     io_uring_prep_read_fixed(sqe, fd, o->buf, o->len, o->off, o->buf_index);
   else if (o->buf_index >= 0)
     io_uring_prep_write_fixed(sqe, fd, o->buf, o->len, o->off, o->buf_index);

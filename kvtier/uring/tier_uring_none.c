@@ -18,7 +18,7 @@ int kvp__tier_uring_register_file(tier_uring *u, int fd) {
   (void)u, (void)fd;
   return -1;
 }
-int kvp__tier_uring_queue(tier_uring *u, const tio_op *op, uint64_t tag) {
+int kvp__tier_uring_queue(tier_uring *u, tio_op *op, uint64_t tag) {
   (void)u, (void)op, (void)tag;
   return KVP_ENOTSUP;
 }
