@@ -372,8 +372,8 @@ static void rdone(void *arg, size_t i, tio_op *op) {
       t->st.io_errors++;
     r->res[i] = KVP_ENOENT;
   } else {
-    r->bytes += op->len;
-    t->st.nvme_bytes_read += op->len;
+    r->bytes += t->ents[r->ids[i]].len; /* payload: what the caller gets */
+    t->st.nvme_bytes_read += (uint64_t)op->len + op->len2;
     const uint8_t *pay = op->buf2 ? op->buf2 : (uint8_t *)op->buf + t->hdr_bytes;
     r->res[i] = verify_slot(t, &t->ents[r->ids[i]], op->buf, pay, r->dst[i]) == 0
                     ? KVP_TIER_NVME
@@ -398,8 +398,8 @@ void kvp__tier_nvme_read(kvp_tier_store *t, const uint32_t *ids, size_t n,
     /* a plaintext payload of whole sectors goes straight into an aligned
      * caller buffer (header sector to staging): no copy.  On a miss dst
      * holds whatever was read. */
-    if (((uintptr_t)dst[i] % t->hdr_bytes) == 0 && e->len % t->hdr_bytes == 0 &&
-        ns != NULL && !ns->enc) {
+    if (((uintptr_t)dst[i] % t->hdr_bytes) == 0 &&
+        e->len % t->hdr_bytes == 0 && ns != NULL && !ns->enc) {
       ops[i].len = t->hdr_bytes;
       ops[i].buf2 = dst[i];
       ops[i].len2 = (uint32_t)e->len;
