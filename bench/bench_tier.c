@@ -245,8 +245,16 @@ static result kvt_write(const cfg *c, kvt *k, size_t bs, uint64_t min_blocks) {
     uint64_t t0 = kvp_now_ns();
     int w = kvp_tier_idle(k->t, round * bs);
     tns += kvp_now_ns() - t0;
-    if (w < 0 || (uint64_t)w != round)
+    if (w < 0 || (uint64_t)w != round) {
+      kvp_tier_stats st;
+      kvp_tier_get_stats(k->t, &st);
+      fprintf(stderr, "bench_tier: idle wrote %d of %" PRIu64 " (io_errors %" PRIu64
+              " short %" PRIu64 " nvme_blocks %" PRIu64 " dram_blocks %" PRIu64
+              " nvme_used %" PRIu64 " of %" PRIu64 ")\n", w, round, st.io_errors,
+              st.short_io, st.nvme_blocks, st.dram_blocks, st.nvme_used_bytes,
+              st.nvme_bytes);
       die("idle write-back wrote fewer blocks", w < 0 ? w : KVP_EIO);
+    }
     done += round;
     kvp_tier_set(k->t, KVP_TIER_OPT_DRAM_BYTES, 0); /* on NVMe: no I/O */
     kvp_tier_set(k->t, KVP_TIER_OPT_DRAM_BYTES, (int64_t)dram);
@@ -332,7 +340,11 @@ static void bench_nvme(const cfg *c, size_t bs, const int *qds, int nqd,
   snprintf(kdir, sizeof kdir, "%s/kvtier-%zu", c->dir, bs);
   snprintf(ffile, sizeof ffile, "%s/fio-%" PRIu64 ".dat", c->dir, c->file_bytes);
   mkdir(kdir, 0700);
+  char rm[600];
+  snprintf(rm, sizeof rm, "rm -f %s/*.slab", kdir);
   for (int q = 0; q < nqd; q++) {
+    if (system(rm) != 0) /* a fresh store: no recovered blocks */
+      fprintf(stderr, "bench_tier: could not clean %s\n", kdir);
     kvt k = kvt_open(c, kdir, bs, qds[q]);
     if (q == 0) {
       kvp_tier_stats st;
@@ -366,11 +378,9 @@ static void bench_nvme(const cfg *c, size_t bs, const int *qds, int nqd,
       printf("|  measured NVMe read bandwidth the router gets (kvp_tier_bandwidth): %.0f MB/s |\n",
              kvp_tier_bandwidth(k.t, KVP_TIER_NVME) / 1e6);
     kvp_tier_destroy(k.t);
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -f %s/*.slab", kdir);
-    if (system(cmd) != 0)
-      fprintf(stderr, "bench_tier: could not clean %s\n", kdir);
   }
+  if (system(rm) != 0)
+    fprintf(stderr, "bench_tier: could not clean %s\n", kdir);
   rmdir(kdir);
 }
 
