@@ -88,6 +88,7 @@ typedef struct tio_op {
   void *buf2;
   uint32_t len2;
   struct iovec iov[2]; /* the layer's */
+  uint64_t t_start;    /* the layer's: submission time */
   int res;        /* bytes or -errno, after the filter; prep may preset an
                      error (< 0) to skip the I/O */
 } tio_op;
@@ -112,6 +113,9 @@ int kvp__tier_io_create(kvp_tier_io_backend b, uint32_t qd,
                         const kvp_allocator *a, tier_io **out);
 void kvp__tier_io_destroy(tier_io *io);
 bool kvp__tier_io_is_uring(const tier_io *io);
+/* Operations slower than slow_ns so far (the store's stats.slow_io). */
+void kvp__tier_io_set_slow(tier_io *io, uint64_t slow_ns);
+uint64_t kvp__tier_io_slow_count(const tier_io *io);
 /* Registered buffers/files (io_uring only; false / -1 when not possible). */
 bool kvp__tier_io_register_buffers(tier_io *io, void *base, size_t each,
                                    uint32_t n);
@@ -184,6 +188,7 @@ struct kvp_tier_store {
   tier_dram *dram;
   uint64_t dram_cap, dram_used, dram_region;
   kvp_tier_policy *dpol;
+  bool registered; /* dram_register succeeded: unregister at destroy */
   /* NVMe */
   tier_io *io;
   uint32_t qd, qd_max, hdr_bytes;

@@ -15,7 +15,11 @@ struct tier_io {
   tier_uring *u; /* NULL: POSIX */
   kvp_tier_io_filter filter;
   void *fopaque;
+  uint64_t slow_ns, slow;
 };
+
+void kvp__tier_io_set_slow(tier_io *io, uint64_t slow_ns) { io->slow_ns = slow_ns; }
+uint64_t kvp__tier_io_slow_count(const tier_io *io) { return io->slow; }
 
 int kvp__tier_io_create(kvp_tier_io_backend b, uint32_t qd,
                         kvp_tier_io_filter filter, void *fopaque,
@@ -97,6 +101,8 @@ static void finish(run_state *r, size_t i) {
   if (r->io->filter != NULL && !o->skipped)
     o->res = r->io->filter(r->io->fopaque, o->op, o->buf2 ? o->buf2 : o->buf,
                            (size_t)o->len + o->len2, o->off, o->res);
+  if (!o->skipped && kvp_now_ns() - o->t_start > r->io->slow_ns)
+    r->io->slow++; /* after the filter: injected delays count too */
   if (r->done != NULL)
     r->done(r->arg, i, o);
   if (o->pool_idx >= 0)
@@ -135,6 +141,7 @@ int kvp__tier_io_run(tier_io *io, tio_op *ops, size_t n, uint32_t qd,
       }
       o->res = 0;
       o->skipped = false;
+      o->t_start = kvp_now_ns();
       if (prep != NULL)
         prep(arg, next, o);
       if (o->res < 0) { /* prep failed: no I/O, no filter */

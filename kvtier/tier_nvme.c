@@ -598,6 +598,7 @@ int kvp__tier_nvme_open(kvp_tier_store *t) {
   if ((rc = kvp__tier_io_create(t->o.io_backend, t->qd_max, t->o.io_filter,
                                 t->o.io_filter_opaque, &t->a, &t->io)) < 0)
     return rc;
+  kvp__tier_io_set_slow(t->io, (t->o.slow_io_us ? t->o.slow_io_us : 100000) * UINT64_C(1000));
   t->fixed_bufs = kvp__tier_io_register_buffers(t->io, t->stage, t->stage_each,
                                                 t->qd_max);
   if ((t->cctx = EVP_CIPHER_CTX_new()) == NULL)

@@ -256,9 +256,11 @@ static int create_dram(kvp_tier_store *t) {
   size_t len;
   kvp__tier_dram_region(t->dram, &base, &len);
   t->dram_region = len;
-  if (t->o.dram_register != NULL &&
-      (rc = t->o.dram_register(t->o.register_opaque, base, len)) < 0)
-    return rc;
+  if (t->o.dram_register != NULL) {
+    if ((rc = t->o.dram_register(t->o.register_opaque, base, len)) < 0)
+      return rc;
+    t->registered = true;
+  }
   return kvp_tier_policy_create(t->o.policy, &t->a, &t->dpol);
 }
 
@@ -311,7 +313,7 @@ void kvp_tier_destroy(kvp_tier_store *t) {
     void *base;
     size_t len;
     kvp__tier_dram_region(t->dram, &base, &len);
-    if (t->o.dram_unregister != NULL)
+    if (t->registered && t->o.dram_unregister != NULL)
       t->o.dram_unregister(t->o.register_opaque, base, len);
   }
   kvp__tier_dram_destroy(t->dram);
@@ -677,6 +679,7 @@ int kvp_tier_get_stats(kvp_tier_store *t, kvp_tier_stats *out) {
   out->nvme_bytes = t->io ? t->nvme_cap : 0;
   out->dram_slot_bytes = kvp__tier_dram_slot_bytes(t->dram);
   out->io_uring = t->io ? kvp__tier_io_is_uring(t->io) : 0;
+  out->slow_io = t->io ? kvp__tier_io_slow_count(t->io) : 0;
   out->huge_pages = kvp__tier_dram_huge(t->dram);
   out->fixed_buffers = t->fixed_bufs;
   pthread_mutex_unlock(&t->mu);

@@ -80,6 +80,49 @@ TEST(dram_basic) {
   kvp_tier_destroy(t);
 }
 
+/* The GPU backend's registration hook sees the whole region once, before any
+ * block, and its failure fails create with its code. */
+typedef struct reg {
+  void *base;
+  size_t len;
+  int calls, uncalls, fail;
+} reg;
+static int reg_fn(void *o, void *base, size_t len) {
+  reg *r = o;
+  r->base = base, r->len = len, r->calls++;
+  return r->fail;
+}
+static void unreg_fn(void *o, void *base, size_t len) {
+  reg *r = o;
+  ASSERT_TRUE(base == r->base && len == r->len);
+  r->uncalls++;
+}
+
+TEST(dram_register_hook) {
+  reg r = {0};
+  kvp_tier_opts o = {.dram_bytes = 8 * MB, .dram_register = reg_fn,
+                     .dram_unregister = unreg_fn, .register_opaque = &r};
+  kvp_tier_store *t;
+  ASSERT_OK(kvp_tier_create(&o, NULL, &t));
+  void *base;
+  size_t len;
+  ASSERT_OK(kvp_tier_dram_region(t, &base, &len));
+  ASSERT_TRUE(base == r.base);
+  ASSERT_EQ(len, r.len);
+  ASSERT_EQ(((uintptr_t)base) % (2 * MB), 0); /* huge-page aligned */
+  kvp_namespace ns = tt_ns("a", 16);
+  ASSERT_OK(kvp_tier_ns_add(t, &ns, &(kvp_tier_ns_opts){.block_bytes = 64 * KB}));
+  put_k(t, &ns, K(1, 1), 64 * KB, 0, 0);
+  put_k(t, &ns, K(1, 2), 3000, 0, 0); /* the jemalloc arena lives there too */
+  kvp_tier_destroy(t);
+  ASSERT_EQ(r.calls, 1);
+  ASSERT_EQ(r.uncalls, 1);
+  r = (reg){.fail = KVP_EGPU};
+  ASSERT_ERR(kvp_tier_create(&o, NULL, &t), KVP_EGPU);
+  ASSERT_EQ(r.calls, 1);
+  ASSERT_EQ(r.uncalls, 0); /* a failed registration is not undone */
+}
+
 /* DRAM capacity from MemAvailable when none is given. */
 TEST(dram_default_capacity) {
   kvp_tier_opts o = {.dram_fraction = 0.01};
@@ -316,7 +359,8 @@ static void nvme_faults(kvp_tier_io_backend be) {
     faults fl = {0};
     kvp_tier_opts o = {.dram_bytes = 4 * MB, .nvme_dir = dir,
                        .nvme_bytes = 64 * MB, .io_backend = be,
-                       .io_filter = filter, .io_filter_opaque = &fl};
+                       .io_filter = filter, .io_filter_opaque = &fl,
+                       .slow_io_us = 1000};
     kvp_tier_store *t;
     ASSERT_OK(kvp_tier_create(&o, NULL, &t));
     kvp_namespace ns = tt_ns("a", 16);
@@ -353,7 +397,10 @@ static void nvme_faults(kvp_tier_io_backend be) {
       ASSERT_EQ(miss, 20); /* never written, DRAM emptied: not wrong bytes */
       ASSERT_GT(mode == 4 ? st.short_io : st.io_errors, 0);
       break;
-    case 5: ASSERT_EQ(hits, 20); break;
+    case 5:
+      ASSERT_EQ(hits, 20);
+      ASSERT_GE(st.slow_io, 20); /* every write and read took >= 2 ms */
+      break;
     case 7:
       ASSERT_EQ(durable_fail, 20); /* on NVMe but never acknowledged */
       ASSERT_EQ(hits, 20);
@@ -657,7 +704,8 @@ TEST(events_feed_index) {
   tt_rmdir(dir);
 }
 
-TEST_MAIN(TEST_ENTRY(dram_basic), TEST_ENTRY(dram_default_capacity),
+TEST_MAIN(TEST_ENTRY(dram_basic), TEST_ENTRY(dram_register_hook),
+          TEST_ENTRY(dram_default_capacity),
           TEST_ENTRY(fingerprint_collision), TEST_ENTRY(nvme_demote_promote_all),
           TEST_ENTRY(nvme_recovery_all), TEST_ENTRY(nvme_corruption_all),
           TEST_ENTRY(nvme_encryption_all), TEST_ENTRY(nvme_faults_all),

@@ -137,6 +137,9 @@ typedef struct kvp_tier_opts {
   kvp_tier_io_backend io_backend;
   kvp_tier_io_filter io_filter; /* NULL = none */
   void *io_filter_opaque;
+  /* An NVMe operation slower than this (microseconds, 0 = 100000) is
+   * counted in kvp_tier_stats.slow_io. */
+  uint32_t slow_io_us;
 
   kvp_tier_policy_kind policy;
   /* Admission to NVMe: volatile blocks go to NVMe only after this many hits
