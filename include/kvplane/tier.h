@@ -171,8 +171,9 @@ typedef struct kvp_tier_ns_opts {
  * path), KVP_ENOMEM, -errno.  *out is set only on success. */
 KVP_API int kvp_tier_create(const kvp_tier_opts *opts,
                             const kvp_allocator *alloc, kvp_tier_store **out);
-/* Waits for outstanding tickets, unmaps, closes.  Does NOT sync (call
- * kvp_tier_sync first for durability).  NULL ok. */
+/* Runs the queued asynchronous calls to completion, unmaps, closes.  Free
+ * every ticket (kvp_ticket_free) BEFORE destroy: a ticket refers to its
+ * store.  Does NOT sync (call kvp_tier_sync first for durability).  NULL ok. */
 KVP_API void kvp_tier_destroy(kvp_tier_store *t);
 
 /* Registers a namespace (by its seed).  Returns 0, KVP_EEXIST, KVP_EINVAL,
