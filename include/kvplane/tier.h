@@ -1,0 +1,307 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* kvplane kvtier: the engine-side KV block store.  A serving engine keeps
+ * the KV blocks it can no longer hold in HBM here: warm in one host DRAM
+ * region (mmap, huge pages, registrable as pinned memory), cold in
+ * log-structured slab files on NVMe (io_uring + O_DIRECT, pread/pwrite
+ * fallback), evicted when dead.
+ *
+ * Invariants:
+ * - A block is named by (namespace seed, 128-bit key).  Everything that
+ *   returns bytes compares BOTH in full; a fingerprint collision is a miss,
+ *   never another block's bytes.
+ * - Blocks are immutable: a key names one content (it hashes its whole
+ *   prefix), so a put of a key already stored is a no-op.
+ * - Every NVMe read verifies the slot header and the payload checksum
+ *   (XXH3-64) and, for encrypted namespaces, the AES-256-GCM tag.  Any
+ *   failure is a miss; the slot is dropped and the failure counted.
+ * - Durability: a block is durable once (a) kvp_tier_put() with
+ *   KVP_TIER_PUT_DURABLE returned 1 (the slot -- header and payload in one
+ *   O_DIRECT write -- was written and the slab file fdatasync'ed before
+ *   returning), or (b) it was on NVMe when kvp_tier_sync() returned 0.
+ *   Durable blocks survive a crash (SIGKILL, power loss with honest
+ *   flushes) until they are evicted.  DRAM-only blocks never survive.
+ */
+#ifndef KVPLANE_TIER_H
+#define KVPLANE_TIER_H
+
+#include "kvplane/common.h"
+#include "kvplane/prefix.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvp_tier_store kvp_tier_store; /* the store (DESIGN: kvp_tier) */
+typedef struct kvp_ticket kvp_ticket;         /* an asynchronous completion */
+
+/* ---- policies (pure in-memory; reusable by simulators) ---------------------
+ * Eviction order over ids 0..n chosen by the caller (the store uses its
+ * entry ids; kvplane-bench's simulated workers use their own).  Stability
+ * aware: every victim comes from the least stable class that has entries
+ * (volatile, then semi-stable, then stable), so stable blocks are the last to
+ * go.  No I/O, no clock.  Not thread-safe: serialise calls. */
+typedef enum kvp_tier_policy_kind {
+  KVP_TIER_POLICY_S3FIFO = 0, /* default: scan resistant (Yang et al. 2023) */
+  KVP_TIER_POLICY_LRU = 1,
+  KVP_TIER_POLICY_COUNT_ = 2
+} kvp_tier_policy_kind;
+
+typedef struct kvp_tier_policy kvp_tier_policy;
+
+/* "s3fifo" | "lru" <-> kind.  parse: 0 or KVP_EINVAL.  name: "unknown" for a
+ * bad value. */
+KVP_API int kvp_tier_policy_parse(const char *name, kvp_tier_policy_kind *out);
+KVP_API const char *kvp_tier_policy_name(kvp_tier_policy_kind kind);
+/* Returns 0, KVP_EINVAL (bad kind) or KVP_ENOMEM. */
+KVP_API int kvp_tier_policy_create(kvp_tier_policy_kind kind,
+                                   const kvp_allocator *alloc,
+                                   kvp_tier_policy **out);
+KVP_API void kvp_tier_policy_destroy(kvp_tier_policy *p); /* NULL ok */
+/* Track id (not tracked yet) of `bytes` in class `cls`; `fp` is a
+ * fingerprint of the block's key (S3-FIFO's ghost queue remembers recently
+ * evicted fingerprints).  Returns 0, KVP_EEXIST, KVP_EINVAL, KVP_ENOMEM. */
+KVP_API int kvp_tier_policy_insert(kvp_tier_policy *p, uint32_t id,
+                                   uint64_t fp, uint64_t bytes, kvp_class cls);
+/* A hit on id.  Returns 0 or KVP_ENOENT. */
+KVP_API int kvp_tier_policy_touch(kvp_tier_policy *p, uint32_t id);
+/* Stop tracking id (evicted or deleted).  `evicted` != 0 records its
+ * fingerprint as a ghost.  Returns 0 or KVP_ENOENT. */
+KVP_API int kvp_tier_policy_remove(kvp_tier_policy *p, uint32_t id,
+                                   int evicted);
+/* The id to evict next (still tracked: the caller removes it).  May reorder
+ * internal queues (S3-FIFO promotes and ages on the way).  Returns 0 or
+ * KVP_ENOENT (empty). */
+KVP_API int kvp_tier_policy_victim(kvp_tier_policy *p, uint32_t *id);
+KVP_API uint64_t kvp_tier_policy_bytes(const kvp_tier_policy *p);
+KVP_API uint64_t kvp_tier_policy_count(const kvp_tier_policy *p);
+
+/* ---- events (the schema include/kvplane/index.h ingests) -------------------
+ * One per block entering or leaving a tier; `seq` numbers this store's
+ * events consecutively from 1, so a connector can pass them straight to
+ * kvp_index_stored(ix, worker, seq, tier, NULL, key, 1) /
+ * kvp_index_removed().  Called with the store's lock held: do not call back
+ * into the store; `ev` is valid during the call only. */
+typedef struct kvp_tier_event {
+  uint64_t seq;
+  kvp_tier tier;    /* KVP_TIER_DRAM or KVP_TIER_NVME */
+  int stored;       /* 1 stored, 0 removed */
+  kvp_key ns;       /* namespace seed */
+  kvp_key key;
+  uint64_t bytes;
+} kvp_tier_event;
+typedef void (*kvp_tier_event_fn)(void *opaque, const kvp_tier_event *ev);
+
+/* ---- injectable I/O filter (fault injection, tracing) ----------------------
+ * Called after every NVMe read/write/sync completes, on both backends, with
+ * the kernel's result (bytes or -errno); returns the result the store acts
+ * on (e.g. -EIO, -ENOSPC, fewer bytes, or the same after a sleep).  May
+ * corrupt `buf` on reads.  op: 0 read, 1 write, 2 fdatasync. */
+typedef int (*kvp_tier_io_filter)(void *opaque, int op, void *buf,
+                                  size_t len, uint64_t off, int result);
+
+typedef enum kvp_tier_io_backend {
+  KVP_TIER_IO_AUTO = 0,  /* io_uring when the kernel allows it, else POSIX */
+  KVP_TIER_IO_URING = 1, /* io_uring or KVP_ENOTSUP */
+  KVP_TIER_IO_POSIX = 2  /* pread/pwrite */
+} kvp_tier_io_backend;
+
+typedef enum kvp_tier_huge {
+  KVP_TIER_HUGE_AUTO = 0,     /* explicit huge pages if reserved, else THP */
+  KVP_TIER_HUGE_THP = 1,      /* madvise(MADV_HUGEPAGE) only */
+  KVP_TIER_HUGE_NONE = 2
+} kvp_tier_huge;
+
+/* Zero value = defaults. */
+typedef struct kvp_tier_opts {
+  /* DRAM tier.  dram_bytes 0: dram_fraction of MemAvailable (read from
+   * /proc/meminfo at create), fraction 0 = 0.25. */
+  uint64_t dram_bytes;
+  double dram_fraction;
+  kvp_tier_huge huge_pages;
+  /* GPU registration hook (cuMemHostRegister): called once with the whole
+   * DRAM region after mmap, before any block lands in it; a negative return
+   * fails kvp_tier_create with that code.  unregister runs at destroy. */
+  int (*dram_register)(void *opaque, void *base, size_t len);
+  void (*dram_unregister)(void *opaque, void *base, size_t len);
+  void *register_opaque;
+
+  /* NVMe tier: NULL = none.  The directory must exist; slab files
+   * "kvtier-<payload>.slab" are created in it and recovered at create.
+   * nvme_bytes 0: nvme_fraction of the file system's free space at create,
+   * fraction 0 = 0.5. */
+  const char *nvme_dir;
+  uint64_t nvme_bytes;
+  double nvme_fraction;
+  uint32_t queue_depth;       /* 0 = 32; 1..4096 */
+  uint64_t max_block_bytes;   /* largest NVMe block; 0 = 4 MiB */
+  kvp_tier_io_backend io_backend;
+  kvp_tier_io_filter io_filter; /* NULL = none */
+  void *io_filter_opaque;
+  /* An NVMe operation slower than this (microseconds, 0 = 100000) is
+   * counted in kvp_tier_stats.slow_io. */
+  uint32_t slow_io_us;
+
+  kvp_tier_policy_kind policy;
+  /* Admission to NVMe: volatile blocks go to NVMe only after this many hits
+   * (0 = 1: write-through-selective); semi/stable always. */
+  uint32_t volatile_nvme_min_hits;
+  /* 1: a DRAM hit on an NVMe-only block is promoted back to DRAM (default
+   * 0 = on; set 2 to disable). */
+  uint32_t promote;
+
+  kvp_tier_event_fn on_event; /* NULL = none */
+  void *event_opaque;
+  uint32_t reserved[16];
+} kvp_tier_opts;
+
+/* Per namespace: block_bytes > 0 gives the namespace fixed-size DRAM slots
+ * of that size (blocks of any other size still go through the variable-size
+ * arena); aes256_key (32 bytes, copied) encrypts its NVMe slots at rest with
+ * AES-256-GCM and makes unencrypted slots of it unreadable. */
+typedef struct kvp_tier_ns_opts {
+  uint64_t block_bytes;
+  const uint8_t *aes256_key;
+  uint32_t reserved[8];
+} kvp_tier_ns_opts;
+
+/* Creates the store: maps the DRAM region, probes the I/O backend, recovers
+ * the slab files of nvme_dir (index rebuilt from the slot headers).  Returns
+ * 0, KVP_EINVAL (bad option), KVP_ENOTSUP (io_uring asked for but refused;
+ * O_DIRECT refused by nvme_dir's file system, e.g. tmpfs -- logged with the
+ * path), KVP_ENOMEM, -errno.  *out is set only on success. */
+KVP_API int kvp_tier_create(const kvp_tier_opts *opts,
+                            const kvp_allocator *alloc, kvp_tier_store **out);
+/* Runs the queued asynchronous calls to completion, unmaps, closes.  Free
+ * every ticket (kvp_ticket_free) BEFORE destroy: a ticket refers to its
+ * store.  Does NOT sync (call kvp_tier_sync first for durability).  NULL ok. */
+KVP_API void kvp_tier_destroy(kvp_tier_store *t);
+
+/* Registers a namespace (by its seed).  Returns 0, KVP_EEXIST, KVP_EINVAL,
+ * KVP_ENOMEM.  Blocks of a namespace that is not registered cannot be put or
+ * read (KVP_ENOENT); recovered slots wait for their namespace. */
+KVP_API int kvp_tier_ns_add(kvp_tier_store *t, const kvp_namespace *ns,
+                            const kvp_tier_ns_opts *o);
+
+/* ---- synchronous block calls (thread-safe; one internal lock) --------------*/
+#define KVP_TIER_PUT_DURABLE 1u /* write through to NVMe + fdatasync */
+
+typedef struct kvp_tier_put_opts {
+  kvp_class cls;  /* stability class; 0 = volatile */
+  uint32_t flags; /* KVP_TIER_PUT_* */
+  uint32_t reserved[6];
+} kvp_tier_put_opts;
+
+/* Stores `len` bytes (copied) under (ns, key).  po NULL = volatile, not
+ * durable.  Returns 1 stored (or already present), KVP_ENOENT (namespace not
+ * registered), KVP_ERANGE (len 0 or larger than the DRAM region /
+ * max_block_bytes for durable puts), KVP_ENOSPC (no room even after
+ * eviction), or for durable puts the NVMe error (-EIO, -ENOSPC, ...): the
+ * block is then not durable (it may still be in DRAM). */
+KVP_API int kvp_tier_put(kvp_tier_store *t, const kvp_namespace *ns,
+                         kvp_key key, const void *data, size_t len,
+                         const kvp_tier_put_opts *po);
+/* Copies the block into dst (cap bytes) and sets *len.  Returns the tier it
+ * was served from (KVP_TIER_DRAM / KVP_TIER_NVME, >= 0), KVP_ENOENT (miss:
+ * absent, or dropped for a failed check), KVP_ERANGE (cap too small; *len
+ * says how much is needed). */
+KVP_API int kvp_tier_get(kvp_tier_store *t, const kvp_namespace *ns,
+                         kvp_key key, void *dst, size_t cap, size_t *len);
+/* The fastest tier holding the block (>= 0) or KVP_ENOENT.  No I/O. */
+KVP_API int kvp_tier_contains(kvp_tier_store *t, const kvp_namespace *ns,
+                              kvp_key key);
+/* Removes the block from every tier (its NVMe slot header is zeroed).
+ * Returns 1 removed, 0 absent, or an error. */
+KVP_API int kvp_tier_evict(kvp_tier_store *t, const kvp_namespace *ns,
+                           kvp_key key);
+/* fdatasync every slab file.  Returns 0 or -errno. */
+KVP_API int kvp_tier_sync(kvp_tier_store *t);
+/* An idle window: writes up to `budget_bytes` of the coldest DRAM blocks
+ * that are not yet on NVMe (and pass admission) to NVMe, so later pressure
+ * evicts them without I/O.  Returns the number of blocks written. */
+KVP_API int kvp_tier_idle(kvp_tier_store *t, uint64_t budget_bytes);
+
+/* Batch forms: results[i] is what the single call returns for item i.
+ * NVMe reads of one batch are submitted together (up to queue_depth in
+ * flight).  Return the number of hits/stored items, or an error that
+ * applies to the whole call (KVP_EINVAL). */
+KVP_API int kvp_tier_get_batch(kvp_tier_store *t, const kvp_namespace *ns,
+                               const kvp_key *keys, size_t n, void *const *dst,
+                               const size_t *cap, size_t *len, int *results);
+KVP_API int kvp_tier_put_batch(kvp_tier_store *t, const kvp_namespace *ns,
+                               const kvp_key *keys, size_t n,
+                               const void *const *data, const size_t *len,
+                               const kvp_tier_put_opts *po, int *results);
+
+/* ---- asynchronous calls -----------------------------------------------------
+ * Queued to the store's I/O thread (started on first use).  Every array and
+ * buffer must stay valid until the ticket completes.  *ticket must be freed
+ * with kvp_ticket_free (after completion; free waits for it). */
+KVP_API int kvp_tier_get_async(kvp_tier_store *t, const kvp_namespace *ns,
+                               const kvp_key *keys, size_t n, void *const *dst,
+                               const size_t *cap, size_t *len, int *results,
+                               kvp_ticket **ticket);
+KVP_API int kvp_tier_put_async(kvp_tier_store *t, const kvp_namespace *ns,
+                               const kvp_key *keys, size_t n,
+                               const void *const *data, const size_t *len,
+                               const kvp_tier_put_opts *po, int *results,
+                               kvp_ticket **ticket);
+/* A hint ("this session's next turn is coming here"): loads the blocks that
+ * are only on NVMe into DRAM.  ticket NULL = fire and forget. */
+KVP_API int kvp_tier_prefetch(kvp_tier_store *t, const kvp_namespace *ns,
+                              const kvp_key *keys, size_t n,
+                              kvp_ticket **ticket);
+/* KVP_EBUSY while pending, else the call's result.  Thread-safe. */
+KVP_API int kvp_ticket_poll(kvp_ticket *k);
+/* Blocks until done (timeout_ns 0 = forever); the result, or KVP_EBUSY on
+ * timeout. */
+KVP_API int kvp_ticket_wait(kvp_ticket *k, uint64_t timeout_ns);
+KVP_API void kvp_ticket_free(kvp_ticket *k); /* waits; NULL ok */
+
+/* ---- runtime options (zstd setParameter style) ----------------------------*/
+typedef enum kvp_tier_opt {
+  KVP_TIER_OPT_DRAM_BYTES = 1,     /* shrink demotes at once; <= region */
+  KVP_TIER_OPT_NVME_BYTES = 2,     /* growth limit of the slab files */
+  KVP_TIER_OPT_POLICY = 3,         /* kvp_tier_policy_kind (new inserts) */
+  KVP_TIER_OPT_VOLATILE_NVME_MIN_HITS = 4,
+  KVP_TIER_OPT_PROMOTE = 5,        /* 1 on, 0 off */
+  KVP_TIER_OPT_QUEUE_DEPTH = 6     /* max in flight per batch, <= created */
+} kvp_tier_opt;
+/* Returns 0, KVP_EINVAL (unknown option), KVP_ERANGE (outside bounds). */
+KVP_API int kvp_tier_set(kvp_tier_store *t, kvp_tier_opt opt, int64_t value);
+KVP_API int kvp_tier_get_opt(kvp_tier_store *t, kvp_tier_opt opt,
+                             int64_t *value);
+/* Inclusive bounds of an option for this store.  0 or KVP_EINVAL. */
+KVP_API int kvp_tier_opt_bounds(kvp_tier_store *t, kvp_tier_opt opt,
+                                int64_t *lo, int64_t *hi);
+
+/* ---- observability ---------------------------------------------------------*/
+typedef struct kvp_tier_stats {
+  uint64_t puts, puts_dup, puts_rejected;
+  uint64_t hits[KVP_TIER_COUNT_]; /* by tier served from */
+  uint64_t misses, key_mismatch;  /* key_mismatch: NVMe header named another
+                                     key (never served) */
+  uint64_t demotions, promotions, drops_volatile, evictions[KVP_TIER_COUNT_];
+  uint64_t nvme_writes, nvme_reads, nvme_bytes_written, nvme_bytes_read;
+  uint64_t checksum_failures, auth_failures, io_errors, short_io, slow_io;
+  uint64_t recovered_slots, recovery_bad_slots, recovery_dup_slots;
+  uint64_t dram_blocks, nvme_blocks, dram_used_bytes, nvme_used_bytes;
+  uint64_t dram_bytes, nvme_bytes; /* capacities in force */
+  uint64_t dram_slot_bytes;        /* of dram_used_bytes: fixed-size slots */
+  int io_uring;                    /* 1 when the io_uring backend is used */
+  int huge_pages;                  /* 2 explicit, 1 THP advised, 0 none */
+  int fixed_buffers;               /* io_uring registered buffers in use */
+  int reserved_;
+} kvp_tier_stats;
+/* Thread-safe snapshot.  Returns 0 or KVP_EINVAL. */
+KVP_API int kvp_tier_get_stats(kvp_tier_store *t, kvp_tier_stats *out);
+/* Measured bandwidth (bytes/s, exponentially weighted over completed
+ * transfers) of reads from `tier` into caller memory; 0 before the first
+ * measurement.  Feed it to kvp_router_report_bandwidth().  Thread-safe. */
+KVP_API double kvp_tier_bandwidth(kvp_tier_store *t, kvp_tier tier);
+/* The DRAM region (for a GPU backend that registers it itself).  0. */
+KVP_API int kvp_tier_dram_region(kvp_tier_store *t, void **base, size_t *len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVPLANE_TIER_H */

@@ -1,0 +1,250 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* kvtier internals shared by the store, the DRAM region, the slab format
+ * and the I/O backends.  Not installed. */
+#ifndef KVP_KVTIER_INTERNAL_H
+#define KVP_KVTIER_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <sys/uio.h>
+
+#include "kvplane/tier.h"
+
+/* ---- on-disk slot header (golden vectors in tests/test_tier_format.c) -----
+ * Every slab slot starts with a header sector (hdr_bytes = max(512, the
+ * file's O_DIRECT alignment)) whose first 128 bytes are, little-endian:
+ *   0  u32 magic "KVPS"          4  u16 version (1)    6  u16 flags
+ *   8  u32 header bytes (128)    12 u32 zero
+ *   16 u64 ns.hi  24 u64 ns.lo   32 u64 key.hi  40 u64 key.lo
+ *   48 u64 payload length        56 u64 epoch (store-wide, increasing)
+ *   64 u8[12] GCM IV             76 u32 zero
+ *   80 u8[16] GCM tag            96 u64 XXH3-64 of the stored payload
+ *   104 16 zero bytes            120 u64 XXH3-64 of bytes [0,120)
+ * The rest of the sector is zero; the payload (ciphertext when encrypted)
+ * follows, zero-padded to the slot's payload capacity. */
+#define TIER_HDR_BYTES 128u
+#define TIER_HDR_MAGIC 0x5350564bu /* "KVPS" little-endian */
+#define TIER_HDR_VERSION 1u
+#define TIER_HDR_F_AESGCM 1u
+
+typedef struct tier_slot_hdr {
+  uint16_t flags;
+  kvp_key ns, key;
+  uint64_t len, epoch;
+  uint8_t iv[12];
+  uint8_t tag[16];
+  uint64_t payload_sum;
+} tier_slot_hdr;
+
+void kvp__tier_hdr_encode(const tier_slot_hdr *h, uint8_t out[TIER_HDR_BYTES]);
+/* 0, KVP_ETRUNC (n < 128), KVP_ECORRUPT (bad magic/version/size/flags/
+ * reserved bytes/checksum, zero length).  Never reads past n. */
+int kvp__tier_hdr_decode(const uint8_t *buf, size_t n, tier_slot_hdr *out);
+uint64_t kvp__tier_payload_sum(const void *p, size_t n);
+/* Payload capacity (size class) of a block of len bytes: multiples of 4 KiB,
+ * four classes per power of two above 16 KiB (<= 25% padding). */
+uint64_t kvp__tier_class_bytes(uint64_t len);
+
+/* Recovery scan of a slab image already in memory (the fuzz target's entry):
+ * calls fn for every slot whose header decodes; returns slots scanned. */
+typedef void (*tier_scan_fn)(void *arg, uint64_t slot, const tier_slot_hdr *h);
+uint64_t kvp__tier_scan_image(const uint8_t *img, size_t n, uint64_t slot_bytes,
+                              tier_scan_fn fn, void *arg);
+
+/* ---- DRAM region --------------------------------------------------------- */
+typedef struct tier_dram tier_dram;
+#define TIER_POOL_ARENA UINT32_MAX
+int kvp__tier_dram_create(uint64_t bytes, kvp_tier_huge huge,
+                          const kvp_allocator *a, tier_dram **out);
+void kvp__tier_dram_destroy(tier_dram *d);
+/* A block of len bytes: a fixed-size slot when len == fixed (> 0), else the
+ * jemalloc arena.  Sets *pool and *charged (bytes counted against the DRAM
+ * capacity).  NULL when the region has no room. */
+void *kvp__tier_dram_alloc(tier_dram *d, size_t len, uint64_t fixed,
+                           uint32_t *pool, uint64_t *charged);
+void kvp__tier_dram_free(tier_dram *d, void *p, uint32_t pool);
+void kvp__tier_dram_region(const tier_dram *d, void **base, size_t *len);
+int kvp__tier_dram_huge(const tier_dram *d);
+uint64_t kvp__tier_dram_slot_bytes(const tier_dram *d);
+
+/* ---- I/O: io_uring or POSIX behind one streaming batch call -------------*/
+enum { TIO_READ = 0, TIO_WRITE = 1, TIO_SYNC = 2 };
+typedef struct tio_op {
+  uint8_t op;
+  bool needs_buf; /* take a staging buffer before prep */
+  bool skipped;   /* set by the layer: prep failed or the ring broke */
+  bool inflight;  /* set by the layer */
+  int fd;         /* real descriptor */
+  int file;       /* registered file index, -1 none */
+  void *buf;
+  uint32_t len;
+  int buf_index;  /* registered buffer index, -1 none (set by the layer) */
+  int pool_idx;   /* staging buffer held, -1 none (set by the layer) */
+  uint64_t off;
+  /* reads only: a second segment (the caller's buffer, so the payload is
+   * not copied); the op then reads len + len2 bytes */
+  void *buf2;
+  uint32_t len2;
+  struct iovec iov[2]; /* the layer's */
+  uint64_t t_start;    /* the layer's: submission time */
+  int res;        /* bytes or -errno, after the filter; prep may preset an
+                     error (< 0) to skip the I/O */
+} tio_op;
+
+/* Staging buffers ops borrow while in flight (registered with io_uring when
+ * possible). */
+typedef struct tio_pool {
+  uint8_t *base;
+  size_t each;
+  uint32_t n;
+  bool fixed;
+} tio_pool;
+
+/* prep(arg, i, op): op i got its buffer and is about to be submitted (fill
+ * the buffer for a write; set op->res < 0 to skip it).  done(arg, i, op):
+ * op i completed (res final); its buffer is reused after done returns. */
+typedef void (*tio_cb)(void *arg, size_t i, tio_op *op);
+
+typedef struct tier_io tier_io;
+int kvp__tier_io_create(kvp_tier_io_backend b, uint32_t qd,
+                        kvp_tier_io_filter filter, void *fopaque,
+                        const kvp_allocator *a, tier_io **out);
+void kvp__tier_io_destroy(tier_io *io);
+bool kvp__tier_io_is_uring(const tier_io *io);
+/* Operations slower than slow_ns so far (the store's stats.slow_io). */
+void kvp__tier_io_set_slow(tier_io *io, uint64_t slow_ns);
+uint64_t kvp__tier_io_slow_count(const tier_io *io);
+/* Registered buffers/files (io_uring only; false / -1 when not possible). */
+bool kvp__tier_io_register_buffers(tier_io *io, void *base, size_t each,
+                                   uint32_t n);
+int kvp__tier_io_register_file(tier_io *io, int fd);
+/* Runs ops[0..n) with up to qd in flight (and no more than the pool's
+ * buffers), refilling the queue as completions arrive.  Returns 0, or a
+ * ring error after which the unfinished ops carry that error. */
+int kvp__tier_io_run(tier_io *io, tio_op *ops, size_t n, uint32_t qd,
+                     const tio_pool *pool, tio_cb prep, tio_cb done, void *arg);
+
+/* io_uring backend (kvtier/uring/); KVP_ENOTSUP when built without it. */
+typedef struct tier_uring tier_uring;
+int kvp__tier_uring_create(uint32_t entries, const kvp_allocator *a,
+                           tier_uring **out);
+void kvp__tier_uring_destroy(tier_uring *u);
+bool kvp__tier_uring_register_buffers(tier_uring *u, void *base, size_t each,
+                                      uint32_t n);
+int kvp__tier_uring_register_file(tier_uring *u, int fd);
+/* Queues op (tag comes back with its completion); KVP_EBUSY: ring full. */
+int kvp__tier_uring_queue(tier_uring *u, tio_op *op, uint64_t tag);
+/* Submits what is queued, waits for >= 1 completion, hands each to cb.
+ * Returns completions seen or a negative ring error. */
+typedef void (*tier_uring_cb)(void *arg, uint64_t tag, int res);
+int kvp__tier_uring_reap(tier_uring *u, tier_uring_cb cb, void *arg);
+
+/* ---- the store (tier_store.c: API, index, DRAM; tier_nvme.c: slabs) ------ */
+#include <pthread.h>
+#include <stdatomic.h>
+
+#define TIER_NIL UINT32_MAX
+
+typedef struct tier_entry {
+  kvp_key ns, key;
+  uint64_t len;
+  void *dram;           /* NULL: not in DRAM */
+  uint64_t dram_charge; /* bytes charged to the DRAM capacity */
+  uint32_t pool;
+  int32_t nclass;       /* NVMe slab class, -1: not on NVMe */
+  uint64_t nslot;
+  uint32_t hits;
+  uint8_t cls, live, pad_[2];
+  uint32_t next_free;
+} tier_entry;
+
+typedef struct tier_nclass { /* one slab file per payload size class */
+  uint64_t cap, slot_bytes;
+  int fd, file_idx;
+  uint64_t nslots;
+  uint32_t *owner; /* entry id per slot, TIER_NIL: free */
+  uint64_t *free;  /* stack of free slots */
+  uint64_t nfree;
+  kvp_tier_policy *pol;
+} tier_nclass;
+
+typedef struct tier_ns {
+  kvp_key seed;
+  uint64_t block_bytes;
+  bool enc;
+  uint8_t key[32];
+} tier_ns;
+
+typedef struct tier_job tier_job;
+
+struct kvp_tier_store {
+  kvp_allocator a;
+  pthread_mutex_t mu; /* everything below; taken before jmu */
+  kvp_tier_opts o;
+  char *dir;
+  /* DRAM */
+  tier_dram *dram;
+  uint64_t dram_cap, dram_used, dram_region;
+  kvp_tier_policy *dpol;
+  bool registered; /* dram_register succeeded: unregister at destroy */
+  /* NVMe */
+  tier_io *io;
+  uint32_t qd, qd_max, hdr_bytes;
+  uint8_t *stage;
+  size_t stage_len;
+  uint64_t stage_each;
+  bool fixed_bufs;
+  tier_nclass *cls;
+  uint32_t ncls;
+  uint64_t nvme_cap, nvme_alloc, nvme_used;
+  int dirfd;
+  void *cctx; /* EVP_CIPHER_CTX */
+  /* index: (ns, key) -> entry id; open addressing, slot = id + 1 */
+  tier_entry *ents;
+  uint32_t nents, ents_cap, free_head;
+  uint32_t *tab;
+  uint32_t tab_mask, tab_fill;
+  tier_ns *nss;
+  uint32_t nns;
+  uint64_t epoch, seq;
+  kvp_tier_stats st;
+  double bw[KVP_TIER_COUNT_];
+  /* async */
+  pthread_mutex_t jmu;
+  pthread_cond_t jcv, dcv;
+  tier_job *jhead, *jtail;
+  pthread_t thr;
+  bool thr_on, stop;
+};
+
+/* tier_store.c, used by tier_nvme.c (store lock held) */
+void kvp__tier_emit(kvp_tier_store *t, kvp_tier tier, int stored,
+                    const tier_entry *e);
+const tier_ns *kvp__tier_ns_find(const kvp_tier_store *t, kvp_key seed);
+uint32_t kvp__tier_entry_new(kvp_tier_store *t, kvp_key ns, kvp_key key);
+uint32_t kvp__tier_entry_find(const kvp_tier_store *t, kvp_key ns, kvp_key key);
+/* Deletes the entry when it is in no tier any more. */
+void kvp__tier_entry_gc(kvp_tier_store *t, uint32_t id);
+void kvp__tier_bw_note(kvp_tier_store *t, kvp_tier tier, uint64_t bytes,
+                       uint64_t ns);
+
+/* tier_nvme.c (store lock held) */
+int kvp__tier_nvme_open(kvp_tier_store *t);  /* probe, recover */
+void kvp__tier_nvme_close(kvp_tier_store *t);
+/* Writes entries ids[0..n) (in DRAM) to NVMe; res[i] 0 or error; with
+ * durable, fdatasyncs the touched files and fails the batch on error. */
+void kvp__tier_nvme_write(kvp_tier_store *t, const uint32_t *ids, size_t n,
+                          bool durable, int *res);
+/* Reads entries ids[0..n) (on NVMe) into dst[i]; res[i] KVP_TIER_NVME or a
+ * miss code (the slot is then dropped). */
+void kvp__tier_nvme_read(kvp_tier_store *t, const uint32_t *ids, size_t n,
+                         void *const *dst, int *res);
+/* Frees the entry's slot (zeroing its header when wipe). */
+void kvp__tier_nvme_drop(kvp_tier_store *t, uint32_t id, bool wipe,
+                         bool evicted);
+int kvp__tier_nvme_sync(kvp_tier_store *t);
+int kvp__tier_nvme_set_policy(kvp_tier_store *t, kvp_tier_policy_kind k);
+
+#endif /* KVP_KVTIER_INTERNAL_H */

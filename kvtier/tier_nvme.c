@@ -1,0 +1,642 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The NVMe tier: log-structured slab files, one per payload size class
+ * ("kvtier-<payload>.slab"), grown with fallocate, opened with O_DIRECT.
+ * A slot = header sector + payload, written in ONE write from a staging
+ * buffer (registered with io_uring when allowed).  A slot is reused only
+ * after its previous block left the index, so a torn write can only damage
+ * a block nobody may read any more; recovery and reads verify both
+ * checksums and drop what fails.  All calls run under the store's lock. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "core_internal.h"
+#include "kvtier_internal.h"
+
+#define GROW_BYTES (UINT64_C(64) << 20)
+
+static uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+/* ---- slab classes ---------------------------------------------------------*/
+static int class_open(kvp_tier_store *t, uint64_t cap, bool create,
+                      int32_t *out) {
+  for (uint32_t i = 0; i < t->ncls; i++)
+    if (t->cls[i].cap == cap) {
+      *out = (int32_t)i;
+      return 0;
+    }
+  char name[64];
+  snprintf(name, sizeof name, "kvtier-%" PRIu64 ".slab", cap);
+  int fd = openat(t->dirfd, name,
+                  O_RDWR | O_DIRECT | O_CLOEXEC | (create ? O_CREAT : 0), 0600);
+  if (fd < 0)
+    return -errno;
+  if (create)
+    fsync(t->dirfd); /* the new file's name survives a crash */
+  tier_nclass *n = kvp__realloc(&t->a, t->cls, t->ncls * sizeof *n,
+                                (t->ncls + 1) * sizeof *n);
+  if (n == NULL) {
+    close(fd);
+    return KVP_ENOMEM;
+  }
+  t->cls = n;
+  tier_nclass *c = &n[t->ncls];
+  *c = (tier_nclass){.cap = cap, .slot_bytes = t->hdr_bytes + cap, .fd = fd};
+  c->file_idx = kvp__tier_io_register_file(t->io, fd);
+  int rc = kvp_tier_policy_create(t->o.policy, &t->a, &c->pol);
+  if (rc < 0) {
+    close(fd);
+    return rc;
+  }
+  *out = (int32_t)t->ncls++;
+  return 0;
+}
+
+/* Make room for more slots: fallocate (ftruncate where unsupported). */
+static int class_grow(kvp_tier_store *t, tier_nclass *c, uint64_t slots) {
+  if (slots == 0) /* e.g. a slab file created just before a crash */
+    return 0;
+  uint64_t add = slots * c->slot_bytes, off = c->nslots * c->slot_bytes;
+  int rc = fallocate(c->fd, 0, (off_t)off, (off_t)add);
+  if (rc != 0 && (errno == EOPNOTSUPP || errno == ENOSYS))
+    rc = ftruncate(c->fd, (off_t)(off + add));
+  if (rc != 0)
+    return -errno;
+  uint64_t n = c->nslots + slots;
+  uint32_t *ow = kvp__realloc(&t->a, c->owner, c->nslots * sizeof *ow, n * sizeof *ow);
+  if (ow == NULL)
+    return KVP_ENOMEM;
+  c->owner = ow;
+  uint64_t *fr = kvp__realloc(&t->a, c->free, c->nslots * sizeof *fr, n * sizeof *fr);
+  if (fr == NULL)
+    return KVP_ENOMEM;
+  c->free = fr;
+  for (uint64_t s = n; s-- > c->nslots;) {
+    ow[s] = TIER_NIL;
+    fr[c->nfree++] = s;
+  }
+  c->nslots = n;
+  t->nvme_alloc += add;
+  return 0;
+}
+
+static void slot_release(kvp_tier_store *t, tier_nclass *c, uint64_t slot) {
+  c->owner[slot] = TIER_NIL;
+  c->free[c->nfree++] = slot;
+  t->nvme_used -= c->cap;
+}
+
+/* Gives back the trailing free slots of every other class's file, so a
+ * class that needs room can grow (capacity counts allocated file bytes). */
+static void reclaim_tails(kvp_tier_store *t, int32_t keep) {
+  for (uint32_t i = 0; i < t->ncls; i++) {
+    tier_nclass *c = &t->cls[i];
+    uint64_t n = c->nslots;
+    if ((int32_t)i == keep)
+      continue;
+    while (n > 0 && c->owner[n - 1] == TIER_NIL)
+      n--;
+    if (n == c->nslots || ftruncate(c->fd, (off_t)(n * c->slot_bytes)) != 0)
+      continue;
+    uint64_t k = 0; /* the free stack without the cut slots */
+    for (uint64_t j = 0; j < c->nfree; j++)
+      if (c->free[j] < n)
+        c->free[k++] = c->free[j];
+    c->nfree = k;
+    t->nvme_alloc -= (c->nslots - n) * c->slot_bytes;
+    c->nslots = n;
+  }
+}
+
+static int try_grow(kvp_tier_store *t, tier_nclass *c) {
+  if (t->nvme_alloc + c->slot_bytes > t->nvme_cap)
+    return KVP_ENOSPC;
+  uint64_t room = (t->nvme_cap - t->nvme_alloc) / c->slot_bytes;
+  uint64_t step = t->nvme_cap / 32 < GROW_BYTES ? t->nvme_cap / 32 : GROW_BYTES;
+  uint64_t want = step / c->slot_bytes;
+  want = want == 0 ? 1 : want;
+  int rc = class_grow(t, c, want < room ? want : room);
+  if (rc == -ENOSPC)
+    t->st.io_errors++; /* the file system is fuller than the capacity says */
+  return rc;
+}
+
+/* A free slot in class ci: free list, growth within capacity, trailing
+ * space of other classes, or eviction of the class's policy victim.
+ * Returns 0 or KVP_ENOSPC. */
+static int slot_take(kvp_tier_store *t, int32_t ci, uint64_t *slot) {
+  tier_nclass *c = &t->cls[ci];
+  if (c->nfree == 0 && try_grow(t, c) < 0 &&
+      kvp_tier_policy_count(c->pol) == 0) {
+    reclaim_tails(t, ci);
+    try_grow(t, c);
+  }
+  if (c->nfree == 0) {
+    uint32_t v;
+    if (kvp_tier_policy_victim(c->pol, &v) < 0)
+      return KVP_ENOSPC;
+    t->st.evictions[KVP_TIER_NVME]++;
+    kvp__tier_nvme_drop(t, v, false, true);
+    kvp__tier_entry_gc(t, v);
+  }
+  *slot = c->free[--c->nfree];
+  return 0;
+}
+
+/* ---- encryption (AES-256-GCM, AAD = the block's identity) -----------------*/
+static void aad_of(const tier_slot_hdr *h, uint8_t aad[48]) {
+  uint64_t v[6] = {h->ns.hi, h->ns.lo, h->key.hi, h->key.lo, h->len, h->epoch};
+  for (int i = 0; i < 6; i++)
+    for (int b = 0; b < 8; b++)
+      aad[i * 8 + b] = (uint8_t)(v[i] >> (8 * b));
+}
+
+static int gcm(kvp_tier_store *t, bool enc, const uint8_t key[32],
+               tier_slot_hdr *h, const uint8_t *in, uint8_t *out) {
+  EVP_CIPHER_CTX *x = t->cctx;
+  uint8_t aad[48];
+  int l, ok;
+  aad_of(h, aad);
+  if (h->len > INT32_MAX)
+    return KVP_ERANGE;
+  if (enc) {
+    ok = EVP_EncryptInit_ex(x, EVP_aes_256_gcm(), NULL, key, h->iv) &&
+         EVP_EncryptUpdate(x, NULL, &l, aad, sizeof aad) &&
+         EVP_EncryptUpdate(x, out, &l, in, (int)h->len) &&
+         EVP_EncryptFinal_ex(x, out + l, &l) &&
+         EVP_CIPHER_CTX_ctrl(x, EVP_CTRL_GCM_GET_TAG, 16, h->tag);
+  } else {
+    ok = EVP_DecryptInit_ex(x, EVP_aes_256_gcm(), NULL, key, h->iv) &&
+         EVP_DecryptUpdate(x, NULL, &l, aad, sizeof aad) &&
+         EVP_DecryptUpdate(x, out, &l, in, (int)h->len) &&
+         EVP_CIPHER_CTX_ctrl(x, EVP_CTRL_GCM_SET_TAG, 16, h->tag) &&
+         EVP_DecryptFinal_ex(x, out + l, &l) > 0;
+  }
+  return ok ? 0 : KVP_ECORRUPT;
+}
+
+/* ---- writes -----------------------------------------------------------------*/
+static tio_pool pool_of(const kvp_tier_store *t) {
+  return (tio_pool){.base = t->stage, .each = t->stage_each, .n = t->qd_max,
+                    .fixed = t->fixed_bufs};
+}
+
+static tio_op op_of(int kind, const tier_nclass *c, uint64_t slot,
+                    uint32_t len) {
+  return (tio_op){.op = (uint8_t)kind, .needs_buf = kind != TIO_SYNC,
+                  .fd = c->fd, .file = c->file_idx, .len = len,
+                  .off = slot * c->slot_bytes};
+}
+
+static uint32_t io_len(const kvp_tier_store *t, uint64_t len) {
+  return (uint32_t)(t->hdr_bytes + round_up(len, t->hdr_bytes));
+}
+
+/* Builds entry id's slot image (header sector + payload) in b. */
+static int stage_slot(kvp_tier_store *t, uint32_t id, uint8_t *b) {
+  tier_entry *e = &t->ents[id];
+  const tier_ns *ns = kvp__tier_ns_find(t, e->ns);
+  tier_slot_hdr h = {.ns = e->ns, .key = e->key, .len = e->len,
+                     .epoch = ++t->epoch};
+  uint8_t *pay = b + t->hdr_bytes;
+  if (ns != NULL && ns->enc) {
+    h.flags = TIER_HDR_F_AESGCM;
+    if (RAND_bytes(h.iv, sizeof h.iv) != 1 || gcm(t, true, ns->key, &h, e->dram, pay) < 0)
+      return KVP_EIO;
+  } else {
+    memcpy(pay, e->dram, e->len);
+  }
+  memset(pay + e->len, 0, round_up(e->len, t->hdr_bytes) - e->len);
+  h.payload_sum = kvp__tier_payload_sum(pay, e->len);
+  memset(b, 0, t->hdr_bytes);
+  kvp__tier_hdr_encode(&h, b);
+  return 0;
+}
+
+typedef struct wctx {
+  kvp_tier_store *t;
+  const uint32_t *ids;
+  int *res;
+  uint64_t *slots;
+} wctx;
+
+static void wprep(void *arg, size_t i, tio_op *op) {
+  wctx *w = arg;
+  op->res = w->res[i] < 0 ? w->res[i] : stage_slot(w->t, w->ids[i], op->buf);
+}
+
+static void wdone(void *arg, size_t i, tio_op *op) {
+  wctx *w = arg;
+  kvp_tier_store *t = w->t;
+  tier_entry *e = &t->ents[w->ids[i]];
+  if (e->nclass < 0) /* no slot was taken */
+    return;
+  tier_nclass *c = &t->cls[e->nclass];
+  if (!op->skipped)
+    t->st.nvme_writes++;
+  if (op->res != (int)op->len) {
+    if (op->skipped)
+      w->res[i] = op->res;
+    else if (op->res >= 0)
+      t->st.short_io++, w->res[i] = KVP_EIO;
+    else
+      t->st.io_errors++, w->res[i] = op->res;
+    c->free[c->nfree++] = w->slots[i];
+    e->nclass = -1;
+    return;
+  }
+  t->st.nvme_bytes_written += op->len;
+  c->owner[w->slots[i]] = w->ids[i];
+  e->nslot = w->slots[i];
+  t->nvme_used += c->cap;
+  t->st.nvme_blocks++;
+  kvp_tier_policy_insert(c->pol, w->ids[i], e->key.lo ^ e->ns.lo, c->cap, e->cls);
+  kvp__tier_emit(t, KVP_TIER_NVME, 1, e);
+}
+
+void kvp__tier_nvme_write(kvp_tier_store *t, const uint32_t *ids, size_t n,
+                          bool durable, int *res) {
+  if (n == 0)
+    return;
+  tio_op *ops = kvp__calloc(&t->a, n, sizeof *ops);
+  uint64_t *slots = kvp__calloc(&t->a, n, sizeof *slots);
+  for (size_t i = 0; i < n; i++)
+    res[i] = t->io == NULL ? KVP_ENOTSUP : ops == NULL || slots == NULL ? KVP_ENOMEM : 0;
+  if (res[0] < 0)
+    goto out;
+  for (size_t i = 0; i < n; i++) { /* metadata first: classes and slots */
+    tier_entry *e = &t->ents[ids[i]];
+    uint64_t cap = kvp__tier_class_bytes(e->len);
+    int32_t ci = -1;
+    res[i] = cap + t->hdr_bytes > t->stage_each ? KVP_ERANGE : class_open(t, cap, true, &ci);
+    if (res[i] == 0)
+      res[i] = slot_take(t, ci, &slots[i]);
+    if (res[i] == 0)
+      e->nclass = ci; /* provisional: the slot is taken, not yet owned */
+    ops[i] = res[i] == 0 ? op_of(TIO_WRITE, &t->cls[ci], slots[i], io_len(t, e->len))
+                         : (tio_op){.op = TIO_WRITE, .fd = -1};
+  }
+  wctx w = {t, ids, res, slots};
+  tio_pool pool = pool_of(t);
+  kvp__tier_io_run(t->io, ops, n, t->qd, &pool, wprep, wdone, &w);
+  if (durable) {
+    int rc = kvp__tier_nvme_sync(t);
+    for (size_t i = 0; rc < 0 && i < n; i++)
+      if (res[i] == 0)
+        res[i] = rc; /* on NVMe, but not acknowledged durable */
+  }
+out:
+  kvp__free(&t->a, ops, n * sizeof *ops);
+  kvp__free(&t->a, slots, n * sizeof *slots);
+}
+
+int kvp__tier_nvme_sync(kvp_tier_store *t) {
+  int rc = 0;
+  if (t->ncls == 0)
+    return 0;
+  tio_op *ops = kvp__calloc(&t->a, t->ncls, sizeof *ops);
+  if (ops == NULL)
+    return KVP_ENOMEM;
+  for (uint32_t i = 0; i < t->ncls; i++)
+    ops[i] = op_of(TIO_SYNC, &t->cls[i], 0, 0);
+  kvp__tier_io_run(t->io, ops, t->ncls, t->qd, NULL, NULL, NULL, NULL);
+  for (uint32_t j = 0; j < t->ncls; j++)
+    if (ops[j].res < 0) {
+      t->st.io_errors++;
+      rc = ops[j].res;
+    }
+  kvp__free(&t->a, ops, t->ncls * sizeof *ops);
+  return rc;
+}
+
+/* ---- reads ------------------------------------------------------------------*/
+/* Checks a slot read as header sector hb + payload pay (the staging buffer
+ * right after hb, or dst itself for a direct read) and leaves the payload
+ * in dst: 0 or a miss. */
+static int verify_slot(kvp_tier_store *t, const tier_entry *e, const uint8_t *hb,
+                       const uint8_t *pay, void *dst) {
+  tier_slot_hdr h;
+  if (kvp__tier_hdr_decode(hb, TIER_HDR_BYTES, &h) < 0 || h.len != e->len ||
+      h.payload_sum != kvp__tier_payload_sum(pay, h.len)) {
+    t->st.checksum_failures++;
+    return KVP_ECORRUPT;
+  }
+  if (!kvp_key_eq(h.ns, e->ns) || !kvp_key_eq(h.key, e->key)) {
+    t->st.key_mismatch++;
+    return KVP_ECORRUPT;
+  }
+  const tier_ns *ns = kvp__tier_ns_find(t, e->ns);
+  bool enc = (h.flags & TIER_HDR_F_AESGCM) != 0;
+  if (ns == NULL || enc != ns->enc) {
+    t->st.auth_failures++; /* an encrypted namespace never reads plaintext */
+    return KVP_ECORRUPT;
+  }
+  if (!enc) {
+    if (pay != dst)
+      memcpy(dst, pay, h.len);
+    return 0;
+  }
+  if (gcm(t, false, ns->key, &h, pay, dst) < 0) {
+    t->st.auth_failures++;
+    return KVP_ECORRUPT;
+  }
+  return 0;
+}
+
+typedef struct rctx {
+  kvp_tier_store *t;
+  const uint32_t *ids;
+  void *const *dst;
+  int *res;
+  uint64_t bytes;
+} rctx;
+
+static void rdone(void *arg, size_t i, tio_op *op) {
+  rctx *r = arg;
+  kvp_tier_store *t = r->t;
+  t->st.nvme_reads++;
+  if (op->res != (int)(op->len + op->len2)) {
+    if (op->res >= 0)
+      t->st.short_io++;
+    else
+      t->st.io_errors++;
+    r->res[i] = KVP_ENOENT;
+  } else {
+    r->bytes += t->ents[r->ids[i]].len; /* payload: what the caller gets */
+    t->st.nvme_bytes_read += (uint64_t)op->len + op->len2;
+    const uint8_t *pay = op->buf2 ? op->buf2 : (uint8_t *)op->buf + t->hdr_bytes;
+    r->res[i] = verify_slot(t, &t->ents[r->ids[i]], op->buf, pay, r->dst[i]) == 0
+                    ? KVP_TIER_NVME
+                    : KVP_ENOENT;
+  }
+  if (r->res[i] < 0) /* a miss; the slot is not trusted again */
+    kvp__tier_nvme_drop(t, r->ids[i], false, false);
+}
+
+void kvp__tier_nvme_read(kvp_tier_store *t, const uint32_t *ids, size_t n,
+                         void *const *dst, int *res) {
+  tio_op *ops = kvp__calloc(&t->a, n, sizeof *ops);
+  if (ops == NULL) {
+    for (size_t i = 0; i < n; i++)
+      res[i] = KVP_ENOENT;
+    return;
+  }
+  for (size_t i = 0; i < n; i++) {
+    tier_entry *e = &t->ents[ids[i]];
+    const tier_ns *ns = kvp__tier_ns_find(t, e->ns);
+    ops[i] = op_of(TIO_READ, &t->cls[e->nclass], e->nslot, io_len(t, e->len));
+    /* a plaintext payload of whole sectors goes straight into an aligned
+     * caller buffer (header sector to staging): no copy.  On a miss dst
+     * holds whatever was read. */
+    if (((uintptr_t)dst[i] % t->hdr_bytes) == 0 &&
+        e->len % t->hdr_bytes == 0 && ns != NULL && !ns->enc) {
+      ops[i].len = t->hdr_bytes;
+      ops[i].buf2 = dst[i];
+      ops[i].len2 = (uint32_t)e->len;
+    }
+  }
+  rctx r = {t, ids, dst, res, 0};
+  tio_pool pool = pool_of(t);
+  uint64_t t0 = kvp_now_ns();
+  kvp__tier_io_run(t->io, ops, n, t->qd, &pool, NULL, rdone, &r);
+  if (r.bytes > 0)
+    kvp__tier_bw_note(t, KVP_TIER_NVME, r.bytes, kvp_now_ns() - t0);
+  kvp__free(&t->a, ops, n * sizeof *ops);
+}
+
+static void zprep(void *arg, size_t i, tio_op *op) {
+  (void)i;
+  memset(op->buf, 0, ((kvp_tier_store *)arg)->hdr_bytes);
+}
+
+void kvp__tier_nvme_drop(kvp_tier_store *t, uint32_t id, bool wipe,
+                         bool evicted) {
+  tier_entry *e = &t->ents[id];
+  if (e->nclass < 0)
+    return;
+  tier_nclass *c = &t->cls[e->nclass];
+  if (wipe) { /* so recovery does not bring an evicted block back */
+    tio_op op = op_of(TIO_WRITE, c, e->nslot, t->hdr_bytes);
+    tio_pool pool = pool_of(t);
+    kvp__tier_io_run(t->io, &op, 1, 1, &pool, zprep, NULL, t);
+    if (op.res != (int)t->hdr_bytes)
+      t->st.io_errors++;
+  }
+  kvp_tier_policy_remove(c->pol, id, evicted);
+  slot_release(t, c, e->nslot);
+  e->nclass = -1;
+  t->st.nvme_blocks--;
+  kvp__tier_emit(t, KVP_TIER_NVME, 0, e);
+}
+
+/* ---- open / recovery ---------------------------------------------------------*/
+static void recover_slot(kvp_tier_store *t, int32_t ci, uint64_t slot,
+                         const tier_slot_hdr *h) {
+  tier_nclass *c = &t->cls[ci];
+  if (kvp__tier_class_bytes(h->len) != c->cap) {
+    t->st.recovery_bad_slots++;
+    return;
+  }
+  if (h->epoch > t->epoch)
+    t->epoch = h->epoch;
+  uint32_t id = kvp__tier_entry_find(t, h->ns, h->key);
+  if (id != TIER_NIL) { /* the same block twice: keep one slot */
+    t->st.recovery_dup_slots++;
+    return;
+  }
+  id = kvp__tier_entry_new(t, h->ns, h->key);
+  if (id == TIER_NIL)
+    return;
+  tier_entry *e = &t->ents[id];
+  e->len = h->len;
+  e->cls = KVP_CLASS_SEMI; /* admitted to NVMe once: at least reused */
+  e->nclass = ci;
+  e->nslot = slot;
+  c->owner[slot] = id;
+  t->nvme_used += c->cap;
+  t->st.nvme_blocks++;
+  t->st.recovered_slots++;
+  kvp_tier_policy_insert(c->pol, id, h->key.lo ^ h->ns.lo, c->cap, e->cls);
+  kvp__tier_emit(t, KVP_TIER_NVME, 1, e);
+}
+
+typedef struct scanctx {
+  kvp_tier_store *t;
+  int32_t ci;
+  uint64_t base;
+} scanctx;
+
+static void sdone(void *arg, size_t i, tio_op *op) {
+  scanctx *s = arg;
+  tier_slot_hdr h;
+  if (op->res != (int)op->len) {
+    s->t->st.io_errors++;
+  } else if (kvp__tier_hdr_decode(op->buf, TIER_HDR_BYTES, &h) == 0) {
+    recover_slot(s->t, s->ci, s->base + i, &h);
+  } else if (((uint8_t *)op->buf)[0] != 0) {
+    s->t->st.recovery_bad_slots++; /* not a wiped or never-written slot */
+  }
+}
+
+static int recover_class(kvp_tier_store *t, int32_t ci) {
+  tier_nclass *c = &t->cls[ci];
+  struct stat sb;
+  if (fstat(c->fd, &sb) != 0)
+    return -errno;
+  uint64_t slots = (uint64_t)sb.st_size / c->slot_bytes;
+  c->nslots = 0;
+  int rc = class_grow(t, c, slots); /* adopts the existing slots */
+  if (rc < 0 || slots == 0)
+    return rc;
+  enum { CHUNK = 1024 };
+  tio_op *ops = kvp__calloc(&t->a, CHUNK, sizeof *ops);
+  if (ops == NULL)
+    return KVP_ENOMEM;
+  tio_pool pool = pool_of(t);
+  for (uint64_t at = 0; at < slots; at += CHUNK) {
+    size_t n = slots - at < CHUNK ? (size_t)(slots - at) : CHUNK;
+    for (size_t i = 0; i < n; i++)
+      ops[i] = op_of(TIO_READ, c, at + i, t->hdr_bytes);
+    scanctx sc = {t, ci, at};
+    kvp__tier_io_run(t->io, ops, n, t->qd_max, &pool, NULL, sdone, &sc);
+  }
+  kvp__free(&t->a, ops, CHUNK * sizeof *ops);
+  c = &t->cls[ci];
+  c->nfree = 0; /* rebuild the free stack from the owners */
+  for (uint64_t s = slots; s-- > 0;)
+    if (c->owner[s] == TIER_NIL)
+      c->free[c->nfree++] = s;
+  return 0;
+}
+
+static int recover(kvp_tier_store *t) {
+  DIR *d = fdopendir(dup(t->dirfd));
+  if (d == NULL)
+    return -errno;
+  struct dirent *de;
+  int rc = 0;
+  while (rc == 0 && (de = readdir(d)) != NULL) {
+    uint64_t cap;
+    char tail[8];
+    if (sscanf(de->d_name, "kvtier-%" SCNu64 ".sla%1s", &cap, tail) != 2 ||
+        strcmp(tail, "b") != 0 || cap == 0 || cap % 4096 != 0 ||
+        kvp__tier_class_bytes(cap) != cap)
+      continue;
+    if (cap + t->hdr_bytes > t->stage_each) {
+      KVP_LOGW("kvtier", "%s/%s: blocks larger than max_block_bytes; not "
+               "recovered (raise max_block_bytes to read them)", t->dir,
+               de->d_name);
+      continue;
+    }
+    int32_t ci;
+    rc = class_open(t, cap, false, &ci);
+    if (rc == 0)
+      rc = recover_class(t, ci);
+  }
+  closedir(d);
+  return rc;
+}
+
+static uint64_t fs_free(int dirfd) {
+  struct statvfs v;
+  return fstatvfs(dirfd, &v) == 0 ? (uint64_t)v.f_bavail * v.f_frsize : 0;
+}
+
+/* O_DIRECT on the directory's file system (tmpfs refuses it). */
+static int probe_direct(kvp_tier_store *t) {
+  int fd = openat(t->dirfd, ".", O_TMPFILE | O_RDWR | O_DIRECT, 0600);
+  if (fd < 0 && (errno == EOPNOTSUPP || errno == EISDIR))
+    return 0; /* no O_TMPFILE here: class files will tell */
+  if (fd < 0) {
+    KVP_LOGE("kvtier", "nvme_dir %s: O_DIRECT refused (%s); tmpfs cannot hold "
+             "the NVMe tier: use a directory on a disk (e.g. /var/tmp)",
+             t->dir, strerror(errno));
+    return KVP_ENOTSUP;
+  }
+  struct statx sx;
+  if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 &&
+      (sx.stx_mask & STATX_DIOALIGN) && sx.stx_dio_offset_align > 4096)
+    t->hdr_bytes = sx.stx_dio_offset_align;
+  close(fd);
+  return 0;
+}
+
+int kvp__tier_nvme_open(kvp_tier_store *t) {
+  int rc;
+  t->hdr_bytes = 4096;
+  t->dirfd = open(t->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (t->dirfd < 0) {
+    rc = -errno;
+    KVP_LOGE("kvtier", "nvme_dir %s: %s", t->dir, strerror(errno));
+    return rc;
+  }
+  if ((rc = probe_direct(t)) < 0)
+    return rc;
+  t->nvme_cap = t->o.nvme_bytes;
+  if (t->nvme_cap == 0) {
+    double f = t->o.nvme_fraction > 0 ? t->o.nvme_fraction : 0.5;
+    t->nvme_cap = (uint64_t)(f * (double)fs_free(t->dirfd));
+  }
+  uint64_t maxb = t->o.max_block_bytes ? t->o.max_block_bytes : (UINT64_C(4) << 20);
+  t->stage_each = round_up(t->hdr_bytes + kvp__tier_class_bytes(maxb), 4096);
+  t->stage_len = round_up(t->stage_each * t->qd_max, UINT64_C(2) << 20);
+  void *p = mmap(NULL, t->stage_len, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    return KVP_ENOMEM;
+  t->stage = p;
+  if ((rc = kvp__tier_io_create(t->o.io_backend, t->qd_max, t->o.io_filter,
+                                t->o.io_filter_opaque, &t->a, &t->io)) < 0)
+    return rc;
+  kvp__tier_io_set_slow(t->io, (t->o.slow_io_us ? t->o.slow_io_us : 100000) * UINT64_C(1000));
+  t->fixed_bufs = kvp__tier_io_register_buffers(t->io, t->stage, t->stage_each,
+                                                t->qd_max);
+  if ((t->cctx = EVP_CIPHER_CTX_new()) == NULL)
+    return KVP_ENOMEM;
+  return recover(t);
+}
+
+void kvp__tier_nvme_close(kvp_tier_store *t) {
+  for (uint32_t i = 0; i < t->ncls; i++) {
+    tier_nclass *c = &t->cls[i];
+    close(c->fd);
+    kvp_tier_policy_destroy(c->pol);
+    kvp__free(&t->a, c->owner, c->nslots * sizeof *c->owner);
+    kvp__free(&t->a, c->free, c->nslots * sizeof *c->free);
+  }
+  kvp__free(&t->a, t->cls, t->ncls * sizeof *t->cls);
+  kvp__tier_io_destroy(t->io);
+  if (t->stage != NULL)
+    munmap(t->stage, t->stage_len);
+  EVP_CIPHER_CTX_free(t->cctx);
+  if (t->dirfd > 0)
+    close(t->dirfd);
+}
+
+int kvp__tier_nvme_set_policy(kvp_tier_store *t, kvp_tier_policy_kind k) {
+  for (uint32_t i = 0; i < t->ncls; i++) {
+    tier_nclass *c = &t->cls[i];
+    kvp_tier_policy *np;
+    int rc = kvp_tier_policy_create(k, &t->a, &np);
+    if (rc < 0)
+      return rc;
+    for (uint64_t s = 0; s < c->nslots; s++)
+      if (c->owner[s] != TIER_NIL) {
+        tier_entry *e = &t->ents[c->owner[s]];
+        kvp_tier_policy_insert(np, c->owner[s], e->key.lo ^ e->ns.lo, c->cap, e->cls);
+      }
+    kvp_tier_policy_destroy(c->pol);
+    c->pol = np;
+  }
+  return 0;
+}

@@ -1,0 +1,242 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Eviction policies over caller-chosen ids: LRU and S3-FIFO (small FIFO +
+ * main FIFO with 2-bit frequencies + ghost fingerprints), one set of queues
+ * per stability class; victims come from the least stable non-empty class.
+ * Pure in-memory: no I/O, no clock (kvplane-bench reuses it as is). */
+#include <stdbool.h>
+#include <string.h>
+
+#include "core_internal.h"
+#include "kvplane/tier.h"
+
+#define NIL UINT32_MAX
+enum { Q_NONE = 0, Q_SMALL = 1, Q_MAIN = 2 };
+
+typedef struct qlist {
+  uint32_t head, tail; /* head = newest */
+  uint64_t bytes, count;
+} qlist;
+
+typedef struct node {
+  uint32_t prev, next;
+  uint64_t bytes, fp;
+  uint8_t cls, q, freq, pad_;
+} node;
+
+struct kvp_tier_policy {
+  kvp_allocator a;
+  kvp_tier_policy_kind kind;
+  node *nodes;
+  uint32_t cap;
+  qlist small[KVP_CLASS_COUNT_], main[KVP_CLASS_COUNT_];
+  uint64_t bytes, count;
+  uint64_t *ghost; /* direct-mapped set of fingerprints (0 = empty) */
+  uint32_t ghost_mask;
+};
+
+int kvp_tier_policy_parse(const char *name, kvp_tier_policy_kind *out) {
+  if (name == NULL || out == NULL)
+    return KVP_EINVAL;
+  if (strcmp(name, "s3fifo") == 0)
+    *out = KVP_TIER_POLICY_S3FIFO;
+  else if (strcmp(name, "lru") == 0)
+    *out = KVP_TIER_POLICY_LRU;
+  else
+    return KVP_EINVAL;
+  return 0;
+}
+
+const char *kvp_tier_policy_name(kvp_tier_policy_kind kind) {
+  switch (kind) {
+  case KVP_TIER_POLICY_S3FIFO: return "s3fifo";
+  case KVP_TIER_POLICY_LRU: return "lru";
+  default: return "unknown";
+  }
+}
+
+static void qinit(qlist *q) {
+  q->head = q->tail = NIL;
+  q->bytes = q->count = 0;
+}
+
+int kvp_tier_policy_create(kvp_tier_policy_kind kind, const kvp_allocator *alloc,
+                           kvp_tier_policy **out) {
+  if (out == NULL || (unsigned)kind >= KVP_TIER_POLICY_COUNT_)
+    return KVP_EINVAL;
+  kvp_tier_policy *p = kvp__calloc(alloc, 1, sizeof *p);
+  if (p == NULL)
+    return KVP_ENOMEM;
+  p->a = kvp__allocator(alloc);
+  p->kind = kind;
+  for (int c = 0; c < KVP_CLASS_COUNT_; c++) {
+    qinit(&p->small[c]);
+    qinit(&p->main[c]);
+  }
+  *out = p;
+  return 0;
+}
+
+void kvp_tier_policy_destroy(kvp_tier_policy *p) {
+  if (p == NULL)
+    return;
+  kvp__free(&p->a, p->nodes, (size_t)p->cap * sizeof(node));
+  kvp__free(&p->a, p->ghost, p->ghost ? ((size_t)p->ghost_mask + 1) * 8 : 0);
+  kvp__free(&p->a, p, sizeof *p);
+}
+
+static int grow(kvp_tier_policy *p, uint32_t id) {
+  uint32_t ncap = p->cap ? p->cap : 64;
+  while (ncap <= id)
+    ncap = ncap > UINT32_MAX / 2 ? UINT32_MAX : ncap * 2;
+  node *n = kvp__realloc(&p->a, p->nodes, (size_t)p->cap * sizeof(node),
+                         (size_t)ncap * sizeof(node));
+  if (n == NULL)
+    return KVP_ENOMEM;
+  memset(n + p->cap, 0, (size_t)(ncap - p->cap) * sizeof(node));
+  p->nodes = n;
+  p->cap = ncap;
+  /* ghost holds about as many fingerprints as there are ids */
+  uint32_t gsz = 1;
+  while (gsz < ncap)
+    gsz *= 2;
+  if (p->ghost == NULL || gsz > p->ghost_mask + 1) {
+    uint64_t *g = kvp__calloc(&p->a, gsz, 8);
+    if (g == NULL)
+      return KVP_ENOMEM;
+    kvp__free(&p->a, p->ghost, p->ghost ? ((size_t)p->ghost_mask + 1) * 8 : 0);
+    p->ghost = g; /* old ghosts are forgotten: a hint, not state */
+    p->ghost_mask = gsz - 1;
+  }
+  return 0;
+}
+
+static qlist *qof(kvp_tier_policy *p, const node *n) {
+  return n->q == Q_SMALL ? &p->small[n->cls] : &p->main[n->cls];
+}
+
+static void unlink_node(kvp_tier_policy *p, uint32_t id) {
+  node *n = &p->nodes[id];
+  qlist *q = qof(p, n);
+  if (n->prev != NIL)
+    p->nodes[n->prev].next = n->next;
+  else
+    q->head = n->next;
+  if (n->next != NIL)
+    p->nodes[n->next].prev = n->prev;
+  else
+    q->tail = n->prev;
+  q->bytes -= n->bytes;
+  q->count--;
+}
+
+static void push_head(kvp_tier_policy *p, uint32_t id, uint8_t qk) {
+  node *n = &p->nodes[id];
+  n->q = qk;
+  qlist *q = qof(p, n);
+  n->prev = NIL;
+  n->next = q->head;
+  if (q->head != NIL)
+    p->nodes[q->head].prev = id;
+  q->head = id;
+  if (q->tail == NIL)
+    q->tail = id;
+  q->bytes += n->bytes;
+  q->count++;
+}
+
+static uint64_t fpnz(uint64_t fp) { return fp | 1; }
+
+int kvp_tier_policy_insert(kvp_tier_policy *p, uint32_t id, uint64_t fp,
+                           uint64_t bytes, kvp_class cls) {
+  if (p == NULL || id == NIL || (unsigned)cls >= KVP_CLASS_COUNT_)
+    return KVP_EINVAL;
+  if (id >= p->cap && grow(p, id) < 0)
+    return KVP_ENOMEM;
+  node *n = &p->nodes[id];
+  if (n->q != Q_NONE)
+    return KVP_EEXIST;
+  n->bytes = bytes;
+  n->fp = fp;
+  n->cls = (uint8_t)cls;
+  n->freq = 0;
+  uint8_t q = Q_MAIN;
+  if (p->kind == KVP_TIER_POLICY_S3FIFO) {
+    uint64_t *g = &p->ghost[fp & p->ghost_mask];
+    q = *g == fpnz(fp) ? Q_MAIN : Q_SMALL; /* a ghost hit goes to main */
+    if (*g == fpnz(fp))
+      *g = 0;
+  }
+  push_head(p, id, q);
+  p->bytes += bytes;
+  p->count++;
+  return 0;
+}
+
+int kvp_tier_policy_touch(kvp_tier_policy *p, uint32_t id) {
+  if (p == NULL || id >= p->cap || p->nodes[id].q == Q_NONE)
+    return KVP_ENOENT;
+  node *n = &p->nodes[id];
+  if (p->kind == KVP_TIER_POLICY_LRU) {
+    unlink_node(p, id);
+    push_head(p, id, Q_MAIN);
+  } else if (n->freq < 3) {
+    n->freq++;
+  }
+  return 0;
+}
+
+int kvp_tier_policy_remove(kvp_tier_policy *p, uint32_t id, int evicted) {
+  if (p == NULL || id >= p->cap || p->nodes[id].q == Q_NONE)
+    return KVP_ENOENT;
+  node *n = &p->nodes[id];
+  unlink_node(p, id);
+  if (evicted && p->kind == KVP_TIER_POLICY_S3FIFO && n->q == Q_SMALL)
+    p->ghost[n->fp & p->ghost_mask] = fpnz(n->fp);
+  n->q = Q_NONE;
+  p->bytes -= n->bytes;
+  p->count--;
+  return 0;
+}
+
+static uint32_t s3fifo_victim(kvp_tier_policy *p, int c) {
+  qlist *s = &p->small[c], *m = &p->main[c];
+  for (;;) {
+    uint64_t total = s->bytes + m->bytes;
+    if (s->count > 0 && (m->count == 0 || s->bytes * 10 > total)) {
+      uint32_t id = s->tail;
+      node *n = &p->nodes[id];
+      if (n->freq == 0)
+        return id;
+      unlink_node(p, id); /* accessed while small: promote to main */
+      n->freq = 0;
+      push_head(p, id, Q_MAIN);
+    } else {
+      uint32_t id = m->tail;
+      node *n = &p->nodes[id];
+      if (n->freq == 0)
+        return id;
+      n->freq--; /* second chance, aged */
+      unlink_node(p, id);
+      push_head(p, id, Q_MAIN);
+    }
+  }
+}
+
+int kvp_tier_policy_victim(kvp_tier_policy *p, uint32_t *id) {
+  if (p == NULL || id == NULL)
+    return KVP_EINVAL;
+  for (int c = 0; c < KVP_CLASS_COUNT_; c++) {
+    if (p->small[c].count + p->main[c].count == 0)
+      continue;
+    *id = p->kind == KVP_TIER_POLICY_LRU ? p->main[c].tail : s3fifo_victim(p, c);
+    return 0;
+  }
+  return KVP_ENOENT;
+}
+
+uint64_t kvp_tier_policy_bytes(const kvp_tier_policy *p) {
+  return p ? p->bytes : 0;
+}
+uint64_t kvp_tier_policy_count(const kvp_tier_policy *p) {
+  return p ? p->count : 0;
+}

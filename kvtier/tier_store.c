@@ -1,0 +1,904 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The block store: the (namespace, key) index, the DRAM tier's placement
+ * (demote on pressure, promote on hit, idle write-back, stability-aware
+ * admission), batch and asynchronous calls, options and stats.  One mutex
+ * (mu) guards the store; the job queue has its own (jmu), always taken
+ * after mu or alone. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core_internal.h"
+#include "kvtier_internal.h"
+
+/* ---- index ------------------------------------------------------------------*/
+#define TAB_TOMB UINT32_MAX
+
+/* Bucket from the 64-bit fingerprints only (key.lo ^ ns.lo), as an index
+ * would keep them: keys that share a fingerprint share a probe sequence and
+ * are told apart by the full comparison below. */
+static uint32_t bucket(const kvp_tier_store *t, kvp_key ns, kvp_key key) {
+  uint64_t h = (key.lo ^ ns.lo) * 0x9E3779B97F4A7C15ull;
+  return (uint32_t)(h >> 32) & t->tab_mask;
+}
+
+uint32_t kvp__tier_entry_find(const kvp_tier_store *t, kvp_key ns, kvp_key key) {
+  if (t->tab == NULL)
+    return TIER_NIL;
+  for (uint32_t i = bucket(t, ns, key);; i = (i + 1) & t->tab_mask) {
+    uint32_t v = t->tab[i];
+    if (v == 0)
+      return TIER_NIL;
+    if (v == TAB_TOMB)
+      continue;
+    const tier_entry *e = &t->ents[v - 1];
+    if (kvp_key_eq(e->key, key) && kvp_key_eq(e->ns, ns))
+      return v - 1;
+  }
+}
+
+static void tab_put(kvp_tier_store *t, uint32_t id) {
+  tier_entry *e = &t->ents[id];
+  uint32_t i = bucket(t, e->ns, e->key);
+  while (t->tab[i] != 0 && t->tab[i] != TAB_TOMB)
+    i = (i + 1) & t->tab_mask;
+  if (t->tab[i] == 0)
+    t->tab_fill++;
+  t->tab[i] = id + 1;
+}
+
+static int tab_grow(kvp_tier_store *t) {
+  uint32_t old = t->tab ? t->tab_mask + 1 : 0, n = old ? old * 2 : 1024;
+  uint32_t live = 0;
+  for (uint32_t i = 0; i < t->nents; i++)
+    live += t->ents[i].live;
+  if (old && (uint64_t)live * 4 < old) /* mostly tombstones: rebuild in place */
+    n = old;
+  uint32_t *nt = kvp__calloc(&t->a, n, sizeof *nt);
+  if (nt == NULL)
+    return KVP_ENOMEM;
+  kvp__free(&t->a, t->tab, (size_t)old * sizeof *nt);
+  t->tab = nt;
+  t->tab_mask = n - 1;
+  t->tab_fill = 0;
+  for (uint32_t i = 0; i < t->nents; i++)
+    if (t->ents[i].live)
+      tab_put(t, i);
+  return 0;
+}
+
+uint32_t kvp__tier_entry_new(kvp_tier_store *t, kvp_key ns, kvp_key key) {
+  if (t->tab == NULL || (uint64_t)(t->tab_fill + 1) * 2 > t->tab_mask + 1u)
+    if (tab_grow(t) < 0)
+      return TIER_NIL;
+  uint32_t id = t->free_head;
+  if (id != TIER_NIL) {
+    t->free_head = t->ents[id].next_free;
+  } else {
+    if (t->nents == t->ents_cap) {
+      uint32_t nc = t->ents_cap ? t->ents_cap * 2 : 1024;
+      tier_entry *ne = kvp__realloc(&t->a, t->ents, t->ents_cap * sizeof *ne,
+                                    (size_t)nc * sizeof *ne);
+      if (ne == NULL)
+        return TIER_NIL;
+      t->ents = ne;
+      t->ents_cap = nc;
+    }
+    id = t->nents++;
+  }
+  t->ents[id] = (tier_entry){.ns = ns, .key = key, .nclass = -1, .live = 1,
+                             .pool = TIER_POOL_ARENA, .next_free = TIER_NIL};
+  tab_put(t, id);
+  return id;
+}
+
+void kvp__tier_entry_gc(kvp_tier_store *t, uint32_t id) {
+  tier_entry *e = &t->ents[id];
+  if (!e->live || e->dram != NULL || e->nclass >= 0)
+    return;
+  for (uint32_t i = bucket(t, e->ns, e->key);; i = (i + 1) & t->tab_mask)
+    if (t->tab[i] == id + 1) {
+      t->tab[i] = TAB_TOMB;
+      break;
+    }
+  e->live = 0;
+  e->next_free = t->free_head;
+  t->free_head = id;
+}
+
+const tier_ns *kvp__tier_ns_find(const kvp_tier_store *t, kvp_key seed) {
+  for (uint32_t i = 0; i < t->nns; i++)
+    if (kvp_key_eq(t->nss[i].seed, seed))
+      return &t->nss[i];
+  return NULL;
+}
+
+void kvp__tier_emit(kvp_tier_store *t, kvp_tier tier, int stored,
+                    const tier_entry *e) {
+  if (t->o.on_event == NULL)
+    return;
+  kvp_tier_event ev = {.seq = ++t->seq, .tier = tier, .stored = stored,
+                       .ns = e->ns, .key = e->key, .bytes = e->len};
+  t->o.on_event(t->o.event_opaque, &ev);
+}
+
+void kvp__tier_bw_note(kvp_tier_store *t, kvp_tier tier, uint64_t bytes,
+                       uint64_t ns) {
+  if (ns == 0 || (unsigned)tier >= KVP_TIER_COUNT_)
+    return;
+  double bps = (double)bytes * 1e9 / (double)ns;
+  t->bw[tier] = t->bw[tier] == 0 ? bps : 0.75 * t->bw[tier] + 0.25 * bps;
+}
+
+/* ---- DRAM placement ----------------------------------------------------------*/
+static bool nvme_admits(const kvp_tier_store *t, const tier_entry *e) {
+  uint32_t min = t->o.volatile_nvme_min_hits ? t->o.volatile_nvme_min_hits : 1;
+  return t->io != NULL && (e->cls >= KVP_CLASS_SEMI || e->hits >= min);
+}
+
+static void dram_release(kvp_tier_store *t, uint32_t id) {
+  tier_entry *e = &t->ents[id];
+  kvp__tier_dram_free(t->dram, e->dram, e->pool);
+  t->dram_used -= e->dram_charge;
+  e->dram = NULL;
+  t->st.dram_blocks--;
+  kvp__tier_emit(t, KVP_TIER_DRAM, 0, e);
+}
+
+/* Evicts DRAM victims until `need` more bytes fit under the capacity (and,
+ * with force, at least one victim), demoting those NVMe admits in one
+ * batch.  Returns false when DRAM is empty. */
+static bool dram_evict(kvp_tier_store *t, uint64_t need, bool force) {
+  uint32_t ids[256], wr[256];
+  int res[256];
+  size_t n = 0, nw = 0;
+  uint64_t freed = 0;
+  while (n < 256 && (force || t->dram_used - freed + need > t->dram_cap)) {
+    uint32_t v;
+    if (kvp_tier_policy_victim(t->dpol, &v) < 0)
+      break;
+    kvp_tier_policy_remove(t->dpol, v, 1);
+    tier_entry *e = &t->ents[v];
+    freed += e->dram_charge;
+    ids[n++] = v;
+    if (e->nclass < 0 && nvme_admits(t, e))
+      wr[nw++] = v;
+    force = false;
+  }
+  if (nw > 0)
+    kvp__tier_nvme_write(t, wr, nw, false, res);
+  for (size_t i = 0, j = 0; i < n; i++) {
+    tier_entry *e = &t->ents[ids[i]];
+    if (j < nw && wr[j] == ids[i]) {
+      if (res[j++] == 0)
+        t->st.demotions++;
+    } else if (e->nclass < 0 && e->cls == KVP_CLASS_VOLATILE) {
+      t->st.drops_volatile++;
+    }
+    t->st.evictions[KVP_TIER_DRAM]++;
+    dram_release(t, ids[i]);
+    kvp__tier_entry_gc(t, ids[i]);
+  }
+  return n > 0;
+}
+
+/* Puts len bytes from src into DRAM for entry id.  0 or KVP_ENOSPC. */
+static int dram_place(kvp_tier_store *t, uint32_t id, const void *src) {
+  tier_entry *e = &t->ents[id];
+  const tier_ns *ns = kvp__tier_ns_find(t, e->ns);
+  if (e->len > t->dram_cap)
+    return KVP_ENOSPC;
+  while (t->dram_used + e->len > t->dram_cap)
+    if (!dram_evict(t, e->len, false))
+      break;
+  void *p;
+  uint64_t charge = 0;
+  uint32_t pool;
+  while ((p = kvp__tier_dram_alloc(t->dram, e->len, ns ? ns->block_bytes : 0,
+                                   &pool, &charge)) == NULL)
+    if (!dram_evict(t, e->len, true))
+      return KVP_ENOSPC;
+  e = &t->ents[id]; /* eviction never moves entries, but keep it obvious */
+  memcpy(p, src, e->len);
+  e->dram = p;
+  e->pool = pool;
+  e->dram_charge = charge;
+  t->dram_used += charge;
+  t->st.dram_blocks++;
+  kvp_tier_policy_insert(t->dpol, id, e->key.lo ^ e->ns.lo, charge, e->cls);
+  kvp__tier_emit(t, KVP_TIER_DRAM, 1, e);
+  return 0;
+}
+
+/* ---- create / destroy -----------------------------------------------------*/
+static uint64_t mem_available(void) {
+  FILE *f = fopen("/proc/meminfo", "r");
+  char line[256];
+  uint64_t kb = 0;
+  while (f != NULL && fgets(line, sizeof line, f) != NULL)
+    if (sscanf(line, "MemAvailable: %" SCNu64 " kB", &kb) == 1)
+      break;
+  if (f != NULL)
+    fclose(f);
+  return kb * 1024;
+}
+
+static int check_opts(const kvp_tier_opts *o) {
+  if (o->dram_fraction < 0 || o->dram_fraction > 0.9 || o->nvme_fraction < 0 ||
+      o->nvme_fraction > 0.95 || o->queue_depth > 1024 ||
+      (unsigned)o->policy >= KVP_TIER_POLICY_COUNT_ ||
+      (unsigned)o->io_backend > KVP_TIER_IO_POSIX ||
+      (unsigned)o->huge_pages > KVP_TIER_HUGE_NONE || o->promote > 2 ||
+      o->max_block_bytes > (UINT64_C(256) << 20)) {
+    KVP_LOGE("kvtier", "invalid kvp_tier_opts");
+    return KVP_EINVAL;
+  }
+  return 0;
+}
+
+static int create_dram(kvp_tier_store *t) {
+  uint64_t bytes = t->o.dram_bytes;
+  if (bytes == 0) {
+    double f = t->o.dram_fraction > 0 ? t->o.dram_fraction : 0.25;
+    bytes = (uint64_t)(f * (double)mem_available());
+  }
+  int rc = kvp__tier_dram_create(bytes, t->o.huge_pages, &t->a, &t->dram);
+  if (rc < 0) {
+    KVP_LOGE("kvtier", "DRAM region of %" PRIu64 " bytes: %s", bytes,
+             kvp_strerror(rc));
+    return rc;
+  }
+  t->dram_cap = bytes;
+  void *base;
+  size_t len;
+  kvp__tier_dram_region(t->dram, &base, &len);
+  t->dram_region = len;
+  if (t->o.dram_register != NULL) {
+    if ((rc = t->o.dram_register(t->o.register_opaque, base, len)) < 0)
+      return rc;
+    t->registered = true;
+  }
+  return kvp_tier_policy_create(t->o.policy, &t->a, &t->dpol);
+}
+
+int kvp_tier_create(const kvp_tier_opts *opts, const kvp_allocator *alloc,
+                    kvp_tier_store **out) {
+  kvp_tier_opts zero = {0};
+  const kvp_tier_opts *o = opts ? opts : &zero;
+  if (out == NULL || check_opts(o) < 0)
+    return KVP_EINVAL;
+  kvp_tier_store *t = kvp__calloc(alloc, 1, sizeof *t);
+  if (t == NULL)
+    return KVP_ENOMEM;
+  t->a = kvp__allocator(alloc);
+  t->o = *o;
+  t->free_head = TIER_NIL;
+  t->dirfd = -1;
+  t->qd_max = t->qd = o->queue_depth ? o->queue_depth : 32;
+  pthread_mutex_init(&t->mu, NULL);
+  pthread_mutex_init(&t->jmu, NULL);
+  pthread_cond_init(&t->jcv, NULL);
+  pthread_cond_init(&t->dcv, NULL);
+  int rc = create_dram(t);
+  if (rc == 0 && o->nvme_dir != NULL) {
+    size_t n = strlen(o->nvme_dir) + 1;
+    t->dir = kvp__malloc(&t->a, n);
+    rc = t->dir == NULL ? KVP_ENOMEM : 0;
+    if (rc == 0) {
+      memcpy(t->dir, o->nvme_dir, n);
+      rc = kvp__tier_nvme_open(t);
+    }
+  }
+  t->o.nvme_dir = NULL; /* t->dir is the copy */
+  if (rc < 0) {
+    kvp_tier_destroy(t);
+    return rc;
+  }
+  *out = t;
+  return 0;
+}
+
+static void stop_worker(kvp_tier_store *t);
+
+void kvp_tier_destroy(kvp_tier_store *t) {
+  if (t == NULL)
+    return;
+  stop_worker(t);
+  if (t->dir != NULL || t->io != NULL)
+    kvp__tier_nvme_close(t);
+  if (t->dram != NULL) {
+    void *base;
+    size_t len;
+    kvp__tier_dram_region(t->dram, &base, &len);
+    if (t->registered && t->o.dram_unregister != NULL)
+      t->o.dram_unregister(t->o.register_opaque, base, len);
+  }
+  kvp__tier_dram_destroy(t->dram);
+  kvp_tier_policy_destroy(t->dpol);
+  kvp__free(&t->a, t->ents, t->ents_cap * sizeof *t->ents);
+  kvp__free(&t->a, t->tab, t->tab ? ((size_t)t->tab_mask + 1) * sizeof *t->tab : 0);
+  kvp__free(&t->a, t->nss, t->nns * sizeof *t->nss);
+  kvp__free(&t->a, t->dir, t->dir ? strlen(t->dir) + 1 : 0);
+  pthread_mutex_destroy(&t->mu);
+  pthread_mutex_destroy(&t->jmu);
+  pthread_cond_destroy(&t->jcv);
+  pthread_cond_destroy(&t->dcv);
+  kvp_allocator a = t->a;
+  kvp__free(&a, t, sizeof *t);
+}
+
+int kvp_tier_ns_add(kvp_tier_store *t, const kvp_namespace *ns,
+                    const kvp_tier_ns_opts *o) {
+  if (t == NULL || ns == NULL || (o && o->block_bytes > t->dram_region))
+    return KVP_EINVAL;
+  pthread_mutex_lock(&t->mu);
+  int rc = 0;
+  if (kvp__tier_ns_find(t, ns->seed) != NULL) {
+    rc = KVP_EEXIST;
+  } else {
+    tier_ns *n = kvp__realloc(&t->a, t->nss, t->nns * sizeof *n,
+                              (t->nns + 1) * sizeof *n);
+    if (n == NULL) {
+      rc = KVP_ENOMEM;
+    } else {
+      t->nss = n;
+      n[t->nns] = (tier_ns){.seed = ns->seed, .block_bytes = o ? o->block_bytes : 0};
+      if (o && o->aes256_key) {
+        n[t->nns].enc = true;
+        memcpy(n[t->nns].key, o->aes256_key, 32);
+      }
+      t->nns++;
+    }
+  }
+  pthread_mutex_unlock(&t->mu);
+  return rc;
+}
+
+/* ---- block calls -------------------------------------------------------------*/
+static int put_one(kvp_tier_store *t, const kvp_namespace *ns, kvp_key key,
+                   const void *data, size_t len, const kvp_tier_put_opts *po) {
+  if (kvp__tier_ns_find(t, ns->seed) == NULL)
+    return KVP_ENOENT;
+  bool durable = po && (po->flags & KVP_TIER_PUT_DURABLE);
+  if (len == 0 || data == NULL || (durable && t->io == NULL))
+    return len == 0 ? KVP_ERANGE : KVP_EINVAL;
+  t->st.puts++;
+  uint32_t id = kvp__tier_entry_find(t, ns->seed, key);
+  int rc = 0;
+  if (id != TIER_NIL) { /* immutable: the same key is the same block */
+    t->st.puts_dup++;
+    tier_entry *e = &t->ents[id];
+    if (po && po->cls > e->cls && (unsigned)po->cls < KVP_CLASS_COUNT_)
+      e->cls = (uint8_t)po->cls;
+    if (durable && e->nclass < 0) {
+      if (e->dram == NULL)
+        return KVP_ESTATE;
+      kvp__tier_nvme_write(t, &id, 1, true, &rc);
+    } else if (durable) {
+      rc = kvp__tier_nvme_sync(t);
+    }
+    return rc < 0 ? rc : 1;
+  }
+  if ((id = kvp__tier_entry_new(t, ns->seed, key)) == TIER_NIL)
+    return KVP_ENOMEM;
+  tier_entry *e = &t->ents[id];
+  e->len = len;
+  e->cls = po && (unsigned)po->cls < KVP_CLASS_COUNT_ ? (uint8_t)po->cls : 0;
+  if ((rc = dram_place(t, id, data)) < 0) {
+    t->st.puts_rejected++;
+    kvp__tier_entry_gc(t, id);
+    return rc;
+  }
+  if (durable) {
+    kvp__tier_nvme_write(t, &id, 1, true, &rc);
+    if (rc < 0)
+      return rc;
+  }
+  return 1;
+}
+
+int kvp_tier_put(kvp_tier_store *t, const kvp_namespace *ns, kvp_key key,
+                 const void *data, size_t len, const kvp_tier_put_opts *po) {
+  if (t == NULL || ns == NULL)
+    return KVP_EINVAL;
+  pthread_mutex_lock(&t->mu);
+  int rc = put_one(t, ns, key, data, len, po);
+  pthread_mutex_unlock(&t->mu);
+  return rc;
+}
+
+int kvp_tier_put_batch(kvp_tier_store *t, const kvp_namespace *ns,
+                       const kvp_key *keys, size_t n, const void *const *data,
+                       const size_t *len, const kvp_tier_put_opts *po,
+                       int *results) {
+  if (t == NULL || ns == NULL || (n > 0 && (keys == NULL || data == NULL ||
+                                            len == NULL || results == NULL)))
+    return KVP_EINVAL;
+  int ok = 0;
+  pthread_mutex_lock(&t->mu);
+  for (size_t i = 0; i < n; i++)
+    ok += (results[i] = put_one(t, ns, keys[i], data[i], len[i], po)) > 0;
+  pthread_mutex_unlock(&t->mu);
+  return ok;
+}
+
+/* Reads the NVMe-only blocks collected by get_many, then promotes them
+ * (a promotion may evict: an entry gone meanwhile is not promoted). */
+static int nvme_flush(kvp_tier_store *t, const uint32_t *nv, void *const *nvd,
+                      const size_t *nvi, size_t k, int *res) {
+  int nres[256], hits = 0;
+  kvp__tier_nvme_read(t, nv, k, nvd, nres);
+  for (size_t j = 0; j < k; j++) {
+    res[nvi[j]] = nres[j];
+    if (nres[j] < 0) {
+      t->st.misses++;
+      kvp__tier_entry_gc(t, nv[j]);
+      continue;
+    }
+    t->st.hits[KVP_TIER_NVME]++;
+    hits++;
+  }
+  for (size_t j = 0; j < k; j++) {
+    tier_entry *e = &t->ents[nv[j]];
+    if (nres[j] >= 0 && t->o.promote != 2 && e->live && e->dram == NULL &&
+        dram_place(t, nv[j], nvd[j]) == 0)
+      t->st.promotions++;
+  }
+  return hits;
+}
+
+/* Gets: DRAM hits are copied at once; NVMe-only blocks are read in one
+ * batch, then promoted. */
+static int get_many(kvp_tier_store *t, kvp_key seed, const kvp_key *keys,
+                    size_t n, void *const *dst, const size_t *cap, size_t *len,
+                    int *res) {
+  uint32_t nv[256];
+  void *nvd[256];
+  size_t nvi[256], k = 0;
+  int hits = 0;
+  bool ns_ok = kvp__tier_ns_find(t, seed) != NULL;
+  for (size_t i = 0; i < n; i++) {
+    uint32_t id = ns_ok ? kvp__tier_entry_find(t, seed, keys[i]) : TIER_NIL;
+    if (id == TIER_NIL) {
+      res[i] = KVP_ENOENT;
+      t->st.misses++;
+      continue;
+    }
+    tier_entry *e = &t->ents[id];
+    len[i] = e->len;
+    if (cap[i] < e->len) {
+      res[i] = KVP_ERANGE;
+      continue;
+    }
+    e->hits++;
+    if (e->dram != NULL) {
+      uint64_t t0 = kvp_now_ns();
+      memcpy(dst[i], e->dram, e->len);
+      kvp__tier_bw_note(t, KVP_TIER_DRAM, e->len, kvp_now_ns() - t0);
+      kvp_tier_policy_touch(t->dpol, id);
+      res[i] = KVP_TIER_DRAM;
+      t->st.hits[KVP_TIER_DRAM]++;
+      hits++;
+      continue;
+    }
+    kvp_tier_policy_touch(t->cls[e->nclass].pol, id);
+    nv[k] = id;
+    nvd[k] = dst[i];
+    nvi[k++] = i;
+    if (k == 256) {
+      hits += nvme_flush(t, nv, nvd, nvi, k, res);
+      k = 0;
+    }
+  }
+  if (k > 0)
+    hits += nvme_flush(t, nv, nvd, nvi, k, res);
+  return hits;
+}
+
+int kvp_tier_get_batch(kvp_tier_store *t, const kvp_namespace *ns,
+                       const kvp_key *keys, size_t n, void *const *dst,
+                       const size_t *cap, size_t *len, int *results) {
+  if (t == NULL || ns == NULL || (n > 0 && (keys == NULL || dst == NULL ||
+                                            cap == NULL || len == NULL ||
+                                            results == NULL)))
+    return KVP_EINVAL;
+  pthread_mutex_lock(&t->mu);
+  int rc = get_many(t, ns->seed, keys, n, dst, cap, len, results);
+  pthread_mutex_unlock(&t->mu);
+  return rc;
+}
+
+int kvp_tier_get(kvp_tier_store *t, const kvp_namespace *ns, kvp_key key,
+                 void *dst, size_t cap, size_t *len) {
+  size_t l = 0;
+  int res;
+  if (dst == NULL && cap > 0)
+    return KVP_EINVAL;
+  int rc = kvp_tier_get_batch(t, ns, &key, 1, &dst, &cap, &l, &res);
+  if (len != NULL)
+    *len = l;
+  return rc < 0 ? rc : res;
+}
+
+int kvp_tier_contains(kvp_tier_store *t, const kvp_namespace *ns, kvp_key key) {
+  if (t == NULL || ns == NULL)
+    return KVP_EINVAL;
+  pthread_mutex_lock(&t->mu);
+  uint32_t id = kvp__tier_entry_find(t, ns->seed, key);
+  int rc = id == TIER_NIL ? KVP_ENOENT
+           : t->ents[id].dram != NULL ? KVP_TIER_DRAM : KVP_TIER_NVME;
+  pthread_mutex_unlock(&t->mu);
+  return rc;
+}
+
+int kvp_tier_evict(kvp_tier_store *t, const kvp_namespace *ns, kvp_key key) {
+  if (t == NULL || ns == NULL)
+    return KVP_EINVAL;
+  pthread_mutex_lock(&t->mu);
+  uint32_t id = kvp__tier_entry_find(t, ns->seed, key);
+  if (id != TIER_NIL) {
+    tier_entry *e = &t->ents[id];
+    if (e->dram != NULL) {
+      kvp_tier_policy_remove(t->dpol, id, 0);
+      dram_release(t, id);
+    }
+    kvp__tier_nvme_drop(t, id, true, false);
+    kvp__tier_entry_gc(t, id);
+  }
+  pthread_mutex_unlock(&t->mu);
+  return id != TIER_NIL;
+}
+
+int kvp_tier_sync(kvp_tier_store *t) {
+  if (t == NULL)
+    return KVP_EINVAL;
+  pthread_mutex_lock(&t->mu);
+  int rc = t->io ? kvp__tier_nvme_sync(t) : 0;
+  pthread_mutex_unlock(&t->mu);
+  return rc;
+}
+
+int kvp_tier_idle(kvp_tier_store *t, uint64_t budget) {
+  if (t == NULL)
+    return KVP_EINVAL;
+  pthread_mutex_lock(&t->mu);
+  uint32_t ids[256];
+  size_t n = 0;
+  int res[256], wrote = 0;
+  /* coldest first: walk entries in victim order without evicting is not
+   * what the policy offers, so take DRAM blocks not on NVMe, least stable
+   * class first, as the policy would */
+  for (int c = 0; c < KVP_CLASS_COUNT_ && budget > 0; c++)
+    for (uint32_t i = 0; i < t->nents && n < 256 && budget > 0; i++) {
+      tier_entry *e = &t->ents[i];
+      if (e->live && e->cls == c && e->dram && e->nclass < 0 && nvme_admits(t, e)) {
+        ids[n++] = i;
+        budget = e->len >= budget ? 0 : budget - e->len;
+      }
+    }
+  if (n > 0)
+    kvp__tier_nvme_write(t, ids, n, false, res);
+  for (size_t i = 0; i < n; i++)
+    wrote += res[i] == 0;
+  pthread_mutex_unlock(&t->mu);
+  return wrote;
+}
+
+/* ---- options -----------------------------------------------------------------*/
+int kvp_tier_opt_bounds(kvp_tier_store *t, kvp_tier_opt opt, int64_t *lo,
+                        int64_t *hi) {
+  if (t == NULL || lo == NULL || hi == NULL)
+    return KVP_EINVAL;
+  switch (opt) {
+  case KVP_TIER_OPT_DRAM_BYTES: *lo = 0; *hi = (int64_t)t->dram_region; break;
+  case KVP_TIER_OPT_NVME_BYTES: *lo = 0; *hi = INT64_MAX; break;
+  case KVP_TIER_OPT_POLICY: *lo = 0; *hi = KVP_TIER_POLICY_COUNT_ - 1; break;
+  case KVP_TIER_OPT_VOLATILE_NVME_MIN_HITS: *lo = 0; *hi = 1 << 20; break;
+  case KVP_TIER_OPT_PROMOTE: *lo = 0; *hi = 1; break;
+  case KVP_TIER_OPT_QUEUE_DEPTH: *lo = 1; *hi = t->qd_max; break;
+  default: return KVP_EINVAL;
+  }
+  return 0;
+}
+
+static int set_policy(kvp_tier_store *t, kvp_tier_policy_kind k) {
+  kvp_tier_policy *np;
+  int rc = kvp_tier_policy_create(k, &t->a, &np);
+  if (rc < 0)
+    return rc;
+  for (uint32_t i = 0; i < t->nents; i++) {
+    tier_entry *e = &t->ents[i];
+    if (e->live && e->dram)
+      kvp_tier_policy_insert(np, i, e->key.lo ^ e->ns.lo, e->dram_charge, e->cls);
+  }
+  kvp_tier_policy_destroy(t->dpol);
+  t->dpol = np;
+  t->o.policy = k;
+  return kvp__tier_nvme_set_policy(t, k);
+}
+
+int kvp_tier_set(kvp_tier_store *t, kvp_tier_opt opt, int64_t v) {
+  int64_t lo, hi;
+  int rc = kvp_tier_opt_bounds(t, opt, &lo, &hi);
+  if (rc < 0)
+    return rc;
+  if (v < lo || v > hi)
+    return KVP_ERANGE;
+  pthread_mutex_lock(&t->mu);
+  switch (opt) {
+  case KVP_TIER_OPT_DRAM_BYTES:
+    t->dram_cap = (uint64_t)v;
+    while (t->dram_used > t->dram_cap && dram_evict(t, 0, false)) {
+    }
+    break;
+  case KVP_TIER_OPT_NVME_BYTES: t->nvme_cap = (uint64_t)v; break;
+  case KVP_TIER_OPT_POLICY:
+    if ((kvp_tier_policy_kind)v != t->o.policy)
+      rc = set_policy(t, (kvp_tier_policy_kind)v);
+    break;
+  case KVP_TIER_OPT_VOLATILE_NVME_MIN_HITS:
+    t->o.volatile_nvme_min_hits = (uint32_t)v;
+    break;
+  case KVP_TIER_OPT_PROMOTE: t->o.promote = v ? 0 : 2; break;
+  case KVP_TIER_OPT_QUEUE_DEPTH: t->qd = (uint32_t)v; break;
+  }
+  pthread_mutex_unlock(&t->mu);
+  return rc;
+}
+
+int kvp_tier_get_opt(kvp_tier_store *t, kvp_tier_opt opt, int64_t *v) {
+  int64_t lo, hi;
+  int rc = kvp_tier_opt_bounds(t, opt, &lo, &hi);
+  if (rc < 0 || v == NULL)
+    return rc < 0 ? rc : KVP_EINVAL;
+  pthread_mutex_lock(&t->mu);
+  switch (opt) {
+  case KVP_TIER_OPT_DRAM_BYTES: *v = (int64_t)t->dram_cap; break;
+  case KVP_TIER_OPT_NVME_BYTES: *v = (int64_t)t->nvme_cap; break;
+  case KVP_TIER_OPT_POLICY: *v = t->o.policy; break;
+  case KVP_TIER_OPT_VOLATILE_NVME_MIN_HITS: *v = t->o.volatile_nvme_min_hits; break;
+  case KVP_TIER_OPT_PROMOTE: *v = t->o.promote != 2; break;
+  case KVP_TIER_OPT_QUEUE_DEPTH: *v = t->qd; break;
+  }
+  pthread_mutex_unlock(&t->mu);
+  return 0;
+}
+
+/* ---- observability ----------------------------------------------------------*/
+int kvp_tier_get_stats(kvp_tier_store *t, kvp_tier_stats *out) {
+  if (t == NULL || out == NULL)
+    return KVP_EINVAL;
+  pthread_mutex_lock(&t->mu);
+  *out = t->st;
+  out->dram_used_bytes = t->dram_used;
+  out->nvme_used_bytes = t->nvme_used;
+  out->dram_bytes = t->dram_cap;
+  out->nvme_bytes = t->io ? t->nvme_cap : 0;
+  out->dram_slot_bytes = kvp__tier_dram_slot_bytes(t->dram);
+  out->io_uring = t->io ? kvp__tier_io_is_uring(t->io) : 0;
+  out->slow_io = t->io ? kvp__tier_io_slow_count(t->io) : 0;
+  out->huge_pages = kvp__tier_dram_huge(t->dram);
+  out->fixed_buffers = t->fixed_bufs;
+  pthread_mutex_unlock(&t->mu);
+  return 0;
+}
+
+double kvp_tier_bandwidth(kvp_tier_store *t, kvp_tier tier) {
+  if (t == NULL || (unsigned)tier >= KVP_TIER_COUNT_)
+    return 0;
+  pthread_mutex_lock(&t->mu);
+  double v = t->bw[tier];
+  pthread_mutex_unlock(&t->mu);
+  return v;
+}
+
+int kvp_tier_dram_region(kvp_tier_store *t, void **base, size_t *len) {
+  if (t == NULL || base == NULL || len == NULL)
+    return KVP_EINVAL;
+  kvp__tier_dram_region(t->dram, base, len);
+  return 0;
+}
+
+/* ---- asynchronous calls: one worker thread per store --------------------------*/
+enum { JOB_GET, JOB_PUT, JOB_PREFETCH };
+
+struct tier_job { /* == kvp_ticket */
+  tier_job *next;
+  kvp_tier_store *t;
+  int kind;
+  kvp_namespace ns;
+  const kvp_key *keys;
+  size_t n;
+  void *const *dst;
+  const void *const *data;
+  const size_t *cap;
+  size_t *len;
+  const size_t *clen;
+  int *results;
+  kvp_tier_put_opts po;
+  bool has_po, detached;
+  int done; /* under jmu */
+  int result;
+};
+
+static int run_prefetch(kvp_tier_store *t, tier_job *j) {
+  int got = 0;
+  for (size_t i = 0; i < j->n; i++) {
+    pthread_mutex_lock(&t->mu);
+    uint32_t id = kvp__tier_entry_find(t, j->ns.seed, j->keys[i]);
+    bool want = id != TIER_NIL && t->ents[id].dram == NULL &&
+                t->ents[id].nclass >= 0 && t->o.promote != 2;
+    if (want) { /* read through get_many, which promotes */
+      size_t len = t->ents[id].len, l;
+      void *buf = kvp__malloc(&t->a, len);
+      int r;
+      if (buf != NULL) {
+        got += get_many(t, j->ns.seed, &j->keys[i], 1, &buf, &len, &l, &r) > 0;
+        kvp__free(&t->a, buf, len);
+      }
+    }
+    pthread_mutex_unlock(&t->mu);
+  }
+  return got;
+}
+
+static void *worker(void *arg) {
+  kvp_tier_store *t = arg;
+  pthread_mutex_lock(&t->jmu);
+  for (;;) {
+    while (t->jhead == NULL && !t->stop)
+      pthread_cond_wait(&t->jcv, &t->jmu);
+    if (t->jhead == NULL)
+      break;
+    tier_job *j = t->jhead;
+    t->jhead = j->next;
+    if (t->jhead == NULL)
+      t->jtail = NULL;
+    pthread_mutex_unlock(&t->jmu);
+    int r;
+    if (j->kind == JOB_GET)
+      r = kvp_tier_get_batch(t, &j->ns, j->keys, j->n, j->dst, j->cap, j->len,
+                             j->results);
+    else if (j->kind == JOB_PUT)
+      r = kvp_tier_put_batch(t, &j->ns, j->keys, j->n, j->data, j->clen,
+                             j->has_po ? &j->po : NULL, j->results);
+    else
+      r = run_prefetch(t, j);
+    pthread_mutex_lock(&t->jmu);
+    if (j->detached) {
+      kvp__free(&t->a, j, sizeof *j);
+      continue;
+    }
+    j->result = r;
+    j->done = 1;
+    pthread_cond_broadcast(&t->dcv);
+  }
+  pthread_mutex_unlock(&t->jmu);
+  return NULL;
+}
+
+static void stop_worker(kvp_tier_store *t) {
+  pthread_mutex_lock(&t->jmu);
+  bool on = t->thr_on;
+  t->stop = true;
+  pthread_cond_broadcast(&t->jcv);
+  pthread_mutex_unlock(&t->jmu);
+  if (on)
+    pthread_join(t->thr, NULL); /* drains the queue first */
+}
+
+static int submit(kvp_tier_store *t, tier_job *j, kvp_ticket **ticket) {
+  pthread_mutex_lock(&t->jmu);
+  int rc = 0;
+  if (t->stop) {
+    rc = KVP_ESTATE;
+  } else if (!t->thr_on) {
+    rc = pthread_create(&t->thr, NULL, worker, t) == 0 ? 0 : KVP_ENOMEM;
+    t->thr_on = rc == 0;
+  }
+  if (rc == 0) {
+    j->detached = ticket == NULL;
+    if (t->jtail)
+      t->jtail->next = j;
+    else
+      t->jhead = j;
+    t->jtail = j;
+    pthread_cond_signal(&t->jcv);
+  }
+  pthread_mutex_unlock(&t->jmu);
+  if (rc < 0)
+    kvp__free(&t->a, j, sizeof *j);
+  else if (ticket != NULL)
+    *ticket = (kvp_ticket *)j;
+  return rc;
+}
+
+static tier_job *job_new(kvp_tier_store *t, int kind, const kvp_namespace *ns,
+                         const kvp_key *keys, size_t n) {
+  tier_job *j = kvp__calloc(&t->a, 1, sizeof *j);
+  if (j != NULL)
+    *j = (tier_job){.t = t, .kind = kind, .ns = *ns, .keys = keys, .n = n};
+  return j;
+}
+
+int kvp_tier_get_async(kvp_tier_store *t, const kvp_namespace *ns,
+                       const kvp_key *keys, size_t n, void *const *dst,
+                       const size_t *cap, size_t *len, int *results,
+                       kvp_ticket **ticket) {
+  if (t == NULL || ns == NULL || ticket == NULL ||
+      (n > 0 && (!keys || !dst || !cap || !len || !results)))
+    return KVP_EINVAL;
+  tier_job *j = job_new(t, JOB_GET, ns, keys, n);
+  if (j == NULL)
+    return KVP_ENOMEM;
+  j->dst = dst, j->cap = cap, j->len = len, j->results = results;
+  return submit(t, j, ticket);
+}
+
+int kvp_tier_put_async(kvp_tier_store *t, const kvp_namespace *ns,
+                       const kvp_key *keys, size_t n, const void *const *data,
+                       const size_t *len, const kvp_tier_put_opts *po,
+                       int *results, kvp_ticket **ticket) {
+  if (t == NULL || ns == NULL || ticket == NULL ||
+      (n > 0 && (!keys || !data || !len || !results)))
+    return KVP_EINVAL;
+  tier_job *j = job_new(t, JOB_PUT, ns, keys, n);
+  if (j == NULL)
+    return KVP_ENOMEM;
+  j->data = data, j->clen = len, j->results = results;
+  if (po != NULL) {
+    j->po = *po;
+    j->has_po = true;
+  }
+  return submit(t, j, ticket);
+}
+
+int kvp_tier_prefetch(kvp_tier_store *t, const kvp_namespace *ns,
+                      const kvp_key *keys, size_t n, kvp_ticket **ticket) {
+  if (t == NULL || ns == NULL || (n > 0 && keys == NULL))
+    return KVP_EINVAL;
+  tier_job *j = job_new(t, JOB_PREFETCH, ns, keys, n);
+  if (j == NULL)
+    return KVP_ENOMEM;
+  return submit(t, j, ticket);
+}
+
+int kvp_ticket_poll(kvp_ticket *k) {
+  tier_job *j = (tier_job *)k;
+  if (j == NULL)
+    return KVP_EINVAL;
+  pthread_mutex_lock(&j->t->jmu);
+  int r = j->done ? j->result : KVP_EBUSY;
+  pthread_mutex_unlock(&j->t->jmu);
+  return r;
+}
+
+int kvp_ticket_wait(kvp_ticket *k, uint64_t timeout_ns) {
+  tier_job *j = (tier_job *)k;
+  if (j == NULL)
+    return KVP_EINVAL;
+  struct timespec dl;
+  clock_gettime(CLOCK_REALTIME, &dl);
+  uint64_t ns = (uint64_t)dl.tv_nsec + timeout_ns;
+  dl.tv_sec += (time_t)(ns / 1000000000u);
+  dl.tv_nsec = (long)(ns % 1000000000u);
+  pthread_mutex_lock(&j->t->jmu);
+  int rc = 0;
+  while (!j->done && rc != ETIMEDOUT)
+    rc = timeout_ns ? pthread_cond_timedwait(&j->t->dcv, &j->t->jmu, &dl)
+                    : pthread_cond_wait(&j->t->dcv, &j->t->jmu);
+  int r = j->done ? j->result : KVP_EBUSY;
+  pthread_mutex_unlock(&j->t->jmu);
+  return r;
+}
+
+void kvp_ticket_free(kvp_ticket *k) {
+  tier_job *j = (tier_job *)k;
+  if (j == NULL)
+    return;
+  kvp_ticket_wait(k, 0);
+  kvp__free(&j->t->a, j, sizeof *j);
+}

@@ -1,0 +1,107 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* io_uring backend: one ring per store (used under the store's lock),
+ * registered files (sparse table, filled as slab files open) and registered
+ * buffers (the staging pool).  tier_io.c drives the queue: queue ops while
+ * there is room, reap completions, queue more. */
+#include <errno.h>
+#include <liburing.h>
+
+#include "core_internal.h"
+#include "kvtier_internal.h"
+
+#define FILES_MAX 256u
+
+struct tier_uring {
+  kvp_allocator a;
+  struct io_uring ring;
+  bool files_ok, bufs_ok;
+  uint32_t nfiles;
+};
+
+int kvp__tier_uring_create(uint32_t entries, const kvp_allocator *a,
+                           tier_uring **out) {
+  tier_uring *u = kvp__calloc(a, 1, sizeof *u);
+  if (u == NULL)
+    return KVP_ENOMEM;
+  u->a = kvp__allocator(a);
+  int rc = io_uring_queue_init(entries, &u->ring, 0);
+  if (rc < 0) {
+    kvp__free(a, u, sizeof *u);
+    return rc; /* -EPERM / -ENOSYS in locked-down containers */
+  }
+  u->files_ok = io_uring_register_files_sparse(&u->ring, FILES_MAX) == 0;
+  *out = u;
+  return 0;
+}
+
+void kvp__tier_uring_destroy(tier_uring *u) {
+  if (u == NULL)
+    return;
+  io_uring_queue_exit(&u->ring);
+  kvp__free(&u->a, u, sizeof *u);
+}
+
+bool kvp__tier_uring_register_buffers(tier_uring *u, void *base, size_t each,
+                                      uint32_t n) {
+  struct iovec iov[1024];
+  if (n == 0 || n > 1024 || each > (1u << 30))
+    return false;
+  for (uint32_t i = 0; i < n; i++)
+    iov[i] = (struct iovec){(char *)base + (size_t)i * each, each};
+  if (u->bufs_ok)
+    io_uring_unregister_buffers(&u->ring);
+  u->bufs_ok = io_uring_register_buffers(&u->ring, iov, n) == 0;
+  return u->bufs_ok;
+}
+
+int kvp__tier_uring_register_file(tier_uring *u, int fd) {
+  if (!u->files_ok || u->nfiles >= FILES_MAX)
+    return -1;
+  int idx = (int)u->nfiles;
+  if (io_uring_register_files_update(&u->ring, (unsigned)idx, &fd, 1) != 1)
+    return -1;
+  u->nfiles++;
+  return idx;
+}
+
+int kvp__tier_uring_queue(tier_uring *u, tio_op *o, uint64_t tag) {
+  struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring);
+  if (sqe == NULL)
+    return KVP_EBUSY;
+  int fd = o->file >= 0 ? o->file : o->fd;
+  if (o->op == TIO_SYNC) {
+    io_uring_prep_fsync(sqe, fd, IORING_FSYNC_DATASYNC);
+  } else if (o->buf2 != NULL) { /* header sector + caller's buffer */
+    o->iov[0] = (struct iovec){o->buf, o->len};
+    o->iov[1] = (struct iovec){o->buf2, o->len2};
+    io_uring_prep_readv(sqe, fd, o->iov, 2, o->off);
+  } else if (o->buf_index >= 0 && o->op == TIO_READ)
+    io_uring_prep_read_fixed(sqe, fd, o->buf, o->len, o->off, o->buf_index);
+  else if (o->buf_index >= 0)
+    io_uring_prep_write_fixed(sqe, fd, o->buf, o->len, o->off, o->buf_index);
+  else if (o->op == TIO_READ)
+    io_uring_prep_read(sqe, fd, o->buf, o->len, o->off);
+  else
+    io_uring_prep_write(sqe, fd, o->buf, o->len, o->off);
+  if (o->file >= 0)
+    sqe->flags |= IOSQE_FIXED_FILE;
+  io_uring_sqe_set_data64(sqe, tag);
+  return 0;
+}
+
+int kvp__tier_uring_reap(tier_uring *u, tier_uring_cb cb, void *arg) {
+  int rc;
+  do
+    rc = io_uring_submit_and_wait(&u->ring, 1);
+  while (rc == -EINTR);
+  if (rc < 0 && rc != -EAGAIN && rc != -EBUSY)
+    return rc;
+  struct io_uring_cqe *cqe;
+  unsigned head, seen = 0;
+  io_uring_for_each_cqe(&u->ring, head, cqe) {
+    cb(arg, io_uring_cqe_get_data64(cqe), cqe->res);
+    seen++;
+  }
+  io_uring_cq_advance(&u->ring, seen);
+  return (int)seen;
+}

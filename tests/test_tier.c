@@ -1,0 +1,715 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* kvtier: the block store on DRAM and NVMe (every NVMe case on io_uring and
+ * on pread/pwrite), full-key checks under forced fingerprint collisions,
+ * namespace isolation, checksum and AES-GCM tamper detection, recovery,
+ * fault injection, async tickets, policies, options, events. */
+#include <errno.h>
+#include <time.h>
+
+#include "kvtier_internal.h"
+#include "tier_test_util.h"
+
+#define KB 1024u
+#define MB (1024u * 1024u)
+#define HDR 4096u /* the header sector on a 4 KiB-block file system */
+
+/* out is page-aligned: NVMe reads of whole-sector blocks go straight into it */
+static uint8_t buf[4 << 20];
+static _Alignas(4096) uint8_t out[4 << 20];
+
+static kvp_tier_store *mk(const char *dir, kvp_tier_io_backend b,
+                          uint64_t dram, uint64_t nvme) {
+  kvp_tier_opts o = {.dram_bytes = dram, .nvme_dir = dir, .nvme_bytes = nvme,
+                     .io_backend = b, .queue_depth = 8,
+                     .max_block_bytes = 1 * MB};
+  kvp_tier_store *t;
+  ASSERT_OK(kvp_tier_create(&o, NULL, &t));
+  return t;
+}
+
+static kvp_key K(uint64_t hi, uint64_t lo) { return (kvp_key){hi, lo}; }
+
+static void put_k(kvp_tier_store *t, const kvp_namespace *ns, kvp_key k,
+                  size_t n, uint32_t flags, kvp_class cls) {
+  tt_fill(ns, k, buf, n);
+  kvp_tier_put_opts po = {.cls = cls, .flags = flags};
+  ASSERT_EQ(kvp_tier_put(t, ns, k, buf, n, &po), 1);
+}
+
+static int get_k(kvp_tier_store *t, const kvp_namespace *ns, kvp_key k,
+                 size_t n) {
+  size_t len = 0;
+  memset(out, 0xA5, n); /* poisoned */
+  int rc = kvp_tier_get(t, ns, k, out, sizeof out, &len);
+  if (rc >= 0) {
+    ASSERT_EQ(len, n);
+    ASSERT_TRUE(tt_check(ns, k, out, n));
+  }
+  return rc;
+}
+
+TEST(dram_basic) {
+  kvp_tier_store *t = mk(NULL, 0, 8 * MB, 0);
+  kvp_namespace ns = tt_ns("a", 16);
+  ASSERT_ERR(kvp_tier_put(t, &ns, K(1, 1), buf, 10, NULL), KVP_ENOENT);
+  ASSERT_OK(kvp_tier_ns_add(t, &ns, &(kvp_tier_ns_opts){.block_bytes = 16 * KB}));
+  ASSERT_ERR(kvp_tier_ns_add(t, &ns, NULL), KVP_EEXIST);
+  put_k(t, &ns, K(1, 1), 16 * KB, 0, 0);   /* fixed slot */
+  put_k(t, &ns, K(1, 2), 5000, 0, 0);      /* jemalloc arena */
+  put_k(t, &ns, K(1, 1), 16 * KB, 0, 0);   /* duplicate: no-op */
+  ASSERT_EQ(get_k(t, &ns, K(1, 1), 16 * KB), KVP_TIER_DRAM);
+  ASSERT_EQ(get_k(t, &ns, K(1, 2), 5000), KVP_TIER_DRAM);
+  ASSERT_EQ(kvp_tier_contains(t, &ns, K(1, 2)), KVP_TIER_DRAM);
+  size_t len;
+  ASSERT_ERR(kvp_tier_get(t, &ns, K(1, 2), out, 100, &len), KVP_ERANGE);
+  ASSERT_EQ(len, 5000);
+  ASSERT_ERR(kvp_tier_put(t, &ns, K(9, 9), buf, 0, NULL), KVP_ERANGE);
+  ASSERT_EQ(kvp_tier_evict(t, &ns, K(1, 2)), 1);
+  ASSERT_EQ(kvp_tier_evict(t, &ns, K(1, 2)), 0);
+  ASSERT_ERR(kvp_tier_get(t, &ns, K(1, 2), out, sizeof out, &len), KVP_ENOENT);
+  kvp_tier_stats st;
+  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_EQ(st.puts_dup, 1);
+  ASSERT_EQ(st.dram_blocks, 1);
+  ASSERT_EQ(st.dram_slot_bytes, 16 * KB);
+  ASSERT_GT(kvp_tier_bandwidth(t, KVP_TIER_DRAM), 0);
+  void *base;
+  size_t rlen;
+  ASSERT_OK(kvp_tier_dram_region(t, &base, &rlen));
+  ASSERT_GE(rlen, 8 * MB);
+  kvp_tier_destroy(t);
+}
+
+/* The GPU backend's registration hook sees the whole region once, before any
+ * block, and its failure fails create with its code. */
+typedef struct reg {
+  void *base;
+  size_t len;
+  int calls, uncalls, fail;
+} reg;
+static int reg_fn(void *o, void *base, size_t len) {
+  reg *r = o;
+  r->base = base, r->len = len, r->calls++;
+  return r->fail;
+}
+static void unreg_fn(void *o, void *base, size_t len) {
+  reg *r = o;
+  ASSERT_TRUE(base == r->base && len == r->len);
+  r->uncalls++;
+}
+
+TEST(dram_register_hook) {
+  reg r = {0};
+  kvp_tier_opts o = {.dram_bytes = 8 * MB, .dram_register = reg_fn,
+                     .dram_unregister = unreg_fn, .register_opaque = &r};
+  kvp_tier_store *t;
+  ASSERT_OK(kvp_tier_create(&o, NULL, &t));
+  void *base;
+  size_t len;
+  ASSERT_OK(kvp_tier_dram_region(t, &base, &len));
+  ASSERT_TRUE(base == r.base);
+  ASSERT_EQ(len, r.len);
+  ASSERT_EQ(((uintptr_t)base) % (2 * MB), 0); /* huge-page aligned */
+  kvp_namespace ns = tt_ns("a", 16);
+  ASSERT_OK(kvp_tier_ns_add(t, &ns, &(kvp_tier_ns_opts){.block_bytes = 64 * KB}));
+  put_k(t, &ns, K(1, 1), 64 * KB, 0, 0);
+  put_k(t, &ns, K(1, 2), 3000, 0, 0); /* the jemalloc arena lives there too */
+  kvp_tier_destroy(t);
+  ASSERT_EQ(r.calls, 1);
+  ASSERT_EQ(r.uncalls, 1);
+  r = (reg){.fail = KVP_EGPU};
+  ASSERT_ERR(kvp_tier_create(&o, NULL, &t), KVP_EGPU);
+  ASSERT_EQ(r.calls, 1);
+  ASSERT_EQ(r.uncalls, 0); /* a failed registration is not undone */
+}
+
+/* DRAM capacity from MemAvailable when none is given. */
+TEST(dram_default_capacity) {
+  kvp_tier_opts o = {.dram_fraction = 0.01};
+  kvp_tier_store *t;
+  ASSERT_OK(kvp_tier_create(&o, NULL, &t));
+  kvp_tier_stats st;
+  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_GT(st.dram_bytes, 2 * MB);
+  kvp_tier_destroy(t);
+  o.dram_fraction = 2;
+  ASSERT_ERR(kvp_tier_create(&o, NULL, &t), KVP_EINVAL);
+}
+
+/* Keys sharing the 64-bit fingerprint (key.lo, which also picks the hash
+ * bucket) must never be served for each other; so must equal keys of
+ * different namespaces. */
+TEST(fingerprint_collision) {
+  kvp_tier_store *t = mk(NULL, 0, 8 * MB, 0);
+  kvp_namespace a = tt_ns("a", 16), b = tt_ns("b", 16);
+  ASSERT_OK(kvp_tier_ns_add(t, &a, NULL));
+  ASSERT_OK(kvp_tier_ns_add(t, &b, NULL));
+  for (uint64_t hi = 1; hi <= 50; hi++)
+    put_k(t, &a, K(hi, 77), 4 * KB + hi, 0, 0);
+  for (uint64_t hi = 1; hi <= 50; hi++)
+    ASSERT_EQ(get_k(t, &a, K(hi, 77), 4 * KB + hi), KVP_TIER_DRAM);
+  size_t len;
+  ASSERT_ERR(kvp_tier_get(t, &a, K(51, 77), out, sizeof out, &len), KVP_ENOENT);
+  ASSERT_ERR(kvp_tier_get(t, &b, K(3, 77), out, sizeof out, &len), KVP_ENOENT);
+  ASSERT_ERR(kvp_tier_contains(t, &b, K(3, 77)), KVP_ENOENT);
+  ASSERT_EQ(kvp_tier_evict(t, &b, K(3, 77)), 0);
+  ASSERT_EQ(get_k(t, &a, K(3, 77), 4 * KB + 3), KVP_TIER_DRAM);
+  kvp_tier_destroy(t);
+}
+
+/* DRAM pressure demotes to NVMe (stable and reused blocks), drops volatile
+ * blocks never reused; NVMe hits verify and promote. */
+static void nvme_demote_promote(kvp_tier_io_backend be) {
+  char dir[256];
+  tt_mkdir(dir, sizeof dir);
+  if (!dir[0])
+    KVT_SKIP_BECAUSE("no directory takes O_DIRECT");
+  kvp_tier_store *t = mk(dir, be, 4 * MB, 64 * MB);
+  kvp_namespace ns = tt_ns("a", 16);
+  ASSERT_OK(kvp_tier_ns_add(t, &ns, &(kvp_tier_ns_opts){.block_bytes = 64 * KB}));
+  kvp_tier_stats st;
+  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_EQ(st.io_uring, be == KVP_TIER_IO_URING);
+  for (uint64_t i = 0; i < 200; i++)
+    put_k(t, &ns, K(i, i), 64 * KB, 0, i % 2 ? KVP_CLASS_STABLE : KVP_CLASS_VOLATILE);
+  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_GT(st.demotions, 50);
+  ASSERT_GT(st.drops_volatile, 50);
+  ASSERT_LE(st.dram_used_bytes, 4 * MB);
+  int nv = 0;
+  for (uint64_t i = 1; i < 120; i += 2) { /* stable: all still there */
+    int rc = get_k(t, &ns, K(i, i), 64 * KB);
+    ASSERT_GE(rc, 0);
+    nv += rc == KVP_TIER_NVME;
+  }
+  ASSERT_GT(nv, 10);
+  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_GT(st.promotions, 10);
+  ASSERT_EQ(st.checksum_failures, 0);
+  ASSERT_GT(kvp_tier_bandwidth(t, KVP_TIER_NVME), 0);
+  ASSERT_ERR(get_k(t, &ns, K(0, 0), 64 * KB), KVP_ENOENT); /* volatile, gone */
+  kvp_tier_destroy(t);
+  tt_rmdir(dir);
+}
+
+/* Durable puts survive a restart; the index comes back from the headers;
+ * evicted blocks do not; variable sizes land in their size classes. */
+static void nvme_recovery(kvp_tier_io_backend be) {
+  char dir[256];
+  tt_mkdir(dir, sizeof dir);
+  kvp_namespace ns = tt_ns("a", 16);
+  char f[512]; /* an empty slab file, as a crash right after creating it leaves */
+  snprintf(f, sizeof f, "%s/kvtier-8192.slab", dir);
+  close(open(f, O_CREAT | O_WRONLY, 0600));
+  kvp_tier_store *t = mk(dir, be, 16 * MB, 64 * MB);
+  ASSERT_OK(kvp_tier_ns_add(t, &ns, NULL));
+  for (uint64_t i = 0; i < 40; i++)
+    put_k(t, &ns, K(i, 5), 1000 + i * 3000, KVP_TIER_PUT_DURABLE, 0);
+  ASSERT_EQ(kvp_tier_evict(t, &ns, K(7, 5)), 1);
+  ASSERT_OK(kvp_tier_sync(t));
+  kvp_tier_destroy(t);
+  t = mk(dir, be, 16 * MB, 64 * MB);
+  kvp_tier_stats st;
+  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_EQ(st.recovered_slots, 39);
+  ASSERT_EQ(st.nvme_blocks, 39);
+  size_t len;
+  ASSERT_ERR(kvp_tier_get(t, &ns, K(1, 5), out, sizeof out, &len), KVP_ENOENT);
+  ASSERT_OK(kvp_tier_ns_add(t, &ns, NULL)); /* recovered slots wait for it */
+  for (uint64_t i = 0; i < 40; i++)
+    ASSERT_EQ(get_k(t, &ns, K(i, 5), 1000 + i * 3000),
+              i == 7 ? KVP_ENOENT : KVP_TIER_NVME);
+  kvp_tier_destroy(t);
+  tt_rmdir(dir);
+}
+
+/* Bit rot in a payload or a header: a miss, counted, the slot dropped. */
+static void nvme_corruption(kvp_tier_io_backend be) {
+  char dir[256], f[512];
+  tt_mkdir(dir, sizeof dir);
+  kvp_namespace ns = tt_ns("a", 16);
+  kvp_tier_store *t = mk(dir, be, 4 * MB, 64 * MB);
+  ASSERT_OK(kvp_tier_ns_add(t, &ns, NULL));
+  for (uint64_t i = 0; i < 3; i++)
+    put_k(t, &ns, K(i, 1), 8 * KB, KVP_TIER_PUT_DURABLE, 0);
+  kvp_tier_destroy(t);
+  snprintf(f, sizeof f, "%s/kvtier-8192.slab", dir);
+  int fd = open(f, O_RDWR);
+  ASSERT_GE(fd, 0);
+  uint64_t slot = HDR + 8192;
+  uint8_t x = 0;
+  ASSERT_EQ(pread(fd, &x, 1, (off_t)(slot * 0 + HDR + 100)), 1);
+  x ^= 0x10;
+  ASSERT_EQ(pwrite(fd, &x, 1, (off_t)(slot * 0 + HDR + 100)), 1); /* payload */
+  ASSERT_EQ(pread(fd, &x, 1, (off_t)(slot * 1 + 50)), 1);
+  x ^= 0x01;
+  ASSERT_EQ(pwrite(fd, &x, 1, (off_t)(slot * 1 + 50)), 1); /* header */
+  close(fd);
+  t = mk(dir, be, 4 * MB, 64 * MB);
+  ASSERT_OK(kvp_tier_ns_add(t, &ns, NULL));
+  kvp_tier_stats st;
+  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_EQ(st.recovered_slots, 2);
+  ASSERT_EQ(st.recovery_bad_slots, 1);
+  int r0 = get_k(t, &ns, K(0, 1), 8 * KB);
+  int r2 = get_k(t, &ns, K(2, 1), 8 * KB);
+  ASSERT_EQ(r0, KVP_ENOENT);
+  ASSERT_EQ(r2, KVP_TIER_NVME);
+  ASSERT_EQ(get_k(t, &ns, K(1, 1), 8 * KB), KVP_ENOENT);
+  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_EQ(st.checksum_failures, 1);
+  ASSERT_ERR(kvp_tier_contains(t, &ns, K(0, 1)), KVP_ENOENT); /* dropped */
+  kvp_tier_destroy(t);
+  tt_rmdir(dir);
+}
+
+/* AES-256-GCM at rest: correct round trip; a ciphertext byte flipped with
+ * both XXH3 checksums recomputed (a deliberate attacker) fails the tag; a
+ * plaintext slot never satisfies an encrypted namespace; another tenant's key
+ * cannot read it. */
+static void nvme_encryption(kvp_tier_io_backend be) {
+  char dir[256], f[512];
+  tt_mkdir(dir, sizeof dir);
+  uint8_t key[32], key2[32];
+  for (int i = 0; i < 32; i++)
+    key[i] = (uint8_t)i, key2[i] = (uint8_t)(i + 1);
+  kvp_namespace ns = tt_ns("enc", 16);
+  kvp_tier_store *t = mk(dir, be, 4 * MB, 64 * MB);
+  ASSERT_OK(kvp_tier_ns_add(t, &ns, &(kvp_tier_ns_opts){.aes256_key = key}));
+  for (uint64_t i = 0; i < 3; i++)
+    put_k(t, &ns, K(i, 1), 8 * KB, KVP_TIER_PUT_DURABLE, 0);
+  ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_DRAM_BYTES, 0)); /* all out of DRAM */
+  ASSERT_EQ(get_k(t, &ns, K(2, 1), 8 * KB), KVP_TIER_NVME);
+  kvp_tier_destroy(t);
+  /* the plaintext is not on disk */
+  snprintf(f, sizeof f, "%s/kvtier-8192.slab", dir);
+  int fd = open(f, O_RDWR);
+  ASSERT_GE(fd, 0);
+  uint64_t slot = HDR + 8192;
+  static uint8_t img[HDR + 8192];
+  ASSERT_EQ(pread(fd, img, sizeof img, 0), (ssize_t)sizeof img);
+  tt_fill(&ns, K(0, 1), buf, 8 * KB);
+  ASSERT_TRUE(memcmp(img + HDR, buf, 64) != 0);
+  /* tamper slot 0 and fix both checksums, as a deliberate attacker would */
+  tier_slot_hdr h;
+  ASSERT_OK(kvp__tier_hdr_decode(img, sizeof img, &h));
+  ASSERT_EQ(h.flags, TIER_HDR_F_AESGCM);
+  img[HDR + 9] ^= 0x80;
+  h.payload_sum = kvp__tier_payload_sum(img + HDR, 8 * KB);
+  kvp__tier_hdr_encode(&h, img);
+  ASSERT_EQ(pwrite(fd, img, sizeof img, 0), (ssize_t)sizeof img);
+  (void)slot;
+  close(fd);
+  t = mk(dir, be, 4 * MB, 64 * MB);
+  ASSERT_OK(kvp_tier_ns_add(t, &ns, &(kvp_tier_ns_opts){.aes256_key = key}));
+  ASSERT_EQ(get_k(t, &ns, K(0, 1), 8 * KB), KVP_ENOENT);
+  ASSERT_EQ(get_k(t, &ns, K(1, 1), 8 * KB), KVP_TIER_NVME);
+  kvp_tier_stats st;
+  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_EQ(st.auth_failures, 1);
+  ASSERT_EQ(st.checksum_failures, 0);
+  kvp_tier_destroy(t);
+  /* wrong key (another tenant's): authentication fails, a miss */
+  t = mk(dir, be, 4 * MB, 64 * MB);
+  ASSERT_OK(kvp_tier_ns_add(t, &ns, &(kvp_tier_ns_opts){.aes256_key = key2}));
+  ASSERT_EQ(get_k(t, &ns, K(2, 1), 8 * KB), KVP_ENOENT);
+  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_EQ(st.auth_failures, 1);
+  kvp_tier_destroy(t);
+  /* no key at all: an encrypted slot is not served as plaintext */
+  t = mk(dir, be, 4 * MB, 64 * MB);
+  ASSERT_OK(kvp_tier_ns_add(t, &ns, NULL));
+  ASSERT_EQ(get_k(t, &ns, K(1, 1), 8 * KB), KVP_ENOENT);
+  kvp_tier_destroy(t);
+  tt_rmdir(dir);
+}
+
+/* ---- fault injection through the I/O filter --------------------------------*/
+typedef struct faults {
+  int mode; /* 0 none, 1 EIO reads, 2 ENOSPC writes, 3 short reads, 4 short
+               writes, 5 slow, 6 corrupt reads, 7 EIO fdatasync */
+  int hits;
+} faults;
+
+static int filter(void *opaque, int op, void *b, size_t len, uint64_t off,
+                  int res) {
+  faults *f = opaque;
+  (void)off;
+  switch (f->mode) {
+  case 1: if (op == 0 && len > 512) { f->hits++; return -EIO; } break;
+  case 2: if (op == 1) { f->hits++; return -ENOSPC; } break;
+  case 3: if (op == 0 && res > 0 && len > 512) { f->hits++; return res / 2; } break;
+  case 4: if (op == 1 && res > 0) { f->hits++; return res - 512; } break;
+  case 5: {
+    struct timespec ts = {0, 2000000};
+    nanosleep(&ts, NULL);
+    f->hits++;
+    break;
+  }
+  case 6: if (op == 0 && res > 8192) { ((uint8_t *)b)[res / 2] ^= 1; f->hits++; } break;
+  case 7: if (op == 2) { f->hits++; return -EIO; } break;
+  }
+  return res;
+}
+
+static void nvme_faults(kvp_tier_io_backend be) {
+  for (int mode = 1; mode <= 7; mode++) {
+    char dir[256];
+    tt_mkdir(dir, sizeof dir);
+    faults fl = {0};
+    kvp_tier_opts o = {.dram_bytes = 4 * MB, .nvme_dir = dir,
+                       .nvme_bytes = 64 * MB, .io_backend = be,
+                       .io_filter = filter, .io_filter_opaque = &fl,
+                       .slow_io_us = 1000};
+    kvp_tier_store *t;
+    ASSERT_OK(kvp_tier_create(&o, NULL, &t));
+    kvp_namespace ns = tt_ns("a", 16);
+    ASSERT_OK(kvp_tier_ns_add(t, &ns, NULL));
+    fl.mode = mode;
+    int durable_fail = 0;
+    for (uint64_t i = 0; i < 20; i++) {
+      tt_fill(&ns, K(i, 2), buf, 16 * KB);
+      kvp_tier_put_opts po = {.flags = KVP_TIER_PUT_DURABLE};
+      int rc = kvp_tier_put(t, &ns, K(i, 2), buf, 16 * KB, &po);
+      if (rc < 0) {
+        durable_fail++;
+        ASSERT_TRUE(rc == -ENOSPC || rc == -EIO || rc == KVP_EIO);
+      }
+    }
+    ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_DRAM_BYTES, 0));
+    int hits = 0, miss = 0;
+    for (uint64_t i = 0; i < 20; i++) {
+      int rc = get_k(t, &ns, K(i, 2), 16 * KB); /* asserts the bytes */
+      hits += rc >= 0;
+      miss += rc == KVP_ENOENT;
+    }
+    kvp_tier_stats st;
+    ASSERT_OK(kvp_tier_get_stats(t, &st));
+    ASSERT_GT(fl.hits, 0);
+    switch (mode) {
+    case 1: case 3: case 6:
+      ASSERT_EQ(miss, 20);
+      ASSERT_GT(mode == 6 ? st.checksum_failures
+                          : mode == 3 ? st.short_io : st.io_errors, 0);
+      break;
+    case 2: case 4:
+      ASSERT_EQ(durable_fail, 20);
+      ASSERT_EQ(miss, 20); /* never written, DRAM emptied: not wrong bytes */
+      ASSERT_GT(mode == 4 ? st.short_io : st.io_errors, 0);
+      break;
+    case 5:
+      ASSERT_EQ(hits, 20);
+      ASSERT_GE(st.slow_io, 20); /* every write and read took >= 2 ms */
+      break;
+    case 7:
+      ASSERT_EQ(durable_fail, 20); /* on NVMe but never acknowledged */
+      ASSERT_EQ(hits, 20);
+      break;
+    }
+    kvp_tier_destroy(t);
+    tt_rmdir(dir);
+  }
+}
+
+/* NVMe capacity is a hard limit: the class evicts its own victims. */
+static void nvme_capacity(kvp_tier_io_backend be) {
+  char dir[256];
+  tt_mkdir(dir, sizeof dir);
+  kvp_tier_store *t = mk(dir, be, 4 * MB, 4 * MB);
+  kvp_namespace ns = tt_ns("a", 16);
+  ASSERT_OK(kvp_tier_ns_add(t, &ns, NULL));
+  for (uint64_t i = 0; i < 200; i++)
+    put_k(t, &ns, K(i, 3), 64 * KB, 0, KVP_CLASS_STABLE);
+  kvp_tier_stats st;
+  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_LE(st.nvme_used_bytes, 4 * MB);
+  ASSERT_GT(st.evictions[KVP_TIER_NVME], 50);
+  int present = 0;
+  for (uint64_t i = 0; i < 200; i++)
+    present += get_k(t, &ns, K(i, 3), 64 * KB) >= 0;
+  ASSERT_GT(present, 40);
+  ASSERT_LT(present, 200);
+  kvp_tier_destroy(t);
+  tt_rmdir(dir);
+}
+
+/* Async tickets and prefetch. */
+static void nvme_async(kvp_tier_io_backend be) {
+  char dir[256];
+  tt_mkdir(dir, sizeof dir);
+  kvp_tier_store *t = mk(dir, be, 8 * MB, 64 * MB);
+  kvp_namespace ns = tt_ns("a", 16);
+  ASSERT_OK(kvp_tier_ns_add(t, &ns, NULL));
+  enum { N = 16 };
+  static uint8_t src[N][32 * KB], dstb[N][32 * KB];
+  kvp_key keys[N];
+  const void *data[N];
+  void *dst[N];
+  size_t len[N], cap[N], got[N];
+  int res[N];
+  for (int i = 0; i < N; i++) {
+    keys[i] = K(100 + (uint64_t)i, 9);
+    tt_fill(&ns, keys[i], src[i], sizeof src[i]);
+    data[i] = src[i];
+    dst[i] = dstb[i];
+    len[i] = cap[i] = sizeof src[i];
+  }
+  kvp_ticket *tk;
+  kvp_tier_put_opts po = {.cls = KVP_CLASS_SEMI, .flags = KVP_TIER_PUT_DURABLE};
+  ASSERT_OK(kvp_tier_put_async(t, &ns, keys, N, data, len, &po, res, &tk));
+  ASSERT_EQ(kvp_ticket_wait(tk, 0), N);
+  ASSERT_EQ(kvp_ticket_poll(tk), N);
+  kvp_ticket_free(tk);
+  ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_DRAM_BYTES, 0));
+  ASSERT_EQ(kvp_tier_contains(t, &ns, keys[3]), KVP_TIER_NVME);
+  ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_DRAM_BYTES, 8 * MB));
+  ASSERT_OK(kvp_tier_prefetch(t, &ns, keys, N / 2, &tk));
+  ASSERT_EQ(kvp_ticket_wait(tk, 0), N / 2);
+  kvp_ticket_free(tk);
+  ASSERT_EQ(kvp_tier_contains(t, &ns, keys[3]), KVP_TIER_DRAM);
+  ASSERT_EQ(kvp_tier_contains(t, &ns, keys[N - 1]), KVP_TIER_NVME);
+  memset(dstb, 0xA5, sizeof dstb);
+  ASSERT_OK(kvp_tier_get_async(t, &ns, keys, N, dst, cap, got, res, &tk));
+  int r = kvp_ticket_wait(tk, 5000000000ull);
+  ASSERT_EQ(r, N);
+  for (int i = 0; i < N; i++) {
+    ASSERT_EQ(res[i], i < N / 2 ? KVP_TIER_DRAM : KVP_TIER_NVME);
+    ASSERT_MEM_EQ(dstb[i], src[i], sizeof src[i]);
+  }
+  kvp_ticket_free(tk);
+  ASSERT_OK(kvp_tier_prefetch(t, &ns, keys, N, NULL)); /* fire and forget */
+  kvp_tier_destroy(t); /* drains it */
+  tt_rmdir(dir);
+}
+
+/* Idle windows pre-write blocks so pressure later evicts without I/O. */
+static void nvme_idle(kvp_tier_io_backend be) {
+  char dir[256];
+  tt_mkdir(dir, sizeof dir);
+  kvp_tier_store *t = mk(dir, be, 8 * MB, 64 * MB);
+  kvp_namespace ns = tt_ns("a", 16);
+  ASSERT_OK(kvp_tier_ns_add(t, &ns, NULL));
+  for (uint64_t i = 0; i < 10; i++)
+    put_k(t, &ns, K(i, 4), 64 * KB, 0, i < 5 ? KVP_CLASS_VOLATILE : KVP_CLASS_SEMI);
+  ASSERT_EQ(kvp_tier_idle(t, 1 * MB), 5); /* only the admitted ones */
+  kvp_tier_stats st;
+  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_EQ(st.nvme_blocks, 5);
+  ASSERT_EQ(kvp_tier_contains(t, &ns, K(7, 4)), KVP_TIER_DRAM);
+  ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_DRAM_BYTES, 0));
+  ASSERT_EQ(get_k(t, &ns, K(7, 4), 64 * KB), KVP_TIER_NVME);
+  ASSERT_EQ(get_k(t, &ns, K(1, 4), 64 * KB), KVP_ENOENT);
+  kvp_tier_destroy(t);
+  tt_rmdir(dir);
+}
+
+#define ON_BACKENDS(fn)                                                         \
+  TEST(fn##_all) {                                                              \
+    kvp_tier_io_backend b[2];                                                   \
+    int n = tt_backends(b);                                                     \
+    for (int i = 0; i < n; i++) {                                               \
+      fprintf(stderr, "  %s on %s\n", #fn, tt_backend_name(b[i]));              \
+      fn(b[i]);                                                                 \
+    }                                                                           \
+  }
+ON_BACKENDS(nvme_demote_promote)
+ON_BACKENDS(nvme_recovery)
+ON_BACKENDS(nvme_corruption)
+ON_BACKENDS(nvme_encryption)
+ON_BACKENDS(nvme_faults)
+ON_BACKENDS(nvme_capacity)
+ON_BACKENDS(nvme_async)
+ON_BACKENDS(nvme_idle)
+
+TEST(tmpfs_refused) {
+  kvp_tier_store *t;
+  kvp_tier_opts o = {.dram_bytes = 4 * MB, .nvme_dir = "/dev/shm"};
+  kvp_log_set_level(KVP_LOG_OFF);
+  int rc = kvp_tier_create(&o, NULL, &t);
+  kvp_log_set_level(KVP_LOG_ERROR);
+  if (rc == 0) { /* not tmpfs here */
+    kvp_tier_destroy(t);
+    return;
+  }
+  ASSERT_ERR(rc, KVP_ENOTSUP);
+  o.nvme_dir = "/nonexistent/kvtier";
+  kvp_log_set_level(KVP_LOG_OFF);
+  ASSERT_ERR(kvp_tier_create(&o, NULL, &t), -ENOENT);
+  kvp_log_set_level(KVP_LOG_ERROR);
+}
+
+/* ---- policies -----------------------------------------------------------------*/
+TEST(policy_lru) {
+  kvp_tier_policy *p;
+  ASSERT_OK(kvp_tier_policy_create(KVP_TIER_POLICY_LRU, NULL, &p));
+  for (uint32_t i = 0; i < 5; i++)
+    ASSERT_OK(kvp_tier_policy_insert(p, i, i, 10, KVP_CLASS_VOLATILE));
+  ASSERT_ERR(kvp_tier_policy_insert(p, 2, 2, 10, 0), KVP_EEXIST);
+  ASSERT_OK(kvp_tier_policy_touch(p, 0));
+  uint32_t v;
+  ASSERT_OK(kvp_tier_policy_victim(p, &v));
+  ASSERT_EQ(v, 1);
+  ASSERT_OK(kvp_tier_policy_remove(p, 1, 1));
+  ASSERT_OK(kvp_tier_policy_victim(p, &v));
+  ASSERT_EQ(v, 2);
+  ASSERT_EQ(kvp_tier_policy_bytes(p), 40);
+  ASSERT_EQ(kvp_tier_policy_count(p), 4);
+  ASSERT_ERR(kvp_tier_policy_touch(p, 1), KVP_ENOENT);
+  /* stability: a stable entry goes after every volatile/semi one */
+  ASSERT_OK(kvp_tier_policy_insert(p, 9, 9, 10, KVP_CLASS_STABLE));
+  ASSERT_OK(kvp_tier_policy_insert(p, 8, 8, 10, KVP_CLASS_SEMI));
+  static const uint32_t order[6] = {2, 3, 4, 0, 8, 9};
+  for (int n = 0; n < 6; n++) {
+    ASSERT_OK(kvp_tier_policy_victim(p, &v));
+    ASSERT_EQ(v, order[n]);
+    ASSERT_OK(kvp_tier_policy_remove(p, v, 1));
+  }
+  ASSERT_ERR(kvp_tier_policy_victim(p, &v), KVP_ENOENT);
+  kvp_tier_policy_destroy(p);
+  kvp_tier_policy_kind k;
+  ASSERT_OK(kvp_tier_policy_parse("s3fifo", &k));
+  ASSERT_EQ(k, KVP_TIER_POLICY_S3FIFO);
+  ASSERT_STR_EQ(kvp_tier_policy_name(KVP_TIER_POLICY_LRU), "lru");
+  ASSERT_ERR(kvp_tier_policy_parse("arc", &k), KVP_EINVAL);
+}
+
+/* Cache simulation: a hot set re-read between one-time scans.  S3-FIFO keeps
+ * the hot set through the scans; LRU loses it every scan. */
+static double sim_hit_rate(kvp_tier_policy_kind kind) {
+  kvp_tier_policy *p;
+  ASSERT_OK(kvp_tier_policy_create(kind, NULL, &p));
+  enum { CAP = 100, HOT = 60, IDS = 100000 };
+  static uint8_t in[IDS];
+  memset(in, 0, sizeof in);
+  uint64_t hits = 0, refs = 0, scan_next = 1000;
+  for (int round = 0; round < 200; round++) {
+    for (int pass = 0; pass < 2; pass++)
+      for (uint32_t h = 0; h < HOT; h++) {
+        refs++;
+        if (in[h]) {
+          hits++;
+          kvp_tier_policy_touch(p, h);
+          continue;
+        }
+        while (kvp_tier_policy_count(p) >= CAP) {
+          uint32_t v;
+          ASSERT_OK(kvp_tier_policy_victim(p, &v));
+          ASSERT_OK(kvp_tier_policy_remove(p, v, 1));
+          in[v] = 0;
+        }
+        ASSERT_OK(kvp_tier_policy_insert(p, h, h * 31 + 7, 1, 0));
+        in[h] = 1;
+      }
+    for (int s = 0; s < 80; s++) { /* a scan of new ids */
+      uint32_t id = (uint32_t)(scan_next++ % IDS);
+      if (id < HOT)
+        continue;
+      while (kvp_tier_policy_count(p) >= CAP) {
+        uint32_t v;
+        ASSERT_OK(kvp_tier_policy_victim(p, &v));
+        ASSERT_OK(kvp_tier_policy_remove(p, v, 1));
+        in[v] = 0;
+      }
+      if (!in[id]) {
+        ASSERT_OK(kvp_tier_policy_insert(p, id, id * 31 + 7, 1, 0));
+        in[id] = 1;
+      }
+    }
+  }
+  kvp_tier_policy_destroy(p);
+  return (double)hits / (double)refs;
+}
+
+TEST(policy_scan_resistance) {
+  double lru = sim_hit_rate(KVP_TIER_POLICY_LRU);
+  double s3 = sim_hit_rate(KVP_TIER_POLICY_S3FIFO);
+  printf("hot-set hit rate under scans: lru %.3f s3fifo %.3f\n", lru, s3);
+  ASSERT_TRUE(lru < 0.6);
+  ASSERT_TRUE(s3 > 0.9);
+}
+
+/* ---- options and events ------------------------------------------------------*/
+TEST(options) {
+  kvp_tier_store *t = mk(NULL, 0, 8 * MB, 0);
+  int64_t lo, hi, v;
+  ASSERT_OK(kvp_tier_opt_bounds(t, KVP_TIER_OPT_DRAM_BYTES, &lo, &hi));
+  ASSERT_EQ(lo, 0);
+  ASSERT_GE(hi, 8 * MB);
+  ASSERT_ERR(kvp_tier_set(t, KVP_TIER_OPT_DRAM_BYTES, hi + 1), KVP_ERANGE);
+  ASSERT_ERR(kvp_tier_set(t, (kvp_tier_opt)99, 1), KVP_EINVAL);
+  ASSERT_ERR(kvp_tier_set(t, KVP_TIER_OPT_POLICY, 5), KVP_ERANGE);
+  kvp_namespace ns = tt_ns("a", 16);
+  ASSERT_OK(kvp_tier_ns_add(t, &ns, NULL));
+  for (uint64_t i = 0; i < 20; i++)
+    put_k(t, &ns, K(i, 6), 64 * KB, 0, 0);
+  ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_POLICY, KVP_TIER_POLICY_LRU));
+  ASSERT_OK(kvp_tier_get_opt(t, KVP_TIER_OPT_POLICY, &v));
+  ASSERT_EQ(v, KVP_TIER_POLICY_LRU);
+  ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_DRAM_BYTES, 512 * KB));
+  kvp_tier_stats st;
+  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_LE(st.dram_used_bytes, 512 * KB);
+  ASSERT_GT(st.dram_blocks, 0);
+  ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_QUEUE_DEPTH, 1));
+  ASSERT_OK(kvp_tier_get_opt(t, KVP_TIER_OPT_QUEUE_DEPTH, &v));
+  ASSERT_EQ(v, 1);
+  kvp_tier_destroy(t);
+}
+
+typedef struct evlog {
+  kvp_index *ix;
+  int stored[KVP_TIER_COUNT_], removed[KVP_TIER_COUNT_];
+  uint64_t last_seq;
+} evlog;
+
+static void on_event(void *opaque, const kvp_tier_event *ev) {
+  evlog *l = opaque;
+  ASSERT_EQ(ev->seq, l->last_seq + 1);
+  l->last_seq = ev->seq;
+  if (ev->stored) {
+    l->stored[ev->tier]++;
+    ASSERT_GE(kvp_index_stored(l->ix, 0, ev->seq, ev->tier, NULL, &ev->key, 1), 0);
+  } else {
+    l->removed[ev->tier]++;
+    ASSERT_GE(kvp_index_removed(l->ix, 0, ev->seq, ev->tier, &ev->key, 1), 0);
+  }
+}
+
+/* Events feed a real locality index: it ends up with the store's contents. */
+TEST(events_feed_index) {
+  char dir[256];
+  tt_mkdir(dir, sizeof dir);
+  evlog l = {0};
+  ASSERT_OK(kvp_index_create(NULL, NULL, &l.ix));
+  ASSERT_OK(kvp_index_worker_add(l.ix, 0));
+  kvp_tier_opts o = {.dram_bytes = 4 * MB, .nvme_dir = dir, .nvme_bytes = 64 * MB,
+                     .on_event = on_event, .event_opaque = &l};
+  kvp_tier_store *t;
+  ASSERT_OK(kvp_tier_create(&o, NULL, &t));
+  kvp_namespace ns = tt_ns("a", 16);
+  ASSERT_OK(kvp_tier_ns_add(t, &ns, NULL));
+  for (uint64_t i = 0; i < 64; i++)
+    put_k(t, &ns, K(i, 8), 64 * KB, 0, KVP_CLASS_STABLE);
+  ASSERT_EQ(kvp_tier_evict(t, &ns, K(63, 8)), 1);
+  kvp_tier_stats st;
+  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_EQ(l.stored[KVP_TIER_DRAM] - l.removed[KVP_TIER_DRAM], (int)st.dram_blocks);
+  ASSERT_EQ(l.stored[KVP_TIER_NVME] - l.removed[KVP_TIER_NVME], (int)st.nvme_blocks);
+  ASSERT_GT(st.nvme_blocks, 20);
+  kvp_index_stats is;
+  ASSERT_OK(kvp_index_stats_get(l.ix, &is));
+  ASSERT_EQ(is.events_stale + is.seq_gaps, 0);
+  kvp_tier_destroy(t);
+  kvp_index_destroy(l.ix);
+  tt_rmdir(dir);
+}
+
+TEST_MAIN(TEST_ENTRY(dram_basic), TEST_ENTRY(dram_register_hook),
+          TEST_ENTRY(dram_default_capacity),
+          TEST_ENTRY(fingerprint_collision), TEST_ENTRY(nvme_demote_promote_all),
+          TEST_ENTRY(nvme_recovery_all), TEST_ENTRY(nvme_corruption_all),
+          TEST_ENTRY(nvme_encryption_all), TEST_ENTRY(nvme_faults_all),
+          TEST_ENTRY(nvme_capacity_all), TEST_ENTRY(nvme_async_all),
+          TEST_ENTRY(nvme_idle_all), TEST_ENTRY(tmpfs_refused),
+          TEST_ENTRY(policy_lru), TEST_ENTRY(policy_scan_resistance),
+          TEST_ENTRY(options), TEST_ENTRY(events_feed_index))
