@@ -301,6 +301,10 @@ int kvp_device_memcpy(kvp_device *d, void *dst, const void *src, size_t n) {
   return rc;
 }
 
+int kvp_device_synchronize(kvp_device *d) {
+  return d ? d->ops->stream_sync(d, NULL) : KVP_EINVAL;
+}
+
 /* ---- streams and events ------------------------------------------------------ */
 struct kvp_stream {
   kvp_device *dev;

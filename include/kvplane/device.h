@@ -135,6 +135,10 @@ KVP_API int kvp_device_host_unregister(kvp_device *dev, void *ptr);
 KVP_API int kvp_device_memcpy(kvp_device *dev, void *dst, const void *src,
                               size_t bytes);
 
+/* Blocks until the work queued on the device's own stream (the NULL
+ * kvp_stream) is done.  0 or KVP_EGPU. */
+KVP_API int kvp_device_synchronize(kvp_device *dev);
+
 /* ---- streams and events ------------------------------------------------------ */
 typedef struct kvp_stream kvp_stream;
 typedef struct kvp_event kvp_event;

@@ -1,0 +1,343 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* bench_kernels: kvplane's gather/scatter against the ways engines move
+ * paged KV today, in the same process, same pages, same buffers:
+ *   per-page cuMemcpyAsync (what most offload code does), one
+ *   cuMemcpyBatchAsync call (CUDA 12.8+, looked up with cuGetProcAddress),
+ *   the bulk pinned copy of the same bytes (the link's ceiling), and for
+ *   device-to-device the bulk D2D memcpy.
+ * 8,192 random pages (of a cache twice as large: few adjacent runs), page
+ * sizes 2..256 KiB, both directions; median of --reps timed runs after
+ * --warmup untimed ones (CUDA events); host submit time per call from the
+ * host clock.  Every method's staging is compared with the kernel's.
+ *
+ *   bench_kernels [--pages 8192] [--reps 15] [--warmup 3] [--ctas 16]
+ *                 [--threads 512] [--sizes 2,4,16,64,256]
+ * Needs the CUDA backend (exits 77 saying why without it). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_api.h"
+#include "kernels_internal.h"
+#include "kvplane.h"
+
+#define CHECK(x)                                                                \
+  do {                                                                          \
+    int rc_ = (x);                                                              \
+    if (rc_ < 0) {                                                              \
+      fprintf(stderr, "bench_kernels: %s:%d: %s: %s\n", __FILE__, __LINE__,     \
+              #x, kvp_strerror(rc_));                                           \
+      exit(1);                                                                  \
+    }                                                                           \
+  } while (0)
+#define CU(x)                                                                   \
+  do {                                                                          \
+    CUresult r_ = (x);                                                          \
+    if (r_ != CUDA_SUCCESS) {                                                   \
+      const char *nm_ = "?";                                                    \
+      cu->cuGetErrorName(r_, &nm_);                                             \
+      fprintf(stderr, "bench_kernels: %s:%d: %s: %s\n", __FILE__, __LINE__,     \
+              #x, nm_);                                                         \
+      exit(1);                                                                  \
+    }                                                                           \
+  } while (0)
+
+static const kvp_cuda_api *cu;
+static CUstream st;
+static CUevent ev0, ev1;
+static int reps = 15, warmup = 3;
+
+static int cmp_d(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_d);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+typedef void (*op_fn)(void *ctx);
+typedef struct timing {
+  double gpu_ms;    /* median, events */
+  double submit_us; /* median host time of the submitting call(s) */
+} timing;
+
+static timing run(op_fn op, void *ctx) {
+  double g[256], s[256];
+  for (int i = 0; i < warmup + reps; i++) {
+    CU(cu->cuEventRecord(ev0, st));
+    uint64_t t0 = kvp_now_ns();
+    op(ctx);
+    uint64_t t1 = kvp_now_ns();
+    CU(cu->cuEventRecord(ev1, st));
+    CU(cu->cuEventSynchronize(ev1));
+    float ms;
+    CU(cu->cuEventElapsedTime(&ms, ev0, ev1));
+    if (i >= warmup)
+      g[i - warmup] = ms, s[i - warmup] = (t1 - t0) / 1e3;
+  }
+  return (timing){median(g, reps), median(s, reps)};
+}
+
+/* ---- the operations ---------------------------------------------------------------------- */
+typedef struct bctx {
+  kvp_device *dev;
+  kvp_stream *kst;
+  kvp_kv_layout *lay;
+  uint32_t *ids, n;
+  uint64_t page;
+  CUdeviceptr cache;  /* device: 2n pages */
+  unsigned char *host; /* registered host staging: n pages */
+  CUdeviceptr dstage; /* device staging: n pages */
+  bool to_host;       /* D2H (gather) vs H2D (scatter) */
+  bool d2d;
+  CUdeviceptr *srcs, *dsts;
+  size_t *sizes;
+} bctx;
+
+static void op_kernel(void *p) {
+  bctx *b = p;
+  kvp_xfer x = {.layout = b->lay, .block_ids = b->ids, .n = b->n,
+                .method = KVP_XFER_KERNEL,
+                .staging = b->d2d ? (void *)(uintptr_t)b->dstage : b->host,
+                .staging_bytes = (uint64_t)b->n * b->page};
+  CHECK(b->to_host ? kvp_device_gather(b->dev, b->kst, &x)
+                   : kvp_device_scatter(b->dev, b->kst, &x));
+}
+static void op_ours_ce(void *p) {
+  bctx *b = p;
+  kvp_xfer x = {.layout = b->lay, .block_ids = b->ids, .n = b->n,
+                .method = KVP_XFER_COPY_ENGINE, .staging = b->host,
+                .staging_bytes = (uint64_t)b->n * b->page};
+  CHECK(b->to_host ? kvp_device_gather(b->dev, b->kst, &x)
+                   : kvp_device_scatter(b->dev, b->kst, &x));
+}
+static void op_per_page(void *p) {
+  bctx *b = p;
+  for (uint32_t i = 0; i < b->n; i++) {
+    CUdeviceptr dv = b->cache + (uint64_t)b->ids[i] * b->page;
+    CUdeviceptr hv = (CUdeviceptr)(uintptr_t)(b->host + (uint64_t)i * b->page);
+    CU(cu->cuMemcpyAsync(b->to_host ? hv : dv, b->to_host ? dv : hv, b->page, st));
+  }
+}
+static void op_batch(void *p) {
+  bctx *b = p;
+  for (uint32_t i = 0; i < b->n; i++) {
+    CUdeviceptr dv = b->cache + (uint64_t)b->ids[i] * b->page;
+    CUdeviceptr hv = (CUdeviceptr)(uintptr_t)(b->host + (uint64_t)i * b->page);
+    b->srcs[i] = b->to_host ? dv : hv;
+    b->dsts[i] = b->to_host ? hv : dv;
+    b->sizes[i] = b->page;
+  }
+  CUmemcpyAttributes at = {.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM};
+  size_t idx = 0, fail_idx = 0;
+  if (cu->cuMemcpyBatchAsync13)
+    CU(cu->cuMemcpyBatchAsync13(b->dsts, b->srcs, b->sizes, b->n, &at, &idx, 1, st));
+  else
+    CU(cu->cuMemcpyBatchAsync128(b->dsts, b->srcs, b->sizes, b->n, &at, &idx, 1,
+                                 &fail_idx, st));
+}
+static void op_bulk(void *p) {
+  bctx *b = p;
+  CUdeviceptr h = (CUdeviceptr)(uintptr_t)b->host;
+  uint64_t n = (uint64_t)b->n * b->page;
+  if (b->d2d)
+    CU(cu->cuMemcpyAsync(b->dstage, b->cache, n, st));
+  else
+    CU(cu->cuMemcpyAsync(b->to_host ? h : b->cache, b->to_host ? b->cache : h, n, st));
+}
+
+static double gbps(const bctx *b, timing t) {
+  return (double)b->n * b->page / (t.gpu_ms * 1e6);
+}
+
+static void fill(unsigned char *p, size_t n, uint64_t seed) {
+  for (size_t i = 0; i + 8 <= n; i += 8) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    memcpy(p + i, &seed, 8);
+  }
+}
+
+/* D2H staging of one method must equal the kernel's. */
+static void cross_check(bctx *b, op_fn op, const unsigned char *ref,
+                        const char *name) {
+  memset(b->host, 0xff, (size_t)b->n * b->page);
+  op(b);
+  CU(cu->cuStreamSynchronize(st));
+  CHECK(kvp_stream_synchronize(b->kst));
+  if (memcmp(b->host, ref, (size_t)b->n * b->page)) {
+    fprintf(stderr, "bench_kernels: %s moved different bytes than the kernel\n", name);
+    exit(1);
+  }
+}
+
+int main(int argc, char **argv) {
+  uint32_t pages = 8192, ctas = 16, threads = 512;
+  char sizes_arg[128] = "2,4,16,64,256";
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--pages") && i + 1 < argc) pages = (uint32_t)atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--ctas") && i + 1 < argc) ctas = (uint32_t)atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = (uint32_t)atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--sizes") && i + 1 < argc) snprintf(sizes_arg, sizeof sizes_arg, "%s", argv[++i]);
+    else {
+      fprintf(stderr, "usage: bench_kernels [--pages N] [--reps N] [--warmup N] "
+                      "[--ctas N] [--threads N] [--sizes 2,4,16,64,256]\n");
+      return 2;
+    }
+  }
+  if (reps < 1 || reps > 200 || warmup < 0 || warmup > 50 || pages < 1) {
+    fprintf(stderr, "bench_kernels: bad --reps/--warmup/--pages\n");
+    return 2;
+  }
+  char why[256];
+  if (!kvp_backend_available(KVP_BACKEND_CUDA, why, sizeof why)) {
+    printf("SKIP: bench_kernels needs the CUDA backend: %s\n", why);
+    return 77;
+  }
+  kvp_device *dev;
+  kvp_device_opts o = {.backend = KVP_BACKEND_CUDA, .cta_budget = ctas};
+  uint64_t c0 = kvp_now_ns();
+  CHECK(kvp_device_create(&o, NULL, &dev));
+  double create_ms = (kvp_now_ns() - c0) / 1e6;
+  CHECK(kvp_device_set(dev, KVP_DEVOPT_THREADS_PER_CTA, threads));
+  cu = kvp__cuda_api();
+  CUcontext ctx;
+  int sms;
+  kvp__cuda_native(dev, &ctx, NULL, &sms);
+  CU(cu->cuCtxSetCurrent(ctx));
+  CU(cu->cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+  CU(cu->cuEventCreate(&ev0, 0));
+  CU(cu->cuEventCreate(&ev1, 0));
+  kvp_stream *kst;
+  CHECK(kvp_stream_wrap(dev, st, &kst));
+  bool have_batch = cu->cuMemcpyBatchAsync13 || cu->cuMemcpyBatchAsync128;
+  printf("device: %s, driver API %d, cuMemcpyBatchAsync: %s\n",
+         kvp_device_name(dev), cu->driver_version,
+         have_batch ? (cu->cuMemcpyBatchAsync13 ? "yes (CUDA 13 ABI)" : "yes (12.8 ABI)")
+                    : "no");
+  printf("kvp_device_create with calibration: %.1f ms\n", create_ms);
+  printf("%u random pages of a %u-page cache; median of %d runs after %d warm-up; "
+         "kernel: %u CTAs x %u threads\n\n", pages, 2 * pages, reps, warmup, ctas,
+         threads);
+  printf("| page | dir | kernel GB/s | bulk ceiling GB/s | kernel/bulk | per-page "
+         "cuMemcpyAsync GB/s | kernel/per-page | cuMemcpyBatchAsync GB/s | "
+         "kernel/batch | ours copy-engine GB/s | submit us: kernel / per-page / batch |\n");
+  printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+
+  char *save = NULL;
+  for (char *tok = strtok_r(sizes_arg, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    uint64_t page = (uint64_t)atoi(tok) * 1024;
+    bctx b = {.dev = dev, .kst = kst, .n = pages, .page = page};
+    size_t nb = 2 * (size_t)pages, hbytes = (size_t)pages * page;
+    CU(cu->cuMemAlloc(&b.cache, nb * page));
+    CU(cu->cuMemAlloc(&b.dstage, hbytes));
+    b.host = aligned_alloc(4096, hbytes);
+    unsigned char *ref = malloc(hbytes), *tmp = malloc(nb * page);
+    b.ids = malloc(nb * sizeof *b.ids);
+    b.srcs = malloc(pages * sizeof *b.srcs);
+    b.dsts = malloc(pages * sizeof *b.dsts);
+    b.sizes = malloc(pages * sizeof *b.sizes);
+    if (!b.host || !ref || !tmp || !b.ids || !b.srcs || !b.dsts || !b.sizes) {
+      fprintf(stderr, "bench_kernels: out of host memory\n");
+      return 1;
+    }
+    fill(tmp, nb * page, page);
+    CU(cu->cuMemcpy(b.cache, (CUdeviceptr)(uintptr_t)tmp, nb * page));
+    fill(b.host, hbytes, page + 1);
+    CHECK(kvp_device_host_register(dev, b.host, hbytes));
+    uint64_t rng = page * 7919;
+    for (uint32_t i = 0; i < nb; i++)
+      b.ids[i] = i;
+    for (uint32_t i = (uint32_t)nb - 1; i > 0; i--) {
+      rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+      uint32_t j = (uint32_t)(((rng >> 32) * (i + 1)) >> 32), t = b.ids[i];
+      b.ids[i] = b.ids[j], b.ids[j] = t;
+    }
+    /* one 2-byte-element cross-layer page per block: 2 * bs * 64 * 2 = page */
+    kvp_kv_layout_desc d = {.kind = KVP_LAYOUT_CROSS_LAYER, .num_layers = 1,
+                            .num_blocks = (uint32_t)nb,
+                            .block_size = (uint32_t)(page / 256),
+                            .num_kv_heads = 1, .head_dim = 64, .elem_size = 2,
+                            .base = (void *)(uintptr_t)b.cache};
+    CHECK(kvp_kv_layout_create(dev, &d, &b.lay));
+
+    /* correctness first: every method's D2H bytes equal the kernel's */
+    b.to_host = true;
+    memset(b.host, 0xff, hbytes);
+    op_kernel(&b);
+    CHECK(kvp_stream_synchronize(b.kst));
+    memcpy(ref, b.host, hbytes);
+    for (uint32_t i = 0; i < pages; i++)
+      if (memcmp(ref + (uint64_t)i * page, tmp + (uint64_t)b.ids[i] * page, page)) {
+        fprintf(stderr, "bench_kernels: kernel gathered wrong bytes (page %u)\n", i);
+        return 1;
+      }
+    cross_check(&b, op_per_page, ref, "per-page cuMemcpyAsync");
+    cross_check(&b, op_ours_ce, ref, "kvplane copy engine");
+    if (have_batch)
+      cross_check(&b, op_batch, ref, "cuMemcpyBatchAsync");
+
+    for (int dir = 0; dir < 2; dir++) {
+      b.to_host = dir == 0;
+      timing tk = run(op_kernel, &b), tp = run(op_per_page, &b);
+      timing tc = run(op_ours_ce, &b), tu = run(op_bulk, &b);
+      timing tb = {0, 0};
+      if (have_batch)
+        tb = run(op_batch, &b);
+      double gk = gbps(&b, tk), gu = gbps(&b, tu), gp = gbps(&b, tp);
+      double gb = have_batch ? gbps(&b, tb) : 0, gc = gbps(&b, tc);
+      printf("| %llu KiB | %s | %.1f | %.1f | %.2fx | %.2f | %.1fx | ",
+             (unsigned long long)page / 1024, b.to_host ? "D2H" : "H2D", gk, gu,
+             gk / gu, gp, gk / gp);
+      if (have_batch)
+        printf("%.1f | %.1fx | ", gb, gk / gb);
+      else
+        printf("n/a | n/a | ");
+      printf("%.1f | %.1f / %.0f / %.0f |\n", gc, tk.submit_us, tp.submit_us,
+             tb.submit_us);
+      fflush(stdout);
+    }
+    /* D2D gather into device staging with the whole GPU vs D2D memcpy */
+    b.d2d = true, b.to_host = true;
+    CHECK(kvp_device_set(dev, KVP_DEVOPT_CTA_BUDGET, 4 * sms));
+    CHECK(kvp_device_set(dev, KVP_DEVOPT_THREADS_PER_CTA, 512));
+    timing tk = run(op_kernel, &b), tu = run(op_bulk, &b);
+    CU(cu->cuMemcpy((CUdeviceptr)(uintptr_t)tmp, b.dstage, hbytes));
+    if (memcmp(tmp, ref, hbytes)) {
+      fprintf(stderr, "bench_kernels: D2D gather moved different bytes\n");
+      return 1;
+    }
+    printf("| %llu KiB | D2D | %.1f | %.1f (D2D memcpy) | %.2fx | | | | | | %.1f (%d CTAs) |\n",
+           (unsigned long long)page / 1024, gbps(&b, tk), gbps(&b, tu),
+           gbps(&b, tk) / gbps(&b, tu), tk.submit_us, 4 * sms);
+    CHECK(kvp_device_set(dev, KVP_DEVOPT_CTA_BUDGET, ctas));
+    CHECK(kvp_device_set(dev, KVP_DEVOPT_THREADS_PER_CTA, threads));
+    fflush(stdout);
+    kvp_kv_layout_destroy(b.lay);
+    CHECK(kvp_device_host_unregister(dev, b.host));
+    CU(cu->cuMemFree(b.cache));
+    CU(cu->cuMemFree(b.dstage));
+    free(b.host), free(ref), free(tmp), free(b.ids), free(b.srcs), free(b.dsts),
+        free(b.sizes);
+  }
+  printf("\ncalibrated crossover (kvp_device_bandwidth_get):\n");
+  for (uint64_t pg = 4096; pg <= (1u << 20); pg *= 4) {
+    kvp_device_bandwidth h, dd;
+    CHECK(kvp_device_bandwidth_get(dev, KVP_DIR_H2D, pg, &h));
+    CHECK(kvp_device_bandwidth_get(dev, KVP_DIR_D2H, pg, &dd));
+    printf("  %7llu B: H2D kernel %.1f / copy engine %.1f GB/s (auto: %s); "
+           "D2H %.1f / %.1f (auto: %s)\n", (unsigned long long)pg,
+           h.kernel_gbps, h.copy_engine_gbps,
+           h.auto_method == KVP_XFER_KERNEL ? "kernel" : "copy engine",
+           dd.kernel_gbps, dd.copy_engine_gbps,
+           dd.auto_method == KVP_XFER_KERNEL ? "kernel" : "copy engine");
+  }
+  kvp_stream_destroy(kst);
+  cu->cuEventDestroy(ev0);
+  cu->cuEventDestroy(ev1);
+  cu->cuStreamDestroy(st);
+  kvp_device_destroy(dev);
+  return 0;
+}
