@@ -130,8 +130,9 @@ KVP_API int kvp_device_host_register(kvp_device *dev, void *ptr, size_t bytes);
 /* ptr as given to register.  Returns 0 or KVP_ENOENT. */
 KVP_API int kvp_device_host_unregister(kvp_device *dev, void *ptr);
 
-/* Synchronous copy of bytes between any two of: host memory, registered host
- * memory, device memory.  For tests and set-up, not the hot path. */
+/* Copy between any two of: host memory, registered host memory, device
+ * memory.  Queued after the work on the device's own stream and complete
+ * when it returns.  For tests and set-up, not the hot path. */
 KVP_API int kvp_device_memcpy(kvp_device *dev, void *dst, const void *src,
                               size_t bytes);
 

@@ -263,7 +263,12 @@ static int cuda_memcpy(kvp_device *d, void *dst, const void *src, size_t n) {
   int rc = set_ctx(d);
   if (rc < 0)
     return rc;
-  CK(d, cu.cuMemcpy((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, n));
+  /* On the own stream and waited for: cuMemcpy from pageable memory may
+   * return before its DMA lands, and would not order with that stream. */
+  CUstream own = CD(d)->own;
+  CK(d, cu.cuMemcpyAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src,
+                         n, own));
+  CK(d, cu.cuStreamSynchronize(own));
   return 0;
 }
 

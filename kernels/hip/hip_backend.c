@@ -279,7 +279,8 @@ static int hip_memcpy(kvp_device *d, void *dst, const void *src, size_t n) {
   int rc = set_dev(d);
   if (rc < 0)
     return rc;
-  HK(d, hip.hipMemcpy(dst, src, n, hipMemcpyDefault));
+  HK(d, hip.hipMemcpyAsync(dst, src, n, hipMemcpyDefault, HD(d)->own));
+  HK(d, hip.hipStreamSynchronize(HD(d)->own));
   return 0;
 }
 
