@@ -151,6 +151,55 @@ static double gbps(const bctx *b, timing t) {
   return (double)b->n * b->page / (t.gpu_ms * 1e6);
 }
 
+/* Host cost of one kvp_device_gather/scatter call, split: a 1-page call
+ * (fixed costs: lock, launch, ids upload), a call rejected by its last id
+ * (the validation pass over n ids), the full call. */
+static void op_reject(void *p) {
+  bctx *b = p;
+  uint32_t keep = b->ids[b->n - 1];
+  b->ids[b->n - 1] = 0xffffffffu;
+  kvp_xfer x = {.layout = b->lay, .block_ids = b->ids, .n = b->n,
+                .method = KVP_XFER_KERNEL, .staging = b->host,
+                .staging_bytes = (uint64_t)b->n * b->page};
+  int rc = b->to_host ? kvp_device_gather(b->dev, b->kst, &x)
+                      : kvp_device_scatter(b->dev, b->kst, &x);
+  b->ids[b->n - 1] = keep;
+  if (rc != KVP_EINVAL) {
+    fprintf(stderr, "bench_kernels: bad id not rejected\n");
+    exit(1);
+  }
+}
+
+/* CTA budget x threads per CTA at small pages, both directions. */
+static void sweep(bctx *b, uint32_t ctas0, uint32_t threads0) {
+  static const uint32_t cs[] = {8, 16}, ts[] = {256, 512, 1024};
+  printf("\n%llu KiB pages, kernel by CTA budget x threads (bulk ceiling in "
+         "brackets):\n", (unsigned long long)b->page / 1024);
+  for (int dir = 0; dir < 2; dir++) {
+    b->to_host = dir == 0;
+    double gu = gbps(b, run(op_bulk, b));
+    printf("  %s [%.1f GB/s]:", b->to_host ? "D2H" : "H2D", gu);
+    for (int i = 0; i < 2; i++)
+      for (int j = 0; j < 3; j++) {
+        CHECK(kvp_device_set(b->dev, KVP_DEVOPT_CTA_BUDGET, cs[i]));
+        CHECK(kvp_device_set(b->dev, KVP_DEVOPT_THREADS_PER_CTA, ts[j]));
+        double g = gbps(b, run(op_kernel, b));
+        printf("  %ux%u %.1f (%.2fx)", cs[i], ts[j], g, g / gu);
+      }
+    uint32_t n = b->n;
+    timing full = run(op_kernel, b);
+    b->n = 1;
+    timing one = run(op_kernel, b);
+    b->n = n;
+    timing rej = run(op_reject, b);
+    printf("\n      submit us: 1 page %.1f, validation of %u ids %.1f, full call %.1f\n",
+           one.submit_us, n, rej.submit_us, full.submit_us);
+  }
+  CHECK(kvp_device_set(b->dev, KVP_DEVOPT_CTA_BUDGET, ctas0));
+  CHECK(kvp_device_set(b->dev, KVP_DEVOPT_THREADS_PER_CTA, threads0));
+  printf("\n");
+}
+
 static void fill(unsigned char *p, size_t n, uint64_t seed) {
   for (size_t i = 0; i + 8 <= n; i += 8) {
     seed = seed * 6364136223846793005ull + 1442695040888963407ull;
@@ -221,10 +270,6 @@ int main(int argc, char **argv) {
   printf("%u random pages of a %u-page cache; median of %d runs after %d warm-up; "
          "kernel: %u CTAs x %u threads\n\n", pages, 2 * pages, reps, warmup, ctas,
          threads);
-  printf("| page | dir | kernel GB/s | bulk ceiling GB/s | kernel/bulk | per-page "
-         "cuMemcpyAsync GB/s | kernel/per-page | cuMemcpyBatchAsync GB/s | "
-         "kernel/batch | ours copy-engine GB/s | submit us: kernel / per-page / batch |\n");
-  printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
 
   char *save = NULL;
   for (char *tok = strtok_r(sizes_arg, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
@@ -279,6 +324,12 @@ int main(int argc, char **argv) {
     if (have_batch)
       cross_check(&b, op_batch, ref, "cuMemcpyBatchAsync");
 
+    if (page <= 4096)
+      sweep(&b, ctas, threads);
+    printf("| page | dir | kernel GB/s | bulk ceiling GB/s | kernel/bulk | per-page "
+           "cuMemcpyAsync GB/s | kernel/per-page | cuMemcpyBatchAsync GB/s | "
+           "kernel/batch | ours copy-engine GB/s | submit us: kernel / per-page / batch |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int dir = 0; dir < 2; dir++) {
       b.to_host = dir == 0;
       timing tk = run(op_kernel, &b), tp = run(op_per_page, &b);
@@ -303,12 +354,15 @@ int main(int argc, char **argv) {
     b.d2d = true, b.to_host = true;
     CHECK(kvp_device_set(dev, KVP_DEVOPT_CTA_BUDGET, 4 * sms));
     CHECK(kvp_device_set(dev, KVP_DEVOPT_THREADS_PER_CTA, 512));
-    timing tk = run(op_kernel, &b), tu = run(op_bulk, &b);
-    CU(cu->cuMemcpy((CUdeviceptr)(uintptr_t)tmp, b.dstage, hbytes));
-    if (memcmp(tmp, ref, hbytes)) {
-      fprintf(stderr, "bench_kernels: D2D gather moved different bytes\n");
-      return 1;
-    }
+    timing tk = run(op_kernel, &b);
+    CU(cu->cuMemcpy((CUdeviceptr)(uintptr_t)ref, b.dstage, hbytes));
+    CU(cu->cuMemcpy((CUdeviceptr)(uintptr_t)tmp, b.cache, nb * page));
+    for (uint32_t i = 0; i < pages; i++)
+      if (memcmp(ref + (uint64_t)i * page, tmp + (uint64_t)b.ids[i] * page, page)) {
+        fprintf(stderr, "bench_kernels: D2D gather moved wrong bytes (page %u)\n", i);
+        return 1;
+      }
+    timing tu = run(op_bulk, &b);
     printf("| %llu KiB | D2D | %.1f | %.1f (D2D memcpy) | %.2fx | | | | | | %.1f (%d CTAs) |\n",
            (unsigned long long)page / 1024, gbps(&b, tk), gbps(&b, tu),
            gbps(&b, tk) / gbps(&b, tu), tk.submit_us, 4 * sms);

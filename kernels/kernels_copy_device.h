@@ -7,8 +7,9 @@
  * as integers, so a plain dereference would compile to generic (flat)
  * accesses; the accessors force global ones (LDG/STG on NVIDIA).
  *
- * Work is split in items = (block i of the list, chunk c); a group of 32
- * consecutive threads copies one item with accesses of sizeof(V) bytes, U
+ * Work is split in items = (block i of the list, chunk c, segment s of
+ * seg_bytes, so that few large pages still spread over every group); a
+ * group of 32 consecutive threads copies one item with accesses of sizeof(V) bytes, U
  * independent loads in flight per thread before the first store (the bus
  * latency of mapped host memory needs many bytes in flight).  Groups stride
  * over the items, so any grid size (the CTA budget) covers any list. */
@@ -37,18 +38,23 @@ KVP_DEVICE_INLINE void kvp_copy_body(const kvp_copy_args &a) {
   const unsigned gtid = KVP_BLOCK_X * KVP_BLOCK_DIM_X + KVP_THREAD_X;
   const unsigned group = gtid / KVP_GROUP, lane = gtid % KVP_GROUP;
   const unsigned ngroups = (KVP_GRID_DIM_X * KVP_BLOCK_DIM_X) / KVP_GROUP;
-  const unsigned items = a.n_ids * a.n_chunks;
-  const unsigned long long nvec = a.chunk_bytes / sizeof(V);
+  const unsigned per_id = a.n_chunks * a.n_segs;
+  const unsigned items = a.n_ids * per_id;
   const unsigned long long *bases = (const unsigned long long *)a.chunk_base;
   const unsigned *ids = (const unsigned *)a.ids;
   const unsigned *slots = (const unsigned *)a.slots;
   for (unsigned it = group; it < items; it += ngroups) {
-    const unsigned i = it / a.n_chunks, c = it - i * a.n_chunks;
+    const unsigned i = it / per_id, rem = it - i * per_id;
+    const unsigned c = rem / a.n_segs, sg = rem - c * a.n_segs;
+    const unsigned long long off = (unsigned long long)sg * a.seg_bytes;
+    const unsigned long long left = a.chunk_bytes - off;
+    const unsigned long long nvec =
+        (left < a.seg_bytes ? left : a.seg_bytes) / sizeof(V);
     const unsigned long long slot = slots ? slots[i] : i;
     const unsigned long long paged =
-        bases[c] + (unsigned long long)ids[i] * a.block_stride;
+        bases[c] + (unsigned long long)ids[i] * a.block_stride + off;
     const unsigned long long stage =
-        a.staging + (slot * a.n_chunks + c) * a.chunk_bytes;
+        a.staging + (slot * a.n_chunks + c) * a.chunk_bytes + off;
     const unsigned long long src = a.scatter ? stage : paged;
     const unsigned long long dst = a.scatter ? paged : stage;
     unsigned long long v = lane;

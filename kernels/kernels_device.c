@@ -80,6 +80,41 @@ uint32_t kvp__vector_width(const uint64_t *vals, size_t n) {
   return w;
 }
 
+#define SEG_BYTES 8192u /* segment of a chunk per thread group (4 x 2 KiB) */
+
+void kvp__launch_plan(const kvp_device *d, const kvp__plan *p, uint64_t ids_dev,
+                      uint64_t slots_dev, kvp__launch *out) {
+  const kvp_kv_layout_info *in = &p->layout->info;
+  uint64_t seg = SEG_BYTES;
+  while ((uint64_t)p->n * in->n_chunks * ((in->chunk_bytes + seg - 1) / seg) >=
+         (1ull << 32))
+    seg *= 2; /* validation keeps n * n_chunks < 2^32, so this ends */
+  if (seg > in->chunk_bytes)
+    seg = in->chunk_bytes;
+  uint32_t n_segs = (uint32_t)((in->chunk_bytes + seg - 1) / seg);
+  uint64_t wv[2] = {in->vector_bytes, p->staging};
+  unsigned w = kvp__vector_width(wv, 2), wi = 0;
+  while ((16u >> wi) != w)
+    wi++;
+  out->args = (kvp_copy_args){.chunk_base = p->layout->chunk_table_dev,
+                              .ids = ids_dev,
+                              .slots = slots_dev,
+                              .staging = p->staging,
+                              .block_stride = in->block_stride,
+                              .chunk_bytes = in->chunk_bytes,
+                              .n_chunks = in->n_chunks,
+                              .n_ids = p->n,
+                              .scatter = p->scatter,
+                              .seg_bytes = (uint32_t)seg,
+                              .n_segs = n_segs};
+  out->width_index = wi;
+  out->threads = d->threads_per_cta;
+  uint64_t items = (uint64_t)p->n * in->n_chunks * n_segs;
+  uint64_t per_cta = d->threads_per_cta / 32;
+  uint64_t ctas = (items + per_cta - 1) / per_cta;
+  out->ctas = (unsigned)(ctas < d->cta_budget ? ctas : d->cta_budget);
+}
+
 /* ---- device ------------------------------------------------------------------ */
 static bool reserved_zero(const void *p, size_t n) {
   const unsigned char *c = p;
@@ -562,6 +597,7 @@ static void layout_free(kvp_kv_layout *l) {
   kvp__free(a, (void *)l->desc.v_layers, L * sizeof(void *));
   kvp__free(a, l->chunk_base, n * sizeof *l->chunk_base);
   kvp__free(a, l->chunk_is_host, n * sizeof *l->chunk_is_host);
+  kvp__free(a, l->stamp, l->info.num_blocks * sizeof *l->stamp);
   kvp__free(a, l, sizeof *l);
 }
 
@@ -701,6 +737,29 @@ static int no_repeats(kvp_device *d, const uint32_t *vals, uint32_t n,
   return rep ? KVP_EINVAL : 0;
 }
 
+/* Scatter: repeated block ids would race.  One pass with per-layout stamps
+ * (no clearing between calls). */
+static int scatter_no_repeats(kvp_device *d, kvp_kv_layout *l,
+                              const uint32_t *ids, uint32_t n) {
+  if (!l->stamp) {
+    l->stamp = kvp__calloc(&d->alloc, l->info.num_blocks, sizeof *l->stamp);
+    if (!l->stamp)
+      return KVP_ENOMEM;
+  }
+  if (++l->stamp_gen == 0) { /* wrapped: forget every old stamp */
+    memset(l->stamp, 0, l->info.num_blocks * sizeof *l->stamp);
+    l->stamp_gen = 1;
+  }
+  const uint32_t g = l->stamp_gen;
+  uint32_t *st = l->stamp;
+  for (uint32_t i = 0; i < n; i++) {
+    if (st[ids[i]] == g)
+      return KVP_EINVAL;
+    st[ids[i]] = g;
+  }
+  return 0;
+}
+
 static int xfer_fail(const char *why, uint32_t i, uint64_t v) {
   KVP_LOGI(KVP_KERNELS_MOD, "transfer rejected: %s (entry %u: %llu)", why, i,
            (unsigned long long)v);
@@ -719,24 +778,32 @@ static int xfer_validate(kvp_device *d, const kvp_xfer *x, bool scatter,
     return KVP_ERANGE;
   const uint64_t bb = l->info.block_bytes;
   const uint64_t slots_cap = x->staging_bytes / bb;
-  uint64_t max_slot = 0;
-  for (uint32_t i = 0; i < x->n; i++) {
-    if (x->block_ids[i] >= l->info.num_blocks)
-      return xfer_fail("block id out of range", i, x->block_ids[i]);
-    uint64_t s = x->staging_slots ? x->staging_slots[i] : i;
-    max_slot = s > max_slot ? s : max_slot;
+  uint32_t max_id = 0, max_slot = x->n ? x->n - 1 : 0;
+  for (uint32_t i = 0; i < x->n; i++) /* vectorizes */
+    max_id = x->block_ids[i] > max_id ? x->block_ids[i] : max_id;
+  if (x->n && max_id >= l->info.num_blocks) {
+    uint32_t i = 0;
+    while (x->block_ids[i] < l->info.num_blocks)
+      i++;
+    return xfer_fail("block id out of range", i, x->block_ids[i]);
+  }
+  if (x->staging_slots) {
+    max_slot = 0;
+    for (uint32_t i = 0; i < x->n; i++)
+      max_slot = x->staging_slots[i] > max_slot ? x->staging_slots[i] : max_slot;
   }
   if (x->n && max_slot >= slots_cap)
     return xfer_fail("staging buffer too small for slot", 0, max_slot);
   int rc;
-  if (scatter && (rc = no_repeats(d, x->block_ids, x->n, l->info.num_blocks)) < 0)
+  if (scatter &&
+      (rc = scatter_no_repeats(d, (kvp_kv_layout *)l, x->block_ids, x->n)) < 0)
     return rc == KVP_EINVAL ? xfer_fail("repeated block id in scatter", 0, 0)
                             : rc;
   if (!scatter && x->staging_slots &&
       (rc = no_repeats(d, x->staging_slots, x->n, slots_cap)) < 0)
     return rc == KVP_EINVAL ? xfer_fail("repeated staging slot in gather", 0, 0)
                             : rc;
-  uint64_t need = x->n ? (max_slot + 1) * bb : 0;
+  uint64_t need = x->n ? ((uint64_t)max_slot + 1) * bb : 0;
   bool host = false;
   uint64_t addr = (uint64_t)(uintptr_t)x->staging;
   if (need && (rc = tensor_addr(d, x->staging, need, &addr, &host)) < 0)

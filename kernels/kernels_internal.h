@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "core_internal.h"
+#include "kernels_args.h"
 #include "kernels_config.h"
 #include "kvplane/device.h"
 
@@ -102,6 +103,9 @@ struct kvp_kv_layout {
   bool *chunk_is_host;      /* chunk tensor lives in registered host memory */
   bool any_host;
   uint64_t chunk_table_dev; /* device copy (GPU backends) */
+  /* scatter repeat check: stamp[id] == stamp_gen means seen in this call */
+  uint32_t *stamp;
+  uint32_t stamp_gen;
 };
 
 /* Backends. */
@@ -115,6 +119,17 @@ int kvp__hip_probe(char *why, size_t cap);
 /* Record a native error on the device and return KVP_EGPU. */
 int kvp__dev_native_fail(kvp_device *d, int code, const char *name,
                          const char *what);
+
+/* The kernel launch for plan p: its argument (ids/slots at device addresses
+ * ids_dev / slots_dev), the kernel index by access width (0: 16 bytes ..
+ * 4: 1 byte) and the grid size within the device's CTA budget. */
+typedef struct kvp__launch {
+  kvp_copy_args args;
+  unsigned width_index;
+  unsigned ctas, threads;
+} kvp__launch;
+void kvp__launch_plan(const kvp_device *d, const kvp__plan *p, uint64_t ids_dev,
+                      uint64_t slots_dev, kvp__launch *out);
 
 /* Widest power-of-two access (<= 16) dividing every value given. */
 uint32_t kvp__vector_width(const uint64_t *vals, size_t n);

@@ -104,6 +104,8 @@ typedef struct CUmemcpyAttributes {
     (CUdeviceptr *, void *, unsigned))                                          \
   X(cuPointerGetAttribute, "cuPointerGetAttribute",                             \
     (void *, int, CUdeviceptr))                                                 \
+  X(cuPointerGetAttributes, "cuPointerGetAttributes",                           \
+    (unsigned, int *, void **, CUdeviceptr))                                    \
   X(cuMemcpy, "cuMemcpy", (CUdeviceptr, CUdeviceptr, size_t))                   \
   X(cuMemcpyAsync, "cuMemcpyAsync",                                             \
     (CUdeviceptr, CUdeviceptr, size_t, CUstream))                               \

@@ -242,7 +242,8 @@ static int cuda_host_unregister(kvp_device *d, void *p) {
   CK(d, cu.cuMemHostUnregister(p));
   return 0;
 }
-/* [a, a+n) inside one device allocation of this GPU. */
+/* [a, a+n) inside one device allocation of this GPU.  cuPointerGetAttributes
+ * (unlike cuPointerGetAttribute) answers for any address without an error. */
 static int cuda_check_range(kvp_device *d, uint64_t a, uint64_t n) {
   if (set_ctx(d) < 0)
     return KVP_EINVAL;
@@ -250,12 +251,11 @@ static int cuda_check_range(kvp_device *d, uint64_t a, uint64_t n) {
   int ord = -1;
   CUdeviceptr start = 0;
   size_t size = 0;
-  if (cu.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, a) ||
-      type != CU_MEMORYTYPE_DEVICE ||
-      cu.cuPointerGetAttribute(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, a) ||
-      ord != CD(d)->ordinal ||
-      cu.cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, a) ||
-      cu.cuPointerGetAttribute(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, a))
+  int attrs[4] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                  CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+  void *data[4] = {&type, &ord, &start, &size};
+  if (cu.cuPointerGetAttributes(4, attrs, data, a) != CUDA_SUCCESS ||
+      type != CU_MEMORYTYPE_DEVICE || ord != CD(d)->ordinal)
     return KVP_EINVAL;
   return (a - start <= size && n <= size - (a - start)) ? 0 : KVP_EINVAL;
 }
@@ -404,7 +404,6 @@ static int cuda_run_kernel(kvp_device *d, const kvp__plan *p) {
   int rc = set_ctx(d);
   if (rc < 0)
     return rc;
-  const kvp_kv_layout_info *in = &p->layout->info;
   arg_slot *s = NULL;
   size_t need = p->slots ? 2 * (size_t)p->n : p->n;
   if ((rc = ring_take(d, need, &s)) < 0)
@@ -414,28 +413,11 @@ static int cuda_run_kernel(kvp_device *d, const kvp__plan *p) {
     memcpy(s->host + p->n, p->slots, p->n * sizeof(uint32_t));
   CUstream st = S(d, p->stream);
   CK(d, cu.cuMemcpyHtoDAsync(s->dev, s->host, need * 4, st));
-  uint64_t wv[2] = {in->vector_bytes, p->staging};
-  unsigned w = kvp__vector_width(wv, 2);
-  int wi = 0;
-  while (widths[wi] != w)
-    wi++;
-  kvp_copy_args a = {.chunk_base = p->layout->chunk_table_dev,
-                     .ids = s->dev,
-                     .slots = p->slots ? s->dev + (uint64_t)p->n * 4 : 0,
-                     .staging = p->staging,
-                     .block_stride = in->block_stride,
-                     .chunk_bytes = in->chunk_bytes,
-                     .n_chunks = in->n_chunks,
-                     .n_ids = p->n,
-                     .scatter = p->scatter};
-  uint64_t items = (uint64_t)p->n * in->n_chunks;
-  uint64_t groups_per_cta = d->threads_per_cta / 32;
-  uint64_t ctas = (items + groups_per_cta - 1) / groups_per_cta;
-  if (ctas > d->cta_budget)
-    ctas = d->cta_budget;
-  void *params[] = {&a};
-  CK(d, cu.cuLaunchKernel(c->fn[wi], (unsigned)ctas, 1, 1, d->threads_per_cta,
-                          1, 1, 0, st, params, NULL));
+  kvp__launch L;
+  kvp__launch_plan(d, p, s->dev, p->slots ? s->dev + (uint64_t)p->n * 4 : 0, &L);
+  void *params[] = {&L.args};
+  CK(d, cu.cuLaunchKernel(c->fn[L.width_index], L.ctas, 1, 1, L.threads, 1, 1,
+                          0, st, params, NULL));
   CK(d, cu.cuEventRecord(s->done, st));
   s->pending = true;
   return 0;

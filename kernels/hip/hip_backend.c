@@ -389,7 +389,6 @@ static int hip_run_kernel(kvp_device *d, const kvp__plan *p) {
   int rc = set_dev(d);
   if (rc < 0)
     return rc;
-  const kvp_kv_layout_info *in = &p->layout->info;
   hip_slot *s = NULL;
   size_t need = p->slots ? 2 * (size_t)p->n : p->n;
   if ((rc = ring_take(d, need, &s)) < 0)
@@ -399,29 +398,12 @@ static int hip_run_kernel(kvp_device *d, const kvp__plan *p) {
     memcpy(s->host + p->n, p->slots, p->n * sizeof(uint32_t));
   hipStream_t st = S(d, p->stream);
   HK(d, hip.hipMemcpyAsync(s->dev, s->host, need * 4, hipMemcpyDefault, st));
-  uint64_t wv[2] = {in->vector_bytes, p->staging};
-  unsigned w = kvp__vector_width(wv, 2);
-  int wi = 0;
-  while (widths[wi] != w)
-    wi++;
   uint64_t dev_ids = (uint64_t)(uintptr_t)s->dev;
-  kvp_copy_args a = {.chunk_base = p->layout->chunk_table_dev,
-                     .ids = dev_ids,
-                     .slots = p->slots ? dev_ids + (uint64_t)p->n * 4 : 0,
-                     .staging = p->staging,
-                     .block_stride = in->block_stride,
-                     .chunk_bytes = in->chunk_bytes,
-                     .n_chunks = in->n_chunks,
-                     .n_ids = p->n,
-                     .scatter = p->scatter};
-  uint64_t items = (uint64_t)p->n * in->n_chunks;
-  uint64_t per_cta = d->threads_per_cta / 32;
-  uint64_t ctas = (items + per_cta - 1) / per_cta;
-  if (ctas > d->cta_budget)
-    ctas = d->cta_budget;
-  void *params[] = {&a};
-  HK(d, hip.hipModuleLaunchKernel(HD(d)->fn[wi], (unsigned)ctas, 1, 1,
-                                  d->threads_per_cta, 1, 1, 0, st, params, NULL));
+  kvp__launch L;
+  kvp__launch_plan(d, p, dev_ids, p->slots ? dev_ids + (uint64_t)p->n * 4 : 0, &L);
+  void *params[] = {&L.args};
+  HK(d, hip.hipModuleLaunchKernel(HD(d)->fn[L.width_index], L.ctas, 1, 1,
+                                  L.threads, 1, 1, 0, st, params, NULL));
   HK(d, hip.hipEventRecord(s->done, st));
   s->pending = true;
   return 0;
