@@ -46,6 +46,7 @@ static const kvp_cuda_api *cu;
 static CUstream st;
 static CUevent ev0, ev1;
 static int reps = 15, warmup = 3;
+static int g_sms;
 
 static int cmp_d(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
@@ -195,9 +196,21 @@ static void sweep(bctx *b, uint32_t ctas0, uint32_t threads0) {
     printf("\n      submit us: 1 page %.1f, validation of %u ids %.1f, full call %.1f\n",
            one.submit_us, n, rej.submit_us, full.submit_us);
   }
+  /* device to device: whole-GPU grids */
+  b->d2d = true, b->to_host = true;
+  double gu = gbps(b, run(op_bulk, b));
+  printf("  D2D [%.1f GB/s]:", gu);
+  for (uint32_t m = 1; m <= 8; m *= 2)
+    for (uint32_t t = 256; t <= 1024; t *= 2) {
+      CHECK(kvp_device_set(b->dev, KVP_DEVOPT_CTA_BUDGET, m * (uint32_t)g_sms));
+      CHECK(kvp_device_set(b->dev, KVP_DEVOPT_THREADS_PER_CTA, t));
+      double g = gbps(b, run(op_kernel, b));
+      printf("  %ux%u %.1f (%.2fx)", m * g_sms, t, g, g / gu);
+    }
+  b->d2d = false;
   CHECK(kvp_device_set(b->dev, KVP_DEVOPT_CTA_BUDGET, ctas0));
   CHECK(kvp_device_set(b->dev, KVP_DEVOPT_THREADS_PER_CTA, threads0));
-  printf("\n");
+  printf("\n\n");
 }
 
 static void fill(unsigned char *p, size_t n, uint64_t seed) {
@@ -255,6 +268,7 @@ int main(int argc, char **argv) {
   CUcontext ctx;
   int sms;
   kvp__cuda_native(dev, &ctx, NULL, &sms);
+  g_sms = sms;
   CU(cu->cuCtxSetCurrent(ctx));
   CU(cu->cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
   CU(cu->cuEventCreate(&ev0, 0));

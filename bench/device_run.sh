@@ -23,7 +23,7 @@ echo "test_kernels cpu rc=$?" | tee -a "$out/test_cpu.log"
 echo "== SASS"
 KVP_SRC=$src "$src/tests/check_device_code.sh" sass "$bin"/*.cubin 2>&1 | tee "$out/sass.log"
 echo "== bench_kernels"
-"$bin/bench_kernels" ${BENCH_ARGS:-} 2>&1 | tee "$out/bench.log"
+KVP_LOG=warn "$bin/bench_kernels" ${BENCH_ARGS:-} 2>&1 | tee "$out/bench.log"
 echo "bench rc=${PIPESTATUS[0]}" | tee -a "$out/bench.log"
 if [ "${MEMCHECK:-1}" = 1 ]; then
   echo "== compute-sanitizer memcheck"

@@ -43,16 +43,33 @@ KVP_DEVICE_INLINE void kvp_copy_body(const kvp_copy_args &a) {
   const unsigned long long *bases = (const unsigned long long *)a.chunk_base;
   const unsigned *ids = (const unsigned *)a.ids;
   const unsigned *slots = (const unsigned *)a.slots;
+  /* ids and slots live in mapped host memory (zero-copy, no upload before
+   * the launch): each group loads the next item's id and slot while it
+   * copies the current one, so the bus latency stays off the chain. */
+  unsigned next_id = 0, next_slot = 0;
+  if (group < items) {
+    next_id = ids[group / per_id];
+    next_slot = slots ? slots[group / per_id] : group / per_id;
+  }
   for (unsigned it = group; it < items; it += ngroups) {
     const unsigned i = it / per_id, rem = it - i * per_id;
+    const unsigned id = next_id, slot32 = next_slot;
+    const unsigned nit = it + ngroups;
+    if (nit < items) {
+      const unsigned ni = nit / per_id;
+      if (ni != i) {
+        next_id = ids[ni];
+        next_slot = slots ? slots[ni] : ni;
+      }
+    }
     const unsigned c = rem / a.n_segs, sg = rem - c * a.n_segs;
     const unsigned long long off = (unsigned long long)sg * a.seg_bytes;
     const unsigned long long left = a.chunk_bytes - off;
     const unsigned long long nvec =
         (left < a.seg_bytes ? left : a.seg_bytes) / sizeof(V);
-    const unsigned long long slot = slots ? slots[i] : i;
+    const unsigned long long slot = slot32;
     const unsigned long long paged =
-        bases[c] + (unsigned long long)ids[i] * a.block_stride + off;
+        bases[c] + (unsigned long long)id * a.block_stride + off;
     const unsigned long long stage =
         a.staging + (slot * a.n_chunks + c) * a.chunk_bytes + off;
     const unsigned long long src = a.scatter ? stage : paged;

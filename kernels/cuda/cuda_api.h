@@ -98,6 +98,7 @@ typedef struct CUmemcpyAttributes {
   X(cuMemFree, "cuMemFree_v2", (CUdeviceptr))                                   \
   X(cuMemAllocHost, "cuMemAllocHost_v2", (void **, size_t))                     \
   X(cuMemFreeHost, "cuMemFreeHost", (void *))                                   \
+  X(cuMemHostAlloc, "cuMemHostAlloc", (void **, size_t, unsigned))              \
   X(cuMemHostRegister, "cuMemHostRegister_v2", (void *, size_t, unsigned))      \
   X(cuMemHostUnregister, "cuMemHostUnregister", (void *))                       \
   X(cuMemHostGetDevicePointer, "cuMemHostGetDevicePointer_v2",                  \

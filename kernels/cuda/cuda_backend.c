@@ -83,8 +83,8 @@ static const unsigned widths[5] = {16, 8, 4, 2, 1};
 typedef struct arg_slot {
   CUevent done;
   bool pending;
-  uint32_t *host; /* pinned: ids then slots */
-  CUdeviceptr dev;
+  uint32_t *host;  /* mapped pinned: ids then slots */
+  CUdeviceptr dev; /* its device address */
   size_t cap; /* uint32 entries */
 } arg_slot;
 
@@ -151,8 +151,6 @@ static void cuda_close(kvp_device *d) {
         cu.cuEventDestroy(s->done);
       if (s->host)
         cu.cuMemFreeHost(s->host);
-      if (s->dev)
-        cu.cuMemFree(s->dev);
     }
     if (c->own)
       cu.cuStreamDestroy(c->own);
@@ -375,24 +373,24 @@ static void cuda_layout_release(kvp_device *d, kvp_kv_layout *l) {
 }
 
 /* ---- launches ------------------------------------------------------------------------ */
-/* A ring slot big enough for `need` uint32 entries, free of earlier work. */
+/* A ring slot big enough for `need` uint32 entries, free of earlier work.
+ * Slots are mapped pinned memory the kernel reads directly. */
 static int ring_take(kvp_device *d, size_t need, arg_slot **out) {
   cuda_dev *c = CD(d);
   arg_slot *s = &c->ring[c->ring_next];
   c->ring_next = (c->ring_next + 1) % RING;
   if (s->pending) {
-    CK(d, cu.cuEventSynchronize(s->done));
+    CK(d, cu.cuEventSynchronize(s->done)); /* the kernel that read it is done */
     s->pending = false;
   }
   if (s->cap < need) {
     size_t cap = need < 4096 ? 4096 : need + need / 2;
     if (s->host)
       cu.cuMemFreeHost(s->host), s->host = NULL;
-    if (s->dev)
-      cu.cuMemFree(s->dev), s->dev = 0;
     s->cap = 0;
-    CK(d, cu.cuMemAllocHost((void **)&s->host, cap * 4));
-    CK(d, cu.cuMemAlloc(&s->dev, cap * 4));
+    CK(d, cu.cuMemHostAlloc((void **)&s->host, cap * 4,
+                            CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
+    CK(d, cu.cuMemHostGetDevicePointer(&s->dev, s->host, 0));
     s->cap = cap;
   }
   *out = s;
@@ -412,7 +410,6 @@ static int cuda_run_kernel(kvp_device *d, const kvp__plan *p) {
   if (p->slots)
     memcpy(s->host + p->n, p->slots, p->n * sizeof(uint32_t));
   CUstream st = S(d, p->stream);
-  CK(d, cu.cuMemcpyHtoDAsync(s->dev, s->host, need * 4, st));
   kvp__launch L;
   kvp__launch_plan(d, p, s->dev, p->slots ? s->dev + (uint64_t)p->n * 4 : 0, &L);
   void *params[] = {&L.args};

@@ -33,6 +33,8 @@ typedef struct ihipModuleSymbol_t *hipFunction_t;
 #define hipMemcpyDefault 4
 #define hipHostRegisterPortable 0x1
 #define hipHostRegisterMapped 0x2
+#define hipHostMallocPortable 0x1
+#define hipHostMallocMapped 0x2
 #define hipStreamNonBlocking 0x1
 #define hipEventDisableTiming 0x2
 /* HIP_POINTER_ATTRIBUTE_* mirror CUDA's numbering; hipMemoryType changed
@@ -166,8 +168,6 @@ static void hip_close(kvp_device *d) {
       hip.hipEventDestroy(h->ring[i].done);
     if (h->ring[i].host)
       hip.hipHostFree(h->ring[i].host);
-    if (h->ring[i].dev)
-      hip.hipFree(h->ring[i].dev);
   }
   if (h->own)
     hip.hipStreamDestroy(h->own);
@@ -374,11 +374,10 @@ static int ring_take(kvp_device *d, size_t need, hip_slot **out) {
     size_t cap = need < 4096 ? 4096 : need + need / 2;
     if (s->host)
       hip.hipHostFree(s->host), s->host = NULL;
-    if (s->dev)
-      hip.hipFree(s->dev), s->dev = NULL;
     s->cap = 0;
-    HK(d, hip.hipHostMalloc((void **)&s->host, cap * 4, 0));
-    HK(d, hip.hipMalloc(&s->dev, cap * 4));
+    HK(d, hip.hipHostMalloc((void **)&s->host, cap * 4,
+                            hipHostMallocPortable | hipHostMallocMapped));
+    HK(d, hip.hipHostGetDevicePointer(&s->dev, s->host, 0));
     s->cap = cap;
   }
   *out = s;
@@ -397,7 +396,6 @@ static int hip_run_kernel(kvp_device *d, const kvp__plan *p) {
   if (p->slots)
     memcpy(s->host + p->n, p->slots, p->n * sizeof(uint32_t));
   hipStream_t st = S(d, p->stream);
-  HK(d, hip.hipMemcpyAsync(s->dev, s->host, need * 4, hipMemcpyDefault, st));
   uint64_t dev_ids = (uint64_t)(uintptr_t)s->dev;
   kvp__launch L;
   kvp__launch_plan(d, p, dev_ids, p->slots ? dev_ids + (uint64_t)p->n * 4 : 0, &L);
