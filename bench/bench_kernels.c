@@ -11,7 +11,7 @@
  * host clock.  Every method's staging is compared with the kernel's.
  *
  *   bench_kernels [--pages 8192] [--reps 15] [--warmup 3] [--ctas 16]
- *                 [--threads 512] [--sizes 2,4,16,64,256]
+ *                 [--threads 512] [--sizes 2,4,16,64,256] [--cpu 2 | -1]
  * Needs the CUDA backend (exits 77 saying why without it). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +19,7 @@
 
 #include "cuda_api.h"
 #include "kernels_internal.h"
+#include "bench_util.h"
 #include "kvplane.h"
 
 #define CHECK(x)                                                                \
@@ -200,7 +201,7 @@ static void sweep(bctx *b, uint32_t ctas0, uint32_t threads0) {
   b->d2d = true, b->to_host = true;
   double gu = gbps(b, run(op_bulk, b));
   printf("  D2D [%.1f GB/s]:", gu);
-  for (uint32_t m = 1; m <= 8; m *= 2)
+  for (uint32_t m = 1; m <= 4; m *= 2)
     for (uint32_t t = 256; t <= 1024; t *= 2) {
       CHECK(kvp_device_set(b->dev, KVP_DEVOPT_CTA_BUDGET, m * (uint32_t)g_sms));
       CHECK(kvp_device_set(b->dev, KVP_DEVOPT_THREADS_PER_CTA, t));
@@ -235,6 +236,7 @@ static void cross_check(bctx *b, op_fn op, const unsigned char *ref,
 
 int main(int argc, char **argv) {
   uint32_t pages = 8192, ctas = 16, threads = 512;
+  int cpu = 2;
   char sizes_arg[128] = "2,4,16,64,256";
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--pages") && i + 1 < argc) pages = (uint32_t)atoi(argv[++i]);
@@ -242,6 +244,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--ctas") && i + 1 < argc) ctas = (uint32_t)atoi(argv[++i]);
     else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = (uint32_t)atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--cpu") && i + 1 < argc) cpu = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--sizes") && i + 1 < argc) snprintf(sizes_arg, sizeof sizes_arg, "%s", argv[++i]);
     else {
       fprintf(stderr, "usage: bench_kernels [--pages N] [--reps N] [--warmup N] "
@@ -253,6 +256,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "bench_kernels: bad --reps/--warmup/--pages\n");
     return 2;
   }
+  bench_name = "bench_kernels";
+  if (cpu >= 0)
+    pin_cpu(cpu); /* submit times from one core, not wherever the scheduler puts us */
   char why[256];
   if (!kvp_backend_available(KVP_BACKEND_CUDA, why, sizeof why)) {
     printf("SKIP: bench_kernels needs the CUDA backend: %s\n", why);

@@ -7,6 +7,11 @@
 #define __device__ __attribute__((device))
 #define KVP_GLOBAL __global__ __attribute__((amdgpu_flat_work_group_size(1, 1024)))
 #define KVP_DEVICE_INLINE __device__ __attribute__((always_inline)) inline
+#define KVP_SHARED __attribute__((shared))
+#define KVP_SYNC_THREADS()                                                      \
+  (__builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup"),                       \
+   __builtin_amdgcn_s_barrier(),                                                \
+   __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup"))
 #define KVP_THREAD_X __builtin_amdgcn_workitem_id_x()
 #define KVP_BLOCK_X __builtin_amdgcn_workgroup_id_x()
 #define KVP_BLOCK_DIM_X kvp_hip_block_dim_x()
