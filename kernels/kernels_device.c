@@ -760,6 +760,38 @@ static int scatter_no_repeats(kvp_device *d, kvp_kv_layout *l,
   return 0;
 }
 
+/* max of v[0..n), eight lanes so the compiler keeps it in vector registers */
+static uint32_t max_u32(const uint32_t *v, uint32_t n) {
+  uint32_t m[8] = {0}, i = 0, r = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; k++)
+      m[k] = v[i + k] > m[k] ? v[i + k] : m[k];
+  for (; i < n; i++)
+    r = v[i] > r ? v[i] : r;
+  for (int k = 0; k < 8; k++)
+    r = m[k] > r ? m[k] : r;
+  return r;
+}
+
+/* dst = src and returns max(src), one pass. */
+static uint32_t copy_max(uint32_t *restrict dst, const uint32_t *restrict src,
+                         uint32_t n) {
+  uint32_t m[8] = {0}, i = 0, r = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; k++) {
+      uint32_t v = src[i + k];
+      dst[i + k] = v;
+      m[k] = v > m[k] ? v : m[k];
+    }
+  for (; i < n; i++) {
+    dst[i] = src[i];
+    r = src[i] > r ? src[i] : r;
+  }
+  for (int k = 0; k < 8; k++)
+    r = m[k] > r ? m[k] : r;
+  return r;
+}
+
 static int xfer_fail(const char *why, uint32_t i, uint64_t v) {
   KVP_LOGI(KVP_KERNELS_MOD, "transfer rejected: %s (entry %u: %llu)", why, i,
            (unsigned long long)v);
@@ -778,23 +810,28 @@ static int xfer_validate(kvp_device *d, const kvp_xfer *x, bool scatter,
     return KVP_ERANGE;
   const uint64_t bb = l->info.block_bytes;
   const uint64_t slots_cap = x->staging_bytes / bb;
-  uint32_t max_id = 0, max_slot = x->n ? x->n - 1 : 0;
-  for (uint32_t i = 0; i < x->n; i++) /* vectorizes */
-    max_id = x->block_ids[i] > max_id ? x->block_ids[i] : max_id;
+  uint32_t max_id, max_slot = x->n ? x->n - 1 : 0;
+  /* GPU backends: copy the ids into the launch-argument slot in the same
+   * pass that range-checks them (the submit path reads them once). */
+  uint32_t *arg = NULL;
+  void *slot = NULL;
+  int rc;
+  if (d->ops->args_take && x->n &&
+      (rc = d->ops->args_take(d, x->staging_slots ? 2 * (size_t)x->n : x->n,
+                              &arg, &slot)) < 0)
+    return rc;
+  max_id = arg ? copy_max(arg, x->block_ids, x->n) : max_u32(x->block_ids, x->n);
   if (x->n && max_id >= l->info.num_blocks) {
     uint32_t i = 0;
     while (x->block_ids[i] < l->info.num_blocks)
       i++;
     return xfer_fail("block id out of range", i, x->block_ids[i]);
   }
-  if (x->staging_slots) {
-    max_slot = 0;
-    for (uint32_t i = 0; i < x->n; i++)
-      max_slot = x->staging_slots[i] > max_slot ? x->staging_slots[i] : max_slot;
-  }
+  if (x->staging_slots)
+    max_slot = arg ? copy_max(arg + x->n, x->staging_slots, x->n)
+                   : max_u32(x->staging_slots, x->n);
   if (x->n && max_slot >= slots_cap)
     return xfer_fail("staging buffer too small for slot", 0, max_slot);
-  int rc;
   if (scatter &&
       (rc = scatter_no_repeats(d, (kvp_kv_layout *)l, x->block_ids, x->n)) < 0)
     return rc == KVP_EINVAL ? xfer_fail("repeated block id in scatter", 0, 0)
@@ -811,7 +848,7 @@ static int xfer_validate(kvp_device *d, const kvp_xfer *x, bool scatter,
                      "memory", 0, (uintptr_t)x->staging);
   *p = (kvp__plan){.layout = l, .ids = x->block_ids, .slots = x->staging_slots,
                    .n = x->n, .scatter = scatter, .staging_is_host = host,
-                   .staging = addr};
+                   .staging = addr, .arg_slot = slot};
   return 0;
 }
 

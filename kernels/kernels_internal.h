@@ -40,6 +40,9 @@ typedef struct kvp__plan {
   bool staging_is_host; /* registered host memory (kernel reads it mapped) */
   uint64_t staging;     /* device address */
   void *stream;         /* backend stream handle (NULL = device's own) */
+  /* GPU backends: the launch-argument slot the ids (then the slots) were
+   * copied into while being validated; NULL = run_kernel copies them. */
+  void *arg_slot;
 } kvp__plan;
 
 typedef struct kvp__dev_ops {
@@ -67,6 +70,10 @@ typedef struct kvp__dev_ops {
   /* Upload the layout's chunk table; sets l->chunk_table_dev. */
   int (*layout_upload)(struct kvp_device *d, struct kvp_kv_layout *l);
   void (*layout_release)(struct kvp_device *d, struct kvp_kv_layout *l);
+  /* Optional: a launch-argument slot of `entries` uint32 (mapped pinned
+   * memory the kernel reads), free of earlier work. */
+  int (*args_take)(struct kvp_device *d, size_t entries, uint32_t **host,
+                   void **slot);
   int (*run_kernel)(struct kvp_device *d, const kvp__plan *p);
   int (*run_copy_engine)(struct kvp_device *d, const kvp__plan *p);
   /* Optional: measure kernel vs copy engine (fills d->bw). */

@@ -397,18 +397,31 @@ static int ring_take(kvp_device *d, size_t need, arg_slot **out) {
   return 0;
 }
 
+static int cuda_args_take(kvp_device *d, size_t entries, uint32_t **host,
+                          void **slot) {
+  int rc = set_ctx(d);
+  arg_slot *s = NULL;
+  if (rc < 0 || (rc = ring_take(d, entries, &s)) < 0)
+    return rc;
+  *host = s->host;
+  *slot = s;
+  return 0;
+}
+
 static int cuda_run_kernel(kvp_device *d, const kvp__plan *p) {
   cuda_dev *c = CD(d);
   int rc = set_ctx(d);
   if (rc < 0)
     return rc;
-  arg_slot *s = NULL;
-  size_t need = p->slots ? 2 * (size_t)p->n : p->n;
-  if ((rc = ring_take(d, need, &s)) < 0)
-    return rc;
-  memcpy(s->host, p->ids, p->n * sizeof(uint32_t));
-  if (p->slots)
-    memcpy(s->host + p->n, p->slots, p->n * sizeof(uint32_t));
+  arg_slot *s = p->arg_slot;
+  if (!s) { /* not filled during validation (calibration) */
+    size_t need = p->slots ? 2 * (size_t)p->n : p->n;
+    if ((rc = ring_take(d, need, &s)) < 0)
+      return rc;
+    memcpy(s->host, p->ids, p->n * sizeof(uint32_t));
+    if (p->slots)
+      memcpy(s->host + p->n, p->slots, p->n * sizeof(uint32_t));
+  }
   CUstream st = S(d, p->stream);
   kvp__launch L;
   kvp__launch_plan(d, p, s->dev, p->slots ? s->dev + (uint64_t)p->n * 4 : 0, &L);
@@ -602,6 +615,7 @@ const kvp__dev_ops kvp__cuda_ops = {
     .event_elapsed = cuda_event_elapsed,
     .layout_upload = cuda_layout_upload,
     .layout_release = cuda_layout_release,
+    .args_take = cuda_args_take,
     .run_kernel = cuda_run_kernel,
     .run_copy_engine = cuda_run_copy_engine,
     .calibrate = cuda_calibrate,

@@ -384,17 +384,30 @@ static int ring_take(kvp_device *d, size_t need, hip_slot **out) {
   return 0;
 }
 
+static int hip_args_take(kvp_device *d, size_t entries, uint32_t **host,
+                         void **slot) {
+  int rc = set_dev(d);
+  hip_slot *s = NULL;
+  if (rc < 0 || (rc = ring_take(d, entries, &s)) < 0)
+    return rc;
+  *host = s->host;
+  *slot = s;
+  return 0;
+}
+
 static int hip_run_kernel(kvp_device *d, const kvp__plan *p) {
   int rc = set_dev(d);
   if (rc < 0)
     return rc;
-  hip_slot *s = NULL;
-  size_t need = p->slots ? 2 * (size_t)p->n : p->n;
-  if ((rc = ring_take(d, need, &s)) < 0)
-    return rc;
-  memcpy(s->host, p->ids, p->n * sizeof(uint32_t));
-  if (p->slots)
-    memcpy(s->host + p->n, p->slots, p->n * sizeof(uint32_t));
+  hip_slot *s = p->arg_slot;
+  if (!s) {
+    size_t need = p->slots ? 2 * (size_t)p->n : p->n;
+    if ((rc = ring_take(d, need, &s)) < 0)
+      return rc;
+    memcpy(s->host, p->ids, p->n * sizeof(uint32_t));
+    if (p->slots)
+      memcpy(s->host + p->n, p->slots, p->n * sizeof(uint32_t));
+  }
   hipStream_t st = S(d, p->stream);
   uint64_t dev_ids = (uint64_t)(uintptr_t)s->dev;
   kvp__launch L;
@@ -457,6 +470,7 @@ const kvp__dev_ops kvp__hip_ops = {
     .event_elapsed = hip_event_elapsed,
     .layout_upload = hip_layout_upload,
     .layout_release = hip_layout_release,
+    .args_take = hip_args_take,
     .run_kernel = hip_run_kernel,
     .run_copy_engine = hip_run_copy_engine,
     .calibrate = NULL,
