@@ -737,12 +737,14 @@ static int no_repeats(kvp_device *d, const uint32_t *vals, uint32_t n,
   return rep ? KVP_EINVAL : 0;
 }
 
-/* Scatter: repeated block ids would race.  One pass with per-layout stamps
- * (no clearing between calls). */
-static int scatter_no_repeats(kvp_device *d, kvp_kv_layout *l,
-                              const uint32_t *ids, uint32_t n) {
+/* Scatter: repeated block ids would race.  One pass over the ids: copy
+ * (into the launch slot, if any), max (the range check) and repeats, with
+ * per-layout stamps (stamp[id] == gen: seen in this call; no clearing).
+ * Returns the max id or KVP_ENOMEM. */
+static int64_t scatter_ids_check(kvp_kv_layout *l, uint32_t *arg,
+                                 const uint32_t *ids, uint32_t n, bool *repeat) {
   if (!l->stamp) {
-    l->stamp = kvp__calloc(&d->alloc, l->info.num_blocks, sizeof *l->stamp);
+    l->stamp = kvp__calloc(&l->dev->alloc, l->info.num_blocks, sizeof *l->stamp);
     if (!l->stamp)
       return KVP_ENOMEM;
   }
@@ -750,14 +752,21 @@ static int scatter_no_repeats(kvp_device *d, kvp_kv_layout *l,
     memset(l->stamp, 0, l->info.num_blocks * sizeof *l->stamp);
     l->stamp_gen = 1;
   }
-  const uint32_t g = l->stamp_gen;
-  uint32_t *st = l->stamp;
+  const uint32_t g = l->stamp_gen, nb = l->info.num_blocks;
+  uint32_t *st = l->stamp, mx = 0;
+  bool rep = false;
   for (uint32_t i = 0; i < n; i++) {
-    if (st[ids[i]] == g)
-      return KVP_EINVAL;
-    st[ids[i]] = g;
+    uint32_t v = ids[i];
+    if (arg)
+      arg[i] = v;
+    mx = v > mx ? v : mx;
+    if (v < nb) {
+      rep |= st[v] == g;
+      st[v] = g;
+    }
   }
-  return 0;
+  *repeat = rep;
+  return mx;
 }
 
 /* max of v[0..n), eight lanes so the compiler keeps it in vector registers */
@@ -820,7 +829,16 @@ static int xfer_validate(kvp_device *d, const kvp_xfer *x, bool scatter,
       (rc = d->ops->args_take(d, x->staging_slots ? 2 * (size_t)x->n : x->n,
                               &arg, &slot)) < 0)
     return rc;
-  max_id = arg ? copy_max(arg, x->block_ids, x->n) : max_u32(x->block_ids, x->n);
+  bool repeat = false;
+  if (scatter) { /* range, repeats and the copy in one pass */
+    int64_t m = scatter_ids_check((kvp_kv_layout *)l, arg, x->block_ids, x->n,
+                                  &repeat);
+    if (m < 0)
+      return (int)m;
+    max_id = (uint32_t)m;
+  } else {
+    max_id = arg ? copy_max(arg, x->block_ids, x->n) : max_u32(x->block_ids, x->n);
+  }
   if (x->n && max_id >= l->info.num_blocks) {
     uint32_t i = 0;
     while (x->block_ids[i] < l->info.num_blocks)
@@ -832,10 +850,8 @@ static int xfer_validate(kvp_device *d, const kvp_xfer *x, bool scatter,
                    : max_u32(x->staging_slots, x->n);
   if (x->n && max_slot >= slots_cap)
     return xfer_fail("staging buffer too small for slot", 0, max_slot);
-  if (scatter &&
-      (rc = scatter_no_repeats(d, (kvp_kv_layout *)l, x->block_ids, x->n)) < 0)
-    return rc == KVP_EINVAL ? xfer_fail("repeated block id in scatter", 0, 0)
-                            : rc;
+  if (repeat)
+    return xfer_fail("repeated block id in scatter", 0, 0);
   if (!scatter && x->staging_slots &&
       (rc = no_repeats(d, x->staging_slots, x->n, slots_cap)) < 0)
     return rc == KVP_EINVAL ? xfer_fail("repeated staging slot in gather", 0, 0)
