@@ -700,6 +700,16 @@ TEST(options_and_bandwidth) {
   const char *nm = NULL;
   ASSERT_EQ(kvp_device_native_error(g_dev, &nm), 0);
   ASSERT_NOT_NULL(nm);
+  /* a failure inside the driver: KVP_EGPU, the native code kept (GPU only:
+   * a 1 TiB host allocation would abort the sanitizer builds) */
+  if (gpu()) {
+    void *p = NULL;
+    ASSERT_ERR(kvp_device_alloc(g_dev, (size_t)1 << 40, &p), KVP_EGPU);
+    ASSERT_NULL(p);
+    ASSERT_NE(kvp_device_native_error(g_dev, &nm), 0);
+    printf("# native error kept: %s\n", nm);
+    ASSERT_TRUE(strncmp(nm, "CUDA_ERROR_", 11) == 0 || strncmp(nm, "hipError", 8) == 0);
+  }
 }
 
 TEST(names) {
