@@ -379,6 +379,13 @@ int kvp_stream_create(kvp_device *d, kvp_stream **out) {
 int kvp_stream_wrap(kvp_device *d, void *native, kvp_stream **out) {
   if (!d || !out)
     return KVP_EINVAL;
+  /* NULL is the engine's default stream (PyTorch's current_stream() is 0
+   * unless set), not the device's own one: map it to the legacy handle. */
+  if (!native && d->backend != KVP_BACKEND_CPU) {
+    if (!d->ops->legacy_stream)
+      return KVP_ENOTSUP;
+    native = d->ops->legacy_stream;
+  }
   return stream_new(d, native, false, out);
 }
 

@@ -46,6 +46,9 @@ typedef struct kvp__plan {
 } kvp__plan;
 
 typedef struct kvp__dev_ops {
+  /* The handle kvp_stream_wrap(dev, NULL) stands for: the runtime's legacy
+   * default stream (CUDA: CU_STREAM_LEGACY).  NULL: not wrappable. */
+  void *legacy_stream;
   int (*open)(struct kvp_device *d, const kvp_device_opts *o);
   void (*close)(struct kvp_device *d);
   int (*alloc)(struct kvp_device *d, size_t bytes, uint64_t *out);

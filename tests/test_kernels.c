@@ -660,6 +660,36 @@ TEST(two_streams_large) {
   fx_free(&f);
 }
 
+/* The engine's default stream (NULL, as PyTorch hands it out) wraps to the
+ * legacy stream: work on it is complete once that stream is synchronized. */
+TEST(default_stream_wrap) {
+  open_devices();
+  kvp_kv_layout_desc d = rand_desc(KVP_LAYOUT_VLLM_NHD, 2);
+  fx f;
+  fx_make(&f, g_dev, &d, false);
+  uint32_t n = f.d.num_blocks;
+  uint32_t *ids = rand_ids(n, f.d.num_blocks, false);
+  size_t sb = (size_t)n * f.info.block_bytes;
+  unsigned char *stage = mem_alloc(g_dev, sb, true), *want = malloc(sb);
+  ASSERT_NOT_NULL(want);
+  memset(stage, POISON, sb);
+  for (uint32_t i = 0; i < n; i++) {
+    copy_ctx c = {&f, want + (uint64_t)i * f.info.block_bytes, false};
+    for_block(&f.d, ids[i], copy_elem, &c);
+  }
+  kvp_stream *s;
+  ASSERT_OK(kvp_stream_wrap(g_dev, NULL, &s));
+  kvp_xfer x = {.layout = f.lay, .block_ids = ids, .n = n, .staging = stage,
+                .staging_bytes = sb, .method = KVP_XFER_KERNEL};
+  ASSERT_OK(kvp_device_gather(g_dev, s, &x));
+  ASSERT_OK(kvp_stream_synchronize(s));
+  ASSERT_MEM_EQ(stage, want, sb);
+  kvp_stream_destroy(s);
+  mem_free(g_dev, stage, true);
+  free(want), free(ids);
+  fx_free(&f);
+}
+
 TEST(options_and_bandwidth) {
   open_devices();
   int64_t v, lo, hi;
@@ -747,4 +777,5 @@ TEST_MAIN(TEST_ENTRY(names), TEST_ENTRY(gather_scatter_all_layouts),
           TEST_ENTRY(methods_and_staging), TEST_ENTRY(vector_width_fallback),
           TEST_ENTRY(validation_nothing_copied), TEST_ENTRY(layout_validation),
           TEST_ENTRY(host_registration), TEST_ENTRY(two_streams_large),
+          TEST_ENTRY(default_stream_wrap),
           TEST_ENTRY(options_and_bandwidth), TEST_ENTRY(destroy_all))

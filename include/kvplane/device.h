@@ -149,7 +149,9 @@ typedef struct kvp_event kvp_event;
 /* A new non-blocking stream (CPU: operations complete before they return). */
 KVP_API int kvp_stream_create(kvp_device *dev, kvp_stream **out);
 /* Wraps an engine's stream (a CUstream / cudaStream_t / hipStream_t) without
- * owning it, so transfers order with the engine's own kernels. */
+ * owning it, so transfers order with the engine's own kernels.  NULL is the
+ * default stream (what torch.cuda.current_stream().cuda_stream returns by
+ * default): CUDA's legacy stream; KVP_ENOTSUP on HIP (pass a real stream). */
 KVP_API int kvp_stream_wrap(kvp_device *dev, void *native, kvp_stream **out);
 KVP_API void kvp_stream_destroy(kvp_stream *s); /* waits for it; NULL: no-op */
 /* Blocks until the stream's work is done.  0 or KVP_EGPU. */

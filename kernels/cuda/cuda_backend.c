@@ -594,6 +594,7 @@ void kvp__cuda_native(const kvp_device *d, CUcontext *ctx, CUstream *own,
 }
 
 const kvp__dev_ops kvp__cuda_ops = {
+    .legacy_stream = (void *)0x1, /* CU_STREAM_LEGACY */
     .open = cuda_open,
     .close = cuda_close,
     .alloc = cuda_alloc,
