@@ -138,5 +138,5 @@ const kvp__dev_ops kvp__cpu_ops = {
     .layout_release = cpu_layout_release,
     .run_kernel = cpu_run,
     .run_copy_engine = cpu_run,
-    .calibrate = NULL,
+    .calibrate = false,
 };

@@ -162,7 +162,7 @@ int kvp_device_create(const kvp_device_opts *opts, const kvp_allocator *alloc,
   if (rc < 0)
     goto fail;
   if (!(o->flags & KVP_DEVICE_NO_CALIBRATE) && ops->calibrate) {
-    rc = ops->calibrate(d);
+    rc = kvp__calibrate(d);
     if (rc < 0) {
       ops->close(d);
       goto fail;

@@ -79,8 +79,8 @@ typedef struct kvp__dev_ops {
                    void **slot);
   int (*run_kernel)(struct kvp_device *d, const kvp__plan *p);
   int (*run_copy_engine)(struct kvp_device *d, const kvp__plan *p);
-  /* Optional: measure kernel vs copy engine (fills d->bw). */
-  int (*calibrate)(struct kvp_device *d);
+  /* Whether kvp__calibrate measures this backend at creation. */
+  bool calibrate;
 } kvp__dev_ops;
 
 struct kvp_device {
@@ -125,6 +125,10 @@ extern const kvp__dev_ops kvp__hip_ops;
 /* Probe: 1 available, 0 not (why filled). */
 int kvp__cuda_probe(char *why, size_t cap);
 int kvp__hip_probe(char *why, size_t cap);
+
+/* Kernel vs copy engine per page size and direction (kernels_calibrate.c):
+ * fills d->bw, sets d->calibrated. */
+int kvp__calibrate(struct kvp_device *d);
 
 /* Record a native error on the device and return KVP_EGPU. */
 int kvp__dev_native_fail(kvp_device *d, int code, const char *name,

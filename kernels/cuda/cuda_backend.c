@@ -2,8 +2,8 @@
 /* The CUDA backend: the driver API through dlopen("libcuda.so.1"), the
  * embedded fatbin (sm_80 + sm_90 cubins, compute_90 PTX) loaded with
  * cuModuleLoadData, the gather/scatter launches, the copy-engine path
- * (cuMemcpy2DAsync over merged runs of adjacent blocks) and the start-up
- * calibration that picks between them per page size. */
+ * (cuMemcpy2DAsync over merged runs of adjacent blocks); the start-up
+ * calibration that picks between them is kernels_calibrate.c. */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -470,118 +470,6 @@ static int cuda_run_copy_engine(kvp_device *d, const kvp__plan *p) {
   return 0;
 }
 
-/* ---- calibration ------------------------------------------------------------------------ */
-#define CAL_BYTES (16ull << 20) /* per sample */
-
-static int cal_time(kvp_device *d, kvp__plan *p, int method, CUevent e0,
-                    CUevent e1, double *gbps) {
-  double best = 0;
-  for (int rep = 0; rep < 3; rep++) { /* rep 0 warms up */
-    CK(d, cu.cuEventRecord(e0, CD(d)->own));
-    int rc = method == KVP_XFER_KERNEL ? cuda_run_kernel(d, p)
-                                       : cuda_run_copy_engine(d, p);
-    if (rc < 0)
-      return rc;
-    CK(d, cu.cuEventRecord(e1, CD(d)->own));
-    CK(d, cu.cuEventSynchronize(e1));
-    float ms = 0;
-    CK(d, cu.cuEventElapsedTime(&ms, e0, e1));
-    double g = (double)p->n * p->layout->info.block_bytes / (ms * 1e6);
-    if (rep && g > best)
-      best = g;
-  }
-  *gbps = best;
-  return 0;
-}
-
-static int cal_run(kvp_device *d, uint64_t dev_buf, uint64_t host_dptr,
-                   uint32_t *ids, CUevent e0, CUevent e1) {
-  uint64_t rng = 0x9E3779B97F4A7C15ull;
-  for (int i = 0; i < KVP_CAL_SIZES; i++) {
-    uint64_t page = 4096ull << i;
-    uint32_t pages = (uint32_t)(CAL_BYTES / page);
-    uint32_t nb = 2 * pages;
-    /* random distinct blocks of a 2x larger cache: few adjacent runs */
-    for (uint32_t k = 0; k < nb; k++)
-      ids[k] = k;
-    for (uint32_t k = nb - 1; k > 0; k--) {
-      rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-      uint32_t r = (uint32_t)(((rng >> 32) * (k + 1)) >> 32);
-      uint32_t t = ids[k];
-      ids[k] = ids[r], ids[r] = t;
-    }
-    kvp_kv_layout l = {.dev = d};
-    l.info = (kvp_kv_layout_info){.block_bytes = page, .chunk_bytes = page,
-                                  .block_stride = page, .n_chunks = 1,
-                                  .num_blocks = nb, .vector_bytes = 16};
-    uint64_t base = dev_buf;
-    l.chunk_base = &base;
-    int rc = cuda_layout_upload(d, &l);
-    if (rc < 0)
-      return rc;
-    for (int dir = 0; dir < 2 && rc >= 0; dir++) {
-      kvp__plan p = {.layout = &l, .ids = ids, .n = pages,
-                     .scatter = dir == KVP_DIR_H2D, .staging_is_host = true,
-                     .staging = host_dptr};
-      for (int m = 0; m < 2 && rc >= 0; m++)
-        rc = cal_time(d, &p, m + 1, e0, e1, &d->bw[dir][i][m]);
-    }
-    cuda_layout_release(d, &l);
-    if (rc < 0)
-      return rc;
-  }
-  return 0;
-}
-
-static int cuda_calibrate(kvp_device *d) {
-  int rc = set_ctx(d);
-  if (rc < 0)
-    return rc;
-  CUdeviceptr dev_buf = 0;
-  void *host = NULL;
-  uint32_t *ids = NULL;
-  CUevent e0 = NULL, e1 = NULL;
-  CUresult r;
-  size_t nid = 2 * CAL_BYTES / 4096;
-  if ((r = cu.cuMemAlloc(&dev_buf, 2 * CAL_BYTES)) ||
-      (r = cu.cuMemAllocHost(&host, CAL_BYTES)) ||
-      (r = cu.cuEventCreate(&e0, 0)) || (r = cu.cuEventCreate(&e1, 0))) {
-    rc = fail(d, r, "calibration set-up");
-    goto out;
-  }
-  ids = malloc(nid * sizeof *ids);
-  if (!ids) {
-    rc = KVP_ENOMEM;
-    goto out;
-  }
-  memset(host, 0x5a, CAL_BYTES); /* touch: no first-use faults in the timing */
-  CUdeviceptr hd;
-  if ((r = cu.cuMemHostGetDevicePointer(&hd, host, 0))) {
-    rc = fail(d, r, "cuMemHostGetDevicePointer");
-    goto out;
-  }
-  rc = cal_run(d, dev_buf, hd, ids, e0, e1);
-  if (rc >= 0) {
-    d->calibrated = true;
-    for (int i = 0; i < KVP_CAL_SIZES; i++)
-      KVP_LOGI(KVP_KERNELS_MOD,
-               "%s: %6llu B pages: H2D kernel %.1f / copy engine %.1f GB/s, "
-               "D2H %.1f / %.1f", d->name, 4096ull << i, d->bw[0][i][0],
-               d->bw[0][i][1], d->bw[1][i][0], d->bw[1][i][1]);
-  }
-out:
-  free(ids);
-  if (e0)
-    cu.cuEventDestroy(e0);
-  if (e1)
-    cu.cuEventDestroy(e1);
-  if (host)
-    cu.cuMemFreeHost(host);
-  if (dev_buf)
-    cu.cuMemFree(dev_buf);
-  return rc;
-}
-
 void kvp__cuda_native(const kvp_device *d, CUcontext *ctx, CUstream *own,
                       int *sms) {
   const cuda_dev *c = d->backend == KVP_BACKEND_CUDA ? d->priv : NULL;
@@ -619,5 +507,5 @@ const kvp__dev_ops kvp__cuda_ops = {
     .args_take = cuda_args_take,
     .run_kernel = cuda_run_kernel,
     .run_copy_engine = cuda_run_copy_engine,
-    .calibrate = cuda_calibrate,
+    .calibrate = true,
 };

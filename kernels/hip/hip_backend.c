@@ -3,7 +3,7 @@
  * bundle (gfx90a, gfx942 where the build's clang knows it) loaded with
  * hipModuleLoadData, launches with hipModuleLaunchKernel, the copy-engine
  * path through hipMemcpy2DAsync.  Same structure as cuda/cuda_backend.c;
- * no calibration yet (AUTO picks the kernel).
+ * calibrated by kernels_calibrate.c like it.
  *
  * Not yet run on AMD hardware (none here): the test suite skips it with the
  * reason kvp_backend_available gives. */
@@ -473,5 +473,5 @@ const kvp__dev_ops kvp__hip_ops = {
     .args_take = hip_args_take,
     .run_kernel = hip_run_kernel,
     .run_copy_engine = hip_run_copy_engine,
-    .calibrate = NULL,
+    .calibrate = true,
 };
