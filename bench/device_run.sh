@@ -27,7 +27,7 @@ KVP_LOG=warn "$bin/bench_kernels" ${BENCH_ARGS:-} 2>&1 | tee "$out/bench.log"
 echo "bench rc=${PIPESTATUS[0]}" | tee -a "$out/bench.log"
 if [ "${MEMCHECK:-1}" = 1 ]; then
   echo "== compute-sanitizer memcheck"
-  KVP_LOG=error KVP_TEST_BACKEND=cuda KVP_TEST_NO_CALIBRATE=1 timeout 300 \
+  KVP_LOG=error KVP_TEST_BACKEND=cuda KVP_TEST_NO_CALIBRATE=1 KVP_TEST_UNDER_SANITIZER=1 timeout 300 \
     compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_kernels" > "$out/memcheck.log" 2>&1
   echo "memcheck rc=$?" | tee -a "$out/memcheck.log"
   tail -5 "$out/memcheck.log"
