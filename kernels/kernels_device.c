@@ -744,12 +744,10 @@ static int no_repeats(kvp_device *d, const uint32_t *vals, uint32_t n,
   return rep ? KVP_EINVAL : 0;
 }
 
-/* Scatter: repeated block ids would race.  One pass over the ids: copy
- * (into the launch slot, if any), max (the range check) and repeats, with
- * per-layout stamps (stamp[id] == gen: seen in this call; no clearing).
- * Returns the max id or KVP_ENOMEM. */
-static int64_t scatter_ids_check(kvp_kv_layout *l, uint32_t *arg,
-                                 const uint32_t *ids, uint32_t n, bool *repeat) {
+/* Scatter: repeated block ids would race.  Per-layout stamps (stamp[id] ==
+ * gen: seen in this call), so nothing is cleared between calls.  ids must
+ * be in range (checked before).  Returns 0, KVP_EINVAL (repeat), KVP_ENOMEM. */
+static int scatter_no_repeats(kvp_kv_layout *l, const uint32_t *ids, uint32_t n) {
   if (!l->stamp) {
     l->stamp = kvp__calloc(&l->dev->alloc, l->info.num_blocks, sizeof *l->stamp);
     if (!l->stamp)
@@ -759,53 +757,61 @@ static int64_t scatter_ids_check(kvp_kv_layout *l, uint32_t *arg,
     memset(l->stamp, 0, l->info.num_blocks * sizeof *l->stamp);
     l->stamp_gen = 1;
   }
-  const uint32_t g = l->stamp_gen, nb = l->info.num_blocks;
-  uint32_t *st = l->stamp, mx = 0;
-  bool rep = false;
+  const uint32_t g = l->stamp_gen;
+  uint32_t *st = l->stamp, rep = 0;
   for (uint32_t i = 0; i < n; i++) {
-    uint32_t v = ids[i];
-    if (arg)
-      arg[i] = v;
-    mx = v > mx ? v : mx;
-    if (v < nb) {
-      rep |= st[v] == g;
-      st[v] = g;
-    }
+    rep |= st[ids[i]] == g;
+    st[ids[i]] = g;
   }
-  *repeat = rep;
-  return mx;
+  return rep ? KVP_EINVAL : 0;
 }
 
-/* max of v[0..n), eight lanes so the compiler keeps it in vector registers */
+/* The submit path's passes over the ids, in explicit vector registers (GCC /
+ * clang vector extensions, any target): a scalar or array-of-lanes loop
+ * carries its max through memory or one register and ran 3x slower on the
+ * GPU machine's host (bench_kernels' host-cost line). */
+typedef uint32_t kvp_u32x4 __attribute__((vector_size(16)));
+
+static kvp_u32x4 vmax(kvp_u32x4 a, kvp_u32x4 b) {
+  kvp_u32x4 gt = a > b; /* all-ones lanes where a > b */
+  return (a & gt) | (b & ~gt);
+}
+
+static uint32_t vmax_fold(kvp_u32x4 a, kvp_u32x4 b, uint32_t r) {
+  a = vmax(a, b);
+  for (int k = 0; k < 4; k++)
+    r = a[k] > r ? a[k] : r;
+  return r;
+}
+
+/* max of v[0..n) */
 static uint32_t max_u32(const uint32_t *v, uint32_t n) {
-  uint32_t m[8] = {0}, i = 0, r = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int k = 0; k < 8; k++)
-      m[k] = v[i + k] > m[k] ? v[i + k] : m[k];
+  kvp_u32x4 m0 = {0, 0, 0, 0}, m1 = m0, a, b;
+  uint32_t i = 0, r = 0;
+  for (; i + 8 <= n; i += 8) {
+    memcpy(&a, v + i, 16), memcpy(&b, v + i + 4, 16);
+    m0 = vmax(m0, a), m1 = vmax(m1, b);
+  }
   for (; i < n; i++)
     r = v[i] > r ? v[i] : r;
-  for (int k = 0; k < 8; k++)
-    r = m[k] > r ? m[k] : r;
-  return r;
+  return vmax_fold(m0, m1, r);
 }
 
 /* dst = src and returns max(src), one pass. */
 static uint32_t copy_max(uint32_t *restrict dst, const uint32_t *restrict src,
                          uint32_t n) {
-  uint32_t m[8] = {0}, i = 0, r = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int k = 0; k < 8; k++) {
-      uint32_t v = src[i + k];
-      dst[i + k] = v;
-      m[k] = v > m[k] ? v : m[k];
-    }
+  kvp_u32x4 m0 = {0, 0, 0, 0}, m1 = m0, a, b;
+  uint32_t i = 0, r = 0;
+  for (; i + 8 <= n; i += 8) {
+    memcpy(&a, src + i, 16), memcpy(&b, src + i + 4, 16);
+    memcpy(dst + i, &a, 16), memcpy(dst + i + 4, &b, 16);
+    m0 = vmax(m0, a), m1 = vmax(m1, b);
+  }
   for (; i < n; i++) {
     dst[i] = src[i];
     r = src[i] > r ? src[i] : r;
   }
-  for (int k = 0; k < 8; k++)
-    r = m[k] > r ? m[k] : r;
-  return r;
+  return vmax_fold(m0, m1, r);
 }
 
 static int xfer_fail(const char *why, uint32_t i, uint64_t v) {
@@ -836,16 +842,7 @@ static int xfer_validate(kvp_device *d, const kvp_xfer *x, bool scatter,
       (rc = d->ops->args_take(d, x->staging_slots ? 2 * (size_t)x->n : x->n,
                               &arg, &slot)) < 0)
     return rc;
-  bool repeat = false;
-  if (scatter) { /* range, repeats and the copy in one pass */
-    int64_t m = scatter_ids_check((kvp_kv_layout *)l, arg, x->block_ids, x->n,
-                                  &repeat);
-    if (m < 0)
-      return (int)m;
-    max_id = (uint32_t)m;
-  } else {
-    max_id = arg ? copy_max(arg, x->block_ids, x->n) : max_u32(x->block_ids, x->n);
-  }
+  max_id = arg ? copy_max(arg, x->block_ids, x->n) : max_u32(x->block_ids, x->n);
   if (x->n && max_id >= l->info.num_blocks) {
     uint32_t i = 0;
     while (x->block_ids[i] < l->info.num_blocks)
@@ -857,8 +854,8 @@ static int xfer_validate(kvp_device *d, const kvp_xfer *x, bool scatter,
                    : max_u32(x->staging_slots, x->n);
   if (x->n && max_slot >= slots_cap)
     return xfer_fail("staging buffer too small for slot", 0, max_slot);
-  if (repeat)
-    return xfer_fail("repeated block id in scatter", 0, 0);
+  if (scatter && (rc = scatter_no_repeats((kvp_kv_layout *)l, x->block_ids, x->n)) < 0)
+    return rc == KVP_EINVAL ? xfer_fail("repeated block id in scatter", 0, 0) : rc;
   if (!scatter && x->staging_slots &&
       (rc = no_repeats(d, x->staging_slots, x->n, slots_cap)) < 0)
     return rc == KVP_EINVAL ? xfer_fail("repeated staging slot in gather", 0, 0)
