@@ -114,8 +114,8 @@ struct kvp_kv_layout {
   bool any_host;
   uint64_t chunk_table_dev; /* device copy (GPU backends) */
   /* scatter repeat check: stamp[id] == stamp_gen means seen in this call */
-  uint32_t *stamp;
-  uint32_t stamp_gen;
+  uint8_t *stamp;
+  uint8_t stamp_gen;
 };
 
 /* Backends. */

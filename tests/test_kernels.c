@@ -536,6 +536,19 @@ TEST(validation_nothing_copied) {
     x.reserved[0] = 0, x.block_ids = rep, x.staging = got;
     ASSERT_ERR(kvp_device_gather(g_dev, NULL, &x), KVP_EINVAL);
   }
+  /* the repeat check survives its stamp counter wrapping (every 255 calls) */
+  uint32_t one[2] = {5, 6}, two[2] = {7, 7};
+  kvp_xfer xo = {.layout = f.lay, .block_ids = one, .n = 2, .staging = stage,
+                 .staging_bytes = 8 * bb};
+  for (int i = 0; i < 600; i++) {
+    ASSERT_OK(kvp_device_scatter(g_dev, NULL, &xo));
+    if (i % 97 == 0) {
+      xo.block_ids = two;
+      ASSERT_ERR(kvp_device_scatter(g_dev, NULL, &xo), KVP_EINVAL);
+      xo.block_ids = one;
+    }
+  }
+  ASSERT_OK(kvp_device_synchronize(g_dev));
   /* an empty list is fine and copies nothing */
   x.reserved[0] = 0, x.n = 0, x.staging = stage;
   ASSERT_OK(kvp_device_gather(g_dev, NULL, &x));
