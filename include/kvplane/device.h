@@ -310,6 +310,20 @@ KVP_API int kvp_device_bandwidth_get(const kvp_device *dev, kvp_xfer_dir dir,
                                      uint64_t page_bytes,
                                      kvp_device_bandwidth *out);
 
+/* The public records are ABI: their sizes are fixed (LP64). */
+#ifdef __cplusplus
+#define KVP_DEVICE_STATIC_ASSERT_(c, m) static_assert(c, m)
+#else
+#define KVP_DEVICE_STATIC_ASSERT_(c, m) _Static_assert(c, m)
+#endif
+#if UINTPTR_MAX == 0xffffffffffffffffu
+KVP_DEVICE_STATIC_ASSERT_(sizeof(kvp_device_opts) == 48, "kvp_device_opts is ABI");
+KVP_DEVICE_STATIC_ASSERT_(sizeof(kvp_kv_layout_desc) == 104, "kvp_kv_layout_desc is ABI");
+KVP_DEVICE_STATIC_ASSERT_(sizeof(kvp_kv_layout_info) == 56, "kvp_kv_layout_info is ABI");
+KVP_DEVICE_STATIC_ASSERT_(sizeof(kvp_xfer) == 80, "kvp_xfer is ABI");
+KVP_DEVICE_STATIC_ASSERT_(sizeof(kvp_device_bandwidth) == 48, "kvp_device_bandwidth is ABI");
+#endif
+
 #ifdef __cplusplus
 }
 #endif
