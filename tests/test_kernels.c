@@ -673,6 +673,43 @@ TEST(two_streams_large) {
   fx_free(&f);
 }
 
+/* More ids per CTA than it stages in shared memory (2048): the kernel reads
+ * the rest straight from the argument slot.  One CTA, 5000 ids. */
+TEST(many_ids_per_cta) {
+  open_devices();
+  kvp_kv_layout_desc d = {.kind = KVP_LAYOUT_CROSS_LAYER, .num_layers = 1,
+                          .num_blocks = 6000, .block_size = 1, .num_kv_heads = 1,
+                          .head_dim = 63, .elem_size = 2}; /* 252-byte pages */
+  fx f;
+  fx_make(&f, g_dev, &d, false);
+  ASSERT_OK(kvp_device_set(g_dev, KVP_DEVOPT_CTA_BUDGET, 1));
+  ASSERT_OK(kvp_device_set(g_dev, KVP_DEVOPT_THREADS_PER_CTA, 256));
+  for (int r = 0; r < 2; r++) {
+    check_gather(&f, r, KVP_XFER_KERNEL, r, NULL);
+    check_scatter(&f, !r, KVP_XFER_KERNEL, r, NULL);
+  }
+  uint32_t n = 5000, *ids = rand_ids(n, d.num_blocks, false);
+  size_t sb = (size_t)n * f.info.block_bytes;
+  unsigned char *stage, *want = malloc(sb), *got = malloc(sb);
+  ASSERT_TRUE(want && got);
+  ASSERT_OK(kvp_device_alloc(g_dev, sb, (void **)&stage));
+  for (uint32_t i = 0; i < n; i++) {
+    copy_ctx c = {&f, want + (uint64_t)i * f.info.block_bytes, false};
+    for_block(&f.d, ids[i], copy_elem, &c);
+  }
+  kvp_xfer x = {.layout = f.lay, .block_ids = ids, .n = n, .staging = stage,
+                .staging_bytes = sb};
+  ASSERT_OK(kvp_device_gather(g_dev, NULL, &x));
+  ASSERT_OK(kvp_device_synchronize(g_dev));
+  ASSERT_OK(kvp_device_memcpy(g_dev, got, stage, sb));
+  ASSERT_MEM_EQ(got, want, sb);
+  ASSERT_OK(kvp_device_set(g_dev, KVP_DEVOPT_CTA_BUDGET, 16));
+  ASSERT_OK(kvp_device_set(g_dev, KVP_DEVOPT_THREADS_PER_CTA, 512));
+  kvp_device_free(g_dev, stage);
+  free(want), free(got), free(ids);
+  fx_free(&f);
+}
+
 /* The engine's default stream (NULL, as PyTorch hands it out) wraps to the
  * legacy stream: work on it is complete once that stream is synchronized. */
 TEST(default_stream_wrap) {
@@ -792,5 +829,5 @@ TEST_MAIN(TEST_ENTRY(names), TEST_ENTRY(gather_scatter_all_layouts),
           TEST_ENTRY(methods_and_staging), TEST_ENTRY(vector_width_fallback),
           TEST_ENTRY(validation_nothing_copied), TEST_ENTRY(layout_validation),
           TEST_ENTRY(host_registration), TEST_ENTRY(two_streams_large),
-          TEST_ENTRY(default_stream_wrap),
+          TEST_ENTRY(default_stream_wrap), TEST_ENTRY(many_ids_per_cta),
           TEST_ENTRY(options_and_bandwidth), TEST_ENTRY(destroy_all))
