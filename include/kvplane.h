@@ -11,5 +11,6 @@
 #include "kvplane/index.h"
 #include "kvplane/route.h"
 #include "kvplane/tier.h"
+#include "kvplane/device.h"
 
 #endif /* KVPLANE_H */

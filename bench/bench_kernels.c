@@ -1,0 +1,548 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* bench_kernels: kvplane's gather/scatter against the ways engines move
+ * paged KV today, in the same process, same pages, same buffers:
+ *   per-page cuMemcpyAsync (what most offload code does), one
+ *   cuMemcpyBatchAsync call (CUDA 12.8+, looked up with cuGetProcAddress),
+ *   the bulk pinned copy of the same bytes (the link's ceiling), and for
+ *   device-to-device the bulk D2D memcpy.
+ * 8,192 random pages (of a cache twice as large: few adjacent runs), page
+ * sizes 2..256 KiB, both directions; median of --reps timed runs after
+ * --warmup untimed ones (CUDA events); host submit time per call from the
+ * host clock.  Every method's staging is compared with the kernel's.
+ *
+ *   bench_kernels [--pages 8192] [--reps 15] [--warmup 3] [--ctas 16]
+ *                 [--threads 512] [--sizes 2,4,16,64,256] [--cpu N]
+ * Needs the CUDA backend (exits 77 saying why without it). */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cuda_api.h"
+#include "kernels_internal.h"
+#include "bench_util.h"
+#include "kvplane.h"
+
+#define CHECK(x)                                                                \
+  do {                                                                          \
+    int rc_ = (x);                                                              \
+    if (rc_ < 0) {                                                              \
+      fprintf(stderr, "bench_kernels: %s:%d: %s: %s\n", __FILE__, __LINE__,     \
+              #x, kvp_strerror(rc_));                                           \
+      exit(1);                                                                  \
+    }                                                                           \
+  } while (0)
+#define CU(x)                                                                   \
+  do {                                                                          \
+    CUresult r_ = (x);                                                          \
+    if (r_ != CUDA_SUCCESS) {                                                   \
+      const char *nm_ = "?";                                                    \
+      cu->cuGetErrorName(r_, &nm_);                                             \
+      fprintf(stderr, "bench_kernels: %s:%d: %s: %s\n", __FILE__, __LINE__,     \
+              #x, nm_);                                                         \
+      exit(1);                                                                  \
+    }                                                                           \
+  } while (0)
+
+static const kvp_cuda_api *cu;
+static CUstream st;
+static CUevent ev0, ev1;
+static int reps = 15, warmup = 3;
+static int g_sms;
+
+static int cmp_d(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_d);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+typedef void (*op_fn)(void *ctx);
+typedef struct timing {
+  double gpu_ms;    /* median, events */
+  double submit_us; /* median host time of the submitting call(s) */
+} timing;
+
+/* The gate: the stream waits on a mapped host word before the start event,
+ * and the host opens it once the operation is submitted, so the events
+ * time the device's work and not the host's submission (reported apart).
+ * Only for operations of a few commands: thousands queued behind a closed
+ * gate could fill the driver's queue and block the submitting thread. */
+static CUresult (*wait_value32)(CUstream, CUdeviceptr, uint32_t, unsigned);
+static volatile uint32_t *gate;
+static CUdeviceptr gate_dev;
+static uint32_t gate_gen;
+
+/* Watchdog: should a submission block behind the closed gate (the driver's
+ * queue full), it opens the gate after 200 ms and the run is flagged. */
+static _Atomic uint64_t gate_armed_at; /* 0: not armed */
+static _Atomic int gate_forced, watchdog_stop;
+static void *watchdog(void *arg) {
+  (void)arg;
+  while (!atomic_load(&watchdog_stop)) {
+    uint64_t t = atomic_load(&gate_armed_at);
+    if (t && kvp_now_ns() - t > 200000000ull) {
+      __atomic_store_n(gate, gate_gen, __ATOMIC_RELEASE);
+      atomic_store(&gate_forced, 1);
+      atomic_store(&gate_armed_at, 0);
+    }
+    usleep(1000);
+  }
+  return NULL;
+}
+
+static timing run_gated(op_fn op, void *ctx, bool gated) {
+  double g[256], s[256];
+  gated = gated && wait_value32;
+  for (int i = 0; i < warmup + reps; i++) {
+    if (gated) {
+      CU(wait_value32(st, gate_dev, ++gate_gen, 0 /* GEQ */));
+      atomic_store(&gate_armed_at, kvp_now_ns());
+    }
+    CU(cu->cuEventRecord(ev0, st));
+    uint64_t t0 = kvp_now_ns();
+    op(ctx);
+    uint64_t t1 = kvp_now_ns();
+    CU(cu->cuEventRecord(ev1, st));
+    if (gated) {
+      atomic_store(&gate_armed_at, 0);
+      __atomic_store_n(gate, gate_gen, __ATOMIC_RELEASE);
+    }
+    CU(cu->cuEventSynchronize(ev1));
+    float ms;
+    CU(cu->cuEventElapsedTime(&ms, ev0, ev1));
+    if (i >= warmup)
+      g[i - warmup] = ms, s[i - warmup] = (t1 - t0) / 1e3;
+  }
+  if (gated && atomic_exchange(&gate_forced, 0))
+    printf("(gate forced open by the watchdog: this figure includes submission)\n");
+  return (timing){median(g, reps), median(s, reps)};
+}
+static timing run(op_fn op, void *ctx) { return run_gated(op, ctx, true); }
+static timing run_e2e(op_fn op, void *ctx) { return run_gated(op, ctx, false); }
+
+/* ---- the operations ---------------------------------------------------------------------- */
+typedef struct bctx {
+  kvp_device *dev;
+  kvp_stream *kst;
+  kvp_kv_layout *lay;
+  uint32_t *ids, n;
+  uint64_t page;
+  CUdeviceptr cache;  /* device: 2n pages */
+  unsigned char *host; /* registered host staging: n pages */
+  CUdeviceptr dstage; /* device staging: n pages */
+  bool to_host;       /* D2H (gather) vs H2D (scatter) */
+  bool d2d;
+  CUdeviceptr *srcs, *dsts;
+  size_t *sizes;
+} bctx;
+
+static void op_kernel(void *p) {
+  bctx *b = p;
+  kvp_xfer x = {.layout = b->lay, .block_ids = b->ids, .n = b->n,
+                .method = KVP_XFER_KERNEL,
+                .staging = b->d2d ? (void *)(uintptr_t)b->dstage : b->host,
+                .staging_bytes = (uint64_t)b->n * b->page};
+  CHECK(b->to_host ? kvp_device_gather(b->dev, b->kst, &x)
+                   : kvp_device_scatter(b->dev, b->kst, &x));
+}
+static void op_ours_ce(void *p) {
+  bctx *b = p;
+  kvp_xfer x = {.layout = b->lay, .block_ids = b->ids, .n = b->n,
+                .method = KVP_XFER_COPY_ENGINE, .staging = b->host,
+                .staging_bytes = (uint64_t)b->n * b->page};
+  CHECK(b->to_host ? kvp_device_gather(b->dev, b->kst, &x)
+                   : kvp_device_scatter(b->dev, b->kst, &x));
+}
+static void op_per_page(void *p) {
+  bctx *b = p;
+  for (uint32_t i = 0; i < b->n; i++) {
+    CUdeviceptr dv = b->cache + (uint64_t)b->ids[i] * b->page;
+    CUdeviceptr hv = (CUdeviceptr)(uintptr_t)(b->host + (uint64_t)i * b->page);
+    CU(cu->cuMemcpyAsync(b->to_host ? hv : dv, b->to_host ? dv : hv, b->page, st));
+  }
+}
+static void op_batch(void *p) {
+  bctx *b = p;
+  for (uint32_t i = 0; i < b->n; i++) {
+    CUdeviceptr dv = b->cache + (uint64_t)b->ids[i] * b->page;
+    CUdeviceptr hv = (CUdeviceptr)(uintptr_t)(b->host + (uint64_t)i * b->page);
+    b->srcs[i] = b->to_host ? dv : hv;
+    b->dsts[i] = b->to_host ? hv : dv;
+    b->sizes[i] = b->page;
+  }
+  CUmemcpyAttributes at = {.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM};
+  size_t idx = 0, fail_idx = 0;
+  if (cu->cuMemcpyBatchAsync13)
+    CU(cu->cuMemcpyBatchAsync13(b->dsts, b->srcs, b->sizes, b->n, &at, &idx, 1, st));
+  else
+    CU(cu->cuMemcpyBatchAsync128(b->dsts, b->srcs, b->sizes, b->n, &at, &idx, 1,
+                                 &fail_idx, st));
+}
+static void op_bulk(void *p) {
+  bctx *b = p;
+  CUdeviceptr h = (CUdeviceptr)(uintptr_t)b->host;
+  uint64_t n = (uint64_t)b->n * b->page;
+  if (b->d2d)
+    CU(cu->cuMemcpyAsync(b->dstage, b->cache, n, st));
+  else
+    CU(cu->cuMemcpyAsync(b->to_host ? h : b->cache, b->to_host ? b->cache : h, n, st));
+}
+
+static double gbps(const bctx *b, timing t) {
+  return (double)b->n * b->page / (t.gpu_ms * 1e6);
+}
+
+/* Host cost of one kvp_device_gather/scatter call, split: a 1-page call
+ * (fixed costs: lock, launch, ids upload), a call rejected by its last id
+ * (the validation pass over n ids), the full call. */
+static void op_reject(void *p) {
+  bctx *b = p;
+  uint32_t keep = b->ids[b->n - 1];
+  b->ids[b->n - 1] = 0xffffffffu;
+  kvp_xfer x = {.layout = b->lay, .block_ids = b->ids, .n = b->n,
+                .method = KVP_XFER_KERNEL, .staging = b->host,
+                .staging_bytes = (uint64_t)b->n * b->page};
+  int rc = b->to_host ? kvp_device_gather(b->dev, b->kst, &x)
+                      : kvp_device_scatter(b->dev, b->kst, &x);
+  b->ids[b->n - 1] = keep;
+  if (rc != KVP_EINVAL) {
+    fprintf(stderr, "bench_kernels: bad id not rejected\n");
+    exit(1);
+  }
+}
+
+/* CTA budget x threads per CTA at small pages, both directions. */
+static void sweep(bctx *b, uint32_t ctas0, uint32_t threads0) {
+  static const uint32_t cs[] = {8, 16}, ts[] = {256, 512, 1024};
+  printf("\n%llu KiB pages, kernel by CTA budget x threads (bulk ceiling in "
+         "brackets):\n", (unsigned long long)b->page / 1024);
+  for (int dir = 0; dir < 2; dir++) {
+    b->to_host = dir == 0;
+    double gu = gbps(b, run(op_bulk, b));
+    printf("  %s [%.1f GB/s]:", b->to_host ? "D2H" : "H2D", gu);
+    for (int i = 0; i < 2; i++)
+      for (int j = 0; j < 3; j++) {
+        CHECK(kvp_device_set(b->dev, KVP_DEVOPT_CTA_BUDGET, cs[i]));
+        CHECK(kvp_device_set(b->dev, KVP_DEVOPT_THREADS_PER_CTA, ts[j]));
+        double g = gbps(b, run(op_kernel, b));
+        printf("  %ux%u %.1f (%.2fx)", cs[i], ts[j], g, g / gu);
+      }
+    uint32_t n = b->n;
+    timing full = run(op_kernel, b);
+    b->n = 1;
+    timing one = run(op_kernel, b);
+    b->n = n;
+    timing rej = run(op_reject, b);
+    printf("\n      submit us: 1 page %.1f, validation of %u ids %.1f, full call %.1f\n",
+           one.submit_us, n, rej.submit_us, full.submit_us);
+  }
+  /* device to device: whole-GPU grids */
+  b->d2d = true, b->to_host = true;
+  double gu = gbps(b, run(op_bulk, b));
+  printf("  D2D [%.1f GB/s]:", gu);
+  for (uint32_t m = 1; m <= 4; m *= 2)
+    for (uint32_t t = 256; t <= 1024; t *= 2) {
+      CHECK(kvp_device_set(b->dev, KVP_DEVOPT_CTA_BUDGET, m * (uint32_t)g_sms));
+      CHECK(kvp_device_set(b->dev, KVP_DEVOPT_THREADS_PER_CTA, t));
+      double g = gbps(b, run(op_kernel, b));
+      printf("  %ux%u %.1f (%.2fx)", m * g_sms, t, g, g / gu);
+    }
+  b->d2d = false;
+  CHECK(kvp_device_set(b->dev, KVP_DEVOPT_CTA_BUDGET, ctas0));
+  CHECK(kvp_device_set(b->dev, KVP_DEVOPT_THREADS_PER_CTA, threads0));
+  printf("\n\n");
+}
+
+static void fill(unsigned char *p, size_t n, uint64_t seed) {
+  for (size_t i = 0; i + 8 <= n; i += 8) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    memcpy(p + i, &seed, 8);
+  }
+}
+
+/* D2H staging of one method must equal the kernel's. */
+static void cross_check(bctx *b, op_fn op, const unsigned char *ref,
+                        const char *name) {
+  memset(b->host, 0xff, (size_t)b->n * b->page);
+  op(b);
+  CU(cu->cuStreamSynchronize(st));
+  CHECK(kvp_stream_synchronize(b->kst));
+  if (memcmp(b->host, ref, (size_t)b->n * b->page)) {
+    fprintf(stderr, "bench_kernels: %s moved different bytes than the kernel\n", name);
+    exit(1);
+  }
+}
+
+/* What the submit path's pieces cost on this host: a pass over 8192 ids,
+ * 32 KiB copied into pageable, cuMemHostAlloc'd and cuMemHostRegister'ed
+ * memory (the launch-argument slot is the second kind). */
+static double per_us(uint64_t t0, int n) { return (kvp_now_ns() - t0) / 1e3 / n; }
+static void host_costs(void) {
+  enum { N = 8192, R = 200 };
+  uint32_t *src = malloc(N * 4), *pg = malloc(N * 4), *reg = aligned_alloc(4096, N * 4);
+  void *pin = NULL;
+  CU(cu->cuMemHostAlloc(&pin, N * 4, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
+  CU(cu->cuMemHostRegister(reg, N * 4, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP));
+  for (int i = 0; i < N; i++)
+    src[i] = (uint32_t)i * 2654435761u;
+  volatile uint32_t sink = 0;
+  uint64_t t0 = kvp_now_ns();
+  for (int r = 0; r < R; r++) {
+    uint32_t m = 0;
+    for (int i = 0; i < N; i++)
+      m = src[i] > m ? src[i] : m;
+    sink = m;
+  }
+  double tmax = per_us(t0, R);
+  t0 = kvp_now_ns();
+  for (int r = 0; r < R; r++) memcpy(pg, src, N * 4), sink = pg[r];
+  double tpg = per_us(t0, R);
+  t0 = kvp_now_ns();
+  for (int r = 0; r < R; r++) memcpy(pin, src, N * 4), sink = ((uint32_t *)pin)[r];
+  double tpin = per_us(t0, R);
+  t0 = kvp_now_ns();
+  for (int r = 0; r < R; r++) memcpy(reg, src, N * 4), sink = reg[r];
+  double treg = per_us(t0, R);
+  t0 = kvp_now_ns();
+  for (int r = 0; r < R; r++) { /* copy + max in one pass, as the submit path does */
+    uint32_t m = 0, *dst = pin;
+    for (int i = 0; i < N; i++) {
+      dst[i] = src[i];
+      m = src[i] > m ? src[i] : m;
+    }
+    sink = m;
+  }
+  double tcm = per_us(t0, R);
+  t0 = kvp_now_ns();
+  for (int r = 0; r < R; r++) CU(cu->cuEventRecord(ev0, st));
+  double trec = per_us(t0, R);
+  CU(cu->cuStreamSynchronize(st));
+  t0 = kvp_now_ns();
+  for (int r = 0; r < R; r++) (void)kvp_now_ns();
+  double tclk = per_us(t0, R);
+  (void)sink;
+  printf("\nhost costs (us): max over 8192 ids %.2f; copy 32 KiB into pageable %.2f, "
+         "cuMemHostAlloc'd %.2f, cuMemHostRegister'ed %.2f; copy+max into "
+         "cuMemHostAlloc'd %.2f; cuEventRecord %.2f; clock read %.3f\n", tmax, tpg,
+         tpin, treg, tcm, trec, tclk);
+  CU(cu->cuMemHostUnregister(reg));
+  CU(cu->cuMemFreeHost(pin));
+  free(src), free(pg), free(reg);
+}
+
+int main(int argc, char **argv) {
+  uint32_t pages = 8192, ctas = 16, threads = 512;
+  int cpu = -1;
+  char sizes_arg[128] = "2,4,16,64,256";
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--pages") && i + 1 < argc) pages = (uint32_t)atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--ctas") && i + 1 < argc) ctas = (uint32_t)atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = (uint32_t)atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--cpu") && i + 1 < argc) cpu = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--sizes") && i + 1 < argc) snprintf(sizes_arg, sizeof sizes_arg, "%s", argv[++i]);
+    else {
+      fprintf(stderr, "usage: bench_kernels [--pages N] [--reps N] [--warmup N] "
+                      "[--ctas N] [--threads N] [--sizes 2,4,16,64,256]\n");
+      return 2;
+    }
+  }
+  if (reps < 1 || reps > 200 || warmup < 0 || warmup > 50 || pages < 1) {
+    fprintf(stderr, "bench_kernels: bad --reps/--warmup/--pages\n");
+    return 2;
+  }
+  bench_name = "bench_kernels";
+  char why[256];
+  if (!kvp_backend_available(KVP_BACKEND_CUDA, why, sizeof why)) {
+    printf("SKIP: bench_kernels needs the CUDA backend: %s\n", why);
+    return 77;
+  }
+  kvp_device *dev;
+  kvp_device_opts o = {.backend = KVP_BACKEND_CUDA, .cta_budget = ctas};
+  uint64_t c0 = kvp_now_ns();
+  CHECK(kvp_device_create(&o, NULL, &dev));
+  double create_ms = (kvp_now_ns() - c0) / 1e6;
+  CHECK(kvp_device_set(dev, KVP_DEVOPT_THREADS_PER_CTA, threads));
+  cu = kvp__cuda_api();
+  CUcontext ctx;
+  int sms;
+  kvp__cuda_native(dev, &ctx, NULL, &sms);
+  g_sms = sms;
+  CU(cu->cuCtxSetCurrent(ctx));
+  CU(cu->cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+  CU(cu->cuEventCreate(&ev0, 0));
+  CU(cu->cuEventCreate(&ev1, 0));
+  kvp_stream *kst;
+  CHECK(kvp_stream_wrap(dev, st, &kst));
+  {
+    void *fn = NULL;
+    int status = 0;
+    void *g = NULL;
+    if (cu->cuGetProcAddress("cuStreamWaitValue32", &fn, 12000, 0, &status) ==
+            CUDA_SUCCESS && fn &&
+        cu->cuMemHostAlloc(&g, 64, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP) ==
+            CUDA_SUCCESS &&
+        cu->cuMemHostGetDevicePointer(&gate_dev, g, 0) == CUDA_SUCCESS) {
+      *(void **)&wait_value32 = fn;
+      gate = g;
+      *gate = 0;
+      pthread_t th;
+      if (pthread_create(&th, NULL, watchdog, NULL) == 0)
+        pthread_detach(th);
+      else
+        wait_value32 = NULL;
+    }
+  }
+  /* after the driver's and the watchdog's threads exist: they keep their
+   * own CPUs */
+  pin_cpu(cpu);
+  bool have_batch = cu->cuMemcpyBatchAsync13 || cu->cuMemcpyBatchAsync128;
+  printf("device: %s, driver API %d, cuMemcpyBatchAsync: %s\n",
+         kvp_device_name(dev), cu->driver_version,
+         have_batch ? (cu->cuMemcpyBatchAsync13 ? "yes (CUDA 13 ABI)" : "yes (12.8 ABI)")
+                    : "no");
+  printf("kvp_device_create with calibration: %.1f ms\n", create_ms);
+  printf("%u random pages of a %u-page cache; median of %d runs after %d warm-up; "
+         "kernel: %u CTAs x %u threads\n", pages, 2 * pages, reps, warmup, ctas,
+         threads);
+  printf("GB/s from CUDA events; 'device': the stream held at a gate until the call "
+         "was submitted (%s), so host submit time is apart (last column); 'e2e': "
+         "no gate, the device waits for the submission too\n\n",
+         wait_value32 ? "cuStreamWaitValue32" : "NOT AVAILABLE: device = e2e here");
+
+  char *save = NULL;
+  for (char *tok = strtok_r(sizes_arg, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    uint64_t page = (uint64_t)atoi(tok) * 1024;
+    bctx b = {.dev = dev, .kst = kst, .n = pages, .page = page};
+    size_t nb = 2 * (size_t)pages, hbytes = (size_t)pages * page;
+    CU(cu->cuMemAlloc(&b.cache, nb * page));
+    CU(cu->cuMemAlloc(&b.dstage, hbytes));
+    b.host = aligned_alloc(4096, hbytes);
+    unsigned char *ref = malloc(hbytes), *tmp = malloc(nb * page);
+    b.ids = malloc(nb * sizeof *b.ids);
+    b.srcs = malloc(pages * sizeof *b.srcs);
+    b.dsts = malloc(pages * sizeof *b.dsts);
+    b.sizes = malloc(pages * sizeof *b.sizes);
+    if (!b.host || !ref || !tmp || !b.ids || !b.srcs || !b.dsts || !b.sizes) {
+      fprintf(stderr, "bench_kernels: out of host memory\n");
+      return 1;
+    }
+    fill(tmp, nb * page, page);
+    CU(cu->cuMemcpy(b.cache, (CUdeviceptr)(uintptr_t)tmp, nb * page));
+    fill(b.host, hbytes, page + 1);
+    CHECK(kvp_device_host_register(dev, b.host, hbytes));
+    uint64_t rng = page * 7919;
+    for (uint32_t i = 0; i < nb; i++)
+      b.ids[i] = i;
+    for (uint32_t i = (uint32_t)nb - 1; i > 0; i--) {
+      rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+      uint32_t j = (uint32_t)(((rng >> 32) * (i + 1)) >> 32), t = b.ids[i];
+      b.ids[i] = b.ids[j], b.ids[j] = t;
+    }
+    /* one 2-byte-element cross-layer page per block: 2 * bs * 64 * 2 = page */
+    kvp_kv_layout_desc d = {.kind = KVP_LAYOUT_CROSS_LAYER, .num_layers = 1,
+                            .num_blocks = (uint32_t)nb,
+                            .block_size = (uint32_t)(page / 256),
+                            .num_kv_heads = 1, .head_dim = 64, .elem_size = 2,
+                            .base = (void *)(uintptr_t)b.cache};
+    CHECK(kvp_kv_layout_create(dev, &d, &b.lay));
+
+    /* correctness first: every method's D2H bytes equal the kernel's */
+    b.to_host = true;
+    memset(b.host, 0xff, hbytes);
+    op_kernel(&b);
+    CHECK(kvp_stream_synchronize(b.kst));
+    memcpy(ref, b.host, hbytes);
+    for (uint32_t i = 0; i < pages; i++)
+      if (memcmp(ref + (uint64_t)i * page, tmp + (uint64_t)b.ids[i] * page, page)) {
+        fprintf(stderr, "bench_kernels: kernel gathered wrong bytes (page %u)\n", i);
+        return 1;
+      }
+    cross_check(&b, op_per_page, ref, "per-page cuMemcpyAsync");
+    cross_check(&b, op_ours_ce, ref, "kvplane copy engine");
+    if (have_batch)
+      cross_check(&b, op_batch, ref, "cuMemcpyBatchAsync");
+
+    if (page <= 4096)
+      sweep(&b, ctas, threads);
+    printf("| page | dir | kernel GB/s device | kernel GB/s e2e | bulk pinned copy "
+           "GB/s device | kernel / bulk | per-page cuMemcpyAsync GB/s e2e | kernel / "
+           "per-page (e2e) | cuMemcpyBatchAsync GB/s device / e2e | kernel / batch "
+           "device / e2e | kvplane copy-engine path GB/s e2e | host submit us: kernel / "
+           "per-page / batch |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (int dir = 0; dir < 2; dir++) {
+      b.to_host = dir == 0;
+      timing tk = run(op_kernel, &b), tke = run_e2e(op_kernel, &b);
+      timing tp = run_e2e(op_per_page, &b), tc = run_e2e(op_ours_ce, &b);
+      timing tu = run(op_bulk, &b);
+      timing tb = {0, 0}, tbe = {0, 0};
+      if (have_batch)
+        tb = run(op_batch, &b), tbe = run_e2e(op_batch, &b);
+      double gk = gbps(&b, tk), gke = gbps(&b, tke), gu = gbps(&b, tu);
+      double gp = gbps(&b, tp), gc = gbps(&b, tc);
+      printf("| %llu KiB | %s | %.1f | %.1f | %.1f | **%.2fx** | %.2f | **%.1fx** | ",
+             (unsigned long long)page / 1024, b.to_host ? "D2H" : "H2D", gk, gke,
+             gu, gk / gu, gp, gke / gp);
+      if (have_batch)
+        printf("%.1f / %.1f | %.1fx / **%.1fx** | ", gbps(&b, tb), gbps(&b, tbe),
+               gk / gbps(&b, tb), gke / gbps(&b, tbe));
+      else
+        printf("n/a | n/a | ");
+      printf("%.1f | %.1f / %.0f / %.0f |\n", gc, tk.submit_us, tp.submit_us,
+             tb.submit_us);
+      fflush(stdout);
+    }
+    /* D2D gather into device staging with the whole GPU vs D2D memcpy */
+    b.d2d = true, b.to_host = true;
+    CHECK(kvp_device_set(dev, KVP_DEVOPT_CTA_BUDGET, 2 * sms));
+    CHECK(kvp_device_set(dev, KVP_DEVOPT_THREADS_PER_CTA, 512));
+    timing tk = run(op_kernel, &b);
+    CU(cu->cuMemcpy((CUdeviceptr)(uintptr_t)ref, b.dstage, hbytes));
+    CU(cu->cuMemcpy((CUdeviceptr)(uintptr_t)tmp, b.cache, nb * page));
+    for (uint32_t i = 0; i < pages; i++)
+      if (memcmp(ref + (uint64_t)i * page, tmp + (uint64_t)b.ids[i] * page, page)) {
+        fprintf(stderr, "bench_kernels: D2D gather moved wrong bytes (page %u)\n", i);
+        return 1;
+      }
+    timing tu = run(op_bulk, &b);
+    timing tke = run_e2e(op_kernel, &b);
+    printf("| %llu KiB | D2D | %.1f | %.1f | %.1f (D2D memcpy) | **%.2fx** | | | | | | %.1f (%d CTAs) |\n",
+           (unsigned long long)page / 1024, gbps(&b, tk), gbps(&b, tke), gbps(&b, tu),
+           gbps(&b, tk) / gbps(&b, tu), tk.submit_us, 2 * sms);
+    CHECK(kvp_device_set(dev, KVP_DEVOPT_CTA_BUDGET, ctas));
+    CHECK(kvp_device_set(dev, KVP_DEVOPT_THREADS_PER_CTA, threads));
+    fflush(stdout);
+    kvp_kv_layout_destroy(b.lay);
+    CHECK(kvp_device_host_unregister(dev, b.host));
+    CU(cu->cuMemFree(b.cache));
+    CU(cu->cuMemFree(b.dstage));
+    free(b.host), free(ref), free(tmp), free(b.ids), free(b.srcs), free(b.dsts),
+        free(b.sizes);
+  }
+  host_costs();
+  printf("\ncalibrated crossover (kvp_device_bandwidth_get):\n");
+  for (uint64_t pg = 4096; pg <= (1u << 20); pg *= 4) {
+    kvp_device_bandwidth h, dd;
+    CHECK(kvp_device_bandwidth_get(dev, KVP_DIR_H2D, pg, &h));
+    CHECK(kvp_device_bandwidth_get(dev, KVP_DIR_D2H, pg, &dd));
+    printf("  %7llu B: H2D kernel %.1f / copy engine %.1f GB/s (auto: %s); "
+           "D2H %.1f / %.1f (auto: %s)\n", (unsigned long long)pg,
+           h.kernel_gbps, h.copy_engine_gbps,
+           h.auto_method == KVP_XFER_KERNEL ? "kernel" : "copy engine",
+           dd.kernel_gbps, dd.copy_engine_gbps,
+           dd.auto_method == KVP_XFER_KERNEL ? "kernel" : "copy engine");
+  }
+  kvp_stream_destroy(kst);
+  cu->cuEventDestroy(ev0);
+  cu->cuEventDestroy(ev1);
+  cu->cuStreamDestroy(st);
+  kvp_device_destroy(dev);
+  return 0;
+}

@@ -1,0 +1,511 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The CUDA backend: the driver API through dlopen("libcuda.so.1"), the
+ * embedded fatbin (sm_80 + sm_90 cubins, compute_90 PTX) loaded with
+ * cuModuleLoadData, the gather/scatter launches, the copy-engine path
+ * (cuMemcpy2DAsync over merged runs of adjacent blocks); the start-up
+ * calibration that picks between them is kernels_calibrate.c. */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_api.h"
+#include "kernels_args.h"
+#include "kernels_internal.h"
+
+extern const unsigned char kvp__cuda_fatbin[];
+extern const size_t kvp__cuda_fatbin_size;
+
+/* ---- the driver, loaded once --------------------------------------------------- */
+static kvp_cuda_api cu;
+static bool cu_ok;
+
+const kvp_cuda_api *kvp__cuda_api(void) { return cu_ok ? &cu : NULL; }
+
+static void load_batch(void) {
+  void *fn = NULL;
+  int status = 0;
+  /* Ask for the CUDA 13 flavour first, then 12.8's (it takes failIdx). */
+  if (cu.cuGetProcAddress("cuMemcpyBatchAsync", &fn, 13000, 0, &status) ==
+          CUDA_SUCCESS && fn && cu.driver_version >= 13000)
+    cu.cuMemcpyBatchAsync13 = (CUresult(*)(CUdeviceptr *, CUdeviceptr *,
+                                           size_t *, size_t,
+                                           CUmemcpyAttributes *, size_t *,
+                                           size_t, CUstream))fn;
+  else if (cu.cuGetProcAddress("cuMemcpyBatchAsync", &fn, 12080, 0,
+                               &status) == CUDA_SUCCESS && fn)
+    cu.cuMemcpyBatchAsync128 =
+        (CUresult(*)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t,
+                     CUmemcpyAttributes *, size_t *, size_t, size_t *,
+                     CUstream))fn;
+}
+
+int kvp__cuda_probe(char *why, size_t cap) {
+  if (!kvp__have_cuda_kernels) {
+    snprintf(why, cap, "built without CUDA kernels (%s)", kvp__cuda_build_note);
+    return 0;
+  }
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    snprintf(why, cap, "no NVIDIA driver: %s", dlerror());
+    return 0;
+  }
+#define KVP_CUDA_LOAD_(name, sym, args)                                         \
+  *(void **)&cu.name = dlsym(lib, sym);                                         \
+  if (!cu.name) {                                                               \
+    snprintf(why, cap, "libcuda.so.1 lacks %s (driver too old)", sym);          \
+    return 0;                                                                   \
+  }
+  KVP_CUDA_FUNCS(KVP_CUDA_LOAD_)
+#undef KVP_CUDA_LOAD_
+  CUresult r = cu.cuInit(0);
+  int n = 0;
+  if (r == CUDA_SUCCESS)
+    r = cu.cuDeviceGetCount(&n);
+  if (r != CUDA_SUCCESS || n == 0) {
+    const char *nm = "?";
+    cu.cuGetErrorName(r, &nm);
+    snprintf(why, cap, "no CUDA device (cuInit/cuDeviceGetCount: %s, %d devices)",
+             nm ? nm : "?", n);
+    return 0;
+  }
+  cu.cuDriverGetVersion(&cu.driver_version);
+  load_batch();
+  cu_ok = true;
+  snprintf(why, cap, "%d CUDA device(s), driver API %d", n, cu.driver_version);
+  return 1;
+}
+
+/* ---- per device ---------------------------------------------------------------- */
+#define RING 8
+static const unsigned widths[5] = {16, 8, 4, 2, 1};
+
+typedef struct arg_slot {
+  CUevent done;
+  bool pending;
+  uint32_t *host;  /* mapped pinned: ids then slots */
+  CUdeviceptr dev; /* its device address */
+  size_t cap; /* uint32 entries */
+} arg_slot;
+
+typedef struct cuda_dev {
+  CUdevice dev;
+  int ordinal;
+  CUcontext ctx;
+  CUmodule mod;
+  CUfunction fn[5];
+  CUstream own;
+  int sms, cc_major, cc_minor;
+  arg_slot ring[RING];
+  unsigned ring_next;
+} cuda_dev;
+
+#define CD(d) ((cuda_dev *)(d)->priv)
+
+static int fail(kvp_device *d, CUresult r, const char *what) {
+  const char *nm = NULL;
+  if (cu.cuGetErrorName(r, &nm) != CUDA_SUCCESS)
+    nm = NULL;
+  return kvp__dev_native_fail(d, r, nm, what);
+}
+
+#define CK(d, call)                                                             \
+  do {                                                                          \
+    CUresult r_ = (call);                                                       \
+    if (r_ != CUDA_SUCCESS)                                                     \
+      return fail(d, r_, #call);                                                \
+  } while (0)
+
+static int set_ctx(kvp_device *d) {
+  CK(d, cu.cuCtxSetCurrent(CD(d)->ctx));
+  return 0;
+}
+
+static int load_module(kvp_device *d) {
+  cuda_dev *c = CD(d);
+  CK(d, cu.cuModuleLoadData(&c->mod, kvp__cuda_fatbin));
+  for (int i = 0; i < 5; i++) {
+    char nm[32];
+    snprintf(nm, sizeof nm, "kvp_copy_w%u", widths[i]);
+    CK(d, cu.cuModuleGetFunction(&c->fn[i], c->mod, nm));
+    int local = 0;
+    CK(d, cu.cuFuncGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+                                c->fn[i]));
+    if (local)
+      KVP_LOGW(KVP_KERNELS_MOD, "%s uses %d bytes of local memory", nm, local);
+  }
+  return 0;
+}
+
+static void cuda_close(kvp_device *d) {
+  cuda_dev *c = CD(d);
+  if (!c)
+    return;
+  if (c->ctx) {
+    cu.cuCtxSetCurrent(c->ctx);
+    if (c->own)
+      cu.cuStreamSynchronize(c->own);
+    for (int i = 0; i < RING; i++) {
+      arg_slot *s = &c->ring[i];
+      if (s->done)
+        cu.cuEventDestroy(s->done);
+      if (s->host)
+        cu.cuMemFreeHost(s->host);
+    }
+    if (c->own)
+      cu.cuStreamDestroy(c->own);
+    if (c->mod)
+      cu.cuModuleUnload(c->mod);
+    cu.cuDevicePrimaryCtxRelease(c->dev);
+  }
+  kvp__free(&d->alloc, c, sizeof *c);
+  d->priv = NULL;
+}
+
+static int cuda_open(kvp_device *d, const kvp_device_opts *o) {
+  cuda_dev *c = kvp__calloc(&d->alloc, 1, sizeof *c);
+  if (!c)
+    return KVP_ENOMEM;
+  d->priv = c;
+  int n = 0, rc;
+  cu.cuDeviceGetCount(&n);
+  if (o->ordinal >= n) {
+    rc = KVP_ERANGE;
+    goto fail;
+  }
+  c->ordinal = o->ordinal;
+  CUresult r;
+  if ((r = cu.cuDeviceGet(&c->dev, o->ordinal)) ||
+      (r = cu.cuDevicePrimaryCtxRetain(&c->ctx, c->dev))) {
+    rc = fail(d, r, "cuDevicePrimaryCtxRetain");
+    c->ctx = NULL;
+    goto fail;
+  }
+  char name[96] = "?";
+  cu.cuDeviceGetName(name, sizeof name, c->dev);
+  cu.cuDeviceGetAttribute(&c->sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, c->dev);
+  cu.cuDeviceGetAttribute(&c->cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, c->dev);
+  cu.cuDeviceGetAttribute(&c->cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, c->dev);
+  snprintf(d->name, sizeof d->name, "%s (sm_%d%d, %d SMs)", name, c->cc_major,
+           c->cc_minor, c->sms);
+  if ((rc = set_ctx(d)) < 0 || (rc = load_module(d)) < 0)
+    goto fail;
+  if ((r = cu.cuStreamCreate(&c->own, CU_STREAM_NON_BLOCKING))) {
+    rc = fail(d, r, "cuStreamCreate");
+    goto fail;
+  }
+  for (int i = 0; i < RING; i++)
+    if ((r = cu.cuEventCreate(&c->ring[i].done, CU_EVENT_DISABLE_TIMING))) {
+      rc = fail(d, r, "cuEventCreate");
+      goto fail;
+    }
+  return 0;
+fail:
+  cuda_close(d);
+  return rc;
+}
+
+static int cuda_alloc(kvp_device *d, size_t n, uint64_t *out) {
+  int rc = set_ctx(d);
+  if (rc < 0)
+    return rc;
+  CUdeviceptr p;
+  CK(d, cu.cuMemAlloc(&p, n));
+  *out = p;
+  return 0;
+}
+static void cuda_free(kvp_device *d, uint64_t p) {
+  if (set_ctx(d) == 0)
+    cu.cuMemFree(p);
+}
+static int cuda_host_register(kvp_device *d, void *p, size_t n, uint64_t *dp) {
+  int rc = set_ctx(d);
+  if (rc < 0)
+    return rc;
+  CK(d, cu.cuMemHostRegister(p, n, CU_MEMHOSTREGISTER_PORTABLE |
+                                        CU_MEMHOSTREGISTER_DEVICEMAP));
+  CUdeviceptr dptr;
+  CUresult r = cu.cuMemHostGetDevicePointer(&dptr, p, 0);
+  if (r != CUDA_SUCCESS) {
+    cu.cuMemHostUnregister(p);
+    return fail(d, r, "cuMemHostGetDevicePointer");
+  }
+  *dp = dptr;
+  return 0;
+}
+static int cuda_host_unregister(kvp_device *d, void *p) {
+  int rc = set_ctx(d);
+  if (rc < 0)
+    return rc;
+  CK(d, cu.cuMemHostUnregister(p));
+  return 0;
+}
+/* [a, a+n) inside one device allocation of this GPU.  cuPointerGetAttributes
+ * (unlike cuPointerGetAttribute) answers for any address without an error. */
+static int cuda_check_range(kvp_device *d, uint64_t a, uint64_t n) {
+  if (set_ctx(d) < 0)
+    return KVP_EINVAL;
+  unsigned type = 0;
+  int ord = -1;
+  CUdeviceptr start = 0;
+  size_t size = 0;
+  int attrs[4] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                  CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+  void *data[4] = {&type, &ord, &start, &size};
+  if (cu.cuPointerGetAttributes(4, attrs, data, a) != CUDA_SUCCESS ||
+      type != CU_MEMORYTYPE_DEVICE || ord != CD(d)->ordinal)
+    return KVP_EINVAL;
+  return (a - start <= size && n <= size - (a - start)) ? 0 : KVP_EINVAL;
+}
+static int cuda_memcpy(kvp_device *d, void *dst, const void *src, size_t n) {
+  int rc = set_ctx(d);
+  if (rc < 0)
+    return rc;
+  /* On the own stream and waited for: cuMemcpy from pageable memory may
+   * return before its DMA lands, and would not order with that stream. */
+  CUstream own = CD(d)->own;
+  CK(d, cu.cuMemcpyAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src,
+                         n, own));
+  CK(d, cu.cuStreamSynchronize(own));
+  return 0;
+}
+
+static CUstream S(kvp_device *d, void *s) { return s ? s : CD(d)->own; }
+
+static int cuda_stream_create(kvp_device *d, void **out) {
+  int rc = set_ctx(d);
+  if (rc < 0)
+    return rc;
+  CUstream s;
+  CK(d, cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  *out = s;
+  return 0;
+}
+static void cuda_stream_destroy(kvp_device *d, void *s) {
+  if (set_ctx(d) == 0)
+    cu.cuStreamDestroy(s);
+}
+static int cuda_stream_sync(kvp_device *d, void *s) {
+  int rc = set_ctx(d);
+  if (rc < 0)
+    return rc;
+  CK(d, cu.cuStreamSynchronize(S(d, s)));
+  return 0;
+}
+static int cuda_stream_query(kvp_device *d, void *s) {
+  int rc = set_ctx(d);
+  if (rc < 0)
+    return rc;
+  CUresult r = cu.cuStreamQuery(S(d, s));
+  return r == CUDA_SUCCESS ? 0 : r == CUDA_ERROR_NOT_READY ? KVP_EBUSY
+                                   : fail(d, r, "cuStreamQuery");
+}
+static int cuda_stream_wait(kvp_device *d, void *s, void *e) {
+  int rc = set_ctx(d);
+  if (rc < 0)
+    return rc;
+  CK(d, cu.cuStreamWaitEvent(S(d, s), e, 0));
+  return 0;
+}
+static int cuda_event_create(kvp_device *d, void **out) {
+  int rc = set_ctx(d);
+  if (rc < 0)
+    return rc;
+  CUevent e;
+  CK(d, cu.cuEventCreate(&e, CU_EVENT_DEFAULT));
+  *out = e;
+  return 0;
+}
+static void cuda_event_destroy(kvp_device *d, void *e) {
+  if (set_ctx(d) == 0)
+    cu.cuEventDestroy(e);
+}
+static int cuda_event_record(kvp_device *d, void *e, void *s) {
+  int rc = set_ctx(d);
+  if (rc < 0)
+    return rc;
+  CK(d, cu.cuEventRecord(e, S(d, s)));
+  return 0;
+}
+static int cuda_event_sync(kvp_device *d, void *e) {
+  int rc = set_ctx(d);
+  if (rc < 0)
+    return rc;
+  CK(d, cu.cuEventSynchronize(e));
+  return 0;
+}
+static int cuda_event_query(kvp_device *d, void *e) {
+  int rc = set_ctx(d);
+  if (rc < 0)
+    return rc;
+  CUresult r = cu.cuEventQuery(e);
+  return r == CUDA_SUCCESS ? 0 : r == CUDA_ERROR_NOT_READY ? KVP_EBUSY
+                                   : fail(d, r, "cuEventQuery");
+}
+static int cuda_event_elapsed(kvp_device *d, void *a, void *b, uint64_t *ns) {
+  float ms = 0;
+  int rc = set_ctx(d);
+  if (rc < 0)
+    return rc;
+  CK(d, cu.cuEventElapsedTime(&ms, a, b));
+  *ns = ms > 0 ? (uint64_t)((double)ms * 1e6) : 0;
+  return 0;
+}
+
+static int cuda_layout_upload(kvp_device *d, kvp_kv_layout *l) {
+  int rc = set_ctx(d);
+  if (rc < 0)
+    return rc;
+  size_t n = l->info.n_chunks * sizeof(uint64_t);
+  CUdeviceptr p;
+  CK(d, cu.cuMemAlloc(&p, n));
+  CUresult r = cu.cuMemcpy(p, (CUdeviceptr)(uintptr_t)l->chunk_base, n);
+  if (r != CUDA_SUCCESS) {
+    cu.cuMemFree(p);
+    return fail(d, r, "cuMemcpy(chunk table)");
+  }
+  l->chunk_table_dev = p;
+  return 0;
+}
+static void cuda_layout_release(kvp_device *d, kvp_kv_layout *l) {
+  if (l->chunk_table_dev && set_ctx(d) == 0)
+    cu.cuMemFree(l->chunk_table_dev);
+}
+
+/* ---- launches ------------------------------------------------------------------------ */
+/* A ring slot big enough for `need` uint32 entries, free of earlier work.
+ * Slots are mapped pinned memory the kernel reads directly. */
+static int ring_take(kvp_device *d, size_t need, arg_slot **out) {
+  cuda_dev *c = CD(d);
+  arg_slot *s = &c->ring[c->ring_next];
+  c->ring_next = (c->ring_next + 1) % RING;
+  if (s->pending) {
+    CK(d, cu.cuEventSynchronize(s->done)); /* the kernel that read it is done */
+    s->pending = false;
+  }
+  if (s->cap < need) {
+    size_t cap = need < 4096 ? 4096 : need + need / 2;
+    if (s->host)
+      cu.cuMemFreeHost(s->host), s->host = NULL;
+    s->cap = 0;
+    CK(d, cu.cuMemHostAlloc((void **)&s->host, cap * 4,
+                            CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
+    CK(d, cu.cuMemHostGetDevicePointer(&s->dev, s->host, 0));
+    s->cap = cap;
+  }
+  *out = s;
+  return 0;
+}
+
+static int cuda_args_take(kvp_device *d, size_t entries, uint32_t **host,
+                          void **slot) {
+  int rc = set_ctx(d);
+  arg_slot *s = NULL;
+  if (rc < 0 || (rc = ring_take(d, entries, &s)) < 0)
+    return rc;
+  *host = s->host;
+  *slot = s;
+  return 0;
+}
+
+static int cuda_run_kernel(kvp_device *d, const kvp__plan *p) {
+  cuda_dev *c = CD(d);
+  int rc = set_ctx(d);
+  if (rc < 0)
+    return rc;
+  arg_slot *s = p->arg_slot;
+  if (!s) { /* not filled during validation (calibration) */
+    size_t need = p->slots ? 2 * (size_t)p->n : p->n;
+    if ((rc = ring_take(d, need, &s)) < 0)
+      return rc;
+    memcpy(s->host, p->ids, p->n * sizeof(uint32_t));
+    if (p->slots)
+      memcpy(s->host + p->n, p->slots, p->n * sizeof(uint32_t));
+  }
+  CUstream st = S(d, p->stream);
+  kvp__launch L;
+  kvp__launch_plan(d, p, s->dev, p->slots ? s->dev + (uint64_t)p->n * 4 : 0, &L);
+  void *params[] = {&L.args};
+  CK(d, cu.cuLaunchKernel(c->fn[L.width_index], L.ctas, 1, 1, L.threads, 1, 1,
+                          0, st, params, NULL));
+  CK(d, cu.cuEventRecord(s->done, st));
+  s->pending = true;
+  return 0;
+}
+
+/* One cuMemcpy2DAsync per run of adjacent blocks (adjacent ids and slots)
+ * and chunk: a row per block, pitches = the two strides. */
+static int cuda_run_copy_engine(kvp_device *d, const kvp__plan *p) {
+  int rc = set_ctx(d);
+  if (rc < 0)
+    return rc;
+  const kvp_kv_layout_info *in = &p->layout->info;
+  CUstream st = S(d, p->stream);
+  const uint64_t sp = (uint64_t)in->n_chunks * in->chunk_bytes; /* staging pitch */
+  for (uint32_t i = 0; i < p->n;) {
+    uint32_t j = i + 1;
+    uint64_t si = p->slots ? p->slots[i] : i;
+    while (j < p->n && p->ids[j] == p->ids[i] + (j - i) &&
+           (p->slots ? p->slots[j] : j) == si + (j - i))
+      j++;
+    for (uint32_t c = 0; c < in->n_chunks; c++) {
+      uint64_t paged = p->layout->chunk_base[c] + p->ids[i] * in->block_stride;
+      uint64_t stage = p->staging + (si * in->n_chunks + c) * in->chunk_bytes;
+      uint64_t src = p->scatter ? stage : paged, dst = p->scatter ? paged : stage;
+      uint64_t spitch = p->scatter ? sp : in->block_stride;
+      uint64_t dpitch = p->scatter ? in->block_stride : sp;
+      if (j - i == 1 || (spitch == in->chunk_bytes && dpitch == in->chunk_bytes)) {
+        CK(d, cu.cuMemcpyAsync(dst, src, (j - i) * in->chunk_bytes, st));
+        continue;
+      }
+      CUDA_MEMCPY2D m = {.srcMemoryType = CU_MEMORYTYPE_UNIFIED,
+                         .srcDevice = src, .srcPitch = spitch,
+                         .dstMemoryType = CU_MEMORYTYPE_UNIFIED,
+                         .dstDevice = dst, .dstPitch = dpitch,
+                         .WidthInBytes = in->chunk_bytes, .Height = j - i};
+      CK(d, cu.cuMemcpy2DAsync(&m, st));
+    }
+    i = j;
+  }
+  return 0;
+}
+
+void kvp__cuda_native(const kvp_device *d, CUcontext *ctx, CUstream *own,
+                      int *sms) {
+  const cuda_dev *c = d->backend == KVP_BACKEND_CUDA ? d->priv : NULL;
+  if (ctx)
+    *ctx = c ? c->ctx : NULL;
+  if (own)
+    *own = c ? c->own : NULL;
+  if (sms)
+    *sms = c ? c->sms : 0;
+}
+
+const kvp__dev_ops kvp__cuda_ops = {
+    .legacy_stream = (void *)0x1, /* CU_STREAM_LEGACY */
+    .open = cuda_open,
+    .close = cuda_close,
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .host_register = cuda_host_register,
+    .host_unregister = cuda_host_unregister,
+    .check_device_range = cuda_check_range,
+    .memcpy = cuda_memcpy,
+    .stream_create = cuda_stream_create,
+    .stream_destroy = cuda_stream_destroy,
+    .stream_sync = cuda_stream_sync,
+    .stream_query = cuda_stream_query,
+    .stream_wait = cuda_stream_wait,
+    .event_create = cuda_event_create,
+    .event_destroy = cuda_event_destroy,
+    .event_record = cuda_event_record,
+    .event_sync = cuda_event_sync,
+    .event_query = cuda_event_query,
+    .event_elapsed = cuda_event_elapsed,
+    .layout_upload = cuda_layout_upload,
+    .layout_release = cuda_layout_release,
+    .args_take = cuda_args_take,
+    .run_kernel = cuda_run_kernel,
+    .run_copy_engine = cuda_run_copy_engine,
+    .calibrate = true,
+};
