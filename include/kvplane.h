@@ -10,5 +10,6 @@
 #include "kvplane/prefix.h"
 #include "kvplane/index.h"
 #include "kvplane/route.h"
+#include "kvplane/config.h"
 
 #endif /* KVPLANE_H */
