@@ -65,6 +65,8 @@ typedef struct bh_req {
   uint32_t session;    /* index into names (0 = none) */
   uint32_t tenant;     /* index into names (0 = none) */
   uint32_t seq;        /* order read (stable sort tie-break) */
+  uint64_t session_id; /* hash of the session's name (bh_trace_finish): the
+                          same across formats, unlike the index */
   /* the production stability classifier's split (bh_trace_finish) */
   uint32_t stable_end, semi_end;
   uint64_t cls_tokens[KVP_CLASS_COUNT_];

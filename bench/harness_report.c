@@ -384,7 +384,7 @@ static int html_section(FILE *f, const bh_run *run) {
   esc(f, run->label);
   fputs("</h2>\n<p>", f);
   esc(f, run->trace->label);
-  fprintf(f, " &mdash; %zu requests, block %u tokens, %u workers; %llu bad "
+  fprintf(f, " &#8212; %zu requests, block %u tokens, %u workers; %llu bad "
              "records skipped.</p>\n",
           run->trace->n_reqs, run->trace->block_size, run->cl->workers,
           (unsigned long long)run->trace->records_bad);
@@ -447,7 +447,7 @@ static int html_section(FILE *f, const bh_run *run) {
 }
 
 int bh_report_html(FILE *f, const bh_run *runs, size_t n) {
-  fputs("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+  fputs("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\"/>\n"
         "<title>kvplane-bench report</title>\n<style>\n"
         "body{font-family:sans-serif;margin:2em;max-width:1200px}\n"
         "table{border-collapse:collapse;font-size:12px;margin:0.5em 0}\n"

@@ -781,7 +781,7 @@ static int route(struct sim *s, uint32_t i, uint32_t *out) {
                           .n_blocks = q->n_blocks,
                           .prompt_tokens = q->in_tokens,
                           .cls = &cls,
-                          .session_id = q->session ? q->session : 0,
+                          .session_id = q->session_id,
                           .request_id = (uint64_t)i + 1,
                           .tenant = q->tenant};
   kvp_decision d;

@@ -963,7 +963,9 @@ int bh_trace_finish(bh_trace *t) {
   for (size_t i = 0; i < t->n_reqs && rc >= 0; i++) {
     bh_req *q = &t->reqs[i];
     /* no session: each request its own (nothing is semi-stable) */
-    uint64_t sid = q->session ? q->session : (1ull << 40) + q->seq;
+    const char *sn = q->session ? t->names[q->session] : NULL;
+    q->session_id = sn ? XXH3_64bits(sn, strlen(sn)) | 1 : 0;
+    uint64_t sid = sn ? q->session_id : (1ull << 40) + q->seq;
     kvp_classification c;
     rc = kvp_stability_observe(st, sid, t->keys + q->key_off, q->n_blocks,
                                t->block_size,

@@ -416,9 +416,10 @@ int kvp_config_load_file(const char *path, const kvp_allocator *alloc,
 }
 
 /* ---- binding -------------------------------------------------------------------- */
+/* Checks one value; stores it only when `store` (bind is all or nothing). */
 static int bind_value(const kvp_config *c, const char *sec,
-                      const kvp_config_field *f, const entry *e, char *err,
-                      size_t cap) {
+                      const kvp_config_field *f, const entry *e, bool store,
+                      char *err, size_t cap) {
   const char *v = e->value;
   char *end;
   if (e->seq && f->type != KVP_CONFIG_STR)
@@ -435,7 +436,8 @@ static int bind_value(const kvp_config *c, const char *sec,
                   "%s:%u: %s.%s: expected an integer in [%.0f, %.0f], got "
                   "'%.64s'",
                   c->name, e->line, sec, f->name, f->min, f->max, v);
-    *(uint64_t *)f->out = u;
+    if (store)
+      *(uint64_t *)f->out = u;
     return 0;
   }
   case KVP_CONFIG_F64: {
@@ -446,19 +448,17 @@ static int bind_value(const kvp_config *c, const char *sec,
       return fail(err, cap, KVP_EINVAL,
                   "%s:%u: %s.%s: expected a number in [%g, %g], got '%.64s'",
                   c->name, e->line, sec, f->name, f->min, f->max, v);
-    *(double *)f->out = d;
+    if (store)
+      *(double *)f->out = d;
     return 0;
   }
   case KVP_CONFIG_BOOL: {
     static const char *const t[] = {"true", "yes", "on"},
                              *const n[] = {"false", "no", "off"};
     for (int i = 0; i < 3; i++) {
-      if (strcmp(v, t[i]) == 0) {
-        *(bool *)f->out = true;
-        return 0;
-      }
-      if (strcmp(v, n[i]) == 0) {
-        *(bool *)f->out = false;
+      if (strcmp(v, t[i]) == 0 || strcmp(v, n[i]) == 0) {
+        if (store)
+          *(bool *)f->out = strcmp(v, t[i]) == 0;
         return 0;
       }
     }
@@ -471,7 +471,8 @@ static int bind_value(const kvp_config *c, const char *sec,
       return fail(err, cap, KVP_EINVAL,
                   "%s:%u: %s.%s: longer than %zu bytes", c->name, e->line,
                   sec, f->name, f->cap ? f->cap - 1 : 0);
-    memcpy(f->out, v, strlen(v) + 1);
+    if (store)
+      memcpy(f->out, v, strlen(v) + 1);
     return 0;
   }
   return fail(err, cap, KVP_EINVAL, "%s: %s.%s: bad field type", c->name,
@@ -489,31 +490,32 @@ int kvp_config_bind(kvp_config *c, const kvp_config_section *s, char *err,
       si = i;
   if (si == c->ns)
     return 0;
-  c->s[si].bound = true;
   int set = 0;
-  for (size_t i = 0; i < c->n; i++) {
-    const entry *e = &c->e[i];
-    if (e->section != c->s[si].name)
-      continue;
-    const kvp_config_field *f = NULL;
-    for (size_t j = 0; j < s->n_fields && f == NULL; j++)
-      if (strcmp(s->fields[j].name, e->key) == 0)
-        f = &s->fields[j];
-    if (f == NULL) {
-      char known[512] = "";
-      size_t kl = 0;
-      for (size_t j = 0; j < s->n_fields && kl < sizeof known; j++)
-        kl += (size_t)snprintf(known + kl, sizeof known - kl, "%s%s",
-                               j ? ", " : "", s->fields[j].name);
-      return fail(err, cap, KVP_EINVAL,
-                  "%s:%u: unknown key '%.64s' in section '%s' (known: %s)",
-                  c->name, e->line, e->key, s->name, known);
+  for (int pass = 0; pass < 2; pass++)
+    for (size_t i = 0; i < c->n; i++) {
+      const entry *e = &c->e[i];
+      if (e->section != c->s[si].name)
+        continue;
+      const kvp_config_field *f = NULL;
+      for (size_t j = 0; j < s->n_fields && f == NULL; j++)
+        if (strcmp(s->fields[j].name, e->key) == 0)
+          f = &s->fields[j];
+      if (f == NULL) {
+        char known[512] = "";
+        size_t kl = 0;
+        for (size_t j = 0; j < s->n_fields && kl < sizeof known; j++)
+          kl += (size_t)snprintf(known + kl, sizeof known - kl, "%s%s",
+                                 j ? ", " : "", s->fields[j].name);
+        return fail(err, cap, KVP_EINVAL,
+                    "%s:%u: unknown key '%.64s' in section '%s' (known: %s)",
+                    c->name, e->line, e->key, s->name, known);
+      }
+      int rc = bind_value(c, s->name, f, e, pass == 1, err, cap);
+      if (rc < 0)
+        return rc;
+      set += pass;
     }
-    int rc = bind_value(c, s->name, f, e, err, cap);
-    if (rc < 0)
-      return rc;
-    set++;
-  }
+  c->s[si].bound = true;
   return set;
 }
 

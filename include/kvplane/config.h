@@ -74,7 +74,8 @@ KVP_API void kvp_config_destroy(kvp_config *c);
 /* Binds section s->name: every key must be one of s->fields and valid, else
  * KVP_EINVAL with "name:line: unknown key 'x' in section 's'" or "name:line:
  * s.key: expected ..., got '...'" in err.  An absent section binds nothing
- * and succeeds.  Returns the number of keys set, or KVP_EINVAL. */
+ * and succeeds.  Nothing is stored unless every key is valid.  Returns the number of keys
+ * set, or KVP_EINVAL. */
 KVP_API int kvp_config_bind(kvp_config *c, const kvp_config_section *s,
                             char *err, size_t cap);
 /* KVP_EINVAL ("name:line: unknown section 'x'") if a section was neither
