@@ -116,7 +116,9 @@ static int run_session(gen *g, double t, uint32_t tenant, const char *name,
     uint64_t add = g_tokens(g, o->turn_tokens);
     s.prev = s.tokens;
     s.tokens += add;
-    if (o->drift > 0 && g_unit(g) < o->drift)
+    /* drawn whether or not drift is on: equal seeds give equal sessions,
+     * and the knob changes only the prompts */
+    if (g_unit(g) < o->drift)
       *epoch = g->next_id++;
     if ((rc = ids_fill(g, &s, s.tokens / g->bs)) < 0)
       break;

@@ -289,6 +289,8 @@ struct sim {
   uint32_t *inf_reuse;
   double *arrive;
   uint64_t *est_uncached;
+  uint32_t *prev_req;  /* the session's request before this one, or NONE */
+  uint32_t *sess_last; /* per session name: its latest arrival */
   /* global "ever cached" fingerprints, for miss causes */
   uint64_t *seen;
   size_t seen_mask, seen_n;
@@ -653,9 +655,31 @@ static int start_prefill(struct sim *s, uint32_t w) {
   if (!s->infinite)
     while (ev_end < n && seen_has(s, keys[ev_end].lo))
       ev_end++;
+  /* never-seen blocks where the session's previous turn had a block:
+   * the prompt changed under them (prompt drift), not new content */
+  uint64_t d0 = ev_end, d1 = ev_end;
+  if (s->prev_req[i] != NONE) {
+    const bh_req *p = &s->t->reqs[s->prev_req[i]];
+    const kvp_key *pk = s->t->keys + p->key_off;
+    uint64_t hi = p->n_blocks < n ? p->n_blocks : n, lo = 0;
+    while (lo < hi) { /* common prefix: chained keys, so binary search */
+      uint64_t mid = lo + (hi - lo + 1) / 2;
+      if (kvp_key_eq(pk[mid - 1], keys[mid - 1]))
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    /* blocks equal to the last turn's but not cached yet are in flight
+     * (never seen); the ones after the divergence are drift */
+    d0 = lo > ev_end ? lo : ev_end;
+    d1 = p->n_blocks < n ? p->n_blocks : n;
+    if (d1 < d0)
+      d1 = d0;
+  }
   r->miss_tokens[KVP_MISS_OTHER_WORKER] = (other - m) * bs;
   r->miss_tokens[KVP_MISS_EVICTED] = (ev_end - other) * bs;
-  r->miss_tokens[KVP_MISS_NEVER_SEEN] = (n - ev_end) * bs;
+  r->miss_tokens[KVP_MISS_DRIFT] = (d1 - d0) * bs;
+  r->miss_tokens[KVP_MISS_NEVER_SEEN] = (n - ev_end - (d1 - d0)) * bs;
   if (cut > 0) {
     r->avoided_flops = kvp_model_prefill_flops(&s->cl.model, 0, cut * bs);
     r->avoided_gpu_seconds = r->avoided_flops / s->flops_s;
@@ -797,6 +821,9 @@ static int arrive(struct sim *s, uint32_t i) {
   const bh_req *q = &s->t->reqs[i];
   s->arrive[i] = s->now;
   s->est_uncached[i] = q->in_tokens;
+  s->prev_req[i] = q->session ? s->sess_last[q->session] : NONE;
+  if (q->session)
+    s->sess_last[q->session] = i;
   if (s->infinite) { /* everything sent before is cached, at once */
     const kvp_key *keys = s->t->keys + q->key_off;
     uint32_t m = 0;
@@ -902,6 +929,11 @@ static int sim_setup(struct sim *s, const bh_trace *t, const bh_sim_opts *o,
   s->inf_reuse = calloc(n + 1, sizeof *s->inf_reuse);
   s->arrive = calloc(n + 1, sizeof *s->arrive);
   s->est_uncached = calloc(n + 1, sizeof *s->est_uncached);
+  s->prev_req = malloc((n + 1) * sizeof *s->prev_req);
+  s->sess_last = malloc((t->n_names + 1) * sizeof *s->sess_last);
+  if (s->prev_req == NULL || s->sess_last == NULL)
+    return KVP_ENOMEM;
+  memset(s->sess_last, 0xff, (t->n_names + 1) * sizeof *s->sess_last);
   s->seen_mask = 4095;
   s->seen = calloc(s->seen_mask + 1, sizeof *s->seen);
   uint32_t maxb = 1;
@@ -958,6 +990,8 @@ static void sim_teardown(struct sim *s) {
   free(s->inf_reuse);
   free(s->arrive);
   free(s->est_uncached);
+  free(s->prev_req);
+  free(s->sess_last);
   free(s->seen);
   free(s->tiers);
   free(s->s_prompt);

@@ -190,6 +190,27 @@ TEST(routing_follows_events) {
   bh_trace_free(&u);
 }
 
+/* A session whose system prompt changed (block 0): the blocks its last
+ * turn had are prompt drift, the new one never seen; another session's
+ * change is not drift. */
+TEST(prompt_drift) {
+  const char *text =
+      "{\"format\":\"kvplane-trace\",\"version\":1,\"block_size\":4}\n"
+      "{\"t\":0,\"in\":12,\"out\":2,\"session\":\"a\",\"hash_ids\":[1,2,3]}\n"
+      "{\"t\":10,\"in\":16,\"out\":2,\"session\":\"a\",\"hash_ids\":[9,2,3,4]}\n"
+      "{\"t\":20,\"in\":8,\"out\":2,\"session\":\"b\",\"hash_ids\":[7,7]}\n";
+  bh_trace t;
+  load(text, &t);
+  bh_sim_opts o = tiny_opts(KVP_POLICY_KVPLANE_COST, 1);
+  bh_result r;
+  run(&t, &o, &r);
+  ASSERT_EQ(r.tot.reused_tokens, 0u);
+  ASSERT_EQ(r.tot.miss_tokens[KVP_MISS_DRIFT], 12u);
+  ASSERT_EQ(r.tot.miss_tokens[KVP_MISS_NEVER_SEEN], 12u + 4u + 8u);
+  bh_result_free(&r);
+  bh_trace_free(&t);
+}
+
 static void read_shared(const char *rel, uint64_t limit, bh_trace *t) {
   char p[4096], err[512];
   kvt_shared_path(rel, p, sizeof p);
@@ -287,5 +308,6 @@ TEST(deterministic) {
 }
 
 TEST_MAIN(TEST_ENTRY(tiny_exact), TEST_ENTRY(tiny_tiers),
-          TEST_ENTRY(routing_follows_events), TEST_ENTRY(deterministic),
+          TEST_ENTRY(routing_follows_events), TEST_ENTRY(prompt_drift),
+          TEST_ENTRY(deterministic),
           TEST_ENTRY(invariants_mooncake), TEST_ENTRY(invariants_agentic))
