@@ -204,6 +204,13 @@ int bh_report_json(FILE *f, const bh_run *runs, size_t n);
 /* One self-contained HTML file: per run a summary table and three inline
  * SVG plots (hit rate over time, TTFT CDF, tier occupancy). */
 int bh_report_html(FILE *f, const bh_run *runs, size_t n);
+/* A sweep: avoided GPU-seconds and TTFT p95 (with the bound) against the
+ * first parameter, one line per value of the second. */
+int bh_report_sweep_html(FILE *f, const char *title, const char *xname,
+                         size_t n_lines, const char *const *line_names,
+                         const double *x, uint32_t nx,
+                         const double *const *avoided,
+                         const double *const *p95, double bound);
 
 /* ---- synthetic agentic generator (harness_gen.c) ------------------------ */
 typedef struct bh_gen_opts {

@@ -613,8 +613,10 @@ typedef struct sweep_param {
 
 static int parse_param(const char *s, sweep_param *p) {
   const char *eq = strchr(s, '=');
-  static const char *const known[] = {"dram_gb", "hbm_gb", "nvme_gb",
-                                      "workers", "guard", "speed"};
+  static const char *const known[] = {
+      "dram_gb",          "hbm_gb",       "nvme_gb",     "workers",
+      "guard",            "speed",        "affinity_eps_rel",
+      "dynamo_temperature", "llmd_w_prefix", "llmd_w_kv", "llmd_w_queue"};
   if (eq == NULL || eq - s >= (long)sizeof p->name)
     return KVP_EINVAL;
   snprintf(p->name, sizeof p->name, "%.*s", (int)(eq - s), s);
@@ -623,7 +625,9 @@ static int parse_param(const char *s, sweep_param *p) {
     ok |= strcmp(p->name, known[i]) == 0;
   if (!ok) {
     fprintf(stderr, "kvplane-bench: sweep: unknown parameter '%s' (dram_gb, "
-                    "hbm_gb, nvme_gb, workers, guard, speed)\n",
+                    "hbm_gb, nvme_gb, workers, guard, speed, affinity_eps_rel, "
+                    "dynamo_temperature, llmd_w_prefix, llmd_w_kv, "
+                    "llmd_w_queue)\n",
             p->name);
     return KVP_EINVAL;
   }
@@ -650,6 +654,16 @@ static void apply_param(cli *c, const sweep_param *p, double v) {
     c->cl.workers = (uint32_t)v;
   else if (!strcmp(p->name, "guard"))
     c->router.guard = v;
+  else if (!strcmp(p->name, "affinity_eps_rel"))
+    c->router.affinity_eps_rel = v;
+  else if (!strcmp(p->name, "dynamo_temperature"))
+    c->router.dynamo_temperature = v;
+  else if (!strcmp(p->name, "llmd_w_prefix"))
+    c->router.llmd_w_prefix = v;
+  else if (!strcmp(p->name, "llmd_w_kv"))
+    c->router.llmd_w_kv = v;
+  else if (!strcmp(p->name, "llmd_w_queue"))
+    c->router.llmd_w_queue = v;
   else
     c->speed = v;
 }
@@ -678,6 +692,7 @@ static int cmd_sweep(cli *c, const char **pos, int n_pos) {
          np == 2 ? ps[1].name : "", "hit%", "avoided_s", "p95_s", "p99_s");
   double best = -1;
   double bv[2] = {0, 0};
+  double av[16][16], p9[16][16];
   int rc = 0;
   for (int i = 0; i < ps[0].n && rc >= 0; i++)
     for (int j = 0; j < ps[1].n && rc >= 0; j++) {
@@ -697,12 +712,15 @@ static int cmd_sweep(cli *c, const char **pos, int n_pos) {
       double p95 = (double)kvp_hist_quantile(r.ttft_us, 0.95) / 1e6;
       double p99 = (double)kvp_hist_quantile(r.ttft_us, 0.99) / 1e6;
       bool ok = c->ttft_p95_max <= 0 || p95 <= c->ttft_p95_max;
-      printf("%-12g %-12s %8.2f %12.1f %10.4f %10.4f%s\n", ps[0].v[i],
-             np == 2 ? "" : "", 100.0 * r.tot.reused_tokens /
-                                    (double)(r.tot.prompt_tokens ? r.tot.prompt_tokens : 1),
-             r.tot.avoided_gpu_seconds, p95, p99, ok ? "" : "  (over bound)");
+      char v2[32] = "";
       if (np == 2)
-        printf("%12s %-12g\n", "", ps[1].v[j]);
+        snprintf(v2, sizeof v2, "%g", ps[1].v[j]);
+      printf("%-12g %-12s %8.2f %12.1f %10.4f %10.4f%s\n", ps[0].v[i], v2,
+             100.0 * (double)r.tot.reused_tokens /
+                 (double)(r.tot.prompt_tokens ? r.tot.prompt_tokens : 1),
+             r.tot.avoided_gpu_seconds, p95, p99, ok ? "" : "  (over bound)");
+      av[j][i] = r.tot.avoided_gpu_seconds;
+      p9[j][i] = p95;
       if (ok && r.tot.avoided_gpu_seconds > best) {
         best = r.tot.avoided_gpu_seconds;
         bv[0] = ps[0].v[i];
@@ -711,6 +729,29 @@ static int cmd_sweep(cli *c, const char **pos, int n_pos) {
       bh_result_free(&r);
     }
   if (rc >= 0) {
+    char lab[16][48], path[4096], title[256];
+    const char *ln[16];
+    const double *pa[16], *pp[16];
+    for (int j = 0; j < ps[1].n; j++) {
+      if (np == 2)
+        snprintf(lab[j], sizeof lab[j], "%s=%g", ps[1].name, ps[1].v[j]);
+      else
+        snprintf(lab[j], sizeof lab[j], "%s", bh_policy_name(policy));
+      ln[j] = lab[j];
+      pa[j] = av[j];
+      pp[j] = p9[j];
+    }
+    snprintf(title, sizeof title, "Sweep of %s on %s", ps[0].name, pos[0]);
+    FILE *f = NULL;
+    if (mkdir(c->out_dir, 0777) == 0 || errno == EEXIST)
+      f = open_out(c, "sweep.html", path, sizeof path);
+    if (f != NULL) {
+      rc = bh_report_sweep_html(f, title, ps[0].name, (size_t)ps[1].n, ln,
+                                ps[0].v, (uint32_t)ps[0].n, pa, pp,
+                                c->ttft_p95_max);
+      fclose(f);
+      printf("plot: %s\n", path);
+    }
     if (best < 0)
       printf("recommendation: none: no setting keeps TTFT p95 under %g s\n",
              c->ttft_p95_max);

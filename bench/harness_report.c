@@ -469,3 +469,45 @@ int bh_report_html(FILE *f, const bh_run *runs, size_t n) {
   fputs("</body>\n</html>\n", f);
   return ferror(f) ? KVP_EIO : 0;
 }
+
+int bh_report_sweep_html(FILE *f, const char *title, const char *xname,
+                         size_t n_lines, const char *const *line_names,
+                         const double *x, uint32_t nx,
+                         const double *const *avoided,
+                         const double *const *p95, double bound) {
+  if (n_lines == 0 || n_lines > 16)
+    return KVP_EINVAL;
+  const double *xs[17], *ys[17];
+  const char *names[17];
+  uint32_t np[17];
+  double bx[2] = {x[0], x[nx - 1]}, by[2] = {bound, bound};
+  for (size_t i = 0; i < n_lines; i++) {
+    xs[i] = x;
+    ys[i] = avoided[i];
+    np[i] = nx;
+    names[i] = line_names[i];
+  }
+  fputs("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\"/>\n"
+        "<title>kvplane-bench sweep</title>\n<style>body{font-family:sans-serif;"
+        "margin:2em}svg.plot{display:block;margin:1em 0}</style>\n</head>\n"
+        "<body>\n<h1>",
+        f);
+  esc(f, title);
+  fputs("</h1>\n<section>\n", f);
+  plot a = {"Prefill avoided", xname, "GPU-seconds", n_lines, names, xs, ys,
+            np, false, 0};
+  svg_plot(f, &a);
+  for (size_t i = 0; i < n_lines; i++)
+    ys[i] = p95[i];
+  size_t n = n_lines;
+  if (bound > 0) {
+    xs[n] = bx;
+    ys[n] = by;
+    np[n] = 2;
+    names[n++] = "p95 bound";
+  }
+  plot b = {"TTFT p95", xname, "seconds", n, names, xs, ys, np, false, 0};
+  svg_plot(f, &b);
+  fputs("</section>\n</body>\n</html>\n", f);
+  return ferror(f) ? KVP_EIO : 0;
+}

@@ -110,7 +110,8 @@ int bh_trace_add(bh_trace *t, const bh_req *r, const uint64_t *ids,
                  size_t n_ids, const kvp_segment_mark *marks, size_t n_marks) {
   if (grow((void **)&t->reqs, &t->cap_reqs, t->n_reqs + 1, sizeof *t->reqs) <
           0 ||
-      grow((void **)&t->keys, &t->cap_keys, t->n_keys + n_ids,
+      /* + 1: keys is never NULL once a request exists (keys + off) */
+      grow((void **)&t->keys, &t->cap_keys, t->n_keys + n_ids + 1,
            sizeof *t->keys) < 0 ||
       grow((void **)&t->marks, &t->cap_marks, t->n_marks + n_marks,
            sizeof *t->marks) < 0)

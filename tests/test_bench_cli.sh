@@ -103,6 +103,15 @@ fi
 "$bench" gen --seed 3 --sessions 8 --drift 0.05 "$tmp/gen.jsonl"
 "$bench" run --quiet --no-progress --policies kvplane_cost --out "$tmp/g" "$tmp/gen.jsonl" >/dev/null
 "$bench" sweep --no-progress --limit 500 --param dram_gb=0,64 --param workers=4,8 \
-  --ttft-p95-max 30 "$moon" > "$tmp/sw"
+  --ttft-p95-max 30 --out "$tmp/swo" "$moon" > "$tmp/sw"
 grep -q "^recommendation: " "$tmp/sw" || fail "sweep gave no recommendation"
+[ "$(grep -c '^[0-9]' "$tmp/sw")" = 4 ] || fail "sweep table is not 2 x 2"
+python3 - "$tmp/swo/sweep.html" <<'PY'
+import sys, xml.etree.ElementTree as ET
+ns = "{http://www.w3.org/2000/svg}"
+svgs = ET.parse(sys.argv[1]).getroot().findall(".//" + ns + "svg")
+assert len(svgs) == 2, len(svgs)
+assert len(svgs[0].findall(ns + "polyline")) == 2   # one line per workers value
+assert len(svgs[1].findall(ns + "polyline")) == 3   # ... and the p95 bound
+PY
 echo "kvplane-bench cli ok"
