@@ -493,17 +493,19 @@ static int to_hbm(struct sim *s, uint32_t w, cache *c, kvp_key key,
     lru_push(c, x, KVP_TIER_HBM);
     return 0;
   }
-  if ((rc = make_room(s, w, c, KVP_TIER_HBM)) < 0)
-    return rc;
   if (x != NONE) {
+    /* off its tier first, so making room below cannot pick it as a victim
+     * (the cascade may evict the last tier's LRU) */
     int from = c->nodes[x].tier;
     lru_unlink(c, x);
-    lru_push(c, x, KVP_TIER_HBM);
     if ((rc = publish(s, w, from, false, &key)) < 0 ||
-        (rc = publish(s, w, KVP_TIER_HBM, true, &key)) < 0)
+        (rc = make_room(s, w, c, KVP_TIER_HBM)) < 0)
       return rc;
-    return 0;
+    lru_push(c, x, KVP_TIER_HBM);
+    return publish(s, w, KVP_TIER_HBM, true, &key);
   }
+  if ((rc = make_room(s, w, c, KVP_TIER_HBM)) < 0)
+    return rc;
   if ((rc = node_new(c, key, &x)) < 0)
     return rc;
   lru_push(c, x, KVP_TIER_HBM);

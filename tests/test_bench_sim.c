@@ -190,6 +190,32 @@ TEST(routing_follows_events) {
   bh_trace_free(&u);
 }
 
+/* One block per tier.  r4 brings [1] back from NVMe (recomputed: loading 4
+ * tokens from NVMe costs more than computing them) and the cascade that
+ * makes room in HBM must not evict the very block being promoted (it once
+ * did: a freed node was reused and the LRU lists looped forever). */
+TEST(promote_from_last_tier) {
+  const char *text =
+      "{\"format\":\"kvplane-trace\",\"version\":1,\"block_size\":4}\n"
+      "{\"t\":0,\"in\":4,\"out\":1,\"hash_ids\":[1]}\n"
+      "{\"t\":1,\"in\":4,\"out\":1,\"hash_ids\":[2]}\n"
+      "{\"t\":2,\"in\":4,\"out\":1,\"hash_ids\":[3]}\n"
+      "{\"t\":3,\"in\":4,\"out\":1,\"hash_ids\":[1]}\n"
+      "{\"t\":4,\"in\":4,\"out\":1,\"hash_ids\":[1]}\n";
+  bh_trace t;
+  load(text, &t);
+  bh_sim_opts o = tiny_opts(KVP_POLICY_KVPLANE_COST, 1);
+  o.cl.hbm_blocks = o.cl.dram_blocks = o.cl.nvme_blocks = 1;
+  bh_result r;
+  run(&t, &o, &r);
+  ASSERT_EQ(r.tot.miss_tokens[KVP_MISS_NOT_WORTH_LOADING], 4u);
+  ASSERT_EQ(r.tot.reused_tokens, 4u); /* r5: [1] is back in HBM */
+  ASSERT_EQ(r.evicted_blocks, 0u);
+  ASSERT_EQ(r.ix.residencies, 3u); /* the index agrees: 3 blocks, 3 tiers */
+  bh_result_free(&r);
+  bh_trace_free(&t);
+}
+
 /* A session whose system prompt changed (block 0): the blocks its last
  * turn had are prompt drift, the new one never seen; another session's
  * change is not drift. */
@@ -309,5 +335,6 @@ TEST(deterministic) {
 
 TEST_MAIN(TEST_ENTRY(tiny_exact), TEST_ENTRY(tiny_tiers),
           TEST_ENTRY(routing_follows_events), TEST_ENTRY(prompt_drift),
+          TEST_ENTRY(promote_from_last_tier),
           TEST_ENTRY(deterministic),
           TEST_ENTRY(invariants_mooncake), TEST_ENTRY(invariants_agentic))
