@@ -29,7 +29,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   uint64_t u = 0;
   double d = 0;
   bool b = false;
-  char s[32];
+  char s[32] = "";
   const kvp_config_field f[] = {KVP_CFG_U64("workers", &u, 1, 4096),
                                 KVP_CFG_F64("hbm_gb", &d, 0, 1e6),
                                 KVP_CFG_BOOL("no_shared_prefix", &b),
