@@ -19,8 +19,13 @@ build: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=gcc $(CMAKE_COMMON)
 	cmake --build $(BUILD) -j $(JOBS)
 
+# The main job: kvplane-bench replays the bundled Mooncake trace and agentic
+# sessions with every policy (README "kvplane-bench").
 run: build
-	$(BUILD)/bench/bench_prefix
+	$(BUILD)/bench/kvplane-bench run --config bench/configs/default.yaml \
+	  --out $(BUILD)/bench-report \
+	  $(abspath ../shared)/traces/mooncake_conversation.jsonl.zst \
+	  $(abspath ../shared)/traces/cc_agentic
 
 test-main: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)

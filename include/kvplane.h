@@ -12,5 +12,6 @@
 #include "kvplane/route.h"
 #include "kvplane/tier.h"
 #include "kvplane/device.h"
+#include "kvplane/config.h"
 
 #endif /* KVPLANE_H */

@@ -1,0 +1,235 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* kvplane-bench internals: traces in memory (harness_trace.c), their readers
+ * (Mooncake, cc_agentic, Qwen-Bailian, kvplane's own format), the
+ * discrete-event cluster simulator (harness_sim.c) and the reports
+ * (harness_report.c).  The simulator drives the production prefix, index,
+ * router and ledger code; nothing here re-implements them.
+ *
+ * Invariant of a loaded trace: every request's keys are a chain (key i
+ * commits to ids 0..i), so equal keys at block i mean equal prefixes through
+ * block i, as the index and the stability classifier require. */
+#ifndef KVP_BENCH_HARNESS_H
+#define KVP_BENCH_HARNESS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "kvplane.h"
+
+/* ---- byte sources: a file (zstd or plain, by magic) or memory ------------ */
+typedef struct bh_src bh_src;
+
+/* Opens `path`; zstd frames are decompressed transparently (streaming).
+ * Returns 0 or -errno / KVP_ENOMEM with a message in err. */
+int bh_src_open_file(const char *path, bh_src **out, char *err, size_t cap);
+/* Reads from data[0..size) (not copied: must outlive the source); zstd
+ * transparently as above. */
+int bh_src_open_mem(const void *data, size_t size, const char *name,
+                    bh_src **out);
+void bh_src_close(bh_src *s); /* NULL ok */
+/* Up to cap bytes; returns the count (0 at the end) or KVP_ECORRUPT /
+ * -errno (the message in bh_src_error). */
+long bh_src_read(bh_src *s, void *buf, size_t cap);
+/* Next line without its '\n' (NUL-terminated; valid until the next call).
+ * Returns 1 with the line and its length, 0 at the end, < 0 on error.  Lines longer than
+ * 256 MiB are an error (KVP_ERANGE). */
+int bh_src_getline(bh_src *s, char **line, size_t *len);
+const char *bh_src_name(const bh_src *s);
+uint64_t bh_src_lineno(const bh_src *s);
+const char *bh_src_error(const bh_src *s);
+
+/* ---- traces ------------------------------------------------------------- */
+typedef enum bh_format {
+  BH_FMT_AUTO = 0,
+  BH_FMT_MOONCAKE,  /* {timestamp ms, input_length, output_length, hash_ids} */
+  BH_FMT_AGENTIC,   /* cc_agentic session files (kv-cache-tester) */
+  BH_FMT_BAILIAN,   /* Qwen-Bailian: chat_id, parent_chat_id, timestamp s... */
+  BH_FMT_KVPLANE,   /* kvplane's own JSONL (header line + requests) */
+  BH_FMT_COUNT_
+} bh_format;
+
+const char *bh_format_name(bh_format f);
+int bh_format_parse(const char *s, bh_format *out);
+
+typedef struct bh_req {
+  double t;            /* arrival, seconds from the trace's start */
+  double think_s;      /* think time before it (agentic), informational */
+  uint64_t in_tokens;  /* prompt tokens */
+  uint32_t out_tokens; /* output tokens */
+  uint32_t n_blocks;   /* full blocks keyed: min(ids, in_tokens / block) */
+  uint64_t key_off;    /* keys[key_off .. key_off + n_blocks) */
+  uint32_t mark_off;   /* marks[mark_off .. mark_off + n_marks) */
+  uint32_t n_marks;
+  uint32_t session;    /* index into names (0 = none) */
+  uint32_t tenant;     /* index into names (0 = none) */
+  uint32_t seq;        /* order read (stable sort tie-break) */
+  uint64_t session_id; /* hash of the session's name (bh_trace_finish): the
+                          same across formats, unlike the index */
+  /* the production stability classifier's split (bh_trace_finish) */
+  uint32_t stable_end, semi_end;
+  uint64_t cls_tokens[KVP_CLASS_COUNT_];
+} bh_req;
+
+typedef enum bh_on_error { BH_ERR_SKIP = 0, BH_ERR_STOP = 1 } bh_on_error;
+
+typedef struct bh_read_opts {
+  bh_on_error on_error;
+  uint32_t max_messages;  /* printed per source; 0 = 10 */
+  bool quiet;             /* print nothing (fuzzers, tests) */
+  bool no_shared_prefix;  /* agentic: keep system+tools per session */
+  uint64_t max_requests;  /* 0 = no limit */
+} bh_read_opts;
+
+typedef struct bh_trace {
+  uint32_t block_size; /* 0 until the first source says */
+  bh_req *reqs;
+  size_t n_reqs, cap_reqs;
+  kvp_key *keys;
+  size_t n_keys, cap_keys;
+  kvp_segment_mark *marks;
+  size_t n_marks, cap_marks;
+  char **names; /* names[0] = "" */
+  size_t n_names, cap_names;
+  /* reading statistics (the report prints them) */
+  uint64_t records_ok, records_bad, sources;
+  char first_error[512];
+  char label[256]; /* what was read, for reports */
+  uint64_t next_session_ns; /* agentic: one id space per session file */
+} bh_trace;
+
+void bh_trace_init(bh_trace *t);
+void bh_trace_free(bh_trace *t);
+/* Reads one source into t.  Errors in a record: "name:line: message" on
+ * stderr (first max_messages), counted in records_bad; skip goes on, stop
+ * returns KVP_ECORRUPT.  Unreadable source / wrong block size: an error
+ * always.  err receives the first fatal message. */
+int bh_read(bh_src *s, bh_format f, const bh_read_opts *o, bh_trace *t,
+            char *err, size_t cap);
+/* A file or a directory (every *.json, *.json.zst, *.jsonl, *.jsonl.zst in
+ * name order), format detected when BH_FMT_AUTO. */
+int bh_read_path(const char *path, bh_format f, const bh_read_opts *o,
+                 bh_trace *t, char *err, size_t cap);
+/* Sorts by arrival (stable) and classifies every request with the
+ * production kvp_stability (marks where present).  Call once after reads. */
+int bh_trace_finish(bh_trace *t);
+/* Adds a request from global block ids (chained into keys here). */
+int bh_trace_add(bh_trace *t, const bh_req *r, const uint64_t *ids,
+                 size_t n_ids, const kvp_segment_mark *marks, size_t n_marks);
+int bh_trace_name(bh_trace *t, const char *s, uint32_t *out);
+/* Writes the trace in kvplane's JSONL format (hash ids = the block keys'
+ * fingerprints, which chain again to the same prefix structure). */
+int bh_trace_write_kvplane(const bh_trace *t, FILE *f);
+uint64_t bh_trace_prompt_tokens(const bh_trace *t);
+
+/* ---- cluster and simulator ---------------------------------------------- */
+#define BH_POLICY_RANDOM (KVP_POLICY_COUNT_ + 0)   /* lower bound */
+#define BH_POLICY_INFINITE (KVP_POLICY_COUNT_ + 1) /* upper bound */
+#define BH_POLICY_COUNT (KVP_POLICY_COUNT_ + 2)
+const char *bh_policy_name(int p);
+int bh_policy_parse(const char *s, int *out);
+
+typedef struct bh_cluster {
+  uint32_t workers;
+  double hbm_gb, dram_gb, nvme_gb; /* per worker, for KV (GB = 1e9 bytes) */
+  uint64_t hbm_blocks, dram_blocks, nvme_blocks; /* derived, or explicit */
+  kvp_model_spec model;
+  kvp_gpu_spec gpu;
+  double hbm_bw;         /* decode: weight + KV reads, bytes/s; 0 = 3.35e12 */
+  double decode_base_s;  /* per decode step overhead; 0 = 2e-3 */
+  double max_batch;      /* continuous batching limit; 0 = 256 */
+} bh_cluster;
+
+typedef struct bh_sim_opts {
+  bh_cluster cl;
+  int policy;            /* kvp_policy or BH_POLICY_* */
+  kvp_router_opts router; /* tuning (guard, weights): policy/n_workers/model
+                             are set by the simulator */
+  double speed;          /* arrivals at t / speed; 0 = 1 */
+  uint32_t closed_loop;  /* > 0: at most this many requests in flight,
+                            ignoring timestamps */
+  double drop_events;    /* probability an index event is lost */
+  double delay_events_s; /* index events arrive this late */
+  uint64_t seed;
+  uint32_t buckets;      /* time-series points; 0 = 48 */
+  bool progress;         /* progress bar on stderr */
+} bh_sim_opts;
+
+typedef struct bh_series {
+  uint32_t n;
+  double t_end;          /* simulated seconds of the last bucket's end */
+  double *hit;           /* reused / prompt tokens per bucket (NaN: none) */
+  double *occ[3];        /* HBM/DRAM/NVMe blocks in use (all workers) /
+                            capacity, at each bucket's end */
+} bh_series;
+
+typedef struct bh_result {
+  int policy;
+  char name[32];
+  kvp_ledger_totals tot;    /* from the production ledger */
+  uint64_t requests, ledger_rejects;
+  kvp_hist *ttft_us;        /* TTFT, microseconds */
+  kvp_hist_summary ttft;
+  double ttft_p95_s;
+  double imbalance;         /* max / mean assigned prefill tokens */
+  uint64_t demoted_bytes[KVP_TIER_COUNT_]; /* bytes written into the tier */
+  uint64_t evicted_blocks;
+  uint64_t events_published, events_dropped, events_delayed;
+  kvp_index_stats ix;
+  double sim_seconds;       /* simulated makespan */
+  double wall_seconds;      /* host time to simulate */
+  bh_series series;
+} bh_result;
+
+void bh_cluster_defaults(bh_cluster *c);
+/* Derives the block capacities from GB for the trace's block size. */
+int bh_cluster_resolve(bh_cluster *c, uint32_t block_size);
+int bh_sim_run(const bh_trace *t, const bh_sim_opts *o, bh_result *r,
+               char *err, size_t cap);
+void bh_result_free(bh_result *r);
+
+/* ---- reports ------------------------------------------------------------ */
+typedef struct bh_run {
+  const char *label;      /* "mooncake", "agentic", ... */
+  const bh_trace *trace;
+  const bh_cluster *cl;
+  bh_result *res;
+  size_t n_res;
+} bh_run;
+
+void bh_report_table(FILE *f, const bh_run *run);
+int bh_report_csv(FILE *f, const bh_run *runs, size_t n, bool header);
+int bh_report_json(FILE *f, const bh_run *runs, size_t n);
+/* One self-contained HTML file: per run a summary table and three inline
+ * SVG plots (hit rate over time, TTFT CDF, tier occupancy). */
+int bh_report_html(FILE *f, const bh_run *runs, size_t n);
+/* A sweep: avoided GPU-seconds and TTFT p95 (with the bound) against the
+ * first parameter, one line per value of the second. */
+int bh_report_sweep_html(FILE *f, const char *title, const char *xname,
+                         size_t n_lines, const char *const *line_names,
+                         const double *x, uint32_t nx,
+                         const double *const *avoided,
+                         const double *const *p95, double bound);
+
+/* ---- synthetic agentic generator (harness_gen.c) ------------------------ */
+typedef struct bh_gen_opts {
+  uint64_t seed;
+  uint32_t tenants;        /* 0 = 4 */
+  uint32_t sessions;       /* 0 = 64 */
+  uint32_t turns;          /* mean turns per session; 0 = 20 */
+  uint32_t block_size;     /* 0 = 64 */
+  uint32_t system_tokens;  /* per tenant; 0 = 3000 */
+  uint32_t tools_tokens;   /* 0 = 12000 */
+  uint32_t repo_tokens;    /* semi-stable repo context; 0 = 20000 */
+  uint32_t turn_tokens;    /* mean new tokens per turn; 0 = 1500 */
+  double think_s;          /* mean think time; 0 = 8 */
+  double session_gap_s;    /* mean gap between session starts; 0 = 5 */
+  double subagent_p;       /* chance a turn spawns sub-agents; 0 = 0.05 */
+  double zipf_s;           /* tenant popularity exponent; 0 = 1.1 */
+  double drift;            /* chance a turn perturbs the system prompt */
+} bh_gen_opts;
+
+int bh_gen(const bh_gen_opts *o, FILE *out);
+
+#endif /* KVP_BENCH_HARNESS_H */

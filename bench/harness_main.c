@@ -1,0 +1,802 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* kvplane-bench: replay request traces through the production kvplane
+ * router / index / ledger on a simulated cluster and compare policies.
+ *   kvplane-bench run [options] TRACE...      (the default command)
+ *   kvplane-bench convert [options] IN OUT    (to kvplane's JSONL format)
+ *   kvplane-bench gen [options] OUT           (synthetic agentic trace)
+ *   kvplane-bench sweep [options] TRACE       (one or two parameters) */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <zstd.h>
+
+#include "harness.h"
+#include "kvplane/config.h"
+
+typedef struct cli {
+  bh_cluster cl;
+  kvp_router_opts router;
+  int policies[BH_POLICY_COUNT];
+  size_t n_policies;
+  bh_format format;
+  bh_read_opts ro;
+  double speed, drop, delay;
+  uint32_t closed_loop;
+  uint64_t seed;
+  const char *out_dir;
+  bool quiet, progress;
+  /* sweep */
+  const char *param[2];
+  double ttft_p95_max;
+} cli;
+
+static void usage(FILE *f) {
+  fputs(
+      "usage: kvplane-bench [run] [options] TRACE...\n"
+      "       kvplane-bench convert [--format F] IN OUT[.zst]\n"
+      "       kvplane-bench gen [--seed N] [--sessions N] [--tenants N] "
+      "[--drift P] OUT\n"
+      "       kvplane-bench sweep --param NAME=V1,V2,.. [--param NAME=..] "
+      "[--ttft-p95-max S] TRACE\n"
+      "TRACE: a file or a directory of *.json[l][.zst] (zstd read "
+      "transparently)\n"
+      "options:\n"
+      "  --config FILE        YAML: cluster, model, gpu, policies, replay "
+      "(bench/configs/default.yaml)\n"
+      "  --format F           auto|mooncake|agentic|bailian|kvplane "
+      "(default auto)\n"
+      "  --policies LIST      comma-separated; default: all seven + random + "
+      "infinite\n"
+      "  --workers N --hbm-gb X --dram-gb X --nvme-gb X   cluster (per "
+      "worker)\n"
+      "  --speed X            arrivals at trace time / X (default 1)\n"
+      "  --closed-loop N      ignore timestamps, keep N requests in flight\n"
+      "  --drop-events P      lose each KV event with probability P\n"
+      "  --delay-events S     deliver KV events S seconds late\n"
+      "  --seed N             routing/drop randomness (default 1)\n"
+      "  --on-error skip|stop malformed records (default skip)\n"
+      "  --no-shared-prefix   agentic: keep system+tools blocks per session\n"
+      "  --limit N            read at most N requests per trace\n"
+      "  --out DIR            report.html, results.csv, results.json "
+      "(default kvplane-bench-report)\n"
+      "  --quiet              no table; --no-progress: no progress bar\n",
+      f);
+}
+
+static int die_usage(const char *msg, const char *arg) {
+  fprintf(stderr, "kvplane-bench: %s%s%s\n", msg, arg ? ": " : "",
+          arg ? arg : "");
+  usage(stderr);
+  return 2;
+}
+
+static bool parse_double(const char *s, double lo, double hi, double *out) {
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (errno || end == s || *end || !isfinite(v) || v < lo || v > hi)
+    return false;
+  *out = v;
+  return true;
+}
+
+static bool parse_u64(const char *s, uint64_t hi, uint64_t *out) {
+  char *end;
+  errno = 0;
+  if (*s == '-')
+    return false;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno || end == s || *end || v > hi)
+    return false;
+  *out = v;
+  return true;
+}
+
+static int set_policies(cli *c, const char *list) {
+  char buf[512];
+  snprintf(buf, sizeof buf, "%s", list);
+  c->n_policies = 0;
+  for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
+       tok = strtok_r(NULL, ",", &save)) {
+    int p;
+    if (bh_policy_parse(tok, &p) < 0 || c->n_policies == BH_POLICY_COUNT) {
+      fprintf(stderr, "kvplane-bench: unknown policy '%s' (round_robin, "
+                      "least_loaded, prefix_greedy, sglang_cache_aware, "
+                      "llmd_weighted, dynamo_cost, kvplane_cost, random, "
+                      "infinite)\n",
+              tok);
+      return KVP_EINVAL;
+    }
+    c->policies[c->n_policies++] = p;
+  }
+  return c->n_policies ? 0 : KVP_EINVAL;
+}
+
+static void cli_defaults(cli *c) {
+  memset(c, 0, sizeof *c);
+  bh_cluster_defaults(&c->cl);
+  static const int order[] = {KVP_POLICY_ROUND_ROBIN,   KVP_POLICY_LEAST_LOADED,
+                              KVP_POLICY_PREFIX_GREEDY, KVP_POLICY_SGLANG,
+                              KVP_POLICY_LLMD,          KVP_POLICY_DYNAMO,
+                              KVP_POLICY_KVPLANE_COST,  BH_POLICY_RANDOM,
+                              BH_POLICY_INFINITE};
+  memcpy(c->policies, order, sizeof order);
+  c->n_policies = sizeof order / sizeof *order;
+  c->seed = 1;
+  c->speed = 1;
+  c->out_dir = "kvplane-bench-report";
+  c->progress = isatty(2);
+}
+
+/* ---- the YAML config: sections bound to the option structs ------------------ */
+static int load_config(cli *c, const char *path) {
+  kvp_config *cfg;
+  char err[512];
+  int rc = kvp_config_load_file(path, NULL, &cfg, err, sizeof err);
+  if (rc < 0) {
+    fprintf(stderr, "kvplane-bench: %s\n", err);
+    return rc;
+  }
+  double flops = 0, eff = 0, bw_dram = 0, bw_nvme = 0, lat_dram = 0,
+         lat_nvme = 0, guard = 0, aff = 0, tie = 0;
+  double params_b = 0;
+  uint64_t workers = c->cl.workers, layers = 0, heads = 0, kv_heads = 0,
+           head_dim = 0, dtype = 0, seed = c->seed, closed = 0, gmin = 0;
+  char policies[512] = "", on_error[16] = "", fmt[16] = "";
+  bool no_shared = false;
+  const kvp_config_field cluster[] = {
+      KVP_CFG_U64("workers", &workers, 1, 4096),
+      KVP_CFG_F64("hbm_gb", &c->cl.hbm_gb, 0.001, 1e6),
+      KVP_CFG_F64("dram_gb", &c->cl.dram_gb, 0, 1e7),
+      KVP_CFG_F64("nvme_gb", &c->cl.nvme_gb, 0, 1e8),
+      KVP_CFG_F64("decode_step_overhead_s", &c->cl.decode_base_s, 0, 10),
+      KVP_CFG_F64("max_batch", &c->cl.max_batch, 1, 1e6)};
+  const kvp_config_field model[] = {
+      KVP_CFG_U64("layers", &layers, 1, 65536),
+      KVP_CFG_U64("heads", &heads, 1, 65536),
+      KVP_CFG_U64("kv_heads", &kv_heads, 1, 65536),
+      KVP_CFG_U64("head_dim", &head_dim, 1, 65536),
+      KVP_CFG_U64("dtype_bytes", &dtype, 1, 16),
+      KVP_CFG_F64("params_billion", &params_b, 0.001, 1e5)};
+  const kvp_config_field gpu[] = {
+      KVP_CFG_F64("tflops", &flops, 0.001, 1e8),
+      KVP_CFG_F64("efficiency", &eff, 0.01, 1),
+      KVP_CFG_F64("hbm_bandwidth_gbps", &c->cl.hbm_bw, 1, 1e7),
+      KVP_CFG_F64("dram_bandwidth_gbps", &bw_dram, 0.001, 1e6),
+      KVP_CFG_F64("nvme_bandwidth_gbps", &bw_nvme, 0.001, 1e6),
+      KVP_CFG_F64("dram_latency_us", &lat_dram, 0.001, 1e6),
+      KVP_CFG_F64("nvme_latency_us", &lat_nvme, 0.001, 1e6)};
+  const kvp_config_field routing[] = {
+      KVP_CFG_STR("policies", policies, sizeof policies),
+      KVP_CFG_F64("guard", &guard, 1, 1000),
+      KVP_CFG_U64("guard_min_load", &gmin, 1, 1u << 20),
+      KVP_CFG_F64("affinity_eps_rel", &aff, 0, 10),
+      KVP_CFG_F64("tie_rel", &tie, 0, 10),
+      KVP_CFG_F64("dynamo_temperature", &c->router.dynamo_temperature, 0, 100),
+      KVP_CFG_F64("llmd_w_prefix", &c->router.llmd_w_prefix, 0, 1000),
+      KVP_CFG_F64("llmd_w_kv", &c->router.llmd_w_kv, 0, 1000),
+      KVP_CFG_F64("llmd_w_queue", &c->router.llmd_w_queue, 0, 1000)};
+  const kvp_config_field replay[] = {
+      KVP_CFG_STR("format", fmt, sizeof fmt),
+      KVP_CFG_F64("speed", &c->speed, 1e-6, 1e9),
+      KVP_CFG_U64("closed_loop", &closed, 0, 1u << 24),
+      KVP_CFG_F64("drop_events", &c->drop, 0, 1),
+      KVP_CFG_F64("delay_events_s", &c->delay, 0, 1e6),
+      KVP_CFG_U64("seed", &seed, 0, UINT64_MAX),
+      KVP_CFG_STR("on_error", on_error, sizeof on_error),
+      KVP_CFG_BOOL("no_shared_prefix", &no_shared)};
+  const kvp_config_section secs[] = {
+      {"cluster", cluster, sizeof cluster / sizeof *cluster},
+      {"model", model, sizeof model / sizeof *model},
+      {"gpu", gpu, sizeof gpu / sizeof *gpu},
+      {"routing", routing, sizeof routing / sizeof *routing},
+      {"replay", replay, sizeof replay / sizeof *replay}};
+  for (size_t i = 0; i < sizeof secs / sizeof *secs && rc >= 0; i++)
+    rc = kvp_config_bind(cfg, &secs[i], err, sizeof err);
+  /* kvtier binds `tiers:` when it lands; everything else is unknown */
+  static const char *const later[] = {"tiers"};
+  if (rc >= 0)
+    rc = kvp_config_check_unbound(cfg, later, 1, err, sizeof err);
+  kvp_config_destroy(cfg);
+  if (rc < 0) {
+    fprintf(stderr, "kvplane-bench: %s\n", err);
+    return rc;
+  }
+  c->cl.workers = (uint32_t)workers;
+  if (layers || heads || kv_heads || head_dim || dtype || params_b) {
+    if (!(layers && heads && kv_heads && head_dim && dtype && params_b)) {
+      fprintf(stderr, "kvplane-bench: %s: section 'model' needs all of "
+                      "layers, heads, kv_heads, head_dim, dtype_bytes, "
+                      "params_billion\n",
+              path);
+      return KVP_EINVAL;
+    }
+    c->cl.model = (kvp_model_spec){(uint32_t)layers, (uint32_t)heads,
+                                   (uint32_t)kv_heads, (uint32_t)head_dim,
+                                   (uint32_t)dtype, 0, params_b * 1e9,
+                                   {0, 0, 0, 0}};
+    if (kvp_model_kv_bytes_per_token(&c->cl.model) <= 0) {
+      fprintf(stderr, "kvplane-bench: %s: section 'model': kv_heads must "
+                      "be <= heads\n", path);
+      return KVP_EINVAL;
+    }
+  }
+  c->cl.gpu.flops = flops * 1e12;
+  c->cl.gpu.efficiency = eff;
+  c->cl.gpu.bw[KVP_TIER_DRAM] = bw_dram * 1e9;
+  c->cl.gpu.bw[KVP_TIER_NVME] = bw_nvme * 1e9;
+  c->cl.gpu.latency_s[KVP_TIER_DRAM] = lat_dram * 1e-6;
+  c->cl.gpu.latency_s[KVP_TIER_NVME] = lat_nvme * 1e-6;
+  c->cl.hbm_bw *= 1e9;
+  c->router.guard = guard;
+  c->router.guard_min_load = (uint32_t)gmin;
+  c->router.affinity_eps_rel = aff;
+  c->router.tie_rel = tie;
+  c->closed_loop = (uint32_t)closed;
+  c->seed = seed;
+  c->ro.no_shared_prefix = no_shared;
+  if (policies[0] && set_policies(c, policies) < 0)
+    return KVP_EINVAL;
+  if (fmt[0] && bh_format_parse(fmt, &c->format) < 0) {
+    fprintf(stderr, "kvplane-bench: %s: replay.format: unknown '%s'\n", path,
+            fmt);
+    return KVP_EINVAL;
+  }
+  if (on_error[0]) {
+    if (strcmp(on_error, "skip") && strcmp(on_error, "stop")) {
+      fprintf(stderr, "kvplane-bench: %s: replay.on_error: skip or stop\n",
+              path);
+      return KVP_EINVAL;
+    }
+    c->ro.on_error = on_error[1] == 't' ? BH_ERR_STOP : BH_ERR_SKIP;
+  }
+  return 0;
+}
+
+/* Parses options; positional arguments are collected into pos. */
+static int parse_opts(cli *c, int argc, char **argv, const char **pos,
+                      int *n_pos) {
+  *n_pos = 0;
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i];
+    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+    double d;
+    uint64_t u;
+#define NEED()                                                                 \
+  do {                                                                         \
+    if (v == NULL)                                                             \
+      return die_usage("missing value for", a);                                \
+    i++;                                                                       \
+  } while (0)
+    if (a[0] != '-' || strcmp(a, "-") == 0) {
+      pos[(*n_pos)++] = a;
+    } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      usage(stdout);
+      exit(0);
+    } else if (!strcmp(a, "--config")) {
+      NEED();
+      if (load_config(c, v) < 0)
+        return 2;
+    } else if (!strcmp(a, "--format")) {
+      NEED();
+      if (bh_format_parse(v, &c->format) < 0)
+        return die_usage("unknown format", v);
+    } else if (!strcmp(a, "--policies")) {
+      NEED();
+      if (set_policies(c, v) < 0)
+        return 2;
+    } else if (!strcmp(a, "--workers")) {
+      NEED();
+      if (!parse_u64(v, 4096, &u) || u == 0)
+        return die_usage("--workers: 1..4096", v);
+      c->cl.workers = (uint32_t)u;
+    } else if (!strcmp(a, "--hbm-gb") || !strcmp(a, "--dram-gb") ||
+               !strcmp(a, "--nvme-gb")) {
+      NEED();
+      if (!parse_double(v, a[2] == 'h' ? 0.001 : 0, 1e8, &d))
+        return die_usage("bad size (GB)", v);
+      *(a[2] == 'h' ? &c->cl.hbm_gb : a[2] == 'd' ? &c->cl.dram_gb
+                                                  : &c->cl.nvme_gb) = d;
+    } else if (!strcmp(a, "--speed")) {
+      NEED();
+      if (!parse_double(v, 1e-6, 1e9, &c->speed))
+        return die_usage("--speed: a positive number", v);
+    } else if (!strcmp(a, "--closed-loop")) {
+      NEED();
+      if (!parse_u64(v, 1u << 24, &u))
+        return die_usage("--closed-loop: a count", v);
+      c->closed_loop = (uint32_t)u;
+    } else if (!strcmp(a, "--drop-events")) {
+      NEED();
+      if (!parse_double(v, 0, 1, &c->drop))
+        return die_usage("--drop-events: a probability in [0,1]", v);
+    } else if (!strcmp(a, "--delay-events")) {
+      NEED();
+      if (!parse_double(v, 0, 1e6, &c->delay))
+        return die_usage("--delay-events: seconds >= 0", v);
+    } else if (!strcmp(a, "--seed")) {
+      NEED();
+      if (!parse_u64(v, UINT64_MAX, &c->seed))
+        return die_usage("--seed: an unsigned integer", v);
+    } else if (!strcmp(a, "--on-error")) {
+      NEED();
+      if (strcmp(v, "skip") && strcmp(v, "stop"))
+        return die_usage("--on-error: skip or stop", v);
+      c->ro.on_error = v[1] == 't' ? BH_ERR_STOP : BH_ERR_SKIP;
+    } else if (!strcmp(a, "--no-shared-prefix")) {
+      c->ro.no_shared_prefix = true;
+    } else if (!strcmp(a, "--limit")) {
+      NEED();
+      if (!parse_u64(v, UINT64_MAX, &c->ro.max_requests))
+        return die_usage("--limit: a count", v);
+    } else if (!strcmp(a, "--out")) {
+      NEED();
+      c->out_dir = v;
+    } else if (!strcmp(a, "--quiet")) {
+      c->quiet = true;
+    } else if (!strcmp(a, "--no-progress")) {
+      c->progress = false;
+    } else if (!strcmp(a, "--param")) {
+      NEED();
+      if (c->param[1] != NULL)
+        return die_usage("at most two --param", v);
+      c->param[c->param[0] != NULL] = v;
+    } else if (!strcmp(a, "--ttft-p95-max")) {
+      NEED();
+      if (!parse_double(v, 0, 1e6, &c->ttft_p95_max))
+        return die_usage("--ttft-p95-max: seconds", v);
+    } else {
+      return die_usage("unknown option", a);
+    }
+#undef NEED
+  }
+  return 0;
+}
+
+static const char *base_label(const char *path, char *buf, size_t cap) {
+  size_t l = strlen(path);
+  while (l > 1 && path[l - 1] == '/')
+    l--;
+  const char *b = path;
+  for (size_t i = 0; i < l; i++)
+    if (path[i] == '/')
+      b = path + i + 1;
+  size_t n = (size_t)(path + l - b);
+  snprintf(buf, cap, "%.*s", (int)n, b);
+  char *dot = strchr(buf, '.');
+  if (dot && dot != buf)
+    *dot = '\0';
+  return buf;
+}
+
+static int load_trace(const cli *c, const char *path, bh_trace *t) {
+  char err[512];
+  bh_trace_init(t);
+  bh_read_opts ro = c->ro;
+  ro.quiet = false;
+  uint64_t t0 = kvp_now_ns();
+  int rc = bh_read_path(path, c->format, &ro, t, err, sizeof err);
+  if (rc < 0) {
+    fprintf(stderr, "kvplane-bench: %s\n", err);
+    return rc;
+  }
+  if (t->n_reqs == 0) {
+    fprintf(stderr, "kvplane-bench: %s: no valid requests\n", path);
+    return KVP_EINVAL;
+  }
+  if ((rc = bh_trace_finish(t)) < 0) {
+    fprintf(stderr, "kvplane-bench: %s: classifying: %s\n", path,
+            kvp_strerror(rc));
+    return rc;
+  }
+  snprintf(t->label, sizeof t->label, "%s", path);
+  if (!c->quiet)
+    fprintf(stderr,
+            "kvplane-bench: read %s: %zu requests (%llu malformed skipped), "
+            "%zu blocks of %u tokens in %.2f s\n",
+            path, t->n_reqs, (unsigned long long)t->records_bad, t->n_keys,
+            t->block_size, (double)(kvp_now_ns() - t0) / 1e9);
+  return 0;
+}
+
+static bh_sim_opts sim_opts(const cli *c, int policy) {
+  bh_sim_opts o = {.cl = c->cl,
+                   .policy = policy,
+                   .router = c->router,
+                   .speed = c->speed,
+                   .closed_loop = c->closed_loop,
+                   .drop_events = c->drop,
+                   .delay_events_s = c->delay,
+                   .seed = c->seed,
+                   .progress = c->progress};
+  return o;
+}
+
+static FILE *open_out(const cli *c, const char *name, char *path, size_t cap) {
+  snprintf(path, cap, "%s/%s", c->out_dir, name);
+  FILE *f = fopen(path, "w");
+  if (f == NULL)
+    fprintf(stderr, "kvplane-bench: %s: %s\n", path, strerror(errno));
+  return f;
+}
+
+static int write_reports(const cli *c, const bh_run *runs, size_t n) {
+  char p[4096];
+  if (mkdir(c->out_dir, 0777) != 0 && errno != EEXIST) {
+    fprintf(stderr, "kvplane-bench: %s: %s\n", c->out_dir, strerror(errno));
+    return -errno;
+  }
+  FILE *f;
+  int rc = 0;
+  if ((f = open_out(c, "results.csv", p, sizeof p)) == NULL)
+    return KVP_EIO;
+  rc = bh_report_csv(f, runs, n, true);
+  fclose(f);
+  if (rc >= 0 && (f = open_out(c, "results.json", p, sizeof p)) != NULL) {
+    rc = bh_report_json(f, runs, n);
+    fclose(f);
+  }
+  if (rc >= 0 && (f = open_out(c, "report.html", p, sizeof p)) != NULL) {
+    rc = bh_report_html(f, runs, n);
+    fclose(f);
+  }
+  if (rc < 0)
+    fprintf(stderr, "kvplane-bench: writing reports: %s\n", kvp_strerror(rc));
+  else {
+    char *abs = realpath(p, NULL);
+    printf("\nHTML report: %s\nCSV: %s/results.csv  JSON: %s/results.json\n",
+           abs ? abs : p, c->out_dir, c->out_dir);
+    free(abs);
+  }
+  return rc;
+}
+
+static int cmd_run(cli *c, const char **pos, int n_pos) {
+  if (n_pos == 0)
+    return die_usage("no trace given", NULL);
+  bh_trace *traces = calloc((size_t)n_pos, sizeof *traces);
+  bh_run *runs = calloc((size_t)n_pos, sizeof *runs);
+  bh_cluster *cls = calloc((size_t)n_pos, sizeof *cls);
+  char (*labels)[128] = calloc((size_t)n_pos, sizeof *labels);
+  int rc = traces && runs && cls && labels ? 0 : KVP_ENOMEM;
+  int done = 0;
+  for (int i = 0; i < n_pos && rc >= 0; i++, done++) {
+    if ((rc = load_trace(c, pos[i], &traces[i])) < 0)
+      break;
+    cls[i] = c->cl;
+    bh_cluster_resolve(&cls[i], traces[i].block_size);
+    runs[i] = (bh_run){base_label(pos[i], labels[i], sizeof labels[i]),
+                       &traces[i], &cls[i],
+                       calloc(c->n_policies, sizeof(bh_result)), 0};
+    if (runs[i].res == NULL) {
+      rc = KVP_ENOMEM;
+      break;
+    }
+    for (size_t p = 0; p < c->n_policies && rc >= 0; p++) {
+      bh_sim_opts o = sim_opts(c, c->policies[p]);
+      char err[512];
+      rc = bh_sim_run(&traces[i], &o, &runs[i].res[p], err, sizeof err);
+      if (rc < 0)
+        fprintf(stderr, "kvplane-bench: %s / %s: %s\n", pos[i],
+                bh_policy_name(c->policies[p]), err);
+      else
+        runs[i].n_res++;
+    }
+    if (!c->quiet)
+      bh_report_table(stdout, &runs[i]);
+    fflush(stdout);
+  }
+  if (rc >= 0)
+    rc = write_reports(c, runs, (size_t)n_pos);
+  for (int i = 0; i < done + (done < n_pos); i++) {
+    if (runs == NULL)
+      break;
+    for (size_t p = 0; runs[i].res && p < runs[i].n_res; p++)
+      bh_result_free(&runs[i].res[p]);
+    free(runs[i].res);
+    bh_trace_free(&traces[i]);
+  }
+  free(traces);
+  free(runs);
+  free(cls);
+  free(labels);
+  return rc < 0 ? 1 : 0;
+}
+
+/* ---- convert ------------------------------------------------------------------- */
+static int write_maybe_zstd(const char *path, const bh_trace *t) {
+  size_t l = strlen(path);
+  bool z = l > 4 && strcmp(path + l - 4, ".zst") == 0;
+  FILE *out = fopen(path, "wb");
+  if (out == NULL) {
+    fprintf(stderr, "kvplane-bench: %s: %s\n", path, strerror(errno));
+    return -errno;
+  }
+  int rc;
+  if (!z) {
+    rc = bh_trace_write_kvplane(t, out);
+  } else {
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *m = open_memstream(&buf, &n);
+    rc = m ? bh_trace_write_kvplane(t, m) : KVP_ENOMEM;
+    if (m)
+      fclose(m);
+    if (rc >= 0) {
+      size_t bound = ZSTD_compressBound(n);
+      void *zb = malloc(bound);
+      size_t zn = zb ? ZSTD_compress(zb, bound, buf, n, 9) : 0;
+      if (zb == NULL || ZSTD_isError(zn) ||
+          fwrite(zb, 1, zn, out) != zn)
+        rc = KVP_EIO;
+      free(zb);
+    }
+    free(buf);
+  }
+  if (fclose(out) != 0 || rc < 0) {
+    fprintf(stderr, "kvplane-bench: %s: write failed\n", path);
+    return rc < 0 ? rc : KVP_EIO;
+  }
+  return 0;
+}
+
+static int cmd_convert(cli *c, const char **pos, int n_pos) {
+  if (n_pos != 2)
+    return die_usage("convert needs IN and OUT", NULL);
+  bh_trace t;
+  c->quiet = false;
+  int rc = load_trace(c, pos[0], &t);
+  if (rc >= 0)
+    rc = write_maybe_zstd(pos[1], &t);
+  if (rc >= 0)
+    fprintf(stderr, "kvplane-bench: wrote %s (%zu requests, kvplane format)\n",
+            pos[1], t.n_reqs);
+  bh_trace_free(&t);
+  return rc < 0 ? 1 : 0;
+}
+
+/* ---- gen ------------------------------------------------------------------------ */
+static int cmd_gen(int argc, char **argv) {
+  bh_gen_opts o = {.seed = 1};
+  const char *out = NULL;
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    uint64_t u;
+    double d;
+    if (a[0] != '-') {
+      out = a;
+      continue;
+    }
+    if (v == NULL)
+      return die_usage("missing value for", a);
+    i++;
+    if (!strcmp(a, "--seed") && parse_u64(v, UINT64_MAX, &u))
+      o.seed = u;
+    else if (!strcmp(a, "--sessions") && parse_u64(v, 1u << 20, &u))
+      o.sessions = (uint32_t)u;
+    else if (!strcmp(a, "--tenants") && parse_u64(v, 1u << 16, &u))
+      o.tenants = (uint32_t)u;
+    else if (!strcmp(a, "--turns") && parse_u64(v, 1u << 16, &u))
+      o.turns = (uint32_t)u;
+    else if (!strcmp(a, "--drift") && parse_double(v, 0, 1, &d))
+      o.drift = d;
+    else if (!strcmp(a, "--subagents") && parse_double(v, 0, 1, &d))
+      o.subagent_p = d;
+    else
+      return die_usage("bad gen option or value", a);
+  }
+  if (out == NULL)
+    return die_usage("gen needs OUT", NULL);
+  FILE *f = strcmp(out, "-") ? fopen(out, "w") : stdout;
+  if (f == NULL) {
+    fprintf(stderr, "kvplane-bench: %s: %s\n", out, strerror(errno));
+    return 1;
+  }
+  int rc = bh_gen(&o, f);
+  if (f != stdout && fclose(f) != 0)
+    rc = KVP_EIO;
+  if (rc < 0)
+    fprintf(stderr, "kvplane-bench: gen: %s\n", kvp_strerror(rc));
+  return rc < 0;
+}
+
+/* ---- sweep ---------------------------------------------------------------------- */
+typedef struct sweep_param {
+  char name[32];
+  double v[16];
+  int n;
+} sweep_param;
+
+static int parse_param(const char *s, sweep_param *p) {
+  const char *eq = strchr(s, '=');
+  static const char *const known[] = {
+      "dram_gb",          "hbm_gb",       "nvme_gb",     "workers",
+      "guard",            "speed",        "affinity_eps_rel",
+      "dynamo_temperature", "llmd_w_prefix", "llmd_w_kv", "llmd_w_queue"};
+  if (eq == NULL || eq - s >= (long)sizeof p->name)
+    return KVP_EINVAL;
+  snprintf(p->name, sizeof p->name, "%.*s", (int)(eq - s), s);
+  bool ok = false;
+  for (size_t i = 0; i < sizeof known / sizeof *known; i++)
+    ok |= strcmp(p->name, known[i]) == 0;
+  if (!ok) {
+    fprintf(stderr, "kvplane-bench: sweep: unknown parameter '%s' (dram_gb, "
+                    "hbm_gb, nvme_gb, workers, guard, speed, affinity_eps_rel, "
+                    "dynamo_temperature, llmd_w_prefix, llmd_w_kv, "
+                    "llmd_w_queue)\n",
+            p->name);
+    return KVP_EINVAL;
+  }
+  char buf[512];
+  snprintf(buf, sizeof buf, "%s", eq + 1);
+  p->n = 0;
+  for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
+       tok = strtok_r(NULL, ",", &save)) {
+    if (p->n == 16 || !parse_double(tok, 0, 1e9, &p->v[p->n]))
+      return KVP_EINVAL;
+    p->n++;
+  }
+  return p->n ? 0 : KVP_EINVAL;
+}
+
+static void apply_param(cli *c, const sweep_param *p, double v) {
+  if (!strcmp(p->name, "dram_gb"))
+    c->cl.dram_gb = v;
+  else if (!strcmp(p->name, "hbm_gb"))
+    c->cl.hbm_gb = v;
+  else if (!strcmp(p->name, "nvme_gb"))
+    c->cl.nvme_gb = v;
+  else if (!strcmp(p->name, "workers"))
+    c->cl.workers = (uint32_t)v;
+  else if (!strcmp(p->name, "guard"))
+    c->router.guard = v;
+  else if (!strcmp(p->name, "affinity_eps_rel"))
+    c->router.affinity_eps_rel = v;
+  else if (!strcmp(p->name, "dynamo_temperature"))
+    c->router.dynamo_temperature = v;
+  else if (!strcmp(p->name, "llmd_w_prefix"))
+    c->router.llmd_w_prefix = v;
+  else if (!strcmp(p->name, "llmd_w_kv"))
+    c->router.llmd_w_kv = v;
+  else if (!strcmp(p->name, "llmd_w_queue"))
+    c->router.llmd_w_queue = v;
+  else
+    c->speed = v;
+}
+
+static int cmd_sweep(cli *c, const char **pos, int n_pos) {
+  sweep_param ps[2] = {0};
+  int np = 0;
+  if (n_pos != 1 || c->param[0] == NULL)
+    return die_usage("sweep needs --param NAME=V1,V2,... and one TRACE", NULL);
+  for (; np < 2 && c->param[np]; np++)
+    if (parse_param(c->param[np], &ps[np]) < 0)
+      return die_usage("bad --param", c->param[np]);
+  if (np == 1)
+    ps[1] = (sweep_param){"-", {0}, 1};
+  bh_trace t;
+  if (load_trace(c, pos[0], &t) < 0)
+    return 1;
+  int policy = c->n_policies == BH_POLICY_COUNT || c->n_policies == 9
+                   ? KVP_POLICY_KVPLANE_COST
+                   : c->policies[0];
+  printf("\nsweep of %s (%s) on %s; recommendation: most avoided prefill with "
+         "TTFT p95 <= %g s\n",
+         np == 2 ? "two parameters" : ps[0].name, bh_policy_name(policy),
+         pos[0], c->ttft_p95_max > 0 ? c->ttft_p95_max : INFINITY);
+  printf("%-12s %-12s %8s %12s %10s %10s\n", ps[0].name,
+         np == 2 ? ps[1].name : "", "hit%", "avoided_s", "p95_s", "p99_s");
+  double best = -1;
+  double bv[2] = {0, 0};
+  double av[16][16], p9[16][16];
+  int rc = 0;
+  for (int i = 0; i < ps[0].n && rc >= 0; i++)
+    for (int j = 0; j < ps[1].n && rc >= 0; j++) {
+      cli cc = *c;
+      apply_param(&cc, &ps[0], ps[0].v[i]);
+      if (np == 2)
+        apply_param(&cc, &ps[1], ps[1].v[j]);
+      cc.progress = false;
+      bh_sim_opts o = sim_opts(&cc, policy);
+      bh_result r;
+      char err[512];
+      rc = bh_sim_run(&t, &o, &r, err, sizeof err);
+      if (rc < 0) {
+        fprintf(stderr, "kvplane-bench: sweep: %s\n", err);
+        break;
+      }
+      double p95 = (double)kvp_hist_quantile(r.ttft_us, 0.95) / 1e6;
+      double p99 = (double)kvp_hist_quantile(r.ttft_us, 0.99) / 1e6;
+      bool ok = c->ttft_p95_max <= 0 || p95 <= c->ttft_p95_max;
+      char v2[32] = "";
+      if (np == 2)
+        snprintf(v2, sizeof v2, "%g", ps[1].v[j]);
+      printf("%-12g %-12s %8.2f %12.1f %10.4f %10.4f%s\n", ps[0].v[i], v2,
+             100.0 * (double)r.tot.reused_tokens /
+                 (double)(r.tot.prompt_tokens ? r.tot.prompt_tokens : 1),
+             r.tot.avoided_gpu_seconds, p95, p99, ok ? "" : "  (over bound)");
+      av[j][i] = r.tot.avoided_gpu_seconds;
+      p9[j][i] = p95;
+      if (ok && r.tot.avoided_gpu_seconds > best) {
+        best = r.tot.avoided_gpu_seconds;
+        bv[0] = ps[0].v[i];
+        bv[1] = ps[1].v[j];
+      }
+      bh_result_free(&r);
+    }
+  if (rc >= 0) {
+    char lab[16][48], path[4096], title[256];
+    const char *ln[16];
+    const double *pa[16], *pp[16];
+    for (int j = 0; j < ps[1].n; j++) {
+      if (np == 2)
+        snprintf(lab[j], sizeof lab[j], "%s=%g", ps[1].name, ps[1].v[j]);
+      else
+        snprintf(lab[j], sizeof lab[j], "%s", bh_policy_name(policy));
+      ln[j] = lab[j];
+      pa[j] = av[j];
+      pp[j] = p9[j];
+    }
+    snprintf(title, sizeof title, "Sweep of %s on %s", ps[0].name, pos[0]);
+    FILE *f = NULL;
+    if (mkdir(c->out_dir, 0777) == 0 || errno == EEXIST)
+      f = open_out(c, "sweep.html", path, sizeof path);
+    if (f != NULL) {
+      rc = bh_report_sweep_html(f, title, ps[0].name, (size_t)ps[1].n, ln,
+                                ps[0].v, (uint32_t)ps[0].n, pa, pp,
+                                c->ttft_p95_max);
+      fclose(f);
+      printf("plot: %s\n", path);
+    }
+    if (best < 0)
+      printf("recommendation: none: no setting keeps TTFT p95 under %g s\n",
+             c->ttft_p95_max);
+    else if (np == 2)
+      printf("recommendation: %s=%g %s=%g (avoided %.1f GPU-s)\n", ps[0].name,
+             bv[0], ps[1].name, bv[1], best);
+    else
+      printf("recommendation: %s=%g (avoided %.1f GPU-s)\n", ps[0].name,
+             bv[0], best);
+  }
+  bh_trace_free(&t);
+  return rc < 0;
+}
+
+int main(int argc, char **argv) {
+  cli c;
+  cli_defaults(&c);
+  const char *cmd = "run";
+  int first = 1;
+  if (argc > 1 && argv[1][0] != '-' &&
+      (!strcmp(argv[1], "run") || !strcmp(argv[1], "convert") ||
+       !strcmp(argv[1], "gen") || !strcmp(argv[1], "sweep") ||
+       !strcmp(argv[1], "help"))) {
+    cmd = argv[1];
+    first = 2;
+  }
+  if (!strcmp(cmd, "help")) {
+    usage(stdout);
+    return 0;
+  }
+  if (!strcmp(cmd, "gen"))
+    return cmd_gen(argc - first, argv + first);
+  const char **pos = calloc((size_t)argc + 1, sizeof *pos);
+  int n_pos;
+  if (pos == NULL)
+    return 1;
+  int rc = parse_opts(&c, argc - first, argv + first, pos, &n_pos);
+  if (rc == 0) {
+    if (!strcmp(cmd, "convert"))
+      rc = cmd_convert(&c, pos, n_pos);
+    else if (!strcmp(cmd, "sweep"))
+      rc = cmd_sweep(&c, pos, n_pos);
+    else
+      rc = cmd_run(&c, pos, n_pos);
+  }
+  free(pos);
+  return rc;
+}

@@ -1,0 +1,1111 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The discrete-event cluster simulator.  W workers, each an engine with an
+ * HBM / DRAM / NVMe block cache (LRU per tier, demotion HBM -> DRAM -> NVMe,
+ * eviction from the last tier), one prefill at a time, decode under
+ * continuous batching.  Workers publish stored/removed events into the
+ * production kvp_index (per-worker sequence numbers; optionally dropped or
+ * delayed); requests are routed by the production kvp_router; outcomes go
+ * into the production kvp_ledger.  Deterministic: one event heap ordered by
+ * (time, insertion order), one seeded generator.
+ *
+ * Two bounds run through the same engine model: "infinite" (one shared cache
+ * of unbounded size that holds every block from the moment its request
+ * arrives; no policy can reuse more) and "random" (uniform routing). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <xxhash.h>
+
+#include "harness.h"
+
+#define NONE UINT32_MAX
+
+/* ---- policies ------------------------------------------------------------ */
+const char *bh_policy_name(int p) {
+  if (p == BH_POLICY_RANDOM)
+    return "random";
+  if (p == BH_POLICY_INFINITE)
+    return "infinite";
+  return kvp_policy_name((kvp_policy)p);
+}
+
+int bh_policy_parse(const char *s, int *out) {
+  kvp_policy p;
+  if (strcmp(s, "random") == 0) {
+    *out = BH_POLICY_RANDOM;
+    return 0;
+  }
+  if (strcmp(s, "infinite") == 0) {
+    *out = BH_POLICY_INFINITE;
+    return 0;
+  }
+  if (kvp_policy_parse(s, &p) < 0)
+    return KVP_EINVAL;
+  *out = (int)p;
+  return 0;
+}
+
+void bh_cluster_defaults(bh_cluster *c) {
+  memset(c, 0, sizeof *c);
+  c->workers = 8;
+  c->hbm_gb = 40;   /* H100 80 GB - 16 GB weights - activations */
+  c->dram_gb = 128; /* pinned host DRAM per GPU */
+  c->nvme_gb = 512; /* local NVMe per GPU */
+}
+
+int bh_cluster_resolve(bh_cluster *c, uint32_t block_size) {
+  double kvb = kvp_model_kv_bytes_per_token(&c->model);
+  if (kvb <= 0 || block_size == 0 || c->workers == 0 || c->workers > 4096)
+    return KVP_EINVAL;
+  double blk = kvb * block_size;
+  if (c->hbm_blocks == 0)
+    c->hbm_blocks = (uint64_t)(c->hbm_gb * 1e9 / blk);
+  if (c->dram_blocks == 0)
+    c->dram_blocks = (uint64_t)(c->dram_gb * 1e9 / blk);
+  if (c->nvme_blocks == 0)
+    c->nvme_blocks = (uint64_t)(c->nvme_gb * 1e9 / blk);
+  if (c->hbm_blocks == 0)
+    return KVP_EINVAL;
+  if (c->hbm_bw == 0)
+    c->hbm_bw = 3.35e12;
+  if (c->decode_base_s == 0)
+    c->decode_base_s = 2e-3;
+  if (c->max_batch == 0)
+    c->max_batch = 256;
+  return 0;
+}
+
+/* ---- per-worker block cache ---------------------------------------------- */
+typedef struct node {
+  kvp_key key;
+  uint32_t prev, next; /* LRU list of its tier (head = most recent) */
+  uint8_t tier;
+} node;
+
+typedef struct cache {
+  uint32_t *tab; /* open addressing: node index + 1; 0 = empty */
+  size_t mask, used;
+  node *nodes;
+  uint32_t n_nodes, cap_nodes, free_list;
+  uint32_t head[3], tail[3];
+  uint64_t count[3], cap[3];
+} cache;
+
+static int cache_init(cache *c, uint64_t hbm, uint64_t dram, uint64_t nvme) {
+  memset(c, 0, sizeof *c);
+  c->mask = 1023;
+  c->tab = calloc(c->mask + 1, sizeof *c->tab);
+  c->free_list = NONE;
+  for (int k = 0; k < 3; k++)
+    c->head[k] = c->tail[k] = NONE;
+  c->cap[0] = hbm;
+  c->cap[1] = dram;
+  c->cap[2] = nvme;
+  return c->tab ? 0 : KVP_ENOMEM;
+}
+
+static void cache_free(cache *c) {
+  free(c->tab);
+  free(c->nodes);
+}
+
+static size_t slot_of(const cache *c, uint64_t fp) {
+  return (size_t)(fp * 0x9E3779B97F4A7C15ull >> 20) & c->mask;
+}
+
+static uint32_t cache_find(const cache *c, kvp_key k) {
+  for (size_t i = slot_of(c, k.lo);; i = (i + 1) & c->mask) {
+    uint32_t v = c->tab[i];
+    if (v == 0)
+      return NONE;
+    if (kvp_key_eq(c->nodes[v - 1].key, k))
+      return v - 1;
+  }
+}
+
+static int tab_grow(cache *c) {
+  size_t nm = c->mask * 2 + 1;
+  uint32_t *nt = calloc(nm + 1, sizeof *nt);
+  if (nt == NULL)
+    return KVP_ENOMEM;
+  for (size_t i = 0; i <= c->mask; i++) {
+    uint32_t v = c->tab[i];
+    if (v == 0)
+      continue;
+    size_t j = (size_t)(c->nodes[v - 1].key.lo * 0x9E3779B97F4A7C15ull >> 20) & nm;
+    while (nt[j] != 0)
+      j = (j + 1) & nm;
+    nt[j] = v;
+  }
+  free(c->tab);
+  c->tab = nt;
+  c->mask = nm;
+  return 0;
+}
+
+/* Backward-shift deletion (linear probing). */
+static void tab_del(cache *c, uint32_t idx) {
+  size_t i = slot_of(c, c->nodes[idx].key.lo);
+  while (c->tab[i] != idx + 1)
+    i = (i + 1) & c->mask;
+  for (size_t j = i;;) {
+    j = (j + 1) & c->mask;
+    uint32_t v = c->tab[j];
+    if (v == 0)
+      break;
+    size_t home = slot_of(c, c->nodes[v - 1].key.lo);
+    /* move v into the hole at i if its home is not in (i, j] */
+    if ((j > i && (home <= i || home > j)) || (j < i && home <= i && home > j)) {
+      c->tab[i] = v;
+      i = j;
+    }
+  }
+  c->tab[i] = 0;
+  c->used--;
+}
+
+static void lru_unlink(cache *c, uint32_t x) {
+  node *n = &c->nodes[x];
+  int k = n->tier;
+  if (n->prev != NONE)
+    c->nodes[n->prev].next = n->next;
+  else
+    c->head[k] = n->next;
+  if (n->next != NONE)
+    c->nodes[n->next].prev = n->prev;
+  else
+    c->tail[k] = n->prev;
+  c->count[k]--;
+}
+
+static void lru_push(cache *c, uint32_t x, int k) {
+  node *n = &c->nodes[x];
+  n->tier = (uint8_t)k;
+  n->prev = NONE;
+  n->next = c->head[k];
+  if (c->head[k] != NONE)
+    c->nodes[c->head[k]].prev = x;
+  else
+    c->tail[k] = x;
+  c->head[k] = x;
+  c->count[k]++;
+}
+
+static int node_new(cache *c, kvp_key k, uint32_t *out) {
+  uint32_t x;
+  if (c->free_list != NONE) {
+    x = c->free_list;
+    c->free_list = c->nodes[x].next;
+  } else {
+    if (c->n_nodes == c->cap_nodes) {
+      uint32_t nc = c->cap_nodes ? c->cap_nodes * 2 : 1024;
+      node *nn = realloc(c->nodes, (size_t)nc * sizeof *nn);
+      if (nn == NULL)
+        return KVP_ENOMEM;
+      c->nodes = nn;
+      c->cap_nodes = nc;
+    }
+    x = c->n_nodes++;
+  }
+  if ((c->used + 1) * 4 > (c->mask + 1) * 3 && tab_grow(c) < 0)
+    return KVP_ENOMEM;
+  c->nodes[x].key = k;
+  size_t i = slot_of(c, k.lo);
+  while (c->tab[i] != 0)
+    i = (i + 1) & c->mask;
+  c->tab[i] = x + 1;
+  c->used++;
+  *out = x;
+  return 0;
+}
+
+static void node_del(cache *c, uint32_t x) {
+  tab_del(c, x);
+  c->nodes[x].next = c->free_list;
+  c->free_list = x;
+}
+
+/* ---- the simulation ---------------------------------------------------------- */
+enum { EV_ARRIVE, EV_PREFILL_DONE, EV_DECODE_DONE, EV_DELIVER };
+
+typedef struct ev {
+  double t;
+  uint64_t order;
+  uint32_t type, a;
+  uint64_t b;
+  void *p;
+} ev;
+
+typedef struct delayed {
+  uint32_t worker;
+  uint64_t seq;
+  uint8_t tier, stored, has_parent;
+  kvp_key parent;
+  size_t n;
+  kvp_key keys[];
+} delayed;
+
+typedef struct worker {
+  cache c;
+  uint32_t *q; /* FIFO of request indices */
+  size_t q_head, q_len, q_cap;
+  uint32_t cur; /* request in prefill, or NONE */
+  uint64_t seq; /* last event sequence number */
+  uint32_t decoding;
+  uint64_t decode_blocks, decode_tokens;
+  uint64_t assigned; /* prefill tokens computed */
+  /* pending stored run (HBM), flushed before any other event */
+  kvp_key *run;
+  size_t run_n, run_cap;
+  kvp_key run_parent;
+  bool run_has_parent;
+  kvp_ledger_record rec; /* of cur */
+} worker;
+
+struct sim {
+  const bh_trace *t;
+  const bh_sim_opts *o;
+  bh_cluster cl;
+  bh_result *res;
+  kvp_index *ix;
+  kvp_router *rt;
+  kvp_ledger *led;
+  worker *w;
+  uint32_t nw;
+  cache inf; /* BH_POLICY_INFINITE: the one shared cache */
+  bool infinite;
+  ev *heap;
+  size_t heap_n, heap_cap;
+  uint64_t order;
+  uint64_t rng;
+  double now;
+  double kvb;     /* KV bytes per token */
+  double flops_s; /* FLOP/s achieved in prefill */
+  uint32_t bs;
+  /* per request */
+  uint32_t *req_worker;
+  uint32_t *inf_reuse;
+  double *arrive;
+  uint64_t *est_uncached;
+  uint32_t *prev_req;  /* the session's request before this one, or NONE */
+  uint32_t *sess_last; /* per session name: its latest arrival */
+  /* global "ever cached" fingerprints, for miss causes */
+  uint64_t *seen;
+  size_t seen_mask, seen_n;
+  uint8_t *tiers; /* scratch: tier of each matched block */
+  /* series */
+  double *s_prompt, *s_reused;
+  uint32_t s_last;
+  double t_span;
+  size_t next_arrival; /* closed loop */
+  size_t done;
+  int err;
+};
+
+static uint64_t rng_next(struct sim *s) {
+  uint64_t z = (s->rng += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+static double rng_unit(struct sim *s) {
+  return (double)(rng_next(s) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static bool ev_less(const ev *a, const ev *b) {
+  return a->t < b->t || (a->t == b->t && a->order < b->order);
+}
+
+static int ev_push(struct sim *s, double t, uint32_t type, uint32_t a,
+                   uint64_t b, void *p) {
+  if (s->heap_n == s->heap_cap) {
+    size_t nc = s->heap_cap ? s->heap_cap * 2 : 1024;
+    ev *nh = realloc(s->heap, nc * sizeof *nh);
+    if (nh == NULL)
+      return KVP_ENOMEM;
+    s->heap = nh;
+    s->heap_cap = nc;
+  }
+  ev e = {t, s->order++, type, a, b, p};
+  size_t i = s->heap_n++;
+  while (i > 0 && ev_less(&e, &s->heap[(i - 1) / 2])) {
+    s->heap[i] = s->heap[(i - 1) / 2];
+    i = (i - 1) / 2;
+  }
+  s->heap[i] = e;
+  return 0;
+}
+
+static ev ev_pop(struct sim *s) {
+  ev top = s->heap[0], last = s->heap[--s->heap_n];
+  size_t i = 0;
+  for (;;) {
+    size_t l = 2 * i + 1, m = i;
+    const ev *best = &last;
+    if (l < s->heap_n && ev_less(&s->heap[l], best))
+      best = &s->heap[m = l];
+    if (l + 1 < s->heap_n && ev_less(&s->heap[l + 1], best))
+      m = l + 1;
+    if (m == i)
+      break;
+    s->heap[i] = s->heap[m];
+    i = m;
+  }
+  if (s->heap_n > 0)
+    s->heap[i] = last;
+  return top;
+}
+
+/* ---- "ever cached" set ------------------------------------------------------ */
+static bool seen_has(const struct sim *s, uint64_t fp) {
+  fp |= 1;
+  for (size_t i = (fp * 0x9E3779B97F4A7C15ull >> 17) & s->seen_mask;;
+       i = (i + 1) & s->seen_mask) {
+    if (s->seen[i] == fp)
+      return true;
+    if (s->seen[i] == 0)
+      return false;
+  }
+}
+
+static int seen_add(struct sim *s, uint64_t fp) {
+  if ((s->seen_n + 1) * 2 > s->seen_mask + 1) {
+    size_t nm = s->seen_mask * 2 + 1;
+    uint64_t *ns = calloc(nm + 1, sizeof *ns);
+    if (ns == NULL)
+      return KVP_ENOMEM;
+    for (size_t i = 0; i <= s->seen_mask; i++)
+      if (s->seen[i] != 0) {
+        size_t j = (s->seen[i] * 0x9E3779B97F4A7C15ull >> 17) & nm;
+        while (ns[j] != 0)
+          j = (j + 1) & nm;
+        ns[j] = s->seen[i];
+      }
+    free(s->seen);
+    s->seen = ns;
+    s->seen_mask = nm;
+  }
+  fp |= 1;
+  size_t i = (fp * 0x9E3779B97F4A7C15ull >> 17) & s->seen_mask;
+  while (s->seen[i] != 0 && s->seen[i] != fp)
+    i = (i + 1) & s->seen_mask;
+  if (s->seen[i] == 0) {
+    s->seen[i] = fp;
+    s->seen_n++;
+  }
+  return 0;
+}
+
+/* ---- index events ------------------------------------------------------------ */
+static void apply_event(struct sim *s, uint32_t w, uint64_t seq, int tier,
+                        bool stored, const kvp_key *parent, const kvp_key *k,
+                        size_t n) {
+  int rc = stored ? kvp_index_stored(s->ix, w, seq, (kvp_tier)tier, parent, k, n)
+                  : kvp_index_removed(s->ix, w, seq, (kvp_tier)tier, k, n);
+  (void)rc; /* stale/gap outcomes are counted by the index itself */
+}
+
+static int publish_now(struct sim *s, uint32_t w, int tier, bool stored,
+                       const kvp_key *parent, const kvp_key *k, size_t n) {
+  if (s->infinite || n == 0)
+    return 0;
+  uint64_t seq = ++s->w[w].seq;
+  s->res->events_published++;
+  if (s->o->drop_events > 0 && rng_unit(s) < s->o->drop_events) {
+    s->res->events_dropped++;
+    return 0;
+  }
+  if (s->o->delay_events_s > 0) {
+    delayed *d = malloc(sizeof *d + n * sizeof(kvp_key));
+    if (d == NULL)
+      return KVP_ENOMEM;
+    *d = (delayed){w, seq, (uint8_t)tier, stored, parent != NULL,
+                   parent ? *parent : (kvp_key){0, 0}, n};
+    memcpy(d->keys, k, n * sizeof *k);
+    s->res->events_delayed++;
+    return ev_push(s, s->now + s->o->delay_events_s, EV_DELIVER, 0, 0, d);
+  }
+  apply_event(s, w, seq, tier, stored, parent, k, n);
+  return 0;
+}
+
+static int flush_run(struct sim *s, uint32_t w) {
+  worker *x = &s->w[w];
+  if (x->run_n == 0)
+    return 0;
+  int rc = publish_now(s, w, KVP_TIER_HBM, true,
+                       x->run_has_parent ? &x->run_parent : NULL, x->run,
+                       x->run_n);
+  x->run_n = 0;
+  return rc;
+}
+
+static int publish(struct sim *s, uint32_t w, int tier, bool stored,
+                   const kvp_key *k) {
+  int rc = flush_run(s, w);
+  return rc < 0 ? rc : publish_now(s, w, tier, stored, NULL, k, 1);
+}
+
+/* ---- cache policy: LRU per tier, demotion down the tiers ---------------------- */
+static int next_tier(const cache *c, int k) {
+  for (int j = k + 1; j < 3; j++)
+    if (c->cap[j] > 0)
+      return j;
+  return -1;
+}
+
+/* Makes room for one more block in tier k of worker w's cache. */
+static int make_room(struct sim *s, uint32_t w, cache *c, int k) {
+  while (c->count[k] >= c->cap[k] && c->tail[k] != NONE) {
+    uint32_t v = c->tail[k];
+    kvp_key key = c->nodes[v].key;
+    int j = next_tier(c, k);
+    int rc;
+    if (j >= 0 && (rc = make_room(s, w, c, j)) < 0)
+      return rc;
+    lru_unlink(c, v);
+    if ((rc = publish(s, w, k, false, &key)) < 0)
+      return rc;
+    if (j >= 0) {
+      lru_push(c, v, j);
+      s->res->demoted_bytes[j] += (uint64_t)(s->kvb * s->bs);
+      if ((rc = publish(s, w, j, true, &key)) < 0)
+        return rc;
+    } else {
+      node_del(c, v);
+      s->res->evicted_blocks++;
+    }
+  }
+  return 0;
+}
+
+/* Block now in HBM (loaded, recomputed or new).  *fresh: it was not cached. */
+static int to_hbm(struct sim *s, uint32_t w, cache *c, kvp_key key,
+                  const kvp_key *parent, bool *fresh) {
+  uint32_t x = cache_find(c, key);
+  int rc;
+  *fresh = false;
+  if (x != NONE && c->nodes[x].tier == KVP_TIER_HBM) {
+    lru_unlink(c, x);
+    lru_push(c, x, KVP_TIER_HBM);
+    return 0;
+  }
+  if (x != NONE) {
+    /* off its tier first, so making room below cannot pick it as a victim
+     * (the cascade may evict the last tier's LRU) */
+    int from = c->nodes[x].tier;
+    lru_unlink(c, x);
+    if ((rc = publish(s, w, from, false, &key)) < 0 ||
+        (rc = make_room(s, w, c, KVP_TIER_HBM)) < 0)
+      return rc;
+    lru_push(c, x, KVP_TIER_HBM);
+    return publish(s, w, KVP_TIER_HBM, true, &key);
+  }
+  if ((rc = make_room(s, w, c, KVP_TIER_HBM)) < 0)
+    return rc;
+  if ((rc = node_new(c, key, &x)) < 0)
+    return rc;
+  lru_push(c, x, KVP_TIER_HBM);
+  *fresh = true;
+  if (s->infinite)
+    return 0;
+  if ((rc = seen_add(s, key.lo)) < 0)
+    return rc;
+  /* extend the pending stored run: one event per run of new blocks */
+  worker *wk = &s->w[w];
+  if (wk->run_n == 0) {
+    wk->run_has_parent = parent != NULL;
+    if (parent)
+      wk->run_parent = *parent;
+  }
+  if (wk->run_n == wk->run_cap) {
+    size_t nc = wk->run_cap ? wk->run_cap * 2 : 256;
+    kvp_key *nr = realloc(wk->run, nc * sizeof *nr);
+    if (nr == NULL)
+      return KVP_ENOMEM;
+    wk->run = nr;
+    wk->run_cap = nc;
+  }
+  wk->run[wk->run_n++] = key;
+  return 0;
+}
+
+/* ---- engine timing -------------------------------------------------------------- */
+static double load_s(const struct sim *s, const uint64_t blocks[3]) {
+  double t = 0;
+  for (int k = 1; k < 3; k++) /* HBM hits are read in place */
+    if (blocks[k] > 0)
+      t += (double)blocks[k] * s->bs * s->kvb / s->cl.gpu.bw[k] +
+           s->cl.gpu.latency_s[k];
+  return t;
+}
+
+static double prefill_s(const struct sim *s, uint64_t from, uint64_t to) {
+  return kvp_model_prefill_flops(&s->cl.model, from, to) / s->flops_s;
+}
+
+static cache *cache_of(struct sim *s, uint32_t w) {
+  return s->infinite ? &s->inf : &s->w[w].c;
+}
+
+static void set_load(struct sim *s, uint32_t w) {
+  if (s->rt == NULL)
+    return;
+  worker *x = &s->w[w];
+  cache *c = cache_of(s, w);
+  /* Token terms come from the router's own in-flight table (exact); the
+   * request counts are what an engine reports (queued includes routed). */
+  kvp_worker_load l = {
+      .queued_requests = (uint32_t)x->q_len,
+      .running_requests = x->decoding + (x->cur != NONE),
+      .decode_blocks = x->decode_blocks,
+      .kv_util = c->cap[0] ? (double)c->count[0] / (double)c->cap[0] : 0};
+  if (l.kv_util > 1)
+    l.kv_util = 1;
+  kvp_router_set_load(s->rt, w, &l);
+}
+
+/* Prefill start: what this worker actually holds decides the reuse (the
+ * engine's own prefix match; loading only what pays off). */
+/* Time-series bucket of request i: by arrival time (open loop) or by
+ * arrival order (closed loop, whose span is unknown beforehand). */
+static uint32_t bucket_of(const struct sim *s, uint32_t i) {
+  uint32_t n = s->res->series.n;
+  double f = s->t_span > 0 ? s->arrive[i] / s->t_span
+                           : (double)i / (double)s->t->n_reqs;
+  uint32_t b = (uint32_t)(f * n);
+  return b < n ? b : n - 1;
+}
+
+static int start_prefill(struct sim *s, uint32_t w) {
+  worker *x = &s->w[w];
+  if (x->cur != NONE || x->q_len == 0)
+    return 0;
+  uint32_t i = x->q[x->q_head];
+  x->q_head = (x->q_head + 1) % x->q_cap;
+  x->q_len--;
+  x->cur = i;
+  const bh_req *q = &s->t->reqs[i];
+  const kvp_key *keys = s->t->keys + q->key_off;
+  cache *c = cache_of(s, w);
+  uint64_t n = q->n_blocks, m = 0, cut = 0, bs = s->bs;
+  if (s->infinite) {
+    m = cut = s->inf_reuse[i];
+    for (uint64_t j = 0; j < m; j++)
+      s->tiers[j] = KVP_TIER_HBM;
+  } else {
+    for (; m < n; m++) {
+      uint32_t v = cache_find(c, keys[m]);
+      if (v == NONE)
+        break;
+      s->tiers[m] = c->nodes[v].tier;
+    }
+    /* payoff cut: the prefix whose load + the rest's prefill is cheapest */
+    uint64_t cnt[3] = {0, 0, 0};
+    double best = prefill_s(s, 0, q->in_tokens);
+    for (uint64_t j = 0; j < m; j++) {
+      cnt[s->tiers[j]]++;
+      if (j + 1 < m && s->tiers[j + 1] == s->tiers[j])
+        continue;
+      double cost = load_s(s, cnt) + prefill_s(s, (j + 1) * bs, q->in_tokens);
+      if (cost <= best) {
+        best = cost;
+        cut = j + 1;
+      }
+    }
+  }
+  kvp_ledger_record *r = &x->rec;
+  memset(r, 0, sizeof *r);
+  r->tenant = s->t->names && q->tenant ? s->t->names[q->tenant] : NULL;
+  r->session = s->t->names && q->session ? s->t->names[q->session] : NULL;
+  r->worker = (int32_t)w;
+  r->prompt_tokens = q->in_tokens;
+  r->reused_tokens = cut * bs;
+  r->recomputed_tokens = q->in_tokens - cut * bs;
+  uint64_t cnt[3] = {0, 0, 0};
+  for (uint64_t j = 0; j < cut; j++)
+    cnt[s->tiers[j]]++;
+  for (int k = 0; k < 3; k++) {
+    r->reused_by_tier[k] = cnt[k] * bs;
+    if (k > 0)
+      r->load_bytes[k] = (uint64_t)((double)cnt[k] * bs * s->kvb);
+  }
+  memcpy(r->prompt_by_class, q->cls_tokens, sizeof r->prompt_by_class);
+  uint64_t st = cut < q->stable_end ? cut : q->stable_end;
+  uint64_t se = cut < q->semi_end ? cut : q->semi_end;
+  r->reused_by_class[KVP_CLASS_STABLE] = st * bs;
+  r->reused_by_class[KVP_CLASS_SEMI] = (se - st) * bs;
+  r->reused_by_class[KVP_CLASS_VOLATILE] = (cut - se) * bs;
+  /* why the rest was recomputed */
+  r->miss_tokens[KVP_MISS_PARTIAL_BLOCK] = q->in_tokens - n * bs;
+  r->miss_tokens[KVP_MISS_NOT_WORTH_LOADING] = (m - cut) * bs;
+  uint64_t other = m;
+  if (!s->infinite)
+    for (uint32_t v = 0; v < s->nw; v++) {
+      if (v == w)
+        continue;
+      uint64_t j = m;
+      while (j < n && cache_find(&s->w[v].c, keys[j]) != NONE)
+        j++;
+      if (j > other)
+        other = j;
+    }
+  uint64_t ev_end = other;
+  if (!s->infinite)
+    while (ev_end < n && seen_has(s, keys[ev_end].lo))
+      ev_end++;
+  /* never-seen blocks where the session's previous turn had a block:
+   * the prompt changed under them (prompt drift), not new content */
+  uint64_t d0 = ev_end, d1 = ev_end;
+  if (s->prev_req[i] != NONE) {
+    const bh_req *p = &s->t->reqs[s->prev_req[i]];
+    const kvp_key *pk = s->t->keys + p->key_off;
+    uint64_t hi = p->n_blocks < n ? p->n_blocks : n, lo = 0;
+    while (lo < hi) { /* common prefix: chained keys, so binary search */
+      uint64_t mid = lo + (hi - lo + 1) / 2;
+      if (kvp_key_eq(pk[mid - 1], keys[mid - 1]))
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    /* blocks equal to the last turn's but not cached yet are in flight
+     * (never seen); the ones after the divergence are drift */
+    d0 = lo > ev_end ? lo : ev_end;
+    d1 = p->n_blocks < n ? p->n_blocks : n;
+    if (d1 < d0)
+      d1 = d0;
+  }
+  r->miss_tokens[KVP_MISS_OTHER_WORKER] = (other - m) * bs;
+  r->miss_tokens[KVP_MISS_EVICTED] = (ev_end - other) * bs;
+  r->miss_tokens[KVP_MISS_DRIFT] = (d1 - d0) * bs;
+  r->miss_tokens[KVP_MISS_NEVER_SEEN] = (n - ev_end - (d1 - d0)) * bs;
+  if (cut > 0) {
+    r->avoided_flops = kvp_model_prefill_flops(&s->cl.model, 0, cut * bs);
+    r->avoided_gpu_seconds = r->avoided_flops / s->flops_s;
+  }
+  /* the loaded prefix is now in HBM, most recently used */
+  bool fresh;
+  int rc = 0;
+  for (uint64_t j = 0; j < cut && rc == 0 && !s->infinite; j++)
+    rc = to_hbm(s, w, c, keys[j], j ? &keys[j - 1] : NULL, &fresh);
+  if (rc == 0)
+    rc = flush_run(s, w);
+  if (rc < 0)
+    return rc;
+  double dur = load_s(s, cnt) + prefill_s(s, cut * bs, q->in_tokens);
+  x->assigned += r->recomputed_tokens;
+  /* time series: by arrival bucket */
+  uint32_t b = bucket_of(s, i);
+  s->s_prompt[b] += (double)q->in_tokens;
+  s->s_reused[b] += (double)r->reused_tokens;
+  return ev_push(s, s->now + dur, EV_PREFILL_DONE, w, i, NULL);
+}
+
+static double decode_s(const struct sim *s, const worker *x,
+                       const bh_req *q) {
+  double batch = x->decoding + 1.0;
+  if (batch > s->cl.max_batch)
+    batch = s->cl.max_batch;
+  double weights = 2.0 * (s->cl.model.params > 0 ? s->cl.model.params : 8.03e9);
+  double kv = (double)(x->decode_tokens + q->in_tokens) * s->kvb;
+  double step = s->cl.decode_base_s + (weights + kv) / s->cl.hbm_bw;
+  /* beyond the batch limit, requests share steps */
+  double share = (x->decoding + 1.0) / batch;
+  return (double)q->out_tokens * step * share;
+}
+
+static int prefill_done(struct sim *s, uint32_t w, uint32_t i) {
+  worker *x = &s->w[w];
+  const bh_req *q = &s->t->reqs[i];
+  const kvp_key *keys = s->t->keys + q->key_off;
+  cache *c = cache_of(s, w);
+  int rc = 0;
+  bool fresh;
+  double ttft = s->now - s->arrive[i];
+  kvp_hist_record(s->res->ttft_us, (uint64_t)(ttft * 1e6 + 0.5));
+  /* the engine keeps every full block of the prompt (HBM, most recent) */
+  uint64_t from = x->rec.reused_tokens / s->bs;
+  for (uint64_t j = from; j < q->n_blocks && rc == 0 && !s->infinite; j++)
+    rc = to_hbm(s, w, c, keys[j], j ? &keys[j - 1] : NULL, &fresh);
+  if (rc == 0)
+    rc = flush_run(s, w);
+  if (rc < 0)
+    return rc;
+  if (kvp_ledger_add(s->led, &x->rec) < 0)
+    s->res->ledger_rejects++;
+  if (s->rt)
+    kvp_router_complete(s->rt, w, (uint64_t)i + 1);
+  x->cur = NONE;
+  double d = decode_s(s, x, q);
+  x->decoding++;
+  x->decode_blocks += q->n_blocks;
+  x->decode_tokens += q->in_tokens;
+  if ((rc = ev_push(s, s->now + d, EV_DECODE_DONE, w, i, NULL)) < 0)
+    return rc;
+  rc = start_prefill(s, w);
+  set_load(s, w);
+  return rc;
+}
+
+static int decode_done(struct sim *s, uint32_t w, uint32_t i) {
+  worker *x = &s->w[w];
+  const bh_req *q = &s->t->reqs[i];
+  x->decoding--;
+  x->decode_blocks -= q->n_blocks;
+  x->decode_tokens -= q->in_tokens;
+  s->done++;
+  set_load(s, w);
+  if (s->o->closed_loop && s->next_arrival < s->t->n_reqs)
+    return ev_push(s, s->now, EV_ARRIVE, (uint32_t)s->next_arrival++, 0, NULL);
+  return 0;
+}
+
+static void sample_occupancy(struct sim *s, uint32_t upto) {
+  bh_series *se = &s->res->series;
+  while (s->s_last < upto && s->s_last < se->n) {
+    for (int k = 0; k < 3; k++) {
+      double used = 0, cap = 0;
+      for (uint32_t v = 0; v < s->nw && !s->infinite; v++) {
+        used += (double)s->w[v].c.count[k];
+        cap += (double)s->w[v].c.cap[k];
+      }
+      se->occ[k][s->s_last] = cap > 0 ? used / cap : NAN;
+    }
+    s->s_last++;
+  }
+}
+
+static int route(struct sim *s, uint32_t i, uint32_t *out) {
+  const bh_req *q = &s->t->reqs[i];
+  if (s->o->policy == BH_POLICY_RANDOM) {
+    *out = (uint32_t)(rng_next(s) % s->nw);
+    return 0;
+  }
+  if (s->infinite) { /* least pending prefill tokens, then lowest id */
+    uint32_t best = 0;
+    uint64_t bl = UINT64_MAX;
+    for (uint32_t v = 0; v < s->nw; v++) {
+      uint64_t l = 0;
+      for (size_t k = 0; k < s->w[v].q_len; k++)
+        l += s->est_uncached[s->w[v].q[(s->w[v].q_head + k) % s->w[v].q_cap]];
+      if (l < bl) {
+        bl = l;
+        best = v;
+      }
+    }
+    *out = best;
+    return 0;
+  }
+  kvp_classification cls = {.stable_end = q->stable_end,
+                            .semi_end = q->semi_end,
+                            .n_blocks = q->n_blocks};
+  memcpy(cls.tokens, q->cls_tokens, sizeof cls.tokens);
+  kvp_route_request rq = {.keys = s->t->keys + q->key_off,
+                          .n_blocks = q->n_blocks,
+                          .prompt_tokens = q->in_tokens,
+                          .cls = &cls,
+                          .session_id = q->session_id,
+                          .request_id = (uint64_t)i + 1,
+                          .tenant = q->tenant};
+  kvp_decision d;
+  int rc = kvp_router_route(s->rt, s->ix, &rq, (uint64_t)(s->now * 1e9), &d);
+  if (rc < 0)
+    return rc;
+  *out = d.worker;
+  s->est_uncached[i] = d.uncached_tokens;
+  return 0;
+}
+
+static int arrive(struct sim *s, uint32_t i) {
+  const bh_req *q = &s->t->reqs[i];
+  s->arrive[i] = s->now;
+  s->est_uncached[i] = q->in_tokens;
+  s->prev_req[i] = q->session ? s->sess_last[q->session] : NONE;
+  if (q->session)
+    s->sess_last[q->session] = i;
+  if (s->infinite) { /* everything sent before is cached, at once */
+    const kvp_key *keys = s->t->keys + q->key_off;
+    uint32_t m = 0;
+    while (m < q->n_blocks && cache_find(&s->inf, keys[m]) != NONE)
+      m++;
+    s->inf_reuse[i] = m;
+    s->est_uncached[i] = q->in_tokens - (uint64_t)m * s->bs;
+    for (uint32_t j = m; j < q->n_blocks; j++) {
+      uint32_t x;
+      if (node_new(&s->inf, keys[j], &x) < 0)
+        return KVP_ENOMEM;
+      lru_push(&s->inf, x, KVP_TIER_HBM);
+    }
+  }
+  sample_occupancy(s, bucket_of(s, i));
+  uint32_t w;
+  int rc = route(s, i, &w);
+  if (rc < 0)
+    return rc;
+  worker *x = &s->w[w];
+  if (x->q_len == x->q_cap) {
+    size_t nc = x->q_cap ? x->q_cap * 2 : 64;
+    uint32_t *nq = malloc(nc * sizeof *nq);
+    if (nq == NULL)
+      return KVP_ENOMEM;
+    for (size_t k = 0; k < x->q_len; k++)
+      nq[k] = x->q[(x->q_head + k) % x->q_cap];
+    free(x->q);
+    x->q = nq;
+    x->q_head = 0;
+    x->q_cap = nc;
+  }
+  x->q[(x->q_head + x->q_len) % x->q_cap] = i;
+  x->q_len++;
+  s->req_worker[i] = w;
+  rc = start_prefill(s, w);
+  set_load(s, w);
+  return rc;
+}
+
+static void progress(struct sim *s, size_t k, size_t n, bool end) {
+  if (!s->o->progress)
+    return;
+  if (!end && (n < 100 || k % (n / 100) != 0))
+    return;
+  int pct = n ? (int)(100.0 * (double)k / (double)n) : 100;
+  if (end)
+    pct = 100;
+  char bar[41];
+  for (int j = 0; j < 40; j++)
+    bar[j] = j < pct * 40 / 100 ? '#' : '.';
+  bar[40] = '\0';
+  fprintf(stderr, "\r  %-20s [%s] %3d%%%s", bh_policy_name(s->o->policy), bar,
+          pct, end ? "\n" : "");
+}
+
+static int sim_setup(struct sim *s, const bh_trace *t, const bh_sim_opts *o,
+                     bh_result *r, char *err, size_t cap) {
+  s->t = t;
+  s->o = o;
+  s->res = r;
+  s->cl = o->cl;
+  s->bs = t->block_size;
+  s->infinite = o->policy == BH_POLICY_INFINITE;
+  s->rng = o->seed ^ 0x6b76706c616e6562ull;
+  int rc = bh_cluster_resolve(&s->cl, t->block_size);
+  if (rc < 0) {
+    snprintf(err, cap, "bad cluster (workers 1..4096, HBM >= one block)");
+    return rc;
+  }
+  s->nw = s->cl.workers;
+  s->kvb = kvp_model_kv_bytes_per_token(&s->cl.model);
+  kvp_router_opts ro = o->router;
+  ro.policy = s->infinite || o->policy == BH_POLICY_RANDOM
+                  ? KVP_POLICY_LEAST_LOADED
+                  : (kvp_policy)o->policy;
+  ro.n_workers = s->nw;
+  ro.block_size = s->bs;
+  ro.model = s->cl.model;
+  ro.gpu = s->cl.gpu;
+  ro.seed = o->seed;
+  if ((rc = kvp_router_create(&ro, NULL, &s->rt)) < 0) {
+    snprintf(err, cap, "router options rejected: %s", kvp_strerror(rc));
+    return rc;
+  }
+  /* the resolved GPU spec (defaults filled) drives the engine model too */
+  for (int k = 0; k < KVP_TIER_COUNT_; k++)
+    s->cl.gpu.bw[k] = kvp_router_bandwidth(s->rt, (kvp_tier)k);
+  if (s->cl.gpu.latency_s[1] == 0)
+    s->cl.gpu.latency_s[1] = 10e-6;
+  if (s->cl.gpu.latency_s[2] == 0)
+    s->cl.gpu.latency_s[2] = 100e-6;
+  s->flops_s = (s->cl.gpu.flops > 0 ? s->cl.gpu.flops : 989e12) *
+               (s->cl.gpu.efficiency > 0 ? s->cl.gpu.efficiency : 0.5);
+  kvp_index_opts io = {.max_workers = s->nw};
+  if ((rc = kvp_index_create(&io, NULL, &s->ix)) < 0 ||
+      (rc = kvp_ledger_create(NULL, NULL, &s->led)) < 0 ||
+      (rc = kvp_hist_create(NULL, &r->ttft_us)) < 0)
+    return rc;
+  s->w = calloc(s->nw, sizeof *s->w);
+  size_t n = t->n_reqs;
+  s->req_worker = calloc(n + 1, sizeof *s->req_worker);
+  s->inf_reuse = calloc(n + 1, sizeof *s->inf_reuse);
+  s->arrive = calloc(n + 1, sizeof *s->arrive);
+  s->est_uncached = calloc(n + 1, sizeof *s->est_uncached);
+  s->prev_req = malloc((n + 1) * sizeof *s->prev_req);
+  s->sess_last = malloc((t->n_names + 1) * sizeof *s->sess_last);
+  if (s->prev_req == NULL || s->sess_last == NULL)
+    return KVP_ENOMEM;
+  memset(s->sess_last, 0xff, (t->n_names + 1) * sizeof *s->sess_last);
+  s->seen_mask = 4095;
+  s->seen = calloc(s->seen_mask + 1, sizeof *s->seen);
+  uint32_t maxb = 1;
+  for (size_t i = 0; i < n; i++)
+    if (t->reqs[i].n_blocks > maxb)
+      maxb = t->reqs[i].n_blocks;
+  s->tiers = malloc(maxb);
+  if (s->w == NULL || s->req_worker == NULL || s->inf_reuse == NULL ||
+      s->arrive == NULL || s->est_uncached == NULL || s->seen == NULL ||
+      s->tiers == NULL)
+    return KVP_ENOMEM;
+  for (uint32_t v = 0; v < s->nw; v++) {
+    s->w[v].cur = NONE;
+    if ((rc = kvp_index_worker_add(s->ix, v)) < 0 ||
+        (rc = cache_init(&s->w[v].c, s->cl.hbm_blocks, s->cl.dram_blocks,
+                         s->cl.nvme_blocks)) < 0)
+      return rc;
+  }
+  if (s->infinite &&
+      (rc = cache_init(&s->inf, UINT64_MAX, 0, 0)) < 0)
+    return rc;
+  bh_series *se = &r->series;
+  se->n = o->buckets ? o->buckets : 48;
+  se->hit = calloc(se->n, sizeof *se->hit);
+  s->s_prompt = calloc(se->n, sizeof *s->s_prompt);
+  s->s_reused = calloc(se->n, sizeof *s->s_reused);
+  for (int k = 0; k < 3; k++)
+    se->occ[k] = calloc(se->n, sizeof *se->occ[k]);
+  if (se->hit == NULL || s->s_prompt == NULL || s->s_reused == NULL ||
+      se->occ[0] == NULL || se->occ[1] == NULL || se->occ[2] == NULL)
+    return KVP_ENOMEM;
+  double speed = o->speed > 0 ? o->speed : 1.0;
+  s->t_span = n ? t->reqs[n - 1].t / speed : 0;
+  if (o->closed_loop)
+    s->t_span = 0; /* bucket by arrival order (bucket_of) */
+  return 0;
+}
+
+static void sim_teardown(struct sim *s) {
+  while (s->heap_n > 0) {
+    ev e = ev_pop(s);
+    free(e.p);
+  }
+  free(s->heap);
+  for (uint32_t v = 0; s->w && v < s->nw; v++) {
+    cache_free(&s->w[v].c);
+    free(s->w[v].q);
+    free(s->w[v].run);
+  }
+  if (s->infinite)
+    cache_free(&s->inf);
+  free(s->w);
+  free(s->req_worker);
+  free(s->inf_reuse);
+  free(s->arrive);
+  free(s->est_uncached);
+  free(s->prev_req);
+  free(s->sess_last);
+  free(s->seen);
+  free(s->tiers);
+  free(s->s_prompt);
+  free(s->s_reused);
+  kvp_router_destroy(s->rt);
+  kvp_index_destroy(s->ix);
+  kvp_ledger_destroy(s->led);
+}
+
+static int sim_loop(struct sim *s) {
+  const bh_trace *t = s->t;
+  size_t n = t->n_reqs;
+  double speed = s->o->speed > 0 ? s->o->speed : 1.0;
+  int rc = 0;
+  if (s->o->closed_loop) {
+    for (; s->next_arrival < n && s->next_arrival < s->o->closed_loop;
+         s->next_arrival++)
+      if ((rc = ev_push(s, 0.0, EV_ARRIVE, (uint32_t)s->next_arrival, 0,
+                        NULL)) < 0)
+        return rc;
+  } else {
+    for (size_t i = 0; i < n; i++)
+      if ((rc = ev_push(s, t->reqs[i].t / speed, EV_ARRIVE, (uint32_t)i, 0,
+                        NULL)) < 0)
+        return rc;
+  }
+  size_t arrived = 0;
+  while (s->heap_n > 0 && rc >= 0) {
+    ev e = ev_pop(s);
+    s->now = e.t;
+    switch (e.type) {
+    case EV_ARRIVE:
+      progress(s, arrived++, n, false);
+      rc = arrive(s, e.a);
+      break;
+    case EV_PREFILL_DONE:
+      rc = prefill_done(s, e.a, (uint32_t)e.b);
+      break;
+    case EV_DECODE_DONE:
+      rc = decode_done(s, e.a, (uint32_t)e.b);
+      break;
+    default: {
+      delayed *d = e.p;
+      apply_event(s, d->worker, d->seq, d->tier, d->stored,
+                  d->has_parent ? &d->parent : NULL, d->keys, d->n);
+      free(d);
+    }
+    }
+  }
+  progress(s, n, n, true);
+  return rc;
+}
+
+static void summarize(struct sim *s) {
+  bh_result *r = s->res;
+  kvp_ledger_global_totals(s->led, &r->tot);
+  kvp_index_stats_get(s->ix, &r->ix);
+  r->requests = r->tot.requests;
+  kvp_hist_summarize(r->ttft_us, &r->ttft);
+  r->ttft_p95_s = (double)kvp_hist_quantile(r->ttft_us, 0.95) / 1e6;
+  double mx = 0, sum = 0;
+  for (uint32_t v = 0; v < s->nw; v++) {
+    sum += (double)s->w[v].assigned;
+    if ((double)s->w[v].assigned > mx)
+      mx = (double)s->w[v].assigned;
+  }
+  r->imbalance = sum > 0 ? mx / (sum / s->nw) : 1.0;
+  r->sim_seconds = s->now;
+  bh_series *se = &r->series;
+  sample_occupancy(s, se->n);
+  se->t_end = s->t_span;
+  for (uint32_t b = 0; b < se->n; b++)
+    se->hit[b] = s->s_prompt[b] > 0 ? s->s_reused[b] / s->s_prompt[b] : NAN;
+}
+
+int bh_sim_run(const bh_trace *t, const bh_sim_opts *o, bh_result *r,
+               char *err, size_t cap) {
+  struct sim s;
+  memset(&s, 0, sizeof s);
+  memset(r, 0, sizeof *r);
+  r->policy = o->policy;
+  snprintf(r->name, sizeof r->name, "%s", bh_policy_name(o->policy));
+  if (cap > 0)
+    err[0] = '\0';
+  if (t->block_size == 0 || t->n_reqs == 0) {
+    snprintf(err, cap, "empty trace");
+    return KVP_EINVAL;
+  }
+  if (o->policy < 0 || o->policy >= BH_POLICY_COUNT) {
+    snprintf(err, cap, "unknown policy");
+    return KVP_EINVAL;
+  }
+  uint64_t t0 = kvp_now_ns();
+  int rc = sim_setup(&s, t, o, r, err, cap);
+  if (rc >= 0)
+    rc = sim_loop(&s);
+  if (rc >= 0) {
+    summarize(&s);
+    r->wall_seconds = (double)(kvp_now_ns() - t0) / 1e9;
+  } else if (err[0] == '\0') {
+    snprintf(err, cap, "simulation failed: %s", kvp_strerror(rc));
+  }
+  sim_teardown(&s);
+  return rc;
+}
+
+void bh_result_free(bh_result *r) {
+  if (r == NULL)
+    return;
+  kvp_hist_destroy(r->ttft_us);
+  free(r->series.hit);
+  for (int k = 0; k < 3; k++)
+    free(r->series.occ[k]);
+  memset(r, 0, sizeof *r);
+}

@@ -1,0 +1,92 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* kvplane config (core/config): one YAML file for cluster, model, policies
+ * and tiers, validated with clear errors.
+ *
+ * Shape: a top-level mapping of sections; each section a mapping of keys to
+ * scalars or to flow/block sequences of scalars:
+ *
+ *   cluster:
+ *     workers: 8
+ *   routing:
+ *     policies: [kvplane_cost, round_robin]
+ *
+ * Loading parses the whole file (libyaml) and keeps every value with its line.
+ * Each module then binds the section it owns to its own option struct with a
+ * field table (kvp_config_bind): unknown keys and bad values are rejected
+ * there with "file:line: ..." messages.  kvp_config_check_unbound finally
+ * rejects sections nobody bound (e.g. a typo in a section name).  Anchors,
+ * aliases, tags, duplicate keys/sections and deeper nesting are errors.
+ *
+ * Thread safety: a kvp_config is not thread-safe; distinct configs are
+ * independent.  All functions are re-entrant. */
+#ifndef KVPLANE_CONFIG_H
+#define KVPLANE_CONFIG_H
+
+#include "kvplane/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvp_config kvp_config;
+
+typedef enum kvp_config_type {
+  KVP_CONFIG_U64 = 0,  /* decimal integer in [min, max] */
+  KVP_CONFIG_F64 = 1,  /* finite number in [min, max] */
+  KVP_CONFIG_BOOL = 2, /* true/false, yes/no, on/off */
+  KVP_CONFIG_STR = 3   /* string (cap bytes with the NUL); a sequence is
+                          joined with ',' */
+} kvp_config_type;
+
+/* One key of a section.  `out` points to uint64_t, double, bool or char[cap]
+ * by type; it is written only when the key is present and valid. */
+typedef struct kvp_config_field {
+  const char *name;
+  kvp_config_type type;
+  void *out;
+  double min, max; /* U64 / F64 bounds, inclusive */
+  size_t cap;      /* STR buffer size */
+} kvp_config_field;
+
+#define KVP_CFG_U64(n, p, lo, hi) {(n), KVP_CONFIG_U64, (p), (double)(lo), (double)(hi), 0}
+#define KVP_CFG_F64(n, p, lo, hi) {(n), KVP_CONFIG_F64, (p), (lo), (hi), 0}
+#define KVP_CFG_BOOL(n, p) {(n), KVP_CONFIG_BOOL, (p), 0, 1, 0}
+#define KVP_CFG_STR(n, p, c) {(n), KVP_CONFIG_STR, (p), 0, 0, (c)}
+
+typedef struct kvp_config_section {
+  const char *name;
+  const kvp_config_field *fields;
+  size_t n_fields;
+} kvp_config_section;
+
+/* Parses YAML from a file or from memory (`name` is used in messages).
+ * Returns 0; KVP_ECORRUPT (not YAML or the wrong shape), -errno (file), or
+ * KVP_ENOMEM, with "name:line: message" in err (cap > 0).  *out is NULL on
+ * failure.  Input is limited to 1 MiB and 4096 keys. */
+KVP_API int kvp_config_load_file(const char *path, const kvp_allocator *alloc,
+                                 kvp_config **out, char *err, size_t cap);
+KVP_API int kvp_config_load_mem(const void *data, size_t size,
+                                const char *name, const kvp_allocator *alloc,
+                                kvp_config **out, char *err, size_t cap);
+/* NULL is a no-op. */
+KVP_API void kvp_config_destroy(kvp_config *c);
+
+/* Binds section s->name: every key must be one of s->fields and valid, else
+ * KVP_EINVAL with "name:line: unknown key 'x' in section 's'" or "name:line:
+ * s.key: expected ..., got '...'" in err.  An absent section binds nothing
+ * and succeeds.  Nothing is stored unless every key is valid.  Returns the number of keys
+ * set, or KVP_EINVAL. */
+KVP_API int kvp_config_bind(kvp_config *c, const kvp_config_section *s,
+                            char *err, size_t cap);
+/* KVP_EINVAL ("name:line: unknown section 'x'") if a section was neither
+ * bound nor listed in `reserved` (sections another module will bind). */
+KVP_API int kvp_config_check_unbound(const kvp_config *c,
+                                     const char *const *reserved,
+                                     size_t n_reserved, char *err, size_t cap);
+/* Is section `name` present?  1 / 0; KVP_EINVAL for NULL arguments. */
+KVP_API int kvp_config_has_section(const kvp_config *c, const char *name);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVPLANE_CONFIG_H */

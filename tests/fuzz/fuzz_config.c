@@ -1,0 +1,51 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* libFuzzer target: the YAML config loader and binder (core/config) on
+ * arbitrary bytes.  Failures must explain themselves; a loaded config binds
+ * a section of every field type and checks for unbound sections. */
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvplane.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static void need_reason(const char *err, size_t cap) {
+  if (err[0] == '\0' || memchr(err, '\0', cap) == NULL)
+    abort();
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  char err[256] = "";
+  kvp_config *c = NULL;
+  int rc = kvp_config_load_mem(data, size, "fuzz.yaml", NULL, &c, err,
+                               sizeof err);
+  if (rc < 0) {
+    if (c != NULL)
+      abort();
+    need_reason(err, sizeof err);
+    return 0;
+  }
+  uint64_t u = 0;
+  double d = 0;
+  bool b = false;
+  char s[32] = "";
+  const kvp_config_field f[] = {KVP_CFG_U64("workers", &u, 1, 4096),
+                                KVP_CFG_F64("hbm_gb", &d, 0, 1e6),
+                                KVP_CFG_BOOL("no_shared_prefix", &b),
+                                KVP_CFG_STR("policies", s, sizeof s)};
+  const char *names[] = {"cluster", "replay", "routing"};
+  for (size_t i = 0; i < 3; i++) {
+    kvp_config_section sec = {names[i], f, 4};
+    err[0] = '\0';
+    if (kvp_config_bind(c, &sec, err, sizeof err) < 0)
+      need_reason(err, sizeof err);
+  }
+  if (u > 4096 || (d < 0 || d > 1e6) || strnlen(s, sizeof s) == sizeof s)
+    abort();
+  err[0] = '\0';
+  if (kvp_config_check_unbound(c, NULL, 0, err, sizeof err) < 0)
+    need_reason(err, sizeof err);
+  kvp_config_destroy(c);
+  return 0;
+}

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# kvplane-bench end to end: every policy on slices of both bundled traces;
+# the HTML report is well-formed XML with one section per trace and three
+# SVG plots per section; JSON and CSV parse; the shipped config reproduces
+# the embedded defaults; bad configs fail with file:line; convert keeps the
+# results; gen and sweep run.  Usage: test_bench_cli.sh BENCH SHARED SRC
+set -euo pipefail
+bench=$1 shared=$2 src=$3
+moon=$shared/traces/mooncake_conversation.jsonl.zst
+agent=$shared/traces/cc_agentic
+[ -r "$moon" ] && [ -d "$agent" ] || { echo "SKIP: traces not in $shared"; exit 77; }
+command -v python3 >/dev/null || { echo "SKIP: python3 missing"; exit 77; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+"$bench" run --no-progress --limit 1500 --out "$tmp/r1" "$moon" "$agent" > "$tmp/out1"
+grep -q "HTML report: .*report.html" "$tmp/out1" || fail "no report path printed"
+for p in round_robin least_loaded prefix_greedy sglang_cache_aware \
+         llmd_weighted dynamo_cost kvplane_cost random infinite; do
+  [ "$(grep -c "^$p " "$tmp/out1")" = 2 ] || fail "policy $p not in both tables"
+done
+python3 - "$tmp/r1" <<'PY'
+import csv, json, sys, xml.etree.ElementTree as ET
+d = sys.argv[1]
+root = ET.parse(d + "/report.html").getroot()   # well-formed or raises
+ns = "{http://www.w3.org/2000/svg}"
+secs = root.findall(".//section")
+assert len(secs) == 2, len(secs)
+for s in secs:
+    svgs = s.findall(ns + "svg")
+    assert len(svgs) == 3, len(svgs)
+    titles = [v.find(ns + "title").text for v in svgs]
+    assert titles[0].startswith("Prefix hit rate over time"), titles
+    assert titles[1].startswith("TTFT CDF"), titles
+    assert titles[2].startswith("Tier occupancy"), titles
+    for v in svgs:
+        assert len(v.findall(ns + "polyline")) >= 3
+html = open(d + "/report.html").read()
+assert "http" not in html.replace("http://www.w3.org/2000/svg", ""), "external link"
+assert "<script" not in html
+j = json.load(open(d + "/results.json"))
+assert len(j["runs"]) == 2
+for run in j["runs"]:
+    pol = {p["policy"]: p for p in run["policies"]}
+    assert len(pol) == 9
+    up = pol["infinite"]["reused_tokens"]
+    for p in pol.values():
+        assert p["reused_tokens"] <= up, p["policy"]
+        assert sum(p["miss_tokens"].values()) + p["reused_tokens"] == p["prompt_tokens"]
+rows = list(csv.DictReader(open(d + "/results.csv")))
+assert len(rows) == 18, len(rows)
+print("report ok")
+PY
+
+# the shipped config = the embedded defaults (same numbers)
+"$bench" run --quiet --no-progress --limit 1000 --policies kvplane_cost,dynamo_cost \
+  --out "$tmp/a" "$moon" >/dev/null
+"$bench" run --quiet --no-progress --limit 1000 --config "$src/bench/configs/default.yaml" \
+  --policies kvplane_cost,dynamo_cost --out "$tmp/b" "$moon" >/dev/null
+cmp <(cut -d, -f1-32 "$tmp/a/results.csv") <(cut -d, -f1-32 "$tmp/b/results.csv") ||
+  fail "default.yaml differs from the embedded defaults"
+
+# bad configs: file:line messages, exit status 2
+printf 'cluster:\n  workers: 8\n  wrokers: 3\n' > "$tmp/bad1.yaml"
+printf 'routing:\n  policies: [kvplane_cost, bogus]\n' > "$tmp/bad2.yaml"
+printf 'clutser:\n  workers: 3\n' > "$tmp/bad3.yaml"
+for i in 1 2 3; do
+  if "$bench" run --config "$tmp/bad$i.yaml" "$moon" > "$tmp/o" 2> "$tmp/e"; then
+    fail "bad$i.yaml accepted"
+  fi
+done
+for i in 1 2 3; do
+  "$bench" run --config "$tmp/bad$i.yaml" "$moon" > "$tmp/e$i" 2>&1 || true
+done
+grep -q "bad1.yaml:3: unknown key 'wrokers' in section 'cluster'" "$tmp/e1" ||
+  fail "no file:line for an unknown key"
+grep -q "bad3.yaml:1: unknown section 'clutser'" "$tmp/e3" ||
+  fail "no file:line for an unknown section"
+grep -q "unknown policy 'bogus'" "$tmp/e2" || fail "bad policy accepted"
+
+# convert: the kvplane format replays to the very same numbers
+"$bench" convert --limit 800 "$agent" "$tmp/agentic.kvp.jsonl.zst" 2>/dev/null
+"$bench" run --quiet --no-progress --limit 800 --policies kvplane_cost,round_robin \
+  --out "$tmp/c1" "$agent" >/dev/null
+"$bench" run --quiet --no-progress --policies kvplane_cost,round_robin \
+  --out "$tmp/c2" "$tmp/agentic.kvp.jsonl.zst" >/dev/null
+cmp <(cut -d, -f2-32 "$tmp/c1/results.csv") <(cut -d, -f2-32 "$tmp/c2/results.csv") ||
+  fail "converted trace replays differently"
+
+# malformed records: skipped and counted, or stop with file:line
+(zstd -dc "$moon" 2>/dev/null || true) | head -20 > "$tmp/m.jsonl"
+echo '{"timestamp": 5, "input_length": "x"}' >> "$tmp/m.jsonl"
+"$bench" run --no-progress --policies kvplane_cost --out "$tmp/m" "$tmp/m.jsonl" > "$tmp/mo" 2>&1
+grep -q "m.jsonl:21: field 'input_length'" "$tmp/mo" || fail "no file:line for a bad record"
+grep -q "1 malformed records skipped" "$tmp/mo" || fail "skipped record not counted"
+if "$bench" run --on-error stop --policies kvplane_cost --out "$tmp/m" "$tmp/m.jsonl" >/dev/null 2>&1; then
+  fail "--on-error stop went on"
+fi
+
+# gen (with drift) and sweep
+"$bench" gen --seed 3 --sessions 8 --drift 0.05 "$tmp/gen.jsonl"
+"$bench" run --quiet --no-progress --policies kvplane_cost --out "$tmp/g" "$tmp/gen.jsonl" >/dev/null
+"$bench" sweep --no-progress --limit 500 --param dram_gb=0,64 --param workers=4,8 \
+  --ttft-p95-max 30 --out "$tmp/swo" "$moon" > "$tmp/sw"
+grep -q "^recommendation: " "$tmp/sw" || fail "sweep gave no recommendation"
+[ "$(grep -c '^[0-9]' "$tmp/sw")" = 4 ] || fail "sweep table is not 2 x 2"
+python3 - "$tmp/swo/sweep.html" <<'PY'
+import sys, xml.etree.ElementTree as ET
+ns = "{http://www.w3.org/2000/svg}"
+svgs = ET.parse(sys.argv[1]).getroot().findall(".//" + ns + "svg")
+assert len(svgs) == 2, len(svgs)
+assert len(svgs[0].findall(ns + "polyline")) == 2   # one line per workers value
+assert len(svgs[1].findall(ns + "polyline")) == 3   # ... and the p95 bound
+PY
+echo "kvplane-bench cli ok"

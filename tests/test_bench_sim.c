@@ -1,0 +1,340 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* kvplane-bench simulator: a tiny hand-computed trace whose hit rates,
+ * avoided prefill, miss causes, tier loads and TTFT are asserted exactly;
+ * routing through the production index (events) and what dropping them
+ * does; invariants on the bundled traces (no policy above the infinite
+ * bound, reused + recomputed = prompt, nothing rejected by the ledger);
+ * identical output for identical seeds. */
+#include <math.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "test_harness.h"
+
+static const bh_read_opts stop = {.on_error = BH_ERR_STOP, .quiet = true};
+
+static void load(const char *text, bh_trace *t) {
+  bh_src *s;
+  char err[512];
+  bh_trace_init(t);
+  ASSERT_OK(bh_src_open_mem(text, strlen(text), "mem", &s));
+  int rc = bh_read(s, BH_FMT_KVPLANE, &stop, t, err, sizeof err);
+  if (rc < 0)
+    fprintf(stderr, "%s\n", err);
+  ASSERT_OK(rc);
+  bh_src_close(s);
+  ASSERT_OK(bh_trace_finish(t));
+}
+
+static void run(const bh_trace *t, const bh_sim_opts *o, bh_result *r) {
+  char err[512];
+  int rc = bh_sim_run(t, o, r, err, sizeof err);
+  if (rc < 0)
+    fprintf(stderr, "%s\n", err);
+  ASSERT_OK(rc);
+  ASSERT_EQ(r->ledger_rejects, 0u);
+  ASSERT_EQ(r->requests, t->n_reqs);
+}
+
+/* Block 4 tokens, Llama-3.1-8B defaults.  Requests 100 s apart (no
+ * queueing):
+ *   r1 in=10 ids [1,2]   -> nothing cached: 8 never seen + 2 partial
+ *   r2 in=12 ids [1,2,3] -> reuses [1,2] = 8 tokens, 4 never seen
+ *   r3 in=8  ids [1,5]   -> reuses [1] = 4 tokens, 4 never seen */
+#define TINY                                                                   \
+  "{\"format\":\"kvplane-trace\",\"version\":1,\"block_size\":4}\n"            \
+  "{\"t\":0,\"in\":10,\"out\":2,\"hash_ids\":[1,2]}\n"                         \
+  "{\"t\":100,\"in\":12,\"out\":2,\"hash_ids\":[1,2,3]}\n"                     \
+  "{\"t\":200,\"in\":8,\"out\":2,\"hash_ids\":[1,5]}\n"
+
+static double flops(uint64_t from, uint64_t to) { /* by hand */
+  double s = 0;
+  for (uint64_t t = from; t < to; t++)
+    s += 2 * 8.03e9 + 4.0 * 32 * 32 * 128 * (double)t;
+  return s;
+}
+
+static bh_sim_opts tiny_opts(int policy, uint32_t workers) {
+  bh_sim_opts o = {.policy = policy, .seed = 7};
+  bh_cluster_defaults(&o.cl);
+  o.cl.workers = workers;
+  return o;
+}
+
+TEST(tiny_exact) {
+  bh_trace t;
+  load(TINY, &t);
+  const int pols[] = {KVP_POLICY_KVPLANE_COST, KVP_POLICY_PREFIX_GREEDY,
+                      BH_POLICY_INFINITE};
+  for (size_t p = 0; p < 3; p++) {
+    bh_sim_opts o = tiny_opts(pols[p], 1);
+    bh_result r;
+    run(&t, &o, &r);
+    const kvp_ledger_totals *x = &r.tot;
+    ASSERT_EQ(x->prompt_tokens, 30u);
+    ASSERT_EQ(x->reused_tokens, 12u);
+    ASSERT_EQ(x->recomputed_tokens, 18u);
+    ASSERT_EQ(x->reused_by_tier[KVP_TIER_HBM], 12u);
+    ASSERT_EQ(x->miss_tokens[KVP_MISS_NEVER_SEEN], 16u);
+    ASSERT_EQ(x->miss_tokens[KVP_MISS_PARTIAL_BLOCK], 2u);
+    ASSERT_DOUBLE_NEAR(x->avoided_flops, flops(0, 8) + flops(0, 4),
+                       1e-9 * x->avoided_flops);
+    ASSERT_DOUBLE_NEAR(x->avoided_gpu_seconds,
+                       (flops(0, 8) + flops(0, 4)) / (989e12 * 0.5), 1e-15);
+    /* TTFT = prefill of the uncached tokens (no queue, HBM hits free):
+     * r1 flops(0,10), r2 flops(8,12), r3 flops(4,8) */
+    double f1 = flops(0, 10) / 494.5e12, f3 = flops(4, 8) / 494.5e12;
+    ASSERT_DOUBLE_NEAR(r.ttft.max / 1e6, f1, 1e-6);
+    ASSERT_DOUBLE_NEAR(r.ttft.min / 1e6, f3, 1e-6);
+    ASSERT_EQ(r.imbalance, 1.0);
+    bh_result_free(&r);
+  }
+  bh_trace_free(&t);
+}
+
+/* HBM of 2 blocks: r2's third block evicts block [1] (LRU), so r3 misses
+ * it -- as "evicted" -- and [1,5] was never seen.  With a DRAM tier the
+ * evicted block is demoted instead and loading it beats recomputing. */
+TEST(tiny_tiers) {
+  bh_trace t;
+  load(TINY, &t);
+  bh_sim_opts o = tiny_opts(KVP_POLICY_KVPLANE_COST, 1);
+  o.cl.hbm_blocks = 2;
+  o.cl.dram_gb = 0;
+  o.cl.nvme_gb = 0;
+  bh_result r;
+  run(&t, &o, &r);
+  ASSERT_EQ(r.tot.reused_tokens, 8u);
+  ASSERT_EQ(r.tot.miss_tokens[KVP_MISS_EVICTED], 4u);
+  ASSERT_EQ(r.tot.miss_tokens[KVP_MISS_NEVER_SEEN], 16u);
+  ASSERT_EQ(r.evicted_blocks, 3u); /* [1] by r2; [1,2], [1,2,3] by r3 */
+  bh_result_free(&r);
+
+  o.cl.dram_blocks = 10;
+  run(&t, &o, &r);
+  ASSERT_EQ(r.tot.reused_tokens, 12u);
+  ASSERT_EQ(r.tot.reused_by_tier[KVP_TIER_DRAM], 4u);
+  ASSERT_EQ(r.tot.reused_by_tier[KVP_TIER_HBM], 8u);
+  ASSERT_EQ(r.tot.load_bytes[KVP_TIER_DRAM], 4u * 131072u);
+  /* demoted: [1] by r2, then [1,2] (making room for [1]) and [1,2,3] */
+  ASSERT_EQ(r.demoted_bytes[KVP_TIER_DRAM], 3u * 4u * 131072u);
+  ASSERT_EQ(r.evicted_blocks, 0u);
+  bh_result_free(&r);
+  bh_trace_free(&t);
+}
+
+/* Two workers: round robin sends r2 away from r1's cache (its 8 tokens
+ * miss "on another worker"); prefix_greedy follows the index, which only
+ * knows because worker 0 published its stored events. */
+TEST(routing_follows_events) {
+  const char *text =
+      "{\"format\":\"kvplane-trace\",\"version\":1,\"block_size\":4}\n"
+      "{\"t\":0,\"in\":10,\"out\":2,\"hash_ids\":[1,2]}\n"
+      "{\"t\":50,\"in\":8,\"out\":2,\"hash_ids\":[9,9]}\n"
+      "{\"t\":100,\"in\":12,\"out\":2,\"hash_ids\":[1,2,3]}\n";
+  bh_trace t;
+  load(text, &t);
+  bh_result r;
+  bh_sim_opts o = tiny_opts(KVP_POLICY_ROUND_ROBIN, 2);
+  run(&t, &o, &r); /* r1 -> w0, r2 -> w1, r3 -> w0: hits */
+  ASSERT_EQ(r.tot.reused_tokens, 8u);
+  bh_result_free(&r);
+  const char *text2 =
+      "{\"format\":\"kvplane-trace\",\"version\":1,\"block_size\":4}\n"
+      "{\"t\":0,\"in\":10,\"out\":2,\"hash_ids\":[1,2]}\n"
+      "{\"t\":100,\"in\":12,\"out\":2,\"hash_ids\":[1,2,3]}\n";
+  bh_trace u;
+  load(text2, &u);
+  run(&u, &o, &r); /* r1 -> w0, r2 -> w1: miss on the other worker */
+  ASSERT_EQ(r.tot.reused_tokens, 0u);
+  ASSERT_EQ(r.tot.miss_tokens[KVP_MISS_OTHER_WORKER], 8u);
+  bh_result_free(&r);
+  /* prefix_greedy: r2 follows r1's blocks to worker 0 although worker 0 is
+   * busy with a 200K-token prefill -- because worker 0 published them */
+  const char *text3 =
+      "{\"format\":\"kvplane-trace\",\"version\":1,\"block_size\":4}\n"
+      "{\"t\":0,\"in\":10,\"out\":2,\"hash_ids\":[1,2]}\n"
+      "{\"t\":1,\"in\":200000,\"out\":2,\"hash_ids\":[]}\n"
+      "{\"t\":1.5,\"in\":12,\"out\":2,\"hash_ids\":[1,2,3]}\n";
+  bh_trace v;
+  load(text3, &v);
+  o = tiny_opts(KVP_POLICY_PREFIX_GREEDY, 2);
+  run(&v, &o, &r);
+  ASSERT_EQ(r.tot.reused_tokens, 8u);
+  ASSERT_GT(r.events_published, 0u);
+  ASSERT_EQ(r.ix.events_applied, r.events_published);
+  ASSERT_GT(r.ttft.max, 1000000u); /* r2 waited behind the long prefill */
+  bh_result_free(&r);
+  /* every event lost: the index knows nothing, r2 goes to the idle worker
+   * and its 8 tokens miss on the other worker */
+  o.drop_events = 1.0;
+  run(&v, &o, &r);
+  ASSERT_EQ(r.ix.events_applied, 0u);
+  ASSERT_EQ(r.events_dropped, r.events_published);
+  ASSERT_EQ(r.tot.reused_tokens, 0u);
+  ASSERT_EQ(r.tot.miss_tokens[KVP_MISS_OTHER_WORKER], 8u);
+  bh_result_free(&r);
+  /* delayed past r2's arrival: the same miss; delayed less: the hit */
+  o.drop_events = 0;
+  o.delay_events_s = 5.0;
+  run(&v, &o, &r);
+  ASSERT_EQ(r.tot.reused_tokens, 0u);
+  ASSERT_EQ(r.events_delayed, r.events_published);
+  bh_result_free(&r);
+  o.delay_events_s = 0.1;
+  run(&v, &o, &r);
+  ASSERT_EQ(r.tot.reused_tokens, 8u);
+  bh_result_free(&r);
+  bh_trace_free(&v);
+  bh_trace_free(&t);
+  bh_trace_free(&u);
+}
+
+/* One block per tier.  r4 brings [1] back from NVMe (recomputed: loading 4
+ * tokens from NVMe costs more than computing them) and the cascade that
+ * makes room in HBM must not evict the very block being promoted (it once
+ * did: a freed node was reused and the LRU lists looped forever). */
+TEST(promote_from_last_tier) {
+  const char *text =
+      "{\"format\":\"kvplane-trace\",\"version\":1,\"block_size\":4}\n"
+      "{\"t\":0,\"in\":4,\"out\":1,\"hash_ids\":[1]}\n"
+      "{\"t\":1,\"in\":4,\"out\":1,\"hash_ids\":[2]}\n"
+      "{\"t\":2,\"in\":4,\"out\":1,\"hash_ids\":[3]}\n"
+      "{\"t\":3,\"in\":4,\"out\":1,\"hash_ids\":[1]}\n"
+      "{\"t\":4,\"in\":4,\"out\":1,\"hash_ids\":[1]}\n";
+  bh_trace t;
+  load(text, &t);
+  bh_sim_opts o = tiny_opts(KVP_POLICY_KVPLANE_COST, 1);
+  o.cl.hbm_blocks = o.cl.dram_blocks = o.cl.nvme_blocks = 1;
+  bh_result r;
+  run(&t, &o, &r);
+  ASSERT_EQ(r.tot.miss_tokens[KVP_MISS_NOT_WORTH_LOADING], 4u);
+  ASSERT_EQ(r.tot.reused_tokens, 4u); /* r5: [1] is back in HBM */
+  ASSERT_EQ(r.evicted_blocks, 0u);
+  ASSERT_EQ(r.ix.residencies, 3u); /* the index agrees: 3 blocks, 3 tiers */
+  bh_result_free(&r);
+  bh_trace_free(&t);
+}
+
+/* A session whose system prompt changed (block 0): the blocks its last
+ * turn had are prompt drift, the new one never seen; another session's
+ * change is not drift. */
+TEST(prompt_drift) {
+  const char *text =
+      "{\"format\":\"kvplane-trace\",\"version\":1,\"block_size\":4}\n"
+      "{\"t\":0,\"in\":12,\"out\":2,\"session\":\"a\",\"hash_ids\":[1,2,3]}\n"
+      "{\"t\":10,\"in\":16,\"out\":2,\"session\":\"a\",\"hash_ids\":[9,2,3,4]}\n"
+      "{\"t\":20,\"in\":8,\"out\":2,\"session\":\"b\",\"hash_ids\":[7,7]}\n";
+  bh_trace t;
+  load(text, &t);
+  bh_sim_opts o = tiny_opts(KVP_POLICY_KVPLANE_COST, 1);
+  bh_result r;
+  run(&t, &o, &r);
+  ASSERT_EQ(r.tot.reused_tokens, 0u);
+  ASSERT_EQ(r.tot.miss_tokens[KVP_MISS_DRIFT], 12u);
+  ASSERT_EQ(r.tot.miss_tokens[KVP_MISS_NEVER_SEEN], 12u + 4u + 8u);
+  bh_result_free(&r);
+  bh_trace_free(&t);
+}
+
+static void read_shared(const char *rel, uint64_t limit, bh_trace *t) {
+  char p[4096], err[512];
+  kvt_shared_path(rel, p, sizeof p);
+  if (access(p, R_OK) != 0)
+    KVT_SKIP_BECAUSE("%s not found", p);
+  bh_read_opts o = stop;
+  o.max_requests = limit;
+  bh_trace_init(t);
+  ASSERT_OK(bh_read_path(p, BH_FMT_AUTO, &o, t, err, sizeof err));
+  ASSERT_OK(bh_trace_finish(t));
+}
+
+static void invariants(const bh_trace *t) {
+  bh_result res[BH_POLICY_COUNT];
+  uint64_t prompt = bh_trace_prompt_tokens(t);
+  for (int p = 0; p < BH_POLICY_COUNT; p++) {
+    bh_sim_opts o = tiny_opts(p, 8);
+    o.speed = 4; /* some queueing */
+    run(t, &o, &res[p]);
+    const kvp_ledger_totals *x = &res[p].tot;
+    ASSERT_EQ(x->prompt_tokens, prompt);
+    ASSERT_EQ(x->reused_tokens + x->recomputed_tokens, prompt);
+    uint64_t m = 0, tiers = 0;
+    for (int c = 0; c < KVP_MISS_COUNT_; c++)
+      m += x->miss_tokens[c];
+    for (int k = 0; k < KVP_TIER_COUNT_; k++)
+      tiers += x->reused_by_tier[k];
+    ASSERT_EQ(m, x->recomputed_tokens);
+    ASSERT_EQ(tiers, x->reused_tokens);
+    ASSERT_EQ(kvp_hist_count(res[p].ttft_us), t->n_reqs);
+    ASSERT_GE(res[p].imbalance, 1.0);
+  }
+  for (int p = 0; p < BH_POLICY_COUNT; p++) {
+    ASSERT_LE(res[p].tot.reused_tokens, res[BH_POLICY_INFINITE].tot.reused_tokens);
+    bh_result_free(&res[p]);
+  }
+}
+
+TEST(invariants_mooncake) {
+  bh_trace t;
+  read_shared("traces/mooncake_conversation.jsonl.zst", 3000, &t);
+  invariants(&t);
+  bh_trace_free(&t);
+}
+
+TEST(invariants_agentic) {
+  bh_trace t;
+  read_shared("traces/cc_agentic", 400, &t);
+  invariants(&t);
+  bh_trace_free(&t);
+}
+
+static void same(const bh_result *a, const bh_result *b) {
+  ASSERT_MEM_EQ(&a->tot, &b->tot, sizeof a->tot);
+  ASSERT_EQ(a->ttft.p50, b->ttft.p50);
+  ASSERT_EQ(a->ttft.p99, b->ttft.p99);
+  ASSERT_EQ(a->ttft.max, b->ttft.max);
+  ASSERT_EQ(a->events_published, b->events_published);
+  ASSERT_EQ(a->events_dropped, b->events_dropped);
+  ASSERT_EQ(a->sim_seconds, b->sim_seconds);
+  for (uint32_t i = 0; i < a->series.n; i++) {
+    ASSERT_TRUE(a->series.hit[i] == b->series.hit[i] ||
+                (isnan(a->series.hit[i]) && isnan(b->series.hit[i])));
+  }
+}
+
+TEST(deterministic) {
+  bh_trace t;
+  read_shared("traces/mooncake_conversation.jsonl.zst", 2000, &t);
+  const int pols[] = {KVP_POLICY_KVPLANE_COST, KVP_POLICY_DYNAMO,
+                      BH_POLICY_RANDOM};
+  for (size_t i = 0; i < 3; i++) {
+    bh_sim_opts o = tiny_opts(pols[i], 8);
+    o.speed = 8;
+    o.drop_events = 0.05; /* randomness on the event path too */
+    o.router.dynamo_temperature = 0.5;
+    bh_result a, b;
+    run(&t, &o, &a);
+    run(&t, &o, &b);
+    same(&a, &b);
+    ASSERT_GT(a.events_dropped, 0u);
+    bh_result_free(&a);
+    bh_result_free(&b);
+  }
+  /* closed loop too */
+  bh_sim_opts o = tiny_opts(KVP_POLICY_KVPLANE_COST, 4);
+  o.closed_loop = 16;
+  bh_result a, b;
+  run(&t, &o, &a);
+  run(&t, &o, &b);
+  same(&a, &b);
+  bh_result_free(&a);
+  bh_result_free(&b);
+  bh_trace_free(&t);
+}
+
+TEST_MAIN(TEST_ENTRY(tiny_exact), TEST_ENTRY(tiny_tiers),
+          TEST_ENTRY(routing_follows_events), TEST_ENTRY(prompt_drift),
+          TEST_ENTRY(promote_from_last_tier),
+          TEST_ENTRY(deterministic),
+          TEST_ENTRY(invariants_mooncake), TEST_ENTRY(invariants_agentic))
