@@ -25,6 +25,7 @@
 #define KVPLANE_TIER_H
 
 #include "kvplane/common.h"
+#include "kvplane/device.h"
 #include "kvplane/prefix.h"
 
 #ifdef __cplusplus
@@ -300,6 +301,112 @@ KVP_API int kvp_tier_get_stats(kvp_tier_store *t, kvp_tier_stats *out);
 KVP_API double kvp_tier_bandwidth(kvp_tier_store *t, kvp_tier tier);
 /* The DRAM region (for a GPU backend that registers it itself).  0. */
 KVP_API int kvp_tier_dram_region(kvp_tier_store *t, void **base, size_t *len);
+
+/* ---- engine integration: a kvp_device (kernels/) plugged into the store ----
+ * The worker's save/load path between the engine's paged KV cache (HBM, or
+ * any memory a kvp_device reaches) and this store:
+ *
+ *   save: kvp_device_gather of the blocks (all layers, one launch per
+ *         staging round) into a staging buffer registered with the device,
+ *         then kvp_tier_put_batch of each staged block under its key;
+ *   load: kvp_tier_get_batch into the staging buffer (DRAM copies, NVMe
+ *         reads in one batch, every read verified: see the top of this
+ *         file), then kvp_device_scatter of the HITS ONLY into the engine's
+ *         block ids (which need not be the ones saved from).  A block that
+ *         misses (absent, or dropped for a failed check) is not written:
+ *         the engine recomputes it.
+ *
+ * A staged block is the layout's block_bytes (kvp_kv_layout_info), chunks
+ * in the engine's own layout and dtype, so the namespace must name that
+ * layout (kvp_namespace_desc.kv_layout): a block saved from one layout is
+ * never scattered into another.  Blocks are copied through the staging
+ * buffer; the DRAM region registration below keeps it pinned for the
+ * device and io_uring (a zero-copy path out of DRAM slots needs slots
+ * pinned against eviction for the length of a transfer: not done). */
+
+/* Fills o->dram_register / dram_unregister / register_opaque so that
+ * kvp_tier_create(o) registers the whole DRAM region with dev
+ * (kvp_device_host_register: pinned and mapped into the device; a no-op on
+ * the CPU backend, which still records the range) and kvp_tier_destroy
+ * unregisters it.  dev must outlive every store created from o.  Returns 0
+ * or KVP_EINVAL (NULL, or a register hook already set).  A failed
+ * registration (e.g. KVP_EGPU: memory already pinned by another library)
+ * fails kvp_tier_create with that code. */
+KVP_API int kvp_tier_opts_set_device(kvp_tier_opts *o, kvp_device *dev);
+
+typedef struct kvp_tier_link kvp_tier_link;
+
+/* Zero value = defaults. */
+typedef struct kvp_tier_link_opts {
+  /* Blocks staged per round (one gather or scatter launch each); the
+   * staging buffer is staging_blocks * block_bytes of host memory
+   * registered with the device.  0 = min(256, 64 MiB / block_bytes), at
+   * least 1. */
+  uint32_t staging_blocks;
+  uint32_t reserved[7];
+} kvp_tier_link_opts;
+
+typedef struct kvp_tier_link_stats {
+  uint64_t saves, loads;          /* calls */
+  uint64_t blocks_saved;          /* put returned 1 */
+  uint64_t blocks_save_failed;    /* put returned an error */
+  uint64_t blocks_loaded;         /* scattered into the cache */
+  uint64_t blocks_missed;         /* load misses: recompute */
+  uint64_t wrong_length;          /* of blocks_missed: stored length is not
+                                     the layout's block_bytes */
+  uint64_t gathers, scatters;     /* device launches */
+  uint64_t reserved[7];
+} kvp_tier_link_stats;
+
+/* Links store t, device dev and the engine's layout (made on dev) for the
+ * blocks of namespace ns, which must be registered in t (kvp_tier_ns_add,
+ * with its AES key if any; block_bytes = the layout's block_bytes gives it
+ * fixed DRAM slots).  Allocates and registers the staging buffer.  t, dev
+ * and layout must outlive the link.  Returns 0, KVP_EINVAL (NULL, layout of
+ * another device, bad opts), KVP_ENOENT (ns not registered), KVP_ERANGE
+ * (block_bytes beyond the store's largest block), KVP_ENOMEM, or the
+ * registration's error (KVP_EGPU). */
+KVP_API int kvp_tier_link_create(kvp_tier_store *t, kvp_device *dev,
+                                 const kvp_kv_layout *layout,
+                                 const kvp_namespace *ns,
+                                 const kvp_tier_link_opts *o,
+                                 const kvp_allocator *alloc,
+                                 kvp_tier_link **out);
+/* Unregisters and frees the staging buffer.  NULL ok. */
+KVP_API void kvp_tier_link_destroy(kvp_tier_link *l);
+
+/* Saves the engine's blocks block_ids[0..n) under keys[0..n) (po as for
+ * kvp_tier_put: class, KVP_TIER_PUT_DURABLE).  The gathers run on stream s
+ * (NULL = the device's own stream), ordered after the engine's work on s
+ * when s wraps the engine's stream; the call returns once the blocks are in
+ * the store (the cache may then be overwritten).  results[i] is the put's
+ * result (1 stored or already present, or an error: the block was not
+ * saved).  Returns the number stored, or a negative code for the whole call
+ * (KVP_EINVAL: NULL, n > 0 without arrays; a gather's KVP_EINVAL/KVP_ERANGE
+ * for a block id out of range, KVP_EGPU): the rounds before the failing one
+ * are stored and their results set, the rest of results[] holds the code.
+ * Thread-safe (calls on one link are serialised; use one link per thread
+ * for parallel transfers). */
+KVP_API int kvp_tier_save(kvp_tier_link *l, kvp_stream *s,
+                          const kvp_key *keys, const uint32_t *block_ids,
+                          size_t n, const kvp_tier_put_opts *po,
+                          int *results);
+/* Loads keys[0..n) into the engine's blocks block_ids[0..n) (distinct ids;
+ * a repeat -> KVP_EINVAL before anything is read or copied).  results[i]:
+ * the tier the block came from (KVP_TIER_DRAM / KVP_TIER_NVME, >= 0: block
+ * block_ids[i] now holds it), or a miss (KVP_ENOENT: absent or dropped for
+ * a failed check; KVP_ECORRUPT: stored length is not block_bytes): block
+ * block_ids[i] was NOT written -- recompute it.  Scatters run on stream s
+ * and are complete when the call returns.  Returns the number of blocks
+ * loaded (prefix users: stop at the first results[i] < 0), or a negative
+ * code for the whole call as for kvp_tier_save (KVP_EGPU: the blocks of the
+ * failing round have results[i] = KVP_EGPU and hold undefined bytes).
+ * Thread-safe as kvp_tier_save. */
+KVP_API int kvp_tier_load(kvp_tier_link *l, kvp_stream *s,
+                          const kvp_key *keys, const uint32_t *block_ids,
+                          size_t n, int *results);
+/* Thread-safe snapshot.  0 or KVP_EINVAL. */
+KVP_API int kvp_tier_link_get_stats(kvp_tier_link *l, kvp_tier_link_stats *out);
 
 #ifdef __cplusplus
 }

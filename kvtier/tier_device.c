@@ -1,0 +1,331 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* kvtier <-> kernels: the DRAM region registered with a kvp_device, and the
+ * worker's save (gather -> staging -> put) and load (get -> staging ->
+ * scatter) path between an engine's paged KV cache and the store. */
+#include <inttypes.h>
+#include <string.h>
+
+#include <sys/mman.h>
+
+#include "core_internal.h"
+#include "kernels_internal.h"
+#include "kvtier_internal.h"
+
+/* ---- DRAM region registration ----------------------------------------------*/
+static int dev_register(void *opaque, void *base, size_t len) {
+  int rc = kvp_device_host_register(opaque, base, len);
+  if (rc < 0)
+    KVP_LOGE("kvtier", "registering the DRAM region (%zu bytes) with the %s "
+             "device: %s", len, kvp_backend_name(kvp_device_backend(opaque)),
+             kvp_strerror(rc));
+  return rc;
+}
+
+static void dev_unregister(void *opaque, void *base, size_t len) {
+  (void)len;
+  int rc = kvp_device_host_unregister(opaque, base);
+  if (rc < 0)
+    KVP_LOGW("kvtier", "unregistering the DRAM region: %s", kvp_strerror(rc));
+}
+
+int kvp_tier_opts_set_device(kvp_tier_opts *o, kvp_device *dev) {
+  if (o == NULL || dev == NULL || o->dram_register != NULL ||
+      o->dram_unregister != NULL)
+    return KVP_EINVAL;
+  o->dram_register = dev_register;
+  o->dram_unregister = dev_unregister;
+  o->register_opaque = dev;
+  return 0;
+}
+
+/* ---- the link ------------------------------------------------------------- */
+struct kvp_tier_link {
+  kvp_allocator a;
+  pthread_mutex_t mu; /* serialises calls: the staging buffer and arrays */
+  kvp_tier_store *t;
+  kvp_device *dev;
+  const kvp_kv_layout *lay;
+  kvp_namespace ns;
+  uint64_t bb;        /* block bytes */
+  uint32_t nstage;    /* blocks per round */
+  uint32_t nblocks;   /* the layout's num_blocks */
+  uint8_t *stage;     /* mmap'ed, registered with dev */
+  size_t stage_len;
+  /* per round, nstage entries each */
+  void **ptr;
+  size_t *len, *cap;
+  uint32_t *ids, *slots;
+  int *res;
+  uint64_t *seen;     /* load: repeat check over block ids, a bit per block */
+  kvp_tier_link_stats st;
+};
+
+static size_t words(uint32_t nblocks) { return ((size_t)nblocks + 63) / 64; }
+
+static void link_free(kvp_tier_link *l) {
+  size_t n = l->nstage;
+  if (l->stage != NULL) {
+    if (l->dev != NULL)
+      kvp_device_host_unregister(l->dev, l->stage);
+    munmap(l->stage, l->stage_len);
+  }
+  kvp__free(&l->a, l->ptr, n * sizeof *l->ptr);
+  kvp__free(&l->a, l->len, n * sizeof *l->len);
+  kvp__free(&l->a, l->cap, n * sizeof *l->cap);
+  kvp__free(&l->a, l->ids, n * sizeof *l->ids);
+  kvp__free(&l->a, l->slots, n * sizeof *l->slots);
+  kvp__free(&l->a, l->res, n * sizeof *l->res);
+  kvp__free(&l->a, l->seen, words(l->nblocks) * sizeof *l->seen);
+  pthread_mutex_destroy(&l->mu);
+  kvp_allocator a = l->a;
+  kvp__free(&a, l, sizeof *l);
+}
+
+/* The namespace is registered and the block fits the store. */
+static int check_store(kvp_tier_store *t, const kvp_namespace *ns,
+                       uint64_t bb) {
+  pthread_mutex_lock(&t->mu);
+  bool known = kvp__tier_ns_find(t, ns->seed) != NULL;
+  uint64_t max = t->o.max_block_bytes ? t->o.max_block_bytes : 4u << 20;
+  bool fits = bb <= t->dram_region && (t->io == NULL || bb <= max);
+  pthread_mutex_unlock(&t->mu);
+  if (!known) {
+    KVP_LOGE("kvtier", "link: namespace not registered (kvp_tier_ns_add)");
+    return KVP_ENOENT;
+  }
+  if (!fits) {
+    KVP_LOGE("kvtier", "link: a block of %" PRIu64 " bytes is larger than the "
+             "DRAM region or max_block_bytes", bb);
+    return KVP_ERANGE;
+  }
+  return 0;
+}
+
+static int link_alloc(kvp_tier_link *l) {
+  size_t n = l->nstage;
+  l->ptr = kvp__calloc(&l->a, n, sizeof *l->ptr);
+  l->len = kvp__calloc(&l->a, n, sizeof *l->len);
+  l->cap = kvp__calloc(&l->a, n, sizeof *l->cap);
+  l->ids = kvp__calloc(&l->a, n, sizeof *l->ids);
+  l->slots = kvp__calloc(&l->a, n, sizeof *l->slots);
+  l->res = kvp__calloc(&l->a, n, sizeof *l->res);
+  l->seen = kvp__calloc(&l->a, words(l->nblocks), sizeof *l->seen);
+  if (!l->ptr || !l->len || !l->cap || !l->ids || !l->slots || !l->res ||
+      !l->seen)
+    return KVP_ENOMEM;
+  l->stage_len = (size_t)l->nstage * l->bb;
+  void *p = mmap(NULL, l->stage_len, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    return KVP_ENOMEM;
+  l->stage = p;
+  for (size_t i = 0; i < n; i++) {
+    l->ptr[i] = l->stage + i * l->bb;
+    l->cap[i] = l->bb;
+  }
+  int rc = kvp_device_host_register(l->dev, l->stage, l->stage_len);
+  if (rc < 0) {
+    KVP_LOGE("kvtier", "link: registering %zu bytes of staging: %s",
+             l->stage_len, kvp_strerror(rc));
+    munmap(l->stage, l->stage_len);
+    l->stage = NULL;
+  }
+  return rc;
+}
+
+int kvp_tier_link_create(kvp_tier_store *t, kvp_device *dev,
+                         const kvp_kv_layout *layout, const kvp_namespace *ns,
+                         const kvp_tier_link_opts *o, const kvp_allocator *alloc,
+                         kvp_tier_link **out) {
+  kvp_kv_layout_info info;
+  if (t == NULL || dev == NULL || layout == NULL || ns == NULL || out == NULL ||
+      layout->dev != dev || kvp_kv_layout_info_get(layout, &info) < 0)
+    return KVP_EINVAL;
+  if (o != NULL)
+    for (size_t i = 0; i < sizeof o->reserved / sizeof o->reserved[0]; i++)
+      if (o->reserved[i] != 0)
+        return KVP_EINVAL;
+  int rc = check_store(t, ns, info.block_bytes);
+  if (rc < 0)
+    return rc;
+  uint64_t n = o != NULL ? o->staging_blocks : 0;
+  if (n == 0) {
+    n = (UINT64_C(64) << 20) / info.block_bytes;
+    n = n > 256 ? 256 : n < 1 ? 1 : n;
+  }
+  if (n * info.block_bytes > SIZE_MAX / 2)
+    return KVP_ERANGE;
+  kvp_tier_link *l = kvp__calloc(alloc, 1, sizeof *l);
+  if (l == NULL)
+    return KVP_ENOMEM;
+  l->a = kvp__allocator(alloc);
+  pthread_mutex_init(&l->mu, NULL);
+  l->t = t, l->dev = dev, l->lay = layout, l->ns = *ns;
+  l->bb = info.block_bytes;
+  l->nstage = (uint32_t)n;
+  l->nblocks = info.num_blocks;
+  if ((rc = link_alloc(l)) < 0) {
+    link_free(l);
+    return rc;
+  }
+  *out = l;
+  return 0;
+}
+
+void kvp_tier_link_destroy(kvp_tier_link *l) {
+  if (l != NULL)
+    link_free(l);
+}
+
+static int sync_stream(kvp_tier_link *l, kvp_stream *s) {
+  return s != NULL ? kvp_stream_synchronize(s) : kvp_device_synchronize(l->dev);
+}
+
+static void fill(int *res, size_t n, int rc) {
+  for (size_t i = 0; i < n; i++)
+    res[i] = rc;
+}
+
+/* One round of a save: ids/keys[0..m), m <= nstage. */
+static int save_round(kvp_tier_link *l, kvp_stream *s, const kvp_key *keys,
+                      const uint32_t *ids, uint32_t m,
+                      const kvp_tier_put_opts *po, int *res) {
+  kvp_xfer x = {.layout = l->lay, .block_ids = ids, .n = m,
+                .method = KVP_XFER_AUTO, .staging = l->stage,
+                .staging_bytes = l->stage_len};
+  int rc = kvp_device_gather(l->dev, s, &x);
+  if (rc >= 0)
+    rc = sync_stream(l, s);
+  if (rc < 0)
+    return rc;
+  l->st.gathers++;
+  for (uint32_t i = 0; i < m; i++)
+    l->len[i] = l->bb;
+  rc = kvp_tier_put_batch(l->t, &l->ns, keys, m, (const void *const *)l->ptr,
+                          l->len, po, res);
+  if (rc < 0)
+    return rc;
+  l->st.blocks_saved += (uint64_t)rc;
+  l->st.blocks_save_failed += m - (uint64_t)rc;
+  return rc;
+}
+
+int kvp_tier_save(kvp_tier_link *l, kvp_stream *s, const kvp_key *keys,
+                  const uint32_t *block_ids, size_t n,
+                  const kvp_tier_put_opts *po, int *results) {
+  if (l == NULL || (n > 0 && (keys == NULL || block_ids == NULL ||
+                              results == NULL)))
+    return KVP_EINVAL;
+  pthread_mutex_lock(&l->mu);
+  l->st.saves++;
+  int done = 0;
+  for (size_t off = 0; off < n; off += l->nstage) {
+    uint32_t m = n - off < l->nstage ? (uint32_t)(n - off) : l->nstage;
+    int rc = save_round(l, s, keys + off, block_ids + off, m, po,
+                        results + off);
+    if (rc < 0) {
+      fill(results + off, n - off, rc);
+      done = rc;
+      break;
+    }
+    done += rc;
+  }
+  pthread_mutex_unlock(&l->mu);
+  return done;
+}
+
+/* Every id in range and no id twice (the scatter would race on it).  Checked
+ * over the whole call before any block is read. */
+static int check_ids(kvp_tier_link *l, const uint32_t *ids, size_t n) {
+  int rc = 0;
+  size_t i = 0;
+  for (; i < n; i++) {
+    uint32_t b = ids[i];
+    if (b >= l->nblocks || (l->seen[b / 64] >> (b % 64)) & 1) {
+      rc = KVP_EINVAL;
+      KVP_LOGW("kvtier", "load: block id %" PRIu32 " %s", b,
+               b >= l->nblocks ? "out of range" : "given twice");
+      break;
+    }
+    l->seen[b / 64] |= UINT64_C(1) << (b % 64);
+  }
+  for (size_t j = 0; j < i; j++) /* clear what was set */
+    l->seen[ids[j] / 64] &= ~(UINT64_C(1) << (ids[j] % 64));
+  return rc;
+}
+
+/* One round of a load: the hits go to their block ids in one scatter. */
+static int load_round(kvp_tier_link *l, kvp_stream *s, const kvp_key *keys,
+                      const uint32_t *ids, uint32_t m, int *res) {
+  int rc = kvp_tier_get_batch(l->t, &l->ns, keys, m, l->ptr, l->cap, l->len,
+                              res);
+  if (rc < 0) {
+    fill(res, m, rc);
+    return rc;
+  }
+  uint32_t h = 0;
+  for (uint32_t i = 0; i < m; i++) {
+    if (res[i] >= 0 && l->len[i] != l->bb)
+      res[i] = KVP_ECORRUPT;
+    if (res[i] == KVP_ECORRUPT || res[i] == KVP_ERANGE) {
+      res[i] = KVP_ECORRUPT;
+      l->st.wrong_length++;
+    }
+    if (res[i] < 0) {
+      l->st.blocks_missed++;
+      continue;
+    }
+    l->ids[h] = ids[i];
+    l->slots[h++] = i;
+  }
+  if (h == 0)
+    return 0;
+  kvp_xfer x = {.layout = l->lay, .block_ids = l->ids, .n = h,
+                .method = KVP_XFER_AUTO, .staging = l->stage,
+                .staging_bytes = l->stage_len, .staging_slots = l->slots};
+  rc = kvp_device_scatter(l->dev, s, &x);
+  if (rc >= 0)
+    rc = sync_stream(l, s);
+  if (rc < 0) {
+    for (uint32_t j = 0; j < h; j++)
+      res[l->slots[j]] = rc;
+    return rc;
+  }
+  l->st.scatters++;
+  l->st.blocks_loaded += h;
+  return (int)h;
+}
+
+int kvp_tier_load(kvp_tier_link *l, kvp_stream *s, const kvp_key *keys,
+                  const uint32_t *block_ids, size_t n, int *results) {
+  if (l == NULL || (n > 0 && (keys == NULL || block_ids == NULL ||
+                              results == NULL)) || n > INT32_MAX)
+    return KVP_EINVAL;
+  pthread_mutex_lock(&l->mu);
+  l->st.loads++;
+  int done = check_ids(l, block_ids, n);
+  if (done < 0)
+    fill(results, n, done);
+  for (size_t off = 0; done >= 0 && off < n; off += l->nstage) {
+    uint32_t m = n - off < l->nstage ? (uint32_t)(n - off) : l->nstage;
+    int rc = load_round(l, s, keys + off, block_ids + off, m, results + off);
+    if (rc < 0) {
+      if (off + m < n)
+        fill(results + off + m, n - off - m, rc);
+      done = rc;
+      break;
+    }
+    done += rc;
+  }
+  pthread_mutex_unlock(&l->mu);
+  return done;
+}
+
+int kvp_tier_link_get_stats(kvp_tier_link *l, kvp_tier_link_stats *out) {
+  if (l == NULL || out == NULL)
+    return KVP_EINVAL;
+  pthread_mutex_lock(&l->mu);
+  *out = l->st;
+  pthread_mutex_unlock(&l->mu);
+  return 0;
+}
