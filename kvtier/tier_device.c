@@ -214,7 +214,7 @@ int kvp_tier_save(kvp_tier_link *l, kvp_stream *s, const kvp_key *keys,
                   const uint32_t *block_ids, size_t n,
                   const kvp_tier_put_opts *po, int *results) {
   if (l == NULL || (n > 0 && (keys == NULL || block_ids == NULL ||
-                              results == NULL)))
+                              results == NULL)) || n > INT32_MAX)
     return KVP_EINVAL;
   pthread_mutex_lock(&l->mu);
   l->st.saves++;
@@ -265,9 +265,8 @@ static int load_round(kvp_tier_link *l, kvp_stream *s, const kvp_key *keys,
   }
   uint32_t h = 0;
   for (uint32_t i = 0; i < m; i++) {
-    if (res[i] >= 0 && l->len[i] != l->bb)
-      res[i] = KVP_ECORRUPT;
-    if (res[i] == KVP_ECORRUPT || res[i] == KVP_ERANGE) {
+    /* stored under this key with another size: never scatter it */
+    if ((res[i] >= 0 && l->len[i] != l->bb) || res[i] == KVP_ERANGE) {
       res[i] = KVP_ECORRUPT;
       l->st.wrong_length++;
     }

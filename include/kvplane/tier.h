@@ -408,6 +408,11 @@ KVP_API int kvp_tier_load(kvp_tier_link *l, kvp_stream *s,
 /* Thread-safe snapshot.  0 or KVP_EINVAL. */
 KVP_API int kvp_tier_link_get_stats(kvp_tier_link *l, kvp_tier_link_stats *out);
 
+#if UINTPTR_MAX == 0xffffffffffffffffu
+KVP_DEVICE_STATIC_ASSERT_(sizeof(kvp_tier_link_opts) == 32, "kvp_tier_link_opts is ABI");
+KVP_DEVICE_STATIC_ASSERT_(sizeof(kvp_tier_link_stats) == 128, "kvp_tier_link_stats is ABI");
+#endif
+
 #ifdef __cplusplus
 }
 #endif
