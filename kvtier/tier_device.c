@@ -149,8 +149,10 @@ int kvp_tier_link_create(kvp_tier_store *t, kvp_device *dev,
   if (rc < 0)
     return rc;
   uint64_t n = o != NULL ? o->staging_blocks : 0;
-  if (n == 0) {
-    n = (UINT64_C(64) << 20) / info.block_bytes;
+  if (n == 0) { /* GPUs: few large launches; CPU: staging that stays in L2 */
+    uint64_t cap = kvp_device_backend(dev) == KVP_BACKEND_CPU ? UINT64_C(1) << 20
+                                                              : UINT64_C(64) << 20;
+    n = cap / info.block_bytes;
     n = n > 256 ? 256 : n < 1 ? 1 : n;
   }
   if (n * info.block_bytes > SIZE_MAX / 2)

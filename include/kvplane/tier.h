@@ -340,8 +340,9 @@ typedef struct kvp_tier_link kvp_tier_link;
 typedef struct kvp_tier_link_opts {
   /* Blocks staged per round (one gather or scatter launch each); the
    * staging buffer is staging_blocks * block_bytes of host memory
-   * registered with the device.  0 = min(256, 64 MiB / block_bytes), at
-   * least 1. */
+   * registered with the device.  0 = 64 MiB / block_bytes on a GPU, 1 MiB /
+   * block_bytes on the CPU backend (staging stays in cache), clamped to
+   * 1..256. */
   uint32_t staging_blocks;
   uint32_t reserved[7];
 } kvp_tier_link_opts;

@@ -1,0 +1,216 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The engine save/load path (kvp_tier_save / kvp_tier_load: gather ->
+ * registered staging -> DRAM slots, and back) on the CPU backend, against,
+ * in the same run: the straightforward loop an engine would write (one
+ * gather + kvp_tier_put per block; one kvp_tier_get + scatter per block) and
+ * one memcpy of the same bytes (the single-copy ceiling: the link copies
+ * twice, cache <-> staging <-> DRAM).  DRAM tier only (NVMe reads: see
+ * bench_tier).  --quick checks that loads return the saved bytes. */
+#include <stdbool.h>
+#include <inttypes.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_util.h"
+
+#define LAYERS 8
+#define BS 16
+
+typedef struct fx {
+  kvp_device *dev;
+  kvp_kv_layout *lay;
+  void *k[LAYERS], *v[LAYERS];
+  size_t tbytes, stride;
+  uint64_t bb;
+  uint32_t nblocks;
+} fx;
+
+static void fx_init(fx *f, kvp_device *dev, uint32_t heads, uint32_t nblocks) {
+  memset(f, 0, sizeof *f);
+  f->dev = dev;
+  f->nblocks = nblocks;
+  f->stride = (size_t)BS * heads * 128 * 2;
+  f->tbytes = f->stride * nblocks;
+  uint64_t s = 0x9E3779B97F4A7C15ull;
+  for (int l = 0; l < LAYERS; l++) {
+    void **p[2] = {&f->k[l], &f->v[l]};
+    for (int j = 0; j < 2; j++) {
+      int rc = kvp_device_alloc(dev, f->tbytes, p[j]);
+      if (rc < 0)
+        die("kvp_device_alloc", rc);
+      uint64_t *w = *p[j];
+      for (size_t i = 0; i < f->tbytes / 8; i++)
+        w[i] = (s += 0x9E3779B97F4A7C15ull) * 0xBF58476D1CE4E5B9ull;
+    }
+  }
+  kvp_kv_layout_desc d = {.kind = KVP_LAYOUT_VLLM_NHD, .num_layers = LAYERS,
+                          .num_blocks = nblocks, .block_size = BS,
+                          .num_kv_heads = heads, .head_dim = 128,
+                          .elem_size = 2, .k_layers = f->k, .v_layers = f->v};
+  int rc = kvp_kv_layout_create(dev, &d, &f->lay);
+  if (rc < 0)
+    die("kvp_kv_layout_create", rc);
+  kvp_kv_layout_info info;
+  kvp_kv_layout_info_get(f->lay, &info);
+  f->bb = info.block_bytes;
+}
+
+static void fx_free(fx *f) {
+  kvp_kv_layout_destroy(f->lay);
+  for (int l = 0; l < LAYERS; l++) {
+    kvp_device_free(f->dev, f->k[l]);
+    kvp_device_free(f->dev, f->v[l]);
+  }
+}
+
+static double secs(uint64_t t0) { return (double)(kvp_now_ns() - t0) / 1e9; }
+
+typedef struct res {
+  double save, load, naive_save, naive_load, memcpy_; /* GB/s, best of reps */
+} res;
+
+static double best(double a, double b) { return a > b ? a : b; }
+
+static void run_size(kvp_device *dev, uint32_t heads, uint64_t total,
+                     int reps, bool quick, res *r) {
+  fx f;
+  /* half the cache is saved, loaded into the other half */
+  uint32_t n = (uint32_t)(total / ((uint64_t)BS * heads * 128 * 2 * 2 * LAYERS));
+  n = n < 4 ? 4 : n;
+  fx_init(&f, dev, heads, 2 * n);
+  double gb = (double)n * (double)f.bb / 1e9;
+  kvp_tier_opts o = {.dram_bytes = (uint64_t)(reps + 2) * n * f.bb * 2 + (8u << 20)};
+  kvp_tier_opts_set_device(&o, dev);
+  kvp_tier_store *t;
+  int rc = kvp_tier_create(&o, NULL, &t);
+  if (rc < 0)
+    die("kvp_tier_create", rc);
+  kvp_namespace_desc nd = {.model_id = "bench", .tokenizer_id = "t",
+                           .kv_layout = "vllm-nhd:bf16", .block_size = BS};
+  kvp_namespace ns;
+  kvp_namespace_init(&nd, &ns);
+  kvp_tier_ns_add(t, &ns, &(kvp_tier_ns_opts){.block_bytes = f.bb});
+  kvp_tier_link *l;
+  if ((rc = kvp_tier_link_create(t, dev, f.lay, &ns, NULL, NULL, &l)) < 0)
+    die("kvp_tier_link_create", rc);
+  uint32_t *src = malloc(n * sizeof *src), *dst = malloc(n * sizeof *dst);
+  kvp_key *keys = malloc(n * sizeof *keys);
+  int *out = malloc(n * sizeof *out);
+  uint8_t *a = malloc(n * f.bb), *b = malloc(n * f.bb);
+  void *one;
+  if (!src || !dst || !keys || !out || !a || !b ||
+      kvp_device_alloc(dev, f.bb, &one) < 0)
+    die("malloc", KVP_ENOMEM);
+  for (uint32_t i = 0; i < n; i++)
+    src[i] = (i * 7919u) % n, dst[i] = n + (i * 104729u) % n;
+  memset(a, 1, n * f.bb), memset(b, 2, n * f.bb);
+  memset(r, 0, sizeof *r);
+  for (int rep = 0; rep < reps; rep++) {
+    /* fresh keys: a re-put of a stored key is a no-op */
+    for (uint32_t i = 0; i < n; i++)
+      keys[i] = (kvp_key){(uint64_t)rep * 2 + 1, i};
+    uint64_t t0 = kvp_now_ns();
+    if ((rc = kvp_tier_save(l, NULL, keys, src, n, NULL, out)) != (int)n)
+      die("kvp_tier_save", rc < 0 ? rc : KVP_ENOSPC);
+    r->save = best(r->save, gb / secs(t0));
+    t0 = kvp_now_ns();
+    if ((rc = kvp_tier_load(l, NULL, keys, dst, n, out)) != (int)n)
+      die("kvp_tier_load", rc < 0 ? rc : KVP_ENOENT);
+    r->load = best(r->load, gb / secs(t0));
+    /* the straightforward loop: a launch and a store call per block */
+    for (uint32_t i = 0; i < n; i++)
+      keys[i] = (kvp_key){(uint64_t)rep * 2 + 2, i};
+    t0 = kvp_now_ns();
+    for (uint32_t i = 0; i < n; i++) {
+      kvp_xfer x = {.layout = f.lay, .block_ids = &src[i], .n = 1,
+                    .staging = one, .staging_bytes = f.bb};
+      if (kvp_device_gather(dev, NULL, &x) < 0 || kvp_device_synchronize(dev) < 0 ||
+          kvp_tier_put(t, &ns, keys[i], one, f.bb, NULL) != 1)
+        die("naive save", KVP_EIO);
+    }
+    r->naive_save = best(r->naive_save, gb / secs(t0));
+    t0 = kvp_now_ns();
+    for (uint32_t i = 0; i < n; i++) {
+      size_t len;
+      kvp_xfer x = {.layout = f.lay, .block_ids = &dst[i], .n = 1,
+                    .staging = one, .staging_bytes = f.bb};
+      if (kvp_tier_get(t, &ns, keys[i], one, f.bb, &len) < 0 ||
+          kvp_device_scatter(dev, NULL, &x) < 0 || kvp_device_synchronize(dev) < 0)
+        die("naive load", KVP_EIO);
+    }
+    r->naive_load = best(r->naive_load, gb / secs(t0));
+    t0 = kvp_now_ns();
+    memcpy(b, a, n * f.bb);
+    r->memcpy_ = best(r->memcpy_, gb / secs(t0));
+    a[rep] = b[n * f.bb - 1 - (size_t)rep]; /* keep the copy */
+  }
+  if (quick) { /* block dst[i] of every tensor == block src[i] */
+    for (int lyr = 0; lyr < LAYERS; lyr++)
+      for (uint32_t i = 0; i < n; i++)
+        if (memcmp((uint8_t *)f.k[lyr] + (size_t)dst[i] * f.stride,
+                   (uint8_t *)f.k[lyr] + (size_t)src[i] * f.stride, f.stride) ||
+            memcmp((uint8_t *)f.v[lyr] + (size_t)dst[i] * f.stride,
+                   (uint8_t *)f.v[lyr] + (size_t)src[i] * f.stride, f.stride)) {
+          fprintf(stderr, "%s: block %u loaded wrong bytes\n", bench_name, i);
+          exit(1);
+        }
+  }
+  kvp_device_free(dev, one);
+  free(src), free(dst), free(keys), free(out), free(a), free(b);
+  kvp_tier_link_destroy(l);
+  kvp_tier_destroy(t);
+  fx_free(&f);
+}
+
+int main(int argc, char **argv) {
+  bench_name = "bench_tier_link";
+  bool quick = false;
+  int cpu = 0, reps = 5;
+  uint64_t total = 32u << 20;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--quick"))
+      quick = true, reps = 1, total = 4u << 20;
+    else if (!strcmp(argv[i], "--cpu") && i + 1 < argc)
+      cpu = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
+      reps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--mb") && i + 1 < argc)
+      total = strtoull(argv[++i], NULL, 0) << 20;
+    else {
+      fprintf(stderr, "usage: %s [--quick] [--cpu N] [--reps N] [--mb MiB]\n",
+              argv[0]);
+      return 2;
+    }
+  }
+  if (reps < 1)
+    reps = 1;
+  pin_cpu(cpu);
+  kvp_device *dev;
+  int rc = kvp_device_create(NULL, NULL, &dev);
+  if (rc < 0)
+    die("kvp_device_create", rc);
+  printf("# kvp_tier_save/load vs per-block gather+put / get+scatter vs one memcpy;\n"
+         "# CPU backend, DRAM tier, vLLM NHD %d layers x K/V, head_dim 128, bf16;\n"
+         "# %" PRIu64 " MiB saved per rep, best of %d reps, GB/s = 1e9 B/s\n",
+         LAYERS, total >> 20, reps);
+  printf("| block | link save | per-block save | **ratio** | link load | "
+         "per-block load | **ratio** | memcpy | save / memcpy | load / memcpy |\n"
+         "|---|---|---|---|---|---|---|---|---|---|\n");
+  static const uint32_t heads[] = {1, 4, 8, 32}; /* 64 KiB .. 2 MiB blocks */
+  for (size_t i = 0; i < sizeof heads / sizeof heads[0]; i++) {
+    res r;
+    run_size(dev, heads[i], total, reps, quick, &r);
+    uint64_t bb = (uint64_t)BS * heads[i] * 128 * 2 * 2 * LAYERS;
+    printf("| %" PRIu64 " KiB | %.2f | %.2f | **%.2fx** | %.2f | %.2f | **%.2fx** | "
+           "%.2f | %.2fx | %.2fx |\n", bb >> 10, r.save, r.naive_save,
+           r.save / r.naive_save, r.load, r.naive_load, r.load / r.naive_load,
+           r.memcpy_, r.save / r.memcpy_, r.load / r.memcpy_);
+    fflush(stdout);
+  }
+  kvp_device_destroy(dev);
+  if (quick)
+    printf("# quick: every loaded block equals its saved block\n");
+  return 0;
+}
