@@ -89,13 +89,22 @@ int kvp__tier_uring_queue(tier_uring *u, tio_op *o, uint64_t tag) {
   return 0;
 }
 
-int kvp__tier_uring_reap(tier_uring *u, tier_uring_cb cb, void *arg) {
+void kvp__tier_uring_submit(tier_uring *u) {
   int rc;
   do
-    rc = io_uring_submit_and_wait(&u->ring, 1);
+    rc = io_uring_submit(&u->ring);
   while (rc == -EINTR);
-  if (rc < 0 && rc != -EAGAIN && rc != -EBUSY)
-    return rc;
+}
+
+int kvp__tier_uring_reap(tier_uring *u, tier_uring_cb cb, void *arg) {
+  int rc;
+  if (io_uring_cq_ready(&u->ring) == 0) { /* else: no syscall needed */
+    do
+      rc = io_uring_submit_and_wait(&u->ring, 1);
+    while (rc == -EINTR);
+    if (rc < 0 && rc != -EAGAIN && rc != -EBUSY)
+      return rc;
+  }
   struct io_uring_cqe *cqe;
   unsigned head, seen = 0;
   io_uring_for_each_cqe(&u->ring, head, cqe) {
