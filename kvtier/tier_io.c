@@ -94,16 +94,19 @@ typedef struct run_state {
   uint32_t *freeb, nfree;
   uint32_t *cq, ncq; /* completed, not yet handed to done (FIFO) */
   uint32_t cq_head;
+  uint64_t now; /* one clock read per reap round, not two per op */
   size_t finished;
 } run_state;
 
 static void finish(run_state *r, size_t i) {
   tio_op *o = &r->ops[i];
   o->inflight = false;
-  if (r->io->filter != NULL && !o->skipped)
+  if (r->io->filter != NULL && !o->skipped) {
     o->res = r->io->filter(r->io->fopaque, o->op, o->buf2 ? o->buf2 : o->buf,
                            (size_t)o->len + o->len2, o->off, o->res);
-  if (!o->skipped && kvp_now_ns() - o->t_start > r->io->slow_ns)
+    r->now = kvp_now_ns(); /* a filter may delay (fault injection) */
+  }
+  if (!o->skipped && r->now - o->t_start > r->io->slow_ns)
     r->io->slow++; /* after the filter: injected delays count too */
   if (r->done != NULL)
     r->done(r->arg, i, o);
@@ -145,6 +148,7 @@ int kvp__tier_io_run(tier_io *io, tio_op *ops, size_t n, uint32_t qd,
   int err = 0;
   while (r.finished < n) {
     bool queued = false;
+    uint64_t t_sub = kvp_now_ns();
     while (next < n && inflight < qd && err == 0) {
       tio_op *o = &ops[next];
       o->pool_idx = o->buf_index = -1;
@@ -158,7 +162,7 @@ int kvp__tier_io_run(tier_io *io, tio_op *ops, size_t n, uint32_t qd,
       }
       o->res = 0;
       o->skipped = false;
-      o->t_start = kvp_now_ns();
+      o->t_start = t_sub;
       if (prep != NULL)
         prep(arg, next, o);
       if (o->res < 0) { /* prep failed: no I/O, no filter */
@@ -175,6 +179,7 @@ int kvp__tier_io_run(tier_io *io, tio_op *ops, size_t n, uint32_t qd,
         queued = true;
       } else {
         o->res = posix_one(o);
+        r.now = t_sub = kvp_now_ns();
         finish(&r, next);
       }
       next++;
@@ -189,6 +194,7 @@ int kvp__tier_io_run(tier_io *io, tio_op *ops, size_t n, uint32_t qd,
       continue;
     }
     int rc = kvp__tier_uring_reap(io->u, on_cqe, &r);
+    r.now = kvp_now_ns();
     if (rc < 0) { /* ring unusable: fail the rest */
       err = rc;
       while (finish_noted(&r))

@@ -24,7 +24,12 @@ int kvp__tier_uring_create(uint32_t entries, const kvp_allocator *a,
   if (u == NULL)
     return KVP_ENOMEM;
   u->a = kvp__allocator(a);
-  int rc = io_uring_queue_init(entries, &u->ring, 0);
+  /* completions' task work runs when we next enter the kernel (we always
+   * do, to reap) instead of by interrupting us: fewer IPIs, as fio does.
+   * Kernels before 5.19 refuse the flag: plain ring then. */
+  int rc = io_uring_queue_init(entries, &u->ring, IORING_SETUP_COOP_TASKRUN);
+  if (rc == -EINVAL)
+    rc = io_uring_queue_init(entries, &u->ring, 0);
   if (rc < 0) {
     kvp__free(a, u, sizeof *u);
     return rc; /* -EPERM / -ENOSYS in locked-down containers */
