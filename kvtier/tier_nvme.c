@@ -4,8 +4,11 @@
  * A slot = header sector + payload, written in ONE write from a staging
  * buffer (registered with io_uring when allowed).  A slot is reused only
  * after its previous block left the index, so a torn write can only damage
- * a block nobody may read any more; recovery and reads verify both
- * checksums and drop what fails.  All calls run under the store's lock. */
+ * a block nobody may read any more; recovery verifies the headers, and the
+ * index keeps each block's payload checksum: a plaintext read moves only
+ * the payload and checks it against that (an encrypted one reads header +
+ * payload: IV and tag).  What fails is a miss and dropped.  All calls run
+ * under the store's lock. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
