@@ -25,7 +25,7 @@ int kvp__tier_uring_create(uint32_t entries, const kvp_allocator *a,
     return KVP_ENOMEM;
   u->a = kvp__allocator(a);
   /* completions' task work runs when we next enter the kernel (we always
-   * do, to reap) instead of by interrupting us: fewer IPIs, as fio does.
+   * do, to reap) instead of by interrupting us: fewer IPIs.
    * Kernels before 5.19 refuse the flag: plain ring then. */
   int rc = io_uring_queue_init(entries, &u->ring, IORING_SETUP_COOP_TASKRUN);
   if (rc == -EINVAL)
