@@ -4,22 +4,28 @@
  * and writes at 16 KiB / 256 KiB / 2 MiB and queue depth 1 / 8 / 32 against
  * fio (io_uring engine, O_DIRECT, fixed buffers + registered files, same
  * file size, block size and depth; run as a subprocess, JSON parsed) and a
- * plain pread/pwrite loop (QD 1).  Prints ratios.  kvtier's figures are
- * payload bytes (each slot also carries a 512-byte header sector) and
- * include the checksum, header check and copy into the caller's buffer.
+ * plain pread/pwrite loop (QD 1).  Reads are also compared with fio reading
+ * kvtier's own slab file at its payload offsets (same file, same blocks,
+ * same depth: what the file layout costs is then on both sides).  Prints
+ * ratios.  kvtier's figures are payload bytes and include the checksum and,
+ * for unaligned caller buffers, the copy; writes also move the slot's 4 KiB
+ * header sector, plaintext reads move only the payload.
  *
  * Each cell alternates kvtier and its baselines --reps times (default 2)
  * and keeps the best of each.
  *
  *   bench_tier [--dir D] [--file-mb N] [--seconds S] [--cpu C] [--reps R]
- *              [--quick]
+ *              [--bs KiB] [--qd N] [--small-pages] [--quick]
  */
 #include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -35,6 +41,7 @@ typedef struct cfg {
   int reps;
   size_t only_bs;
   int only_qd;
+  int small_pages; /* read buffers of 4 KiB pages */
 } cfg;
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
@@ -133,10 +140,21 @@ static void bench_dram(const cfg *c, size_t bs) {
 /* ---- fio ------------------------------------------------------------------- */
 typedef struct result {
   double bps, iops;
+  double cpu; /* kvtier: CPU seconds per wall second of the cell */
   int ok;
 } result;
 
-static result run_fio(const cfg *c, const char *file, size_t bs, int qd,
+static double cpu_secs(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)ru.ru_utime.tv_sec + (double)ru.ru_stime.tv_sec +
+         ((double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_usec) / 1e6;
+}
+
+/* fio over [off, off + bytes) of file, random offsets on align boundaries
+ * (from off): the whole fio file, or the payloads of a slab file's slots. */
+static result run_fio(const cfg *c, const char *file, uint64_t bytes,
+                      uint64_t off, uint64_t align, size_t bs, int qd,
                       int write) {
   char cmd[2048];
   result r = {0};
@@ -144,12 +162,12 @@ static result run_fio(const cfg *c, const char *file, size_t bs, int qd,
   if (c->cpu >= 0)
     snprintf(cpus, sizeof cpus, "--cpus_allowed=%d", c->cpu);
   snprintf(cmd, sizeof cmd,
-           "fio --name=kvtier --filename=%s --size=%" PRIu64 " --bs=%zu "
-           "--iodepth=%d --rw=%s --ioengine=io_uring --direct=1 --fixedbufs "
+           "fio --name=kvtier --filename=%s --size=%" PRIu64 " --offset=%" PRIu64
+           " --blockalign=%" PRIu64 " --bs=%zu --iodepth=%d --rw=%s --ioengine=io_uring --direct=1 --fixedbufs "
            "--registerfiles --time_based --runtime=%.1f --ramp_time=0.2 "
            "--numjobs=1 --thread %s --randrepeat=0 --norandommap "
            "--output-format=json 2>/dev/null",
-           file, c->file_bytes, bs, qd, write ? "randwrite" : "randread",
+           file, bytes, off, align, bs, qd, write ? "randwrite" : "randread",
            c->seconds, cpus);
   FILE *p = popen(cmd, "r");
   if (p == NULL)
@@ -264,6 +282,21 @@ static result kvt_write(const cfg *c, kvt *k, size_t bs, uint64_t min_blocks) {
   return r;
 }
 
+/* The caller's read buffers: like an engine's pinned host staging memory
+ * (and kvtier's own DRAM region), 2 MiB-aligned and huge-page backed
+ * (THP, madvise); --small-pages: 4 KiB pages.  On this VM, 4 KiB-page
+ * destinations cost the device path up to ~1/3 of a 2 MiB read's
+ * bandwidth (README), for any reader that uses many of them. */
+static uint8_t *read_buf(const cfg *c, size_t bs) {
+  size_t huge = 2u << 20, len = (bs + huge - 1) / huge * huge;
+  if (c->small_pages)
+    return aligned_alloc(4096, bs);
+  uint8_t *p = aligned_alloc(huge, len);
+  if (p != NULL)
+    madvise(p, len, MADV_HUGEPAGE); /* advisory: 4 KiB pages if refused */
+  return p;
+}
+
 static result kvt_read(const cfg *c, kvt *k, size_t bs, int qd) {
   enum { MAXB = 256 };
   size_t batch = (size_t)qd * 16 < MAXB ? (size_t)qd * 16 : MAXB;
@@ -272,7 +305,7 @@ static result kvt_read(const cfg *c, kvt *k, size_t bs, int qd) {
   if (bufs_bs < bs) {
     for (int i = 0; i < MAXB; i++) {
       free(bufs[i]);
-      bufs[i] = aligned_alloc(4096, bs);
+      bufs[i] = read_buf(c, bs);
     }
     bufs_bs = bs;
   }
@@ -285,6 +318,7 @@ static result kvt_read(const cfg *c, kvt *k, size_t bs, int qd) {
   kvp_tier_get_stats(k->t, &st);
   uint64_t live = st.nvme_blocks; /* the newest ones: eviction is FIFO-like */
   uint64_t lo = k->next_key - live, ops = 0, misses = 0, t0 = kvp_now_ns();
+  double c0 = cpu_secs();
   uint64_t end = t0 + (uint64_t)(c->seconds * 1e9);
   kvp_tier_set(k->t, KVP_TIER_OPT_DRAM_BYTES, 0);
   while (kvp_now_ns() < end) {
@@ -308,7 +342,7 @@ static result kvt_read(const cfg *c, kvt *k, size_t bs, int qd) {
     fprintf(stderr, "bench_tier: %" PRIu64 " misses of %" PRIu64 " reads (capacity evictions)\n",
             misses, ops + misses);
   double s = secs(kvp_now_ns() - t0);
-  result r = {.iops = (double)ops / s, .ok = ops > 0};
+  result r = {.iops = (double)ops / s, .ok = ops > 0, .cpu = (cpu_secs() - c0) / s};
   r.bps = r.iops * (double)bs;
   return r;
 }
@@ -319,8 +353,13 @@ static void best(result *b, result r) {
 }
 
 static void row(const char *what, size_t bs, int qd, result kv, result fio,
-                result px) {
+                result px, result slab) {
   char fs[64] = "n/a", ps[64] = "-", fr[16] = "-", pr[16] = "-";
+  char ss[64] = "-", sr[16] = "-";
+  if (slab.ok) {
+    snprintf(ss, sizeof ss, "%7.0f MB/s", slab.bps / 1e6);
+    snprintf(sr, sizeof sr, "%4.2fx", kv.bps / slab.bps);
+  }
   if (fio.ok) {
     snprintf(fs, sizeof fs, "%7.0f MB/s %7.0f IOPS", fio.bps / 1e6, fio.iops);
     snprintf(fr, sizeof fr, "%4.2fx", kv.bps / fio.bps);
@@ -329,8 +368,11 @@ static void row(const char *what, size_t bs, int qd, result kv, result fio,
     snprintf(ps, sizeof ps, "%7.0f MB/s", px.bps / 1e6);
     snprintf(pr, sizeof pr, "%4.2fx", kv.bps / px.bps);
   }
-  printf("| NVMe %-5s | %5zu KiB | %2d | %7.0f MB/s %7.0f IOPS | %s | %s | %s | %s |\n",
-         what, bs >> 10, qd, kv.bps / 1e6, kv.iops, fs, fr, ps, pr);
+  char cpu[16] = "";
+  if (kv.cpu > 0)
+    snprintf(cpu, sizeof cpu, " %3.0f%% cpu", kv.cpu * 100);
+  printf("| NVMe %-5s | %5zu KiB | %2d | %7.0f MB/s %7.0f IOPS%s | %s | %s | %s | %s | %s | %s |\n",
+         what, bs >> 10, qd, kv.bps / 1e6, kv.iops, cpu, fs, fr, ss, sr, ps, pr);
   fflush(stdout);
 }
 
@@ -358,22 +400,31 @@ static void bench_nvme(const cfg *c, size_t bs, const int *qds, int nqd,
     /* kvtier and its baselines alternate, c->reps times each, and the best
      * of each is kept: on a shared, noisy machine a slow second hits both */
     result kw = {0}, fw = {0}, pw = {0}, kr = {0}, fr = {0}, pr = {0};
+    result none = {0}, sr = {0};
+    char sfile[600];
+    struct stat sb;
+    uint64_t slot = 4096 + bs; /* header sector + payload (class = bs) */
+    snprintf(sfile, sizeof sfile, "%s/kvtier-%zu.slab", kdir, bs);
     for (int rep = 0; rep < c->reps; rep++) {
       best(&kw, kvt_write(c, &k, bs, 0));
       if (have_fio)
-        best(&fw, run_fio(c, ffile, bs, qds[q], 1));
+        best(&fw, run_fio(c, ffile, c->file_bytes, 0, bs, bs, qds[q], 1));
       if (qds[q] == 1)
         best(&pw, run_posix(c, ffile, bs, 1));
     }
-    row("write", bs, qds[q], kw, fw, pw);
+    row("write", bs, qds[q], kw, fw, pw, none);
+    bool slab_ok = have_fio && stat(sfile, &sb) == 0 && (uint64_t)sb.st_size > slot;
     for (int rep = 0; rep < c->reps; rep++) {
       best(&kr, kvt_read(c, &k, bs, qds[q]));
       if (have_fio)
-        best(&fr, run_fio(c, ffile, bs, qds[q], 0));
+        best(&fr, run_fio(c, ffile, c->file_bytes, 0, bs, bs, qds[q], 0));
+      if (slab_ok) /* the payloads kvtier reads: 4096 + k * slot */
+        best(&sr, run_fio(c, sfile, (uint64_t)sb.st_size - 4096, 4096, slot,
+                          bs, qds[q], 0));
       if (qds[q] == 1)
         best(&pr, run_posix(c, ffile, bs, 0));
     }
-    row("read", bs, qds[q], kr, fr, pr);
+    row("read", bs, qds[q], kr, fr, pr, sr);
     if (q == nqd - 1)
       printf("|  measured NVMe read bandwidth the router gets (kvp_tier_bandwidth): %.0f MB/s |\n",
              kvp_tier_bandwidth(k.t, KVP_TIER_NVME) / 1e6);
@@ -425,13 +476,15 @@ int main(int argc, char **argv) {
       c.only_bs = strtoull(argv[++i], NULL, 10) << 10;
     else if (!strcmp(argv[i], "--qd") && i + 1 < argc)
       c.only_qd = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--small-pages"))
+      c.small_pages = 1;
     else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
       c.reps = atoi(argv[++i]) > 0 ? atoi(argv[i]) : 1;
     else if (!strcmp(argv[i], "--quick"))
       c.quick = 1;
     else {
       fprintf(stderr, "usage: bench_tier [--dir D] [--file-mb N] [--seconds S] "
-                      "[--cpu C|-1] [--reps R] [--bs KiB] [--qd N] [--quick]\n");
+                      "[--cpu C|-1] [--reps R] [--bs KiB] [--qd N] [--small-pages] [--quick]\n");
       return 2;
     }
   }
@@ -443,8 +496,10 @@ int main(int argc, char **argv) {
   pin_cpu(c.cpu);
   mkdir(c.dir, 0700);
   int have_fio = lay_out_fio_file(&c) && !c.quick;
-  printf("bench_tier: dir %s, file %" PRIu64 " MiB, best of %d x %.1f s per cell, cpu %d%s\n\n",
+  printf("bench_tier: dir %s, file %" PRIu64 " MiB, best of %d x %.1f s per cell, cpu %d, "
+         "read buffers %s%s\n\n",
          c.dir, c.file_bytes >> 20, c.reps, c.seconds, c.cpu,
+         c.small_pages ? "4 KiB pages" : "2 MiB-aligned THP",
          have_fio ? "" : c.quick ? " (quick: fio skipped)" : " (fio not found)");
   printf("| tier | block | op | kvtier | baseline | ratio |\n|---|---|---|---|---|---|\n");
   static const size_t sizes[] = {16u << 10, 256u << 10, 2u << 20};
@@ -452,8 +507,8 @@ int main(int argc, char **argv) {
   for (int s = 0; s < nsizes; s++)
     if (!c.only_bs || c.only_bs == sizes[s])
       bench_dram(&c, sizes[s]);
-  printf("\n| NVMe op | block | QD | kvtier (payload) | fio io_uring | kvtier/fio | pread/pwrite loop | kvtier/loop |\n"
-         "|---|---|---|---|---|---|---|---|\n");
+  printf("\n| NVMe op | block | QD | kvtier (payload) | fio io_uring | kvtier/fio | fio on kvtier's slab file | kvtier/fio-slab | pread/pwrite loop | kvtier/loop |\n"
+         "|---|---|---|---|---|---|---|---|---|---|\n");
   static const int qds[] = {1, 8, 32};
   for (int s = 0; s < nsizes; s++)
     if (!c.only_bs || c.only_bs == sizes[s])

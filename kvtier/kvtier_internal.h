@@ -136,7 +136,10 @@ bool kvp__tier_uring_register_buffers(tier_uring *u, void *base, size_t each,
 int kvp__tier_uring_register_file(tier_uring *u, int fd);
 /* Queues op (tag comes back with its completion); KVP_EBUSY: ring full. */
 int kvp__tier_uring_queue(tier_uring *u, tio_op *op, uint64_t tag);
-/* Submits what is queued, waits for >= 1 completion, hands each to cb.
+/* Submits what is queued without waiting (errors show at the next reap). */
+void kvp__tier_uring_submit(tier_uring *u);
+/* Submits what is queued, waits for >= 1 completion (unless some are
+ * already there), hands each to cb.
  * Returns completions seen or a negative ring error. */
 typedef void (*tier_uring_cb)(void *arg, uint64_t tag, int res);
 int kvp__tier_uring_reap(tier_uring *u, tier_uring_cb cb, void *arg);
@@ -155,8 +158,11 @@ typedef struct tier_entry {
   uint32_t pool;
   int32_t nclass;       /* NVMe slab class, -1: not on NVMe */
   uint64_t nslot;
+  uint64_t nsum;        /* XXH3-64 of the NVMe payload (its header's) */
   uint32_t hits;
-  uint8_t cls, live, pad_[2];
+  uint8_t cls, live;
+  uint8_t nenc;         /* the NVMe slot is AES-256-GCM */
+  uint8_t pad_;
   uint32_t next_free;
 } tier_entry;
 

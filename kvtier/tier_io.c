@@ -92,16 +92,21 @@ typedef struct run_state {
   tio_cb done;
   void *arg;
   uint32_t *freeb, nfree;
+  uint32_t *cq, ncq; /* completed, not yet handed to done (FIFO) */
+  uint32_t cq_head;
+  uint64_t now; /* one clock read per reap round, not two per op */
   size_t finished;
 } run_state;
 
 static void finish(run_state *r, size_t i) {
   tio_op *o = &r->ops[i];
   o->inflight = false;
-  if (r->io->filter != NULL && !o->skipped)
+  if (r->io->filter != NULL && !o->skipped) {
     o->res = r->io->filter(r->io->fopaque, o->op, o->buf2 ? o->buf2 : o->buf,
                            (size_t)o->len + o->len2, o->off, o->res);
-  if (!o->skipped && kvp_now_ns() - o->t_start > r->io->slow_ns)
+    r->now = kvp_now_ns(); /* a filter may delay (fault injection) */
+  }
+  if (!o->skipped && r->now - o->t_start > r->io->slow_ns)
     r->io->slow++; /* after the filter: injected delays count too */
   if (r->done != NULL)
     r->done(r->arg, i, o);
@@ -111,23 +116,39 @@ static void finish(run_state *r, size_t i) {
   r->finished++;
 }
 
+/* A completion is only noted here: the loop first refills the queue, then
+ * runs done (the read checksum), so verification overlaps the I/O still in
+ * flight instead of leaving the device idle. */
 static void on_cqe(void *arg, uint64_t tag, int res) {
   run_state *r = arg;
   r->ops[tag].res = res;
-  finish(r, (size_t)tag);
+  r->ops[tag].inflight = false;
+  r->cq[r->ncq++] = (uint32_t)tag;
+}
+
+static bool finish_noted(run_state *r) {
+  if (r->cq_head == r->ncq)
+    return false;
+  finish(r, r->cq[r->cq_head++]);
+  if (r->cq_head == r->ncq)
+    r->cq_head = r->ncq = 0;
+  return true;
 }
 
 int kvp__tier_io_run(tier_io *io, tio_op *ops, size_t n, uint32_t qd,
                      const tio_pool *pool, tio_cb prep, tio_cb done, void *arg) {
-  uint32_t freeb[1024];
+  uint32_t freeb[1024], cq[1024];
   run_state r = {.io = io, .ops = ops, .pool = pool, .done = done, .arg = arg,
-                 .freeb = freeb};
+                 .freeb = freeb, .cq = cq};
   uint32_t nbuf = pool ? (pool->n < 1024 ? pool->n : 1024) : 0;
   for (uint32_t b = nbuf; b-- > 0;)
     freeb[r.nfree++] = b;
+  qd = qd < 1024 ? qd : 1024; /* bounds cq: only in-flight ops complete */
   size_t next = 0, inflight = 0;
   int err = 0;
   while (r.finished < n) {
+    bool queued = false;
+    uint64_t t_sub = kvp_now_ns();
     while (next < n && inflight < qd && err == 0) {
       tio_op *o = &ops[next];
       o->pool_idx = o->buf_index = -1;
@@ -141,7 +162,7 @@ int kvp__tier_io_run(tier_io *io, tio_op *ops, size_t n, uint32_t qd,
       }
       o->res = 0;
       o->skipped = false;
-      o->t_start = kvp_now_ns();
+      o->t_start = t_sub;
       if (prep != NULL)
         prep(arg, next, o);
       if (o->res < 0) { /* prep failed: no I/O, no filter */
@@ -155,21 +176,29 @@ int kvp__tier_io_run(tier_io *io, tio_op *ops, size_t n, uint32_t qd,
         }
         o->inflight = true;
         inflight++;
+        queued = true;
       } else {
         o->res = posix_one(o);
+        r.now = t_sub = kvp_now_ns();
         finish(&r, next);
       }
       next++;
     }
+    if (queued)
+      kvp__tier_uring_submit(io->u); /* errors surface at the next reap */
+    if (finish_noted(&r)) /* verify one while the refilled queue runs */
+      continue;
     if (inflight == 0) {
       if (err != 0 || (next == n && r.finished == n))
         break;
       continue;
     }
-    size_t before = r.finished;
     int rc = kvp__tier_uring_reap(io->u, on_cqe, &r);
+    r.now = kvp_now_ns();
     if (rc < 0) { /* ring unusable: fail the rest */
       err = rc;
+      while (finish_noted(&r))
+        ;
       for (size_t i = 0; i < n; i++)
         if (i >= next || ops[i].inflight) {
           if (i >= next)
@@ -180,7 +209,7 @@ int kvp__tier_io_run(tier_io *io, tio_op *ops, size_t n, uint32_t qd,
         }
       break;
     }
-    inflight -= r.finished - before;
+    inflight -= (size_t)rc;
   }
   return err;
 }

@@ -4,8 +4,11 @@
  * A slot = header sector + payload, written in ONE write from a staging
  * buffer (registered with io_uring when allowed).  A slot is reused only
  * after its previous block left the index, so a torn write can only damage
- * a block nobody may read any more; recovery and reads verify both
- * checksums and drop what fails.  All calls run under the store's lock. */
+ * a block nobody may read any more; recovery verifies the headers, and the
+ * index keeps each block's payload checksum: a plaintext read moves only
+ * the payload and checks it against that (an encrypted one reads header +
+ * payload: IV and tag).  What fails is a miss and dropped.  All calls run
+ * under the store's lock. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -19,6 +22,9 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
+
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
+#include <xxhash.h>
 
 #include "core_internal.h"
 #include "kvtier_internal.h"
@@ -218,6 +224,8 @@ static int stage_slot(kvp_tier_store *t, uint32_t id, uint8_t *b) {
   }
   memset(pay + e->len, 0, round_up(e->len, t->hdr_bytes) - e->len);
   h.payload_sum = kvp__tier_payload_sum(pay, e->len);
+  e->nsum = h.payload_sum; /* what a payload-only read must find */
+  e->nenc = h.flags & TIER_HDR_F_AESGCM ? 1 : 0;
   memset(b, 0, t->hdr_bytes);
   kvp__tier_hdr_encode(&h, b);
   return 0;
@@ -353,13 +361,50 @@ static int verify_slot(kvp_tier_store *t, const tier_entry *e, const uint8_t *hb
   return 0;
 }
 
+/* A plaintext payload read alone (no header sector): checked against the
+ * checksum its header carried when it was written or recovered (e->nsum);
+ * the key, namespace and length are those of the index entry that the
+ * header established.  From staging, the checksum and the copy to dst run
+ * chunk by chunk in one pass over the cold buffer. */
+static int verify_payload(kvp_tier_store *t, const tier_entry *e,
+                          const uint8_t *pay, void *dst) {
+  uint64_t sum;
+  if (pay == dst) {
+    sum = kvp__tier_payload_sum(pay, e->len);
+  } else {
+    XXH3_state_t st;
+    XXH3_64bits_reset(&st);
+    for (uint64_t o = 0; o < e->len; o += 32768) {
+      size_t k = e->len - o < 32768 ? (size_t)(e->len - o) : 32768;
+      memcpy((uint8_t *)dst + o, pay + o, k);
+      XXH3_64bits_update(&st, (uint8_t *)dst + o, k);
+    }
+    sum = XXH3_64bits_digest(&st);
+  }
+  if (sum != e->nsum) {
+    t->st.checksum_failures++;
+    return KVP_ECORRUPT;
+  }
+  return 0;
+}
+
 typedef struct rctx {
   kvp_tier_store *t;
   const uint32_t *ids;
   void *const *dst;
   int *res;
+  const uint8_t *alone; /* alone[i]: op i reads the payload only */
   uint64_t bytes;
 } rctx;
+
+static int verify_op(rctx *r, size_t i, const tio_op *op) {
+  kvp_tier_store *t = r->t;
+  const tier_entry *e = &t->ents[r->ids[i]];
+  if (r->alone[i])
+    return verify_payload(t, e, op->buf, r->dst[i]);
+  const uint8_t *pay = op->buf2 ? op->buf2 : (uint8_t *)op->buf + t->hdr_bytes;
+  return verify_slot(t, e, op->buf, pay, r->dst[i]);
+}
 
 static void rdone(void *arg, size_t i, tio_op *op) {
   rctx *r = arg;
@@ -374,44 +419,53 @@ static void rdone(void *arg, size_t i, tio_op *op) {
   } else {
     r->bytes += t->ents[r->ids[i]].len; /* payload: what the caller gets */
     t->st.nvme_bytes_read += (uint64_t)op->len + op->len2;
-    const uint8_t *pay = op->buf2 ? op->buf2 : (uint8_t *)op->buf + t->hdr_bytes;
-    r->res[i] = verify_slot(t, &t->ents[r->ids[i]], op->buf, pay, r->dst[i]) == 0
-                    ? KVP_TIER_NVME
-                    : KVP_ENOENT;
+    r->res[i] = verify_op(r, i, op) == 0 ? KVP_TIER_NVME : KVP_ENOENT;
   }
   if (r->res[i] < 0) /* a miss; the slot is not trusted again */
     kvp__tier_nvme_drop(t, r->ids[i], false, false);
 }
 
+/* Plaintext slots read their payload only, exactly the block rounded up to
+ * the sector: straight into an aligned caller buffer when it holds whole
+ * sectors (no copy), else into registered staging.  Encrypted slots read
+ * header + payload (the IV and tag live in the header). */
+static tio_op read_op(const kvp_tier_store *t, const tier_entry *e, void *dst,
+                      uint8_t *alone) {
+  const tier_nclass *c = &t->cls[e->nclass];
+  const tier_ns *ns = kvp__tier_ns_find(t, e->ns);
+  tio_op op = op_of(TIO_READ, c, e->nslot, io_len(t, e->len));
+  *alone = ns != NULL && !ns->enc && !e->nenc;
+  if (!*alone)
+    return op;
+  op.off += t->hdr_bytes;
+  op.len -= t->hdr_bytes;
+  if (((uintptr_t)dst % t->hdr_bytes) == 0 && e->len % t->hdr_bytes == 0) {
+    op.needs_buf = false;
+    op.buf = dst; /* on a miss dst holds whatever was read */
+  }
+  return op;
+}
+
 void kvp__tier_nvme_read(kvp_tier_store *t, const uint32_t *ids, size_t n,
                          void *const *dst, int *res) {
   tio_op *ops = kvp__calloc(&t->a, n, sizeof *ops);
-  if (ops == NULL) {
+  uint8_t *alone = kvp__calloc(&t->a, n, 1);
+  if (ops == NULL || alone == NULL) {
     for (size_t i = 0; i < n; i++)
       res[i] = KVP_ENOENT;
-    return;
+    goto out;
   }
-  for (size_t i = 0; i < n; i++) {
-    tier_entry *e = &t->ents[ids[i]];
-    const tier_ns *ns = kvp__tier_ns_find(t, e->ns);
-    ops[i] = op_of(TIO_READ, &t->cls[e->nclass], e->nslot, io_len(t, e->len));
-    /* a plaintext payload of whole sectors goes straight into an aligned
-     * caller buffer (header sector to staging): no copy.  On a miss dst
-     * holds whatever was read. */
-    if (((uintptr_t)dst[i] % t->hdr_bytes) == 0 &&
-        e->len % t->hdr_bytes == 0 && ns != NULL && !ns->enc) {
-      ops[i].len = t->hdr_bytes;
-      ops[i].buf2 = dst[i];
-      ops[i].len2 = (uint32_t)e->len;
-    }
-  }
-  rctx r = {t, ids, dst, res, 0};
+  for (size_t i = 0; i < n; i++)
+    ops[i] = read_op(t, &t->ents[ids[i]], dst[i], &alone[i]);
+  rctx r = {t, ids, dst, res, alone, 0};
   tio_pool pool = pool_of(t);
   uint64_t t0 = kvp_now_ns();
   kvp__tier_io_run(t->io, ops, n, t->qd, &pool, NULL, rdone, &r);
   if (r.bytes > 0)
     kvp__tier_bw_note(t, KVP_TIER_NVME, r.bytes, kvp_now_ns() - t0);
+out:
   kvp__free(&t->a, ops, n * sizeof *ops);
+  kvp__free(&t->a, alone, n);
 }
 
 static void zprep(void *arg, size_t i, tio_op *op) {
@@ -459,6 +513,8 @@ static void recover_slot(kvp_tier_store *t, int32_t ci, uint64_t slot,
     return;
   tier_entry *e = &t->ents[id];
   e->len = h->len;
+  e->nsum = h->payload_sum;
+  e->nenc = h->flags & TIER_HDR_F_AESGCM ? 1 : 0;
   e->cls = KVP_CLASS_SEMI; /* admitted to NVMe once: at least reused */
   e->nclass = ci;
   e->nslot = slot;

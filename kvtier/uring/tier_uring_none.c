@@ -26,3 +26,4 @@ int kvp__tier_uring_reap(tier_uring *u, tier_uring_cb cb, void *arg) {
   (void)u, (void)cb, (void)arg;
   return KVP_ENOTSUP;
 }
+void kvp__tier_uring_submit(tier_uring *u) { (void)u; }
