@@ -223,8 +223,10 @@ KVP_API int kvp_tier_idle(kvp_tier_store *t, uint64_t budget_bytes);
 
 /* Batch forms: results[i] is what the single call returns for item i.
  * NVMe reads of one batch are submitted together (up to queue_depth in
- * flight).  Return the number of hits/stored items, or an error that
- * applies to the whole call (KVP_EINVAL). */
+ * flight).  The dst buffers of one get_batch must not overlap: a later read
+ * may be landing in its buffer while an earlier one is being verified.
+ * Return the number of hits/stored items, or an error that applies to the
+ * whole call (KVP_EINVAL). */
 KVP_API int kvp_tier_get_batch(kvp_tier_store *t, const kvp_namespace *ns,
                                const kvp_key *keys, size_t n, void *const *dst,
                                const size_t *cap, size_t *len, int *results);
