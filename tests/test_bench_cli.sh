@@ -101,8 +101,8 @@ fi
 # the commented tiers: example of default.yaml binds as written
 sed 's/^# tiers:$/tiers:/; s/^#   \([a-z_]*:\)/  \1/' "$src/bench/configs/default.yaml" > "$tmp/full.yaml"
 grep -q '^  promote: true' "$tmp/full.yaml" || fail "no tiers: example in default.yaml"
-"$bench" run --quiet --no-progress --limit 1000 --policies kvplane_cost,dynamo_cost \
-  --config "$tmp/full.yaml" --out "$tmp/bt" "$moon" >/dev/null || fail "tiers: example refused"
+"$bench" run --quiet --no-progress --limit 1000 --config "$tmp/full.yaml" \
+  --policies kvplane_cost,dynamo_cost --out "$tmp/bt" "$moon" >/dev/null || fail "tiers: example refused"
 cmp <(cut -d, -f1-32 "$tmp/a/results.csv") <(cut -d, -f1-32 "$tmp/bt/results.csv") ||
   fail "the tiers: example changed the defaults"
 printf 'tiers:\n  queue_depth: 64\n  polcy: lru\n' > "$tmp/t3.yaml"
