@@ -45,6 +45,11 @@ void bh_report_table(FILE *f, const bh_run *run) {
           (unsigned long long)run->cl->dram_blocks,
           (unsigned long long)run->cl->nvme_blocks,
           t->records_bad ? "" : "");
+  fprintf(f, "placement (kvtier policies): HBM %s, DRAM %s, NVMe %s, %s\n",
+          kvp_tier_policy_name(run->cl->tier_policy[KVP_TIER_HBM]),
+          kvp_tier_policy_name(run->cl->tier_policy[KVP_TIER_DRAM]),
+          kvp_tier_policy_name(run->cl->tier_policy[KVP_TIER_NVME]),
+          run->cl->tier_no_classes ? "stability-blind" : "stability aware");
   if (t->records_bad)
     fprintf(f, "  %llu malformed records skipped (first: %s)\n",
             (unsigned long long)t->records_bad, t->first_error);
