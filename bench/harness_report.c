@@ -197,6 +197,14 @@ int bh_report_json(FILE *f, const bh_run *runs, size_t n) {
     json_object_set_new(o, "records_bad",
                         json_integer((json_int_t)t->records_bad));
     json_object_set_new(o, "workers", json_integer(runs[i].cl->workers));
+    const bh_cluster *cl = runs[i].cl;
+    json_object_set_new(
+        o, "placement",
+        json_pack("{s:s, s:s, s:s, s:b}", "hbm",
+                  kvp_tier_policy_name(cl->tier_policy[KVP_TIER_HBM]), "dram",
+                  kvp_tier_policy_name(cl->tier_policy[KVP_TIER_DRAM]), "nvme",
+                  kvp_tier_policy_name(cl->tier_policy[KVP_TIER_NVME]),
+                  "stability_aware", !cl->tier_no_classes));
     for (size_t j = 0; j < runs[i].n_res; j++)
       json_array_append_new(rs, result_json(&runs[i].res[j]));
     json_object_set_new(o, "policies", rs);

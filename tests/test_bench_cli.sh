@@ -43,6 +43,8 @@ assert "<script" not in html
 j = json.load(open(d + "/results.json"))
 assert len(j["runs"]) == 2
 for run in j["runs"]:
+    assert run["placement"] == {"hbm": "lru", "dram": "lru", "nvme": "lru",
+                                "stability_aware": True}, run["placement"]
     pol = {p["policy"]: p for p in run["policies"]}
     assert len(pol) == 9
     up = pol["infinite"]["reused_tokens"]
