@@ -139,7 +139,16 @@ typedef struct bh_cluster {
   double hbm_bw;         /* decode: weight + KV reads, bytes/s; 0 = 3.35e12 */
   double decode_base_s;  /* per decode step overhead; 0 = 2e-3 */
   double max_batch;      /* continuous batching limit; 0 = 256 */
+  /* Placement per tier (HBM, DRAM, NVMe): kvtier's kvp_tier_policy, the
+   * code its store runs.  bh_cluster_defaults: HBM lru (the engine's own
+   * prefix cache, as vLLM's), DRAM and NVMe BH_TIER_POLICY_DEFAULT. */
+  kvp_tier_policy_kind tier_policy[3];
+  bool tier_no_classes;  /* true: stability-blind (every block volatile) */
 } bh_cluster;
+
+/* The simulated workers' DRAM / NVMe policy unless configured (README,
+ * "Which eviction policy": chosen from replays of the bundled traces). */
+#define BH_TIER_POLICY_DEFAULT KVP_TIER_POLICY_LRU
 
 typedef struct bh_sim_opts {
   bh_cluster cl;

@@ -53,6 +53,12 @@ static void usage(FILE *f) {
       "infinite\n"
       "  --workers N --hbm-gb X --dram-gb X --nvme-gb X   cluster (per "
       "worker)\n"
+      "  --tier-policy P      DRAM and NVMe placement: lru|s3fifo (kvtier's "
+      "policies;\n"
+      "                       default lru); --hbm-policy, --dram-policy, "
+      "--nvme-policy: one tier\n"
+      "  --no-tier-classes    stability-blind placement (every block "
+      "volatile)\n"
       "  --speed X            arrivals at trace time / X (default 1)\n"
       "  --closed-loop N      ignore timestamps, keep N requests in flight\n"
       "  --drop-events P      lose each KV event with probability P\n"
@@ -132,6 +138,29 @@ static void cli_defaults(cli *c) {
   c->progress = isatty(2);
 }
 
+/* "lru" | "s3fifo" into tier_policy[from..to]. */
+static int set_tier_policy(cli *c, const char *v, int from, int to) {
+  kvp_tier_policy_kind k;
+  if (kvp_tier_policy_parse(v, &k) < 0)
+    return KVP_EINVAL;
+  for (int t = from; t <= to; t++)
+    c->cl.tier_policy[t] = k;
+  return 0;
+}
+
+/* cluster.<tier>_policy: "file:line: ..." for a bad name. */
+static int cfg_tier_policy(cli *c, kvp_config *cfg, const char *key,
+                           const char *v, int tier) {
+  if (v[0] == '\0' || set_tier_policy(c, v, tier, tier) == 0)
+    return 0;
+  const char *name = "";
+  int line = kvp_config_key_line(cfg, "cluster", key, &name);
+  fprintf(stderr, "kvplane-bench: %s:%d: cluster.%s: expected lru or s3fifo, "
+                  "got '%.64s'\n",
+          name, line, key, v);
+  return KVP_EINVAL;
+}
+
 /* ---- the YAML config: sections bound to the option structs ------------------ */
 static int load_config(cli *c, const char *path) {
   kvp_config *cfg;
@@ -147,14 +176,19 @@ static int load_config(cli *c, const char *path) {
   uint64_t workers = c->cl.workers, layers = 0, heads = 0, kv_heads = 0,
            head_dim = 0, dtype = 0, seed = c->seed, closed = 0, gmin = 0;
   char policies[512] = "", on_error[16] = "", fmt[16] = "";
-  bool no_shared = false;
+  char pol[3][16] = {"", "", ""};
+  bool no_shared = false, classes = !c->cl.tier_no_classes;
   const kvp_config_field cluster[] = {
       KVP_CFG_U64("workers", &workers, 1, 4096),
       KVP_CFG_F64("hbm_gb", &c->cl.hbm_gb, 0.001, 1e6),
       KVP_CFG_F64("dram_gb", &c->cl.dram_gb, 0, 1e7),
       KVP_CFG_F64("nvme_gb", &c->cl.nvme_gb, 0, 1e8),
       KVP_CFG_F64("decode_step_overhead_s", &c->cl.decode_base_s, 0, 10),
-      KVP_CFG_F64("max_batch", &c->cl.max_batch, 1, 1e6)};
+      KVP_CFG_F64("max_batch", &c->cl.max_batch, 1, 1e6),
+      KVP_CFG_STR("hbm_policy", pol[0], sizeof pol[0]),
+      KVP_CFG_STR("dram_policy", pol[1], sizeof pol[1]),
+      KVP_CFG_STR("nvme_policy", pol[2], sizeof pol[2]),
+      KVP_CFG_BOOL("tier_classes", &classes)};
   const kvp_config_field model[] = {
       KVP_CFG_U64("layers", &layers, 1, 65536),
       KVP_CFG_U64("heads", &heads, 1, 65536),
@@ -197,15 +231,32 @@ static int load_config(cli *c, const char *path) {
       {"replay", replay, sizeof replay / sizeof *replay}};
   for (size_t i = 0; i < sizeof secs / sizeof *secs && rc >= 0; i++)
     rc = kvp_config_bind(cfg, &secs[i], err, sizeof err);
-  /* kvtier binds `tiers:` when it lands; everything else is unknown */
-  static const char *const later[] = {"tiers"};
+  /* `tiers:` is kvtier's (a real store's options), checked by kvtier's own
+   * binding; its policy is the simulated DRAM / NVMe policy unless the
+   * cluster section names one.  Everything else is unknown. */
+  kvp_tier_opts to = {0};
+  char dir[1024];
   if (rc >= 0)
-    rc = kvp_config_check_unbound(cfg, later, 1, err, sizeof err);
+    rc = kvp_tier_opts_from_config(cfg, &to, dir, sizeof dir, err, sizeof err);
+  if (rc >= 0 && kvp_config_key_line(cfg, "tiers", "policy", NULL) > 0)
+    for (int t = KVP_TIER_DRAM; t <= KVP_TIER_NVME; t++)
+      c->cl.tier_policy[t] = to.policy;
+  if (rc >= 0)
+    rc = kvp_config_check_unbound(cfg, NULL, 0, err, sizeof err);
+  for (int t = 0; t < 3 && rc >= 0; t++) {
+    static const char *const keys[] = {"hbm_policy", "dram_policy",
+                                       "nvme_policy"};
+    if (cfg_tier_policy(c, cfg, keys[t], pol[t], t) < 0) {
+      kvp_config_destroy(cfg);
+      return KVP_EINVAL;
+    }
+  }
   kvp_config_destroy(cfg);
   if (rc < 0) {
     fprintf(stderr, "kvplane-bench: %s\n", err);
     return rc;
   }
+  c->cl.tier_no_classes = !classes;
   c->cl.workers = (uint32_t)workers;
   if (layers || heads || kv_heads || head_dim || dtype || params_b) {
     if (!(layers && heads && kv_heads && head_dim && dtype && params_b)) {
@@ -301,6 +352,14 @@ static int parse_opts(cli *c, int argc, char **argv, const char **pos,
         return die_usage("bad size (GB)", v);
       *(a[2] == 'h' ? &c->cl.hbm_gb : a[2] == 'd' ? &c->cl.dram_gb
                                                   : &c->cl.nvme_gb) = d;
+    } else if (!strcmp(a, "--tier-policy") || !strcmp(a, "--hbm-policy") ||
+               !strcmp(a, "--dram-policy") || !strcmp(a, "--nvme-policy")) {
+      NEED();
+      int t = a[2] == 'h' ? 0 : a[2] == 'd' ? 1 : 2, t1 = a[2] == 't' ? 1 : t;
+      if (set_tier_policy(c, v, t1, t) < 0)
+        return die_usage("expected lru or s3fifo", v);
+    } else if (!strcmp(a, "--no-tier-classes")) {
+      c->cl.tier_no_classes = true;
     } else if (!strcmp(a, "--speed")) {
       NEED();
       if (!parse_double(v, 1e-6, 1e9, &c->speed))
@@ -611,12 +670,29 @@ typedef struct sweep_param {
   int n;
 } sweep_param;
 
+static bool is_policy_param(const sweep_param *p) {
+  size_t l = strlen(p->name);
+  return l > 7 && strcmp(p->name + l - 7, "_policy") == 0;
+}
+
+/* A value as the user wrote it: a policy name or a number. */
+static const char *param_str(const sweep_param *p, double v, char *buf,
+                             size_t cap) {
+  if (is_policy_param(p))
+    snprintf(buf, cap, "%s", kvp_tier_policy_name((kvp_tier_policy_kind)v));
+  else
+    snprintf(buf, cap, "%g", v);
+  return buf;
+}
+
 static int parse_param(const char *s, sweep_param *p) {
   const char *eq = strchr(s, '=');
   static const char *const known[] = {
       "dram_gb",          "hbm_gb",       "nvme_gb",     "workers",
       "guard",            "speed",        "affinity_eps_rel",
-      "dynamo_temperature", "llmd_w_prefix", "llmd_w_kv", "llmd_w_queue"};
+      "dynamo_temperature", "llmd_w_prefix", "llmd_w_kv", "llmd_w_queue",
+      "tier_policy", "hbm_policy", "dram_policy", "nvme_policy",
+      "tier_classes"};
   if (eq == NULL || eq - s >= (long)sizeof p->name)
     return KVP_EINVAL;
   snprintf(p->name, sizeof p->name, "%.*s", (int)(eq - s), s);
@@ -627,7 +703,8 @@ static int parse_param(const char *s, sweep_param *p) {
     fprintf(stderr, "kvplane-bench: sweep: unknown parameter '%s' (dram_gb, "
                     "hbm_gb, nvme_gb, workers, guard, speed, affinity_eps_rel, "
                     "dynamo_temperature, llmd_w_prefix, llmd_w_kv, "
-                    "llmd_w_queue)\n",
+                    "llmd_w_queue, tier_policy, hbm_policy, dram_policy, "
+                    "nvme_policy, tier_classes)\n",
             p->name);
     return KVP_EINVAL;
   }
@@ -636,8 +713,16 @@ static int parse_param(const char *s, sweep_param *p) {
   p->n = 0;
   for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
        tok = strtok_r(NULL, ",", &save)) {
-    if (p->n == 16 || !parse_double(tok, 0, 1e9, &p->v[p->n]))
+    kvp_tier_policy_kind k;
+    if (p->n == 16)
       return KVP_EINVAL;
+    if (is_policy_param(p)) { /* names; the value is the kind */
+      if (kvp_tier_policy_parse(tok, &k) < 0)
+        return KVP_EINVAL;
+      p->v[p->n] = (double)k;
+    } else if (!parse_double(tok, 0, 1e9, &p->v[p->n])) {
+      return KVP_EINVAL;
+    }
     p->n++;
   }
   return p->n ? 0 : KVP_EINVAL;
@@ -664,6 +749,16 @@ static void apply_param(cli *c, const sweep_param *p, double v) {
     c->router.llmd_w_kv = v;
   else if (!strcmp(p->name, "llmd_w_queue"))
     c->router.llmd_w_queue = v;
+  else if (!strcmp(p->name, "tier_policy"))
+    c->cl.tier_policy[KVP_TIER_DRAM] = c->cl.tier_policy[KVP_TIER_NVME] =
+        (kvp_tier_policy_kind)v;
+  else if (is_policy_param(p))
+    c->cl.tier_policy[p->name[0] == 'h'   ? KVP_TIER_HBM
+                      : p->name[0] == 'd' ? KVP_TIER_DRAM
+                                          : KVP_TIER_NVME] =
+        (kvp_tier_policy_kind)v;
+  else if (!strcmp(p->name, "tier_classes"))
+    c->cl.tier_no_classes = v == 0;
   else
     c->speed = v;
 }
@@ -712,10 +807,11 @@ static int cmd_sweep(cli *c, const char **pos, int n_pos) {
       double p95 = (double)kvp_hist_quantile(r.ttft_us, 0.95) / 1e6;
       double p99 = (double)kvp_hist_quantile(r.ttft_us, 0.99) / 1e6;
       bool ok = c->ttft_p95_max <= 0 || p95 <= c->ttft_p95_max;
-      char v2[32] = "";
+      char v1[32], v2[32] = "";
       if (np == 2)
-        snprintf(v2, sizeof v2, "%g", ps[1].v[j]);
-      printf("%-12g %-12s %8.2f %12.1f %10.4f %10.4f%s\n", ps[0].v[i], v2,
+        param_str(&ps[1], ps[1].v[j], v2, sizeof v2);
+      printf("%-12s %-12s %8.2f %12.1f %10.4f %10.4f%s\n",
+             param_str(&ps[0], ps[0].v[i], v1, sizeof v1), v2,
              100.0 * (double)r.tot.reused_tokens /
                  (double)(r.tot.prompt_tokens ? r.tot.prompt_tokens : 1),
              r.tot.avoided_gpu_seconds, p95, p99, ok ? "" : "  (over bound)");
@@ -733,8 +829,10 @@ static int cmd_sweep(cli *c, const char **pos, int n_pos) {
     const char *ln[16];
     const double *pa[16], *pp[16];
     for (int j = 0; j < ps[1].n; j++) {
+      char vb[32];
       if (np == 2)
-        snprintf(lab[j], sizeof lab[j], "%s=%g", ps[1].name, ps[1].v[j]);
+        snprintf(lab[j], sizeof lab[j], "%s=%s", ps[1].name,
+                 param_str(&ps[1], ps[1].v[j], vb, sizeof vb));
       else
         snprintf(lab[j], sizeof lab[j], "%s", bh_policy_name(policy));
       ln[j] = lab[j];
@@ -756,11 +854,13 @@ static int cmd_sweep(cli *c, const char **pos, int n_pos) {
       printf("recommendation: none: no setting keeps TTFT p95 under %g s\n",
              c->ttft_p95_max);
     else if (np == 2)
-      printf("recommendation: %s=%g %s=%g (avoided %.1f GPU-s)\n", ps[0].name,
-             bv[0], ps[1].name, bv[1], best);
+      printf("recommendation: %s=%s %s=%s (avoided %.1f GPU-s)\n",
+             ps[0].name, param_str(&ps[0], bv[0], lab[0], sizeof lab[0]),
+             ps[1].name, param_str(&ps[1], bv[1], lab[1], sizeof lab[1]),
+             best);
     else
-      printf("recommendation: %s=%g (avoided %.1f GPU-s)\n", ps[0].name,
-             bv[0], best);
+      printf("recommendation: %s=%s (avoided %.1f GPU-s)\n", ps[0].name,
+             param_str(&ps[0], bv[0], lab[0], sizeof lab[0]), best);
   }
   bh_trace_free(&t);
   return rc < 0;

@@ -45,6 +45,11 @@ void bh_report_table(FILE *f, const bh_run *run) {
           (unsigned long long)run->cl->dram_blocks,
           (unsigned long long)run->cl->nvme_blocks,
           t->records_bad ? "" : "");
+  fprintf(f, "placement (kvtier policies): HBM %s, DRAM %s, NVMe %s, %s\n",
+          kvp_tier_policy_name(run->cl->tier_policy[KVP_TIER_HBM]),
+          kvp_tier_policy_name(run->cl->tier_policy[KVP_TIER_DRAM]),
+          kvp_tier_policy_name(run->cl->tier_policy[KVP_TIER_NVME]),
+          run->cl->tier_no_classes ? "stability-blind" : "stability aware");
   if (t->records_bad)
     fprintf(f, "  %llu malformed records skipped (first: %s)\n",
             (unsigned long long)t->records_bad, t->first_error);
@@ -192,6 +197,14 @@ int bh_report_json(FILE *f, const bh_run *runs, size_t n) {
     json_object_set_new(o, "records_bad",
                         json_integer((json_int_t)t->records_bad));
     json_object_set_new(o, "workers", json_integer(runs[i].cl->workers));
+    const bh_cluster *cl = runs[i].cl;
+    json_object_set_new(
+        o, "placement",
+        json_pack("{s:s, s:s, s:s, s:b}", "hbm",
+                  kvp_tier_policy_name(cl->tier_policy[KVP_TIER_HBM]), "dram",
+                  kvp_tier_policy_name(cl->tier_policy[KVP_TIER_DRAM]), "nvme",
+                  kvp_tier_policy_name(cl->tier_policy[KVP_TIER_NVME]),
+                  "stability_aware", !cl->tier_no_classes));
     for (size_t j = 0; j < runs[i].n_res; j++)
       json_array_append_new(rs, result_json(&runs[i].res[j]));
     json_object_set_new(o, "policies", rs);

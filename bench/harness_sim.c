@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The discrete-event cluster simulator.  W workers, each an engine with an
- * HBM / DRAM / NVMe block cache (LRU per tier, demotion HBM -> DRAM -> NVMe,
- * eviction from the last tier), one prefill at a time, decode under
- * continuous batching.  Workers publish stored/removed events into the
+ * HBM / DRAM / NVMe block cache (one kvtier placement policy per tier --
+ * kvp_tier_policy, the code kvtier's store runs, LRU or S3-FIFO, stability
+ * aware -- demotion HBM -> DRAM -> NVMe, eviction from the last tier), one
+ * prefill at a time, decode under continuous batching.  Workers publish stored/removed events into the
  * production kvp_index (per-worker sequence numbers; optionally dropped or
  * delayed); requests are routed by the production kvp_router; outcomes go
  * into the production kvp_ledger.  Deterministic: one event heap ordered by
@@ -11,6 +12,7 @@
  * Two bounds run through the same engine model: "infinite" (one shared cache
  * of unbounded size that holds every block from the moment its request
  * arrives; no policy can reuse more) and "random" (uniform routing). */
+#include <assert.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +55,9 @@ void bh_cluster_defaults(bh_cluster *c) {
   c->hbm_gb = 40;   /* H100 80 GB - 16 GB weights - activations */
   c->dram_gb = 128; /* pinned host DRAM per GPU */
   c->nvme_gb = 512; /* local NVMe per GPU */
+  c->tier_policy[KVP_TIER_HBM] = KVP_TIER_POLICY_LRU;
+  c->tier_policy[KVP_TIER_DRAM] = BH_TIER_POLICY_DEFAULT;
+  c->tier_policy[KVP_TIER_NVME] = BH_TIER_POLICY_DEFAULT;
 }
 
 int bh_cluster_resolve(bh_cluster *c, uint32_t block_size) {
@@ -80,35 +85,48 @@ int bh_cluster_resolve(bh_cluster *c, uint32_t block_size) {
 /* ---- per-worker block cache ---------------------------------------------- */
 typedef struct node {
   kvp_key key;
-  uint32_t prev, next; /* LRU list of its tier (head = most recent) */
+  uint32_t next; /* free list */
   uint8_t tier;
+  uint8_t cls;  /* kvp_class: the most stable any request saw it as */
+  uint8_t hits; /* reuses since it last entered its tier (saturates at 3) */
 } node;
 
+/* Node ids are the policies' ids.  pol[k] NULL: no policy (the infinite
+ * bound's cache, which never evicts). */
 typedef struct cache {
   uint32_t *tab; /* open addressing: node index + 1; 0 = empty */
   size_t mask, used;
   node *nodes;
   uint32_t n_nodes, cap_nodes, free_list;
-  uint32_t head[3], tail[3];
+  kvp_tier_policy *pol[3];
+  bool classes; /* stability-aware: insert with the block's class */
   uint64_t count[3], cap[3];
 } cache;
 
-static int cache_init(cache *c, uint64_t hbm, uint64_t dram, uint64_t nvme) {
+static int cache_init(cache *c, const bh_cluster *cl, bool policies) {
   memset(c, 0, sizeof *c);
   c->mask = 1023;
   c->tab = calloc(c->mask + 1, sizeof *c->tab);
   c->free_list = NONE;
-  for (int k = 0; k < 3; k++)
-    c->head[k] = c->tail[k] = NONE;
-  c->cap[0] = hbm;
-  c->cap[1] = dram;
-  c->cap[2] = nvme;
+  c->classes = !cl->tier_no_classes;
+  c->cap[0] = cl->hbm_blocks;
+  c->cap[1] = cl->dram_blocks;
+  c->cap[2] = cl->nvme_blocks;
+  if (!policies)
+    c->cap[0] = UINT64_MAX, c->cap[1] = c->cap[2] = 0;
+  for (int k = 0; k < 3 && policies; k++) {
+    int rc = kvp_tier_policy_create(cl->tier_policy[k], NULL, &c->pol[k]);
+    if (rc < 0)
+      return rc;
+  }
   return c->tab ? 0 : KVP_ENOMEM;
 }
 
 static void cache_free(cache *c) {
   free(c->tab);
   free(c->nodes);
+  for (int k = 0; k < 3; k++)
+    kvp_tier_policy_destroy(c->pol[k]);
 }
 
 static size_t slot_of(const cache *c, uint64_t fp) {
@@ -166,31 +184,38 @@ static void tab_del(cache *c, uint32_t idx) {
   c->used--;
 }
 
-static void lru_unlink(cache *c, uint32_t x) {
+/* Takes x off its tier.  evicted: pushed out by pressure (S3-FIFO keeps a
+ * ghost of it), not moved up by a hit. */
+static void tier_remove(cache *c, uint32_t x, bool evicted) {
   node *n = &c->nodes[x];
   int k = n->tier;
-  if (n->prev != NONE)
-    c->nodes[n->prev].next = n->next;
-  else
-    c->head[k] = n->next;
-  if (n->next != NONE)
-    c->nodes[n->next].prev = n->prev;
-  else
-    c->tail[k] = n->prev;
+  if (c->pol[k] != NULL) {
+    int rc = kvp_tier_policy_remove(c->pol[k], x, evicted);
+    assert(rc == 0);
+    (void)rc;
+  }
   c->count[k]--;
 }
 
-static void lru_push(cache *c, uint32_t x, int k) {
+/* Puts x into tier k (newest).  The reuses it had since it last entered a
+ * tier travel with it as policy touches: in this exclusive hierarchy a
+ * block leaves DRAM/NVMe when it is hit, so this is how the lower tiers
+ * learn about its reuse (an inclusive store like kvtier sees those hits
+ * directly).  A touch right after an insert changes nothing for LRU. */
+static int tier_insert(cache *c, uint32_t x, int k) {
   node *n = &c->nodes[x];
   n->tier = (uint8_t)k;
-  n->prev = NONE;
-  n->next = c->head[k];
-  if (c->head[k] != NONE)
-    c->nodes[c->head[k]].prev = x;
-  else
-    c->tail[k] = x;
-  c->head[k] = x;
+  if (c->pol[k] != NULL) {
+    kvp_class cls = c->classes ? (kvp_class)n->cls : KVP_CLASS_VOLATILE;
+    int rc = kvp_tier_policy_insert(c->pol[k], x, n->key.lo, 1, cls);
+    if (rc < 0)
+      return rc;
+    for (uint8_t h = 0; h < n->hits; h++)
+      kvp_tier_policy_touch(c->pol[k], x);
+  }
+  n->hits = 0;
   c->count[k]++;
+  return 0;
 }
 
 static int node_new(cache *c, kvp_key k, uint32_t *out) {
@@ -212,6 +237,8 @@ static int node_new(cache *c, kvp_key k, uint32_t *out) {
   if ((c->used + 1) * 4 > (c->mask + 1) * 3 && tab_grow(c) < 0)
     return KVP_ENOMEM;
   c->nodes[x].key = k;
+  c->nodes[x].cls = KVP_CLASS_VOLATILE;
+  c->nodes[x].hits = 0;
   size_t i = slot_of(c, k.lo);
   while (c->tab[i] != 0)
     i = (i + 1) & c->mask;
@@ -449,7 +476,7 @@ static int publish(struct sim *s, uint32_t w, int tier, bool stored,
   return rc < 0 ? rc : publish_now(s, w, tier, stored, NULL, k, 1);
 }
 
-/* ---- cache policy: LRU per tier, demotion down the tiers ---------------------- */
+/* ---- placement: kvtier's policy per tier, demotion down the tiers ------------- */
 static int next_tier(const cache *c, int k) {
   for (int j = k + 1; j < 3; j++)
     if (c->cap[j] > 0)
@@ -459,18 +486,20 @@ static int next_tier(const cache *c, int k) {
 
 /* Makes room for one more block in tier k of worker w's cache. */
 static int make_room(struct sim *s, uint32_t w, cache *c, int k) {
-  while (c->count[k] >= c->cap[k] && c->tail[k] != NONE) {
-    uint32_t v = c->tail[k];
+  uint32_t v;
+  while (c->count[k] >= c->cap[k] &&
+         kvp_tier_policy_victim(c->pol[k], &v) == 0) {
     kvp_key key = c->nodes[v].key;
     int j = next_tier(c, k);
     int rc;
     if (j >= 0 && (rc = make_room(s, w, c, j)) < 0)
       return rc;
-    lru_unlink(c, v);
+    tier_remove(c, v, true);
     if ((rc = publish(s, w, k, false, &key)) < 0)
       return rc;
     if (j >= 0) {
-      lru_push(c, v, j);
+      if ((rc = tier_insert(c, v, j)) < 0)
+        return rc;
       s->res->demoted_bytes[j] += (uint64_t)(s->kvb * s->bs);
       if ((rc = publish(s, w, j, true, &key)) < 0)
         return rc;
@@ -482,33 +511,63 @@ static int make_room(struct sim *s, uint32_t w, cache *c, int k) {
   return 0;
 }
 
-/* Block now in HBM (loaded, recomputed or new).  *fresh: it was not cached. */
+/* A cached block seen again as class cls: the most stable view wins (the
+ * classifier learns, so a system prompt's first request saw it volatile).
+ * Re-filed in its tier's queues of that class, as the newest entry. */
+static int reclassify(cache *c, uint32_t x, kvp_class cls) {
+  node *n = &c->nodes[x];
+  if (!c->classes || cls <= (kvp_class)n->cls)
+    return 0;
+  int k = n->tier;
+  uint8_t hits = n->hits;
+  tier_remove(c, x, false);
+  n->cls = (uint8_t)cls;
+  n->hits = 0;
+  int rc = tier_insert(c, x, k);
+  n->hits = hits;
+  return rc;
+}
+
+/* Block now in HBM (loaded, recomputed or new), of class cls for the
+ * request at hand.  *fresh: it was not cached. */
 static int to_hbm(struct sim *s, uint32_t w, cache *c, kvp_key key,
-                  const kvp_key *parent, bool *fresh) {
+                  const kvp_key *parent, kvp_class cls, bool *fresh) {
   uint32_t x = cache_find(c, key);
   int rc;
   *fresh = false;
   if (x != NONE && c->nodes[x].tier == KVP_TIER_HBM) {
-    lru_unlink(c, x);
-    lru_push(c, x, KVP_TIER_HBM);
-    return 0;
+    if (c->pol[KVP_TIER_HBM] == NULL)
+      return 0;
+    if (c->nodes[x].hits < 3)
+      c->nodes[x].hits++;
+    if ((rc = reclassify(c, x, cls)) < 0)
+      return rc;
+    return kvp_tier_policy_touch(c->pol[KVP_TIER_HBM], x);
   }
   if (x != NONE) {
     /* off its tier first, so making room below cannot pick it as a victim
-     * (the cascade may evict the last tier's LRU) */
+     * (the cascade may evict the last tier's victim) */
     int from = c->nodes[x].tier;
-    lru_unlink(c, x);
+    tier_remove(c, x, false);
     if ((rc = publish(s, w, from, false, &key)) < 0 ||
         (rc = make_room(s, w, c, KVP_TIER_HBM)) < 0)
       return rc;
-    lru_push(c, x, KVP_TIER_HBM);
+    node *n = &c->nodes[x];
+    if (c->classes && cls > (kvp_class)n->cls)
+      n->cls = (uint8_t)cls;
+    n->hits = 1; /* this reuse: HBM's policy sees it as a touch */
+    if ((rc = tier_insert(c, x, KVP_TIER_HBM)) < 0)
+      return rc;
+    n->hits = 1; /* ... and travels down with it when it is demoted */
     return publish(s, w, KVP_TIER_HBM, true, &key);
   }
   if ((rc = make_room(s, w, c, KVP_TIER_HBM)) < 0)
     return rc;
   if ((rc = node_new(c, key, &x)) < 0)
     return rc;
-  lru_push(c, x, KVP_TIER_HBM);
+  c->nodes[x].cls = (uint8_t)(c->classes ? cls : KVP_CLASS_VOLATILE);
+  if ((rc = tier_insert(c, x, KVP_TIER_HBM)) < 0)
+    return rc;
   *fresh = true;
   if (s->infinite)
     return 0;
@@ -531,6 +590,13 @@ static int to_hbm(struct sim *s, uint32_t w, cache *c, kvp_key key,
   }
   wk->run[wk->run_n++] = key;
   return 0;
+}
+
+/* Class of block j of request q (the production classifier's split). */
+static kvp_class blk_class(const bh_req *q, uint64_t j) {
+  return j < q->stable_end ? KVP_CLASS_STABLE
+         : j < q->semi_end ? KVP_CLASS_SEMI
+                           : KVP_CLASS_VOLATILE;
 }
 
 /* ---- engine timing -------------------------------------------------------------- */
@@ -690,7 +756,8 @@ static int start_prefill(struct sim *s, uint32_t w) {
   bool fresh;
   int rc = 0;
   for (uint64_t j = 0; j < cut && rc == 0 && !s->infinite; j++)
-    rc = to_hbm(s, w, c, keys[j], j ? &keys[j - 1] : NULL, &fresh);
+    rc = to_hbm(s, w, c, keys[j], j ? &keys[j - 1] : NULL, blk_class(q, j),
+                &fresh);
   if (rc == 0)
     rc = flush_run(s, w);
   if (rc < 0)
@@ -729,7 +796,8 @@ static int prefill_done(struct sim *s, uint32_t w, uint32_t i) {
   /* the engine keeps every full block of the prompt (HBM, most recent) */
   uint64_t from = x->rec.reused_tokens / s->bs;
   for (uint64_t j = from; j < q->n_blocks && rc == 0 && !s->infinite; j++)
-    rc = to_hbm(s, w, c, keys[j], j ? &keys[j - 1] : NULL, &fresh);
+    rc = to_hbm(s, w, c, keys[j], j ? &keys[j - 1] : NULL, blk_class(q, j),
+                &fresh);
   if (rc == 0)
     rc = flush_run(s, w);
   if (rc < 0)
@@ -837,7 +905,8 @@ static int arrive(struct sim *s, uint32_t i) {
       uint32_t x;
       if (node_new(&s->inf, keys[j], &x) < 0)
         return KVP_ENOMEM;
-      lru_push(&s->inf, x, KVP_TIER_HBM);
+      if (tier_insert(&s->inf, x, KVP_TIER_HBM) < 0)
+        return KVP_ENOMEM;
     }
   }
   sample_occupancy(s, bucket_of(s, i));
@@ -950,12 +1019,11 @@ static int sim_setup(struct sim *s, const bh_trace *t, const bh_sim_opts *o,
   for (uint32_t v = 0; v < s->nw; v++) {
     s->w[v].cur = NONE;
     if ((rc = kvp_index_worker_add(s->ix, v)) < 0 ||
-        (rc = cache_init(&s->w[v].c, s->cl.hbm_blocks, s->cl.dram_blocks,
-                         s->cl.nvme_blocks)) < 0)
+        (rc = cache_init(&s->w[v].c, &s->cl, true)) < 0)
       return rc;
   }
   if (s->infinite &&
-      (rc = cache_init(&s->inf, UINT64_MAX, 0, 0)) < 0)
+      (rc = cache_init(&s->inf, &s->cl, false)) < 0)
     return rc;
   bh_series *se = &r->series;
   se->n = o->buckets ? o->buckets : 48;

@@ -542,3 +542,16 @@ int kvp_config_has_section(const kvp_config *c, const char *name) {
       return 1;
   return 0;
 }
+
+int kvp_config_key_line(const kvp_config *c, const char *sec,
+                        const char *key, const char **name) {
+  if (c == NULL || sec == NULL || key == NULL)
+    return KVP_EINVAL;
+  if (name != NULL)
+    *name = c->name;
+  for (size_t i = 0; i < c->n; i++)
+    if (c->e[i].section != NULL && strcmp(c->e[i].section, sec) == 0 &&
+        strcmp(c->e[i].key, key) == 0)
+      return c->e[i].line > 0 ? (int)c->e[i].line : 1;
+  return 0;
+}

@@ -590,15 +590,19 @@ int kvp_tier_idle(kvp_tier_store *t, uint64_t budget) {
 /* ---- options -----------------------------------------------------------------*/
 int kvp_tier_opt_bounds(kvp_tier_store *t, kvp_tier_opt opt, int64_t *lo,
                         int64_t *hi) {
-  if (t == NULL || lo == NULL || hi == NULL)
+  if (lo == NULL || hi == NULL)
     return KVP_EINVAL;
+  /* t NULL: before a store exists, what kvp_tier_create accepts */
   switch (opt) {
-  case KVP_TIER_OPT_DRAM_BYTES: *lo = 0; *hi = (int64_t)t->dram_region; break;
+  case KVP_TIER_OPT_DRAM_BYTES:
+    *lo = 0;
+    *hi = t ? (int64_t)t->dram_region : INT64_MAX;
+    break;
   case KVP_TIER_OPT_NVME_BYTES: *lo = 0; *hi = INT64_MAX; break;
   case KVP_TIER_OPT_POLICY: *lo = 0; *hi = KVP_TIER_POLICY_COUNT_ - 1; break;
   case KVP_TIER_OPT_VOLATILE_NVME_MIN_HITS: *lo = 0; *hi = 1 << 20; break;
   case KVP_TIER_OPT_PROMOTE: *lo = 0; *hi = 1; break;
-  case KVP_TIER_OPT_QUEUE_DEPTH: *lo = 1; *hi = t->qd_max; break;
+  case KVP_TIER_OPT_QUEUE_DEPTH: *lo = 1; *hi = t ? t->qd_max : 1024; break;
   default: return KVP_EINVAL;
   }
   return 0;

@@ -43,6 +43,8 @@ assert "<script" not in html
 j = json.load(open(d + "/results.json"))
 assert len(j["runs"]) == 2
 for run in j["runs"]:
+    assert run["placement"] == {"hbm": "lru", "dram": "lru", "nvme": "lru",
+                                "stability_aware": True}, run["placement"]
     pol = {p["policy"]: p for p in run["policies"]}
     assert len(pol) == 9
     up = pol["infinite"]["reused_tokens"]
@@ -79,6 +81,52 @@ grep -q "bad1.yaml:3: unknown key 'wrokers' in section 'cluster'" "$tmp/e1" ||
 grep -q "bad3.yaml:1: unknown section 'clutser'" "$tmp/e3" ||
   fail "no file:line for an unknown section"
 grep -q "unknown policy 'bogus'" "$tmp/e2" || fail "bad policy accepted"
+
+# placement policies (kvtier's): config, tiers: section and CLI agree; bad
+# names and tiers: keys fail with file:line
+printf 'tiers:\n  policy: s3fifo\n  queue_depth: 64\n' > "$tmp/t1.yaml"
+printf 'cluster:\n  dram_policy: s3fifo\n  nvme_policy: s3fifo\n' > "$tmp/t2.yaml"
+"$bench" run --quiet --no-progress --limit 1000 --policies kvplane_cost --dram-gb 8 \
+  --nvme-gb 0 --tier-policy s3fifo --out "$tmp/p0" "$moon" >/dev/null
+"$bench" run --quiet --no-progress --limit 1000 --policies kvplane_cost --dram-gb 8 \
+  --nvme-gb 0 --out "$tmp/p1" "$moon" >/dev/null
+for i in 1 2; do
+  "$bench" run --quiet --no-progress --limit 1000 --policies kvplane_cost --dram-gb 8 \
+    --nvme-gb 0 --config "$tmp/t$i.yaml" --out "$tmp/pt$i" "$moon" >/dev/null ||
+    fail "t$i.yaml refused"
+  cmp <(cut -d, -f1-32 "$tmp/p0/results.csv") <(cut -d, -f1-32 "$tmp/pt$i/results.csv") ||
+    fail "t$i.yaml: not the --tier-policy s3fifo numbers"
+done
+if cmp -s <(cut -d, -f1-32 "$tmp/p0/results.csv") <(cut -d, -f1-32 "$tmp/p1/results.csv"); then
+  fail "the DRAM policy changed nothing at 8 GB"
+fi
+# the commented tiers: example of default.yaml binds as written
+sed 's/^# tiers:$/tiers:/; s/^#   \([a-z_]*:\)/  \1/' "$src/bench/configs/default.yaml" > "$tmp/full.yaml"
+grep -q '^  promote: true' "$tmp/full.yaml" || fail "no tiers: example in default.yaml"
+"$bench" run --quiet --no-progress --limit 1000 --config "$tmp/full.yaml" \
+  --policies kvplane_cost,dynamo_cost --out "$tmp/bt" "$moon" >/dev/null || fail "tiers: example refused"
+cmp <(cut -d, -f1-32 "$tmp/a/results.csv") <(cut -d, -f1-32 "$tmp/bt/results.csv") ||
+  fail "the tiers: example changed the defaults"
+printf 'tiers:\n  queue_depth: 64\n  polcy: lru\n' > "$tmp/t3.yaml"
+printf 'cluster:\n  workers: 2\n  dram_policy: arc\n' > "$tmp/t4.yaml"
+printf 'tiers:\n  queue_depth: 5000\n' > "$tmp/t5.yaml"
+for i in 3 4 5; do
+  if "$bench" run --config "$tmp/t$i.yaml" "$moon" > "$tmp/e$i" 2>&1; then
+    fail "t$i.yaml accepted"
+  fi
+done
+grep -q "t3.yaml:3: unknown key 'polcy' in section 'tiers'" "$tmp/e3" || fail "t3: $(cat "$tmp/e3")"
+grep -q "t4.yaml:3: cluster.dram_policy: expected lru or s3fifo, got 'arc'" "$tmp/e4" ||
+  fail "t4: $(cat "$tmp/e4")"
+grep -q "t5.yaml:2: tiers.queue_depth: expected an integer in \[1, 1024\]" "$tmp/e5" ||
+  fail "t5: $(cat "$tmp/e5")"
+if "$bench" run --tier-policy arc "$moon" >/dev/null 2>&1; then
+  fail "--tier-policy arc accepted"
+fi
+"$bench" sweep --no-progress --limit 500 --param dram_gb=4,64 --param tier_policy=lru,s3fifo \
+  --out "$tmp/swp" "$moon" > "$tmp/swp.txt"
+[ "$(grep -c '^[0-9]' "$tmp/swp.txt")" = 4 ] || fail "policy sweep is not 2 x 2"
+grep -q '^4  *s3fifo ' "$tmp/swp.txt" || fail "policy sweep rows: $(cat "$tmp/swp.txt")"
 
 # convert: the kvplane format replays to the very same numbers
 "$bench" convert --limit 800 "$agent" "$tmp/agentic.kvp.jsonl.zst" 2>/dev/null

@@ -156,5 +156,136 @@ TEST(shipped_example) {
   kvp_config_destroy(c);
 }
 
+/* ---- `tiers:` bound by kvtier (kvp_tier_opts_from_config) ------------------ */
+static int tiers(const char *y, kvp_tier_opts *o, char *dir, size_t dcap,
+                 char *err, size_t cap) {
+  kvp_config *c = load(y, err, cap);
+  ASSERT_NOT_NULL(c);
+  err[0] = '\0';
+  int rc = kvp_tier_opts_from_config(c, o, dir, dcap, err, cap);
+  static const char *const others[] = {"cluster"};
+  if (rc >= 0) /* bound: the section is not "unknown" any more */
+    ASSERT_OK(kvp_config_check_unbound(c, others, 1, err, cap));
+  kvp_config_destroy(c);
+  return rc;
+}
+
+TEST(tiers_good) {
+  char err[256], dir[64] = "untouched";
+  kvp_tier_opts o = {0};
+  int n = tiers("tiers:\n  dram_bytes: 1073741824\n  dram_fraction: 0.1\n"
+                "  huge_pages: thp\n  nvme_dir: /var/lib/kv\n"
+                "  nvme_bytes: 4096000\n  nvme_fraction: 0.5\n"
+                "  queue_depth: 64\n  max_block_bytes: 2097152\n"
+                "  io_backend: posix\n  slow_io_us: 5000\n  policy: lru\n"
+                "  volatile_nvme_min_hits: 2\n  promote: off\n",
+                &o, dir, sizeof dir, err, sizeof err);
+  if (n < 0)
+    fprintf(stderr, "%s\n", err);
+  ASSERT_EQ(n, 13);
+  ASSERT_EQ(o.dram_bytes, 1073741824u);
+  ASSERT_DOUBLE_NEAR(o.dram_fraction, 0.1, 1e-12);
+  ASSERT_EQ((int)o.huge_pages, (int)KVP_TIER_HUGE_THP);
+  ASSERT_STR_EQ(o.nvme_dir, "/var/lib/kv");
+  ASSERT_TRUE(o.nvme_dir == dir);
+  ASSERT_EQ(o.nvme_bytes, 4096000u);
+  ASSERT_DOUBLE_NEAR(o.nvme_fraction, 0.5, 1e-12);
+  ASSERT_EQ(o.queue_depth, 64u);
+  ASSERT_EQ(o.max_block_bytes, 2097152u);
+  ASSERT_EQ((int)o.io_backend, (int)KVP_TIER_IO_POSIX);
+  ASSERT_EQ(o.slow_io_us, 5000u);
+  ASSERT_EQ((int)o.policy, (int)KVP_TIER_POLICY_LRU);
+  ASSERT_EQ(o.volatile_nvme_min_hits, 2u);
+  ASSERT_EQ(o.promote, 2u); /* off */
+  /* keys left out keep what the caller had; no section binds nothing */
+  kvp_tier_opts p = {.queue_depth = 7, .policy = KVP_TIER_POLICY_LRU};
+  ASSERT_EQ(tiers("tiers:\n  promote: on\n", &p, NULL, 0, err, sizeof err), 1);
+  ASSERT_EQ(p.queue_depth, 7u);
+  ASSERT_EQ((int)p.policy, (int)KVP_TIER_POLICY_LRU);
+  ASSERT_EQ(p.promote, 0u);
+  ASSERT_EQ(tiers("cluster:\n  workers: 2\n", &p, NULL, 0, err, sizeof err),
+            0);
+  ASSERT_EQ(p.queue_depth, 7u);
+  /* the bound store takes them: kvp_tier_create accepts what binds */
+  kvp_tier_opts q = {0};
+  ASSERT_EQ(tiers("tiers:\n  dram_bytes: 8388608\n  policy: s3fifo\n"
+                  "  queue_depth: 1024\n",
+                  &q, NULL, 0, err, sizeof err),
+            3);
+  kvp_tier_store *t;
+  ASSERT_OK(kvp_tier_create(&q, NULL, &t));
+  int64_t v;
+  ASSERT_OK(kvp_tier_get_opt(t, KVP_TIER_OPT_POLICY, &v));
+  ASSERT_EQ(v, (int64_t)KVP_TIER_POLICY_S3FIFO);
+  kvp_tier_destroy(t);
+}
+
+/* Every refusal names file:line and the key, and changes nothing. */
+static void tiers_bad(const char *y, const char *want) {
+  char err[512], dir[16] = "keep";
+  kvp_tier_opts o = {.queue_depth = 9};
+  ASSERT_ERR(tiers(y, &o, dir, sizeof dir, err, sizeof err), KVP_EINVAL);
+  if (strstr(err, want) == NULL)
+    fprintf(stderr, "got: %s\nwant: %s\n", err, want);
+  ASSERT_NOT_NULL(strstr(err, want));
+  ASSERT_EQ(o.queue_depth, 9u);
+  ASSERT_NULL(o.nvme_dir);
+  ASSERT_STR_EQ(dir, "keep");
+}
+
+TEST(tiers_unknown_key) {
+  tiers_bad("tiers:\n  queue_depth: 8\n  dram_byte: 5\n",
+            "t.yaml:3: unknown key 'dram_byte' in section 'tiers' (known: "
+            "dram_bytes,");
+}
+
+TEST(tiers_out_of_range) {
+  tiers_bad("tiers:\n  queue_depth: 1025\n",
+            "t.yaml:2: tiers.queue_depth: expected an integer in [1, 1024]");
+  tiers_bad("tiers:\n  queue_depth: 0\n",
+            "t.yaml:2: tiers.queue_depth: expected an integer in [1, 1024]");
+  tiers_bad("tiers:\n  dram_fraction: 0.95\n",
+            "t.yaml:2: tiers.dram_fraction: expected a number in [0, 0.9]");
+  tiers_bad("tiers:\n  volatile_nvme_min_hits: 2000000\n",
+            "t.yaml:2: tiers.volatile_nvme_min_hits: expected an integer in "
+            "[0, 1048576]");
+  tiers_bad("tiers:\n  queue_depth: 8\n  nvme_dir: /a/path/longer/than/16\n",
+            "t.yaml:3: tiers.nvme_dir: longer than 15 bytes");
+}
+
+TEST(tiers_wrong_type) {
+  tiers_bad("tiers:\n  dram_bytes: lots\n",
+            "t.yaml:2: tiers.dram_bytes: expected an integer");
+  tiers_bad("tiers:\n  queue_depth: 8\n  promote: maybe\n",
+            "t.yaml:3: tiers.promote: expected true or false, got 'maybe'");
+  tiers_bad("tiers:\n  queue_depth: 8\n\n  policy: arc\n",
+            "t.yaml:4: tiers.policy: expected s3fifo or lru, got 'arc'");
+  tiers_bad("tiers:\n  huge_pages: always\n",
+            "t.yaml:2: tiers.huge_pages: expected one of auto, thp, none, got "
+            "'always'");
+  tiers_bad("tiers:\n  io_backend: aio\n",
+            "t.yaml:2: tiers.io_backend: expected one of auto, uring, posix");
+  tiers_bad("tiers:\n  queue_depth: [1, 2]\n",
+            "t.yaml:2: tiers.queue_depth: expected one value, got a list");
+}
+
+TEST(key_line) {
+  char err[256];
+  kvp_config *c = load("a:\n  x: 1\n\n  y: [1,\n      2]\nb:\n  x: 3\n", err,
+                       sizeof err);
+  ASSERT_NOT_NULL(c);
+  const char *name = NULL;
+  ASSERT_EQ(kvp_config_key_line(c, "a", "x", &name), 2);
+  ASSERT_STR_EQ(name, "t.yaml");
+  ASSERT_EQ(kvp_config_key_line(c, "a", "y", NULL), 4);
+  ASSERT_EQ(kvp_config_key_line(c, "b", "x", NULL), 7);
+  ASSERT_EQ(kvp_config_key_line(c, "b", "y", NULL), 0);
+  ASSERT_EQ(kvp_config_key_line(c, "c", "x", NULL), 0);
+  ASSERT_ERR(kvp_config_key_line(c, NULL, "x", NULL), KVP_EINVAL);
+  kvp_config_destroy(c);
+}
+
 TEST_MAIN(TEST_ENTRY(good), TEST_ENTRY(bad_values), TEST_ENTRY(bad_shapes),
-          TEST_ENTRY(shipped_example))
+          TEST_ENTRY(shipped_example), TEST_ENTRY(tiers_good),
+          TEST_ENTRY(tiers_unknown_key), TEST_ENTRY(tiers_out_of_range),
+          TEST_ENTRY(tiers_wrong_type), TEST_ENTRY(key_line))

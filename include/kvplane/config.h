@@ -85,6 +85,12 @@ KVP_API int kvp_config_check_unbound(const kvp_config *c,
                                      size_t n_reserved, char *err, size_t cap);
 /* Is section `name` present?  1 / 0; KVP_EINVAL for NULL arguments. */
 KVP_API int kvp_config_has_section(const kvp_config *c, const char *name);
+/* Where `section`.`key` was set, for a module that checks a bound value
+ * further (an enumeration) and reports it as "name:line: ...".  Returns the
+ * line (> 0), 0 when the key is absent, KVP_EINVAL for NULL c/section/key;
+ * *name (if name != NULL) receives the config's name, valid while c lives. */
+KVP_API int kvp_config_key_line(const kvp_config *c, const char *section,
+                                const char *key, const char **name);
 
 #ifdef __cplusplus
 }

@@ -43,6 +43,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
   if (u > 4096 || (d < 0 || d > 1e6) || strnlen(s, sizeof s) == sizeof s)
     abort();
+  /* kvtier's `tiers:` binding: refusals explain themselves; what binds is
+   * inside kvp_tier_create's limits */
+  kvp_tier_opts to = {0};
+  char dir[64];
+  err[0] = '\0';
+  if (kvp_tier_opts_from_config(c, &to, dir, sizeof dir, err, sizeof err) < 0)
+    need_reason(err, sizeof err);
+  if (to.queue_depth > 1024 || to.dram_fraction > 0.9 ||
+      to.nvme_fraction > 0.95 || to.promote > 2 ||
+      (unsigned)to.policy >= KVP_TIER_POLICY_COUNT_ ||
+      (unsigned)to.io_backend > KVP_TIER_IO_POSIX ||
+      (unsigned)to.huge_pages > KVP_TIER_HUGE_NONE ||
+      (to.nvme_dir != NULL && strnlen(to.nvme_dir, sizeof dir) == sizeof dir))
+    abort();
   err[0] = '\0';
   if (kvp_config_check_unbound(c, NULL, 0, err, sizeof err) < 0)
     need_reason(err, sizeof err);

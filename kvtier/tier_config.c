@@ -1,0 +1,133 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The YAML `tiers:` section bound to kvp_tier_opts (core's config loader
+ * parses; this file owns the keys, their bounds and their messages). */
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "kvplane/config.h"
+#include "kvplane/tier.h"
+
+#define SEC "tiers"
+#define DIR_MAX 4096
+
+#if defined(__GNUC__) || defined(__clang__)
+__attribute__((format(printf, 5, 6)))
+#endif
+static int bad(kvp_config *c, const char *key, char *err, size_t cap,
+               const char *fmt, ...) {
+  const char *name = "";
+  int line = kvp_config_key_line(c, SEC, key, &name);
+  if (cap == 0)
+    return KVP_EINVAL;
+  int n = snprintf(err, cap, "%s:%d: " SEC ".%s: ", name, line, key);
+  if (n >= 0 && (size_t)n < cap) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err + n, cap - (size_t)n, fmt, ap);
+    va_end(ap);
+  }
+  return KVP_EINVAL;
+}
+
+/* v among names[0..n) -> its index; else the error. */
+static int pick(kvp_config *c, const char *key, const char *v,
+                const char *const *names, int n, int *out, char *err,
+                size_t cap) {
+  if (v[0] == '\0')
+    return 0;
+  for (int i = 0; i < n; i++)
+    if (strcmp(v, names[i]) == 0) {
+      *out = i;
+      return 0;
+    }
+  char list[128] = "";
+  for (int i = 0, l = 0; i < n && l >= 0 && (size_t)l < sizeof list; i++)
+    l += snprintf(list + l, sizeof list - (size_t)l, "%s%s", i ? ", " : "",
+                  names[i]);
+  return bad(c, key, err, cap, "expected one of %s, got '%.64s'", list, v);
+}
+
+static double hi_of(kvp_tier_opt opt) {
+  int64_t lo, hi;
+  return kvp_tier_opt_bounds(NULL, opt, &lo, &hi) == 0 ? (double)hi : 0;
+}
+
+static double lo_of(kvp_tier_opt opt) {
+  int64_t lo, hi;
+  return kvp_tier_opt_bounds(NULL, opt, &lo, &hi) == 0 ? (double)lo : 0;
+}
+
+int kvp_tier_opts_from_config(kvp_config *c, kvp_tier_opts *o, char *dir,
+                              size_t dir_cap, char *err, size_t cap) {
+  if (c == NULL || o == NULL) {
+    if (cap > 0)
+      snprintf(err, cap, "kvp_tier_opts_from_config: invalid arguments");
+    return KVP_EINVAL;
+  }
+  uint64_t dram = o->dram_bytes, nvme = o->nvme_bytes, qd = o->queue_depth,
+           maxb = o->max_block_bytes, slow = o->slow_io_us,
+           vmin = o->volatile_nvme_min_hits;
+  double dfrac = o->dram_fraction, nfrac = o->nvme_fraction;
+  bool promote = o->promote != 2;
+  char huge[16] = "", io[16] = "", pol[16] = "", d[DIR_MAX] = "";
+  const kvp_config_field f[] = {
+      KVP_CFG_U64("dram_bytes", &dram, lo_of(KVP_TIER_OPT_DRAM_BYTES),
+                  hi_of(KVP_TIER_OPT_DRAM_BYTES)),
+      KVP_CFG_F64("dram_fraction", &dfrac, 0, 0.9),
+      KVP_CFG_STR("huge_pages", huge, sizeof huge),
+      KVP_CFG_STR("nvme_dir", d, sizeof d),
+      KVP_CFG_U64("nvme_bytes", &nvme, lo_of(KVP_TIER_OPT_NVME_BYTES),
+                  hi_of(KVP_TIER_OPT_NVME_BYTES)),
+      KVP_CFG_F64("nvme_fraction", &nfrac, 0, 0.95),
+      KVP_CFG_U64("queue_depth", &qd, lo_of(KVP_TIER_OPT_QUEUE_DEPTH),
+                  hi_of(KVP_TIER_OPT_QUEUE_DEPTH)),
+      KVP_CFG_U64("max_block_bytes", &maxb, 4096, 256u << 20),
+      KVP_CFG_STR("io_backend", io, sizeof io),
+      KVP_CFG_U64("slow_io_us", &slow, 1, UINT32_MAX),
+      KVP_CFG_STR("policy", pol, sizeof pol),
+      KVP_CFG_U64("volatile_nvme_min_hits", &vmin,
+                  lo_of(KVP_TIER_OPT_VOLATILE_NVME_MIN_HITS),
+                  hi_of(KVP_TIER_OPT_VOLATILE_NVME_MIN_HITS)),
+      KVP_CFG_BOOL("promote", &promote)};
+  const kvp_config_section s = {SEC, f, sizeof f / sizeof *f};
+  int n = kvp_config_bind(c, &s, err, cap);
+  if (n <= 0)
+    return n;
+  static const char *const huge_names[] = {"auto", "thp", "none"};
+  static const char *const io_names[] = {"auto", "uring", "posix"};
+  int hk = (int)o->huge_pages, ik = (int)o->io_backend, pk = (int)o->policy;
+  int rc = pick(c, "huge_pages", huge, huge_names, 3, &hk, err, cap);
+  if (rc == 0)
+    rc = pick(c, "io_backend", io, io_names, 3, &ik, err, cap);
+  if (rc == 0 && pol[0] != '\0') {
+    kvp_tier_policy_kind k;
+    if (kvp_tier_policy_parse(pol, &k) < 0)
+      rc = bad(c, "policy", err, cap, "expected s3fifo or lru, got '%.64s'",
+               pol);
+    pk = (int)k;
+  }
+  if (rc == 0 && d[0] != '\0' && (dir == NULL || strlen(d) >= dir_cap))
+    rc = bad(c, "nvme_dir", err, cap, "longer than %zu bytes",
+             dir ? (dir_cap ? dir_cap - 1 : 0) : 0);
+  if (rc < 0)
+    return rc;
+  o->dram_bytes = dram;
+  o->dram_fraction = dfrac;
+  o->huge_pages = (kvp_tier_huge)hk;
+  if (d[0] != '\0') {
+    memcpy(dir, d, strlen(d) + 1);
+    o->nvme_dir = dir;
+  }
+  o->nvme_bytes = nvme;
+  o->nvme_fraction = nfrac;
+  o->queue_depth = (uint32_t)qd;
+  o->max_block_bytes = maxb;
+  o->io_backend = (kvp_tier_io_backend)ik;
+  o->slow_io_us = (uint32_t)slow;
+  o->policy = (kvp_tier_policy_kind)pk;
+  o->volatile_nvme_min_hits = (uint32_t)vmin;
+  o->promote = promote ? 0 : 2;
+  return n;
+}
