@@ -15,7 +15,12 @@
  * and keeps the best of each.
  *
  *   bench_tier [--dir D] [--file-mb N] [--seconds S] [--cpu C] [--reps R]
- *              [--bs KiB] [--qd N] [--small-pages] [--quick]
+ *              [--bs KiB] [--qd N] [--batch M] [--small-pages] [--quick]
+ *
+ * --batch M: M x QD keys per kvp_tier_get_batch (default 16, at most 256
+ * keys): each batch uses that many distinct destination buffers and drains
+ * the queue at its end.  Reads are run twice per rep: into plain buffers,
+ * and with the same buffers registered (kvp_tier_register_buffers).
  */
 #include <fcntl.h>
 #include <inttypes.h>
@@ -42,6 +47,7 @@ typedef struct cfg {
   size_t only_bs;
   int only_qd;
   int small_pages; /* read buffers of 4 KiB pages */
+  int batch_mult;  /* keys per get_batch = batch_mult x QD (<= 256) */
 } cfg;
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
@@ -297,9 +303,13 @@ static uint8_t *read_buf(const cfg *c, size_t bs) {
   return p;
 }
 
-static result kvt_read(const cfg *c, kvt *k, size_t bs, int qd) {
+/* reg: the read buffers (the engine's staging pool) are registered with
+ * the store's ring (kvp_tier_register_buffers) before the timed loop and
+ * unregistered after it, untimed: an engine registers its pool once. */
+static result kvt_read(const cfg *c, kvt *k, size_t bs, int qd, int reg) {
   enum { MAXB = 256 };
-  size_t batch = (size_t)qd * 16 < MAXB ? (size_t)qd * 16 : MAXB;
+  size_t bm = (size_t)c->batch_mult;
+  size_t batch = (size_t)qd * bm < MAXB ? (size_t)qd * bm : MAXB;
   static uint8_t *bufs[MAXB];
   static size_t bufs_bs;
   if (bufs_bs < bs) {
@@ -314,8 +324,17 @@ static result kvt_read(const cfg *c, kvt *k, size_t bs, int qd) {
   int res[MAXB];
   for (size_t i = 0; i < batch; i++)
     cap[i] = bs;
+  if (reg) {
+    struct iovec iov[MAXB];
+    for (int i = 0; i < MAXB; i++)
+      iov[i] = (struct iovec){bufs[i], bs};
+    int rc = kvp_tier_register_buffers(k->t, iov, MAXB);
+    if (rc != MAXB)
+      die("kvp_tier_register_buffers", rc < 0 ? rc : KVP_ENOTSUP);
+  }
   kvp_tier_stats st;
   kvp_tier_get_stats(k->t, &st);
+  uint64_t reg0 = st.nvme_reads_registered;
   uint64_t live = st.nvme_blocks; /* the newest ones: eviction is FIFO-like */
   uint64_t lo = k->next_key - live, ops = 0, misses = 0, t0 = kvp_now_ns();
   double c0 = cpu_secs();
@@ -344,6 +363,13 @@ static result kvt_read(const cfg *c, kvt *k, size_t bs, int qd) {
   double s = secs(kvp_now_ns() - t0);
   result r = {.iops = (double)ops / s, .ok = ops > 0, .cpu = (cpu_secs() - c0) / s};
   r.bps = r.iops * (double)bs;
+  kvp_tier_get_stats(k->t, &st);
+  if (reg && st.nvme_reads_registered - reg0 < ops) /* every hit: fixed */
+    die("registered reads were not all fixed-buffer reads", KVP_EINVAL);
+  if (!reg && st.nvme_reads_registered != reg0)
+    die("unregistered reads used fixed buffers", KVP_EINVAL);
+  if (reg)
+    kvp_tier_unregister_buffers(k->t);
   return r;
 }
 
@@ -353,9 +379,14 @@ static void best(result *b, result r) {
 }
 
 static void row(const char *what, size_t bs, int qd, result kv, result fio,
-                result px, result slab) {
+                result px, result slab, result kreg) {
   char fs[64] = "n/a", ps[64] = "-", fr[16] = "-", pr[16] = "-";
-  char ss[64] = "-", sr[16] = "-";
+  char ss[64] = "-", sr[16] = "-", rs[64] = "-", rr[16] = "-";
+  if (kreg.ok) {
+    snprintf(rs, sizeof rs, "%7.0f MB/s %3.0f%% cpu", kreg.bps / 1e6, kreg.cpu * 100);
+    if (fio.ok)
+      snprintf(rr, sizeof rr, "%4.2fx", kreg.bps / fio.bps);
+  }
   if (slab.ok) {
     snprintf(ss, sizeof ss, "%7.0f MB/s", slab.bps / 1e6);
     snprintf(sr, sizeof sr, "%4.2fx", kv.bps / slab.bps);
@@ -371,8 +402,8 @@ static void row(const char *what, size_t bs, int qd, result kv, result fio,
   char cpu[16] = "";
   if (kv.cpu > 0)
     snprintf(cpu, sizeof cpu, " %3.0f%% cpu", kv.cpu * 100);
-  printf("| NVMe %-5s | %5zu KiB | %2d | %7.0f MB/s %7.0f IOPS%s | %s | %s | %s | %s | %s | %s |\n",
-         what, bs >> 10, qd, kv.bps / 1e6, kv.iops, cpu, fs, fr, ss, sr, ps, pr);
+  printf("| NVMe %-5s | %5zu KiB | %2d | %7.0f MB/s %7.0f IOPS%s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+         what, bs >> 10, qd, kv.bps / 1e6, kv.iops, cpu, fs, fr, ss, sr, ps, pr, rs, rr);
   fflush(stdout);
 }
 
@@ -400,7 +431,7 @@ static void bench_nvme(const cfg *c, size_t bs, const int *qds, int nqd,
     /* kvtier and its baselines alternate, c->reps times each, and the best
      * of each is kept: on a shared, noisy machine a slow second hits both */
     result kw = {0}, fw = {0}, pw = {0}, kr = {0}, fr = {0}, pr = {0};
-    result none = {0}, sr = {0};
+    result none = {0}, sr = {0}, kg = {0};
     char sfile[600];
     struct stat sb;
     uint64_t slot = 4096 + bs; /* header sector + payload (class = bs) */
@@ -412,10 +443,11 @@ static void bench_nvme(const cfg *c, size_t bs, const int *qds, int nqd,
       if (qds[q] == 1)
         best(&pw, run_posix(c, ffile, bs, 1));
     }
-    row("write", bs, qds[q], kw, fw, pw, none);
+    row("write", bs, qds[q], kw, fw, pw, none, none);
     bool slab_ok = have_fio && stat(sfile, &sb) == 0 && (uint64_t)sb.st_size > slot;
     for (int rep = 0; rep < c->reps; rep++) {
-      best(&kr, kvt_read(c, &k, bs, qds[q]));
+      best(&kr, kvt_read(c, &k, bs, qds[q], 0));
+      best(&kg, kvt_read(c, &k, bs, qds[q], 1));
       if (have_fio)
         best(&fr, run_fio(c, ffile, c->file_bytes, 0, bs, bs, qds[q], 0));
       if (slab_ok) /* the payloads kvtier reads: 4096 + k * slot */
@@ -424,7 +456,7 @@ static void bench_nvme(const cfg *c, size_t bs, const int *qds, int nqd,
       if (qds[q] == 1)
         best(&pr, run_posix(c, ffile, bs, 0));
     }
-    row("read", bs, qds[q], kr, fr, pr, sr);
+    row("read", bs, qds[q], kr, fr, pr, sr, kg);
     if (q == nqd - 1)
       printf("|  measured NVMe read bandwidth the router gets (kvp_tier_bandwidth): %.0f MB/s |\n",
              kvp_tier_bandwidth(k.t, KVP_TIER_NVME) / 1e6);
@@ -462,7 +494,7 @@ static int lay_out_fio_file(const cfg *c) {
 int main(int argc, char **argv) {
   bench_name = "bench_tier";
   cfg c = {.dir = "bench-tier-data", .file_bytes = 1024ull << 20,
-           .seconds = 1, .cpu = 0, .reps = 2};
+           .seconds = 1, .cpu = 0, .reps = 2, .batch_mult = 16};
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--dir") && i + 1 < argc)
       c.dir = argv[++i];
@@ -476,6 +508,8 @@ int main(int argc, char **argv) {
       c.only_bs = strtoull(argv[++i], NULL, 10) << 10;
     else if (!strcmp(argv[i], "--qd") && i + 1 < argc)
       c.only_qd = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--batch") && i + 1 < argc)
+      c.batch_mult = atoi(argv[++i]) > 0 ? atoi(argv[i]) : 1;
     else if (!strcmp(argv[i], "--small-pages"))
       c.small_pages = 1;
     else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
@@ -484,7 +518,7 @@ int main(int argc, char **argv) {
       c.quick = 1;
     else {
       fprintf(stderr, "usage: bench_tier [--dir D] [--file-mb N] [--seconds S] "
-                      "[--cpu C|-1] [--reps R] [--bs KiB] [--qd N] [--small-pages] [--quick]\n");
+                      "[--cpu C|-1] [--reps R] [--bs KiB] [--qd N] [--batch M] [--small-pages] [--quick]\n");
       return 2;
     }
   }
@@ -497,9 +531,9 @@ int main(int argc, char **argv) {
   mkdir(c.dir, 0700);
   int have_fio = lay_out_fio_file(&c) && !c.quick;
   printf("bench_tier: dir %s, file %" PRIu64 " MiB, best of %d x %.1f s per cell, cpu %d, "
-         "read buffers %s%s\n\n",
+         "read buffers %s, get_batch of %d x QD keys%s\n\n",
          c.dir, c.file_bytes >> 20, c.reps, c.seconds, c.cpu,
-         c.small_pages ? "4 KiB pages" : "2 MiB-aligned THP",
+         c.small_pages ? "4 KiB pages" : "2 MiB-aligned THP", c.batch_mult,
          have_fio ? "" : c.quick ? " (quick: fio skipped)" : " (fio not found)");
   printf("| tier | block | op | kvtier | baseline | ratio |\n|---|---|---|---|---|---|\n");
   static const size_t sizes[] = {16u << 10, 256u << 10, 2u << 20};
@@ -507,8 +541,8 @@ int main(int argc, char **argv) {
   for (int s = 0; s < nsizes; s++)
     if (!c.only_bs || c.only_bs == sizes[s])
       bench_dram(&c, sizes[s]);
-  printf("\n| NVMe op | block | QD | kvtier (payload) | fio io_uring | kvtier/fio | fio on kvtier's slab file | kvtier/fio-slab | pread/pwrite loop | kvtier/loop |\n"
-         "|---|---|---|---|---|---|---|---|---|---|\n");
+  printf("\n| NVMe op | block | QD | kvtier (payload) | fio io_uring | kvtier/fio | fio on kvtier's slab file | kvtier/fio-slab | pread/pwrite loop | kvtier/loop | kvtier, registered buffers | registered/fio |\n"
+         "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   static const int qds[] = {1, 8, 32};
   for (int s = 0; s < nsizes; s++)
     if (!c.only_bs || c.only_bs == sizes[s])
