@@ -295,11 +295,17 @@ static result kvt_write(const cfg *c, kvt *k, size_t bs, uint64_t min_blocks) {
  * bandwidth (README), for any reader that uses many of them. */
 static uint8_t *read_buf(const cfg *c, size_t bs) {
   size_t huge = 2u << 20, len = (bs + huge - 1) / huge * huge;
-  if (c->small_pages)
-    return aligned_alloc(4096, bs);
+  if (c->small_pages) {
+    uint8_t *q = aligned_alloc(4096, bs);
+    if (q != NULL)
+      memset(q, 0, bs);
+    return q;
+  }
   uint8_t *p = aligned_alloc(huge, len);
   if (p != NULL)
     madvise(p, len, MADV_HUGEPAGE); /* advisory: 4 KiB pages if refused */
+  if (p != NULL) /* faulted in untimed, like a pinned pool (and fio's) */
+    memset(p, 0, len);
   return p;
 }
 
