@@ -15,12 +15,15 @@
  * and keeps the best of each.
  *
  *   bench_tier [--dir D] [--file-mb N] [--seconds S] [--cpu C] [--reps R]
- *              [--bs KiB] [--qd N] [--batch M] [--small-pages] [--quick]
+ *              [--bs KiB] [--qd N] [--batch M] [--async] [--small-pages]
+ *              [--quick]
  *
  * --batch M: M x QD keys per kvp_tier_get_batch (default 16, at most 256
  * keys): each batch uses that many distinct destination buffers and drains
  * the queue at its end.  Reads are run twice per rep: into plain buffers,
  * and with the same buffers registered (kvp_tier_register_buffers).
+ * --async: each batch is two kvp_tier_get_async calls of half the keys,
+ * both kept in flight (one is refilled while the other runs).
  */
 #include <fcntl.h>
 #include <inttypes.h>
@@ -48,6 +51,7 @@ typedef struct cfg {
   int only_qd;
   int small_pages; /* read buffers of 4 KiB pages */
   int batch_mult;  /* keys per get_batch = batch_mult x QD (<= 256) */
+  int async;       /* reads as two kvp_tier_get_async halves in flight */
 } cfg;
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
@@ -346,22 +350,55 @@ static result kvt_read(const cfg *c, kvt *k, size_t bs, int qd, int reg) {
   double c0 = cpu_secs();
   uint64_t end = t0 + (uint64_t)(c->seconds * 1e9);
   kvp_tier_set(k->t, KVP_TIER_OPT_DRAM_BYTES, 0);
-  while (kvp_now_ns() < end) {
-    for (size_t i = 0; i < batch; i++)
+  /* --async: the batch's two halves are two kvp_tier_get_async calls kept in
+   * flight (the I/O thread runs one while this thread waits on the other);
+   * else one kvp_tier_get_batch per batch */
+  size_t nh = c->async ? 2 : 1, hn = batch / nh;
+  kvp_ticket *tk[2] = {NULL, NULL};
+  for (size_t s = 0;; s = (s + 1) % nh) {
+    size_t o = s * hn;
+    int h = 0;
+    if (c->async && tk[s] != NULL) {
+      h = kvp_ticket_wait(tk[s], 0);
+      kvp_ticket_free(tk[s]);
+      tk[s] = NULL;
+      if (h < 0)
+        die("get_async", h);
+      ops += (uint64_t)h, misses += hn - (size_t)h;
+    }
+    for (size_t i = o; c->quick && h > 0 && i < o + hn; i++) {
+      static uint8_t want[2 << 20];
+      fill(want, bs, keys[i].lo);
+      if (res[i] == KVP_TIER_NVME && memcmp(want, bufs[i], bs) != 0)
+        die("NVMe get returned wrong bytes", KVP_ECORRUPT);
+    }
+    if (kvp_now_ns() >= end) {
+      if (tk[(s + 1) % nh] == NULL)
+        break;
+      continue; /* collect the other half */
+    }
+    for (size_t i = o; i < o + hn; i++)
       keys[i] = (kvp_key){2, lo + rnd() % live};
-    int h = kvp_tier_get_batch(k->t, &k->ns, keys, batch, (void *const *)bufs,
-                               cap, len, res);
+    if (c->async) {
+      int rc = kvp_tier_get_async(k->t, &k->ns, keys + o, hn,
+                                  (void *const *)bufs + o, cap + o, len + o,
+                                  res + o, &tk[s]);
+      if (rc < 0)
+        die("get_async", rc);
+      continue;
+    }
+    h = kvp_tier_get_batch(k->t, &k->ns, keys, batch, (void *const *)bufs,
+                           cap, len, res);
     if (h < 0)
       die("get_batch", h);
     ops += (uint64_t)h;
     misses += batch - (size_t)h;
-    if (c->quick)
-      for (size_t i = 0; i < batch; i++) {
-        static uint8_t want[2 << 20];
-        fill(want, bs, keys[i].lo);
-        if (res[i] == KVP_TIER_NVME && memcmp(want, bufs[i], bs) != 0)
-          die("NVMe get returned wrong bytes", KVP_ECORRUPT);
-      }
+    for (size_t i = 0; c->quick && i < batch; i++) {
+      static uint8_t want[2 << 20];
+      fill(want, bs, keys[i].lo);
+      if (res[i] == KVP_TIER_NVME && memcmp(want, bufs[i], bs) != 0)
+        die("NVMe get returned wrong bytes", KVP_ECORRUPT);
+    }
   }
   if (misses * 20 > ops + misses)
     fprintf(stderr, "bench_tier: %" PRIu64 " misses of %" PRIu64 " reads (capacity evictions)\n",
@@ -516,6 +553,8 @@ int main(int argc, char **argv) {
       c.only_qd = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--batch") && i + 1 < argc)
       c.batch_mult = atoi(argv[++i]) > 0 ? atoi(argv[i]) : 1;
+    else if (!strcmp(argv[i], "--async"))
+      c.async = 1;
     else if (!strcmp(argv[i], "--small-pages"))
       c.small_pages = 1;
     else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
@@ -524,7 +563,7 @@ int main(int argc, char **argv) {
       c.quick = 1;
     else {
       fprintf(stderr, "usage: bench_tier [--dir D] [--file-mb N] [--seconds S] "
-                      "[--cpu C|-1] [--reps R] [--bs KiB] [--qd N] [--batch M] [--small-pages] [--quick]\n");
+                      "[--cpu C|-1] [--reps R] [--bs KiB] [--qd N] [--batch M] [--async] [--small-pages] [--quick]\n");
       return 2;
     }
   }
