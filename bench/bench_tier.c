@@ -15,7 +15,15 @@
  * and keeps the best of each.
  *
  *   bench_tier [--dir D] [--file-mb N] [--seconds S] [--cpu C] [--reps R]
- *              [--bs KiB] [--qd N] [--small-pages] [--quick]
+ *              [--bs KiB] [--qd N] [--batch M] [--async] [--small-pages]
+ *              [--quick]
+ *
+ * --batch M: M x QD keys per kvp_tier_get_batch (default 16, at most 256
+ * keys): each batch uses that many distinct destination buffers and drains
+ * the queue at its end.  Reads are run twice per rep: into plain buffers,
+ * and with the same buffers registered (kvp_tier_register_buffers).
+ * --async: each batch is two kvp_tier_get_async calls of half the keys,
+ * both kept in flight (one is refilled while the other runs).
  */
 #include <fcntl.h>
 #include <inttypes.h>
@@ -42,6 +50,8 @@ typedef struct cfg {
   size_t only_bs;
   int only_qd;
   int small_pages; /* read buffers of 4 KiB pages */
+  int batch_mult;  /* keys per get_batch = batch_mult x QD (<= 256) */
+  int async;       /* reads as two kvp_tier_get_async halves in flight */
 } cfg;
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
@@ -289,17 +299,27 @@ static result kvt_write(const cfg *c, kvt *k, size_t bs, uint64_t min_blocks) {
  * bandwidth (README), for any reader that uses many of them. */
 static uint8_t *read_buf(const cfg *c, size_t bs) {
   size_t huge = 2u << 20, len = (bs + huge - 1) / huge * huge;
-  if (c->small_pages)
-    return aligned_alloc(4096, bs);
+  if (c->small_pages) {
+    uint8_t *q = aligned_alloc(4096, bs);
+    if (q != NULL)
+      memset(q, 0, bs);
+    return q;
+  }
   uint8_t *p = aligned_alloc(huge, len);
   if (p != NULL)
     madvise(p, len, MADV_HUGEPAGE); /* advisory: 4 KiB pages if refused */
+  if (p != NULL) /* faulted in untimed, like a pinned pool (and fio's) */
+    memset(p, 0, len);
   return p;
 }
 
-static result kvt_read(const cfg *c, kvt *k, size_t bs, int qd) {
+/* reg: the read buffers (the engine's staging pool) are registered with
+ * the store's ring (kvp_tier_register_buffers) before the timed loop and
+ * unregistered after it, untimed: an engine registers its pool once. */
+static result kvt_read(const cfg *c, kvt *k, size_t bs, int qd, int reg) {
   enum { MAXB = 256 };
-  size_t batch = (size_t)qd * 16 < MAXB ? (size_t)qd * 16 : MAXB;
+  size_t bm = (size_t)c->batch_mult;
+  size_t batch = (size_t)qd * bm < MAXB ? (size_t)qd * bm : MAXB;
   static uint8_t *bufs[MAXB];
   static size_t bufs_bs;
   if (bufs_bs < bs) {
@@ -314,29 +334,71 @@ static result kvt_read(const cfg *c, kvt *k, size_t bs, int qd) {
   int res[MAXB];
   for (size_t i = 0; i < batch; i++)
     cap[i] = bs;
+  if (reg) {
+    struct iovec iov[MAXB];
+    for (int i = 0; i < MAXB; i++)
+      iov[i] = (struct iovec){bufs[i], bs};
+    int rc = kvp_tier_register_buffers(k->t, iov, MAXB);
+    if (rc != MAXB)
+      die("kvp_tier_register_buffers", rc < 0 ? rc : KVP_ENOTSUP);
+  }
   kvp_tier_stats st;
   kvp_tier_get_stats(k->t, &st);
+  uint64_t reg0 = st.nvme_reads_registered;
   uint64_t live = st.nvme_blocks; /* the newest ones: eviction is FIFO-like */
   uint64_t lo = k->next_key - live, ops = 0, misses = 0, t0 = kvp_now_ns();
   double c0 = cpu_secs();
   uint64_t end = t0 + (uint64_t)(c->seconds * 1e9);
   kvp_tier_set(k->t, KVP_TIER_OPT_DRAM_BYTES, 0);
-  while (kvp_now_ns() < end) {
-    for (size_t i = 0; i < batch; i++)
+  /* --async: the batch's two halves are two kvp_tier_get_async calls kept in
+   * flight (the I/O thread runs one while this thread waits on the other);
+   * else one kvp_tier_get_batch per batch */
+  size_t nh = c->async ? 2 : 1, hn = batch / nh;
+  kvp_ticket *tk[2] = {NULL, NULL};
+  for (size_t s = 0;; s = (s + 1) % nh) {
+    size_t o = s * hn;
+    int h = 0;
+    if (c->async && tk[s] != NULL) {
+      h = kvp_ticket_wait(tk[s], 0);
+      kvp_ticket_free(tk[s]);
+      tk[s] = NULL;
+      if (h < 0)
+        die("get_async", h);
+      ops += (uint64_t)h, misses += hn - (size_t)h;
+    }
+    for (size_t i = o; c->quick && h > 0 && i < o + hn; i++) {
+      static uint8_t want[2 << 20];
+      fill(want, bs, keys[i].lo);
+      if (res[i] == KVP_TIER_NVME && memcmp(want, bufs[i], bs) != 0)
+        die("NVMe get returned wrong bytes", KVP_ECORRUPT);
+    }
+    if (kvp_now_ns() >= end) {
+      if (tk[(s + 1) % nh] == NULL)
+        break;
+      continue; /* collect the other half */
+    }
+    for (size_t i = o; i < o + hn; i++)
       keys[i] = (kvp_key){2, lo + rnd() % live};
-    int h = kvp_tier_get_batch(k->t, &k->ns, keys, batch, (void *const *)bufs,
-                               cap, len, res);
+    if (c->async) {
+      int rc = kvp_tier_get_async(k->t, &k->ns, keys + o, hn,
+                                  (void *const *)bufs + o, cap + o, len + o,
+                                  res + o, &tk[s]);
+      if (rc < 0)
+        die("get_async", rc);
+      continue;
+    }
+    h = kvp_tier_get_batch(k->t, &k->ns, keys, batch, (void *const *)bufs,
+                           cap, len, res);
     if (h < 0)
       die("get_batch", h);
     ops += (uint64_t)h;
     misses += batch - (size_t)h;
-    if (c->quick)
-      for (size_t i = 0; i < batch; i++) {
-        static uint8_t want[2 << 20];
-        fill(want, bs, keys[i].lo);
-        if (res[i] == KVP_TIER_NVME && memcmp(want, bufs[i], bs) != 0)
-          die("NVMe get returned wrong bytes", KVP_ECORRUPT);
-      }
+    for (size_t i = 0; c->quick && i < batch; i++) {
+      static uint8_t want[2 << 20];
+      fill(want, bs, keys[i].lo);
+      if (res[i] == KVP_TIER_NVME && memcmp(want, bufs[i], bs) != 0)
+        die("NVMe get returned wrong bytes", KVP_ECORRUPT);
+    }
   }
   if (misses * 20 > ops + misses)
     fprintf(stderr, "bench_tier: %" PRIu64 " misses of %" PRIu64 " reads (capacity evictions)\n",
@@ -344,6 +406,13 @@ static result kvt_read(const cfg *c, kvt *k, size_t bs, int qd) {
   double s = secs(kvp_now_ns() - t0);
   result r = {.iops = (double)ops / s, .ok = ops > 0, .cpu = (cpu_secs() - c0) / s};
   r.bps = r.iops * (double)bs;
+  kvp_tier_get_stats(k->t, &st);
+  if (reg && st.nvme_reads_registered - reg0 < ops) /* every hit: fixed */
+    die("registered reads were not all fixed-buffer reads", KVP_EINVAL);
+  if (!reg && st.nvme_reads_registered != reg0)
+    die("unregistered reads used fixed buffers", KVP_EINVAL);
+  if (reg)
+    kvp_tier_unregister_buffers(k->t);
   return r;
 }
 
@@ -353,9 +422,14 @@ static void best(result *b, result r) {
 }
 
 static void row(const char *what, size_t bs, int qd, result kv, result fio,
-                result px, result slab) {
+                result px, result slab, result kreg) {
   char fs[64] = "n/a", ps[64] = "-", fr[16] = "-", pr[16] = "-";
-  char ss[64] = "-", sr[16] = "-";
+  char ss[64] = "-", sr[16] = "-", rs[64] = "-", rr[16] = "-";
+  if (kreg.ok) {
+    snprintf(rs, sizeof rs, "%7.0f MB/s %3.0f%% cpu", kreg.bps / 1e6, kreg.cpu * 100);
+    if (fio.ok)
+      snprintf(rr, sizeof rr, "%4.2fx", kreg.bps / fio.bps);
+  }
   if (slab.ok) {
     snprintf(ss, sizeof ss, "%7.0f MB/s", slab.bps / 1e6);
     snprintf(sr, sizeof sr, "%4.2fx", kv.bps / slab.bps);
@@ -371,8 +445,8 @@ static void row(const char *what, size_t bs, int qd, result kv, result fio,
   char cpu[16] = "";
   if (kv.cpu > 0)
     snprintf(cpu, sizeof cpu, " %3.0f%% cpu", kv.cpu * 100);
-  printf("| NVMe %-5s | %5zu KiB | %2d | %7.0f MB/s %7.0f IOPS%s | %s | %s | %s | %s | %s | %s |\n",
-         what, bs >> 10, qd, kv.bps / 1e6, kv.iops, cpu, fs, fr, ss, sr, ps, pr);
+  printf("| NVMe %-5s | %5zu KiB | %2d | %7.0f MB/s %7.0f IOPS%s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+         what, bs >> 10, qd, kv.bps / 1e6, kv.iops, cpu, fs, fr, ss, sr, ps, pr, rs, rr);
   fflush(stdout);
 }
 
@@ -400,7 +474,7 @@ static void bench_nvme(const cfg *c, size_t bs, const int *qds, int nqd,
     /* kvtier and its baselines alternate, c->reps times each, and the best
      * of each is kept: on a shared, noisy machine a slow second hits both */
     result kw = {0}, fw = {0}, pw = {0}, kr = {0}, fr = {0}, pr = {0};
-    result none = {0}, sr = {0};
+    result none = {0}, sr = {0}, kg = {0};
     char sfile[600];
     struct stat sb;
     uint64_t slot = 4096 + bs; /* header sector + payload (class = bs) */
@@ -412,10 +486,11 @@ static void bench_nvme(const cfg *c, size_t bs, const int *qds, int nqd,
       if (qds[q] == 1)
         best(&pw, run_posix(c, ffile, bs, 1));
     }
-    row("write", bs, qds[q], kw, fw, pw, none);
+    row("write", bs, qds[q], kw, fw, pw, none, none);
     bool slab_ok = have_fio && stat(sfile, &sb) == 0 && (uint64_t)sb.st_size > slot;
     for (int rep = 0; rep < c->reps; rep++) {
-      best(&kr, kvt_read(c, &k, bs, qds[q]));
+      best(&kr, kvt_read(c, &k, bs, qds[q], 0));
+      best(&kg, kvt_read(c, &k, bs, qds[q], 1));
       if (have_fio)
         best(&fr, run_fio(c, ffile, c->file_bytes, 0, bs, bs, qds[q], 0));
       if (slab_ok) /* the payloads kvtier reads: 4096 + k * slot */
@@ -424,7 +499,7 @@ static void bench_nvme(const cfg *c, size_t bs, const int *qds, int nqd,
       if (qds[q] == 1)
         best(&pr, run_posix(c, ffile, bs, 0));
     }
-    row("read", bs, qds[q], kr, fr, pr, sr);
+    row("read", bs, qds[q], kr, fr, pr, sr, kg);
     if (q == nqd - 1)
       printf("|  measured NVMe read bandwidth the router gets (kvp_tier_bandwidth): %.0f MB/s |\n",
              kvp_tier_bandwidth(k.t, KVP_TIER_NVME) / 1e6);
@@ -462,7 +537,7 @@ static int lay_out_fio_file(const cfg *c) {
 int main(int argc, char **argv) {
   bench_name = "bench_tier";
   cfg c = {.dir = "bench-tier-data", .file_bytes = 1024ull << 20,
-           .seconds = 1, .cpu = 0, .reps = 2};
+           .seconds = 1, .cpu = 0, .reps = 2, .batch_mult = 16};
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--dir") && i + 1 < argc)
       c.dir = argv[++i];
@@ -476,6 +551,10 @@ int main(int argc, char **argv) {
       c.only_bs = strtoull(argv[++i], NULL, 10) << 10;
     else if (!strcmp(argv[i], "--qd") && i + 1 < argc)
       c.only_qd = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--batch") && i + 1 < argc)
+      c.batch_mult = atoi(argv[++i]) > 0 ? atoi(argv[i]) : 1;
+    else if (!strcmp(argv[i], "--async"))
+      c.async = 1;
     else if (!strcmp(argv[i], "--small-pages"))
       c.small_pages = 1;
     else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
@@ -484,7 +563,7 @@ int main(int argc, char **argv) {
       c.quick = 1;
     else {
       fprintf(stderr, "usage: bench_tier [--dir D] [--file-mb N] [--seconds S] "
-                      "[--cpu C|-1] [--reps R] [--bs KiB] [--qd N] [--small-pages] [--quick]\n");
+                      "[--cpu C|-1] [--reps R] [--bs KiB] [--qd N] [--batch M] [--async] [--small-pages] [--quick]\n");
       return 2;
     }
   }
@@ -497,9 +576,9 @@ int main(int argc, char **argv) {
   mkdir(c.dir, 0700);
   int have_fio = lay_out_fio_file(&c) && !c.quick;
   printf("bench_tier: dir %s, file %" PRIu64 " MiB, best of %d x %.1f s per cell, cpu %d, "
-         "read buffers %s%s\n\n",
+         "read buffers %s, get_batch of %d x QD keys%s\n\n",
          c.dir, c.file_bytes >> 20, c.reps, c.seconds, c.cpu,
-         c.small_pages ? "4 KiB pages" : "2 MiB-aligned THP",
+         c.small_pages ? "4 KiB pages" : "2 MiB-aligned THP", c.batch_mult,
          have_fio ? "" : c.quick ? " (quick: fio skipped)" : " (fio not found)");
   printf("| tier | block | op | kvtier | baseline | ratio |\n|---|---|---|---|---|---|\n");
   static const size_t sizes[] = {16u << 10, 256u << 10, 2u << 20};
@@ -507,8 +586,8 @@ int main(int argc, char **argv) {
   for (int s = 0; s < nsizes; s++)
     if (!c.only_bs || c.only_bs == sizes[s])
       bench_dram(&c, sizes[s]);
-  printf("\n| NVMe op | block | QD | kvtier (payload) | fio io_uring | kvtier/fio | fio on kvtier's slab file | kvtier/fio-slab | pread/pwrite loop | kvtier/loop |\n"
-         "|---|---|---|---|---|---|---|---|---|---|\n");
+  printf("\n| NVMe op | block | QD | kvtier (payload) | fio io_uring | kvtier/fio | fio on kvtier's slab file | kvtier/fio-slab | pread/pwrite loop | kvtier/loop | kvtier, registered buffers | registered/fio |\n"
+         "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   static const int qds[] = {1, 8, 32};
   for (int s = 0; s < nsizes; s++)
     if (!c.only_bs || c.only_bs == sizes[s])

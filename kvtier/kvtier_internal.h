@@ -81,6 +81,8 @@ typedef struct tio_op {
   void *buf;
   uint32_t len;
   int buf_index;  /* registered buffer index, -1 none (set by the layer) */
+  int user_buf;   /* buf lies in registered buffer user_buf - 1, a caller
+                     range (kvp_tier_register_buffers); 0: none */
   int pool_idx;   /* staging buffer held, -1 none (set by the layer) */
   uint64_t off;
   /* reads only: a second segment (the caller's buffer, so the payload is
@@ -120,6 +122,10 @@ uint64_t kvp__tier_io_slow_count(const tier_io *io);
 bool kvp__tier_io_register_buffers(tier_io *io, void *base, size_t each,
                                    uint32_t n);
 int kvp__tier_io_register_file(tier_io *io, int fd);
+/* Caller ranges (io_uring only): KVP_ENOTSUP on POSIX; else as
+ * kvp__tier_uring_set_user_buffers. */
+int kvp__tier_io_set_user_buffers(tier_io *io, const struct iovec *iov,
+                                  uint32_t n, uint32_t *first);
 /* Runs ops[0..n) with up to qd in flight (and no more than the pool's
  * buffers), refilling the queue as completions arrive.  Returns 0, or a
  * ring error after which the unfinished ops carry that error. */
@@ -133,6 +139,13 @@ int kvp__tier_uring_create(uint32_t entries, const kvp_allocator *a,
 void kvp__tier_uring_destroy(tier_uring *u);
 bool kvp__tier_uring_register_buffers(tier_uring *u, void *base, size_t each,
                                       uint32_t n);
+/* Replaces the caller's registered ranges (kvp_tier_register_buffers) by
+ * iov[0, n) (n 0: none); the staging buffers stay.  *first: the buffer
+ * index of iov[0].  0, KVP_ERANGE (table full), or the kernel's -errno
+ * (then no caller range is registered). */
+#define TIER_URING_BUFS_MAX 16384u /* the kernel's IORING_MAX_REG_BUFFERS */
+int kvp__tier_uring_set_user_buffers(tier_uring *u, const struct iovec *iov,
+                                     uint32_t n, uint32_t *first);
 int kvp__tier_uring_register_file(tier_uring *u, int fd);
 /* Queues op (tag comes back with its completion); KVP_EBUSY: ring full. */
 int kvp__tier_uring_queue(tier_uring *u, tio_op *op, uint64_t tag);
@@ -185,6 +198,12 @@ typedef struct tier_ns {
 
 typedef struct tier_job tier_job;
 
+typedef struct tier_ubuf { /* a registered caller range (piece <= 1 GiB) */
+  uintptr_t base;
+  size_t len;
+  uint32_t idx; /* the ring's buffer index */
+} tier_ubuf;
+
 struct kvp_tier_store {
   kvp_allocator a;
   pthread_mutex_t mu; /* everything below; taken before jmu */
@@ -202,6 +221,8 @@ struct kvp_tier_store {
   size_t stage_len;
   uint64_t stage_each;
   bool fixed_bufs;
+  tier_ubuf *ubuf; /* kvp_tier_register_buffers, sorted by base */
+  uint32_t nubuf;
   tier_nclass *cls;
   uint32_t ncls;
   uint64_t nvme_cap, nvme_alloc, nvme_used;
@@ -251,6 +272,9 @@ void kvp__tier_nvme_read(kvp_tier_store *t, const uint32_t *ids, size_t n,
 void kvp__tier_nvme_drop(kvp_tier_store *t, uint32_t id, bool wipe,
                          bool evicted);
 int kvp__tier_nvme_sync(kvp_tier_store *t);
+/* kvp_tier_register_buffers (n 0: unregister). */
+int kvp__tier_nvme_register(kvp_tier_store *t, const struct iovec *iov,
+                            unsigned n);
 int kvp__tier_nvme_set_policy(kvp_tier_store *t, kvp_tier_policy_kind k);
 
 #endif /* KVP_KVTIER_INTERNAL_H */

@@ -64,6 +64,12 @@ bool kvp__tier_io_register_buffers(tier_io *io, void *base, size_t each,
   return io->u != NULL && kvp__tier_uring_register_buffers(io->u, base, each, n);
 }
 
+int kvp__tier_io_set_user_buffers(tier_io *io, const struct iovec *iov,
+                                  uint32_t n, uint32_t *first) {
+  return io->u != NULL ? kvp__tier_uring_set_user_buffers(io->u, iov, n, first)
+                       : KVP_ENOTSUP;
+}
+
 int kvp__tier_io_register_file(tier_io *io, int fd) {
   return io->u != NULL ? kvp__tier_uring_register_file(io->u, fd) : -1;
 }
@@ -151,7 +157,8 @@ int kvp__tier_io_run(tier_io *io, tio_op *ops, size_t n, uint32_t qd,
     uint64_t t_sub = kvp_now_ns();
     while (next < n && inflight < qd && err == 0) {
       tio_op *o = &ops[next];
-      o->pool_idx = o->buf_index = -1;
+      o->pool_idx = -1;
+      o->buf_index = o->user_buf - 1; /* -1 unless in a caller range */
       if (o->needs_buf) {
         if (r.nfree == 0)
           break;

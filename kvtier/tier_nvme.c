@@ -410,6 +410,8 @@ static void rdone(void *arg, size_t i, tio_op *op) {
   rctx *r = arg;
   kvp_tier_store *t = r->t;
   t->st.nvme_reads++;
+  if (op->user_buf > 0)
+    t->st.nvme_reads_registered++;
   if (op->res != (int)(op->len + op->len2)) {
     if (op->res >= 0)
       t->st.short_io++;
@@ -423,6 +425,25 @@ static void rdone(void *arg, size_t i, tio_op *op) {
   }
   if (r->res[i] < 0) /* a miss; the slot is not trusted again */
     kvp__tier_nvme_drop(t, r->ids[i], false, false);
+}
+
+/* The ring's buffer index + 1 of the registered caller range holding
+ * [p, p + len), 0 when none does (then a plain read pins the pages). */
+static int ubuf_find(const kvp_tier_store *t, uintptr_t p, size_t len) {
+  uint32_t lo = 0, hi = t->nubuf; /* first range with base > p */
+  while (lo < hi) {
+    uint32_t mid = lo + (hi - lo) / 2;
+    if (t->ubuf[mid].base <= p)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  if (lo == 0)
+    return 0;
+  const tier_ubuf *u = &t->ubuf[lo - 1];
+  return p - u->base <= u->len && len <= u->len - (p - u->base)
+             ? (int)u->idx + 1
+             : 0;
 }
 
 /* Plaintext slots read their payload only, exactly the block rounded up to
@@ -442,6 +463,7 @@ static tio_op read_op(const kvp_tier_store *t, const tier_entry *e, void *dst,
   if (((uintptr_t)dst % t->hdr_bytes) == 0 && e->len % t->hdr_bytes == 0) {
     op.needs_buf = false;
     op.buf = dst; /* on a miss dst holds whatever was read */
+    op.user_buf = ubuf_find(t, (uintptr_t)dst, op.len);
   }
   return op;
 }
@@ -466,6 +488,85 @@ void kvp__tier_nvme_read(kvp_tier_store *t, const uint32_t *ids, size_t n,
 out:
   kvp__free(&t->a, ops, n * sizeof *ops);
   kvp__free(&t->a, alone, n);
+}
+
+static int ubuf_cmp(const void *a, const void *b) {
+  uintptr_t x = ((const tier_ubuf *)a)->base, y = ((const tier_ubuf *)b)->base;
+  return (x > y) - (x < y);
+}
+
+/* The caller's ranges cut into pieces of at most 1 GiB (the kernel's limit
+ * per registered buffer), sorted; KVP_EINVAL on an empty or overlapping
+ * range. */
+static int ubuf_build(kvp_tier_store *t, const struct iovec *iov, unsigned n,
+                      tier_ubuf **out, uint32_t *np) {
+  const size_t piece = (size_t)1 << 30;
+  uint64_t cnt = 0;
+  for (unsigned i = 0; i < n; i++) {
+    if (iov[i].iov_base == NULL || iov[i].iov_len == 0 ||
+        (uintptr_t)iov[i].iov_base + iov[i].iov_len < (uintptr_t)iov[i].iov_base)
+      return KVP_EINVAL;
+    cnt += (iov[i].iov_len + piece - 1) / piece;
+  }
+  if (cnt > TIER_URING_BUFS_MAX)
+    return KVP_ERANGE;
+  tier_ubuf *u = kvp__calloc(&t->a, (size_t)cnt, sizeof *u);
+  if (u == NULL)
+    return KVP_ENOMEM;
+  uint32_t k = 0;
+  for (unsigned i = 0; i < n; i++)
+    for (size_t o = 0; o < iov[i].iov_len; o += piece) {
+      size_t l = iov[i].iov_len - o < piece ? iov[i].iov_len - o : piece;
+      u[k++] = (tier_ubuf){(uintptr_t)iov[i].iov_base + o, l, 0};
+    }
+  qsort(u, k, sizeof *u, ubuf_cmp);
+  for (uint32_t i = 1; i < k; i++)
+    if (u[i - 1].base + u[i - 1].len > u[i].base) {
+      kvp__free(&t->a, u, (size_t)cnt * sizeof *u);
+      return KVP_EINVAL;
+    }
+  *out = u;
+  *np = k;
+  return 0;
+}
+
+static void ubuf_clear(kvp_tier_store *t) {
+  kvp__free(&t->a, t->ubuf, (size_t)t->nubuf * sizeof *t->ubuf);
+  t->ubuf = NULL;
+  t->nubuf = 0;
+}
+
+int kvp__tier_nvme_register(kvp_tier_store *t, const struct iovec *iov,
+                            unsigned n) {
+  tier_ubuf *u = NULL;
+  uint32_t k = 0, first = 0;
+  int rc = n > 0 ? ubuf_build(t, iov, n, &u, &k) : 0;
+  if (rc < 0)
+    return rc;
+  if (t->io == NULL || !kvp__tier_io_is_uring(t->io)) {
+    kvp__free(&t->a, u, (size_t)k * sizeof *u);
+    return 0; /* pread/pwrite: nothing to register, nothing changes */
+  }
+  ubuf_clear(t);
+  struct iovec *v = k > 0 ? kvp__calloc(&t->a, k, sizeof *v) : NULL;
+  if (k > 0 && v == NULL)
+    rc = KVP_ENOMEM;
+  for (uint32_t i = 0; v != NULL && i < k; i++)
+    v[i] = (struct iovec){(void *)u[i].base, u[i].len};
+  if (rc == 0)
+    rc = kvp__tier_io_set_user_buffers(t->io, v, k, &first);
+  kvp__free(&t->a, v, (size_t)k * sizeof *v);
+  if (rc < 0) {
+    KVP_LOGW("kvtier", "registering %u caller buffer ranges failed (%s): "
+             "reads into them stay unregistered", n, kvp_strerror(rc));
+    kvp__free(&t->a, u, (size_t)k * sizeof *u);
+    return rc;
+  }
+  for (uint32_t i = 0; i < k; i++)
+    u[i].idx = first + i;
+  t->ubuf = u;
+  t->nubuf = k;
+  return (int)n;
 }
 
 static void zprep(void *arg, size_t i, tio_op *op) {
@@ -672,6 +773,7 @@ void kvp__tier_nvme_close(kvp_tier_store *t) {
   }
   kvp__free(&t->a, t->cls, t->ncls * sizeof *t->cls);
   kvp__tier_io_destroy(t->io);
+  ubuf_clear(t);
   if (t->stage != NULL)
     munmap(t->stage, t->stage_len);
   EVP_CIPHER_CTX_free(t->cctx);

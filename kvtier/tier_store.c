@@ -561,6 +561,21 @@ int kvp_tier_sync(kvp_tier_store *t) {
   return rc;
 }
 
+int kvp_tier_register_buffers(kvp_tier_store *t, const struct iovec *iov,
+                              unsigned n) {
+  if (t == NULL || (iov == NULL && n > 0))
+    return KVP_EINVAL;
+  pthread_mutex_lock(&t->mu); /* no batch runs: the ring is idle */
+  int rc = t->io ? kvp__tier_nvme_register(t, iov, n) : 0;
+  pthread_mutex_unlock(&t->mu);
+  return rc;
+}
+
+int kvp_tier_unregister_buffers(kvp_tier_store *t) {
+  int rc = kvp_tier_register_buffers(t, NULL, 0);
+  return rc < 0 ? rc : 0;
+}
+
 int kvp_tier_idle(kvp_tier_store *t, uint64_t budget) {
   if (t == NULL)
     return KVP_EINVAL;

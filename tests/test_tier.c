@@ -4,6 +4,7 @@
  * namespace isolation, checksum and AES-GCM tamper detection, recovery,
  * fault injection, async tickets, policies, options, events. */
 #include <errno.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "kvtier_internal.h"
@@ -312,6 +313,93 @@ static void nvme_payload_only(kvp_tier_io_backend be) {
   tt_rmdir(dir);
 }
 
+/* Caller memory registered with the ring (kvp_tier_register_buffers): reads
+ * into it are fixed-buffer reads on io_uring (counted), return exactly the
+ * written bytes, and a tampered payload or another block's payload in the
+ * slot is still a miss; a destination crossing two ranges, and every read
+ * after unregistering, is a plain read with the same result.  pread/pwrite
+ * ignores registration (returns 0, nothing counted). */
+static void nvme_registered(kvp_tier_io_backend be) {
+  char dir[256], f[512];
+  tt_mkdir(dir, sizeof dir);
+  kvp_namespace ns = tt_ns("a", 16);
+  kvp_tier_store *t = mk(dir, be, 4 * MB, 64 * MB);
+  ASSERT_OK(kvp_tier_ns_add(t, &ns, NULL));
+  for (uint64_t i = 0; i < 6; i++)
+    put_k(t, &ns, K(i, 5), 8 * KB, KVP_TIER_PUT_DURABLE, 0);
+  ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_DRAM_BYTES, 0));
+  ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_PROMOTE, 0));
+  uint8_t *pool = mmap(NULL, 2 * MB, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_TRUE(pool != MAP_FAILED);
+  /* given out of order: the store sorts them */
+  struct iovec iov[2] = {{pool + MB, MB}, {pool, MB}};
+  struct iovec bad[2] = {{pool, MB}, {pool + MB - 4 * KB, MB}};
+  ASSERT_ERR(kvp_tier_register_buffers(t, NULL, 1), KVP_EINVAL);
+  ASSERT_ERR(kvp_tier_register_buffers(t, &(struct iovec){pool, 0}, 1), KVP_EINVAL);
+  bool uring = be == KVP_TIER_IO_URING;
+  ASSERT_ERR(kvp_tier_register_buffers(t, bad, 2), KVP_EINVAL); /* overlap */
+  ASSERT_EQ(kvp_tier_register_buffers(t, iov, 2), uring ? 2 : 0);
+  kvp_tier_stats st0, st;
+  ASSERT_OK(kvp_tier_get_stats(t, &st0));
+  kvp_key keys[4] = {K(0, 5), K(1, 5), K(2, 5), K(3, 5)};
+  void *dst[4] = {pool, pool + 64 * KB, pool + MB, pool + MB + 8 * KB};
+  size_t cap[4] = {8 * KB, 8 * KB, 8 * KB, 8 * KB}, len[4];
+  int res[4];
+  memset(pool, 0xA5, 2 * MB); /* poisoned */
+  ASSERT_EQ(kvp_tier_get_batch(t, &ns, keys, 4, dst, cap, len, res), 4);
+  for (int i = 0; i < 4; i++) {
+    ASSERT_EQ(res[i], KVP_TIER_NVME);
+    ASSERT_EQ(len[i], 8 * KB);
+    ASSERT_TRUE(tt_check(&ns, keys[i], dst[i], 8 * KB));
+  }
+  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_EQ(st.nvme_reads_registered - st0.nvme_reads_registered, uring ? 4 : 0);
+  /* crossing the two ranges: a plain read, same bytes */
+  size_t l = 0;
+  ASSERT_EQ(kvp_tier_get(t, &ns, K(4, 5), pool + MB - 4 * KB, 8 * KB, &l),
+            KVP_TIER_NVME);
+  ASSERT_TRUE(tt_check(&ns, K(4, 5), pool + MB - 4 * KB, 8 * KB));
+  /* tamper: a payload bit of block 0, block 2's payload in block 1's slot */
+  snprintf(f, sizeof f, "%s/kvtier-8192.slab", dir);
+  int fd = open(f, O_RDWR);
+  ASSERT_GE(fd, 0);
+  uint64_t slot = HDR + 8192;
+  static uint8_t p2[8192];
+  uint8_t x = 0;
+  ASSERT_EQ(pread(fd, &x, 1, (off_t)(slot * 0 + HDR + 100)), 1);
+  x ^= 0x10;
+  ASSERT_EQ(pwrite(fd, &x, 1, (off_t)(slot * 0 + HDR + 100)), 1);
+  ASSERT_EQ(pread(fd, p2, sizeof p2, (off_t)(slot * 2 + HDR)), (ssize_t)sizeof p2);
+  ASSERT_EQ(pwrite(fd, p2, sizeof p2, (off_t)(slot * 1 + HDR)), (ssize_t)sizeof p2);
+  ASSERT_OK(fsync(fd));
+  close(fd);
+  ASSERT_OK(kvp_tier_get_stats(t, &st0));
+  ASSERT_EQ(kvp_tier_get_batch(t, &ns, keys, 3, dst, cap, len, res), 1);
+  ASSERT_EQ(res[0], KVP_ENOENT);
+  ASSERT_EQ(res[1], KVP_ENOENT);
+  ASSERT_EQ(res[2], KVP_TIER_NVME);
+  ASSERT_TRUE(tt_check(&ns, keys[2], dst[2], 8 * KB));
+  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_EQ(st.checksum_failures - st0.checksum_failures, 2);
+  ASSERT_EQ(st.nvme_reads_registered - st0.nvme_reads_registered, uring ? 3 : 0);
+  ASSERT_EQ(kvp_tier_get(t, &ns, K(0, 5), pool, 8 * KB, &l), KVP_ENOENT);
+  /* unregistered: plain reads into the same memory */
+  ASSERT_OK(kvp_tier_unregister_buffers(t));
+  memset(pool, 0xA5, 2 * MB);
+  ASSERT_EQ(kvp_tier_get(t, &ns, K(3, 5), pool + MB, 8 * KB, &l), KVP_TIER_NVME);
+  ASSERT_TRUE(tt_check(&ns, K(3, 5), pool + MB, 8 * KB));
+  ASSERT_OK(kvp_tier_get_stats(t, &st0));
+  ASSERT_EQ(st0.nvme_reads_registered, st.nvme_reads_registered);
+  /* registered again and left registered at destroy */
+  ASSERT_EQ(kvp_tier_register_buffers(t, iov, 1), uring ? 1 : 0);
+  ASSERT_EQ(kvp_tier_get(t, &ns, K(5, 5), pool + MB, 8 * KB, &l), KVP_TIER_NVME);
+  ASSERT_TRUE(tt_check(&ns, K(5, 5), pool + MB, 8 * KB));
+  kvp_tier_destroy(t);
+  munmap(pool, 2 * MB);
+  tt_rmdir(dir);
+}
+
 /* AES-256-GCM at rest: correct round trip; a ciphertext byte flipped with
  * both XXH3 checksums recomputed (a deliberate attacker) fails the tag; a
  * plaintext slot never satisfies an encrypted namespace; another tenant's key
@@ -566,6 +654,7 @@ ON_BACKENDS(nvme_recovery)
 ON_BACKENDS(nvme_corruption)
 ON_BACKENDS(nvme_payload_only)
 ON_BACKENDS(nvme_encryption)
+ON_BACKENDS(nvme_registered)
 ON_BACKENDS(nvme_faults)
 ON_BACKENDS(nvme_capacity)
 ON_BACKENDS(nvme_async)
@@ -758,7 +847,7 @@ TEST_MAIN(TEST_ENTRY(dram_basic), TEST_ENTRY(dram_register_hook),
           TEST_ENTRY(dram_default_capacity),
           TEST_ENTRY(fingerprint_collision), TEST_ENTRY(nvme_demote_promote_all),
           TEST_ENTRY(nvme_recovery_all), TEST_ENTRY(nvme_corruption_all),
-          TEST_ENTRY(nvme_payload_only_all),
+          TEST_ENTRY(nvme_payload_only_all), TEST_ENTRY(nvme_registered_all),
           TEST_ENTRY(nvme_encryption_all), TEST_ENTRY(nvme_faults_all),
           TEST_ENTRY(nvme_capacity_all), TEST_ENTRY(nvme_async_all),
           TEST_ENTRY(nvme_idle_all), TEST_ENTRY(tmpfs_refused),

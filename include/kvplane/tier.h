@@ -24,6 +24,8 @@
 #ifndef KVPLANE_TIER_H
 #define KVPLANE_TIER_H
 
+#include <sys/uio.h> /* struct iovec (kvp_tier_register_buffers) */
+
 #include "kvplane/common.h"
 #include "kvplane/config.h"
 #include "kvplane/device.h"
@@ -239,6 +241,36 @@ KVP_API int kvp_tier_put_batch(kvp_tier_store *t, const kvp_namespace *ns,
                                const void *const *data, const size_t *len,
                                const kvp_tier_put_opts *po, int *results);
 
+/* Registers caller memory -- typically the engine's pinned host staging
+ * pool, once at start -- with the store's io_uring ring, so NVMe reads whose
+ * destination lies wholly inside one range use registered (fixed) buffers:
+ * the kernel does not look up and pin the destination pages on every read
+ * (IORING_OP_READ_FIXED).  A destination outside every range, unaligned, or
+ * crossing a range (or a 1 GiB piece of a larger range) is read as before;
+ * checks are unchanged: the checksum (and GCM tag) runs on the bytes in dst.
+ * Replaces the ranges of any earlier call; n 0 = kvp_tier_unregister_buffers.
+ * Ownership: the store keeps no pointer into iov (copied); the memory stays
+ * the caller's, and must stay mapped (not munmap'ed or remapped) until
+ * kvp_tier_unregister_buffers() or kvp_tier_destroy() returns, because the
+ * kernel holds the pages, not the addresses (a read into a range remapped
+ * meanwhile lands in the old pages: dst then fails its checksum -- a miss,
+ * never wrong bytes).  Anonymous or huge-page memory; pages count against
+ * RLIMIT_MEMLOCK unless CAP_IPC_LOCK.
+ * Returns the number of ranges now used for registered reads (n; 0 when the
+ * store ignores registration: pread/pwrite backend, no NVMe tier),
+ * KVP_EINVAL (iov NULL with n > 0, a zero-length or overlapping range),
+ * KVP_ERANGE (more than 16384 - queue_depth pieces of 1 GiB), KVP_ENOMEM,
+ * or the kernel's -errno (-ENOMEM: memlock limit; -EFAULT: not mapped or
+ * file-backed); on error no caller range is registered and reads work as
+ * without one.  Thread-safe (takes the store's lock: waits for a running
+ * batch or asynchronous call). */
+KVP_API int kvp_tier_register_buffers(kvp_tier_store *t,
+                                      const struct iovec *iov, unsigned n);
+/* Forgets the ranges of kvp_tier_register_buffers (the kernel unpins
+ * them); later reads into them work as into any memory.  0, or KVP_EINVAL
+ * (t NULL).  Thread-safe. */
+KVP_API int kvp_tier_unregister_buffers(kvp_tier_store *t);
+
 /* ---- asynchronous calls -----------------------------------------------------
  * Queued to the store's I/O thread (started on first use).  Every array and
  * buffer must stay valid until the ticket completes.  *ticket must be freed
@@ -316,6 +348,8 @@ typedef struct kvp_tier_stats {
   int huge_pages;                  /* 2 explicit, 1 THP advised, 0 none */
   int fixed_buffers;               /* io_uring registered buffers in use */
   int reserved_;
+  uint64_t nvme_reads_registered;  /* of nvme_reads: into a range of
+                                      kvp_tier_register_buffers */
 } kvp_tier_stats;
 /* Thread-safe snapshot.  Returns 0 or KVP_EINVAL. */
 KVP_API int kvp_tier_get_stats(kvp_tier_store *t, kvp_tier_stats *out);

@@ -16,6 +16,10 @@ struct tier_uring {
   struct io_uring ring;
   bool files_ok, bufs_ok;
   uint32_t nfiles;
+  /* the registered buffer table: staging [0, nstage), then the caller's
+   * ranges [nstage, nstage + nuser) (kvp_tier_register_buffers) */
+  struct iovec *tab;
+  uint32_t nstage, nuser;
 };
 
 int kvp__tier_uring_create(uint32_t entries, const kvp_allocator *a,
@@ -43,20 +47,53 @@ void kvp__tier_uring_destroy(tier_uring *u) {
   if (u == NULL)
     return;
   io_uring_queue_exit(&u->ring);
+  kvp__free(&u->a, u->tab, TIER_URING_BUFS_MAX * sizeof *u->tab);
   kvp__free(&u->a, u, sizeof *u);
+}
+
+/* (Re)registers tab[0, n): the table can only be replaced whole (sparse
+ * tables with updates need 5.19+ and liburing 2.2's tags); the ring is idle
+ * here (the store's lock is held, no batch is running). */
+static int register_tab(tier_uring *u, uint32_t n) {
+  if (u->bufs_ok)
+    io_uring_unregister_buffers(&u->ring);
+  u->bufs_ok = false;
+  int rc = n > 0 ? io_uring_register_buffers(&u->ring, u->tab, n) : 0;
+  u->bufs_ok = n > 0 && rc == 0;
+  return rc;
+}
+
+static bool ensure_tab(tier_uring *u) {
+  if (u->tab == NULL)
+    u->tab = kvp__calloc(&u->a, TIER_URING_BUFS_MAX, sizeof *u->tab);
+  return u->tab != NULL;
 }
 
 bool kvp__tier_uring_register_buffers(tier_uring *u, void *base, size_t each,
                                       uint32_t n) {
-  struct iovec iov[1024];
-  if (n == 0 || n > 1024 || each > (1u << 30))
+  if (n == 0 || n > 1024 || each > (1u << 30) || !ensure_tab(u))
     return false;
   for (uint32_t i = 0; i < n; i++)
-    iov[i] = (struct iovec){(char *)base + (size_t)i * each, each};
-  if (u->bufs_ok)
-    io_uring_unregister_buffers(&u->ring);
-  u->bufs_ok = io_uring_register_buffers(&u->ring, iov, n) == 0;
-  return u->bufs_ok;
+    u->tab[i] = (struct iovec){(char *)base + (size_t)i * each, each};
+  u->nstage = n;
+  u->nuser = 0;
+  return register_tab(u, n) == 0;
+}
+
+int kvp__tier_uring_set_user_buffers(tier_uring *u, const struct iovec *iov,
+                                     uint32_t n, uint32_t *first) {
+  if (!ensure_tab(u))
+    return KVP_ENOMEM;
+  if (n > TIER_URING_BUFS_MAX - u->nstage)
+    return KVP_ERANGE;
+  for (uint32_t i = 0; i < n; i++)
+    u->tab[u->nstage + i] = iov[i];
+  int rc = register_tab(u, u->nstage + n);
+  if (rc < 0 && n > 0) /* keep staging registered; no caller ranges */
+    register_tab(u, u->nstage);
+  u->nuser = rc < 0 ? 0 : n;
+  *first = u->nstage;
+  return rc;
 }
 
 int kvp__tier_uring_register_file(tier_uring *u, int fd) {

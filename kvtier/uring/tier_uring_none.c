@@ -14,6 +14,11 @@ bool kvp__tier_uring_register_buffers(tier_uring *u, void *base, size_t each,
   (void)u, (void)base, (void)each, (void)n;
   return false;
 }
+int kvp__tier_uring_set_user_buffers(tier_uring *u, const struct iovec *iov,
+                                     uint32_t n, uint32_t *first) {
+  (void)u, (void)iov, (void)n, (void)first;
+  return KVP_ENOTSUP;
+}
 int kvp__tier_uring_register_file(tier_uring *u, int fd) {
   (void)u, (void)fd;
   return -1;
