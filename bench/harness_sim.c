@@ -846,6 +846,15 @@ static void sample_occupancy(struct sim *s, uint32_t upto) {
   }
 }
 
+/* Simulated seconds as the router's nanosecond clock, saturating: traces are
+ * bounded (harness_trace.c) but a speed factor or long runs may still go
+ * past 2^64 ns. */
+static uint64_t sec_to_ns(double sec) {
+  if (!(sec > 0))
+    return 0;
+  return sec >= 18e9 ? UINT64_MAX : (uint64_t)(sec * 1e9);
+}
+
 static int route(struct sim *s, uint32_t i, uint32_t *out) {
   const bh_req *q = &s->t->reqs[i];
   if (s->o->policy == BH_POLICY_RANDOM) {
@@ -879,7 +888,7 @@ static int route(struct sim *s, uint32_t i, uint32_t *out) {
                           .request_id = (uint64_t)i + 1,
                           .tenant = q->tenant};
   kvp_decision d;
-  int rc = kvp_router_route(s->rt, s->ix, &rq, (uint64_t)(s->now * 1e9), &d);
+  int rc = kvp_router_route(s->rt, s->ix, &rq, sec_to_ns(s->now), &d);
   if (rc < 0)
     return rc;
   *out = d.worker;

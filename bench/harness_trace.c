@@ -218,14 +218,19 @@ static int get_uint(json_t *o, const char *k, uint64_t max, uint64_t *v,
   return 1;
 }
 
-static int get_num(json_t *o, const char *k, double *v, char *why,
+/* Times: seconds up to MAX_TIME_S (31.7 years of trace; the simulator keeps
+ * nanoseconds in 64 bits), Mooncake's milliseconds up to 1000x that. */
+#define MAX_TIME_S 1e9
+#define MAX_TIME_MS 1e12
+
+static int get_num(json_t *o, const char *k, double max, double *v, char *why,
                    size_t cap) {
   json_t *x = json_object_get(o, k);
   if (x == NULL)
     return 0;
   if (!json_is_number(x) || !isfinite(json_number_value(x)) ||
-      json_number_value(x) < 0 || json_number_value(x) > 1e15) {
-    snprintf(why, cap, "field '%s': expected a finite number >= 0", k);
+      json_number_value(x) < 0 || json_number_value(x) > max) {
+    snprintf(why, cap, "field '%s': expected a number in [0, %g]", k, max);
     return -1;
   }
   *v = json_number_value(x);
@@ -241,9 +246,9 @@ static bool need_uint(json_t *o, const char *k, uint64_t max, uint64_t *v,
   return rc == 1;
 }
 
-static bool need_num(json_t *o, const char *k, double *v, char *why,
-                     size_t cap) {
-  int rc = get_num(o, k, v, why, cap);
+static bool need_num(json_t *o, const char *k, double max, double *v,
+                     char *why, size_t cap) {
+  int rc = get_num(o, k, max, v, why, cap);
   if (rc == 0)
     snprintf(why, cap, "missing field '%s'", k);
   return rc == 1;
@@ -339,7 +344,7 @@ static bool limit_reached(const rd *r) {
 static int mooncake_record(rd *r, json_t *o, char *why, size_t cap) {
   double ts;
   uint64_t in, out;
-  if (!need_num(o, "timestamp", &ts, why, cap) ||
+  if (!need_num(o, "timestamp", MAX_TIME_MS, &ts, why, cap) ||
       !need_uint(o, "input_length", MAX_TOKENS, &in, why, cap) ||
       !need_uint(o, "output_length", MAX_OUT, &out, why, cap))
     return -1;
@@ -403,7 +408,7 @@ static int bailian_record(rd *r, json_t *o, chat_map *m, char *why,
   double ts;
   json_t *pj = json_object_get(o, "parent_chat_id");
   if (!need_uint(o, "chat_id", INT64_MAX - 1, &chat, why, cap) ||
-      !need_num(o, "timestamp", &ts, why, cap) ||
+      !need_num(o, "timestamp", MAX_TIME_S, &ts, why, cap) ||
       !need_uint(o, "input_length", MAX_TOKENS, &in, why, cap) ||
       !need_uint(o, "output_length", MAX_OUT, &out, why, cap) ||
       get_uint(o, "turn", UINT32_MAX, &turn, why, cap) < 0)
@@ -542,10 +547,10 @@ static int kvplane_record(rd *r, json_t *o, char *why, size_t cap) {
   size_t nm;
   bh_req q = {0};
   int rc;
-  if (!need_num(o, "t", &ts, why, cap) ||
+  if (!need_num(o, "t", MAX_TIME_S, &ts, why, cap) ||
       !need_uint(o, "in", MAX_TOKENS, &in, why, cap) ||
       !need_uint(o, "out", MAX_OUT, &out, why, cap) ||
-      get_num(o, "think", &think, why, cap) < 0)
+      get_num(o, "think", MAX_TIME_S, &think, why, cap) < 0)
     return -1;
   if ((rc = get_name(r, o, "tenant", &q.tenant, why, cap)) < 0 ||
       (rc = get_name(r, o, "session", &q.session, why, cap)) < 0)
@@ -658,10 +663,10 @@ static int ag_turn(rd *r, const ag_ctx *c, json_t *o, double t0,
                    uint32_t session, uint64_t *prev_in, char *why, size_t cap) {
   double t, think = 0;
   uint64_t in, out;
-  if (!need_num(o, "t", &t, why, cap) ||
+  if (!need_num(o, "t", MAX_TIME_S, &t, why, cap) ||
       !need_uint(o, "in", MAX_TOKENS, &in, why, cap) ||
       !need_uint(o, "out", MAX_OUT, &out, why, cap) ||
-      get_num(o, "think_time", &think, why, cap) < 0)
+      get_num(o, "think_time", MAX_TIME_S, &think, why, cap) < 0)
     return -1;
   long n = get_ids(r, o, why, cap);
   if (n < 0 || (n = key_blocks(r, in, n, why, cap)) < 0)
@@ -713,7 +718,7 @@ static int ag_subagent(rd *r, const ag_ctx *c, json_t *o, double t0,
   json_t *id = json_object_get(o, "agent_id");
   json_t *ty = json_object_get(o, "subagent_type");
   json_t *rq = json_object_get(o, "requests");
-  if (!need_num(o, "t", &t, why, sizeof why) ||
+  if (!need_num(o, "t", MAX_TIME_S, &t, why, sizeof why) ||
       get_uint(o, "system_tokens", MAX_TOKENS, &sys, why, sizeof why) < 0 ||
       get_uint(o, "tool_tokens", MAX_TOKENS, &tools, why, sizeof why) < 0)
     return bad(r, "%s", why);

@@ -236,6 +236,20 @@ TEST(agentic_bad) {
              KVP_ECORRUPT);
   ASSERT_TRUE(strstr(err, "mem:requests[1]: field 't'") != NULL);
   bh_trace_free(&t);
+  /* a time past 1e9 s (its nanoseconds would not fit the simulator's clock;
+   * found by fuzz_trace_agentic) is a bad record, in a sub-agent too */
+  const char *far =
+      "{\"block_size\": 4, \"requests\": ["
+      "{\"t\": 0, \"type\": \"n\", \"in\": 8, \"out\": 1, \"hash_ids\": [1]},"
+      "{\"type\": \"subagent\", \"t\": 3, \"agent_id\": \"a\", \"requests\": ["
+      "{\"t\": 111111111111.0, \"type\": \"n\", \"in\": 4, \"out\": 1, "
+      "\"hash_ids\": [1]}]}]}";
+  ASSERT_ERR(read_str(far, strlen(far), BH_FMT_AGENTIC, &quiet_stop, &t, err,
+                      sizeof err),
+             KVP_ECORRUPT);
+  ASSERT_TRUE(strstr(err, "field 't': expected a number in [0, 1e+09]") !=
+              NULL);
+  bh_trace_free(&t);
 }
 
 TEST(bailian_sessions) {
