@@ -216,15 +216,20 @@ static bool same_decision(const kvp_decision *a, const kvp_decision *b) {
   return true;
 }
 
+static kvp_route_request request_of(const paths *p, uint64_t s, uint64_t id) {
+  kvp_route_request q = {0};
+  q.keys = p->keys, q.n_blocks = PROMPT_TOKENS / BS;
+  q.session_id = s, q.request_id = id;
+  return q;
+}
+
 /* kvplane's decision for request `id` of session s (timed into the hash,
  * query + route and full histograms when rec). */
 static void kvplane_request(const world *w, const opts *o, paths *p,
                             uint64_t s, uint64_t id, bool rec,
                             kvp_decision *d) {
   fill_prompt(o, s, p->toks, PROMPT_TOKENS);
-  kvp_route_request q = {0};
-  q.keys = p->keys, q.n_blocks = PROMPT_TOKENS / BS;
-  q.session_id = s, q.request_id = id;
+  kvp_route_request q = request_of(p, s, id);
   uint64_t t0 = kvp_now_ns();
   int n = kvp_hasher_hash(w->h, p->toks, PROMPT_TOKENS, NULL, p->keys,
                           PROMPT_TOKENS / BS, NULL);
@@ -265,9 +270,7 @@ static bool baseline_request(const world *w, const opts *o, paths *p,
                              const kvp_decision *d1) {
   kvp_decision d2;
   fill_prompt(o, s, p->toks, PROMPT_TOKENS);
-  kvp_route_request q = {0};
-  q.keys = p->keys, q.n_blocks = PROMPT_TOKENS / BS;
-  q.session_id = s, q.request_id = id;
+  kvp_route_request q = request_of(p, s, id);
   uint64_t t0 = kvp_now_ns();
   int n = kvp_hasher_hash(w->h, p->toks, PROMPT_TOKENS, NULL, p->keys,
                           PROMPT_TOKENS / BS, NULL);

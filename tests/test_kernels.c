@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "test_harness.h"
+#include "device_test_util.h"
 
 #define POISON 0xff
 #define MAXT 16 /* tensors per layout */
@@ -23,16 +24,8 @@ static bool g_calibrated;
 static void open_devices(void) {
   if (g_dev)
     return;
-  const char *b = getenv("KVP_TEST_BACKEND");
-  g_backend = !b || !strcmp(b, "cpu") ? KVP_BACKEND_CPU
-              : !strcmp(b, "cuda")    ? KVP_BACKEND_CUDA
-              : !strcmp(b, "hip")     ? KVP_BACKEND_HIP
-                                      : KVP_BACKEND_COUNT_;
-  ASSERT_TRUE(g_backend != KVP_BACKEND_COUNT_);
   char why[256];
-  if (!kvp_backend_available(g_backend, why, sizeof why))
-    KVT_SKIP_BECAUSE("%s backend not available here: %s",
-                     kvp_backend_name(g_backend), why);
+  g_backend = kvt_backend_from_env(why, sizeof why);
   /* KVP_TEST_NO_CALIBRATE=1: skip the start-up measurement (sanitizer runs) */
   const char *nc = getenv("KVP_TEST_NO_CALIBRATE");
   g_calibrated = !(nc && *nc == '1');

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "tier_test_util.h"
+#include "device_test_util.h"
 
 #define KB 1024u
 #define MB (1024u * 1024u)
@@ -31,16 +32,8 @@ static kvp_backend g_backend;
 static void open_device(void) {
   if (g_dev)
     return;
-  const char *b = getenv("KVP_TEST_BACKEND");
-  g_backend = !b || !strcmp(b, "cpu") ? KVP_BACKEND_CPU
-              : !strcmp(b, "cuda")    ? KVP_BACKEND_CUDA
-              : !strcmp(b, "hip")     ? KVP_BACKEND_HIP
-                                      : KVP_BACKEND_COUNT_;
-  ASSERT_TRUE(g_backend != KVP_BACKEND_COUNT_);
   char why[256];
-  if (!kvp_backend_available(g_backend, why, sizeof why))
-    KVT_SKIP_BECAUSE("%s backend not available here: %s",
-                     kvp_backend_name(g_backend), why);
+  g_backend = kvt_backend_from_env(why, sizeof why);
   kvp_device_opts o = {.backend = g_backend, .flags = KVP_DEVICE_NO_CALIBRATE};
   ASSERT_OK(kvp_device_create(&o, NULL, &g_dev));
   printf("# device %s: %s\n", kvp_backend_name(g_backend),
