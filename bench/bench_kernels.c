@@ -104,6 +104,8 @@ static void *watchdog(void *arg) {
  * as an engine builds its block list just before it transfers: the submit
  * time is the library's, not that of reloading a list last touched one
  * kernel (up to 40 ms of other work) ago. */
+static op_fn pre_op; /* untimed, before each rep (submit_breakdown) */
+static void *pre_ctx;
 static uint32_t *ids_live;
 static const uint32_t *ids_master;
 static size_t ids_count;
@@ -112,6 +114,8 @@ static timing run_gated(op_fn op, void *ctx, bool gated) {
   double g[256], s[256];
   gated = gated && wait_value32;
   for (int i = 0; i < warmup + reps; i++) {
+    if (pre_op)
+      pre_op(pre_ctx);
     if (ids_live)
       memcpy(ids_live, ids_master, ids_count * sizeof *ids_live);
     if (gated) {
@@ -238,6 +242,46 @@ static void op_reject_repeat(void *p) {
   reject_with(b, b->ids[0]);
 }
 
+/* Where a call's host time goes, each piece timed right after a full
+ * transfer of this size (untimed, finished), as the real call is: a 1-page
+ * call (lock, launch, event), a call refused by the range check (the pass
+ * that copies the ids into the launch slot), for scatters one refused by
+ * the repeat check (range pass + stamps), and the full call. */
+static uint32_t full_n;
+static void op_full_sync(void *p) {
+  bctx *b = p;
+  uint32_t n = b->n;
+  b->n = full_n;
+  op_kernel(b);
+  b->n = n;
+  CHECK(kvp_stream_synchronize(b->kst));
+}
+
+static void submit_breakdown(bctx *b) {
+  for (int dir = 0; dir < 2; dir++) {
+    b->to_host = dir == 0;
+    uint32_t n = b->n;
+    full_n = n;
+    pre_op = op_full_sync, pre_ctx = b;
+    timing full = run(op_kernel, b);
+    b->n = 1;
+    timing one = run(op_kernel, b);
+    b->n = n;
+    timing rej = run(op_reject, b);
+    timing rr = {0, 0, 0};
+    if (!b->to_host)
+      rr = run(op_reject_repeat, b);
+    pre_op = NULL, pre_ctx = NULL;
+    printf("  %s submit us after a full transfer (median / p90): 1 page %.1f / %.1f, "
+           "validation of %u ids %.1f / %.1f",
+           b->to_host ? "D2H" : "H2D", one.submit_us, one.submit_p90_us, n,
+           rej.submit_us, rej.submit_p90_us);
+    if (!b->to_host)
+      printf(", validation + repeat check %.1f / %.1f", rr.submit_us, rr.submit_p90_us);
+    printf(", full call %.1f / %.1f\n", full.submit_us, full.submit_p90_us);
+  }
+}
+
 /* CTA budget x threads per CTA at small pages, both directions. */
 static void sweep(bctx *b, uint32_t ctas0, uint32_t threads0) {
   static const uint32_t cs[] = {8, 16}, ts[] = {256, 512, 1024};
@@ -254,20 +298,6 @@ static void sweep(bctx *b, uint32_t ctas0, uint32_t threads0) {
         double g = gbps(b, run(op_kernel, b));
         printf("  %ux%u %.1f (%.2fx)", cs[i], ts[j], g, g / gu);
       }
-    uint32_t n = b->n;
-    timing full = run(op_kernel, b);
-    b->n = 1;
-    timing one = run(op_kernel, b);
-    b->n = n;
-    timing rej = run(op_reject, b);
-    printf("\n      submit us (median / p90): 1 page %.1f / %.1f, validation of %u ids "
-           "%.1f / %.1f, full call %.1f / %.1f",
-           one.submit_us, one.submit_p90_us, n, rej.submit_us, rej.submit_p90_us,
-           full.submit_us, full.submit_p90_us);
-    if (!b->to_host) {
-      timing rr = run(op_reject_repeat, b);
-      printf(", validation + repeat check %.1f / %.1f", rr.submit_us, rr.submit_p90_us);
-    }
     printf("\n");
   }
   /* device to device: whole-GPU grids */
@@ -531,6 +561,7 @@ int main(int argc, char **argv) {
 
     if (page <= 4096)
       sweep(&b, ctas, threads);
+    submit_breakdown(&b);
     printf("| page | dir | kernel GB/s device | kernel GB/s e2e | bulk pinned copy "
            "GB/s device | kernel / bulk | per-page cuMemcpyAsync GB/s e2e | kernel / "
            "per-page (e2e) | cuMemcpyBatchAsync GB/s device / e2e | kernel / batch "
