@@ -92,6 +92,7 @@ typedef struct CUuuid {
     (CUcontext *, CUdevice))                                                    \
   X(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", (CUdevice))      \
   X(cuCtxSetCurrent, "cuCtxSetCurrent", (CUcontext))                            \
+  X(cuCtxGetCurrent, "cuCtxGetCurrent", (CUcontext *))                          \
   X(cuModuleLoadData, "cuModuleLoadData", (CUmodule *, const void *))           \
   X(cuModuleUnload, "cuModuleUnload", (CUmodule))                               \
   X(cuModuleGetFunction, "cuModuleGetFunction",                                 \

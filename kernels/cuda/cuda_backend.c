@@ -117,7 +117,13 @@ static int fail(kvp_device *d, CUresult r, const char *what) {
       return fail(d, r_, #call);                                                \
   } while (0)
 
+/* Makes the device's context current on this thread.  Asking first is the
+ * cheap path: a submit calls this up to three times, and the context is
+ * usually current already (the caller's, shared primary context). */
 static int set_ctx(kvp_device *d) {
+  CUcontext cur = NULL;
+  if (cu.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == CD(d)->ctx)
+    return 0;
   CK(d, cu.cuCtxSetCurrent(CD(d)->ctx));
   return 0;
 }
