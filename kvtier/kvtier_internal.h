@@ -175,7 +175,8 @@ typedef struct tier_entry {
   uint32_t hits;
   uint8_t cls, live;
   uint8_t nenc;         /* the NVMe slot is AES-256-GCM */
-  uint8_t pad_;
+  uint8_t adm;          /* admission cell + 1 at its NVMe write, until its
+                           outcome is noted; 0: none (recovered, noted) */
   uint32_t next_free;
 } tier_entry;
 
@@ -194,6 +195,7 @@ typedef struct tier_ns {
   uint64_t block_bytes;
   bool enc;
   uint8_t key[32];
+  double prefill_bps; /* kvp_tier_ns_opts.prefill_kv_bytes_per_s */
 } tier_ns;
 
 typedef struct tier_job tier_job;
@@ -238,6 +240,8 @@ struct kvp_tier_store {
   uint64_t epoch, seq;
   kvp_tier_stats st;
   double bw[KVP_TIER_COUNT_];
+  double bw_write;     /* NVMe writes, bytes/s (EWMA); 0: none yet */
+  kvp_tier_admit *adm; /* the NVMe admission gate (NULL: no NVMe tier) */
   /* async */
   pthread_mutex_t jmu;
   pthread_cond_t jcv, dcv;
@@ -256,6 +260,8 @@ uint32_t kvp__tier_entry_find(const kvp_tier_store *t, kvp_key ns, kvp_key key);
 void kvp__tier_entry_gc(kvp_tier_store *t, uint32_t id);
 void kvp__tier_bw_note(kvp_tier_store *t, kvp_tier tier, uint64_t bytes,
                        uint64_t ns);
+/* An NVMe block's admission outcome (e->adm): read back or left unread. */
+void kvp__tier_admit_outcome(kvp_tier_store *t, tier_entry *e, bool reused);
 
 /* tier_nvme.c (store lock held) */
 int kvp__tier_nvme_open(kvp_tier_store *t);  /* probe, recover */

@@ -236,6 +236,7 @@ typedef struct wctx {
   const uint32_t *ids;
   int *res;
   uint64_t *slots;
+  uint64_t bytes; /* payload bytes written */
 } wctx;
 
 static void wprep(void *arg, size_t i, tio_op *op) {
@@ -264,6 +265,12 @@ static void wdone(void *arg, size_t i, tio_op *op) {
     return;
   }
   t->st.nvme_bytes_written += op->len;
+  w->bytes += e->len;
+  /* the admission cell it was written in, for its outcome */
+  e->adm = (uint8_t)(e->cls * KVP_TIER_ADMIT_BUCKETS + 1 +
+                     (e->hits < KVP_TIER_ADMIT_BUCKETS - 1
+                          ? e->hits
+                          : KVP_TIER_ADMIT_BUCKETS - 1));
   c->owner[w->slots[i]] = w->ids[i];
   e->nslot = w->slots[i];
   t->nvme_used += c->cap;
@@ -294,9 +301,14 @@ void kvp__tier_nvme_write(kvp_tier_store *t, const uint32_t *ids, size_t n,
     ops[i] = res[i] == 0 ? op_of(TIO_WRITE, &t->cls[ci], slots[i], io_len(t, e->len))
                          : (tio_op){.op = TIO_WRITE, .fd = -1};
   }
-  wctx w = {t, ids, res, slots};
+  wctx w = {t, ids, res, slots, 0};
   tio_pool pool = pool_of(t);
+  uint64_t t0 = kvp_now_ns(), dt;
   kvp__tier_io_run(t->io, ops, n, t->qd, &pool, wprep, wdone, &w);
+  if (w.bytes > 0 && (dt = kvp_now_ns() - t0) > 0) {
+    double bps = (double)w.bytes * 1e9 / (double)dt;
+    t->bw_write = t->bw_write == 0 ? bps : 0.75 * t->bw_write + 0.25 * bps;
+  }
   if (durable) {
     int rc = kvp__tier_nvme_sync(t);
     for (size_t i = 0; rc < 0 && i < n; i++)
@@ -422,6 +434,8 @@ static void rdone(void *arg, size_t i, tio_op *op) {
     r->bytes += t->ents[r->ids[i]].len; /* payload: what the caller gets */
     t->st.nvme_bytes_read += (uint64_t)op->len + op->len2;
     r->res[i] = verify_op(r, i, op) == 0 ? KVP_TIER_NVME : KVP_ENOENT;
+    if (r->res[i] >= 0) /* read back: the gate's admission paid */
+      kvp__tier_admit_outcome(t, &t->ents[r->ids[i]], true);
   }
   if (r->res[i] < 0) /* a miss; the slot is not trusted again */
     kvp__tier_nvme_drop(t, r->ids[i], false, false);
@@ -587,6 +601,7 @@ void kvp__tier_nvme_drop(kvp_tier_store *t, uint32_t id, bool wipe,
     if (op.res != (int)t->hdr_bytes)
       t->st.io_errors++;
   }
+  kvp__tier_admit_outcome(t, e, false); /* left unread */
   kvp_tier_policy_remove(c->pol, id, evicted);
   slot_release(t, c, e->nslot);
   e->nclass = -1;
