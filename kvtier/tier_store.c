@@ -344,6 +344,7 @@ int kvp_tier_create(const kvp_tier_opts *opts, const kvp_allocator *alloc,
   t->dirfd = -1;
   t->qd_max = t->qd = o->queue_depth ? o->queue_depth : 32;
   pthread_mutex_init(&t->mu, NULL);
+  pthread_mutex_init(&t->rmu, NULL);
   pthread_mutex_init(&t->jmu, NULL);
   pthread_cond_init(&t->jcv, NULL);
   pthread_cond_init(&t->dcv, NULL);
@@ -393,6 +394,7 @@ void kvp_tier_destroy(kvp_tier_store *t) {
   kvp__free(&t->a, t->nss, t->nns * sizeof *t->nss);
   kvp__free(&t->a, t->dir, t->dir ? strlen(t->dir) + 1 : 0);
   pthread_mutex_destroy(&t->mu);
+  pthread_mutex_destroy(&t->rmu);
   pthread_mutex_destroy(&t->jmu);
   pthread_cond_destroy(&t->jcv);
   pthread_cond_destroy(&t->dcv);
@@ -505,20 +507,27 @@ int kvp_tier_put_batch(kvp_tier_store *t, const kvp_namespace *ns,
 static int nvme_flush(kvp_tier_store *t, const uint32_t *nv, void *const *nvd,
                       const size_t *nvi, size_t k, int *res) {
   int nres[256], hits = 0;
-  kvp__tier_nvme_read(t, nv, k, nvd, nres);
+  kvp_key kk[256][2];
+  for (size_t j = 0; j < k; j++) { /* which block each entry named */
+    kk[j][0] = t->ents[nv[j]].ns;
+    kk[j][1] = t->ents[nv[j]].key;
+  }
+  kvp__tier_nvme_read(t, nv, k, nvd, nres); /* releases mu meanwhile */
   for (size_t j = 0; j < k; j++) {
+    tier_entry *e = &t->ents[nv[j]];
+    bool same = e->live && kvp_key_eq(e->ns, kk[j][0]) &&
+                kvp_key_eq(e->key, kk[j][1]);
     res[nvi[j]] = nres[j];
     if (nres[j] < 0) {
       t->st.misses++;
-      kvp__tier_entry_gc(t, nv[j]);
+      if (same)
+        kvp__tier_entry_gc(t, nv[j]);
       continue;
     }
     t->st.hits[KVP_TIER_NVME]++;
     hits++;
-  }
-  for (size_t j = 0; j < k; j++) {
-    tier_entry *e = &t->ents[nv[j]];
-    if (nres[j] >= 0 && t->o.promote != 2 && e->live && e->dram == NULL &&
+    /* promote unless it was evicted (or re-put into DRAM) meanwhile */
+    if (same && t->o.promote != 2 && e->dram == NULL &&
         dram_place(t, nv[j], nvd[j]) == 0)
       t->st.promotions++;
   }
@@ -642,8 +651,10 @@ int kvp_tier_register_buffers(kvp_tier_store *t, const struct iovec *iov,
                               unsigned n) {
   if (t == NULL || (iov == NULL && n > 0))
     return KVP_EINVAL;
-  pthread_mutex_lock(&t->mu); /* no batch runs: the ring is idle */
+  pthread_mutex_lock(&t->mu);
+  pthread_mutex_lock(&t->rmu); /* no read runs: the read ring is idle */
   int rc = t->io ? kvp__tier_nvme_register(t, iov, n) : 0;
+  pthread_mutex_unlock(&t->rmu);
   pthread_mutex_unlock(&t->mu);
   return rc;
 }
@@ -803,6 +814,11 @@ int kvp_tier_get_stats(kvp_tier_store *t, kvp_tier_stats *out) {
   out->dram_slot_bytes = kvp__tier_dram_slot_bytes(t->dram);
   out->io_uring = t->io ? kvp__tier_io_is_uring(t->io) : 0;
   out->slow_io = t->io ? kvp__tier_io_slow_count(t->io) : 0;
+  if (t->rio != NULL) { /* mu -> rmu: the read ring's counter */
+    pthread_mutex_lock(&t->rmu);
+    out->slow_io += kvp__tier_io_slow_count(t->rio);
+    pthread_mutex_unlock(&t->rmu);
+  }
   out->huge_pages = kvp__tier_dram_huge(t->dram);
   out->fixed_buffers = t->fixed_bufs;
   pthread_mutex_unlock(&t->mu);
