@@ -533,6 +533,7 @@ static void read_finish(kvp_tier_store *t, const uint32_t *ids, size_t n,
     case RF_AUTH: t->st.auth_failures += ours; break;
     default: break;
     }
+    t->st.nvme_read_races += !ours && r->fail[i] >= RF_SUM;
     if (!ours)
       continue;
     if (r->fail[i] == RF_NONE) /* read back: the gate's admission paid */

@@ -358,7 +358,12 @@ KVP_API int kvp_tier_idle(kvp_tier_store *t, uint64_t budget_bytes);
 
 /* Batch forms: results[i] is what the single call returns for item i.
  * NVMe reads of one batch are submitted together (up to queue_depth in
- * flight).  The dst buffers of one get_batch must not overlap: a later read
+ * flight), and run -- I/O and checks -- WITHOUT the store's lock: other
+ * calls (puts, DRAM hits, evicts, demotions) proceed meanwhile; concurrent
+ * batches' NVMe reads share one read ring and take turns.  The slots being
+ * read are pinned, so an evict or put meanwhile cannot reuse them: a hit
+ * returns the block's bytes as of the call, a block evicted during its read
+ * may be a hit or a miss.  The dst buffers of one get_batch must not overlap: a later read
  * may be landing in its buffer while an earlier one is being verified.
  * Return the number of hits/stored items, or an error that applies to the
  * whole call (KVP_EINVAL). */
@@ -493,6 +498,11 @@ typedef struct kvp_tier_stats {
   /* outcomes the gate learned from: NVMe blocks read back / left unread,
    * rejected blocks asked for again while remembered */
   uint64_t admit_reused, admit_unused, admit_ghost_hits;
+  /* NVMe reads whose check failed because the block was evicted (its
+   * header wiped) while the read ran without the lock: a miss, not counted
+   * as damage above.  Plaintext reads check the payload only, which a
+   * pinned slot keeps: for them this stays 0. */
+  uint64_t nvme_read_races;
 } kvp_tier_stats;
 /* Thread-safe snapshot.  Returns 0 or KVP_EINVAL. */
 KVP_API int kvp_tier_get_stats(kvp_tier_store *t, kvp_tier_stats *out);
