@@ -247,6 +247,7 @@ struct kvp_tier_store {
   tier_io *rio;
   uint8_t *rstage;
   bool rfixed;
+  bool reads_locked; /* KVP_TIER_OPT_READ_UNLOCKED 0: keep mu during reads */
   void *rcctx; /* EVP_CIPHER_CTX (read verification) */
   /* index: (ns, key) -> entry id; open addressing, slot = id + 1 */
   tier_entry *ents;

@@ -559,7 +559,9 @@ void kvp__tier_nvme_read(kvp_tier_store *t, const uint32_t *ids, size_t n,
     assert(t->cls[sn[i].ci].pins[sn[i].slot] != 0);
   }
   uint32_t qd = t->qd;
-  pthread_mutex_unlock(&t->mu); /* the I/O and the checks run without it */
+  bool unlock = !t->reads_locked;
+  if (unlock)
+    pthread_mutex_unlock(&t->mu); /* the I/O and the checks run without it */
   pthread_mutex_lock(&t->rmu);
   for (size_t i = 0; i < n; i++)
     if (!ops[i].needs_buf)
@@ -571,7 +573,8 @@ void kvp__tier_nvme_read(kvp_tier_store *t, const uint32_t *ids, size_t n,
   kvp__tier_io_run(t->rio, ops, n, qd, &pool, NULL, rdone, &r);
   uint64_t dt = kvp_now_ns() - t0;
   pthread_mutex_unlock(&t->rmu);
-  pthread_mutex_lock(&t->mu);
+  if (unlock)
+    pthread_mutex_lock(&t->mu);
   read_finish(t, ids, n, sn, &r, dt);
 out:
   kvp__free(&t->a, ops, n * sizeof *ops);

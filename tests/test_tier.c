@@ -901,6 +901,12 @@ TEST(options) {
   ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_QUEUE_DEPTH, 1));
   ASSERT_OK(kvp_tier_get_opt(t, KVP_TIER_OPT_QUEUE_DEPTH, &v));
   ASSERT_EQ(v, 1);
+  ASSERT_OK(kvp_tier_get_opt(t, KVP_TIER_OPT_READ_UNLOCKED, &v));
+  ASSERT_EQ(v, 1); /* the default */
+  ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_READ_UNLOCKED, 0));
+  ASSERT_OK(kvp_tier_get_opt(t, KVP_TIER_OPT_READ_UNLOCKED, &v));
+  ASSERT_EQ(v, 0);
+  ASSERT_ERR(kvp_tier_set(t, KVP_TIER_OPT_READ_UNLOCKED, 2), KVP_ERANGE);
   kvp_tier_destroy(t);
 }
 

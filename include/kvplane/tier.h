@@ -441,7 +441,11 @@ typedef enum kvp_tier_opt {
   KVP_TIER_OPT_ADMISSION = 7,      /* kvp_tier_admission */
   KVP_TIER_OPT_ADMIT_WRITE_WEIGHT_MILLI = 8, /* write_weight x 1000, 1..1e6 */
   KVP_TIER_OPT_PREFILL_KV_BPS = 9, /* prefill_kv_bytes_per_s, 0 = unknown */
-  KVP_TIER_OPT_ADMIT_MIN_SAMPLES = 10 /* 1..512 */
+  KVP_TIER_OPT_ADMIT_MIN_SAMPLES = 10, /* 1..512 */
+  /* 1 (default): a batch's NVMe reads run without the store's lock (see
+   * kvp_tier_get_batch); 0: they hold it, as kvtier did before (for
+   * side-by-side comparisons, bench_tier --contention) */
+  KVP_TIER_OPT_READ_UNLOCKED = 11
 } kvp_tier_opt;
 /* Returns 0, KVP_EINVAL (unknown option), KVP_ERANGE (outside bounds). */
 KVP_API int kvp_tier_set(kvp_tier_store *t, kvp_tier_opt opt, int64_t value);
