@@ -2,8 +2,9 @@
 /* The block store: the (namespace, key) index, the DRAM tier's placement
  * (demote on pressure, promote on hit, idle write-back, stability-aware
  * admission), batch and asynchronous calls, options and stats.  One mutex
- * (mu) guards the store; the job queue has its own (jmu), always taken
- * after mu or alone. */
+ * (mu) guards the store; a batch's NVMe reads release it and run under the
+ * read ring's (rmu; order in kvtier_internal.h); the job queue has its own
+ * (jmu), always taken after mu or alone. */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>

@@ -209,7 +209,9 @@ typedef void (*kvp_tier_event_fn)(void *opaque, const kvp_tier_event *ev);
  * Called after every NVMe read/write/sync completes, on both backends, with
  * the kernel's result (bytes or -errno); returns the result the store acts
  * on (e.g. -EIO, -ENOSPC, fewer bytes, or the same after a sleep).  May
- * corrupt `buf` on reads.  op: 0 read, 1 write, 2 fdatasync. */
+ * corrupt `buf` on reads.  op: 0 read, 1 write, 2 fdatasync.  Reads and
+ * writes run on two rings: the filter may be called from two threads at
+ * once. */
 typedef int (*kvp_tier_io_filter)(void *opaque, int op, void *buf,
                                   size_t len, uint64_t off, int result);
 
@@ -318,7 +320,8 @@ KVP_API void kvp_tier_destroy(kvp_tier_store *t);
 KVP_API int kvp_tier_ns_add(kvp_tier_store *t, const kvp_namespace *ns,
                             const kvp_tier_ns_opts *o);
 
-/* ---- synchronous block calls (thread-safe; one internal lock) --------------*/
+/* ---- synchronous block calls (thread-safe; one store lock, which a
+ * batch's NVMe reads release while they run: kvp_tier_get_batch) -------*/
 #define KVP_TIER_PUT_DURABLE 1u /* write through to NVMe + fdatasync */
 
 typedef struct kvp_tier_put_opts {
@@ -396,8 +399,9 @@ KVP_API int kvp_tier_put_batch(kvp_tier_store *t, const kvp_namespace *ns,
  * KVP_ERANGE (more than 16384 - queue_depth pieces of 1 GiB), KVP_ENOMEM,
  * or the kernel's -errno (-ENOMEM: memlock limit; -EFAULT: not mapped or
  * file-backed); on error no caller range is registered and reads work as
- * without one.  Thread-safe (takes the store's lock: waits for a running
- * batch or asynchronous call). */
+ * without one.  Thread-safe (takes the store's lock and the read ring's:
+ * waits for running batches' reads).  Registered ranges serve reads only
+ * (the read ring's table). */
 KVP_API int kvp_tier_register_buffers(kvp_tier_store *t,
                                       const struct iovec *iov, unsigned n);
 /* Forgets the ranges of kvp_tier_register_buffers (the kernel unpins
