@@ -65,7 +65,12 @@ typedef void (*op_fn)(void *ctx);
 typedef struct timing {
   double gpu_ms;    /* median, events */
   double submit_us; /* median host time of the submitting call(s) */
+  double submit_p90_us;
 } timing;
+
+static double p90(double *v, int n) { /* v sorted by median() */
+  return v[(n * 9) / 10 < n ? (n * 9) / 10 : n - 1];
+}
 
 /* The gate: the stream waits on a mapped host word before the start event,
  * and the host opens it once the operation is submitted, so the events
@@ -95,10 +100,24 @@ static void *watchdog(void *arg) {
   return NULL;
 }
 
+/* The caller's id list is rewritten (untimed) right before each timed call,
+ * as an engine builds its block list just before it transfers: the submit
+ * time is the library's, not that of reloading a list last touched one
+ * kernel (up to 40 ms of other work) ago. */
+static op_fn pre_op; /* untimed, before each rep (submit_breakdown) */
+static void *pre_ctx;
+static uint32_t *ids_live;
+static const uint32_t *ids_master;
+static size_t ids_count;
+
 static timing run_gated(op_fn op, void *ctx, bool gated) {
   double g[256], s[256];
   gated = gated && wait_value32;
   for (int i = 0; i < warmup + reps; i++) {
+    if (pre_op)
+      pre_op(pre_ctx);
+    if (ids_live)
+      memcpy(ids_live, ids_master, ids_count * sizeof *ids_live);
     if (gated) {
       CU(wait_value32(st, gate_dev, ++gate_gen, 0 /* GEQ */));
       atomic_store(&gate_armed_at, kvp_now_ns());
@@ -120,7 +139,8 @@ static timing run_gated(op_fn op, void *ctx, bool gated) {
   }
   if (gated && atomic_exchange(&gate_forced, 0))
     printf("(gate forced open by the watchdog: this figure includes submission)\n");
-  return (timing){median(g, reps), median(s, reps)};
+  double ms = median(g, reps), su = median(s, reps);
+  return (timing){ms, su, p90(s, reps)};
 }
 static timing run(op_fn op, void *ctx) { return run_gated(op, ctx, true); }
 static timing run_e2e(op_fn op, void *ctx) { return run_gated(op, ctx, false); }
@@ -200,10 +220,9 @@ static double gbps(const bctx *b, timing t) {
 /* Host cost of one kvp_device_gather/scatter call, split: a 1-page call
  * (fixed costs: lock, launch, ids upload), a call rejected by its last id
  * (the validation pass over n ids), the full call. */
-static void op_reject(void *p) {
-  bctx *b = p;
+static void reject_with(bctx *b, uint32_t bad) {
   uint32_t keep = b->ids[b->n - 1];
-  b->ids[b->n - 1] = 0xffffffffu;
+  b->ids[b->n - 1] = bad;
   kvp_xfer x = {.layout = b->lay, .block_ids = b->ids, .n = b->n,
                 .method = KVP_XFER_KERNEL, .staging = b->host,
                 .staging_bytes = (uint64_t)b->n * b->page};
@@ -213,6 +232,53 @@ static void op_reject(void *p) {
   if (rc != KVP_EINVAL) {
     fprintf(stderr, "bench_kernels: bad id not rejected\n");
     exit(1);
+  }
+}
+/* rejected by the range check (the pass that copies ids + max) */
+static void op_reject(void *p) { reject_with(p, 0xffffffffu); }
+/* scatter rejected by the repeat check (range pass + stamp pass) */
+static void op_reject_repeat(void *p) {
+  bctx *b = p;
+  reject_with(b, b->ids[0]);
+}
+
+/* Where a call's host time goes, each piece timed right after a full
+ * transfer of this size (untimed, finished), as the real call is: a 1-page
+ * call (lock, launch, event), a call refused by the range check (the pass
+ * that copies the ids into the launch slot), for scatters one refused by
+ * the repeat check (range pass + stamps), and the full call. */
+static uint32_t full_n;
+static void op_full_sync(void *p) {
+  bctx *b = p;
+  uint32_t n = b->n;
+  b->n = full_n;
+  op_kernel(b);
+  b->n = n;
+  CHECK(kvp_stream_synchronize(b->kst));
+}
+
+static void submit_breakdown(bctx *b) {
+  for (int dir = 0; dir < 2; dir++) {
+    b->to_host = dir == 0;
+    uint32_t n = b->n;
+    full_n = n;
+    pre_op = op_full_sync, pre_ctx = b;
+    timing full = run(op_kernel, b);
+    b->n = 1;
+    timing one = run(op_kernel, b);
+    b->n = n;
+    timing rej = run(op_reject, b);
+    timing rr = {0, 0, 0};
+    if (!b->to_host)
+      rr = run(op_reject_repeat, b);
+    pre_op = NULL, pre_ctx = NULL;
+    printf("  %s submit us after a full transfer (median / p90): 1 page %.1f / %.1f, "
+           "validation of %u ids %.1f / %.1f",
+           b->to_host ? "D2H" : "H2D", one.submit_us, one.submit_p90_us, n,
+           rej.submit_us, rej.submit_p90_us);
+    if (!b->to_host)
+      printf(", validation + repeat check %.1f / %.1f", rr.submit_us, rr.submit_p90_us);
+    printf(", full call %.1f / %.1f\n", full.submit_us, full.submit_p90_us);
   }
 }
 
@@ -232,14 +298,7 @@ static void sweep(bctx *b, uint32_t ctas0, uint32_t threads0) {
         double g = gbps(b, run(op_kernel, b));
         printf("  %ux%u %.1f (%.2fx)", cs[i], ts[j], g, g / gu);
       }
-    uint32_t n = b->n;
-    timing full = run(op_kernel, b);
-    b->n = 1;
-    timing one = run(op_kernel, b);
-    b->n = n;
-    timing rej = run(op_reject, b);
-    printf("\n      submit us: 1 page %.1f, validation of %u ids %.1f, full call %.1f\n",
-           one.submit_us, n, rej.submit_us, full.submit_us);
+    printf("\n");
   }
   /* device to device: whole-GPU grids */
   b->d2d = true, b->to_host = true;
@@ -364,10 +423,32 @@ int main(int argc, char **argv) {
     return 77;
   }
   kvp_device *dev;
-  kvp_device_opts o = {.backend = KVP_BACKEND_CUDA, .cta_budget = ctas};
+  /* the device measures (cache neither read nor written), then a second
+   * device reads that calibration back from a cache file of its own */
+  kvp_device_opts o = {.backend = KVP_BACKEND_CUDA, .cta_budget = ctas,
+                       .flags = KVP_DEVICE_NO_CALIBRATION_CACHE};
   uint64_t c0 = kvp_now_ns();
   CHECK(kvp_device_create(&o, NULL, &dev));
-  double create_ms = (kvp_now_ns() - c0) / 1e6;
+  double create_ms = (kvp_now_ns() - c0) / 1e6, cached_ms = -1;
+  {
+    char dir[] = "/tmp/kvp-bench-cal-XXXXXX", path[80];
+    if (mkdtemp(dir)) {
+      snprintf(path, sizeof path, "%s/cal.txt", dir);
+      kvp_device_opts oc = {.backend = KVP_BACKEND_CUDA, .cta_budget = ctas,
+                            .calibration_cache = path};
+      kvp_device *d2;
+      CHECK(kvp_device_create(&oc, NULL, &d2)); /* measures, writes */
+      kvp_device_destroy(d2);
+      uint64_t c1 = kvp_now_ns();
+      CHECK(kvp_device_create(&oc, NULL, &d2)); /* reads */
+      cached_ms = (kvp_now_ns() - c1) / 1e6;
+      if (kvp_device_calibration_source(d2) != 2)
+        cached_ms = -1;
+      kvp_device_destroy(d2);
+      unlink(path);
+      rmdir(dir);
+    }
+  }
   CHECK(kvp_device_set(dev, KVP_DEVOPT_THREADS_PER_CTA, threads));
   cu = kvp__cuda_api();
   CUcontext ctx;
@@ -407,7 +488,9 @@ int main(int argc, char **argv) {
          kvp_device_name(dev), cu->driver_version,
          have_batch ? (cu->cuMemcpyBatchAsync13 ? "yes (CUDA 13 ABI)" : "yes (12.8 ABI)")
                     : "no");
-  printf("kvp_device_create with calibration: %.1f ms\n", create_ms);
+  printf("kvp_device_create measuring its calibration: %.1f ms; reading it from "
+         "the calibration cache: %.1f ms%s\n", create_ms, cached_ms,
+         cached_ms < 0 ? " (FAILED: not read from the cache)" : "");
   printf("%u random pages of a %u-page cache; median of %d runs after %d warm-up; "
          "kernel: %u CTAs x %u threads\n", pages, 2 * pages, reps, warmup, ctas,
          threads);
@@ -445,6 +528,13 @@ int main(int argc, char **argv) {
       uint32_t j = (uint32_t)(((rng >> 32) * (i + 1)) >> 32), t = b.ids[i];
       b.ids[i] = b.ids[j], b.ids[j] = t;
     }
+    uint32_t *master = malloc(nb * sizeof *master);
+    if (!master) {
+      fprintf(stderr, "bench_kernels: out of host memory\n");
+      return 1;
+    }
+    memcpy(master, b.ids, nb * sizeof *master);
+    ids_live = b.ids, ids_master = master, ids_count = nb;
     /* one 2-byte-element cross-layer page per block: 2 * bs * 64 * 2 = page */
     kvp_kv_layout_desc d = {.kind = KVP_LAYOUT_CROSS_LAYER, .num_layers = 1,
                             .num_blocks = (uint32_t)nb,
@@ -471,6 +561,7 @@ int main(int argc, char **argv) {
 
     if (page <= 4096)
       sweep(&b, ctas, threads);
+    submit_breakdown(&b);
     printf("| page | dir | kernel GB/s device | kernel GB/s e2e | bulk pinned copy "
            "GB/s device | kernel / bulk | per-page cuMemcpyAsync GB/s e2e | kernel / "
            "per-page (e2e) | cuMemcpyBatchAsync GB/s device / e2e | kernel / batch "
@@ -482,7 +573,7 @@ int main(int argc, char **argv) {
       timing tk = run(op_kernel, &b), tke = run_e2e(op_kernel, &b);
       timing tp = run_e2e(op_per_page, &b), tc = run_e2e(op_ours_ce, &b);
       timing tu = run(op_bulk, &b);
-      timing tb = {0, 0}, tbe = {0, 0};
+      timing tb = {0, 0, 0}, tbe = {0, 0, 0};
       if (have_batch)
         tb = run(op_batch, &b), tbe = run_e2e(op_batch, &b);
       double gk = gbps(&b, tk), gke = gbps(&b, tke), gu = gbps(&b, tu);
@@ -495,8 +586,8 @@ int main(int argc, char **argv) {
                gk / gbps(&b, tb), gke / gbps(&b, tbe));
       else
         printf("n/a | n/a | ");
-      printf("%.1f | %.1f / %.0f / %.0f |\n", gc, tk.submit_us, tp.submit_us,
-             tb.submit_us);
+      printf("%.1f | %.1f (p90 %.1f) / %.0f / %.0f |\n", gc, tk.submit_us,
+             tk.submit_p90_us, tp.submit_us, tb.submit_us);
       fflush(stdout);
     }
     /* D2D gather into device staging with the whole GPU vs D2D memcpy */
@@ -523,8 +614,9 @@ int main(int argc, char **argv) {
     CHECK(kvp_device_host_unregister(dev, b.host));
     CU(cu->cuMemFree(b.cache));
     CU(cu->cuMemFree(b.dstage));
-    free(b.host), free(ref), free(tmp), free(b.ids), free(b.srcs), free(b.dsts),
-        free(b.sizes);
+    ids_live = NULL, ids_master = NULL, ids_count = 0;
+    free(b.host), free(ref), free(tmp), free(b.ids), free(master), free(b.srcs),
+        free(b.dsts), free(b.sizes);
   }
   host_costs();
   printf("\ncalibrated crossover (kvp_device_bandwidth_get):\n");

@@ -81,6 +81,13 @@ typedef struct kvp__dev_ops {
   int (*run_copy_engine)(struct kvp_device *d, const kvp__plan *p);
   /* Whether kvp__calibrate measures this backend at creation. */
   bool calibrate;
+  /* Optional: the device's identity for the calibration cache: *key gets
+   * what must match for a cached calibration to be used (UUID, PCI bus,
+   * driver version, name, XXH3 of the device code it loads), *tag a short
+   * file-name-safe id (the UUID).
+   * 0 or an error (then nothing is cached). */
+  int (*identity)(struct kvp_device *d, char *key, size_t key_cap, char *tag,
+                  size_t tag_cap);
 } kvp__dev_ops;
 
 struct kvp_device {
@@ -102,6 +109,7 @@ struct kvp_device {
   /* calibration: [dir][size][method-1] GB/s; dir H2D/D2H */
   double bw[2][KVP_CAL_SIZES][2];
   bool calibrated;
+  int calibration_source; /* kvp_device_calibration_source() */
   void *priv; /* the backend's state */
 };
 
@@ -117,6 +125,28 @@ struct kvp_kv_layout {
   uint8_t *stamp;
   uint8_t stamp_gen;
 };
+
+/* The calibration cache (kernels_calcache.c). */
+#define KVP_CALCACHE_KEY_MAX 511
+int kvp__calcache_format(const char *key, const double bw[2][KVP_CAL_SIZES][2],
+                         char *out, size_t cap);
+/* 0 (bw filled), KVP_ENOENT (valid file, other key or sizes: stale),
+ * KVP_EINVAL (malformed; why says where). */
+int kvp__calcache_parse(const char *text, size_t len, const char *key,
+                        double bw[2][KVP_CAL_SIZES][2], char *why, size_t cap);
+/* As parse, from a file; KVP_ENOENT also when it does not exist, -errno. */
+int kvp__calcache_load(const char *path, const char *key,
+                       double bw[2][KVP_CAL_SIZES][2], char *why, size_t cap);
+/* Writes atomically (temporary file + rename; creates the directory).
+ * 0 or -errno / KVP_EINVAL. */
+int kvp__calcache_save(const char *path, const char *key,
+                       const double bw[2][KVP_CAL_SIZES][2]);
+/* The file for a device: explicit_path as is, else
+ * $KVP_CALIBRATION_CACHE/calibration-<tag>.txt, else
+ * $XDG_CACHE_HOME/kvplane/..., else $HOME/.cache/kvplane/...; KVP_ENOENT
+ * when none is set. */
+int kvp__calcache_path(const char *explicit_path, const char *device_tag,
+                       char *out, size_t cap);
 
 /* Backends. */
 extern const kvp__dev_ops kvp__cpu_ops;

@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "test_harness.h"
 #include "device_test_util.h"
@@ -29,8 +30,10 @@ static void open_devices(void) {
   /* KVP_TEST_NO_CALIBRATE=1: skip the start-up measurement (sanitizer runs) */
   const char *nc = getenv("KVP_TEST_NO_CALIBRATE");
   g_calibrated = !(nc && *nc == '1');
+  /* measured here, never read from (or written to) the user's cache */
   kvp_device_opts o = {.backend = g_backend,
-                       .flags = g_calibrated ? 0 : KVP_DEVICE_NO_CALIBRATE};
+                       .flags = g_calibrated ? KVP_DEVICE_NO_CALIBRATION_CACHE
+                                             : KVP_DEVICE_NO_CALIBRATE};
   ASSERT_OK(kvp_device_create(&o, NULL, &g_dev));
   ASSERT_OK(kvp_device_create(NULL, NULL, &g_cpu));
   printf("# backend %s: %s (%s)\n", kvp_backend_name(g_backend),
@@ -787,6 +790,84 @@ TEST(options_and_bandwidth) {
   }
 }
 
+/* GPU: a second device on the same GPU reads the first one's calibration
+ * from the cache file (same figures, bit for bit, and much faster); another
+ * CTA budget, a damaged file or KVP_DEVICE_RECALIBRATE measure again and
+ * rewrite it. */
+static double bw_of(kvp_device *d, kvp_xfer_dir dir, uint64_t pg, bool kernel) {
+  kvp_device_bandwidth b;
+  ASSERT_OK(kvp_device_bandwidth_get(d, dir, pg, &b));
+  return kernel ? b.kernel_gbps : b.copy_engine_gbps;
+}
+
+static void same_figures(kvp_device *a, kvp_device *b) {
+  for (int dir = KVP_DIR_H2D; dir <= KVP_DIR_D2H; dir++)
+    for (uint64_t pg = 4096; pg <= (1u << 20); pg *= 2)
+      for (int k = 0; k < 2; k++) {
+        double x = bw_of(a, (kvp_xfer_dir)dir, pg, k), y = bw_of(b, (kvp_xfer_dir)dir, pg, k);
+        ASSERT_MEM_EQ(&x, &y, sizeof x);
+      }
+}
+
+TEST(calibration_cache) {
+  open_devices();
+  if (!gpu() || !g_calibrated) {
+    printf("# calibration cache: GPU with calibration only (test_calcache covers the file)\n");
+    return;
+  }
+  char dir[] = "/tmp/kvp-cal-XXXXXX", path[128];
+  ASSERT_NOT_NULL(mkdtemp(dir));
+  snprintf(path, sizeof path, "%s/sub/cal.txt", dir);
+  kvp_device_opts o = {.backend = g_backend, .calibration_cache = path};
+  kvp_device *a, *b, *c;
+  uint64_t t0 = kvp_now_ns();
+  ASSERT_OK(kvp_device_create(&o, NULL, &a));
+  uint64_t t1 = kvp_now_ns();
+  ASSERT_EQ(kvp_device_calibration_source(a), 1); /* no file yet: measured */
+  ASSERT_TRUE(access(path, R_OK) == 0);
+  ASSERT_OK(kvp_device_create(&o, NULL, &b));
+  uint64_t t2 = kvp_now_ns();
+  ASSERT_EQ(kvp_device_calibration_source(b), 2); /* read back */
+  same_figures(a, b);
+  printf("# create: measuring %.1f ms, from the cache %.1f ms\n", (t1 - t0) / 1e6,
+         (t2 - t1) / 1e6);
+  ASSERT_LT(t2 - t1, t1 - t0);
+  kvp_device_destroy(b);
+  /* another CTA budget: the kernel figures do not apply, measured again */
+  o.cta_budget = 8;
+  ASSERT_OK(kvp_device_create(&o, NULL, &c));
+  ASSERT_EQ(kvp_device_calibration_source(c), 1);
+  kvp_device_destroy(c);
+  o.cta_budget = 0; /* the file now holds budget 8's: 16 measures again */
+  ASSERT_OK(kvp_device_create(&o, NULL, &c));
+  ASSERT_EQ(kvp_device_calibration_source(c), 1);
+  kvp_device_destroy(c);
+  /* damaged: refused (warn), measured, rewritten */
+  FILE *f = fopen(path, "r+b");
+  ASSERT_NOT_NULL(f);
+  ASSERT_EQ(fseek(f, 40, SEEK_SET), 0);
+  fputc('\n', f);
+  fclose(f);
+  ASSERT_OK(kvp_device_create(&o, NULL, &c));
+  ASSERT_EQ(kvp_device_calibration_source(c), 1);
+  kvp_device_destroy(c);
+  ASSERT_OK(kvp_device_create(&o, NULL, &c));
+  ASSERT_EQ(kvp_device_calibration_source(c), 2);
+  kvp_device_destroy(c);
+  o.flags = KVP_DEVICE_RECALIBRATE;
+  ASSERT_OK(kvp_device_create(&o, NULL, &c));
+  ASSERT_EQ(kvp_device_calibration_source(c), 1);
+  kvp_device_destroy(c);
+  o.flags = KVP_DEVICE_NO_CALIBRATE;
+  ASSERT_OK(kvp_device_create(&o, NULL, &c));
+  ASSERT_EQ(kvp_device_calibration_source(c), 0);
+  kvp_device_destroy(c);
+  kvp_device_destroy(a);
+  char cmd[200];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  ASSERT_EQ(system(cmd), 0);
+}
+
 TEST(names) {
   ASSERT_STR_EQ(kvp_backend_name(KVP_BACKEND_CUDA), "cuda");
   ASSERT_STR_EQ(kvp_layout_kind_name(KVP_LAYOUT_SGLANG_PAGE_FIRST), "sglang_page_first");
@@ -823,4 +904,5 @@ TEST_MAIN(TEST_ENTRY(names), TEST_ENTRY(gather_scatter_all_layouts),
           TEST_ENTRY(validation_nothing_copied), TEST_ENTRY(layout_validation),
           TEST_ENTRY(host_registration), TEST_ENTRY(two_streams_large),
           TEST_ENTRY(default_stream_wrap), TEST_ENTRY(many_ids_per_cta),
-          TEST_ENTRY(options_and_bandwidth), TEST_ENTRY(destroy_all))
+          TEST_ENTRY(options_and_bandwidth), TEST_ENTRY(calibration_cache),
+          TEST_ENTRY(destroy_all))

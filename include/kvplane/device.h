@@ -70,19 +70,33 @@ typedef struct kvp_device_opts {
    * with KVP_DEVOPT_CTA_BUDGET. */
   uint32_t cta_budget;
   /* KVP_DEVICE_NO_CALIBRATE: skip the start-up measurement of kernel vs copy
-   * engine bandwidths (AUTO then always picks the kernel). */
+   * engine bandwidths (AUTO then always picks the kernel).
+   * KVP_DEVICE_NO_CALIBRATION_CACHE: measure, neither read nor write the
+   * calibration cache.  KVP_DEVICE_RECALIBRATE: measure and rewrite it. */
   uint32_t flags;
-  uint32_t reserved[8];
+  /* The calibration cache file (GPU backends).  NULL = one file per GPU
+   * (named by its UUID) in $KVP_CALIBRATION_CACHE, else
+   * $XDG_CACHE_HOME/kvplane, else $HOME/.cache/kvplane (created 0700).  A
+   * file is used only if it was measured on this GPU (UUID, PCI bus), driver
+   * version, kvplane version, embedded kernels and CTA budget / threads per
+   * CTA; otherwise, or when it is malformed, the device measures and
+   * rewrites it (atomically).  Failing to read or write it never fails
+   * kvp_device_create (logged at info / warn). */
+  const char *calibration_cache;
+  uint32_t reserved[6];
 } kvp_device_opts;
 
 #define KVP_DEVICE_NO_CALIBRATE 0x1u
+#define KVP_DEVICE_NO_CALIBRATION_CACHE 0x2u
+#define KVP_DEVICE_RECALIBRATE 0x4u
 
 /* Opens a backend on one device.  GPU backends retain the device's primary
  * context (shared with the CUDA runtime / PyTorch in the same process), load
- * the embedded kernels and, unless KVP_DEVICE_NO_CALIBRATE, measure the
+ * the embedded kernels and, unless KVP_DEVICE_NO_CALIBRATE, take the
  * crossover between the gather kernel and the copy engines for H2D and D2H
- * (~0.3 s on an H100; 16 MiB of pinned host and 32 MiB of device memory,
- * freed after).
+ * from the calibration cache (see calibration_cache) or measure it (~0.3 s
+ * on an H100; 16 MiB of pinned host and 32 MiB of device memory, freed
+ * after).  kvp_device_calibration_source() says which.
  * Returns 0; KVP_EINVAL (bad opts, reserved not zero); KVP_ENOTSUP (backend
  * not available: see kvp_backend_available); KVP_ERANGE (no such ordinal);
  * KVP_EGPU (the driver failed: kvp_device_native_error says how);
@@ -93,6 +107,11 @@ KVP_API int kvp_device_create(const kvp_device_opts *opts,
  * no-op.  Every layout, stream and event of the device must be destroyed
  * first. */
 KVP_API void kvp_device_destroy(kvp_device *dev);
+
+/* Where this device's calibration came from: 0 none (CPU backend,
+ * KVP_DEVICE_NO_CALIBRATE), 1 measured at creation, 2 read from the
+ * calibration cache. */
+KVP_API int kvp_device_calibration_source(const kvp_device *dev);
 
 KVP_API kvp_backend kvp_device_backend(const kvp_device *dev);
 /* "cpu", "NVIDIA H100 80GB HBM3 (sm_90, cubin)", ...; lives as long as dev. */

@@ -74,6 +74,10 @@ typedef struct CUmemcpyAttributes {
 } CUmemcpyAttributes;
 #define CU_MEMCPY_SRC_ACCESS_ORDER_STREAM 1
 
+typedef struct CUuuid {
+  char bytes[16];
+} CUuuid;
+
 /* X(return, symbol, field, params) */
 #define KVP_CUDA_FUNCS(X)                                                       \
   X(cuInit, "cuInit", (unsigned int))                                           \
@@ -81,11 +85,14 @@ typedef struct CUmemcpyAttributes {
   X(cuDeviceGetCount, "cuDeviceGetCount", (int *))                              \
   X(cuDeviceGet, "cuDeviceGet", (CUdevice *, int))                              \
   X(cuDeviceGetName, "cuDeviceGetName", (char *, int, CUdevice))                \
+  X(cuDeviceGetUuid, "cuDeviceGetUuid_v2", (CUuuid *, CUdevice))                \
+  X(cuDeviceGetPCIBusId, "cuDeviceGetPCIBusId", (char *, int, CUdevice))        \
   X(cuDeviceGetAttribute, "cuDeviceGetAttribute", (int *, int, CUdevice))       \
   X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain",                       \
     (CUcontext *, CUdevice))                                                    \
   X(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", (CUdevice))      \
   X(cuCtxSetCurrent, "cuCtxSetCurrent", (CUcontext))                            \
+  X(cuCtxGetCurrent, "cuCtxGetCurrent", (CUcontext *))                          \
   X(cuModuleLoadData, "cuModuleLoadData", (CUmodule *, const void *))           \
   X(cuModuleUnload, "cuModuleUnload", (CUmodule))                               \
   X(cuModuleGetFunction, "cuModuleGetFunction",                                 \

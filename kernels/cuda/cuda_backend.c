@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 #include "cuda_api.h"
 #include "kernels_args.h"
@@ -116,7 +117,13 @@ static int fail(kvp_device *d, CUresult r, const char *what) {
       return fail(d, r_, #call);                                                \
   } while (0)
 
+/* Makes the device's context current on this thread.  Asking first is the
+ * cheap path: a submit calls this up to three times, and the context is
+ * usually current already (the caller's, shared primary context). */
 static int set_ctx(kvp_device *d) {
+  CUcontext cur = NULL;
+  if (cu.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == CD(d)->ctx)
+    return 0;
   CK(d, cu.cuCtxSetCurrent(CD(d)->ctx));
   return 0;
 }
@@ -203,6 +210,29 @@ static int cuda_open(kvp_device *d, const kvp_device_opts *o) {
 fail:
   cuda_close(d);
   return rc;
+}
+
+/* UUID, PCI bus, driver version, name and the fatbin's hash: what a cached
+ * calibration must have been measured with. */
+static int cuda_identity(kvp_device *d, char *key, size_t key_cap, char *tag,
+                         size_t tag_cap) {
+  cuda_dev *c = CD(d);
+  CUuuid u;
+  char bus[32] = "?", hex[33];
+  if (cu.cuDeviceGetUuid(&u, c->dev) != CUDA_SUCCESS)
+    return KVP_EGPU;
+  cu.cuDeviceGetPCIBusId(bus, (int)sizeof bus, c->dev);
+  bus[sizeof bus - 1] = 0;
+  for (int i = 0; i < 16; i++)
+    snprintf(hex + 2 * i, 3, "%02x", (unsigned char)u.bytes[i]);
+  int k = snprintf(key, key_cap, "cuda uuid=%s pci=%s driver=%d kernels=%016llx name=%s",
+                   hex, bus, cu.driver_version,
+                   (unsigned long long)XXH3_64bits(kvp__cuda_fatbin,
+                                                   kvp__cuda_fatbin_size),
+                   d->name);
+  int t = snprintf(tag, tag_cap, "cuda-%s", hex);
+  return k > 0 && (size_t)k < key_cap && t > 0 && (size_t)t < tag_cap ? 0
+                                                                     : KVP_ERANGE;
 }
 
 static int cuda_alloc(kvp_device *d, size_t n, uint64_t *out) {
@@ -508,4 +538,5 @@ const kvp__dev_ops kvp__cuda_ops = {
     .run_kernel = cuda_run_kernel,
     .run_copy_engine = cuda_run_copy_engine,
     .calibrate = true,
+    .identity = cuda_identity,
 };
