@@ -477,7 +477,7 @@ static int ubuf_find(const kvp_tier_store *t, uintptr_t p, size_t len) {
 /* Snapshot of entry id for its read, and the read: plaintext slots read
  * their payload only, exactly the block rounded up to the sector: straight
  * into an aligned caller buffer when it holds whole sectors (no copy), else
- * into registered staging.  Encrypted slots read header + payload (the IV
+ * into the read ring's staging.  Encrypted slots read header + payload (the IV
  * and tag live in the header).  mu held. */
 static tio_op read_prep(const kvp_tier_store *t, uint32_t id, void *dst,
                         rsnap *sn) {
@@ -863,8 +863,12 @@ int kvp__tier_nvme_open(kvp_tier_store *t) {
                                 t->o.io_filter_opaque, &t->a, &t->rio)) < 0)
     return rc;
   kvp__tier_io_set_slow(t->rio, (t->o.slow_io_us ? t->o.slow_io_us : 100000) * UINT64_C(1000));
-  t->rfixed = kvp__tier_io_register_buffers(t->rio, t->rstage, t->stage_each,
-                                            t->qd_max);
+  /* Its staging is NOT registered: that would pin another qd x max block
+   * bytes (128 MiB by default) for the reads only unaligned or encrypted
+   * blocks take (registered caller buffers and fio's --fixedbufs changed
+   * nothing measurable on this VM: README; this path itself not
+   * measured).  Caller ranges (kvp_tier_register_buffers) are registered. */
+  t->rfixed = false;
   if ((t->cctx = EVP_CIPHER_CTX_new()) == NULL ||
       (t->rcctx = EVP_CIPHER_CTX_new()) == NULL)
     return KVP_ENOMEM;
