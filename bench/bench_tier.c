@@ -24,9 +24,14 @@
  * and with the same buffers registered (kvp_tier_register_buffers).
  * --async: each batch is two kvp_tier_get_async calls of half the keys,
  * both kept in flight (one is refilled while the other runs).
+ * --contention: only the table of what a caller of DRAM gets sees while
+ * another thread's get_batch reads NVMe, with the reads releasing the
+ * store's lock and holding it (bench_contention).
  */
+#include <dirent.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -52,6 +57,7 @@ typedef struct cfg {
   int small_pages; /* read buffers of 4 KiB pages */
   int batch_mult;  /* keys per get_batch = batch_mult x QD (<= 256) */
   int async;       /* reads as two kvp_tier_get_async halves in flight */
+  int contention;  /* only the --contention table */
 } cfg;
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
@@ -534,6 +540,185 @@ static int lay_out_fio_file(const cfg *c) {
   return system(cmd) == 0;
 }
 
+/* ---- --contention: other callers while a batch's NVMe reads run ------------
+ * One thread loops kvp_tier_get_batch over blocks that live only on NVMe
+ * (promotion off); the main thread meanwhile times kvp_tier_get of blocks in
+ * DRAM.  Once with the NVMe reads holding the store's lock (the behaviour
+ * before, KVP_TIER_OPT_READ_UNLOCKED 0) and once releasing it (the
+ * default), alternated --reps times; the best of each is kept. */
+typedef struct cont {
+  kvp_tier_store *t;
+  const kvp_namespace *ns;
+  uint32_t ncold, batch;
+  size_t bs;
+  int cpu;
+  uint32_t gap_us; /* pause between batches (0: back to back) */
+  _Atomic int stop;
+  uint64_t blocks; /* NVMe blocks read by the batch thread */
+} cont;
+
+static kvp_key cold_key(uint64_t i) { return (kvp_key){0xC01D, i}; }
+static kvp_key hot_key(uint64_t i) { return (kvp_key){0x407, i}; }
+
+static void *cont_reader(void *p) {
+  cont *c = p;
+  if (c->cpu >= 0)
+    pin_cpu(c->cpu);
+  enum { MAXB = 64 };
+  void *dst[MAXB];
+  size_t cap[MAXB], len[MAXB];
+  int res[MAXB];
+  kvp_key keys[MAXB];
+  uint8_t *bufs = mmap(NULL, (size_t)MAXB * c->bs, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (bufs == MAP_FAILED)
+    die("mmap", KVP_ENOMEM);
+  memset(bufs, 1, (size_t)MAXB * c->bs); /* faulted in, untimed */
+  uint64_t s = 0x1234567;
+  while (!c->stop) {
+    for (uint32_t i = 0; i < c->batch; i++) {
+      s = s * 6364136223846793005ull + 1442695040888963407ull;
+      keys[i] = cold_key((s >> 33) % c->ncold);
+      dst[i] = bufs + (size_t)i * c->bs;
+      cap[i] = c->bs;
+    }
+    int n = kvp_tier_get_batch(c->t, c->ns, keys, c->batch, dst, cap, len, res);
+    if (n < 0)
+      die("get_batch", n);
+    c->blocks += (uint64_t)n;
+    if (c->gap_us)
+      usleep(c->gap_us);
+  }
+  munmap(bufs, (size_t)MAXB * c->bs);
+  return NULL;
+}
+
+typedef struct cont_res {
+  double gets_s, p99_us, max_us, nvme_s;
+} cont_res;
+
+static cont_res cont_run(const cfg *cf, cont *c, uint32_t nhot, int locked) {
+  int rc = kvp_tier_set(c->t, KVP_TIER_OPT_READ_UNLOCKED, !locked);
+  if (rc < 0)
+    die("KVP_TIER_OPT_READ_UNLOCKED", rc);
+  kvp_hist *h;
+  if ((rc = kvp_hist_create(NULL, &h)) < 0)
+    die("hist", rc);
+  static _Alignas(4096) uint8_t out[64 << 10];
+  c->stop = 0;
+  c->blocks = 0;
+  pthread_t th;
+  if (pthread_create(&th, NULL, cont_reader, c) != 0)
+    die("pthread_create", KVP_ENOMEM);
+  usleep(20000); /* the batch thread is reading */
+  uint64_t t0 = kvp_now_ns(), end = t0 + (uint64_t)(cf->seconds * 1e9), n = 0;
+  uint64_t s = 0x9876543, now = t0;
+  while (now < end) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    size_t len;
+    uint64_t a = kvp_now_ns();
+    rc = kvp_tier_get(c->t, c->ns, hot_key((s >> 33) % nhot), out, sizeof out, &len);
+    now = kvp_now_ns();
+    if (rc != KVP_TIER_DRAM)
+      die("DRAM get", rc < 0 ? rc : KVP_ESTATE);
+    kvp_hist_record(h, now - a); /* ns */
+    n++;
+  }
+  uint64_t blocks0 = c->blocks;
+  c->stop = 1;
+  pthread_join(th, NULL);
+  kvp_hist_summary sm;
+  kvp_hist_summarize(h, &sm);
+  kvp_hist_destroy(h);
+  double dt = secs(now - t0);
+  return (cont_res){(double)n / dt, (double)sm.p99 / 1e3, (double)sm.max / 1e3,
+                    (double)blocks0 / dt};
+}
+
+static void bench_contention(const cfg *cf) {
+  char dir[512];
+  snprintf(dir, sizeof dir, "%s/contention", cf->dir);
+  mkdir(dir, 0700);
+  const size_t bs = 256u << 10;
+  const uint32_t ncold = cf->quick ? 64 : 512, nhot = 64;
+  kvp_tier_opts o = {.dram_bytes = 64u << 20, .nvme_dir = dir,
+                     .nvme_bytes = (uint64_t)ncold * bs * 2 + (64u << 20),
+                     .queue_depth = 8, .max_block_bytes = bs, .promote = 2};
+  kvp_tier_store *t;
+  int rc = kvp_tier_create(&o, NULL, &t);
+  if (rc < 0)
+    die("kvp_tier_create", rc);
+  kvp_namespace ns = bench_ns();
+  if ((rc = kvp_tier_ns_add(t, &ns, NULL)) < 0)
+    die("ns_add", rc);
+  uint8_t *b = malloc(bs);
+  kvp_tier_put_opts stable = {.cls = KVP_CLASS_STABLE}; /* admitted */
+  for (uint32_t i = 0; i < ncold; i++) { /* pressure demotes them */
+    fill(b, bs, i);
+    if ((rc = kvp_tier_put(t, &ns, cold_key(i), b, bs, &stable)) < 0)
+      die("put", rc);
+  }
+  kvp_tier_set(t, KVP_TIER_OPT_DRAM_BYTES, 0); /* the rest too: NVMe only */
+  kvp_tier_set(t, KVP_TIER_OPT_DRAM_BYTES, 64u << 20);
+  for (uint32_t i = 0; i < nhot; i++) { /* 64 x 64 KiB in DRAM */
+    fill(b, 64u << 10, i);
+    if ((rc = kvp_tier_put(t, &ns, hot_key(i), b, 64u << 10, NULL)) < 0)
+      die("put", rc);
+  }
+  free(b);
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  cont c = {.t = t, .ns = &ns, .ncold = ncold, .batch = 32, .bs = bs,
+            .cpu = cf->cpu >= 0 && ncpu > 1 ? (int)((cf->cpu + 1) % ncpu) : -1};
+  static const uint32_t gaps[2] = {0, 2000};
+  cont_res best[2][2] = {{{0, 0, 0, 0}, {0, 0, 0, 0}}, {{0, 0, 0, 0}, {0, 0, 0, 0}}};
+  for (int r = 0; r < cf->reps; r++)
+    for (int g = 0; g < 2; g++)
+      for (int locked = 1; locked >= 0; locked--) {
+        c.gap_us = gaps[g];
+        cont_res x = cont_run(cf, &c, nhot, locked);
+        if (x.gets_s > best[g][locked].gets_s)
+          best[g][locked] = x;
+      }
+  kvp_tier_stats st;
+  kvp_tier_get_stats(t, &st);
+  if (st.hits[KVP_TIER_NVME] == 0 || st.promotions != 0)
+    die("contention: the batch thread did not read NVMe-only blocks", KVP_ESTATE);
+  printf("\nContention: DRAM kvp_tier_get (64 KiB) on cpu %d while another thread "
+         "(cpu %d) runs kvp_tier_get_batch of 32 x 256 KiB NVMe-only blocks "
+         "(QD 8), best of %d x %.1f s\n\n",
+         cf->cpu, c.cpu, cf->reps, cf->seconds);
+  printf("| batches | NVMe reads | DRAM gets/s | DRAM get p99 | DRAM get max | NVMe blocks/s (batch thread) |\n"
+         "|---|---|---|---|---|---|\n");
+  static const char *const names[2] = {"release the store lock (now)",
+                                       "hold the store lock (before)"};
+  for (int g = 0; g < 2; g++) {
+    char gap[32];
+    snprintf(gap, sizeof gap, gaps[g] ? "%u ms apart" : "back to back",
+             gaps[g] / 1000);
+    const cont_res *bb = best[g];
+    for (int l = 1; l >= 0; l--)
+      printf("| %s | %s | %.0f | %.1f us | %.1f us | %.0f |\n", gap, names[l],
+             bb[l].gets_s, bb[l].p99_us, bb[l].max_us, bb[l].nvme_s);
+    printf("| %s | ratio now/before | %.3gx | %.3gx | %.3gx | %.2fx |\n", gap,
+           bb[0].gets_s / bb[1].gets_s,
+           bb[0].p99_us / (bb[1].p99_us > 0 ? bb[1].p99_us : 1),
+           bb[0].max_us / (bb[1].max_us > 0 ? bb[1].max_us : 1),
+           bb[0].nvme_s / bb[1].nvme_s);
+  }
+  kvp_tier_destroy(t);
+  DIR *d = opendir(dir); /* the slab files */
+  struct dirent *de;
+  char f[1024];
+  while (d != NULL && (de = readdir(d)) != NULL)
+    if (de->d_name[0] != '.') {
+      snprintf(f, sizeof f, "%s/%s", dir, de->d_name);
+      unlink(f);
+    }
+  if (d != NULL)
+    closedir(d);
+  rmdir(dir);
+}
+
 int main(int argc, char **argv) {
   bench_name = "bench_tier";
   cfg c = {.dir = "bench-tier-data", .file_bytes = 1024ull << 20,
@@ -561,9 +746,11 @@ int main(int argc, char **argv) {
       c.reps = atoi(argv[++i]) > 0 ? atoi(argv[i]) : 1;
     else if (!strcmp(argv[i], "--quick"))
       c.quick = 1;
+    else if (!strcmp(argv[i], "--contention"))
+      c.contention = 1;
     else {
       fprintf(stderr, "usage: bench_tier [--dir D] [--file-mb N] [--seconds S] "
-                      "[--cpu C|-1] [--reps R] [--bs KiB] [--qd N] [--batch M] [--async] [--small-pages] [--quick]\n");
+                      "[--cpu C|-1] [--reps R] [--bs KiB] [--qd N] [--batch M] [--async] [--small-pages] [--contention] [--quick]\n");
       return 2;
     }
   }
@@ -574,6 +761,11 @@ int main(int argc, char **argv) {
   }
   pin_cpu(c.cpu);
   mkdir(c.dir, 0700);
+  if (c.contention) {
+    bench_contention(&c);
+    rmdir(c.dir);
+    return 0;
+  }
   int have_fio = lay_out_fio_file(&c) && !c.quick;
   printf("bench_tier: dir %s, file %" PRIu64 " MiB, best of %d x %.1f s per cell, cpu %d, "
          "read buffers %s, get_batch of %d x QD keys%s\n\n",
@@ -593,6 +785,8 @@ int main(int argc, char **argv) {
     if (!c.only_bs || c.only_bs == sizes[s])
       bench_nvme(&c, sizes[s], c.only_qd ? &c.only_qd : qds,
                  c.only_qd ? 1 : c.quick ? 2 : 3, have_fio);
+  if (c.quick) /* keeps the --contention path exercised */
+    bench_contention(&c);
   char file[512];
   snprintf(file, sizeof file, "%s/fio-%" PRIu64 ".dat", c.dir, c.file_bytes);
   unlink(file);

@@ -144,6 +144,15 @@ typedef struct bh_cluster {
    * prefix cache, as vLLM's), DRAM and NVMe BH_TIER_POLICY_DEFAULT. */
   kvp_tier_policy_kind tier_policy[3];
   bool tier_no_classes;  /* true: stability-blind (every block volatile) */
+  /* NVMe admission for blocks demoted out of DRAM: kvtier's gate
+   * (kvp_tier_admit_*, the code its store runs).  nvme_admit_on false:
+   * every demotion is written (the simulator's behaviour before the gate:
+   * "all").  Costs per block: recompute = prefill of a block at the
+   * trace's mean prompt (per-block share); read = block / NVMe bandwidth +
+   * latency; write = block / nvme_write_bw (0: the NVMe bandwidth). */
+  bool nvme_admit_on;
+  kvp_tier_admit_opts nvme_admit;
+  double nvme_write_bw;
 } bh_cluster;
 
 /* The simulated workers' DRAM / NVMe policy unless configured (README,
@@ -184,6 +193,7 @@ typedef struct bh_result {
   double imbalance;         /* max / mean assigned prefill tokens */
   uint64_t demoted_bytes[KVP_TIER_COUNT_]; /* bytes written into the tier */
   uint64_t evicted_blocks;
+  uint64_t nvme_admitted, nvme_rejected; /* admission gate decisions */
   uint64_t events_published, events_dropped, events_delayed;
   kvp_index_stats ix;
   double sim_seconds;       /* simulated makespan */

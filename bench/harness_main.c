@@ -59,6 +59,10 @@ static void usage(FILE *f) {
       "--nvme-policy: one tier\n"
       "  --no-tier-classes    stability-blind placement (every block "
       "volatile)\n"
+      "  --nvme-admission M   blocks demoted into NVMe: all (default) | hits "
+      "(class +\n"
+      "                       reuse rule) | gate (kvtier's cost gate); "
+      "--admit-write-weight X\n"
       "  --speed X            arrivals at trace time / X (default 1)\n"
       "  --closed-loop N      ignore timestamps, keep N requests in flight\n"
       "  --drop-events P      lose each KV event with probability P\n"
@@ -176,7 +180,7 @@ static int load_config(cli *c, const char *path) {
   uint64_t workers = c->cl.workers, layers = 0, heads = 0, kv_heads = 0,
            head_dim = 0, dtype = 0, seed = c->seed, closed = 0, gmin = 0;
   char policies[512] = "", on_error[16] = "", fmt[16] = "";
-  char pol[3][16] = {"", "", ""};
+  char pol[3][16] = {"", "", ""}, adm[16] = "";
   bool no_shared = false, classes = !c->cl.tier_no_classes;
   const kvp_config_field cluster[] = {
       KVP_CFG_U64("workers", &workers, 1, 4096),
@@ -188,7 +192,8 @@ static int load_config(cli *c, const char *path) {
       KVP_CFG_STR("hbm_policy", pol[0], sizeof pol[0]),
       KVP_CFG_STR("dram_policy", pol[1], sizeof pol[1]),
       KVP_CFG_STR("nvme_policy", pol[2], sizeof pol[2]),
-      KVP_CFG_BOOL("tier_classes", &classes)};
+      KVP_CFG_BOOL("tier_classes", &classes),
+      KVP_CFG_STR("nvme_admission", adm, sizeof adm)};
   const kvp_config_field model[] = {
       KVP_CFG_U64("layers", &layers, 1, 65536),
       KVP_CFG_U64("heads", &heads, 1, 65536),
@@ -241,6 +246,22 @@ static int load_config(cli *c, const char *path) {
   if (rc >= 0 && kvp_config_key_line(cfg, "tiers", "policy", NULL) > 0)
     for (int t = KVP_TIER_DRAM; t <= KVP_TIER_NVME; t++)
       c->cl.tier_policy[t] = to.policy;
+  /* the gate's tuning too, when cluster.nvme_admission turns it on */
+  if (rc >= 0 && adm[0] != '\0') {
+    if (kvp_tier_admission_parse(adm, &c->cl.nvme_admit.mode) < 0) {
+      int line = kvp_config_key_line(cfg, "cluster", "nvme_admission", NULL);
+      snprintf(err, sizeof err, "%s:%d: cluster.nvme_admission: expected "
+               "all, hits or gate, got '%.32s'", path, line, adm);
+      rc = KVP_EINVAL;
+    }
+    c->cl.nvme_admit_on = true;
+  }
+  if (rc >= 0) {
+    c->cl.nvme_admit.write_weight = to.admit_write_weight;
+    c->cl.nvme_admit.min_samples = to.admit_min_samples;
+    c->cl.nvme_admit.volatile_min_hits = to.volatile_nvme_min_hits;
+    c->cl.nvme_write_bw = to.nvme_write_bytes_per_s;
+  }
   if (rc >= 0)
     rc = kvp_config_check_unbound(cfg, NULL, 0, err, sizeof err);
   for (int t = 0; t < 3 && rc >= 0; t++) {
@@ -360,6 +381,15 @@ static int parse_opts(cli *c, int argc, char **argv, const char **pos,
         return die_usage("expected lru or s3fifo", v);
     } else if (!strcmp(a, "--no-tier-classes")) {
       c->cl.tier_no_classes = true;
+    } else if (!strcmp(a, "--nvme-admission")) {
+      NEED();
+      if (kvp_tier_admission_parse(v, &c->cl.nvme_admit.mode) < 0)
+        return die_usage("--nvme-admission: all, hits or gate", v);
+      c->cl.nvme_admit_on = true;
+    } else if (!strcmp(a, "--admit-write-weight")) {
+      NEED();
+      if (!parse_double(v, 0.001, 1000, &c->cl.nvme_admit.write_weight))
+        return die_usage("--admit-write-weight: 0.001..1000", v);
     } else if (!strcmp(a, "--speed")) {
       NEED();
       if (!parse_double(v, 1e-6, 1e9, &c->speed))

@@ -77,6 +77,19 @@ void bh_report_table(FILE *f, const bh_run *run) {
             quant_ms(r, 0.99), gb, kvp_miss_cause_name(top_cause(x)),
             sim_rps(r));
   }
+  if (!run->cl->nvme_admit_on)
+    return;
+  fprintf(f, "NVMe admission %s (write weight %g): blocks demoted into NVMe\n",
+          kvp_tier_admission_name(run->cl->nvme_admit.mode),
+          run->cl->nvme_admit.write_weight > 0 ? run->cl->nvme_admit.write_weight
+                                               : 1.0);
+  for (size_t i = 0; i < run->n_res; i++) {
+    const bh_result *r = &run->res[i];
+    fprintf(f, "  %-19s written %9.1f GB  admitted %10llu  rejected %10llu\n",
+            r->name, (double)r->demoted_bytes[KVP_TIER_NVME] / 1e9,
+            (unsigned long long)r->nvme_admitted,
+            (unsigned long long)r->nvme_rejected);
+  }
 }
 
 int bh_report_csv(FILE *f, const bh_run *runs, size_t n, bool header) {

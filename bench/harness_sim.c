@@ -89,6 +89,8 @@ typedef struct node {
   uint8_t tier;
   uint8_t cls;  /* kvp_class: the most stable any request saw it as */
   uint8_t hits; /* reuses since it last entered its tier (saturates at 3) */
+  uint8_t reuses; /* reuses since it was first cached (saturates at 255) */
+  uint8_t adm;    /* NVMe admission cell + 1 while on NVMe, else 0 */
 } node;
 
 /* Node ids are the policies' ids.  pol[k] NULL: no policy (the infinite
@@ -101,6 +103,7 @@ typedef struct cache {
   kvp_tier_policy *pol[3];
   bool classes; /* stability-aware: insert with the block's class */
   uint64_t count[3], cap[3];
+  kvp_tier_admit *adm; /* NVMe admission gate; NULL: every demotion */
 } cache;
 
 static int cache_init(cache *c, const bh_cluster *cl, bool policies) {
@@ -119,6 +122,14 @@ static int cache_init(cache *c, const bh_cluster *cl, bool policies) {
     if (rc < 0)
       return rc;
   }
+  if (policies && cl->nvme_admit_on && c->cap[2] > 0) {
+    kvp_tier_admit_opts ao = cl->nvme_admit;
+    if (ao.ghost_slots == 0) /* remember about as many rejects as NVMe holds */
+      ao.ghost_slots = c->cap[2] < (1u << 20) ? (uint32_t)c->cap[2] : 1u << 20;
+    int rc = kvp_tier_admit_create(&ao, NULL, &c->adm);
+    if (rc < 0)
+      return rc;
+  }
   return c->tab ? 0 : KVP_ENOMEM;
 }
 
@@ -127,6 +138,7 @@ static void cache_free(cache *c) {
   free(c->nodes);
   for (int k = 0; k < 3; k++)
     kvp_tier_policy_destroy(c->pol[k]);
+  kvp_tier_admit_destroy(c->adm);
 }
 
 static size_t slot_of(const cache *c, uint64_t fp) {
@@ -239,6 +251,8 @@ static int node_new(cache *c, kvp_key k, uint32_t *out) {
   c->nodes[x].key = k;
   c->nodes[x].cls = KVP_CLASS_VOLATILE;
   c->nodes[x].hits = 0;
+  c->nodes[x].reuses = 0;
+  c->nodes[x].adm = 0;
   size_t i = slot_of(c, k.lo);
   while (c->tab[i] != 0)
     i = (i + 1) & c->mask;
@@ -311,6 +325,7 @@ struct sim {
   double kvb;     /* KV bytes per token */
   double flops_s; /* FLOP/s achieved in prefill */
   uint32_t bs;
+  kvp_tier_admit_cost adm_cost; /* one block's, for the NVMe gate */
   /* per request */
   uint32_t *req_worker;
   uint32_t *inf_reuse;
@@ -484,6 +499,35 @@ static int next_tier(const cache *c, int k) {
   return -1;
 }
 
+/* The NVMe gate for victim v about to be demoted into NVMe: true admits
+ * (its cell is kept for the outcome), false rejects (remembered as a
+ * ghost). */
+static bool nvme_admit(struct sim *s, cache *c, uint32_t v) {
+  node *n = &c->nodes[v];
+  kvp_class cls = c->classes ? (kvp_class)n->cls : KVP_CLASS_VOLATILE;
+  if (!kvp_tier_admit_decide(c->adm, cls, n->reuses, &s->adm_cost)) {
+    kvp_tier_admit_reject(c->adm, n->key.lo, cls, n->reuses);
+    s->res->nvme_rejected++;
+    return false;
+  }
+  unsigned b = n->reuses < KVP_TIER_ADMIT_BUCKETS ? n->reuses
+                                                  : KVP_TIER_ADMIT_BUCKETS - 1;
+  n->adm = (uint8_t)(cls * KVP_TIER_ADMIT_BUCKETS + b + 1);
+  s->res->nvme_admitted++;
+  return true;
+}
+
+/* Block x leaves NVMe: read back (reused) or evicted unread. */
+static void nvme_outcome(cache *c, uint32_t x, bool reused) {
+  node *n = &c->nodes[x];
+  if (c->adm == NULL || n->adm == 0)
+    return;
+  unsigned cell = n->adm - 1u;
+  kvp_tier_admit_note(c->adm, (kvp_class)(cell / KVP_TIER_ADMIT_BUCKETS),
+                      cell % KVP_TIER_ADMIT_BUCKETS, reused);
+  n->adm = 0;
+}
+
 /* Makes room for one more block in tier k of worker w's cache. */
 static int make_room(struct sim *s, uint32_t w, cache *c, int k) {
   uint32_t v;
@@ -492,6 +536,10 @@ static int make_room(struct sim *s, uint32_t w, cache *c, int k) {
     kvp_key key = c->nodes[v].key;
     int j = next_tier(c, k);
     int rc;
+    if (j == KVP_TIER_NVME && c->adm != NULL && !nvme_admit(s, c, v))
+      j = -1; /* rejected: dropped as if NVMe were not there */
+    if (j < 0 && k == KVP_TIER_NVME)
+      nvme_outcome(c, v, false);
     if (j >= 0 && (rc = make_room(s, w, c, j)) < 0)
       return rc;
     tier_remove(c, v, true);
@@ -535,6 +583,8 @@ static int to_hbm(struct sim *s, uint32_t w, cache *c, kvp_key key,
   uint32_t x = cache_find(c, key);
   int rc;
   *fresh = false;
+  if (x != NONE && c->nodes[x].reuses < 255)
+    c->nodes[x].reuses++;
   if (x != NONE && c->nodes[x].tier == KVP_TIER_HBM) {
     if (c->pol[KVP_TIER_HBM] == NULL)
       return 0;
@@ -548,6 +598,8 @@ static int to_hbm(struct sim *s, uint32_t w, cache *c, kvp_key key,
     /* off its tier first, so making room below cannot pick it as a victim
      * (the cascade may evict the last tier's victim) */
     int from = c->nodes[x].tier;
+    if (from == KVP_TIER_NVME)
+      nvme_outcome(c, x, true);
     tier_remove(c, x, false);
     if ((rc = publish(s, w, from, false, &key)) < 0 ||
         (rc = make_room(s, w, c, KVP_TIER_HBM)) < 0)
@@ -563,6 +615,7 @@ static int to_hbm(struct sim *s, uint32_t w, cache *c, kvp_key key,
   }
   if ((rc = make_room(s, w, c, KVP_TIER_HBM)) < 0)
     return rc;
+  kvp_tier_admit_seen(c->adm, key.lo); /* recomputed after a reject? */
   if ((rc = node_new(c, key, &x)) < 0)
     return rc;
   c->nodes[x].cls = (uint8_t)(c->classes ? cls : KVP_CLASS_VOLATILE);
@@ -998,6 +1051,16 @@ static int sim_setup(struct sim *s, const bh_trace *t, const bh_sim_opts *o,
     s->cl.gpu.latency_s[2] = 100e-6;
   s->flops_s = (s->cl.gpu.flops > 0 ? s->cl.gpu.flops : 989e12) *
                (s->cl.gpu.efficiency > 0 ? s->cl.gpu.efficiency : 0.5);
+  { /* the NVMe gate's per-block costs */
+    double blk = s->kvb * s->bs, mean = 0;
+    if (t->n_reqs > 0)
+      mean = (double)bh_trace_prompt_tokens(t) / (double)t->n_reqs;
+    uint64_t nb = mean >= s->bs ? (uint64_t)(mean / s->bs) : 1;
+    s->adm_cost.recompute_s = prefill_s(s, 0, nb * s->bs) / (double)nb;
+    s->adm_cost.read_s = blk / s->cl.gpu.bw[2] + s->cl.gpu.latency_s[2];
+    s->adm_cost.write_s =
+        blk / (s->cl.nvme_write_bw > 0 ? s->cl.nvme_write_bw : s->cl.gpu.bw[2]);
+  }
   kvp_index_opts io = {.max_workers = s->nw};
   if ((rc = kvp_index_create(&io, NULL, &s->ix)) < 0 ||
       (rc = kvp_ledger_create(NULL, NULL, &s->led)) < 0 ||

@@ -175,17 +175,25 @@ typedef struct tier_entry {
   uint32_t hits;
   uint8_t cls, live;
   uint8_t nenc;         /* the NVMe slot is AES-256-GCM */
-  uint8_t pad_;
+  uint8_t adm;          /* admission cell + 1 at its NVMe write, until its
+                           outcome is noted; 0: none (recovered, noted) */
   uint32_t next_free;
 } tier_entry;
 
 typedef struct tier_nclass { /* one slab file per payload size class */
   uint64_t cap, slot_bytes;
   int fd, file_idx;
+  int rfile_idx;   /* the fd's index in the read ring's file table */
   uint64_t nslots;
   uint32_t *owner; /* entry id per slot, TIER_NIL: free */
   uint64_t *free;  /* stack of free slots */
   uint64_t nfree;
+  /* Reads in flight per slot (taken and dropped under mu; the reads run
+   * without it).  A slot released while pinned is a zombie: off the free
+   * stack until its last reader unpins it, so no write can land in a slot
+   * under a read. */
+  uint16_t *pins;
+  uint8_t *zombie;
   kvp_tier_policy *pol;
 } tier_nclass;
 
@@ -194,6 +202,7 @@ typedef struct tier_ns {
   uint64_t block_bytes;
   bool enc;
   uint8_t key[32];
+  double prefill_bps; /* kvp_tier_ns_opts.prefill_kv_bytes_per_s */
 } tier_ns;
 
 typedef struct tier_job tier_job;
@@ -204,9 +213,14 @@ typedef struct tier_ubuf { /* a registered caller range (piece <= 1 GiB) */
   uint32_t idx; /* the ring's buffer index */
 } tier_ubuf;
 
+/* Locks: mu guards the store (index, DRAM, slot metadata, the write ring
+ * io); rmu guards the read ring rio, its staging, rcctx and the caller
+ * ranges (ubuf).  Order: mu before rmu; whoever holds rmu alone (a batch's
+ * NVMe reads, run with mu released) never takes mu.  jmu (the job queue)
+ * is taken after mu or alone. */
 struct kvp_tier_store {
   kvp_allocator a;
-  pthread_mutex_t mu; /* everything below; taken before jmu */
+  pthread_mutex_t mu; /* everything below but the read ring; before jmu */
   kvp_tier_opts o;
   char *dir;
   /* DRAM */
@@ -227,7 +241,14 @@ struct kvp_tier_store {
   uint32_t ncls;
   uint64_t nvme_cap, nvme_alloc, nvme_used;
   int dirfd;
-  void *cctx; /* EVP_CIPHER_CTX */
+  void *cctx; /* EVP_CIPHER_CTX (writes) */
+  /* the read ring (under rmu): NVMe reads run on it without mu */
+  pthread_mutex_t rmu;
+  tier_io *rio;
+  uint8_t *rstage;
+  bool rfixed;
+  bool reads_locked; /* KVP_TIER_OPT_READ_UNLOCKED 0: keep mu during reads */
+  void *rcctx; /* EVP_CIPHER_CTX (read verification) */
   /* index: (ns, key) -> entry id; open addressing, slot = id + 1 */
   tier_entry *ents;
   uint32_t nents, ents_cap, free_head;
@@ -238,6 +259,8 @@ struct kvp_tier_store {
   uint64_t epoch, seq;
   kvp_tier_stats st;
   double bw[KVP_TIER_COUNT_];
+  double bw_write;     /* NVMe writes, bytes/s (EWMA); 0: none yet */
+  kvp_tier_admit *adm; /* the NVMe admission gate (NULL: no NVMe tier) */
   /* async */
   pthread_mutex_t jmu;
   pthread_cond_t jcv, dcv;
@@ -256,6 +279,8 @@ uint32_t kvp__tier_entry_find(const kvp_tier_store *t, kvp_key ns, kvp_key key);
 void kvp__tier_entry_gc(kvp_tier_store *t, uint32_t id);
 void kvp__tier_bw_note(kvp_tier_store *t, kvp_tier tier, uint64_t bytes,
                        uint64_t ns);
+/* An NVMe block's admission outcome (e->adm): read back or left unread. */
+void kvp__tier_admit_outcome(kvp_tier_store *t, tier_entry *e, bool reused);
 
 /* tier_nvme.c (store lock held) */
 int kvp__tier_nvme_open(kvp_tier_store *t);  /* probe, recover */
@@ -265,7 +290,10 @@ void kvp__tier_nvme_close(kvp_tier_store *t);
 void kvp__tier_nvme_write(kvp_tier_store *t, const uint32_t *ids, size_t n,
                           bool durable, int *res);
 /* Reads entries ids[0..n) (on NVMe) into dst[i]; res[i] KVP_TIER_NVME or a
- * miss code (the slot is then dropped). */
+ * miss code (the slot is then dropped, if the entry still owns it).  Called
+ * with mu held; RELEASES mu while the I/O and the checks run (the slots are
+ * pinned) and retakes it before returning: entries may have been evicted or
+ * re-put meanwhile.  A hit is the block's bytes as of the call. */
 void kvp__tier_nvme_read(kvp_tier_store *t, const uint32_t *ids, size_t n,
                          void *const *dst, int *res);
 /* Frees the entry's slot (zeroing its header when wipe). */

@@ -68,10 +68,12 @@ int kvp_tier_opts_from_config(kvp_config *c, kvp_tier_opts *o, char *dir,
   }
   uint64_t dram = o->dram_bytes, nvme = o->nvme_bytes, qd = o->queue_depth,
            maxb = o->max_block_bytes, slow = o->slow_io_us,
-           vmin = o->volatile_nvme_min_hits;
-  double dfrac = o->dram_fraction, nfrac = o->nvme_fraction;
+           vmin = o->volatile_nvme_min_hits, amin = o->admit_min_samples;
+  double dfrac = o->dram_fraction, nfrac = o->nvme_fraction,
+         aww = o->admit_write_weight, pre = o->prefill_kv_bytes_per_s,
+         rbw = o->nvme_read_bytes_per_s, wbw = o->nvme_write_bytes_per_s;
   bool promote = o->promote != 2;
-  char huge[16] = "", io[16] = "", pol[16] = "", d[DIR_MAX] = "";
+  char huge[16] = "", io[16] = "", pol[16] = "", adm[16] = "", d[DIR_MAX] = "";
   const kvp_config_field f[] = {
       KVP_CFG_U64("dram_bytes", &dram, lo_of(KVP_TIER_OPT_DRAM_BYTES),
                   hi_of(KVP_TIER_OPT_DRAM_BYTES)),
@@ -90,17 +92,30 @@ int kvp_tier_opts_from_config(kvp_config *c, kvp_tier_opts *o, char *dir,
       KVP_CFG_U64("volatile_nvme_min_hits", &vmin,
                   lo_of(KVP_TIER_OPT_VOLATILE_NVME_MIN_HITS),
                   hi_of(KVP_TIER_OPT_VOLATILE_NVME_MIN_HITS)),
-      KVP_CFG_BOOL("promote", &promote)};
+      KVP_CFG_BOOL("promote", &promote),
+      KVP_CFG_STR("admission", adm, sizeof adm),
+      KVP_CFG_F64("admit_write_weight", &aww, 0.001, 1000),
+      KVP_CFG_U64("admit_min_samples", &amin,
+                  lo_of(KVP_TIER_OPT_ADMIT_MIN_SAMPLES),
+                  hi_of(KVP_TIER_OPT_ADMIT_MIN_SAMPLES)),
+      KVP_CFG_F64("prefill_kv_bytes_per_s", &pre, 0, 1e15),
+      KVP_CFG_F64("nvme_read_bytes_per_s", &rbw, 0, 1e13),
+      KVP_CFG_F64("nvme_write_bytes_per_s", &wbw, 0, 1e13)};
   const kvp_config_section s = {SEC, f, sizeof f / sizeof *f};
   int n = kvp_config_bind(c, &s, err, cap);
   if (n <= 0)
     return n;
   static const char *const huge_names[] = {"auto", "thp", "none"};
   static const char *const io_names[] = {"auto", "uring", "posix"};
-  int hk = (int)o->huge_pages, ik = (int)o->io_backend, pk = (int)o->policy;
+  static const char *const adm_names[] = {"gate", "hits", "all"};
+  int hk = (int)o->huge_pages, ik = (int)o->io_backend, pk = (int)o->policy,
+      ak = (int)o->admission;
   int rc = pick(c, "huge_pages", huge, huge_names, 3, &hk, err, cap);
   if (rc == 0)
     rc = pick(c, "io_backend", io, io_names, 3, &ik, err, cap);
+  if (rc == 0)
+    rc = pick(c, "admission", adm, adm_names, KVP_TIER_ADMIT_COUNT_, &ak, err,
+              cap);
   if (rc == 0 && pol[0] != '\0') {
     kvp_tier_policy_kind k;
     if (kvp_tier_policy_parse(pol, &k) < 0)
@@ -129,5 +144,11 @@ int kvp_tier_opts_from_config(kvp_config *c, kvp_tier_opts *o, char *dir,
   o->policy = (kvp_tier_policy_kind)pk;
   o->volatile_nvme_min_hits = (uint32_t)vmin;
   o->promote = promote ? 0 : 2;
+  o->admission = (kvp_tier_admission)ak;
+  o->admit_write_weight = aww;
+  o->admit_min_samples = (uint32_t)amin;
+  o->prefill_kv_bytes_per_s = pre;
+  o->nvme_read_bytes_per_s = rbw;
+  o->nvme_write_bytes_per_s = wbw;
   return n;
 }

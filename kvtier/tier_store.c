@@ -2,10 +2,12 @@
 /* The block store: the (namespace, key) index, the DRAM tier's placement
  * (demote on pressure, promote on hit, idle write-back, stability-aware
  * admission), batch and asynchronous calls, options and stats.  One mutex
- * (mu) guards the store; the job queue has its own (jmu), always taken
- * after mu or alone. */
+ * (mu) guards the store; a batch's NVMe reads release it and run under the
+ * read ring's (rmu; order in kvtier_internal.h); the job queue has its own
+ * (jmu), always taken after mu or alone. */
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -133,11 +135,61 @@ void kvp__tier_bw_note(kvp_tier_store *t, kvp_tier tier, uint64_t bytes,
   t->bw[tier] = t->bw[tier] == 0 ? bps : 0.75 * t->bw[tier] + 0.25 * bps;
 }
 
-/* ---- DRAM placement ----------------------------------------------------------*/
-static bool nvme_admits(const kvp_tier_store *t, const tier_entry *e) {
-  uint32_t min = t->o.volatile_nvme_min_hits ? t->o.volatile_nvme_min_hits : 1;
-  return t->io != NULL && (e->cls >= KVP_CLASS_SEMI || e->hits >= min);
+/* ---- NVMe admission (the gate: kvtier/tier_admit.c) ----------------------------*/
+static uint64_t fp_of(kvp_key ns, kvp_key key) { return key.lo ^ ns.lo; }
+
+/* The block's recompute / NVMe read / NVMe write times: measured NVMe
+ * bandwidths once there are any, configured ones before. */
+static kvp_tier_admit_cost admit_cost(const kvp_tier_store *t,
+                                      const tier_entry *e) {
+  const tier_ns *ns = kvp__tier_ns_find(t, e->ns);
+  double pre = ns != NULL && ns->prefill_bps > 0 ? ns->prefill_bps
+                                                 : t->o.prefill_kv_bytes_per_s;
+  double rd = t->bw[KVP_TIER_NVME] > 0      ? t->bw[KVP_TIER_NVME]
+              : t->o.nvme_read_bytes_per_s > 0 ? t->o.nvme_read_bytes_per_s
+                                               : 2e9;
+  double wr = t->bw_write > 0                  ? t->bw_write
+              : t->o.nvme_write_bytes_per_s > 0 ? t->o.nvme_write_bytes_per_s
+                                                : 1e9;
+  double b = (double)e->len;
+  return (kvp_tier_admit_cost){pre > 0 ? b / pre : 0, b / rd, b / wr};
 }
+
+static bool nvme_admits(const kvp_tier_store *t, const tier_entry *e) {
+  if (t->io == NULL)
+    return false;
+  kvp_tier_admit_cost c = admit_cost(t, e);
+  return kvp_tier_admit_decide(t->adm, (kvp_class)e->cls, e->hits, &c) == 1;
+}
+
+static int admit_sync(kvp_tier_store *t) {
+  kvp_tier_admit_opts ao = {.mode = t->o.admission,
+                            .volatile_min_hits = t->o.volatile_nvme_min_hits,
+                            .write_weight = t->o.admit_write_weight,
+                            .min_samples = t->o.admit_min_samples};
+  return t->adm != NULL ? kvp_tier_admit_set_opts(t->adm, &ao) : 0;
+}
+
+void kvp__tier_admit_outcome(kvp_tier_store *t, tier_entry *e, bool reused) {
+  if (e->adm == 0)
+    return;
+  unsigned cell = e->adm - 1u;
+  kvp_tier_admit_note(t->adm, (kvp_class)(cell / KVP_TIER_ADMIT_BUCKETS),
+                      cell % KVP_TIER_ADMIT_BUCKETS, reused);
+  if (reused)
+    t->st.admit_reused++;
+  else
+    t->st.admit_unused++;
+  e->adm = 0;
+}
+
+/* A key this store does not hold was asked for: a rejected block's ghost? */
+static void admit_seen(kvp_tier_store *t, kvp_key ns, kvp_key key) {
+  if (kvp_tier_admit_seen(t->adm, fp_of(ns, key)))
+    t->st.admit_ghost_hits++;
+}
+
+/* ---- DRAM placement ----------------------------------------------------------*/
 
 static void dram_release(kvp_tier_store *t, uint32_t id) {
   tier_entry *e = &t->ents[id];
@@ -164,8 +216,16 @@ static bool dram_evict(kvp_tier_store *t, uint64_t need, bool force) {
     tier_entry *e = &t->ents[v];
     freed += e->dram_charge;
     ids[n++] = v;
-    if (e->nclass < 0 && nvme_admits(t, e))
-      wr[nw++] = v;
+    if (e->nclass < 0 && t->io != NULL) {
+      if (nvme_admits(t, e)) {
+        wr[nw++] = v;
+        t->st.admit_accepted[e->cls]++;
+      } else {
+        t->st.admit_rejected[e->cls]++;
+        kvp_tier_admit_reject(t->adm, fp_of(e->ns, e->key), (kvp_class)e->cls,
+                              e->hits);
+      }
+    }
     force = false;
   }
   if (nw > 0)
@@ -232,7 +292,13 @@ static int check_opts(const kvp_tier_opts *o) {
       (unsigned)o->policy >= KVP_TIER_POLICY_COUNT_ ||
       (unsigned)o->io_backend > KVP_TIER_IO_POSIX ||
       (unsigned)o->huge_pages > KVP_TIER_HUGE_NONE || o->promote > 2 ||
-      o->max_block_bytes > (UINT64_C(256) << 20)) {
+      o->max_block_bytes > (UINT64_C(256) << 20) ||
+      (unsigned)o->admission >= KVP_TIER_ADMIT_COUNT_ ||
+      o->admit_min_samples > 512 || !(o->admit_write_weight >= 0) ||
+      !(o->prefill_kv_bytes_per_s >= 0) || !(o->nvme_read_bytes_per_s >= 0) ||
+      !(o->nvme_write_bytes_per_s >= 0) || isinf(o->admit_write_weight) ||
+      isinf(o->prefill_kv_bytes_per_s) || isinf(o->nvme_read_bytes_per_s) ||
+      isinf(o->nvme_write_bytes_per_s)) {
     KVP_LOGE("kvtier", "invalid kvp_tier_opts");
     return KVP_EINVAL;
   }
@@ -279,6 +345,7 @@ int kvp_tier_create(const kvp_tier_opts *opts, const kvp_allocator *alloc,
   t->dirfd = -1;
   t->qd_max = t->qd = o->queue_depth ? o->queue_depth : 32;
   pthread_mutex_init(&t->mu, NULL);
+  pthread_mutex_init(&t->rmu, NULL);
   pthread_mutex_init(&t->jmu, NULL);
   pthread_cond_init(&t->jcv, NULL);
   pthread_cond_init(&t->dcv, NULL);
@@ -291,6 +358,10 @@ int kvp_tier_create(const kvp_tier_opts *opts, const kvp_allocator *alloc,
       memcpy(t->dir, o->nvme_dir, n);
       rc = kvp__tier_nvme_open(t);
     }
+    if (rc == 0)
+      rc = kvp_tier_admit_create(NULL, &t->a, &t->adm);
+    if (rc == 0)
+      rc = admit_sync(t);
   }
   t->o.nvme_dir = NULL; /* t->dir is the copy */
   if (rc < 0) {
@@ -318,11 +389,13 @@ void kvp_tier_destroy(kvp_tier_store *t) {
   }
   kvp__tier_dram_destroy(t->dram);
   kvp_tier_policy_destroy(t->dpol);
+  kvp_tier_admit_destroy(t->adm);
   kvp__free(&t->a, t->ents, t->ents_cap * sizeof *t->ents);
   kvp__free(&t->a, t->tab, t->tab ? ((size_t)t->tab_mask + 1) * sizeof *t->tab : 0);
   kvp__free(&t->a, t->nss, t->nns * sizeof *t->nss);
   kvp__free(&t->a, t->dir, t->dir ? strlen(t->dir) + 1 : 0);
   pthread_mutex_destroy(&t->mu);
+  pthread_mutex_destroy(&t->rmu);
   pthread_mutex_destroy(&t->jmu);
   pthread_cond_destroy(&t->jcv);
   pthread_cond_destroy(&t->dcv);
@@ -332,7 +405,9 @@ void kvp_tier_destroy(kvp_tier_store *t) {
 
 int kvp_tier_ns_add(kvp_tier_store *t, const kvp_namespace *ns,
                     const kvp_tier_ns_opts *o) {
-  if (t == NULL || ns == NULL || (o && o->block_bytes > t->dram_region))
+  if (t == NULL || ns == NULL || (o && o->block_bytes > t->dram_region) ||
+      (o && (!(o->prefill_kv_bytes_per_s >= 0) ||
+             isinf(o->prefill_kv_bytes_per_s))))
     return KVP_EINVAL;
   pthread_mutex_lock(&t->mu);
   int rc = 0;
@@ -345,7 +420,9 @@ int kvp_tier_ns_add(kvp_tier_store *t, const kvp_namespace *ns,
       rc = KVP_ENOMEM;
     } else {
       t->nss = n;
-      n[t->nns] = (tier_ns){.seed = ns->seed, .block_bytes = o ? o->block_bytes : 0};
+      n[t->nns] = (tier_ns){.seed = ns->seed,
+                            .block_bytes = o ? o->block_bytes : 0,
+                            .prefill_bps = o ? o->prefill_kv_bytes_per_s : 0};
       if (o && o->aes256_key) {
         n[t->nns].enc = true;
         memcpy(n[t->nns].key, o->aes256_key, 32);
@@ -382,6 +459,7 @@ static int put_one(kvp_tier_store *t, const kvp_namespace *ns, kvp_key key,
     }
     return rc < 0 ? rc : 1;
   }
+  admit_seen(t, ns->seed, key); /* recomputed after a reject? */
   if ((id = kvp__tier_entry_new(t, ns->seed, key)) == TIER_NIL)
     return KVP_ENOMEM;
   tier_entry *e = &t->ents[id];
@@ -430,20 +508,27 @@ int kvp_tier_put_batch(kvp_tier_store *t, const kvp_namespace *ns,
 static int nvme_flush(kvp_tier_store *t, const uint32_t *nv, void *const *nvd,
                       const size_t *nvi, size_t k, int *res) {
   int nres[256], hits = 0;
-  kvp__tier_nvme_read(t, nv, k, nvd, nres);
+  kvp_key kk[256][2];
+  for (size_t j = 0; j < k; j++) { /* which block each entry named */
+    kk[j][0] = t->ents[nv[j]].ns;
+    kk[j][1] = t->ents[nv[j]].key;
+  }
+  kvp__tier_nvme_read(t, nv, k, nvd, nres); /* releases mu meanwhile */
   for (size_t j = 0; j < k; j++) {
+    tier_entry *e = &t->ents[nv[j]];
+    bool same = e->live && kvp_key_eq(e->ns, kk[j][0]) &&
+                kvp_key_eq(e->key, kk[j][1]);
     res[nvi[j]] = nres[j];
     if (nres[j] < 0) {
       t->st.misses++;
-      kvp__tier_entry_gc(t, nv[j]);
+      if (same)
+        kvp__tier_entry_gc(t, nv[j]);
       continue;
     }
     t->st.hits[KVP_TIER_NVME]++;
     hits++;
-  }
-  for (size_t j = 0; j < k; j++) {
-    tier_entry *e = &t->ents[nv[j]];
-    if (nres[j] >= 0 && t->o.promote != 2 && e->live && e->dram == NULL &&
+    /* promote unless it was evicted (or re-put into DRAM) meanwhile */
+    if (same && t->o.promote != 2 && e->dram == NULL &&
         dram_place(t, nv[j], nvd[j]) == 0)
       t->st.promotions++;
   }
@@ -465,6 +550,8 @@ static int get_many(kvp_tier_store *t, kvp_key seed, const kvp_key *keys,
     if (id == TIER_NIL) {
       res[i] = KVP_ENOENT;
       t->st.misses++;
+      if (ns_ok)
+        admit_seen(t, seed, keys[i]);
       continue;
     }
     tier_entry *e = &t->ents[id];
@@ -565,8 +652,10 @@ int kvp_tier_register_buffers(kvp_tier_store *t, const struct iovec *iov,
                               unsigned n) {
   if (t == NULL || (iov == NULL && n > 0))
     return KVP_EINVAL;
-  pthread_mutex_lock(&t->mu); /* no batch runs: the ring is idle */
+  pthread_mutex_lock(&t->mu);
+  pthread_mutex_lock(&t->rmu); /* no read runs: the read ring is idle */
   int rc = t->io ? kvp__tier_nvme_register(t, iov, n) : 0;
+  pthread_mutex_unlock(&t->rmu);
   pthread_mutex_unlock(&t->mu);
   return rc;
 }
@@ -597,7 +686,10 @@ int kvp_tier_idle(kvp_tier_store *t, uint64_t budget) {
   if (n > 0)
     kvp__tier_nvme_write(t, ids, n, false, res);
   for (size_t i = 0; i < n; i++)
-    wrote += res[i] == 0;
+    if (res[i] == 0) {
+      wrote++;
+      t->st.admit_accepted[t->ents[ids[i]].cls]++;
+    }
   pthread_mutex_unlock(&t->mu);
   return wrote;
 }
@@ -618,6 +710,11 @@ int kvp_tier_opt_bounds(kvp_tier_store *t, kvp_tier_opt opt, int64_t *lo,
   case KVP_TIER_OPT_VOLATILE_NVME_MIN_HITS: *lo = 0; *hi = 1 << 20; break;
   case KVP_TIER_OPT_PROMOTE: *lo = 0; *hi = 1; break;
   case KVP_TIER_OPT_QUEUE_DEPTH: *lo = 1; *hi = t ? t->qd_max : 1024; break;
+  case KVP_TIER_OPT_ADMISSION: *lo = 0; *hi = KVP_TIER_ADMIT_COUNT_ - 1; break;
+  case KVP_TIER_OPT_ADMIT_WRITE_WEIGHT_MILLI: *lo = 1; *hi = 1000000; break;
+  case KVP_TIER_OPT_PREFILL_KV_BPS: *lo = 0; *hi = INT64_MAX; break;
+  case KVP_TIER_OPT_ADMIT_MIN_SAMPLES: *lo = 1; *hi = 512; break;
+  case KVP_TIER_OPT_READ_UNLOCKED: *lo = 0; *hi = 1; break;
   default: return KVP_EINVAL;
   }
   return 0;
@@ -663,7 +760,16 @@ int kvp_tier_set(kvp_tier_store *t, kvp_tier_opt opt, int64_t v) {
     break;
   case KVP_TIER_OPT_PROMOTE: t->o.promote = v ? 0 : 2; break;
   case KVP_TIER_OPT_QUEUE_DEPTH: t->qd = (uint32_t)v; break;
+  case KVP_TIER_OPT_ADMISSION: t->o.admission = (kvp_tier_admission)v; break;
+  case KVP_TIER_OPT_ADMIT_WRITE_WEIGHT_MILLI:
+    t->o.admit_write_weight = (double)v / 1000;
+    break;
+  case KVP_TIER_OPT_PREFILL_KV_BPS: t->o.prefill_kv_bytes_per_s = (double)v; break;
+  case KVP_TIER_OPT_ADMIT_MIN_SAMPLES: t->o.admit_min_samples = (uint32_t)v; break;
+  case KVP_TIER_OPT_READ_UNLOCKED: t->reads_locked = v == 0; break;
   }
+  if (rc == 0)
+    rc = admit_sync(t);
   pthread_mutex_unlock(&t->mu);
   return rc;
 }
@@ -681,6 +787,19 @@ int kvp_tier_get_opt(kvp_tier_store *t, kvp_tier_opt opt, int64_t *v) {
   case KVP_TIER_OPT_VOLATILE_NVME_MIN_HITS: *v = t->o.volatile_nvme_min_hits; break;
   case KVP_TIER_OPT_PROMOTE: *v = t->o.promote != 2; break;
   case KVP_TIER_OPT_QUEUE_DEPTH: *v = t->qd; break;
+  case KVP_TIER_OPT_ADMISSION: *v = t->o.admission; break;
+  case KVP_TIER_OPT_ADMIT_WRITE_WEIGHT_MILLI:
+    *v = t->o.admit_write_weight > 0
+             ? (int64_t)(t->o.admit_write_weight * 1000 + 0.5)
+             : 1000;
+    break;
+  case KVP_TIER_OPT_PREFILL_KV_BPS:
+    *v = (int64_t)t->o.prefill_kv_bytes_per_s;
+    break;
+  case KVP_TIER_OPT_ADMIT_MIN_SAMPLES:
+    *v = t->o.admit_min_samples ? t->o.admit_min_samples : 32;
+    break;
+  case KVP_TIER_OPT_READ_UNLOCKED: *v = !t->reads_locked; break;
   }
   pthread_mutex_unlock(&t->mu);
   return 0;
@@ -699,6 +818,11 @@ int kvp_tier_get_stats(kvp_tier_store *t, kvp_tier_stats *out) {
   out->dram_slot_bytes = kvp__tier_dram_slot_bytes(t->dram);
   out->io_uring = t->io ? kvp__tier_io_is_uring(t->io) : 0;
   out->slow_io = t->io ? kvp__tier_io_slow_count(t->io) : 0;
+  if (t->rio != NULL) { /* mu -> rmu: the read ring's counter */
+    pthread_mutex_lock(&t->rmu);
+    out->slow_io += kvp__tier_io_slow_count(t->rio);
+    pthread_mutex_unlock(&t->rmu);
+  }
   out->huge_pages = kvp__tier_dram_huge(t->dram);
   out->fixed_buffers = t->fixed_bufs;
   pthread_mutex_unlock(&t->mu);

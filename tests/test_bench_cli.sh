@@ -162,4 +162,24 @@ assert len(svgs) == 2, len(svgs)
 assert len(svgs[0].findall(ns + "polyline")) == 2   # one line per workers value
 assert len(svgs[1].findall(ns + "polyline")) == 3   # ... and the p95 bound
 PY
+# NVMe admission (kvtier's gate): the class + reuse rule writes less to NVMe
+# than writing every demotion; bad modes fail with file:line
+for m in all hits gate; do
+  "$bench" run --no-progress --limit 1000 --policies kvplane_cost --dram-gb 8 \
+    --nvme-admission $m --out "$tmp/na_$m" "$moon" > "$tmp/na_$m.txt" ||
+    fail "--nvme-admission $m refused"
+  grep -q "^NVMe admission $m" "$tmp/na_$m.txt" || fail "no NVMe admission lines ($m)"
+done
+python3 - "$tmp/na_all/results.csv" "$tmp/na_hits/results.csv" <<'PY' || fail "hits wrote no less than all"
+import csv, sys
+w = [int(next(csv.DictReader(open(f)))["demoted_bytes_nvme"]) for f in sys.argv[1:]]
+assert 0 < w[1] < w[0], w
+PY
+printf 'cluster:\n  nvme_admission: sometimes\n' > "$tmp/na.yaml"
+if "$bench" run --quiet --no-progress --limit 10 --config "$tmp/na.yaml" \
+     --out "$tmp/na_bad" "$moon" 2> "$tmp/na.err"; then
+  fail "nvme_admission: sometimes accepted"
+fi
+grep -q "na.yaml:2: cluster.nvme_admission: expected all, hits or gate" "$tmp/na.err" ||
+  fail "no file:line for a bad nvme_admission"
 echo "kvplane-bench cli ok"

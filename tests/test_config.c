@@ -220,6 +220,42 @@ TEST(tiers_good) {
   kvp_tier_destroy(t);
 }
 
+/* The admission gate's keys bind, reach a store, and read back. */
+TEST(tiers_admission) {
+  char err[256];
+  kvp_tier_opts o = {0};
+  int n = tiers("tiers:\n  admission: hits\n  admit_write_weight: 2.5\n"
+                "  admit_min_samples: 64\n  prefill_kv_bytes_per_s: 2.6e9\n"
+                "  nvme_read_bytes_per_s: 3e9\n"
+                "  nvme_write_bytes_per_s: 1.5e9\n",
+                &o, NULL, 0, err, sizeof err);
+  if (n < 0)
+    fprintf(stderr, "%s\n", err);
+  ASSERT_EQ(n, 6);
+  ASSERT_EQ((int)o.admission, (int)KVP_TIER_ADMIT_HITS);
+  ASSERT_DOUBLE_NEAR(o.admit_write_weight, 2.5, 1e-12);
+  ASSERT_EQ(o.admit_min_samples, 64u);
+  ASSERT_DOUBLE_NEAR(o.prefill_kv_bytes_per_s, 2.6e9, 1);
+  ASSERT_DOUBLE_NEAR(o.nvme_read_bytes_per_s, 3e9, 1);
+  ASSERT_DOUBLE_NEAR(o.nvme_write_bytes_per_s, 1.5e9, 1);
+  o.dram_bytes = 8u << 20;
+  kvp_tier_store *t;
+  ASSERT_OK(kvp_tier_create(&o, NULL, &t));
+  int64_t v;
+  ASSERT_OK(kvp_tier_get_opt(t, KVP_TIER_OPT_ADMISSION, &v));
+  ASSERT_EQ(v, (int64_t)KVP_TIER_ADMIT_HITS);
+  ASSERT_OK(kvp_tier_get_opt(t, KVP_TIER_OPT_ADMIT_WRITE_WEIGHT_MILLI, &v));
+  ASSERT_EQ(v, 2500);
+  ASSERT_OK(kvp_tier_get_opt(t, KVP_TIER_OPT_PREFILL_KV_BPS, &v));
+  ASSERT_EQ(v, INT64_C(2600000000));
+  ASSERT_OK(kvp_tier_get_opt(t, KVP_TIER_OPT_ADMIT_MIN_SAMPLES, &v));
+  ASSERT_EQ(v, 64);
+  kvp_tier_destroy(t);
+  ASSERT_EQ(tiers("tiers:\n  admission: gate\n", &o, NULL, 0, err, sizeof err),
+            1);
+  ASSERT_EQ((int)o.admission, (int)KVP_TIER_ADMIT_GATE);
+}
+
 /* Every refusal names file:line and the key, and changes nothing. */
 static void tiers_bad(const char *y, const char *want) {
   char err[512], dir[16] = "keep";
@@ -251,6 +287,20 @@ TEST(tiers_out_of_range) {
             "[0, 1048576]");
   tiers_bad("tiers:\n  queue_depth: 8\n  nvme_dir: /a/path/longer/than/16\n",
             "t.yaml:3: tiers.nvme_dir: longer than 15 bytes");
+  tiers_bad("tiers:\n  admission: sometimes\n",
+            "t.yaml:2: tiers.admission: expected one of gate, hits, all, got "
+            "'sometimes'");
+  tiers_bad("tiers:\n  admit_write_weight: 0\n",
+            "t.yaml:2: tiers.admit_write_weight: expected a number in "
+            "[0.001, 1000]");
+  tiers_bad("tiers:\n  admit_min_samples: 513\n",
+            "t.yaml:2: tiers.admit_min_samples: expected an integer in "
+            "[1, 512]");
+  tiers_bad("tiers:\n  prefill_kv_bytes_per_s: -1\n",
+            "t.yaml:2: tiers.prefill_kv_bytes_per_s: expected a number in "
+            "[0, 1e+15]");
+  tiers_bad("tiers:\n  nvme_write_bytes_per_s: fast\n",
+            "t.yaml:2: tiers.nvme_write_bytes_per_s: expected a number");
 }
 
 TEST(tiers_wrong_type) {
@@ -287,5 +337,5 @@ TEST(key_line) {
 
 TEST_MAIN(TEST_ENTRY(good), TEST_ENTRY(bad_values), TEST_ENTRY(bad_shapes),
           TEST_ENTRY(shipped_example), TEST_ENTRY(tiers_good),
-          TEST_ENTRY(tiers_unknown_key), TEST_ENTRY(tiers_out_of_range),
+          TEST_ENTRY(tiers_admission), TEST_ENTRY(tiers_unknown_key), TEST_ENTRY(tiers_out_of_range),
           TEST_ENTRY(tiers_wrong_type), TEST_ENTRY(key_line))

@@ -640,6 +640,114 @@ static void nvme_idle(kvp_tier_io_backend be) {
   tt_rmdir(dir);
 }
 
+/* The admission gate in the store (issue 5 section 4).  Cold start (no
+ * recompute rate) is the class + reuse rule; NVMe read-backs, evictions
+ * and ghosts of rejected blocks are the outcomes it learns from; once a
+ * cell has admit_min_samples of them, a block the gate rejects is not
+ * written (a stable one too, when recomputing beats loading), and volatile
+ * blocks whose ghosts came back are written without a reuse. */
+static void nvme_admission(kvp_tier_io_backend be) {
+  char dir[256];
+  tt_mkdir(dir, sizeof dir);
+  if (!dir[0])
+    KVT_SKIP_BECAUSE("no directory takes O_DIRECT");
+  kvp_tier_opts o = {.dram_bytes = 8 * MB, .nvme_dir = dir,
+                     .nvme_bytes = 64 * MB, .io_backend = be,
+                     .queue_depth = 8, .max_block_bytes = 1 * MB,
+                     .admit_min_samples = 4};
+  kvp_tier_store *t;
+  ASSERT_OK(kvp_tier_create(&o, NULL, &t));
+  kvp_namespace ns = tt_ns("a", 16);
+  ASSERT_OK(kvp_tier_ns_add(t, &ns, &(kvp_tier_ns_opts){.block_bytes = 64 * KB}));
+  kvp_tier_stats st;
+#define S(i) K(11, 100 + (i)) /* distinct fingerprints (key.lo) */
+#define V(i) K(12, 200 + (i))
+  /* 1. cold start: stable in, volatile only after a reuse */
+  for (uint64_t i = 0; i < 4; i++) {
+    put_k(t, &ns, S(i), 64 * KB, 0, KVP_CLASS_STABLE);
+    put_k(t, &ns, V(i), 64 * KB, 0, KVP_CLASS_VOLATILE);
+  }
+  ASSERT_EQ(get_k(t, &ns, V(3), 64 * KB), KVP_TIER_DRAM);
+  ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_DRAM_BYTES, 0));
+  ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_DRAM_BYTES, 8 * MB));
+  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_EQ(st.admit_accepted[KVP_CLASS_STABLE], 4);
+  ASSERT_EQ(st.admit_accepted[KVP_CLASS_VOLATILE], 1);
+  ASSERT_EQ(st.admit_rejected[KVP_CLASS_VOLATILE], 3);
+  ASSERT_EQ(st.admit_rejected[KVP_CLASS_STABLE], 0);
+  ASSERT_EQ(st.nvme_blocks, 5);
+  ASSERT_EQ(st.nvme_writes, 5);
+  /* 2. outcomes: two read back, one evicted unread, two ghosts come back
+   * (a get that misses, a put of the recomputed block) */
+  ASSERT_EQ(get_k(t, &ns, S(0), 64 * KB), KVP_TIER_NVME);
+  ASSERT_EQ(get_k(t, &ns, S(1), 64 * KB), KVP_TIER_NVME);
+  ASSERT_EQ(kvp_tier_evict(t, &ns, S(2)), 1);
+  ASSERT_ERR(get_k(t, &ns, V(0), 64 * KB), KVP_ENOENT);
+  put_k(t, &ns, V(1), 64 * KB, 0, KVP_CLASS_VOLATILE);
+  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_EQ(st.admit_reused, 2);
+  ASSERT_EQ(st.admit_unused, 1);
+  ASSERT_EQ(st.admit_ghost_hits, 2);
+  ASSERT_EQ(kvp_tier_evict(t, &ns, S(3)), 1); /* stable cell: 4 outcomes */
+  /* 3. recomputing is cheaper than loading: stable blocks are rejected */
+  ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_PREFILL_KV_BPS, INT64_C(1000000000000000)));
+  put_k(t, &ns, S(4), 64 * KB, 0, KVP_CLASS_STABLE);
+  put_k(t, &ns, S(5), 64 * KB, 0, KVP_CLASS_STABLE);
+  ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_DRAM_BYTES, 0));
+  ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_DRAM_BYTES, 8 * MB));
+  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_EQ(st.admit_rejected[KVP_CLASS_STABLE], 2);
+  ASSERT_EQ(st.admit_rejected[KVP_CLASS_VOLATILE], 4); /* V1 again */
+  ASSERT_EQ(st.nvme_writes, 5);                        /* nothing written */
+  ASSERT_ERR(get_k(t, &ns, S(4), 64 * KB), KVP_ENOENT);
+  ASSERT_EQ(get_k(t, &ns, S(0), 64 * KB), KVP_TIER_NVME); /* still there */
+  /* 4. recomputing is dear and rejected volatile blocks keep coming back:
+   * after 4 such outcomes a volatile block without a reuse is written */
+  ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_PREFILL_KV_BPS, 1000000));
+  ASSERT_ERR(get_k(t, &ns, V(1), 64 * KB), KVP_ENOENT); /* ghost: 3 */
+  put_k(t, &ns, V(4), 64 * KB, 0, KVP_CLASS_VOLATILE);
+  ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_DRAM_BYTES, 0));
+  ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_DRAM_BYTES, 8 * MB));
+  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_EQ(st.admit_accepted[KVP_CLASS_VOLATILE], 1); /* V4: 3 < 4 */
+  ASSERT_ERR(get_k(t, &ns, V(4), 64 * KB), KVP_ENOENT); /* ghost: 4 */
+  put_k(t, &ns, V(5), 64 * KB, 0, KVP_CLASS_VOLATILE);
+  ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_DRAM_BYTES, 0));
+  ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_DRAM_BYTES, 8 * MB));
+  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_EQ(st.admit_accepted[KVP_CLASS_VOLATILE], 2);
+  ASSERT_EQ(st.admit_ghost_hits, 5); /* + S4 (stable cell) */
+  ASSERT_EQ(st.nvme_writes, 6);
+  ASSERT_EQ(get_k(t, &ns, V(5), 64 * KB), KVP_TIER_NVME);
+  /* the rule alone again: volatile without a reuse stays out */
+  ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_ADMISSION, KVP_TIER_ADMIT_HITS));
+  put_k(t, &ns, V(6), 64 * KB, 0, KVP_CLASS_VOLATILE);
+  ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_DRAM_BYTES, 0));
+  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_EQ(st.admit_rejected[KVP_CLASS_VOLATILE], 6); /* V0-2, V1, V4, V6 */
+  ASSERT_EQ(st.nvme_writes, 6);
+  /* bounds */
+  ASSERT_ERR(kvp_tier_set(t, KVP_TIER_OPT_ADMISSION, 3), KVP_ERANGE);
+  ASSERT_ERR(kvp_tier_set(t, KVP_TIER_OPT_ADMIT_WRITE_WEIGHT_MILLI, 0),
+             KVP_ERANGE);
+  ASSERT_ERR(kvp_tier_set(t, KVP_TIER_OPT_ADMIT_MIN_SAMPLES, 513), KVP_ERANGE);
+  ASSERT_ERR(kvp_tier_set(t, KVP_TIER_OPT_PREFILL_KV_BPS, -1), KVP_ERANGE);
+  kvp_namespace ns2 = tt_ns("b", 16);
+  ASSERT_ERR(kvp_tier_ns_add(t, &ns2, &(kvp_tier_ns_opts){.prefill_kv_bytes_per_s = -1}),
+             KVP_EINVAL);
+  kvp_tier_destroy(t);
+  kvp_log_set_level(KVP_LOG_OFF);
+  o.admission = (kvp_tier_admission)3;
+  ASSERT_ERR(kvp_tier_create(&o, NULL, &t), KVP_EINVAL);
+  o.admission = KVP_TIER_ADMIT_GATE;
+  o.admit_write_weight = -1;
+  ASSERT_ERR(kvp_tier_create(&o, NULL, &t), KVP_EINVAL);
+  kvp_log_set_level(KVP_LOG_ERROR);
+#undef S
+#undef V
+  tt_rmdir(dir);
+}
+
 #define ON_BACKENDS(fn)                                                         \
   TEST(fn##_all) {                                                              \
     kvp_tier_io_backend b[2];                                                   \
@@ -659,6 +767,7 @@ ON_BACKENDS(nvme_faults)
 ON_BACKENDS(nvme_capacity)
 ON_BACKENDS(nvme_async)
 ON_BACKENDS(nvme_idle)
+ON_BACKENDS(nvme_admission)
 
 TEST(tmpfs_refused) {
   kvp_tier_store *t;
@@ -792,6 +901,12 @@ TEST(options) {
   ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_QUEUE_DEPTH, 1));
   ASSERT_OK(kvp_tier_get_opt(t, KVP_TIER_OPT_QUEUE_DEPTH, &v));
   ASSERT_EQ(v, 1);
+  ASSERT_OK(kvp_tier_get_opt(t, KVP_TIER_OPT_READ_UNLOCKED, &v));
+  ASSERT_EQ(v, 1); /* the default */
+  ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_READ_UNLOCKED, 0));
+  ASSERT_OK(kvp_tier_get_opt(t, KVP_TIER_OPT_READ_UNLOCKED, &v));
+  ASSERT_EQ(v, 0);
+  ASSERT_ERR(kvp_tier_set(t, KVP_TIER_OPT_READ_UNLOCKED, 2), KVP_ERANGE);
   kvp_tier_destroy(t);
 }
 
@@ -850,6 +965,7 @@ TEST_MAIN(TEST_ENTRY(dram_basic), TEST_ENTRY(dram_register_hook),
           TEST_ENTRY(nvme_payload_only_all), TEST_ENTRY(nvme_registered_all),
           TEST_ENTRY(nvme_encryption_all), TEST_ENTRY(nvme_faults_all),
           TEST_ENTRY(nvme_capacity_all), TEST_ENTRY(nvme_async_all),
-          TEST_ENTRY(nvme_idle_all), TEST_ENTRY(tmpfs_refused),
+          TEST_ENTRY(nvme_idle_all), TEST_ENTRY(nvme_admission_all),
+          TEST_ENTRY(tmpfs_refused),
           TEST_ENTRY(policy_lru), TEST_ENTRY(policy_scan_resistance),
           TEST_ENTRY(options), TEST_ENTRY(events_feed_index))

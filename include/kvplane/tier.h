@@ -82,6 +82,113 @@ KVP_API int kvp_tier_policy_victim(kvp_tier_policy *p, uint32_t *id);
 KVP_API uint64_t kvp_tier_policy_bytes(const kvp_tier_policy *p);
 KVP_API uint64_t kvp_tier_policy_count(const kvp_tier_policy *p);
 
+/* ---- NVMe admission gate (pure in-memory; reusable by simulators) ----------
+ * Decides whether a block leaving DRAM (demotion under pressure, or an idle
+ * write-back) is written to NVMe: only when its expected reuse pays for the
+ * write,
+ *
+ *     p_reuse(cls, hits) * (recompute_s - read_s) >= write_weight * write_s
+ *
+ * recompute_s: the block's prefill time; read_s / write_s: its NVMe read /
+ * write time (bytes / bandwidth).  p_reuse is learned online per cell =
+ * (stability class, reuses so far: 0, 1, 2 or more) from outcomes:
+ * - a block written to NVMe counts 1 when it is read back from NVMe before
+ *   it leaves NVMe, 0 when it leaves unread (kvp_tier_admit_note);
+ * - a block the gate rejected is remembered by fingerprint (a direct-mapped
+ *   ghost table, kvp_tier_admit_reject): it counts 1 when its key is asked
+ *   for again while remembered (kvp_tier_admit_seen: a miss, or a put of
+ *   that key, i.e. it was recomputed), 0 when a newer reject takes its
+ *   place.  So a rejected cell keeps learning and can be admitted later.
+ * Counts decay (halved once a cell's count passes `window`); the estimate
+ * is (reused + 1) / (outcomes + 2).
+ *
+ * The exact rule (kvp_tier_admit_decide):
+ *  1. recompute_s <= 0 (unknown), or the cell has fewer than `min_samples`
+ *     (decayed) outcomes: the rule kvtier always had -- admit semi-stable
+ *     and stable blocks, volatile ones only after `volatile_min_hits` reuses
+ *     (write-through-selective).  Cold start therefore behaves as before.
+ *  2. Otherwise the inequality above, with p_reuse the cell's estimate.
+ *     For volatile blocks without a reuse it is the only way in: their cell
+ *     learns only from ghosts, so they reach NVMe only once min_samples
+ *     rejected volatile blocks showed that enough of them come back.
+ * No I/O, no clock.  Not thread-safe: serialise calls. */
+typedef struct kvp_tier_admit kvp_tier_admit;
+
+typedef enum kvp_tier_admission {
+  KVP_TIER_ADMIT_GATE = 0, /* default: kvp_tier_admit_decide */
+  KVP_TIER_ADMIT_HITS = 1, /* rule 1 always (semi/stable, volatile after
+                              volatile_min_hits reuses) */
+  KVP_TIER_ADMIT_ALL = 2,  /* every block (baseline: no selection) */
+  KVP_TIER_ADMIT_COUNT_ = 3
+} kvp_tier_admission;
+
+/* "gate" | "hits" | "all" <-> kind; parse: 0 or KVP_EINVAL; name:
+ * "unknown" for a bad value. */
+KVP_API int kvp_tier_admission_parse(const char *name, kvp_tier_admission *out);
+KVP_API const char *kvp_tier_admission_name(kvp_tier_admission a);
+
+/* Zero value = defaults. */
+typedef struct kvp_tier_admit_opts {
+  kvp_tier_admission mode;
+  uint32_t volatile_min_hits; /* rule 1; 0 = 1 */
+  double write_weight;        /* > 0; 0 = 1.0 (NVMe wear and write
+                                 bandwidth weighed against reads) */
+  uint32_t min_samples;       /* outcomes before a cell uses the model;
+                                 0 = 32 */
+  uint32_t window;            /* counts halve past this; 0 = 1024 (>= 2 *
+                                 min_samples) */
+  uint32_t ghost_slots;       /* rejected fingerprints remembered; 0 =
+                                 65536; rounded up to a power of two,
+                                 <= 1 << 24 */
+  uint32_t reserved[7];
+} kvp_tier_admit_opts;
+
+/* One block's costs, in seconds. */
+typedef struct kvp_tier_admit_cost {
+  double recompute_s; /* prefill of the block; <= 0: unknown (rule 1) */
+  double read_s;      /* NVMe read of the block */
+  double write_s;     /* NVMe write of the block */
+} kvp_tier_admit_cost;
+
+#define KVP_TIER_ADMIT_BUCKETS 3 /* reuses 0, 1, 2+ */
+
+/* Returns 0, KVP_EINVAL (bad opts: write_weight < 0 or not finite, mode out
+ * of range, window < 2 * min_samples, ghost_slots > 1 << 24) or
+ * KVP_ENOMEM. */
+KVP_API int kvp_tier_admit_create(const kvp_tier_admit_opts *o,
+                                  const kvp_allocator *alloc,
+                                  kvp_tier_admit **out);
+KVP_API void kvp_tier_admit_destroy(kvp_tier_admit *a); /* NULL ok */
+/* Changes the options; the learned counts stay (ghost_slots is fixed at
+ * create and ignored here).  0 or KVP_EINVAL as for create. */
+KVP_API int kvp_tier_admit_set_opts(kvp_tier_admit *a,
+                                    const kvp_tier_admit_opts *o);
+KVP_API void kvp_tier_admit_get_opts(const kvp_tier_admit *a,
+                                     kvp_tier_admit_opts *o);
+/* The pure inequality: 1 when p * (recompute_s - read_s) >= write_weight *
+ * write_s (write_weight <= 0 counts as 1), else 0. */
+KVP_API int kvp_tier_admit_pays(double p, const kvp_tier_admit_cost *c,
+                                double write_weight);
+/* 1 admit, 0 reject, for a block of class cls that was reused `hits` times,
+ * under the mode and rule above. */
+KVP_API int kvp_tier_admit_decide(const kvp_tier_admit *a, kvp_class cls,
+                                  uint32_t hits, const kvp_tier_admit_cost *c);
+/* The cell's estimate and its (decayed) outcome count. */
+KVP_API double kvp_tier_admit_p(const kvp_tier_admit *a, kvp_class cls,
+                                uint32_t hits, double *outcomes);
+/* An outcome of a block written to NVMe as (cls, hits): reused != 0 when
+ * it was read back from NVMe before it left NVMe. */
+KVP_API void kvp_tier_admit_note(kvp_tier_admit *a, kvp_class cls,
+                                 uint32_t hits, int reused);
+/* A block (fingerprint fp of its key) the gate rejected: remembered; a
+ * ghost it displaces counts as not reused. */
+KVP_API void kvp_tier_admit_reject(kvp_tier_admit *a, uint64_t fp,
+                                   kvp_class cls, uint32_t hits);
+/* A key not held was asked for (a miss, or a put of a new block): if fp is
+ * a remembered reject, its cell counts a reuse and the ghost is cleared.
+ * Returns 1 when it was a ghost, else 0. */
+KVP_API int kvp_tier_admit_seen(kvp_tier_admit *a, uint64_t fp);
+
 /* ---- events (the schema include/kvplane/index.h ingests) -------------------
  * One per block entering or leaving a tier; `seq` numbers this store's
  * events consecutively from 1, so a connector can pass them straight to
@@ -102,7 +209,9 @@ typedef void (*kvp_tier_event_fn)(void *opaque, const kvp_tier_event *ev);
  * Called after every NVMe read/write/sync completes, on both backends, with
  * the kernel's result (bytes or -errno); returns the result the store acts
  * on (e.g. -EIO, -ENOSPC, fewer bytes, or the same after a sleep).  May
- * corrupt `buf` on reads.  op: 0 read, 1 write, 2 fdatasync. */
+ * corrupt `buf` on reads.  op: 0 read, 1 write, 2 fdatasync.  Reads and
+ * writes run on two rings: the filter may be called from two threads at
+ * once. */
 typedef int (*kvp_tier_io_filter)(void *opaque, int op, void *buf,
                                   size_t len, uint64_t off, int result);
 
@@ -158,17 +267,39 @@ typedef struct kvp_tier_opts {
 
   kvp_tier_event_fn on_event; /* NULL = none */
   void *event_opaque;
-  uint32_t reserved[16];
+
+  /* The NVMe admission gate (kvp_tier_admit_decide above) for blocks
+   * leaving DRAM.  admission: gate (default), hits (the class + reuse rule
+   * only) or all.  The gate needs a block's recompute time: len /
+   * prefill_kv_bytes_per_s (KV bytes one prefill produces per second =
+   * prefill tokens/s x KV bytes per token; kvp_tier_ns_opts may set it per
+   * namespace); 0 = unknown: the class + reuse rule decides (so the
+   * default behaves as volatile_nvme_min_hits always did).  NVMe read and
+   * write times use the measured bandwidths once there are any, before
+   * that nvme_read_bytes_per_s (0 = 2e9) and nvme_write_bytes_per_s
+   * (0 = 1e9).  admit_write_weight: > 0, 0 = 1.0; admit_min_samples:
+   * outcomes a cell needs before the model decides it, 1..512, 0 = 32. */
+  kvp_tier_admission admission;
+  uint32_t admit_min_samples;
+  double admit_write_weight;
+  double prefill_kv_bytes_per_s;
+  double nvme_read_bytes_per_s;
+  double nvme_write_bytes_per_s;
+  uint32_t reserved[6];
 } kvp_tier_opts;
 
 /* Per namespace: block_bytes > 0 gives the namespace fixed-size DRAM slots
  * of that size (blocks of any other size still go through the variable-size
  * arena); aes256_key (32 bytes, copied) encrypts its NVMe slots at rest with
- * AES-256-GCM and makes unencrypted slots of it unreadable. */
+ * AES-256-GCM and makes unencrypted slots of it unreadable.  Returns
+ * KVP_EINVAL also for a negative or non-finite prefill_kv_bytes_per_s. */
 typedef struct kvp_tier_ns_opts {
   uint64_t block_bytes;
   const uint8_t *aes256_key;
-  uint32_t reserved[8];
+  /* the admission gate's recompute rate for this namespace's blocks
+   * (kvp_tier_opts.prefill_kv_bytes_per_s); 0 = the store's */
+  double prefill_kv_bytes_per_s;
+  uint32_t reserved[6];
 } kvp_tier_ns_opts;
 
 /* Creates the store: maps the DRAM region, probes the I/O backend, recovers
@@ -189,7 +320,8 @@ KVP_API void kvp_tier_destroy(kvp_tier_store *t);
 KVP_API int kvp_tier_ns_add(kvp_tier_store *t, const kvp_namespace *ns,
                             const kvp_tier_ns_opts *o);
 
-/* ---- synchronous block calls (thread-safe; one internal lock) --------------*/
+/* ---- synchronous block calls (thread-safe; one store lock, which a
+ * batch's NVMe reads release while they run: kvp_tier_get_batch) -------*/
 #define KVP_TIER_PUT_DURABLE 1u /* write through to NVMe + fdatasync */
 
 typedef struct kvp_tier_put_opts {
@@ -229,7 +361,12 @@ KVP_API int kvp_tier_idle(kvp_tier_store *t, uint64_t budget_bytes);
 
 /* Batch forms: results[i] is what the single call returns for item i.
  * NVMe reads of one batch are submitted together (up to queue_depth in
- * flight).  The dst buffers of one get_batch must not overlap: a later read
+ * flight), and run -- I/O and checks -- WITHOUT the store's lock: other
+ * calls (puts, DRAM hits, evicts, demotions) proceed meanwhile; concurrent
+ * batches' NVMe reads share one read ring and take turns.  The slots being
+ * read are pinned, so an evict or put meanwhile cannot reuse them: a hit
+ * returns the block's bytes as of the call, a block evicted during its read
+ * may be a hit or a miss.  The dst buffers of one get_batch must not overlap: a later read
  * may be landing in its buffer while an earlier one is being verified.
  * Return the number of hits/stored items, or an error that applies to the
  * whole call (KVP_EINVAL). */
@@ -262,8 +399,9 @@ KVP_API int kvp_tier_put_batch(kvp_tier_store *t, const kvp_namespace *ns,
  * KVP_ERANGE (more than 16384 - queue_depth pieces of 1 GiB), KVP_ENOMEM,
  * or the kernel's -errno (-ENOMEM: memlock limit; -EFAULT: not mapped or
  * file-backed); on error no caller range is registered and reads work as
- * without one.  Thread-safe (takes the store's lock: waits for a running
- * batch or asynchronous call). */
+ * without one.  Thread-safe (takes the store's lock and the read ring's:
+ * waits for running batches' reads).  Registered ranges serve reads only
+ * (the read ring's table). */
 KVP_API int kvp_tier_register_buffers(kvp_tier_store *t,
                                       const struct iovec *iov, unsigned n);
 /* Forgets the ranges of kvp_tier_register_buffers (the kernel unpins
@@ -303,7 +441,15 @@ typedef enum kvp_tier_opt {
   KVP_TIER_OPT_POLICY = 3,         /* kvp_tier_policy_kind (new inserts) */
   KVP_TIER_OPT_VOLATILE_NVME_MIN_HITS = 4,
   KVP_TIER_OPT_PROMOTE = 5,        /* 1 on, 0 off */
-  KVP_TIER_OPT_QUEUE_DEPTH = 6     /* max in flight per batch, <= created */
+  KVP_TIER_OPT_QUEUE_DEPTH = 6,    /* max in flight per batch, <= created */
+  KVP_TIER_OPT_ADMISSION = 7,      /* kvp_tier_admission */
+  KVP_TIER_OPT_ADMIT_WRITE_WEIGHT_MILLI = 8, /* write_weight x 1000, 1..1e6 */
+  KVP_TIER_OPT_PREFILL_KV_BPS = 9, /* prefill_kv_bytes_per_s, 0 = unknown */
+  KVP_TIER_OPT_ADMIT_MIN_SAMPLES = 10, /* 1..512 */
+  /* 1 (default): a batch's NVMe reads run without the store's lock (see
+   * kvp_tier_get_batch); 0: they hold it, as kvtier did before (for
+   * side-by-side comparisons, bench_tier --contention) */
+  KVP_TIER_OPT_READ_UNLOCKED = 11
 } kvp_tier_opt;
 /* Returns 0, KVP_EINVAL (unknown option), KVP_ERANGE (outside bounds). */
 KVP_API int kvp_tier_set(kvp_tier_store *t, kvp_tier_opt opt, int64_t value);
@@ -319,7 +465,9 @@ KVP_API int kvp_tier_opt_bounds(kvp_tier_store *t, kvp_tier_opt opt,
  * Binds section `tiers` to *o, key by key (README, "The KV block store":
  * dram_bytes, dram_fraction, huge_pages auto|thp|none, nvme_dir, nvme_bytes,
  * nvme_fraction, queue_depth, max_block_bytes, io_backend auto|uring|posix,
- * slow_io_us, policy s3fifo|lru, volatile_nvme_min_hits, promote), each
+ * slow_io_us, policy s3fifo|lru, volatile_nvme_min_hits, promote,
+ * admission gate|hits|all, admit_write_weight, admit_min_samples,
+ * prefill_kv_bytes_per_s, nvme_read_bytes_per_s, nvme_write_bytes_per_s), each
  * checked against kvp_tier_opt_bounds(NULL, ...) or kvp_tier_create's
  * limits.  nvme_dir is copied into dir[dir_cap] and o->nvme_dir points to
  * it (dir must outlive *o's use; a key present with dir NULL is an error).
@@ -350,6 +498,19 @@ typedef struct kvp_tier_stats {
   int reserved_;
   uint64_t nvme_reads_registered;  /* of nvme_reads: into a range of
                                       kvp_tier_register_buffers */
+  /* The admission gate, by stability class, for blocks not yet on NVMe
+   * leaving DRAM (demotion) or written back by kvp_tier_idle (accepted
+   * only: a block idle leaves in DRAM is not counted as rejected). */
+  uint64_t admit_accepted[KVP_CLASS_COUNT_];
+  uint64_t admit_rejected[KVP_CLASS_COUNT_];
+  /* outcomes the gate learned from: NVMe blocks read back / left unread,
+   * rejected blocks asked for again while remembered */
+  uint64_t admit_reused, admit_unused, admit_ghost_hits;
+  /* NVMe reads whose check failed because the block was evicted (its
+   * header wiped) while the read ran without the lock: a miss, not counted
+   * as damage above.  Plaintext reads check the payload only, which a
+   * pinned slot keeps: for them this stays 0. */
+  uint64_t nvme_read_races;
 } kvp_tier_stats;
 /* Thread-safe snapshot.  Returns 0 or KVP_EINVAL. */
 KVP_API int kvp_tier_get_stats(kvp_tier_store *t, kvp_tier_stats *out);
