@@ -76,6 +76,8 @@ typedef struct tio_op {
   bool needs_buf; /* take a staging buffer before prep */
   bool skipped;   /* set by the layer: prep failed or the ring broke */
   bool inflight;  /* set by the layer */
+  bool prepped;   /* the layer's: buffer taken and prep run ahead, while
+                     the queue was full */
   int fd;         /* real descriptor */
   int file;       /* registered file index, -1 none */
   void *buf;
@@ -127,8 +129,11 @@ int kvp__tier_io_register_file(tier_io *io, int fd);
 int kvp__tier_io_set_user_buffers(tier_io *io, const struct iovec *iov,
                                   uint32_t n, uint32_t *first);
 /* Runs ops[0..n) with up to qd in flight (and no more than the pool's
- * buffers), refilling the queue as completions arrive.  Returns 0, or a
- * ring error after which the unfinished ops carry that error. */
+ * buffers), refilling the queue as completions arrive.  With a buffer to
+ * spare (a pool of qd + 1), the next op is prepped while the queue is full,
+ * so a write's staging (copy, checksum, encryption) overlaps the writes in
+ * flight even at depth 1.  Returns 0, or a ring error after which the
+ * unfinished ops carry that error. */
 int kvp__tier_io_run(tier_io *io, tio_op *ops, size_t n, uint32_t qd,
                      const tio_pool *pool, tio_cb prep, tio_cb done, void *arg);
 
@@ -248,6 +253,7 @@ struct kvp_tier_store {
   uint8_t *rstage;
   bool rfixed;
   bool reads_locked; /* KVP_TIER_OPT_READ_UNLOCKED 0: keep mu during reads */
+  bool no_stage_ahead; /* KVP_TIER_OPT_STAGE_AHEAD 0 */
   void *rcctx; /* EVP_CIPHER_CTX (read verification) */
   /* index: (ns, key) -> entry id; open addressing, slot = id + 1 */
   tier_entry *ents;

@@ -141,6 +141,27 @@ static bool finish_noted(run_state *r) {
   return true;
 }
 
+/* Gives op i its buffer (if it needs one) and runs prep; false when no
+ * buffer is free (nothing done). */
+static bool take_and_prep(run_state *r, tio_op *o, size_t i, tio_cb prep) {
+  o->pool_idx = -1;
+  o->buf_index = o->user_buf - 1; /* -1 unless in a caller range */
+  if (o->needs_buf) {
+    if (r->nfree == 0)
+      return false;
+    uint32_t b = r->freeb[--r->nfree];
+    o->pool_idx = (int)b;
+    o->buf = r->pool->base + (size_t)b * r->pool->each;
+    o->buf_index = r->pool->fixed ? (int)b : -1;
+  }
+  o->res = 0;
+  o->skipped = false;
+  if (prep != NULL)
+    prep(r->arg, i, o);
+  o->prepped = true;
+  return true;
+}
+
 int kvp__tier_io_run(tier_io *io, tio_op *ops, size_t n, uint32_t qd,
                      const tio_pool *pool, tio_cb prep, tio_cb done, void *arg) {
   uint32_t freeb[1024], cq[1024];
@@ -152,35 +173,25 @@ int kvp__tier_io_run(tier_io *io, tio_op *ops, size_t n, uint32_t qd,
   qd = qd < 1024 ? qd : 1024; /* bounds cq: only in-flight ops complete */
   size_t next = 0, inflight = 0;
   int err = 0;
+  for (size_t i = 0; i < n; i++)
+    ops[i].prepped = false;
   while (r.finished < n) {
     bool queued = false;
     uint64_t t_sub = kvp_now_ns();
     while (next < n && inflight < qd && err == 0) {
       tio_op *o = &ops[next];
-      o->pool_idx = -1;
-      o->buf_index = o->user_buf - 1; /* -1 unless in a caller range */
-      if (o->needs_buf) {
-        if (r.nfree == 0)
-          break;
-        uint32_t b = freeb[--r.nfree];
-        o->pool_idx = (int)b;
-        o->buf = pool->base + (size_t)b * pool->each;
-        o->buf_index = pool->fixed ? (int)b : -1;
-      }
-      o->res = 0;
-      o->skipped = false;
+      if (!o->prepped && !take_and_prep(&r, o, next, prep))
+        break; /* no buffer free: reap first */
       o->t_start = t_sub;
-      if (prep != NULL)
-        prep(arg, next, o);
       if (o->res < 0) { /* prep failed: no I/O, no filter */
         o->skipped = true;
         finish(&r, next);
       } else if (io->u != NULL) {
         if (kvp__tier_uring_queue(io->u, o, next) < 0) {
-          if (o->pool_idx >= 0)
-            freeb[r.nfree++] = (uint32_t)o->pool_idx;
-          break; /* ring full: reap first */
+          o->prepped = true; /* keeps its buffer: staged, not queued */
+          break;             /* ring full: reap first */
         }
+        o->prepped = false;
         o->inflight = true;
         inflight++;
         queued = true;
@@ -193,6 +204,10 @@ int kvp__tier_io_run(tier_io *io, tio_op *ops, size_t n, uint32_t qd,
     }
     if (queued)
       kvp__tier_uring_submit(io->u); /* errors surface at the next reap */
+    /* the queue is full: stage the next op now, with the spare buffer */
+    if (io->u != NULL && prep != NULL && err == 0 && next < n &&
+        inflight >= qd && !ops[next].prepped)
+      take_and_prep(&r, &ops[next], next, prep);
     if (finish_noted(&r)) /* verify one while the refilled queue runs */
       continue;
     if (inflight == 0) {

@@ -219,7 +219,8 @@ static int gcm(void *ctx, bool enc, const uint8_t key[32], tier_slot_hdr *h,
 
 /* ---- writes -----------------------------------------------------------------*/
 static tio_pool pool_of(const kvp_tier_store *t) {
-  return (tio_pool){.base = t->stage, .each = t->stage_each, .n = t->qd_max,
+  /* qd_max + 1: one block is staged while the queue is full */
+  return (tio_pool){.base = t->stage, .each = t->stage_each, .n = t->qd_max + 1,
                     .fixed = t->fixed_bufs};
 }
 
@@ -329,6 +330,8 @@ void kvp__tier_nvme_write(kvp_tier_store *t, const uint32_t *ids, size_t n,
   }
   wctx w = {t, ids, res, slots, 0};
   tio_pool pool = pool_of(t);
+  if (t->no_stage_ahead) /* no spare buffer: staged only into a free slot */
+    pool.n = t->qd < pool.n ? t->qd : pool.n;
   uint64_t t0 = kvp_now_ns(), dt;
   kvp__tier_io_run(t->io, ops, n, t->qd, &pool, wprep, wdone, &w);
   if (w.bytes > 0 && (dt = kvp_now_ns() - t0) > 0) {
@@ -839,7 +842,7 @@ int kvp__tier_nvme_open(kvp_tier_store *t) {
   }
   uint64_t maxb = t->o.max_block_bytes ? t->o.max_block_bytes : (UINT64_C(4) << 20);
   t->stage_each = round_up(t->hdr_bytes + kvp__tier_class_bytes(maxb), 4096);
-  t->stage_len = round_up(t->stage_each * t->qd_max, UINT64_C(2) << 20);
+  t->stage_len = round_up(t->stage_each * (t->qd_max + 1), UINT64_C(2) << 20);
   void *p = mmap(NULL, t->stage_len, PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED)
@@ -850,7 +853,7 @@ int kvp__tier_nvme_open(kvp_tier_store *t) {
     return rc;
   kvp__tier_io_set_slow(t->io, (t->o.slow_io_us ? t->o.slow_io_us : 100000) * UINT64_C(1000));
   t->fixed_bufs = kvp__tier_io_register_buffers(t->io, t->stage, t->stage_each,
-                                                t->qd_max);
+                                                t->qd_max + 1);
   /* the read ring: same backend as the write ring, its own staging */
   p = mmap(NULL, t->stage_len, PROT_READ | PROT_WRITE,
            MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

@@ -715,6 +715,7 @@ int kvp_tier_opt_bounds(kvp_tier_store *t, kvp_tier_opt opt, int64_t *lo,
   case KVP_TIER_OPT_PREFILL_KV_BPS: *lo = 0; *hi = INT64_MAX; break;
   case KVP_TIER_OPT_ADMIT_MIN_SAMPLES: *lo = 1; *hi = 512; break;
   case KVP_TIER_OPT_READ_UNLOCKED: *lo = 0; *hi = 1; break;
+  case KVP_TIER_OPT_STAGE_AHEAD: *lo = 0; *hi = 1; break;
   default: return KVP_EINVAL;
   }
   return 0;
@@ -767,6 +768,7 @@ int kvp_tier_set(kvp_tier_store *t, kvp_tier_opt opt, int64_t v) {
   case KVP_TIER_OPT_PREFILL_KV_BPS: t->o.prefill_kv_bytes_per_s = (double)v; break;
   case KVP_TIER_OPT_ADMIT_MIN_SAMPLES: t->o.admit_min_samples = (uint32_t)v; break;
   case KVP_TIER_OPT_READ_UNLOCKED: t->reads_locked = v == 0; break;
+  case KVP_TIER_OPT_STAGE_AHEAD: t->no_stage_ahead = v == 0; break;
   }
   if (rc == 0)
     rc = admit_sync(t);
@@ -800,6 +802,7 @@ int kvp_tier_get_opt(kvp_tier_store *t, kvp_tier_opt opt, int64_t *v) {
     *v = t->o.admit_min_samples ? t->o.admit_min_samples : 32;
     break;
   case KVP_TIER_OPT_READ_UNLOCKED: *v = !t->reads_locked; break;
+  case KVP_TIER_OPT_STAGE_AHEAD: *v = !t->no_stage_ahead; break;
   }
   pthread_mutex_unlock(&t->mu);
   return 0;

@@ -449,7 +449,13 @@ typedef enum kvp_tier_opt {
   /* 1 (default): a batch's NVMe reads run without the store's lock (see
    * kvp_tier_get_batch); 0: they hold it, as kvtier did before (for
    * side-by-side comparisons, bench_tier --contention) */
-  KVP_TIER_OPT_READ_UNLOCKED = 11
+  KVP_TIER_OPT_READ_UNLOCKED = 11,
+  /* 1 (default): NVMe writes stage (copy, checksum, encrypt) the next block
+   * while the queue is full, into one spare staging buffer, so staging
+   * overlaps the writes in flight even at queue depth 1; 0: a block is
+   * staged only when a queue slot is free, as before (for side-by-side
+   * comparisons, bench_tier) */
+  KVP_TIER_OPT_STAGE_AHEAD = 12
 } kvp_tier_opt;
 /* Returns 0, KVP_EINVAL (unknown option), KVP_ERANGE (outside bounds). */
 KVP_API int kvp_tier_set(kvp_tier_store *t, kvp_tier_opt opt, int64_t value);
