@@ -791,7 +791,7 @@ TEST(options_and_bandwidth) {
 }
 
 /* GPU: a second device on the same GPU reads the first one's calibration
- * from the cache file (same figures, bit for bit, and much faster); another
+ * from the cache file (same figures, bit for bit); another
  * CTA budget, a damaged file or KVP_DEVICE_RECALIBRATE measure again and
  * rewrite it. */
 static double bw_of(kvp_device *d, kvp_xfer_dir dir, uint64_t pg, bool kernel) {
@@ -829,9 +829,10 @@ TEST(calibration_cache) {
   uint64_t t2 = kvp_now_ns();
   ASSERT_EQ(kvp_device_calibration_source(b), 2); /* read back */
   same_figures(a, b);
+  /* reported, not asserted (timed tests are not benchmarks; bench_kernels
+   * prints the same two figures): source 2 and equal figures are the check */
   printf("# create: measuring %.1f ms, from the cache %.1f ms\n", (t1 - t0) / 1e6,
          (t2 - t1) / 1e6);
-  ASSERT_LT(t2 - t1, t1 - t0);
   kvp_device_destroy(b);
   /* another CTA budget: the kernel figures do not apply, measured again */
   o.cta_budget = 8;
