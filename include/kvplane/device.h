@@ -80,7 +80,8 @@ typedef struct kvp_device_opts {
    * file is used only if it was measured on this GPU (UUID, PCI bus), driver
    * version, kvplane version, embedded kernels and CTA budget / threads per
    * CTA; otherwise, or when it is malformed, the device measures and
-   * rewrites it (atomically).  Failing to read or write it never fails
+   * rewrites it (atomically; a symbolic link at the file's own path is not
+   * followed, it is replaced).  Failing to read or write it never fails
    * kvp_device_create (logged at info / warn). */
   const char *calibration_cache;
   uint32_t reserved[6];
