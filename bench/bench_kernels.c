@@ -282,6 +282,79 @@ static void submit_breakdown(bctx *b) {
   }
 }
 
+/* The full call's host time in the three places an engine makes it, each
+ * rep a fresh transfer of this size first:
+ *   sync:   right after cuStreamSynchronize returned on it (the table's
+ *           column is measured this way);
+ *   spin:   right after the host waited for it by spinning on a mapped word
+ *           the stream wrote behind it (no driver call, no pause while
+ *           waiting): whether the driver's own wait is what costs;
+ *   flight: while it still runs (an engine queues its next transfer behind
+ *           the current one without waiting; the thread is warm).
+ * And the CPU-only id pass (copy + max of n ids into a pinned buffer, the
+ * dispatching build) in the same three places: how much of a slow call is
+ * a cold CPU rather than the driver. */
+static CUresult (*write_value32)(CUstream, CUdeviceptr, uint32_t, unsigned);
+static volatile uint32_t *spin_word;
+static CUdeviceptr spin_word_dev;
+static uint32_t spin_gen;
+static uint32_t *pin_ids; /* pinned, n entries: the CPU-only pass's target */
+
+enum { COND_SYNC, COND_SPIN, COND_FLIGHT, COND_N };
+static const char *const cond_names[COND_N] = {
+    "after cuStreamSynchronize", "after a spin on a mapped word",
+    "while the previous transfer runs"};
+
+static void cond_enter(bctx *b, int c) {
+  op_kernel(b);
+  if (c == COND_SYNC) {
+    CHECK(kvp_stream_synchronize(b->kst));
+  } else if (c == COND_SPIN) {
+    CU(write_value32(st, spin_word_dev, ++spin_gen, 0));
+    uint64_t t0 = kvp_now_ns();
+    while (__atomic_load_n(spin_word, __ATOMIC_ACQUIRE) != spin_gen)
+      if (kvp_now_ns() - t0 > 10000000000ull) {
+        fprintf(stderr, "bench_kernels: the stream never wrote the spin word\n");
+        exit(1);
+      }
+  }
+  memcpy(ids_live, ids_master, ids_count * sizeof *ids_live);
+}
+
+static void submit_conditions(bctx *b) {
+  if (!write_value32 || !pin_ids)
+    return;
+  for (int dir = 0; dir < 2; dir++) {
+    b->to_host = dir == 0;
+    double call[COND_N][2], pass[COND_N];
+    for (int c = 0; c < COND_N; c++) {
+      double tc[256], tp[256];
+      for (int i = 0; i < warmup + reps; i++) {
+        cond_enter(b, c);
+        uint64_t t0 = kvp_now_ns();
+        op_kernel(b);
+        uint64_t t1 = kvp_now_ns();
+        CHECK(kvp_stream_synchronize(b->kst));
+        cond_enter(b, c);
+        uint64_t t2 = kvp_now_ns();
+        volatile uint32_t m = kvp__ids_copy_max(pin_ids, b->ids, b->n);
+        uint64_t t3 = kvp_now_ns();
+        (void)m;
+        CHECK(kvp_stream_synchronize(b->kst));
+        if (i >= warmup)
+          tc[i - warmup] = (t1 - t0) / 1e3, tp[i - warmup] = (t3 - t2) / 1e3;
+      }
+      call[c][0] = median(tc, reps), call[c][1] = p90(tc, reps);
+      pass[c] = median(tp, reps);
+    }
+    printf("  %s full call, host us (median / p90):", b->to_host ? "D2H" : "H2D");
+    for (int c = 0; c < COND_N; c++)
+      printf("%s %s %.1f / %.1f", c ? ";" : "", cond_names[c], call[c][0], call[c][1]);
+    printf(" | the id pass alone (copy + max of %u ids into pinned memory) in the "
+           "same places: %.1f / %.1f / %.1f\n", b->n, pass[0], pass[1], pass[2]);
+  }
+}
+
 /* CTA budget x threads per CTA at small pages, both directions. */
 static void sweep(bctx *b, uint32_t ctas0, uint32_t threads0) {
   static const uint32_t cs[] = {8, 16}, ts[] = {256, 512, 1024};
@@ -351,14 +424,6 @@ static void host_costs(void) {
     src[i] = (uint32_t)i * 2654435761u;
   volatile uint32_t sink = 0;
   uint64_t t0 = kvp_now_ns();
-  for (int r = 0; r < R; r++) {
-    uint32_t m = 0;
-    for (int i = 0; i < N; i++)
-      m = src[i] > m ? src[i] : m;
-    sink = m;
-  }
-  double tmax = per_us(t0, R);
-  t0 = kvp_now_ns();
   for (int r = 0; r < R; r++) memcpy(pg, src, N * 4), sink = pg[r];
   double tpg = per_us(t0, R);
   t0 = kvp_now_ns();
@@ -367,16 +432,30 @@ static void host_costs(void) {
   t0 = kvp_now_ns();
   for (int r = 0; r < R; r++) memcpy(reg, src, N * 4), sink = reg[r];
   double treg = per_us(t0, R);
-  t0 = kvp_now_ns();
-  for (int r = 0; r < R; r++) { /* copy + max in one pass, as the submit path does */
-    uint32_t m = 0, *dst = pin;
-    for (int i = 0; i < N; i++) {
-      dst[i] = src[i];
-      m = src[i] > m ? src[i] : m;
-    }
-    sink = m;
+  /* the submit path's two id passes, each build side by side (the library
+   * dispatches to AVX2 where the CPU has it) */
+  double tmax[2] = {-1, -1}, tcm[2] = {-1, -1};
+  for (int v = 0; v < 2; v++) {
+#if defined(__x86_64__)
+    if (v == 1 && !kvp__ids_have_avx2())
+      continue;
+    uint32_t (*mx)(const uint32_t *, uint32_t) = v ? kvp__ids_max_avx2 : kvp__ids_max_generic;
+    uint32_t (*cm)(uint32_t *restrict, const uint32_t *restrict, uint32_t) =
+        v ? kvp__ids_copy_max_avx2 : kvp__ids_copy_max_generic;
+#else
+    if (v == 1)
+      continue;
+    uint32_t (*mx)(const uint32_t *, uint32_t) = kvp__ids_max_generic;
+    uint32_t (*cm)(uint32_t *restrict, const uint32_t *restrict, uint32_t) =
+        kvp__ids_copy_max_generic;
+#endif
+    t0 = kvp_now_ns();
+    for (int r = 0; r < R; r++) sink = mx(src, N);
+    tmax[v] = per_us(t0, R);
+    t0 = kvp_now_ns();
+    for (int r = 0; r < R; r++) sink = cm(pin, src, N);
+    tcm[v] = per_us(t0, R);
   }
-  double tcm = per_us(t0, R);
   t0 = kvp_now_ns();
   for (int r = 0; r < R; r++) CU(cu->cuEventRecord(ev0, st));
   double trec = per_us(t0, R);
@@ -385,10 +464,12 @@ static void host_costs(void) {
   for (int r = 0; r < R; r++) (void)kvp_now_ns();
   double tclk = per_us(t0, R);
   (void)sink;
-  printf("\nhost costs (us): max over 8192 ids %.2f; copy 32 KiB into pageable %.2f, "
-         "cuMemHostAlloc'd %.2f, cuMemHostRegister'ed %.2f; copy+max into "
-         "cuMemHostAlloc'd %.2f; cuEventRecord %.2f; clock read %.3f\n", tmax, tpg,
-         tpin, treg, tcm, trec, tclk);
+  printf("\nhost costs (us, warm): copy 32 KiB into pageable %.2f, cuMemHostAlloc'd "
+         "%.2f, cuMemHostRegister'ed %.2f; max over 8192 ids: generic %.2f, AVX2 "
+         "%.2f; copy + max of 8192 ids into cuMemHostAlloc'd: generic %.2f, AVX2 "
+         "%.2f (%.2fx); cuEventRecord %.2f; clock read %.3f\n", tpg, tpin, treg,
+         tmax[0], tmax[1], tcm[0], tcm[1], tcm[1] > 0 ? tcm[0] / tcm[1] : 0.0,
+         trec, tclk);
   CU(cu->cuMemHostUnregister(reg));
   CU(cu->cuMemFreeHost(pin));
   free(src), free(pg), free(reg);
@@ -480,6 +561,24 @@ int main(int argc, char **argv) {
         wait_value32 = NULL;
     }
   }
+  {
+    void *fn = NULL, *w = NULL, *pi = NULL;
+    int status = 0;
+    if (cu->cuGetProcAddress("cuStreamWriteValue32", &fn, 12000, 0, &status) ==
+            CUDA_SUCCESS && fn &&
+        cu->cuMemHostAlloc(&w, 64, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP) ==
+            CUDA_SUCCESS &&
+        cu->cuMemHostGetDevicePointer(&spin_word_dev, w, 0) == CUDA_SUCCESS &&
+        cu->cuMemHostAlloc(&pi, (size_t)pages * 4, CU_MEMHOSTALLOC_PORTABLE) ==
+            CUDA_SUCCESS) {
+      *(void **)&write_value32 = fn;
+      spin_word = w;
+      *spin_word = 0;
+      pin_ids = pi;
+    } else {
+      printf("(cuStreamWriteValue32 or pinned memory unavailable: no submit-conditions lines)\n");
+    }
+  }
   /* after the driver's and the watchdog's threads exist: they keep their
    * own CPUs */
   pin_cpu(cpu);
@@ -562,6 +661,7 @@ int main(int argc, char **argv) {
     if (page <= 4096)
       sweep(&b, ctas, threads);
     submit_breakdown(&b);
+    submit_conditions(&b);
     printf("| page | dir | kernel GB/s device | kernel GB/s e2e | bulk pinned copy "
            "GB/s device | kernel / bulk | per-page cuMemcpyAsync GB/s e2e | kernel / "
            "per-page (e2e) | cuMemcpyBatchAsync GB/s device / e2e | kernel / batch "

@@ -5,9 +5,6 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
 
 #include "kernels_internal.h"
 
@@ -833,75 +830,6 @@ static int scatter_no_repeats(kvp_kv_layout *l, const uint32_t *ids, uint32_t n)
   return rep ? KVP_EINVAL : 0;
 }
 
-/* The submit path's passes over the ids, in explicit vector registers (GCC /
- * clang vector extensions, any target): a scalar or array-of-lanes loop
- * carries its max through memory or one register and ran 3x slower on the
- * GPU machine's host (bench_kernels' host-cost line). */
-typedef uint32_t kvp_u32x4 __attribute__((vector_size(16)));
-
-static kvp_u32x4 vmax(kvp_u32x4 a, kvp_u32x4 b) {
-  kvp_u32x4 gt = a > b; /* all-ones lanes where a > b */
-  return (a & gt) | (b & ~gt);
-}
-
-static uint32_t vmax_fold(kvp_u32x4 a, kvp_u32x4 b, uint32_t r) {
-  a = vmax(a, b);
-  for (int k = 0; k < 4; k++)
-    r = a[k] > r ? a[k] : r;
-  return r;
-}
-
-/* max of v[0..n) */
-static uint32_t max_u32(const uint32_t *v, uint32_t n) {
-  kvp_u32x4 m0 = {0, 0, 0, 0}, m1 = m0, a, b;
-  uint32_t i = 0, r = 0;
-  for (; i + 8 <= n; i += 8) {
-    memcpy(&a, v + i, 16), memcpy(&b, v + i + 4, 16);
-    m0 = vmax(m0, a), m1 = vmax(m1, b);
-  }
-  for (; i < n; i++)
-    r = v[i] > r ? v[i] : r;
-  return vmax_fold(m0, m1, r);
-}
-
-/* A 16-byte store into the launch-argument slot.  On x86 a non-temporal
- * (streaming) store: the slot is read by the GPU, not by this CPU, and after
- * a large transfer it is no longer in the CPU's caches, so ordinary stores
- * would first read every line back (bench_kernels: the cold copy of 8192 ids
- * dropped from ~4 to ~1.5 us on the development VM).  dst 16-byte aligned. */
-#if defined(__SSE2__)
-static inline void arg_store16(uint32_t *dst, kvp_u32x4 v) {
-  _mm_stream_si128((__m128i *)(void *)dst, (__m128i)v);
-}
-static inline void arg_fence(void) { _mm_sfence(); }
-#else
-static inline void arg_store16(uint32_t *dst, kvp_u32x4 v) { memcpy(dst, &v, 16); }
-static inline void arg_fence(void) {}
-#endif
-
-/* dst = src and returns max(src), one pass; dst is a launch-argument slot
- * (streaming stores, fenced before return: visible before the launch). */
-static uint32_t copy_max(uint32_t *restrict dst, const uint32_t *restrict src,
-                         uint32_t n) {
-  kvp_u32x4 m0 = {0, 0, 0, 0}, m1 = m0, a, b;
-  uint32_t i = 0, r = 0;
-  for (; i < n && ((uintptr_t)(dst + i) & 15); i++) { /* to 16-byte alignment */
-    dst[i] = src[i];
-    r = src[i] > r ? src[i] : r;
-  }
-  for (; i + 8 <= n; i += 8) {
-    memcpy(&a, src + i, 16), memcpy(&b, src + i + 4, 16);
-    arg_store16(dst + i, a), arg_store16(dst + i + 4, b);
-    m0 = vmax(m0, a), m1 = vmax(m1, b);
-  }
-  for (; i < n; i++) {
-    dst[i] = src[i];
-    r = src[i] > r ? src[i] : r;
-  }
-  arg_fence();
-  return vmax_fold(m0, m1, r);
-}
-
 static int xfer_fail(const char *why, uint32_t i, uint64_t v) {
   KVP_LOGI(KVP_KERNELS_MOD, "transfer rejected: %s (entry %u: %llu)", why, i,
            (unsigned long long)v);
@@ -930,7 +858,8 @@ static int xfer_validate(kvp_device *d, const kvp_xfer *x, bool scatter,
       (rc = d->ops->args_take(d, x->staging_slots ? 2 * (size_t)x->n : x->n,
                               &arg, &slot)) < 0)
     return rc;
-  max_id = arg ? copy_max(arg, x->block_ids, x->n) : max_u32(x->block_ids, x->n);
+  max_id = arg ? kvp__ids_copy_max(arg, x->block_ids, x->n)
+               : kvp__ids_max(x->block_ids, x->n);
   if (x->n && max_id >= l->info.num_blocks) {
     uint32_t i = 0;
     while (x->block_ids[i] < l->info.num_blocks)
@@ -938,8 +867,8 @@ static int xfer_validate(kvp_device *d, const kvp_xfer *x, bool scatter,
     return xfer_fail("block id out of range", i, x->block_ids[i]);
   }
   if (x->staging_slots)
-    max_slot = arg ? copy_max(arg + x->n, x->staging_slots, x->n)
-                   : max_u32(x->staging_slots, x->n);
+    max_slot = arg ? kvp__ids_copy_max(arg + x->n, x->staging_slots, x->n)
+                   : kvp__ids_max(x->staging_slots, x->n);
   if (x->n && max_slot >= slots_cap)
     return xfer_fail("staging buffer too small for slot", 0, max_slot);
   if (scatter && (rc = scatter_no_repeats((kvp_kv_layout *)l, x->block_ids, x->n)) < 0)

@@ -178,4 +178,21 @@ void kvp__launch_plan(const kvp_device *d, const kvp__plan *p, uint64_t ids_dev,
 /* Widest power-of-two access (<= 16) dividing every value given. */
 uint32_t kvp__vector_width(const uint64_t *vals, size_t n);
 
+/* The submit path's passes over n ids (kernels_ids.c): the max, and dst = src
+ * returning the max (dst is a launch-argument slot: streaming stores, fenced
+ * before return).  The dispatching entry points pick the build for this CPU;
+ * the builds themselves are here for test_kernels_ids. */
+uint32_t kvp__ids_max(const uint32_t *v, uint32_t n);
+uint32_t kvp__ids_copy_max(uint32_t *restrict dst, const uint32_t *restrict src,
+                           uint32_t n);
+uint32_t kvp__ids_max_generic(const uint32_t *v, uint32_t n);
+uint32_t kvp__ids_copy_max_generic(uint32_t *restrict dst,
+                                   const uint32_t *restrict src, uint32_t n);
+bool kvp__ids_have_avx2(void); /* false off x86-64 */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+uint32_t kvp__ids_max_avx2(const uint32_t *v, uint32_t n);
+uint32_t kvp__ids_copy_max_avx2(uint32_t *restrict dst,
+                                const uint32_t *restrict src, uint32_t n);
+#endif
+
 #endif /* KVP_KERNELS_INTERNAL_H */
