@@ -286,6 +286,8 @@ static void submit_breakdown(bctx *b) {
  * rep a fresh transfer of this size first:
  *   sync:   right after cuStreamSynchronize returned on it (the table's
  *           column is measured this way);
+ *   later:  1 ms of other host work after that (no driver call): whether a
+ *           slow call right after the sync is a passing state of the driver;
  *   spin:   right after the host waited for it by spinning on a mapped word
  *           the stream wrote behind it (no driver call, no pause while
  *           waiting): whether the driver's own wait is what costs;
@@ -300,15 +302,17 @@ static CUdeviceptr spin_word_dev;
 static uint32_t spin_gen;
 static uint32_t *pin_ids; /* pinned, n entries: the CPU-only pass's target */
 
-enum { COND_SYNC, COND_SPIN, COND_FLIGHT, COND_N };
+enum { COND_SYNC, COND_LATER, COND_SPIN, COND_FLIGHT, COND_N };
 static const char *const cond_names[COND_N] = {
-    "after cuStreamSynchronize", "after a spin on a mapped word",
+    "after cuStreamSynchronize", "1 ms after it", "after a spin on a mapped word",
     "while the previous transfer runs"};
 
 static void cond_enter(bctx *b, int c) {
   op_kernel(b);
-  if (c == COND_SYNC) {
+  if (c == COND_SYNC || c == COND_LATER) {
     CHECK(kvp_stream_synchronize(b->kst));
+    for (uint64_t t0 = kvp_now_ns(); c == COND_LATER && kvp_now_ns() - t0 < 1000000;)
+      ;
   } else if (c == COND_SPIN) {
     CU(write_value32(st, spin_word_dev, ++spin_gen, 0));
     uint64_t t0 = kvp_now_ns();
@@ -320,6 +324,19 @@ static void cond_enter(bctx *b, int c) {
   }
   memcpy(ids_live, ids_master, ids_count * sizeof *ids_live);
 }
+
+#ifdef KVP_SUBMIT_TRACE
+/* a trace build (-DKVP_SUBMIT_TRACE): the call's stages, medians */
+static const char *const stage_names[KVP_TR_N - 1] = {
+    "lock", "slot", "ids", "repeats", "staging", "plan", "launch", "unlock"};
+static double stage_us[KVP_TR_N - 1][256];
+static void stages_print(int c) {
+  printf("    stages %s (us):", cond_names[c]);
+  for (int k = 0; k < KVP_TR_N - 1; k++)
+    printf(" %s %.1f", stage_names[k], median(stage_us[k], reps));
+  printf("\n");
+}
+#endif
 
 static void submit_conditions(bctx *b) {
   if (!write_value32 || !pin_ids)
@@ -334,6 +351,12 @@ static void submit_conditions(bctx *b) {
         uint64_t t0 = kvp_now_ns();
         op_kernel(b);
         uint64_t t1 = kvp_now_ns();
+#ifdef KVP_SUBMIT_TRACE
+        if (i >= warmup)
+          for (int k = 0; k < KVP_TR_N - 1; k++)
+            stage_us[k][i - warmup] =
+                (double)(kvp__submit_trace[k + 1] - kvp__submit_trace[k]) / 1e3;
+#endif
         CHECK(kvp_stream_synchronize(b->kst));
         cond_enter(b, c);
         uint64_t t2 = kvp_now_ns();
@@ -346,12 +369,16 @@ static void submit_conditions(bctx *b) {
       }
       call[c][0] = median(tc, reps), call[c][1] = p90(tc, reps);
       pass[c] = median(tp, reps);
+#ifdef KVP_SUBMIT_TRACE
+      stages_print(c);
+#endif
     }
     printf("  %s full call, host us (median / p90):", b->to_host ? "D2H" : "H2D");
     for (int c = 0; c < COND_N; c++)
       printf("%s %s %.1f / %.1f", c ? ";" : "", cond_names[c], call[c][0], call[c][1]);
     printf(" | the id pass alone (copy + max of %u ids into pinned memory) in the "
-           "same places: %.1f / %.1f / %.1f\n", b->n, pass[0], pass[1], pass[2]);
+           "same places: %.1f / %.1f / %.1f / %.1f\n", b->n, pass[0], pass[1], pass[2],
+           pass[3]);
   }
 }
 

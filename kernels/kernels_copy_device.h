@@ -3,7 +3,8 @@
  * and kernels/hip/hip_copy.hip (clang, HIP device-only): device C++ only.
  * The includer defines KVP_GLOBAL, KVP_DEVICE_INLINE, KVP_SHARED,
  * KVP_SYNC_THREADS(), KVP_THREAD_X, KVP_BLOCK_X, KVP_BLOCK_DIM_X,
- * KVP_GRID_DIM_X, and the global-memory
+ * KVP_GRID_DIM_X, KVP_FENCE_DEVICE(), KVP_FENCE_SYSTEM(),
+ * KVP_ATOMIC_ADD_U32(pointer, value) (returns the old value), and the global-memory
  * accessors kvp_ld<V>(address) / kvp_st<V>(address, value): addresses arrive
  * as integers, so a plain dereference would compile to generic (flat)
  * accesses; the accessors force global ones (LDG/STG on NVIDIA).
@@ -98,9 +99,30 @@ KVP_DEVICE_INLINE void kvp_copy_body(const kvp_copy_args &a) {
   }
 }
 
+/* The completion word (kernels_args.h): once every thread of this CTA is
+ * past its last read of the argument slot, one thread counts the CTA done;
+ * the last CTA of the grid resets the counter and publishes done_gen to the
+ * host.  The device fence orders this CTA's slot reads before its count;
+ * the system fence orders the reset before the host can see the word (the
+ * host launches into this slot again only after seeing it). */
+KVP_DEVICE_INLINE void kvp_signal_done(const kvp_copy_args &a) {
+  KVP_SYNC_THREADS();
+  if (KVP_THREAD_X != 0)
+    return;
+  KVP_FENCE_DEVICE();
+  unsigned *cnt = (unsigned *)a.done_count;
+  if (KVP_ATOMIC_ADD_U32(cnt, 1u) == KVP_GRID_DIM_X - 1) {
+    *(volatile unsigned *)cnt = 0;
+    KVP_FENCE_SYSTEM();
+    *(volatile unsigned *)a.done_word = a.done_gen;
+  }
+}
+
 #define KVP_DEFINE_COPY_KERNEL(W, U)                                            \
   extern "C" KVP_GLOBAL void kvp_copy_w##W(kvp_copy_args a) {                   \
     kvp_copy_body<kvp_vec##W, U>(a);                                            \
+    if (a.done_word)                                                            \
+      kvp_signal_done(a);                                                       \
   }
 
 KVP_DEFINE_COPY_KERNEL(16, 4)

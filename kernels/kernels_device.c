@@ -814,20 +814,13 @@ static int scatter_no_repeats(kvp_kv_layout *l, const uint32_t *ids, uint32_t n)
     memset(l->stamp, 0, l->info.num_blocks);
     l->stamp_gen = 1;
   }
-  const uint8_t g = l->stamp_gen;
-  uint8_t *st = l->stamp;
-  unsigned rep = 0;
   /* When the ids will touch most of the array's lines, fetch it in order
    * first: after a large transfer it is out of the caches, and a sequential
    * sweep is cheaper than n random misses (~2 us of ~6 for 8192 ids). */
   if (l->info.num_blocks / 64 <= n)
     for (uint32_t k = 0; k < l->info.num_blocks; k += 64)
-      __builtin_prefetch(st + k, 1, 3);
-  for (uint32_t i = 0; i < n; i++) {
-    rep |= st[ids[i]] == g;
-    st[ids[i]] = g;
-  }
-  return rep ? KVP_EINVAL : 0;
+      __builtin_prefetch(l->stamp + k, 1, 3);
+  return kvp__ids_stamp_unique(l->stamp, l->stamp_gen, ids, n) ? 0 : KVP_EINVAL;
 }
 
 static int xfer_fail(const char *why, uint32_t i, uint64_t v) {
@@ -835,6 +828,10 @@ static int xfer_fail(const char *why, uint32_t i, uint64_t v) {
            (unsigned long long)v);
   return KVP_EINVAL;
 }
+
+#ifdef KVP_SUBMIT_TRACE
+uint64_t kvp__submit_trace[KVP_TR_N];
+#endif
 
 /* Everything checked before anything is queued (mu held). */
 static int xfer_validate(kvp_device *d, const kvp_xfer *x, bool scatter,
@@ -858,6 +855,7 @@ static int xfer_validate(kvp_device *d, const kvp_xfer *x, bool scatter,
       (rc = d->ops->args_take(d, x->staging_slots ? 2 * (size_t)x->n : x->n,
                               &arg, &slot)) < 0)
     return rc;
+  KVP_TRACE(KVP_TR_SLOT);
   max_id = arg ? kvp__ids_copy_max(arg, x->block_ids, x->n)
                : kvp__ids_max(x->block_ids, x->n);
   if (x->n && max_id >= l->info.num_blocks) {
@@ -871,12 +869,14 @@ static int xfer_validate(kvp_device *d, const kvp_xfer *x, bool scatter,
                    : kvp__ids_max(x->staging_slots, x->n);
   if (x->n && max_slot >= slots_cap)
     return xfer_fail("staging buffer too small for slot", 0, max_slot);
+  KVP_TRACE(KVP_TR_IDS);
   if (scatter && (rc = scatter_no_repeats((kvp_kv_layout *)l, x->block_ids, x->n)) < 0)
     return rc == KVP_EINVAL ? xfer_fail("repeated block id in scatter", 0, 0) : rc;
   if (!scatter && x->staging_slots &&
       (rc = no_repeats(d, x->staging_slots, x->n, slots_cap)) < 0)
     return rc == KVP_EINVAL ? xfer_fail("repeated staging slot in gather", 0, 0)
                             : rc;
+  KVP_TRACE(KVP_TR_REPEATS);
   uint64_t need = x->n ? ((uint64_t)max_slot + 1) * bb : 0;
   bool host = false;
   uint64_t addr = (uint64_t)(uintptr_t)x->staging;
@@ -914,10 +914,13 @@ static int xfer(kvp_device *d, kvp_stream *s, const kvp_xfer *x, bool scatter) {
   if (!d || !x || (s && s->dev != d))
     return KVP_EINVAL;
   kvp__plan p;
+  KVP_TRACE(KVP_TR_ENTRY);
   pthread_mutex_lock(&d->mu);
+  KVP_TRACE(KVP_TR_LOCKED);
   int rc = xfer_validate(d, x, scatter, &p);
   if (rc < 0)
     goto out;
+  KVP_TRACE(KVP_TR_VALID);
   p.stream = s ? s->native : NULL;
   int m = choose_method(d, &p, x->method);
   if (p.n == 0) {
@@ -930,6 +933,7 @@ static int xfer(kvp_device *d, kvp_stream *s, const kvp_xfer *x, bool scatter) {
     rc = m;
 out:
   pthread_mutex_unlock(&d->mu);
+  KVP_TRACE(KVP_TR_DONE);
   return rc;
 }
 

@@ -136,6 +136,31 @@ bool kvp__ids_have_avx2(void) {
 bool kvp__ids_have_avx2(void) { return false; }
 #endif
 
+/* Scatter repeat check over per-layout byte stamps (stamp[id] == gen: seen
+ * in this call).  Eight interleaved walks over the list (n/8 apart): each
+ * id is still checked, then stamped, in one program order, so a repeat
+ * anywhere in the list is found; the independent walks keep more stamp
+ * loads in flight.  The GPU machine's host ran this 1.4-1.7x faster than
+ * one walk (8192 ids over 16384 blocks: 7-8 us against 11-13 us; the
+ * development VM 2.4 against 3.2 us).  ids must be < the stamp array's
+ * length.  True when no id repeats. */
+bool kvp__ids_stamp_unique(uint8_t *restrict st, uint8_t gen,
+                           const uint32_t *restrict ids, uint32_t n) {
+  const uint32_t q = n / 8;
+  unsigned rep = 0;
+  for (uint32_t i = 0; i < q; i++)
+    for (uint32_t k = 0; k < 8; k++) { /* unrolled by the compiler */
+      uint32_t a = ids[i + k * q];
+      rep |= st[a] == gen;
+      st[a] = gen;
+    }
+  for (uint32_t i = 8 * q; i < n; i++) {
+    rep |= st[ids[i]] == gen;
+    st[ids[i]] = gen;
+  }
+  return !rep;
+}
+
 /* Resolved once; a race only computes the same answer twice. */
 static int have_avx2 = -1;
 

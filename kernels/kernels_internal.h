@@ -21,6 +21,28 @@
 
 #define KVP_KERNELS_MOD "kernels"
 
+/* Submit-path trace points (a build with -DKVP_SUBMIT_TRACE only; nothing
+ * otherwise): the clock at each stage of the last gather / scatter call, for
+ * bench_kernels' per-stage breakdown.  Written with the device lock held. */
+enum {
+  KVP_TR_ENTRY,    /* xfer() entered */
+  KVP_TR_LOCKED,   /* device lock taken */
+  KVP_TR_SLOT,     /* launch-argument slot taken (backend) */
+  KVP_TR_IDS,      /* ids copied + range-checked (and slots) */
+  KVP_TR_REPEATS,  /* repeat checks done */
+  KVP_TR_VALID,    /* validation done (staging translated) */
+  KVP_TR_LAUNCH0,  /* backend: about to launch */
+  KVP_TR_LAUNCHED, /* backend: launch call returned */
+  KVP_TR_DONE,     /* lock released */
+  KVP_TR_N
+};
+#ifdef KVP_SUBMIT_TRACE
+extern uint64_t kvp__submit_trace[KVP_TR_N];
+#define KVP_TRACE(i) (kvp__submit_trace[i] = kvp_now_ns())
+#else
+#define KVP_TRACE(i) ((void)0)
+#endif
+
 /* Calibrated page sizes: 4 KiB << i, i < KVP_CAL_SIZES (4 KiB .. 1 MiB). */
 #define KVP_CAL_SIZES 9
 
@@ -189,6 +211,10 @@ uint32_t kvp__ids_max_generic(const uint32_t *v, uint32_t n);
 uint32_t kvp__ids_copy_max_generic(uint32_t *restrict dst,
                                    const uint32_t *restrict src, uint32_t n);
 bool kvp__ids_have_avx2(void); /* false off x86-64 */
+/* Repeat check against byte stamps: stamps every id with gen, true when no
+ * id of the list repeats (st[id] != gen for each first sighting). */
+bool kvp__ids_stamp_unique(uint8_t *restrict st, uint8_t gen,
+                           const uint32_t *restrict ids, uint32_t n);
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 uint32_t kvp__ids_max_avx2(const uint32_t *v, uint32_t n);
 uint32_t kvp__ids_copy_max_avx2(uint32_t *restrict dst,

@@ -706,6 +706,64 @@ TEST(many_ids_per_cta) {
   fx_free(&f);
 }
 
+/* More transfers queued on one stream than the backend has launch-argument
+ * slots (8 on CUDA): later calls reuse slots whose kernels may still be
+ * queued, so each must wait for its slot's completion word (the slow-start
+ * calls with 1 CTA keep the queue behind the host).  The caller's id list is
+ * overwritten as soon as each call returns, as an engine reuses its buffer:
+ * every transfer must still move the blocks it was given.  CTA budgets vary
+ * along the queue (the last-CTA count must follow each grid's size). */
+TEST(launch_slots_reused_in_flight) {
+  open_devices();
+  enum { CALLS = 27 };
+  kvp_kv_layout_desc d = {.kind = KVP_LAYOUT_CROSS_LAYER, .num_layers = 2,
+                          .num_blocks = gpu() ? 4096 : 512, .block_size = 16,
+                          .num_kv_heads = 1, .head_dim = 16, .elem_size = 2};
+  fx f;
+  fx_make(&f, g_dev, &d, false);
+  const uint64_t bb = f.info.block_bytes;
+  const uint32_t n = d.num_blocks / 2;
+  const size_t sb = (size_t)n * bb;
+  static const uint32_t budgets[] = {1, 1, 1, 3, 16, 64, 7, 132, 2};
+  unsigned char *stage[CALLS];
+  uint32_t *want_ids[CALLS], *live[CALLS];
+  kvp_stream *s;
+  ASSERT_OK(kvp_stream_create(g_dev, &s));
+  for (int c = 0; c < CALLS; c++) { /* everything ready before the first call */
+    stage[c] = mem_alloc(g_dev, sb, true);
+    memset(stage[c], POISON, sb);
+    want_ids[c] = rand_ids(n, d.num_blocks, false); /* repeats allowed */
+    live[c] = malloc(n * sizeof *live[c]);
+    ASSERT_NOT_NULL(live[c]);
+    memcpy(live[c], want_ids[c], n * sizeof *live[c]);
+  }
+  for (int c = 0; c < CALLS; c++) { /* then back to back, nothing in between */
+    ASSERT_OK(kvp_device_set(g_dev, KVP_DEVOPT_CTA_BUDGET,
+                             budgets[c % (sizeof budgets / sizeof budgets[0])]));
+    kvp_xfer x = {.layout = f.lay, .block_ids = live[c], .n = n,
+                  .staging = stage[c], .staging_bytes = sb,
+                  .method = KVP_XFER_KERNEL};
+    ASSERT_OK(kvp_device_gather(g_dev, s, &x));
+    memset(live[c], 0, n * sizeof *live[c]); /* the caller reuses its buffer */
+  }
+  ASSERT_OK(kvp_stream_synchronize(s));
+  unsigned char *want = malloc(sb);
+  ASSERT_NOT_NULL(want);
+  for (int c = 0; c < CALLS; c++) {
+    for (uint32_t i = 0; i < n; i++) {
+      copy_ctx cc = {&f, want + (uint64_t)i * bb, false};
+      for_block(&f.d, want_ids[c][i], copy_elem, &cc);
+    }
+    ASSERT_MEM_EQ(stage[c], want, sb);
+    mem_free(g_dev, stage[c], true);
+    free(want_ids[c]), free(live[c]);
+  }
+  ASSERT_OK(kvp_device_set(g_dev, KVP_DEVOPT_CTA_BUDGET, 16));
+  kvp_stream_destroy(s);
+  free(want);
+  fx_free(&f);
+}
+
 /* The engine's default stream (NULL, as PyTorch hands it out) wraps to the
  * legacy stream: work on it is complete once that stream is synchronized. */
 TEST(default_stream_wrap) {
@@ -905,5 +963,6 @@ TEST_MAIN(TEST_ENTRY(names), TEST_ENTRY(gather_scatter_all_layouts),
           TEST_ENTRY(validation_nothing_copied), TEST_ENTRY(layout_validation),
           TEST_ENTRY(host_registration), TEST_ENTRY(two_streams_large),
           TEST_ENTRY(default_stream_wrap), TEST_ENTRY(many_ids_per_cta),
+          TEST_ENTRY(launch_slots_reused_in_flight),
           TEST_ENTRY(options_and_bandwidth), TEST_ENTRY(calibration_cache),
           TEST_ENTRY(destroy_all))

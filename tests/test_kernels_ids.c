@@ -4,7 +4,8 @@
  * against a scalar loop, on random ids with the high bit set or not, every
  * length from 0 to 300 and a few large ones, every destination alignment,
  * the maximum at the head, the middle or the tail, guard words around the
- * destination poisoned and checked untouched. */
+ * destination poisoned and checked untouched; and the scatter repeat check
+ * against the list's truth. */
 #include "kernels_internal.h"
 #include "test_harness.h"
 
@@ -84,4 +85,39 @@ TEST(dispatch) {
   check_build(&b);
 }
 
-TEST_MAIN(TEST_ENTRY(generic_build), TEST_ENTRY(avx2_build), TEST_ENTRY(dispatch))
+/* The scatter repeat check: unique lists pass, a list with one id repeated
+ * (any two positions: the same interleaved walk, different walks, the
+ * tail) fails, stamps of earlier generations never count, and every id of
+ * the list ends stamped with this generation. */
+TEST(stamp_repeat_check) {
+  enum { NB = 5000 };
+  static uint8_t st[NB];
+  static uint32_t perm[NB], ids[NB];
+  memset(st, 0, sizeof st);
+  uint8_t gen = 0;
+  for (int round = 0; round < 3000; round++) {
+    gen = (uint8_t)(gen + 1) ? (uint8_t)(gen + 1) : 1;
+    if (gen == 1)
+      memset(st, 0, sizeof st); /* as the library does when gen wraps */
+    for (uint32_t i = 0; i < NB; i++)
+      perm[i] = i;
+    uint32_t n = round < 40 ? (uint32_t)round : (uint32_t)kvt_rand_below(NB + 1);
+    for (uint32_t i = 0; i < n; i++) { /* n distinct ids: partial shuffle */
+      uint32_t j = i + (uint32_t)kvt_rand_below(NB - i), t = perm[i];
+      perm[i] = perm[j], perm[j] = t;
+      ids[i] = perm[i];
+    }
+    bool repeat = n >= 2 && kvt_rand_below(2);
+    if (repeat) {
+      uint32_t a = (uint32_t)kvt_rand_below(n), b = (uint32_t)kvt_rand_below(n - 1);
+      b += b >= a; /* b != a */
+      ids[b] = ids[a];
+    }
+    ASSERT_EQ(kvp__ids_stamp_unique(st, gen, ids, n), !repeat);
+    for (uint32_t i = 0; i < n; i++)
+      ASSERT_EQ(st[ids[i]], gen);
+  }
+}
+
+TEST_MAIN(TEST_ENTRY(generic_build), TEST_ENTRY(avx2_build), TEST_ENTRY(dispatch),
+          TEST_ENTRY(stamp_repeat_check))

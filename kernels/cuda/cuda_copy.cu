@@ -9,5 +9,8 @@
 #define KVP_BLOCK_X blockIdx.x
 #define KVP_BLOCK_DIM_X blockDim.x
 #define KVP_GRID_DIM_X gridDim.x
+#define KVP_FENCE_DEVICE() __threadfence()
+#define KVP_FENCE_SYSTEM() __threadfence_system()
+#define KVP_ATOMIC_ADD_U32(p, v) atomicAdd((p), (v))
 #define KVP_ACCESSORS "cuda_access.h"
 #include "kernels_copy_device.h"
