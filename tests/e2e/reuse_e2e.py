@@ -35,6 +35,29 @@ except ImportError:
     sys.exit(77)
 
 
+def load_kvplane(path):
+    """ctypes.CDLL(path), once more in a fresh process if the dynamic loader
+    is out of static TLS: Debian's libjemalloc (a dependency of libkvplane)
+    uses initial-exec TLS, and loaded after PyTorch's libraries there may be
+    no room left for it (dlopen: "cannot allocate memory in static TLS
+    block").  Preloading it reserves the room at start-up."""
+    try:
+        return C.CDLL(path)
+    except OSError as e:
+        if "static TLS" not in str(e) or os.environ.get("KVP_E2E_REEXEC"):
+            raise
+        import subprocess
+        ldd = subprocess.run(["ldd", path], capture_output=True, text=True).stdout
+        jem = [ln.split("=>")[1].split("(")[0].strip() for ln in ldd.splitlines()
+               if "libjemalloc" in ln and "=>" in ln]
+        if not jem or not os.path.exists(jem[0]):
+            raise
+        print(f"note: {e}; running again with LD_PRELOAD={jem[0]}", flush=True)
+        env = dict(os.environ, KVP_E2E_REEXEC="1",
+                   LD_PRELOAD=(jem[0] + " " + os.environ.get("LD_PRELOAD", "")).strip())
+        os.execve(sys.executable, [sys.executable] + sys.argv, env)
+
+
 class DeviceOpts(C.Structure):
     _fields_ = [("backend", C.c_int), ("ordinal", C.c_int32), ("cta_budget", C.c_uint32),
                 ("flags", C.c_uint32), ("reserved", C.c_uint32 * 8)]
@@ -62,7 +85,7 @@ TOL = 5e-2  # decode vs full-recompute logits: max |diff| / max |logit|, bf16
 
 class Kvp:
     def __init__(self, path):
-        L = self.lib = C.CDLL(path)
+        L = self.lib = load_kvplane(path)
         L.kvp_strerror.restype = C.c_char_p
         L.kvp_backend_available.argtypes = [C.c_int, C.c_char_p, C.c_size_t]
         for f in ("kvp_device_create", "kvp_kv_layout_create", "kvp_device_gather",
