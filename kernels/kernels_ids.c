@@ -1,11 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The submit path's passes over a transfer's ids: max (range check) and
- * copy + max into the launch-argument slot.  Two builds of each: generic
+/* The submit path's passes over a transfer's ids: max (range check), copy +
+ * max into the launch-argument slot, and the scatter repeat check.  The
+ * first two have two builds each: generic
  * vector code (GCC / clang vector extensions, any target; SSE2 on x86-64)
  * and, on x86-64, AVX2 (8 lanes, a native unsigned max, 32-byte streaming
  * stores), picked per call from the CPU's features.  The results are the
  * same whichever runs (test_kernels_ids checks every build against a scalar
- * loop). */
+ * loop, and the repeat check against the list's truth). */
 #include <string.h>
 
 #include "kernels_internal.h"
@@ -140,10 +141,12 @@ bool kvp__ids_have_avx2(void) { return false; }
  * in this call).  Eight interleaved walks over the list (n/8 apart): each
  * id is still checked, then stamped, in one program order, so a repeat
  * anywhere in the list is found; the independent walks keep more stamp
- * loads in flight.  The GPU machine's host ran this 1.4-1.7x faster than
- * one walk (8192 ids over 16384 blocks: 7-8 us against 11-13 us; the
- * development VM 2.4 against 3.2 us).  ids must be < the stamp array's
- * length.  True when no id repeats. */
+ * loads in flight.  In a standalone side-by-side program the GPU machine's
+ * host ran this 1.4-1.7x faster than one walk (8192 ids over 16384 blocks:
+ * 7-8 us against 11-13 us; the development VM 2.4 against 3.2 us), but
+ * inside a submit the stage still measured 12-14 us there (bench_kernels'
+ * trace build), no better than one walk did.  ids must be < the stamp
+ * array's length.  True when no id repeats. */
 bool kvp__ids_stamp_unique(uint8_t *restrict st, uint8_t gen,
                            const uint32_t *restrict ids, uint32_t n) {
   const uint32_t q = n / 8;

@@ -166,7 +166,10 @@ static void cuda_close(kvp_device *d) {
       cu.cuStreamSynchronize(c->own);
     for (unsigned i = 0; i < RING; i++) {
       arg_slot *s = &c->ring[i];
-      if (s->pending) /* a kernel may still read it (an error: free anyway) */
+      /* a kernel may still read it: wait (on an error, free anyway; a
+       * caller's stream that never runs again would hang here, as the
+       * transfer it queued never completes either) */
+      if (s->pending)
         slot_wait(d, i);
       if (s->host)
         cu.cuMemFreeHost(s->host);
