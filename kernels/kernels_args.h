@@ -19,11 +19,10 @@ typedef struct kvp_copy_args {
   unsigned long long staging;      /* staging base address */
   unsigned long long block_stride; /* bytes between blocks inside a chunk tensor */
   unsigned long long chunk_bytes;  /* multiple of the kernel's vector width */
-  /* Completion word (CUDA; 0 = none, as on HIP): every CTA, once done with
-   * the argument slot, adds 1 to the device counter done_count; the last
-   * one resets it and stores done_gen into done_word (mapped host memory),
-   * which tells the host the slot may be reused without an event. */
-  unsigned long long done_count;
+  /* Release words (CUDA; 0 = none, as on HIP): an array of one uint32 per
+   * CTA in mapped host memory; CTA b stores done_gen into done_word[b] once
+   * it will not read the argument slot (ids, slots) again, which tells the
+   * host the slot may be reused without an event. */
   unsigned long long done_word;
   unsigned int n_chunks;
   unsigned int n_ids;              /* n_ids * n_chunks * n_segs < 2^32 */
@@ -33,7 +32,7 @@ typedef struct kvp_copy_args {
   unsigned int done_gen;           /* never 0 when done_word is set */
 } kvp_copy_args;
 
-KVP_ARGS_STATIC_ASSERT(sizeof(kvp_copy_args) == 88, "kvp_copy_args layout");
+KVP_ARGS_STATIC_ASSERT(sizeof(kvp_copy_args) == 80, "kvp_copy_args layout");
 
 /* Kernel entry points, one per access width (bytes). */
 #define KVP_KERNEL_NAMES(X) X(16) X(8) X(4) X(2) X(1)

@@ -3,8 +3,7 @@
  * and kernels/hip/hip_copy.hip (clang, HIP device-only): device C++ only.
  * The includer defines KVP_GLOBAL, KVP_DEVICE_INLINE, KVP_SHARED,
  * KVP_SYNC_THREADS(), KVP_THREAD_X, KVP_BLOCK_X, KVP_BLOCK_DIM_X,
- * KVP_GRID_DIM_X, KVP_FENCE_DEVICE(), KVP_FENCE_SYSTEM(),
- * KVP_ATOMIC_ADD_U32(pointer, value) (returns the old value), and the global-memory
+ * KVP_GRID_DIM_X, and the global-memory
  * accessors kvp_ld<V>(address) / kvp_st<V>(address, value): addresses arrive
  * as integers, so a plain dereference would compile to generic (flat)
  * accesses; the accessors force global ones (LDG/STG on NVIDIA).
@@ -40,6 +39,17 @@ KVP_DEVICE_INLINE void kvp_st(unsigned long long addr, V v);
  * from the argument arrays directly (correct, slower). */
 #define KVP_SH_IDS 2048u
 
+/* The release word (kernels_args.h): thread 0 stores done_gen into this
+ * CTA's word once no thread of the CTA will read the argument slot again.
+ * The caller has made sure of that (a barrier after the last reads, or no
+ * reads at all); the reads' values are in registers or shared memory by
+ * then, so a host that sees the word and rewrites the slot cannot change
+ * them.  A plain posted store: no atomic, no fence, nothing to wait for. */
+KVP_DEVICE_INLINE void kvp_release(const kvp_copy_args &a) {
+  if (a.done_word && KVP_THREAD_X == 0)
+    ((volatile unsigned *)a.done_word)[KVP_BLOCK_X] = a.done_gen;
+}
+
 template <typename V, int U>
 KVP_DEVICE_INLINE void kvp_copy_body(const kvp_copy_args &a) {
   KVP_SHARED unsigned sh_ids[KVP_SH_IDS], sh_slots[KVP_SH_IDS];
@@ -55,8 +65,10 @@ KVP_DEVICE_INLINE void kvp_copy_body(const kvp_copy_args &a) {
   const unsigned per_cta = (items + KVP_GRID_DIM_X - 1) / KVP_GRID_DIM_X;
   const unsigned it0 = KVP_BLOCK_X * per_cta;
   const unsigned it1 = items - it0 < per_cta ? items : it0 + per_cta;
-  if (it0 >= items)
+  if (it0 >= items) { /* nothing to copy, nothing read */
+    kvp_release(a);
     return;
+  }
   const unsigned i0 = it0 / per_id, cnt = (it1 - 1) / per_id + 1 - i0;
   const bool staged = cnt <= KVP_SH_IDS;
   if (staged) {
@@ -65,6 +77,7 @@ KVP_DEVICE_INLINE void kvp_copy_body(const kvp_copy_args &a) {
       sh_slots[k] = slots ? slots[i0 + k] : i0 + k;
     }
     KVP_SYNC_THREADS();
+    kvp_release(a); /* the copy below reads the shared copies only */
   }
   const unsigned group = KVP_THREAD_X / KVP_GROUP, lane = KVP_THREAD_X % KVP_GROUP;
   const unsigned ngroups = KVP_BLOCK_DIM_X / KVP_GROUP;
@@ -97,32 +110,15 @@ KVP_DEVICE_INLINE void kvp_copy_body(const kvp_copy_args &a) {
     for (; v < nvec; v += KVP_GROUP)
       kvp_st<V>(dst + v * sizeof(V), kvp_ld<V>(src + v * sizeof(V)));
   }
-}
-
-/* The completion word (kernels_args.h): once every thread of this CTA is
- * past its last read of the argument slot, one thread counts the CTA done;
- * the last CTA of the grid resets the counter and publishes done_gen to the
- * host.  The device fence orders this CTA's slot reads before its count;
- * the system fence orders the reset before the host can see the word (the
- * host launches into this slot again only after seeing it). */
-KVP_DEVICE_INLINE void kvp_signal_done(const kvp_copy_args &a) {
-  KVP_SYNC_THREADS();
-  if (KVP_THREAD_X != 0)
-    return;
-  KVP_FENCE_DEVICE();
-  unsigned *cnt = (unsigned *)a.done_count;
-  if (KVP_ATOMIC_ADD_U32(cnt, 1u) == KVP_GRID_DIM_X - 1) {
-    *(volatile unsigned *)cnt = 0;
-    KVP_FENCE_SYSTEM();
-    *(volatile unsigned *)a.done_word = a.done_gen;
+  if (!staged) { /* the loop above read the slot: every thread past it */
+    KVP_SYNC_THREADS();
+    kvp_release(a);
   }
 }
 
 #define KVP_DEFINE_COPY_KERNEL(W, U)                                            \
   extern "C" KVP_GLOBAL void kvp_copy_w##W(kvp_copy_args a) {                   \
     kvp_copy_body<kvp_vec##W, U>(a);                                            \
-    if (a.done_word)                                                            \
-      kvp_signal_done(a);                                                       \
   }
 
 KVP_DEFINE_COPY_KERNEL(16, 4)

@@ -188,7 +188,7 @@ int kvp_device_create(const kvp_device_opts *opts, const kvp_allocator *alloc,
   if (!reserved_zero(o->reserved, sizeof o->reserved) ||
       (o->flags & ~(KVP_DEVICE_NO_CALIBRATE | KVP_DEVICE_NO_CALIBRATION_CACHE |
                     KVP_DEVICE_RECALIBRATE)) || o->ordinal < 0 ||
-      o->cta_budget > 1024)
+      o->cta_budget > KVP__MAX_CTAS)
     return KVP_EINVAL;
   const kvp__dev_ops *ops;
   switch (o->backend) {
@@ -255,7 +255,7 @@ int kvp_device_native_error(const kvp_device *d, const char **name) {
 
 int kvp_device_opt_bounds(kvp_device_opt opt, int64_t *lo, int64_t *hi) {
   switch (opt) {
-  case KVP_DEVOPT_CTA_BUDGET: *lo = 1, *hi = 1024; return 0;
+  case KVP_DEVOPT_CTA_BUDGET: *lo = 1, *hi = KVP__MAX_CTAS; return 0;
   case KVP_DEVOPT_THREADS_PER_CTA: *lo = 64, *hi = 1024; return 0;
   default: return KVP_EINVAL;
   }

@@ -20,6 +20,9 @@
 #include "kvplane/device.h"
 
 #define KVP_KERNELS_MOD "kernels"
+/* The CTA budget's bound (KVP_DEVOPT_CTA_BUDGET); the CUDA backend keeps
+ * a release word per CTA for each launch-argument slot. */
+#define KVP__MAX_CTAS 1024u
 
 /* Submit-path trace points (a build with -DKVP_SUBMIT_TRACE only; nothing
  * otherwise): the clock at each stage of the last gather / scatter call, for

@@ -1,7 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // The CUDA gather/scatter kernels (built by nvcc into a fatbin: cubins for
 // sm_80 and sm_90 plus compute_90 PTX, embedded in libkvplane).
-#define KVP_GLOBAL __global__ __launch_bounds__(1024)
+// (1024, 1): up to 1024 threads, one CTA per SM is enough.  With the bare
+// (1024) ptxas capped sm_90's w2/w4 kernels at 32 registers and spilled 4
+// bytes once the early release (kernels_copy_device.h) was added; this
+// gives 40 registers and no spill (check_cuda_ptxas).
+#define KVP_GLOBAL __global__ __launch_bounds__(1024, 1)
 #define KVP_DEVICE_INLINE __device__ __forceinline__
 #define KVP_SHARED __shared__
 #define KVP_SYNC_THREADS() __syncthreads()
@@ -9,8 +13,5 @@
 #define KVP_BLOCK_X blockIdx.x
 #define KVP_BLOCK_DIM_X blockDim.x
 #define KVP_GRID_DIM_X gridDim.x
-#define KVP_FENCE_DEVICE() __threadfence()
-#define KVP_FENCE_SYSTEM() __threadfence_system()
-#define KVP_ATOMIC_ADD_U32(p, v) atomicAdd((p), (v))
 #define KVP_ACCESSORS "cuda_access.h"
 #include "kernels_copy_device.h"

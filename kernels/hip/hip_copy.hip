@@ -16,11 +16,8 @@
 #define KVP_BLOCK_X __builtin_amdgcn_workgroup_id_x()
 #define KVP_BLOCK_DIM_X kvp_hip_block_dim_x()
 #define KVP_GRID_DIM_X kvp_hip_grid_dim_x()
-// The completion word is not used by the HIP backend yet (done_word = 0: it
-// keeps its events), but the kernel body compiles it for every target.
-#define KVP_FENCE_DEVICE() __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "agent")
-#define KVP_FENCE_SYSTEM() __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "")
-#define KVP_ATOMIC_ADD_U32(p, v) __atomic_fetch_add((p), (v), __ATOMIC_RELAXED)
+// The release words are not used by the HIP backend yet (done_word = 0: it
+// keeps its events), but the kernel body compiles them for every target.
 
 // hsa_kernel_dispatch_packet_t: workgroup_size_x (u16) at byte 4,
 // grid_size_x (u32, in work-items) at byte 12.
