@@ -708,11 +708,11 @@ TEST(many_ids_per_cta) {
 
 /* More transfers queued on one stream than the backend has launch-argument
  * slots (8 on CUDA): later calls reuse slots whose kernels may still be
- * queued, so each must wait for its slot's completion word (the slow-start
+ * queued, so each must wait for its slot's release words (the slow-start
  * calls with 1 CTA keep the queue behind the host).  The caller's id list is
  * overwritten as soon as each call returns, as an engine reuses its buffer:
  * every transfer must still move the blocks it was given.  CTA budgets vary
- * along the queue (the last-CTA count must follow each grid's size). */
+ * along the queue (the host must wait for every CTA's word of each grid). */
 TEST(launch_slots_reused_in_flight) {
   open_devices();
   enum { CALLS = 27 };
