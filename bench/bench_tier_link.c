@@ -1,11 +1,14 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The engine save/load path (kvp_tier_save / kvp_tier_load: gather ->
- * registered staging -> DRAM slots, and back) on the CPU backend, against,
- * in the same run: the straightforward loop an engine would write (one
- * gather + kvp_tier_put per block; one kvp_tier_get + scatter per block) and
- * one memcpy of the same bytes (the single-copy ceiling: the link copies
- * twice, cache <-> staging <-> DRAM).  DRAM tier only (NVMe reads: see
- * bench_tier).  --quick checks that loads return the saved bytes. */
+/* The engine save/load path (kvp_tier_save: gather -> registered staging ->
+ * DRAM slots; kvp_tier_load: a scatter straight out of the DRAM slots when
+ * the store's region is registered with the device) on the CPU backend or
+ * a GPU (--backend cuda), against, in the same run: the same load from a
+ * store whose region is not registered with the device (get -> staging ->
+ * scatter: the path before loads went in place), the straightforward loop
+ * an engine would write (one gather + kvp_tier_put per block; one
+ * kvp_tier_get + scatter per block) and one memcpy of the same bytes.  DRAM
+ * tier only (NVMe reads: see bench_tier).  --quick checks that every load
+ * returns the saved bytes. */
 #include <stdbool.h>
 #include <inttypes.h>
 #include <stdint.h>
@@ -40,9 +43,14 @@ static void fx_init(fx *f, kvp_device *dev, uint32_t heads, uint32_t nblocks) {
       int rc = kvp_device_alloc(dev, f->tbytes, p[j]);
       if (rc < 0)
         die("kvp_device_alloc", rc);
-      uint64_t *w = *p[j];
+      uint64_t *w = malloc(f->tbytes);
+      if (w == NULL)
+        die("malloc", KVP_ENOMEM);
       for (size_t i = 0; i < f->tbytes / 8; i++)
         w[i] = (s += 0x9E3779B97F4A7C15ull) * 0xBF58476D1CE4E5B9ull;
+      if ((rc = kvp_device_memcpy(dev, *p[j], w, f->tbytes)) < 0)
+        die("kvp_device_memcpy", rc);
+      free(w);
     }
   }
   kvp_kv_layout_desc d = {.kind = KVP_LAYOUT_VLLM_NHD, .num_layers = LAYERS,
@@ -68,8 +76,45 @@ static void fx_free(fx *f) {
 static double secs(uint64_t t0) { return (double)(kvp_now_ns() - t0) / 1e9; }
 
 typedef struct res {
-  double save, load, naive_save, naive_load, memcpy_; /* GB/s, best of reps */
+  double save, load, staged_load, naive_save, naive_load, memcpy_; /* GB/s, best of reps */
 } res;
+
+/* A store of dram bytes with the bench namespace, registered with dev or
+ * not, and a link to it. */
+static void store_open(kvp_device *dev, fx *f, uint64_t dram, bool reg,
+                       const kvp_namespace *ns, kvp_tier_store **t,
+                       kvp_tier_link **l) {
+  kvp_tier_opts o = {.dram_bytes = dram};
+  if (reg)
+    kvp_tier_opts_set_device(&o, dev);
+  int rc = kvp_tier_create(&o, NULL, t);
+  if (rc < 0)
+    die("kvp_tier_create", rc);
+  kvp_tier_ns_add(*t, ns, &(kvp_tier_ns_opts){.block_bytes = f->bb});
+  if ((rc = kvp_tier_link_create(*t, dev, f->lay, ns, NULL, NULL, l)) < 0)
+    die("kvp_tier_link_create", rc);
+}
+
+/* Block dst[i] of every tensor == block src[i]; dies otherwise. */
+static void check_loaded(kvp_device *dev, const fx *f, const uint32_t *src,
+                         const uint32_t *dst, uint32_t n, const char *what) {
+  uint8_t *a = malloc(f->stride), *b = malloc(f->stride);
+  if (a == NULL || b == NULL)
+    die("malloc", KVP_ENOMEM);
+  for (int lyr = 0; lyr < 2 * LAYERS; lyr++) {
+    const uint8_t *t = lyr < LAYERS ? f->k[lyr] : f->v[lyr - LAYERS];
+    for (uint32_t i = 0; i < n; i++) {
+      if (kvp_device_memcpy(dev, a, t + (size_t)dst[i] * f->stride, f->stride) < 0 ||
+          kvp_device_memcpy(dev, b, t + (size_t)src[i] * f->stride, f->stride) < 0)
+        die("kvp_device_memcpy", KVP_EIO);
+      if (memcmp(a, b, f->stride)) {
+        fprintf(stderr, "%s: %s: block %u loaded wrong bytes\n", bench_name, what, i);
+        exit(1);
+      }
+    }
+  }
+  free(a), free(b);
+}
 
 static double best(double a, double b) { return a > b ? a : b; }
 
@@ -81,28 +126,24 @@ static void run_size(kvp_device *dev, uint32_t heads, uint64_t total,
   n = n < 4 ? 4 : n;
   fx_init(&f, dev, heads, 2 * n);
   double gb = (double)n * (double)f.bb / 1e9;
-  kvp_tier_opts o = {.dram_bytes = (uint64_t)(reps + 2) * n * f.bb * 2 + (8u << 20)};
-  kvp_tier_opts_set_device(&o, dev);
-  kvp_tier_store *t;
-  int rc = kvp_tier_create(&o, NULL, &t);
-  if (rc < 0)
-    die("kvp_tier_create", rc);
   kvp_namespace_desc nd = {.model_id = "bench", .tokenizer_id = "t",
                            .kv_layout = "vllm-nhd:bf16", .block_size = BS};
   kvp_namespace ns;
   kvp_namespace_init(&nd, &ns);
-  kvp_tier_ns_add(t, &ns, &(kvp_tier_ns_opts){.block_bytes = f.bb});
-  kvp_tier_link *l;
-  if ((rc = kvp_tier_link_create(t, dev, f.lay, &ns, NULL, NULL, &l)) < 0)
-    die("kvp_tier_link_create", rc);
+  const uint64_t dram = (uint64_t)(reps + 2) * n * f.bb * 2 + (8u << 20);
+  kvp_tier_store *t, *t2; /* t: region registered (in-place loads); t2: not */
+  kvp_tier_link *l, *l2;
+  store_open(dev, &f, dram, true, &ns, &t, &l);
+  store_open(dev, &f, (uint64_t)n * f.bb + (8u << 20), false, &ns, &t2, &l2);
   uint32_t *src = malloc(n * sizeof *src), *dst = malloc(n * sizeof *dst);
   kvp_key *keys = malloc(n * sizeof *keys);
   int *out = malloc(n * sizeof *out);
   uint8_t *a = malloc(n * f.bb), *b = malloc(n * f.bb);
-  void *one;
-  if (!src || !dst || !keys || !out || !a || !b ||
-      kvp_device_alloc(dev, f.bb, &one) < 0)
+  void *one = aligned_alloc(4096, (f.bb + 4095) / 4096 * 4096);
+  if (!src || !dst || !keys || !out || !a || !b || !one ||
+      kvp_device_host_register(dev, one, (f.bb + 4095) / 4096 * 4096) < 0)
     die("malloc", KVP_ENOMEM);
+  int rc;
   for (uint32_t i = 0; i < n; i++)
     src[i] = (i * 7919u) % n, dst[i] = n + (i * 104729u) % n;
   memset(a, 1, n * f.bb), memset(b, 2, n * f.bb);
@@ -119,6 +160,17 @@ static void run_size(kvp_device *dev, uint32_t heads, uint64_t total,
     if ((rc = kvp_tier_load(l, NULL, keys, dst, n, out)) != (int)n)
       die("kvp_tier_load", rc < 0 ? rc : KVP_ENOENT);
     r->load = best(r->load, gb / secs(t0));
+    if (quick)
+      check_loaded(dev, &f, src, dst, n, "in-place load");
+    /* the same through the staging buffer: a store not registered */
+    if ((rc = kvp_tier_save(l2, NULL, keys, src, n, NULL, out)) != (int)n)
+      die("kvp_tier_save (unregistered store)", rc < 0 ? rc : KVP_ENOSPC);
+    t0 = kvp_now_ns();
+    if ((rc = kvp_tier_load(l2, NULL, keys, dst, n, out)) != (int)n)
+      die("kvp_tier_load (unregistered store)", rc < 0 ? rc : KVP_ENOENT);
+    r->staged_load = best(r->staged_load, gb / secs(t0));
+    for (uint32_t i = 0; i < n; i++) /* room for the next rep */
+      kvp_tier_evict(t2, &ns, keys[i]);
     /* the straightforward loop: a launch and a store call per block */
     for (uint32_t i = 0; i < n; i++)
       keys[i] = (kvp_key){(uint64_t)rep * 2 + 2, i};
@@ -146,28 +198,22 @@ static void run_size(kvp_device *dev, uint32_t heads, uint64_t total,
     r->memcpy_ = best(r->memcpy_, gb / secs(t0));
     a[rep] = b[n * f.bb - 1 - (size_t)rep]; /* keep the copy */
   }
-  if (quick) { /* block dst[i] of every tensor == block src[i] */
-    for (int lyr = 0; lyr < LAYERS; lyr++)
-      for (uint32_t i = 0; i < n; i++)
-        if (memcmp((uint8_t *)f.k[lyr] + (size_t)dst[i] * f.stride,
-                   (uint8_t *)f.k[lyr] + (size_t)src[i] * f.stride, f.stride) ||
-            memcmp((uint8_t *)f.v[lyr] + (size_t)dst[i] * f.stride,
-                   (uint8_t *)f.v[lyr] + (size_t)src[i] * f.stride, f.stride)) {
-          fprintf(stderr, "%s: block %u loaded wrong bytes\n", bench_name, i);
-          exit(1);
-        }
-  }
-  kvp_device_free(dev, one);
+  if (quick) /* the last load: the per-block loop's */
+    check_loaded(dev, &f, src, dst, n, "per-block load");
+  kvp_device_host_unregister(dev, one);
+  free(one);
   free(src), free(dst), free(keys), free(out), free(a), free(b);
   kvp_tier_link_destroy(l);
   kvp_tier_destroy(t);
+  kvp_tier_link_destroy(l2);
+  kvp_tier_destroy(t2);
   fx_free(&f);
 }
 
 int main(int argc, char **argv) {
   bench_name = "bench_tier_link";
   bool quick = false;
-  int cpu = 0, reps = 5;
+  int cpu = 0, reps = 5, backend = KVP_BACKEND_CPU;
   uint64_t total = 32u << 20;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--quick"))
@@ -178,34 +224,51 @@ int main(int argc, char **argv) {
       reps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--mb") && i + 1 < argc)
       total = strtoull(argv[++i], NULL, 0) << 20;
-    else {
-      fprintf(stderr, "usage: %s [--quick] [--cpu N] [--reps N] [--mb MiB]\n",
-              argv[0]);
+    else if (!strcmp(argv[i], "--backend") && i + 1 < argc) {
+      const char *b = argv[++i];
+      backend = !strcmp(b, "cpu") ? KVP_BACKEND_CPU : !strcmp(b, "cuda") ? KVP_BACKEND_CUDA
+                : !strcmp(b, "hip") ? KVP_BACKEND_HIP : -1;
+      if (backend < 0) {
+        fprintf(stderr, "%s: --backend cpu|cuda|hip\n", argv[0]);
+        return 2;
+      }
+    } else {
+      fprintf(stderr, "usage: %s [--quick] [--cpu N] [--reps N] [--mb MiB] "
+              "[--backend cpu|cuda|hip]\n", argv[0]);
       return 2;
     }
   }
   if (reps < 1)
     reps = 1;
-  pin_cpu(cpu);
+  char why[256];
+  if (!kvp_backend_available((kvp_backend)backend, why, sizeof why)) {
+    printf("SKIP: %s backend: %s\n", kvp_backend_name((kvp_backend)backend), why);
+    return 77;
+  }
   kvp_device *dev;
-  int rc = kvp_device_create(NULL, NULL, &dev);
+  int rc = kvp_device_create(&(kvp_device_opts){.backend = (kvp_backend)backend},
+                             NULL, &dev);
   if (rc < 0)
     die("kvp_device_create", rc);
-  printf("# kvp_tier_save/load vs per-block gather+put / get+scatter vs one memcpy;\n"
-         "# CPU backend, DRAM tier, vLLM NHD %d layers x K/V, head_dim 128, bf16;\n"
+  pin_cpu(cpu); /* after the driver's threads exist */
+  printf("# kvp_tier_save/load vs the load through staging (store not registered)\n"
+         "# vs per-block gather+put / get+scatter vs one memcpy;\n"
+         "# %s, DRAM tier, vLLM NHD %d layers x K/V, head_dim 128, bf16;\n"
          "# %" PRIu64 " MiB saved per rep, best of %d reps, GB/s = 1e9 B/s\n",
-         LAYERS, total >> 20, reps);
-  printf("| block | link save | per-block save | **ratio** | link load | "
-         "per-block load | **ratio** | memcpy | save / memcpy | load / memcpy |\n"
-         "|---|---|---|---|---|---|---|---|---|---|\n");
+         kvp_device_name(dev), LAYERS, total >> 20, reps);
+  printf("| block | link save | per-block save | **ratio** | link load (in place) | "
+         "load through staging | **in place / staging** | per-block load | **ratio** | "
+         "memcpy | save / memcpy | load / memcpy |\n"
+         "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   static const uint32_t heads[] = {1, 4, 8, 32}; /* 64 KiB .. 2 MiB blocks */
   for (size_t i = 0; i < sizeof heads / sizeof heads[0]; i++) {
     res r;
     run_size(dev, heads[i], total, reps, quick, &r);
     uint64_t bb = (uint64_t)BS * heads[i] * 128 * 2 * 2 * LAYERS;
     printf("| %" PRIu64 " KiB | %.2f | %.2f | **%.2fx** | %.2f | %.2f | **%.2fx** | "
-           "%.2f | %.2fx | %.2fx |\n", bb >> 10, r.save, r.naive_save,
-           r.save / r.naive_save, r.load, r.naive_load, r.load / r.naive_load,
+           "%.2f | **%.2fx** | %.2f | %.2fx | %.2fx |\n", bb >> 10, r.save,
+           r.naive_save, r.save / r.naive_save, r.load, r.staged_load,
+           r.load / r.staged_load, r.naive_load, r.load / r.naive_load,
            r.memcpy_, r.save / r.memcpy_, r.load / r.memcpy_);
     fflush(stdout);
   }

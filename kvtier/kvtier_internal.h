@@ -225,7 +225,9 @@ typedef struct tier_ubuf { /* a registered caller range (piece <= 1 GiB) */
  * is taken after mu or alone. */
 struct kvp_tier_store {
   kvp_allocator a;
-  pthread_mutex_t mu; /* everything below but the read ring; before jmu */
+  pthread_mutex_t mu; /* everything below but the read ring; before jmu; a
+                       * link's zero-copy load holds it over a kvp_device
+                       * scatter: link mu, then mu, then the device's */
   kvp_tier_opts o;
   char *dir;
   /* DRAM */

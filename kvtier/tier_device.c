@@ -1,7 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* kvtier <-> kernels: the DRAM region registered with a kvp_device, and the
- * worker's save (gather -> staging -> put) and load (get -> staging ->
- * scatter) path between an engine's paged KV cache and the store. */
+ * worker's save (gather -> staging -> put) and load path between an engine's
+ * paged KV cache and the store.  A load scatters DRAM hits straight out of
+ * their slots when the region is registered with the link's device (under
+ * the store lock: no eviction can free a slot the scatter reads); the rest
+ * (NVMe reads, blocks whose slot is not at a block-size multiple of the
+ * region) go get -> staging -> scatter. */
 #include <inttypes.h>
 #include <string.h>
 
@@ -57,6 +61,14 @@ struct kvp_tier_link {
   uint32_t *ids, *slots;
   int *res;
   uint64_t *seen;     /* load: repeat check over block ids, a bit per block */
+  /* zero-copy loads: the store's DRAM region, registered with dev */
+  bool direct;
+  uint8_t *dram_base;
+  size_t dram_len;
+  uint32_t *gi;       /* per round: entries that take the staged path */
+  kvp_key *gkeys;
+  uint32_t *gids;
+  int *gres;
   kvp_tier_link_stats st;
 };
 
@@ -75,6 +87,10 @@ static void link_free(kvp_tier_link *l) {
   kvp__free(&l->a, l->ids, n * sizeof *l->ids);
   kvp__free(&l->a, l->slots, n * sizeof *l->slots);
   kvp__free(&l->a, l->res, n * sizeof *l->res);
+  kvp__free(&l->a, l->gi, n * sizeof *l->gi);
+  kvp__free(&l->a, l->gkeys, n * sizeof *l->gkeys);
+  kvp__free(&l->a, l->gids, n * sizeof *l->gids);
+  kvp__free(&l->a, l->gres, n * sizeof *l->gres);
   kvp__free(&l->a, l->seen, words(l->nblocks) * sizeof *l->seen);
   pthread_mutex_destroy(&l->mu);
   kvp_allocator a = l->a;
@@ -110,8 +126,12 @@ static int link_alloc(kvp_tier_link *l) {
   l->slots = kvp__calloc(&l->a, n, sizeof *l->slots);
   l->res = kvp__calloc(&l->a, n, sizeof *l->res);
   l->seen = kvp__calloc(&l->a, words(l->nblocks), sizeof *l->seen);
+  l->gi = kvp__calloc(&l->a, n, sizeof *l->gi);
+  l->gkeys = kvp__calloc(&l->a, n, sizeof *l->gkeys);
+  l->gids = kvp__calloc(&l->a, n, sizeof *l->gids);
+  l->gres = kvp__calloc(&l->a, n, sizeof *l->gres);
   if (!l->ptr || !l->len || !l->cap || !l->ids || !l->slots || !l->res ||
-      !l->seen)
+      !l->seen || !l->gi || !l->gkeys || !l->gids || !l->gres)
     return KVP_ENOMEM;
   l->stage_len = (size_t)l->nstage * l->bb;
   void *p = mmap(NULL, l->stage_len, PROT_READ | PROT_WRITE,
@@ -170,6 +190,17 @@ int kvp_tier_link_create(kvp_tier_store *t, kvp_device *dev,
     link_free(l);
     return rc;
   }
+  /* the store registered its DRAM region with this very device
+   * (kvp_tier_opts_set_device): the scatter may read the slots in place */
+  pthread_mutex_lock(&t->mu);
+  l->direct = t->registered && t->o.dram_register == dev_register &&
+              t->o.register_opaque == dev;
+  pthread_mutex_unlock(&t->mu);
+  void *base;
+  if (l->direct && kvp_tier_dram_region(t, &base, &l->dram_len) == 0)
+    l->dram_base = base;
+  else
+    l->direct = false;
   *out = l;
   return 0;
 }
@@ -256,9 +287,83 @@ static int check_ids(kvp_tier_link *l, const uint32_t *ids, size_t n) {
   return rc;
 }
 
-/* One round of a load: the hits go to their block ids in one scatter. */
-static int load_round(kvp_tier_link *l, kvp_stream *s, const kvp_key *keys,
-                      const uint32_t *ids, uint32_t m, int *res) {
+/* A DRAM hit that can be scattered in place: its slot index in the region
+ * (block-size units), or -1 (not in DRAM, another length, a slot not at a
+ * multiple of the block size).  Counts the hit as a get does.  t->mu held. */
+static int64_t dram_slot_locked(kvp_tier_link *l, kvp_key key) {
+  kvp_tier_store *t = l->t;
+  uint32_t id = kvp__tier_entry_find(t, l->ns.seed, key);
+  if (id == TIER_NIL)
+    return -1;
+  tier_entry *e = &t->ents[id];
+  if (e->dram == NULL || e->len != l->bb)
+    return -1;
+  uint64_t off = (uint64_t)((uint8_t *)e->dram - l->dram_base);
+  if (off % l->bb != 0 || off / l->bb >= UINT32_MAX || off + l->bb > l->dram_len)
+    return -1;
+  e->hits++;
+  kvp_tier_policy_touch(t->dpol, id);
+  t->st.hits[KVP_TIER_DRAM]++;
+  return (int64_t)(off / l->bb);
+}
+
+/* The DRAM hits of keys[0..m) scattered straight from their slots, in one
+ * scatter under the store lock (no eviction, demotion or overwrite can free
+ * a slot while it is read); the stream is drained first so the lock is not
+ * held over the engine's earlier work.  The other entries' indices go to
+ * l->gi[0..*g).  Returns the number scattered or a negative code (then the
+ * hits' results hold it). */
+static int load_direct(kvp_tier_link *l, kvp_stream *s, const kvp_key *keys,
+                       const uint32_t *ids, uint32_t m, int *res,
+                       uint32_t *g) {
+  *g = 0;
+  int rc = sync_stream(l, s);
+  if (rc < 0) {
+    for (uint32_t i = 0; i < m; i++)
+      l->gi[(*g)++] = i; /* nothing was tried */
+    return rc;
+  }
+  uint32_t h = 0;
+  pthread_mutex_lock(&l->t->mu);
+  for (uint32_t i = 0; i < m; i++) {
+    int64_t slot = dram_slot_locked(l, keys[i]);
+    if (slot < 0) {
+      l->gi[(*g)++] = i;
+      continue;
+    }
+    res[i] = KVP_TIER_DRAM;
+    l->ids[h] = ids[i];
+    l->slots[h++] = (uint32_t)slot;
+  }
+  if (h > 0) {
+    kvp_xfer x = {.layout = l->lay, .block_ids = l->ids, .n = h,
+                  .method = KVP_XFER_AUTO, .staging = l->dram_base,
+                  .staging_bytes = l->dram_len, .staging_slots = l->slots};
+    rc = kvp_device_scatter(l->dev, s, &x);
+    if (rc >= 0)
+      rc = sync_stream(l, s);
+  }
+  pthread_mutex_unlock(&l->t->mu);
+  if (rc < 0) {
+    for (uint32_t i = 0, j = 0; i < m; i++) /* the hits: not in gi */
+      if (j < *g && l->gi[j] == i)
+        j++;
+      else
+        res[i] = rc;
+    return rc;
+  }
+  if (h > 0) {
+    l->st.scatters++;
+    l->st.blocks_loaded += h;
+    l->st.blocks_direct += h;
+  }
+  return (int)h;
+}
+
+/* One round of a load through the staging buffer: the hits go to their
+ * block ids in one scatter. */
+static int load_staged(kvp_tier_link *l, kvp_stream *s, const kvp_key *keys,
+                       const uint32_t *ids, uint32_t m, int *res) {
   int rc = kvp_tier_get_batch(l->t, &l->ns, keys, m, l->ptr, l->cap, l->len,
                               res);
   if (rc < 0) {
@@ -295,6 +400,29 @@ static int load_round(kvp_tier_link *l, kvp_stream *s, const kvp_key *keys,
   l->st.scatters++;
   l->st.blocks_loaded += h;
   return (int)h;
+}
+
+/* One round: DRAM hits in place where the link can, the rest staged. */
+static int load_round(kvp_tier_link *l, kvp_stream *s, const kvp_key *keys,
+                      const uint32_t *ids, uint32_t m, int *res) {
+  if (!l->direct)
+    return load_staged(l, s, keys, ids, m, res);
+  uint32_t g = 0;
+  int d = load_direct(l, s, keys, ids, m, res, &g);
+  if (d < 0 || g == 0) {
+    if (d < 0) /* the staged entries were not tried */
+      for (uint32_t j = 0; j < g; j++)
+        res[l->gi[j]] = d;
+    return d;
+  }
+  for (uint32_t j = 0; j < g; j++) {
+    l->gkeys[j] = keys[l->gi[j]];
+    l->gids[j] = ids[l->gi[j]];
+  }
+  int rc = load_staged(l, s, l->gkeys, l->gids, g, l->gres);
+  for (uint32_t j = 0; j < g; j++)
+    res[l->gi[j]] = l->gres[j];
+  return rc < 0 ? rc : d + rc;
 }
 
 int kvp_tier_load(kvp_tier_link *l, kvp_stream *s, const kvp_key *keys,

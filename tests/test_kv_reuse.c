@@ -457,10 +457,64 @@ TEST(link_api) {
   ASSERT_OK(kvp_tier_link_get_stats(l, &ls));
   ASSERT_EQ(ls.wrong_length, 1);
   ASSERT_EQ(ls.scatters, 3); /* rounds of 4: 4 + 4 + 2 blocks */
+  /* the store's region is registered with this device: every hit came
+   * straight out of its DRAM slot; the block of another size did not */
+  ASSERT_EQ(ls.blocks_direct, N - 1);
+  ASSERT_EQ(ls.blocks_loaded, N - 1);
   ASSERT_EQ(kvp_tier_load(l, NULL, keys, dst, 0, res), 0);
 
   kvp_tier_link_destroy(l);
   kvp_tier_link_destroy(NULL);
+  kvp_tier_destroy(t);
+  for (int i = 0; i < NT; i++)
+    free(saved[i]);
+  cache_free(&c);
+}
+
+/* A store whose DRAM region is not registered with the link's device: its
+ * loads copy through the link's staging buffer (blocks_direct 0), and move
+ * the same bytes. */
+TEST(load_unregistered_store) {
+  open_device();
+  cache c;
+  cache_init(&c, 2, 64);
+  kvp_namespace ns = ns_for(2, 64);
+  kvp_tier_opts o = {.dram_bytes = 8 * MB};
+  kvp_tier_store *t;
+  ASSERT_OK(kvp_tier_create(&o, NULL, &t));
+  ASSERT_OK(kvp_tier_ns_add(t, &ns, &(kvp_tier_ns_opts){.block_bytes = c.bb}));
+  kvp_tier_link *l;
+  ASSERT_OK(kvp_tier_link_create(t, g_dev, c.lay, &ns,
+                                 &(kvp_tier_link_opts){.staging_blocks = 4},
+                                 NULL, &l));
+  enum { N = 10 };
+  kvp_key keys[N];
+  keys_for(&ns, 2, keys, N);
+  uint32_t perm[NBLOCKS], all[NBLOCKS];
+  for (uint32_t i = 0; i < NBLOCKS; i++)
+    perm[i] = all[i] = i;
+  shuffle(perm, NBLOCKS);
+  const uint32_t *src = perm, *dst = perm + N;
+  int res[N];
+  ASSERT_EQ(kvp_tier_save(l, NULL, keys, src, N, NULL, res), N);
+  uint8_t *saved[NT];
+  for (int i = 0; i < NT; i++) {
+    saved[i] = malloc(c.tbytes);
+    ASSERT_NOT_NULL(saved[i]);
+    memcpy(saved[i], c.img[i], c.tbytes);
+  }
+  poison_blocks(&c, dst, N);
+  ASSERT_EQ(kvp_tier_load(l, NULL, keys, dst, N, res), N);
+  for (int i = 0; i < N; i++) {
+    ASSERT_EQ(res[i], KVP_TIER_DRAM);
+    img_move(&c, (const uint8_t *const *)saved, src[i], dst[i]);
+  }
+  check_blocks(&c, all, NBLOCKS);
+  kvp_tier_link_stats ls;
+  ASSERT_OK(kvp_tier_link_get_stats(l, &ls));
+  ASSERT_EQ(ls.blocks_loaded, N);
+  ASSERT_EQ(ls.blocks_direct, 0);
+  kvp_tier_link_destroy(l);
   kvp_tier_destroy(t);
   for (int i = 0; i < NT; i++)
     free(saved[i]);
@@ -551,4 +605,5 @@ TEST(threads) {
   cache_free(&c);
 }
 
-TEST_MAIN(TEST_ENTRY(reuse_nvme), TEST_ENTRY(link_api), TEST_ENTRY(threads))
+TEST_MAIN(TEST_ENTRY(reuse_nvme), TEST_ENTRY(link_api),
+          TEST_ENTRY(load_unregistered_store), TEST_ENTRY(threads))

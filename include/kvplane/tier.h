@@ -534,20 +534,28 @@ KVP_API int kvp_tier_dram_region(kvp_tier_store *t, void **base, size_t *len);
  *   save: kvp_device_gather of the blocks (all layers, one launch per
  *         staging round) into a staging buffer registered with the device,
  *         then kvp_tier_put_batch of each staged block under its key;
- *   load: kvp_tier_get_batch into the staging buffer (DRAM copies, NVMe
- *         reads in one batch, every read verified: see the top of this
- *         file), then kvp_device_scatter of the HITS ONLY into the engine's
- *         block ids (which need not be the ones saved from).  A block that
- *         misses (absent, or dropped for a failed check) is not written:
- *         the engine recomputes it.
+ *   load: blocks in DRAM are scattered straight out of their DRAM slots
+ *         when the store's region is registered with the link's device
+ *         (kvp_tier_opts_set_device with that device) and the slot sits at
+ *         a multiple of block_bytes from the region's start (fixed-size
+ *         slots of a block size that divides 2 MiB): one scatter per round,
+ *         run under the store's lock so no eviction can free a slot while
+ *         the device reads it (the link's stream is drained first, so the
+ *         lock is held for this scatter only; stats blocks_direct).  Other
+ *         blocks go through kvp_tier_get_batch into the staging buffer
+ *         (DRAM copies, NVMe reads in one batch, every read verified: see
+ *         the top of this file), then kvp_device_scatter of the HITS ONLY.
+ *         Either way into the engine's block ids (which need not be the
+ *         ones saved from).  A block that misses (absent, or dropped for a
+ *         failed check) is not written: the engine recomputes it.
  *
  * A staged block is the layout's block_bytes (kvp_kv_layout_info), chunks
  * in the engine's own layout and dtype, so the namespace must name that
  * layout (kvp_namespace_desc.kv_layout): a block saved from one layout is
- * never scattered into another.  Blocks are copied through the staging
- * buffer; the DRAM region registration below keeps it pinned for the
- * device and io_uring (a zero-copy path out of DRAM slots needs slots
- * pinned against eviction for the length of a transfer: not done). */
+ * never scattered into another.  Saves copy through the staging buffer (a
+ * gather straight into DRAM slots would need slots reserved before the
+ * put: not done); the DRAM region registration below keeps the region
+ * pinned for the device and io_uring. */
 
 /* Fills o->dram_register / dram_unregister / register_opaque so that
  * kvp_tier_create(o) registers the whole DRAM region with dev
@@ -581,7 +589,9 @@ typedef struct kvp_tier_link_stats {
   uint64_t wrong_length;          /* of blocks_missed: stored length is not
                                      the layout's block_bytes */
   uint64_t gathers, scatters;     /* device launches */
-  uint64_t reserved[7];
+  uint64_t blocks_direct;         /* of blocks_loaded: scattered straight
+                                     out of their DRAM slots (no staging copy) */
+  uint64_t reserved[6];
 } kvp_tier_link_stats;
 
 /* Links store t, device dev and the engine's layout (made on dev) for the

@@ -11,7 +11,9 @@ NaN, and generation continues from each:
   1. the kernels alone: kvp_device_gather into registered host memory (all
      layers, one launch), kvp_device_scatter back;
   2. kvtier from DRAM: kvp_tier_save (gathers into the store's DRAM tier,
-     keyed by the prompt's chained block keys), kvp_tier_load;
+     keyed by the prompt's chained block keys), kvp_tier_load (scatters
+     straight out of the DRAM slots: the region is registered with the
+     device);
   3. kvtier from NVMe: the DRAM blocks written back to slab files
      (kvp_tier_idle + kvp_tier_sync, O_DIRECT), the store destroyed and
      re-created from its files (DRAM empty), kvp_tier_load reads every block
@@ -118,7 +120,8 @@ class LinkStats(C.Structure):
     _fields_ = [("saves", C.c_uint64), ("loads", C.c_uint64), ("blocks_saved", C.c_uint64),
                 ("blocks_save_failed", C.c_uint64), ("blocks_loaded", C.c_uint64),
                 ("blocks_missed", C.c_uint64), ("wrong_length", C.c_uint64),
-                ("gathers", C.c_uint64), ("scatters", C.c_uint64), ("reserved", C.c_uint64 * 7)]
+                ("gathers", C.c_uint64), ("scatters", C.c_uint64), ("blocks_direct", C.c_uint64),
+                ("reserved", C.c_uint64 * 6)]
 
 
 assert C.sizeof(DeviceOpts) == 48 and C.sizeof(LayoutDesc) == 104 and C.sizeof(Xfer) == 80
@@ -428,6 +431,8 @@ def run_tier_ways(kvp, dev, lay, stream, model, cache, tokens, table_a, table_b,
         assert written == nprompt, f"write-back wrote {written} of {nprompt} blocks"
         st = tier.stats()
         assert st.blocks_saved == nprompt and st.blocks_loaded == 3 * nprompt and st.blocks_missed == 0
+        # 1 MiB blocks in fixed slots of a registered region: scattered in place
+        assert st.blocks_direct == 3 * nprompt, f"{st.blocks_direct} of {3 * nprompt} loaded in place"
     finally:
         tier.close()
 
@@ -437,6 +442,7 @@ def run_tier_ways(kvp, dev, lay, stream, model, cache, tokens, table_a, table_b,
         poison(cache)
         t_nvme, n = wall_ms(lambda: L.kvp_tier_load(tier.l, stream, keys, ids_b, nprompt, res))
         assert n == nprompt and all(r == KVP_TIER_NVME for r in res), f"NVMe load: {n} of {nprompt}"
+        assert tier.stats().blocks_direct == 0  # read from disk into the staging buffer
         check_restored(cache, table_b, saved_a, nprompt, table_a, "kvtier NVMe")
         continue_from(model, cache, table_b, n_tokens, first, ref_logits, "kvtier NVMe")
     finally:
