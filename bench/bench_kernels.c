@@ -157,6 +157,7 @@ typedef struct bctx {
   CUdeviceptr dstage; /* device staging: n pages */
   bool to_host;       /* D2H (gather) vs H2D (scatter) */
   bool d2d;
+  uint32_t flags;     /* kvp_xfer.flags of op_kernel */
   CUdeviceptr *srcs, *dsts;
   size_t *sizes;
 } bctx;
@@ -166,7 +167,7 @@ static void op_kernel(void *p) {
   kvp_xfer x = {.layout = b->lay, .block_ids = b->ids, .n = b->n,
                 .method = KVP_XFER_KERNEL,
                 .staging = b->d2d ? (void *)(uintptr_t)b->dstage : b->host,
-                .staging_bytes = (uint64_t)b->n * b->page};
+                .staging_bytes = (uint64_t)b->n * b->page, .flags = b->flags};
   CHECK(b->to_host ? kvp_device_gather(b->dev, b->kst, &x)
                    : kvp_device_scatter(b->dev, b->kst, &x));
 }
@@ -338,11 +339,15 @@ static void stages_print(int c) {
 }
 #endif
 
+/* dir 2: the scatter again with KVP_XFER_IDS_UNIQUE (the repeat check on
+ * the GPU instead of the host), and its GB/s end to end against the plain
+ * scatter's, same run. */
 static void submit_conditions(bctx *b) {
   if (!write_value32 || !pin_ids)
     return;
-  for (int dir = 0; dir < 2; dir++) {
+  for (int dir = 0; dir < 3; dir++) {
     b->to_host = dir == 0;
+    b->flags = dir == 2 ? KVP_XFER_IDS_UNIQUE : 0;
     double call[COND_N][2], pass[COND_N];
     for (int c = 0; c < COND_N; c++) {
       double tc[256], tp[256];
@@ -373,13 +378,22 @@ static void submit_conditions(bctx *b) {
       stages_print(c);
 #endif
     }
-    printf("  %s full call, host us (median / p90):", b->to_host ? "D2H" : "H2D");
+    printf("  %s full call, host us (median / p90):",
+           dir == 0 ? "D2H" : dir == 1 ? "H2D" : "H2D with KVP_XFER_IDS_UNIQUE");
     for (int c = 0; c < COND_N; c++)
       printf("%s %s %.1f / %.1f", c ? ";" : "", cond_names[c], call[c][0], call[c][1]);
     printf(" | the id pass alone (copy + max of %u ids into pinned memory) in the "
            "same places: %.1f / %.1f / %.1f / %.1f\n", b->n, pass[0], pass[1], pass[2],
            pass[3]);
+    if (dir == 2) { /* what the GPU check costs the transfer, end to end */
+      double g1 = gbps(b, run(op_kernel, b));
+      b->flags = 0;
+      double g0 = gbps(b, run(op_kernel, b));
+      printf("  H2D kernel GB/s e2e with KVP_XFER_IDS_UNIQUE %.1f, without %.1f (%.2fx)\n",
+             g1, g0, g1 / g0);
+    }
   }
+  b->flags = 0;
 }
 
 /* CTA budget x threads per CTA at small pages, both directions. */

@@ -24,6 +24,14 @@ typedef struct kvp_copy_args {
    * it will not read the argument slot (ids, slots) again, which tells the
    * host the slot may be reused without an event. */
   unsigned long long done_word;
+  /* Repeat gate (CUDA scatters with KVP_XFER_IDS_UNIQUE; 0 = none): a
+   * device uint64 that kvp_repeat_check, queued just before, sets to
+   * repeat_tag when an id repeats.  Then the kernel copies nothing: every
+   * CTA releases the slot and CTA 0 stores repeat_tag into repeat_err
+   * (mapped host memory) for the host to report. */
+  unsigned long long repeat_flag;
+  unsigned long long repeat_tag;
+  unsigned long long repeat_err;
   unsigned int n_chunks;
   unsigned int n_ids;              /* n_ids * n_chunks * n_segs < 2^32 */
   unsigned int scatter;            /* 0: cache -> staging, 1: staging -> cache */
@@ -32,7 +40,21 @@ typedef struct kvp_copy_args {
   unsigned int done_gen;           /* never 0 when done_word is set */
 } kvp_copy_args;
 
-KVP_ARGS_STATIC_ASSERT(sizeof(kvp_copy_args) == 80, "kvp_copy_args layout");
+KVP_ARGS_STATIC_ASSERT(sizeof(kvp_copy_args) == 104, "kvp_copy_args layout");
+
+/* The GPU repeat check (CUDA): every id of the list exchanges repeat_tag
+ * into its owner entry (a device uint64 per block of the layout); finding
+ * the tag already there means the id repeats, and the flag gets the tag. */
+typedef struct kvp_repeat_args {
+  unsigned long long ids;   /* device address of n uint32 ids (the slot) */
+  unsigned long long owner; /* device array of num_blocks uint64 */
+  unsigned long long flag;  /* device uint64 */
+  unsigned long long tag;   /* never 0, never reused by this device */
+  unsigned int n;
+  unsigned int pad_;
+} kvp_repeat_args;
+
+KVP_ARGS_STATIC_ASSERT(sizeof(kvp_repeat_args) == 40, "kvp_repeat_args layout");
 
 /* Kernel entry points, one per access width (bytes). */
 #define KVP_KERNEL_NAMES(X) X(16) X(8) X(4) X(2) X(1)

@@ -3,7 +3,7 @@
  * and kernels/hip/hip_copy.hip (clang, HIP device-only): device C++ only.
  * The includer defines KVP_GLOBAL, KVP_DEVICE_INLINE, KVP_SHARED,
  * KVP_SYNC_THREADS(), KVP_THREAD_X, KVP_BLOCK_X, KVP_BLOCK_DIM_X,
- * KVP_GRID_DIM_X, and the global-memory
+ * KVP_GRID_DIM_X, KVP_FENCE_SYSTEM(), and the global-memory
  * accessors kvp_ld<V>(address) / kvp_st<V>(address, value): addresses arrive
  * as integers, so a plain dereference would compile to generic (flat)
  * accesses; the accessors force global ones (LDG/STG on NVIDIA).
@@ -50,9 +50,26 @@ KVP_DEVICE_INLINE void kvp_release(const kvp_copy_args &a) {
     ((volatile unsigned *)a.done_word)[KVP_BLOCK_X] = a.done_gen;
 }
 
+/* The repeat gate (kernels_args.h): true when kvp_repeat_check found a
+ * repeated id; then this CTA releases the slot (CTA 0 first reports the
+ * repeat) and copies nothing.  The flag was written by the kernel before
+ * this one on the stream, so a plain load sees it. */
+KVP_DEVICE_INLINE bool kvp_repeat_stop(const kvp_copy_args &a) {
+  if (!a.repeat_flag || kvp_ld<kvp_vec8>(a.repeat_flag) != a.repeat_tag)
+    return false;
+  if (KVP_BLOCK_X == 0 && KVP_THREAD_X == 0) {
+    *(volatile unsigned long long *)a.repeat_err = a.repeat_tag;
+    KVP_FENCE_SYSTEM(); /* the report before the release that frees the slot */
+  }
+  kvp_release(a);
+  return true;
+}
+
 template <typename V, int U>
 KVP_DEVICE_INLINE void kvp_copy_body(const kvp_copy_args &a) {
   KVP_SHARED unsigned sh_ids[KVP_SH_IDS], sh_slots[KVP_SH_IDS];
+  if (kvp_repeat_stop(a))
+    return;
   const unsigned per_id = a.n_chunks * a.n_segs;
   const unsigned items = a.n_ids * per_id;
   const unsigned long long *bases = (const unsigned long long *)a.chunk_base;

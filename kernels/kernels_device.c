@@ -391,8 +391,22 @@ int kvp_device_memcpy(kvp_device *d, void *dst, const void *src, size_t n) {
   return rc;
 }
 
+/* After a successful synchronize: a repeat the GPU found (KVP_XFER_IDS_UNIQUE)
+ * in a scatter that has finished, reported once. */
+static int synced(kvp_device *d, int rc) {
+  if (rc < 0 || !d->ops->async_error)
+    return rc;
+  pthread_mutex_lock(&d->mu);
+  rc = d->ops->async_error(d);
+  pthread_mutex_unlock(&d->mu);
+  if (rc < 0)
+    KVP_LOGW(KVP_KERNELS_MOD, "a scatter with KVP_XFER_IDS_UNIQUE had a "
+             "repeated block id (found on the GPU): nothing was copied");
+  return rc;
+}
+
 int kvp_device_synchronize(kvp_device *d) {
-  return d ? d->ops->stream_sync(d, NULL) : KVP_EINVAL;
+  return d ? synced(d, d->ops->stream_sync(d, NULL)) : KVP_EINVAL;
 }
 
 /* ---- streams and events ------------------------------------------------------ */
@@ -455,7 +469,8 @@ void kvp_stream_destroy(kvp_stream *s) {
 }
 
 int kvp_stream_synchronize(kvp_stream *s) {
-  return s ? s->dev->ops->stream_sync(s->dev, s->native) : KVP_EINVAL;
+  return s ? synced(s->dev, s->dev->ops->stream_sync(s->dev, s->native))
+           : KVP_EINVAL;
 }
 int kvp_stream_query(kvp_stream *s) {
   return s ? s->dev->ops->stream_query(s->dev, s->native) : KVP_EINVAL;
@@ -838,8 +853,8 @@ static int xfer_validate(kvp_device *d, const kvp_xfer *x, bool scatter,
                          kvp__plan *p) {
   const kvp_kv_layout *l = x->layout;
   if (!l || l->dev != d || (x->n && !x->block_ids) || !x->staging ||
-      x->method > KVP_XFER_COPY_ENGINE ||
-      !reserved_zero(x->reserved, sizeof x->reserved))
+      x->method > KVP_XFER_COPY_ENGINE || (x->flags & ~KVP_XFER_IDS_UNIQUE) ||
+      x->reserved32 || !reserved_zero(x->reserved, sizeof x->reserved))
     return KVP_EINVAL;
   if ((uint64_t)x->n * l->info.n_chunks >= (1ull << 32))
     return KVP_ERANGE;
@@ -870,7 +885,13 @@ static int xfer_validate(kvp_device *d, const kvp_xfer *x, bool scatter,
   if (x->n && max_slot >= slots_cap)
     return xfer_fail("staging buffer too small for slot", 0, max_slot);
   KVP_TRACE(KVP_TR_IDS);
-  if (scatter && (rc = scatter_no_repeats((kvp_kv_layout *)l, x->block_ids, x->n)) < 0)
+  /* the caller vouches for unique ids and the GPU checks them: not here
+   * (xfer() checks after all if the copy engine is chosen) */
+  const bool gpu_check = scatter && (x->flags & KVP_XFER_IDS_UNIQUE) &&
+                         d->ops->gpu_repeat_check &&
+                         x->method != KVP_XFER_COPY_ENGINE;
+  if (scatter && !gpu_check &&
+      (rc = scatter_no_repeats((kvp_kv_layout *)l, x->block_ids, x->n)) < 0)
     return rc == KVP_EINVAL ? xfer_fail("repeated block id in scatter", 0, 0) : rc;
   if (!scatter && x->staging_slots &&
       (rc = no_repeats(d, x->staging_slots, x->n, slots_cap)) < 0)
@@ -885,7 +906,8 @@ static int xfer_validate(kvp_device *d, const kvp_xfer *x, bool scatter,
                      "memory", 0, (uintptr_t)x->staging);
   *p = (kvp__plan){.layout = l, .ids = x->block_ids, .slots = x->staging_slots,
                    .n = x->n, .scatter = scatter, .staging_is_host = host,
-                   .staging = addr, .arg_slot = slot};
+                   .staging = addr, .arg_slot = slot,
+                   .gpu_repeat_check = gpu_check && x->n > 1};
   return 0;
 }
 
@@ -926,6 +948,14 @@ static int xfer(kvp_device *d, kvp_stream *s, const kvp_xfer *x, bool scatter) {
   if (p.n == 0) {
     rc = m;
     goto out;
+  }
+  if (p.gpu_repeat_check && m != KVP_XFER_KERNEL) { /* AUTO chose the copy engine */
+    p.gpu_repeat_check = false;
+    if ((rc = scatter_no_repeats((kvp_kv_layout *)p.layout, p.ids, p.n)) < 0) {
+      if (rc == KVP_EINVAL)
+        rc = xfer_fail("repeated block id in scatter", 0, 0);
+      goto out;
+    }
   }
   rc = m == KVP_XFER_KERNEL ? d->ops->run_kernel(d, &p)
                             : d->ops->run_copy_engine(d, &p);

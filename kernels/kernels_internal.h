@@ -68,6 +68,9 @@ typedef struct kvp__plan {
   /* GPU backends: the launch-argument slot the ids (then the slots) were
    * copied into while being validated; NULL = run_kernel copies them. */
   void *arg_slot;
+  /* scatter with KVP_XFER_IDS_UNIQUE, host check skipped: run_kernel queues
+   * the GPU repeat check before the copy */
+  bool gpu_repeat_check;
 } kvp__plan;
 
 typedef struct kvp__dev_ops {
@@ -103,6 +106,13 @@ typedef struct kvp__dev_ops {
   int (*args_take)(struct kvp_device *d, size_t entries, uint32_t **host,
                    void **slot);
   int (*run_kernel)(struct kvp_device *d, const kvp__plan *p);
+  /* Whether run_kernel can check a scatter's ids for repeats on the GPU
+   * (kvp__plan.gpu_repeat_check). */
+  bool gpu_repeat_check;
+  /* Optional, device lock held: a repeat the GPU found in a finished
+   * scatter not reported yet -> KVP_EINVAL (once), else 0.  Called after
+   * every successful stream/device synchronize. */
+  int (*async_error)(struct kvp_device *d);
   int (*run_copy_engine)(struct kvp_device *d, const kvp__plan *p);
   /* Whether kvp__calibrate measures this backend at creation. */
   bool calibrate;
@@ -146,6 +156,9 @@ struct kvp_kv_layout {
   bool *chunk_is_host;      /* chunk tensor lives in registered host memory */
   bool any_host;
   uint64_t chunk_table_dev; /* device copy (GPU backends) */
+  /* GPU repeat check (KVP_XFER_IDS_UNIQUE): num_blocks uint64 owner entries
+   * in device memory, zeroed, made on first use (CUDA) */
+  uint64_t repeat_owner_dev;
   /* scatter repeat check: stamp[id] == stamp_gen means seen in this call */
   uint8_t *stamp;
   uint8_t stamp_gen;

@@ -338,7 +338,8 @@ static int load_direct(kvp_tier_link *l, kvp_stream *s, const kvp_key *keys,
   if (h > 0) {
     kvp_xfer x = {.layout = l->lay, .block_ids = l->ids, .n = h,
                   .method = KVP_XFER_AUTO, .staging = l->dram_base,
-                  .staging_bytes = l->dram_len, .staging_slots = l->slots};
+                  .staging_bytes = l->dram_len, .staging_slots = l->slots,
+                  .flags = KVP_XFER_IDS_UNIQUE}; /* check_ids: no repeats */
     rc = kvp_device_scatter(l->dev, s, &x);
     if (rc >= 0)
       rc = sync_stream(l, s);
@@ -388,7 +389,8 @@ static int load_staged(kvp_tier_link *l, kvp_stream *s, const kvp_key *keys,
     return 0;
   kvp_xfer x = {.layout = l->lay, .block_ids = l->ids, .n = h,
                 .method = KVP_XFER_AUTO, .staging = l->stage,
-                .staging_bytes = l->stage_len, .staging_slots = l->slots};
+                .staging_bytes = l->stage_len, .staging_slots = l->slots,
+                .flags = KVP_XFER_IDS_UNIQUE}; /* check_ids: no repeats */
   rc = kvp_device_scatter(l->dev, s, &x);
   if (rc >= 0)
     rc = sync_stream(l, s);

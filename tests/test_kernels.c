@@ -363,7 +363,9 @@ static void check_scatter(fx *f, bool host_staging, uint32_t method,
   }
   kvp_xfer x = {.layout = f->lay, .block_ids = ids, .n = n, .method = method,
                 .staging = stage, .staging_bytes = sbytes,
-                .staging_slots = slots};
+                .staging_slots = slots,
+                /* unique ids: the GPU checks them (CUDA) half the time */
+                .flags = kvt_rand_below(2) ? KVP_XFER_IDS_UNIQUE : 0};
   ASSERT_OK(kvp_device_scatter(f->dev, NULL, &x));
   ASSERT_OK(kvp_device_synchronize(f->dev));
   fx_check_tensors(f);
@@ -764,6 +766,83 @@ TEST(launch_slots_reused_in_flight) {
   fx_free(&f);
 }
 
+/* KVP_XFER_IDS_UNIQUE with a repeat anyway: nothing of that scatter is
+ * copied.  The CUDA backend finds it on the GPU and reports it once per bad
+ * scatter at the next synchronizes; the CPU and HIP backends, and the
+ * copy-engine method, refuse the call itself.  Three scatters queued back to
+ * back on one stream (repeat, unique, repeat; disjoint ids): only the middle
+ * one's blocks change. */
+TEST(scatter_ids_unique_flag) {
+  open_devices();
+  kvp_kv_layout_desc d = {.kind = KVP_LAYOUT_CROSS_LAYER, .num_layers = 2,
+                          .num_blocks = gpu() ? 3000 : 300, .block_size = 16,
+                          .num_kv_heads = 1, .head_dim = 24, .elem_size = 2};
+  fx f;
+  fx_make(&f, g_dev, &d, false);
+  const uint64_t bb = f.info.block_bytes;
+  const uint32_t n = d.num_blocks / 3;
+  const size_t sb = (size_t)n * bb;
+  const bool on_gpu = g_backend == KVP_BACKEND_CUDA;
+  for (int i = 0; i < f.nt; i++)
+    memset(f.img[i], POISON, f.tbytes);
+  fx_upload(&f);
+  uint32_t *perm = rand_ids(3 * n, d.num_blocks, true), *ids[3];
+  unsigned char *src[3];
+  void *stage[3];
+  kvp_stream *s;
+  ASSERT_OK(kvp_stream_create(g_dev, &s));
+  for (int k = 0; k < 3; k++) {
+    ids[k] = perm + k * n;
+    if (k != 1) /* a repeat, far apart */
+      ids[k][n - 1 - kvt_rand_below(n / 2)] = ids[k][kvt_rand_below(n / 2)];
+    src[k] = malloc(sb);
+    ASSERT_NOT_NULL(src[k]);
+    fill_random(src[k], sb);
+    stage[k] = mem_alloc(g_dev, sb, true);
+    ASSERT_OK(kvp_device_memcpy(g_dev, stage[k], src[k], sb));
+  }
+  for (int k = 0; k < 3; k++) {
+    kvp_xfer x = {.layout = f.lay, .block_ids = ids[k], .n = n,
+                  .method = KVP_XFER_KERNEL, .staging = stage[k],
+                  .staging_bytes = sb, .flags = KVP_XFER_IDS_UNIQUE};
+    int rc = kvp_device_scatter(g_dev, s, &x);
+    if (k == 1 || on_gpu)
+      ASSERT_EQ(rc, KVP_XFER_KERNEL);
+    else
+      ASSERT_ERR(rc, KVP_EINVAL);
+  }
+  if (on_gpu) { /* the two bad ones, one per synchronize, then clean */
+    ASSERT_ERR(kvp_stream_synchronize(s), KVP_EINVAL);
+    ASSERT_ERR(kvp_device_synchronize(g_dev), KVP_EINVAL);
+  }
+  ASSERT_OK(kvp_stream_synchronize(s));
+  ASSERT_OK(kvp_device_synchronize(g_dev));
+  for (uint32_t i = 0; i < n; i++) {
+    copy_ctx c = {&f, src[1] + (uint64_t)i * bb, true};
+    for_block(&f.d, ids[1][i], copy_elem, &c);
+  }
+  fx_check_tensors(&f); /* the middle scatter's blocks, poison elsewhere */
+  /* the copy engine never checks on the GPU: the call is refused */
+  kvp_xfer x = {.layout = f.lay, .block_ids = ids[0], .n = n,
+                .method = KVP_XFER_COPY_ENGINE, .staging = stage[0],
+                .staging_bytes = sb, .flags = KVP_XFER_IDS_UNIQUE};
+  ASSERT_ERR(kvp_device_scatter(g_dev, s, &x), KVP_EINVAL);
+  x.flags = 2; /* unknown flag */
+  x.block_ids = ids[1];
+  ASSERT_ERR(kvp_device_scatter(g_dev, s, &x), KVP_EINVAL);
+  x.flags = 0, x.reserved32 = 1;
+  ASSERT_ERR(kvp_device_scatter(g_dev, s, &x), KVP_EINVAL);
+  ASSERT_OK(kvp_stream_synchronize(s));
+  fx_check_tensors(&f);
+  kvp_stream_destroy(s);
+  for (int k = 0; k < 3; k++) {
+    mem_free(g_dev, stage[k], true);
+    free(src[k]);
+  }
+  free(perm);
+  fx_free(&f);
+}
+
 /* The engine's default stream (NULL, as PyTorch hands it out) wraps to the
  * legacy stream: work on it is complete once that stream is synchronized. */
 TEST(default_stream_wrap) {
@@ -963,6 +1042,6 @@ TEST_MAIN(TEST_ENTRY(names), TEST_ENTRY(gather_scatter_all_layouts),
           TEST_ENTRY(validation_nothing_copied), TEST_ENTRY(layout_validation),
           TEST_ENTRY(host_registration), TEST_ENTRY(two_streams_large),
           TEST_ENTRY(default_stream_wrap), TEST_ENTRY(many_ids_per_cta),
-          TEST_ENTRY(launch_slots_reused_in_flight),
+          TEST_ENTRY(launch_slots_reused_in_flight), TEST_ENTRY(scatter_ids_unique_flag),
           TEST_ENTRY(options_and_bandwidth), TEST_ENTRY(calibration_cache),
           TEST_ENTRY(destroy_all))

@@ -121,6 +121,8 @@ typedef struct CUuuid {
     (CUdeviceptr, const void *, size_t, CUstream))                              \
   X(cuMemcpy2DAsync, "cuMemcpy2DAsync_v2", (const CUDA_MEMCPY2D *, CUstream))   \
   X(cuMemsetD8, "cuMemsetD8_v2", (CUdeviceptr, unsigned char, size_t))          \
+  X(cuMemsetD8Async, "cuMemsetD8Async",                                         \
+    (CUdeviceptr, unsigned char, size_t, CUstream))                             \
   X(cuStreamCreate, "cuStreamCreate", (CUstream *, unsigned))                   \
   X(cuStreamDestroy, "cuStreamDestroy_v2", (CUstream))                          \
   X(cuStreamSynchronize, "cuStreamSynchronize", (CUstream))                     \

@@ -96,6 +96,8 @@ typedef struct arg_slot {
   bool pending;    /* launched, release words not all seen yet */
   uint32_t gen;    /* the value its last launch publishes; never 0 */
   uint32_t ctas;   /* its last launch's grid */
+  uint64_t rep_tag; /* its last launch had a GPU repeat check with this tag,
+                     * not settled yet (kvp__dev_ops.async_error); 0: none */
   uint32_t *host;  /* mapped pinned: ids then slots */
   CUdeviceptr dev; /* its device address */
   size_t cap; /* uint32 entries */
@@ -107,12 +109,20 @@ typedef struct cuda_dev {
   CUcontext ctx;
   CUmodule mod;
   CUfunction fn[5];
+  CUfunction fn_repeat; /* kvp_repeat_check */
   CUstream own;
   int sms, cc_major, cc_minor;
   arg_slot ring[RING];
   unsigned ring_next;
   volatile uint32_t *done_host; /* RING x MAX_CTAS release words, mapped pinned */
   CUdeviceptr done_dev;        /* their device address */
+  /* GPU repeat checks (KVP_XFER_IDS_UNIQUE): per slot a device flag the
+   * check sets and a mapped word the aborted copy reports through */
+  CUdeviceptr rep_flag;             /* RING uint64, device memory */
+  volatile uint64_t *rep_err_host;  /* RING uint64, mapped pinned */
+  CUdeviceptr rep_err_dev;
+  uint64_t rep_next;                /* the last tag handed out */
+  bool rep_found;                   /* a repeat seen at slot reuse, unreported */
 } cuda_dev;
 
 #define CD(d) ((cuda_dev *)(d)->priv)
@@ -155,6 +165,7 @@ static int load_module(kvp_device *d) {
     if (local)
       KVP_LOGW(KVP_KERNELS_MOD, "%s uses %d bytes of local memory", nm, local);
   }
+  CK(d, cu.cuModuleGetFunction(&c->fn_repeat, c->mod, "kvp_repeat_check"));
   return 0;
 }
 
@@ -180,6 +191,10 @@ static void cuda_close(kvp_device *d) {
     }
     if (c->done_host)
       cu.cuMemFreeHost((void *)c->done_host);
+    if (c->rep_err_host)
+      cu.cuMemFreeHost((void *)c->rep_err_host);
+    if (c->rep_flag)
+      cu.cuMemFree(c->rep_flag);
     if (c->own)
       cu.cuStreamDestroy(c->own);
     if (c->mod)
@@ -233,6 +248,21 @@ static int cuda_open(kvp_device *d, const kvp_device_opts *o) {
   memset(words, 0, wbytes);
   if ((r = cu.cuMemHostGetDevicePointer(&c->done_dev, words, 0))) {
     rc = fail(d, r, "release words");
+    goto fail;
+  }
+  void *errw = NULL;
+  if ((r = cu.cuMemAlloc(&c->rep_flag, RING * sizeof(uint64_t))) ||
+      (r = cu.cuMemsetD8Async(c->rep_flag, 0, RING * sizeof(uint64_t), c->own)) ||
+      (r = cu.cuMemHostAlloc(&errw, RING * sizeof(uint64_t),
+                             CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP))) {
+    rc = fail(d, r, "repeat-check words");
+    goto fail;
+  }
+  c->rep_err_host = errw;
+  memset(errw, 0, RING * sizeof(uint64_t));
+  if ((r = cu.cuMemHostGetDevicePointer(&c->rep_err_dev, errw, 0)) ||
+      (r = cu.cuStreamSynchronize(c->own))) {
+    rc = fail(d, r, "repeat-check words");
     goto fail;
   }
   return 0;
@@ -427,8 +457,12 @@ static int cuda_layout_upload(kvp_device *d, kvp_kv_layout *l) {
   return 0;
 }
 static void cuda_layout_release(kvp_device *d, kvp_kv_layout *l) {
-  if (l->chunk_table_dev && set_ctx(d) == 0)
+  if (set_ctx(d) < 0)
+    return;
+  if (l->chunk_table_dev)
     cu.cuMemFree(l->chunk_table_dev);
+  if (l->repeat_owner_dev)
+    cu.cuMemFree(l->repeat_owner_dev);
 }
 
 /* ---- launches ------------------------------------------------------------------------ */
@@ -488,6 +522,10 @@ static int ring_take(kvp_device *d, size_t need, arg_slot **out) {
   int rc;
   if (s->pending && (rc = slot_wait(d, i)) < 0)
     return rc;
+  if (s->rep_tag) { /* its repeat check is over: keep a finding for the next sync */
+    c->rep_found |= c->rep_err_host[i] == s->rep_tag;
+    s->rep_tag = 0;
+  }
   if (s->cap < need) {
     size_t cap = need < 4096 ? 4096 : need + need / 2;
     if (s->host)
@@ -513,6 +551,58 @@ static int cuda_args_take(kvp_device *d, size_t entries, uint32_t **host,
   return 0;
 }
 
+/* Queues kvp_repeat_check over the slot's ids on st and arms the copy's
+ * gate (kernels_args.h).  The layout's owner entries are made (zeroed, on
+ * st) on first use; tags are never reused, so they are never cleared. */
+static int launch_repeat_check(kvp_device *d, const kvp__plan *p, arg_slot *s,
+                               CUstream st, kvp__launch *L) {
+  cuda_dev *c = CD(d);
+  kvp_kv_layout *l = (kvp_kv_layout *)p->layout;
+  if (!l->repeat_owner_dev) {
+    CUdeviceptr o;
+    size_t bytes = (size_t)l->info.num_blocks * sizeof(uint64_t);
+    CK(d, cu.cuMemAlloc(&o, bytes));
+    CUresult r = cu.cuMemsetD8Async(o, 0, bytes, st);
+    if (r != CUDA_SUCCESS) {
+      cu.cuMemFree(o);
+      return fail(d, r, "cuMemsetD8Async (repeat owners)");
+    }
+    l->repeat_owner_dev = o;
+  }
+  const unsigned i = (unsigned)(s - c->ring);
+  kvp_repeat_args ra = {.ids = L->args.ids, .owner = l->repeat_owner_dev,
+                        .flag = c->rep_flag + i * sizeof(uint64_t),
+                        .tag = ++c->rep_next, .n = p->n};
+  void *params[] = {&ra};
+  unsigned ctas = (p->n + 255) / 256;
+  CK(d, cu.cuLaunchKernel(c->fn_repeat, ctas < 64 ? ctas : 64, 1, 1, 256, 1, 1,
+                          0, st, params, NULL));
+  L->args.repeat_flag = ra.flag;
+  L->args.repeat_tag = ra.tag;
+  L->args.repeat_err = c->rep_err_dev + i * sizeof(uint64_t);
+  s->rep_tag = ra.tag;
+  return 0;
+}
+
+/* A repeat found by a finished GPU check, reported once (device lock held). */
+static int cuda_async_error(kvp_device *d) {
+  cuda_dev *c = CD(d);
+  if (c->rep_found) {
+    c->rep_found = false;
+    return KVP_EINVAL;
+  }
+  for (unsigned i = 0; i < RING; i++) {
+    arg_slot *s = &c->ring[i];
+    if (!s->rep_tag || !slot_released(c, i))
+      continue; /* none, or its copy has not run yet */
+    bool found = c->rep_err_host[i] == s->rep_tag; /* ordered before the words */
+    s->rep_tag = 0;
+    if (found)
+      return KVP_EINVAL;
+  }
+  return 0;
+}
+
 static int cuda_run_kernel(kvp_device *d, const kvp__plan *p) {
   cuda_dev *c = CD(d);
   int rc = set_ctx(d);
@@ -534,8 +624,10 @@ static int cuda_run_kernel(kvp_device *d, const kvp__plan *p) {
   s->gen = s->gen + 1 ? s->gen + 1 : 1;
   L.args.done_word = c->done_dev + (uint64_t)i * MAX_CTAS * sizeof(uint32_t);
   L.args.done_gen = s->gen;
+  KVP_TRACE(KVP_TR_LAUNCH0); /* the launch stage: both kernels' launches */
+  if (p->gpu_repeat_check && (rc = launch_repeat_check(d, p, s, st, &L)) < 0)
+    return rc;
   void *params[] = {&L.args};
-  KVP_TRACE(KVP_TR_LAUNCH0);
   CK(d, cu.cuLaunchKernel(c->fn[L.width_index], L.ctas, 1, 1, L.threads, 1, 1,
                           0, st, params, NULL));
   KVP_TRACE(KVP_TR_LAUNCHED);
@@ -617,6 +709,8 @@ const kvp__dev_ops kvp__cuda_ops = {
     .layout_release = cuda_layout_release,
     .args_take = cuda_args_take,
     .run_kernel = cuda_run_kernel,
+    .gpu_repeat_check = true,
+    .async_error = cuda_async_error,
     .run_copy_engine = cuda_run_copy_engine,
     .calibrate = true,
     .identity = cuda_identity,

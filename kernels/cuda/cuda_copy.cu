@@ -13,5 +13,18 @@
 #define KVP_BLOCK_X blockIdx.x
 #define KVP_BLOCK_DIM_X blockDim.x
 #define KVP_GRID_DIM_X gridDim.x
+#define KVP_FENCE_SYSTEM() __threadfence_system()
 #define KVP_ACCESSORS "cuda_access.h"
 #include "kernels_copy_device.h"
+
+// The GPU repeat check for scatters with KVP_XFER_IDS_UNIQUE (kernels_args.h):
+// one thread per id; atomicExch on the owner entry returns the tag when an
+// earlier id of this list already took it.
+extern "C" __global__ void kvp_repeat_check(kvp_repeat_args a) {
+  const unsigned *ids = (const unsigned *)a.ids;
+  unsigned long long *owner = (unsigned long long *)a.owner;
+  for (unsigned k = blockIdx.x * blockDim.x + threadIdx.x; k < a.n;
+       k += gridDim.x * blockDim.x)
+    if (atomicExch(owner + ids[k], a.tag) == a.tag)
+      *(volatile unsigned long long *)a.flag = a.tag;
+}

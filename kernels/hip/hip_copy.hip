@@ -16,8 +16,10 @@
 #define KVP_BLOCK_X __builtin_amdgcn_workgroup_id_x()
 #define KVP_BLOCK_DIM_X kvp_hip_block_dim_x()
 #define KVP_GRID_DIM_X kvp_hip_grid_dim_x()
-// The release words are not used by the HIP backend yet (done_word = 0: it
-// keeps its events), but the kernel body compiles them for every target.
+// The release words and the repeat gate are not used by the HIP backend yet
+// (done_word = repeat_flag = 0: it keeps its events and checks repeats on the
+// host), but the kernel body compiles them for every target.
+#define KVP_FENCE_SYSTEM() __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "")
 
 // hsa_kernel_dispatch_packet_t: workgroup_size_x (u16) at byte 4,
 // grid_size_x (u32, in work-items) at byte 12.
