@@ -822,6 +822,19 @@ TEST(scatter_ids_unique_flag) {
     for_block(&f.d, ids[1][i], copy_elem, &c);
   }
   fx_check_tensors(&f); /* the middle scatter's blocks, poison elsewhere */
+  if (on_gpu) { /* a bad one whose slot is reused (9 more calls, 8 slots)
+                 * before any synchronize: still reported, once */
+    for (int k = 0; k < 10; k++) {
+      int j = k == 0 ? 0 : 1;
+      kvp_xfer x = {.layout = f.lay, .block_ids = ids[j], .n = n,
+                    .method = KVP_XFER_KERNEL, .staging = stage[j],
+                    .staging_bytes = sb, .flags = KVP_XFER_IDS_UNIQUE};
+      ASSERT_EQ(kvp_device_scatter(g_dev, s, &x), KVP_XFER_KERNEL);
+    }
+    ASSERT_ERR(kvp_stream_synchronize(s), KVP_EINVAL);
+    ASSERT_OK(kvp_stream_synchronize(s));
+    fx_check_tensors(&f); /* the middle blocks again: same bytes */
+  }
   /* the copy engine never checks on the GPU: the call is refused */
   kvp_xfer x = {.layout = f.lay, .block_ids = ids[0], .n = n,
                 .method = KVP_XFER_COPY_ENGINE, .staging = stage[0],
