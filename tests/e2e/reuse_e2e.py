@@ -87,7 +87,8 @@ class LayoutDesc(C.Structure):
 class Xfer(C.Structure):
     _fields_ = [("layout", C.c_void_p), ("block_ids", C.POINTER(C.c_uint32)), ("n", C.c_uint32),
                 ("method", C.c_uint32), ("staging", C.c_void_p), ("staging_bytes", C.c_uint64),
-                ("staging_slots", C.POINTER(C.c_uint32)), ("reserved", C.c_uint64 * 4)]
+                ("staging_slots", C.POINTER(C.c_uint32)), ("flags", C.c_uint32),
+                ("reserved32", C.c_uint32), ("reserved", C.c_uint64 * 3)]
 
 
 class NsDesc(C.Structure):
