@@ -287,6 +287,19 @@ static int check_ids(kvp_tier_link *l, const uint32_t *ids, size_t n) {
   return rc;
 }
 
+/* Scatters staging slots l->slots[0..h) into the engine's blocks
+ * l->ids[0..h) and waits for it.  The ids are distinct (check_ids ran over
+ * the whole call), so the device may skip its own repeat check. */
+static int scatter_sync(kvp_tier_link *l, kvp_stream *s, uint32_t h,
+                        void *staging, uint64_t staging_bytes) {
+  kvp_xfer x = {.layout = l->lay, .block_ids = l->ids, .n = h,
+                .method = KVP_XFER_AUTO, .staging = staging,
+                .staging_bytes = staging_bytes, .staging_slots = l->slots,
+                .flags = KVP_XFER_IDS_UNIQUE};
+  int rc = kvp_device_scatter(l->dev, s, &x);
+  return rc < 0 ? rc : sync_stream(l, s);
+}
+
 /* A DRAM hit that can be scattered in place: its slot index in the region
  * (block-size units), or -1 (not in DRAM, another length, a slot not at a
  * multiple of the block size).  Counts the hit as a get does.  t->mu held. */
@@ -335,15 +348,8 @@ static int load_direct(kvp_tier_link *l, kvp_stream *s, const kvp_key *keys,
     l->ids[h] = ids[i];
     l->slots[h++] = (uint32_t)slot;
   }
-  if (h > 0) {
-    kvp_xfer x = {.layout = l->lay, .block_ids = l->ids, .n = h,
-                  .method = KVP_XFER_AUTO, .staging = l->dram_base,
-                  .staging_bytes = l->dram_len, .staging_slots = l->slots,
-                  .flags = KVP_XFER_IDS_UNIQUE}; /* check_ids: no repeats */
-    rc = kvp_device_scatter(l->dev, s, &x);
-    if (rc >= 0)
-      rc = sync_stream(l, s);
-  }
+  if (h > 0)
+    rc = scatter_sync(l, s, h, l->dram_base, l->dram_len);
   pthread_mutex_unlock(&l->t->mu);
   if (rc < 0) {
     for (uint32_t i = 0, j = 0; i < m; i++) /* the hits: not in gi */
@@ -387,13 +393,7 @@ static int load_staged(kvp_tier_link *l, kvp_stream *s, const kvp_key *keys,
   }
   if (h == 0)
     return 0;
-  kvp_xfer x = {.layout = l->lay, .block_ids = l->ids, .n = h,
-                .method = KVP_XFER_AUTO, .staging = l->stage,
-                .staging_bytes = l->stage_len, .staging_slots = l->slots,
-                .flags = KVP_XFER_IDS_UNIQUE}; /* check_ids: no repeats */
-  rc = kvp_device_scatter(l->dev, s, &x);
-  if (rc >= 0)
-    rc = sync_stream(l, s);
+  rc = scatter_sync(l, s, h, l->stage, l->stage_len);
   if (rc < 0) {
     for (uint32_t j = 0; j < h; j++)
       res[l->slots[j]] = rc;

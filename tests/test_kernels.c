@@ -772,6 +772,14 @@ TEST(launch_slots_reused_in_flight) {
  * copy-engine method, refuse the call itself.  Three scatters queued back to
  * back on one stream (repeat, unique, repeat; disjoint ids): only the middle
  * one's blocks change. */
+static int scatter_flagged(const fx *f, kvp_stream *s, const uint32_t *ids,
+                           uint32_t n, void *stage, size_t sb, uint32_t method) {
+  kvp_xfer x = {.layout = f->lay, .block_ids = ids, .n = n, .method = method,
+                .staging = stage, .staging_bytes = sb,
+                .flags = KVP_XFER_IDS_UNIQUE};
+  return kvp_device_scatter(g_dev, s, &x);
+}
+
 TEST(scatter_ids_unique_flag) {
   open_devices();
   kvp_kv_layout_desc d = {.kind = KVP_LAYOUT_CROSS_LAYER, .num_layers = 2,
@@ -802,10 +810,7 @@ TEST(scatter_ids_unique_flag) {
     ASSERT_OK(kvp_device_memcpy(g_dev, stage[k], src[k], sb));
   }
   for (int k = 0; k < 3; k++) {
-    kvp_xfer x = {.layout = f.lay, .block_ids = ids[k], .n = n,
-                  .method = KVP_XFER_KERNEL, .staging = stage[k],
-                  .staging_bytes = sb, .flags = KVP_XFER_IDS_UNIQUE};
-    int rc = kvp_device_scatter(g_dev, s, &x);
+    int rc = scatter_flagged(&f, s, ids[k], n, stage[k], sb, KVP_XFER_KERNEL);
     if (k == 1 || on_gpu)
       ASSERT_EQ(rc, KVP_XFER_KERNEL);
     else
@@ -826,22 +831,19 @@ TEST(scatter_ids_unique_flag) {
                  * before any synchronize: still reported, once */
     for (int k = 0; k < 10; k++) {
       int j = k == 0 ? 0 : 1;
-      kvp_xfer x = {.layout = f.lay, .block_ids = ids[j], .n = n,
-                    .method = KVP_XFER_KERNEL, .staging = stage[j],
-                    .staging_bytes = sb, .flags = KVP_XFER_IDS_UNIQUE};
-      ASSERT_EQ(kvp_device_scatter(g_dev, s, &x), KVP_XFER_KERNEL);
+      ASSERT_EQ(scatter_flagged(&f, s, ids[j], n, stage[j], sb, KVP_XFER_KERNEL),
+                KVP_XFER_KERNEL);
     }
     ASSERT_ERR(kvp_stream_synchronize(s), KVP_EINVAL);
     ASSERT_OK(kvp_stream_synchronize(s));
     fx_check_tensors(&f); /* the middle blocks again: same bytes */
   }
   /* the copy engine never checks on the GPU: the call is refused */
-  kvp_xfer x = {.layout = f.lay, .block_ids = ids[0], .n = n,
-                .method = KVP_XFER_COPY_ENGINE, .staging = stage[0],
-                .staging_bytes = sb, .flags = KVP_XFER_IDS_UNIQUE};
-  ASSERT_ERR(kvp_device_scatter(g_dev, s, &x), KVP_EINVAL);
-  x.flags = 2; /* unknown flag */
-  x.block_ids = ids[1];
+  ASSERT_ERR(scatter_flagged(&f, s, ids[0], n, stage[0], sb, KVP_XFER_COPY_ENGINE),
+             KVP_EINVAL);
+  kvp_xfer x = {.layout = f.lay, .block_ids = ids[1], .n = n,
+                .method = KVP_XFER_KERNEL, .staging = stage[1],
+                .staging_bytes = sb, .flags = 2}; /* unknown flag */
   ASSERT_ERR(kvp_device_scatter(g_dev, s, &x), KVP_EINVAL);
   x.flags = 0, x.reserved32 = 1;
   ASSERT_ERR(kvp_device_scatter(g_dev, s, &x), KVP_EINVAL);
