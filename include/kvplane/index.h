@@ -126,6 +126,80 @@ KVP_API int kvp_index_resync(kvp_index *ix, uint32_t worker, uint64_t seq,
                              const kvp_key *keys, const uint8_t *tiers,
                              size_t n);
 
+/* ---- event streams and epochs ----------------------------------------------
+ * A worker's residency may come from several publishers, each numbering its
+ * events on its own: the engine (HBM, CPU offload), a kvtier store (DRAM,
+ * NVMe).  Each is a stream: (worker, stream < KVP_INDEX_STREAMS), with its
+ * own sequence numbers and an epoch.  The calls above are stream 0 at
+ * epoch 0.
+ *
+ * Epoch: a publisher that restarts numbers its events from the start again;
+ * it (or the connector that notices the restart) passes a larger epoch.  The
+ * first event of a larger epoch first drops what the stream made resident
+ * in its old epoch -- the worker's residencies in every tier the stream
+ * stored into since its epoch began (stats.epoch_drops) -- then starts the
+ * sequence again: seq 1 is expected next, a larger one is a gap (the worker
+ * turns uncertain).  An event of a smaller epoch is stale: dropped, counted
+ * (stats.events_stale), KVP_EEXIST.  Streams of one worker should feed
+ * disjoint tiers: a restart of one drops the tiers it fed for all streams of
+ * that worker (a lost routing hint, never a wrong one).  Within an epoch the
+ * sequence rules above hold per stream.
+ *
+ * Same errors, counting and thread safety as the calls above, plus
+ * KVP_ERANGE for stream >= KVP_INDEX_STREAMS. */
+#define KVP_INDEX_STREAMS 4u
+
+typedef struct kvp_index_src {
+  uint32_t worker;
+  uint32_t stream; /* < KVP_INDEX_STREAMS */
+  uint64_t epoch;  /* the publisher's life; larger = newer */
+  uint64_t seq;    /* 1, 2, ... within the epoch */
+} kvp_index_src;
+
+KVP_API int kvp_index_src_stored(kvp_index *ix, const kvp_index_src *src,
+                                 kvp_tier tier, const kvp_key *parent,
+                                 const kvp_key *keys, size_t n);
+KVP_API int kvp_index_src_removed(kvp_index *ix, const kvp_index_src *src,
+                                  kvp_tier tier, const kvp_key *keys, size_t n);
+/* The stream's publisher dropped everything it held: the worker's
+ * residencies in the tiers the stream stored into this epoch go (routed
+ * records stay; kvp_index_cleared, stream 0, drops every tier and them).
+ * Returns the number of residencies dropped. */
+KVP_API int kvp_index_src_cleared(kvp_index *ix, const kvp_index_src *src);
+/* Snapshot of the stream's state as of (epoch, seq): the worker's
+ * residencies in the tiers set in `tier_mask` (bit 1 << kvp_tier) become
+ * exactly keys[i] in tiers[i] (tiers NULL: the lowest tier in the mask);
+ * other tiers are untouched; the stream's epoch and sequence are set (a
+ * smaller epoch than the stream's is still stale).  A tier outside the mask
+ * -> KVP_EINVAL.  This is how a connector rebuilds a restarted kvtier
+ * store's residency from kvp_tier_keys_each().  Returns the number of
+ * distinct keys now resident in those tiers. */
+KVP_API int kvp_index_src_resync(kvp_index *ix, const kvp_index_src *src,
+                                 uint32_t tier_mask, const kvp_key *keys,
+                                 const uint8_t *tiers, size_t n);
+
+typedef struct kvp_index_stream_info {
+  uint64_t epoch;
+  uint64_t last_seq;  /* 0: none in this epoch yet */
+  uint32_t tier_mask; /* tiers stored into this epoch (bit 1 << kvp_tier) */
+  uint32_t reserved32;
+  uint64_t reserved[2];
+} kvp_index_stream_info;
+/* Returns 0, KVP_EINVAL, KVP_ERANGE or KVP_ENOENT (worker not added). */
+KVP_API int kvp_index_stream_get(kvp_index *ix, uint32_t worker,
+                                 uint32_t stream, kvp_index_stream_info *out);
+
+/* Calls fn(opaque, fingerprint, tier_mask) once per key resident on `worker`
+ * from events (tier_mask: bit 1 << kvp_tier; routed records are not listed),
+ * shard by shard, in no particular order; a key stored or removed during the
+ * walk may or may not be listed.  fn returning non-zero stops the walk and
+ * that value is returned.  fn must not call into the index.  Returns 0,
+ * fn's value, KVP_EINVAL, KVP_ERANGE or KVP_ENOENT.  Fingerprints 0 and 1
+ * come back as 2 and 3 (see above). */
+typedef int (*kvp_index_key_fn)(void *opaque, uint64_t fp, uint32_t tier_mask);
+KVP_API int kvp_index_worker_keys(kvp_index *ix, uint32_t worker,
+                                  kvp_index_key_fn fn, void *opaque);
+
 /* ---- approximate mode
  * --------------------------------------------------------- For engines that
  * publish no events (SGLang's gateway, Dynamo's approximate mode): the router
@@ -242,7 +316,9 @@ typedef struct kvp_index_stats {
   /* prefix_closed queries whose probes contradicted the contract (they
    * walked the chain instead) */
   uint64_t closure_violations;
-  uint64_t reserved[4];
+  uint64_t epochs;      /* stream epochs begun after the first (restarts) */
+  uint64_t epoch_drops; /* residencies dropped when an epoch ended */
+  uint64_t reserved[2];
 } kvp_index_stats;
 
 /* Counters, each read atomically but not all at one instant.  Thread-safe,

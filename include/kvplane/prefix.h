@@ -64,8 +64,30 @@ typedef enum kvp_hash_algo {
   /* vLLM v1 exact: xxh3_128 of the same CBOR encoding (digest = the
    * canonical big-endian 16 bytes, as python-xxhash's xxh3_128_digest).
    * Both vLLM modes chain the FULL previous digest. */
-  KVP_HASH_XXHASH_CBOR = 3
+  KVP_HASH_XXHASH_CBOR = 3,
+  /* vLLM exact, its default since 0.33 (--prefix-caching-hash-algo sha256):
+   * sha256(pickle.dumps((parent, tuple(tokens), extra_keys), protocol=5));
+   * NONE_HASH = sha256(pickle(seed str)). */
+  KVP_HASH_VLLM_SHA256 = 4,
+  /* vLLM exact ("xxhash"): xxh3_128 of the same pickle.  vLLM seeds
+   * NONE_HASH for xxhash / xxhash_cbor with random per-process bytes unless
+   * PYTHONHASHSEED is set: such an engine's hashes cannot be reproduced by
+   * anyone (use the re-keyed mode of include/kvplane/events.h). */
+  KVP_HASH_VLLM_XXHASH = 5
 } kvp_hash_algo;
+
+/* vLLM modes: which release's hash inputs to reproduce. */
+typedef enum kvp_vllm_compat {
+  KVP_VLLM_COMPAT_LATEST = 0, /* the newest below */
+  /* before 0.33: untagged extra keys -- lora name, (mm id, offset), cache
+   * salt (../shared/vectors/vllm_block_hashes.json) */
+  KVP_VLLM_COMPAT_PRE_0_33 = 1,
+  /* 0.33: tagged extra keys -- ("lora", name, path), ("mm", id, offset),
+   * ("cache_salt", salt), ("prompt_embeds", sha256 digest)
+   * (../shared/vectors/vllm033_block_hashes.json) */
+  KVP_VLLM_COMPAT_0_33 = 2,
+  KVP_VLLM_COMPAT_COUNT_ = 3
+} kvp_vllm_compat;
 
 /* Parses "xxh3_128" | "sha256" | "sha256_cbor" | "xxhash_cbor" (exact,
  * case-sensitive).  Returns 0 or KVP_EINVAL (*out untouched). */
@@ -75,6 +97,9 @@ KVP_API const char *kvp_hash_algo_name(kvp_hash_algo algo);
 /* Digest length in bytes: 16 (xxh3_128, xxhash_cbor) or 32 (sha256*); 0 for
  * an unknown value. */
 KVP_API size_t kvp_hash_algo_digest_len(kvp_hash_algo algo);
+/* Maps vLLM's --prefix-caching-hash-algo names ("sha256", "sha256_cbor",
+ * "xxhash", "xxhash_cbor") to the vLLM modes.  Returns 0 or KVP_EINVAL. */
+KVP_API int kvp_hash_algo_from_vllm(const char *vllm_name, kvp_hash_algo *out);
 
 /* A multimodal placeholder in token coordinates (vLLM PlaceholderRange). */
 typedef struct kvp_mm_span {
@@ -98,16 +123,44 @@ typedef struct kvp_extras {
   const char *cache_salt; /* NULL or "" = none */
   const kvp_mm_span *mm;
   size_t n_mm;
+  /* vLLM >= 0.33 modes: the adapter's path, hashed with its name (NULL =
+   * ""); other modes ignore it (KV events do not carry it). */
+  const char *lora_path;
+  /* Prompt embeddings: the SHA-256 of each full block's embedding bytes
+   * (vLLM: sha256(tensor_data(prompt_embeds[block]))), n_prompt_embeds ==
+   * the number of full blocks hashed; NULL / 0 = none.  0.33 tags them
+   * ("prompt_embeds", digest); older modes and native ones hash the digest. */
+  const uint8_t (*prompt_embeds)[32];
+  size_t n_prompt_embeds;
 } kvp_extras;
+
+/* One block's extra keys, as vLLM's generate_block_hash_extra_keys makes
+ * them for that block (and as KV events publish them, untagged). */
+typedef struct kvp_mm_key {
+  const char *id; /* UTF-8 identifier */
+  int64_t offset; /* placeholder start relative to the block start */
+} kvp_mm_key;
+typedef struct kvp_block_extras {
+  const char *lora_name;  /* NULL or "" = none */
+  const char *lora_path;  /* 0.33 modes; NULL = "" */
+  const kvp_mm_key *mm;   /* in placeholder order */
+  size_t n_mm;
+  const char *cache_salt; /* NULL or "" = none (vLLM: block 0 only) */
+  const uint8_t *prompt_embeds; /* 32-byte digest, NULL = none */
+} kvp_block_extras;
 
 typedef struct kvp_hasher_opts {
   kvp_hash_algo algo; /* 0 = KVP_HASH_XXH3_128 */
   /* vLLM modes: the PYTHONHASHSEED string the engine runs with; NONE_HASH =
-   * H(cbor(text string)).  Required for vLLM modes (vLLM itself falls back to
-   * random bytes that no other process can reproduce): NULL or invalid
-   * UTF-8 -> KVP_EINVAL ("" is a valid seed).  Ignored by native modes. */
+   * H(serialized seed string).  NULL = the engine runs without
+   * PYTHONHASHSEED: vLLM 0.33 then seeds sha256 / sha256_cbor with the
+   * fixed "vllm-none-hash" (taken here), and xxhash / xxhash_cbor with
+   * random per-process bytes nobody can reproduce (KVP_EINVAL here), as
+   * vLLM before 0.33 did for every algorithm (KVP_EINVAL).  Invalid UTF-8 ->
+   * KVP_EINVAL ("" is a valid seed).  Ignored by native modes. */
   const char *python_hash_seed;
-  uint32_t reserved[8];
+  uint32_t vllm_compat; /* kvp_vllm_compat; 0 = the newest */
+  uint32_t reserved[7];
 } kvp_hasher_opts;
 
 /* An algorithm bound to a namespace.  Immutable after creation except for
@@ -138,6 +191,21 @@ KVP_API uint32_t kvp_hasher_block_size(const kvp_hasher *h);
 KVP_API int kvp_hasher_hash(kvp_hasher *h, const uint32_t *tokens, size_t n,
                             const kvp_extras *extras, kvp_key *keys,
                             size_t cap, size_t *tail);
+
+/* One block at a time, for callers that get blocks with their extra keys
+ * already cut per block (KV events): digest of (parent, tokens[0..block_size),
+ * bx) into digest[0..cap) and its key into *key (either may be NULL).
+ * parent = the previous block's full digest (kvp_chain_digest; for native
+ * algorithms the 16-byte key, hi then lo big-endian), NULL = block 0 (the
+ * namespace seed / NONE_HASH).  bx NULL = no extras.  Iterating it along a
+ * prompt with the extras kvp_hasher_hash derives per block gives the same
+ * keys.  Returns the digest length, KVP_EINVAL (NULL tokens, parent_len not
+ * the algorithm's digest length, bad extras), KVP_ENOSPC (cap too small) or
+ * KVP_EIO.  Same thread rules as kvp_hasher_hash. */
+KVP_API int kvp_hasher_block(kvp_hasher *h, const uint8_t *parent,
+                             size_t parent_len, const uint32_t *tokens,
+                             const kvp_block_extras *bx, uint8_t *digest,
+                             size_t cap, kvp_key *key);
 
 /* ---- chain: the growing key chain of one prompt or session ---------------- */
 typedef struct kvp_chain kvp_chain;

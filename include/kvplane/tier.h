@@ -191,10 +191,17 @@ KVP_API int kvp_tier_admit_seen(kvp_tier_admit *a, uint64_t fp);
 
 /* ---- events (the schema include/kvplane/index.h ingests) -------------------
  * One per block entering or leaving a tier; `seq` numbers this store's
- * events consecutively from 1, so a connector can pass them straight to
- * kvp_index_stored(ix, worker, seq, tier, NULL, key, 1) /
- * kvp_index_removed().  Called with the store's lock held: do not call back
- * into the store; `ev` is valid during the call only. */
+ * events consecutively from 1 within its `epoch`, so a connector can pass
+ * them straight to kvp_index_src_stored(ix, &(kvp_index_src){worker, stream,
+ * epoch, seq}, tier, NULL, &key, 1) / kvp_index_src_removed().  The epoch is
+ * the store's creation time (CLOCK_REALTIME, ns; larger than the previous
+ * store's on this host unless the clock went back): a store reopened on the
+ * same files after a restart numbers its events from 1 again in a new epoch,
+ * and the index drops the old epoch's residency instead of dropping the new
+ * events as stale.  kvp_tier_keys_each() then lists what the reopened store
+ * holds, to rebuild its residency (kvp_index_src_resync).  Called with the
+ * store's lock held: do not call back into the store; `ev` is valid during
+ * the call only. */
 typedef struct kvp_tier_event {
   uint64_t seq;
   kvp_tier tier;    /* KVP_TIER_DRAM or KVP_TIER_NVME */
@@ -202,6 +209,7 @@ typedef struct kvp_tier_event {
   kvp_key ns;       /* namespace seed */
   kvp_key key;
   uint64_t bytes;
+  uint64_t epoch;   /* this store's epoch (kvp_tier_epoch) */
 } kvp_tier_event;
 typedef void (*kvp_tier_event_fn)(void *opaque, const kvp_tier_event *ev);
 
@@ -520,6 +528,27 @@ typedef struct kvp_tier_stats {
 } kvp_tier_stats;
 /* Thread-safe snapshot.  Returns 0 or KVP_EINVAL. */
 KVP_API int kvp_tier_get_stats(kvp_tier_store *t, kvp_tier_stats *out);
+
+/* The epoch this store's events carry (see kvp_tier_event).  0 for NULL. */
+KVP_API uint64_t kvp_tier_epoch(const kvp_tier_store *t);
+/* One resident block, as kvp_tier_keys_each lists it. */
+typedef struct kvp_tier_resident {
+  kvp_key ns;     /* namespace seed */
+  kvp_key key;
+  kvp_tier tier;  /* KVP_TIER_DRAM or KVP_TIER_NVME (a block in both: twice) */
+  uint32_t reserved32;
+  uint64_t bytes;
+} kvp_tier_resident;
+typedef int (*kvp_tier_resident_fn)(void *opaque, const kvp_tier_resident *r);
+/* Lists every block the store holds, once per tier holding it, under the
+ * store's lock (no event is emitted during the walk), and writes the seq of
+ * the store's last event to *seq (may be NULL): the listing is the store's
+ * state as of (kvp_tier_epoch(t), *seq), ready for kvp_index_src_resync.
+ * fn must not call into the store; a non-zero return stops the walk and is
+ * returned.  Returns 0, fn's value or KVP_EINVAL.  Thread-safe (blocks the
+ * store's other calls for the length of the walk). */
+KVP_API int kvp_tier_keys_each(kvp_tier_store *t, kvp_tier_resident_fn fn,
+                               void *opaque, uint64_t *seq);
 /* Measured bandwidth (bytes/s, exponentially weighted over completed
  * transfers) of reads from `tier` into caller memory; 0 before the first
  * measurement.  Feed it to kvp_router_report_bandwidth().  Thread-safe. */
