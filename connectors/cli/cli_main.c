@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli_events.h"
 #include "cli_tokens.h"
 #include "cli_vectors.h"
 #include "kvplane.h"
@@ -29,6 +30,9 @@ static const char usage_text[] =
     "                       commas, or one JSON array) and print one line per\n"
     "                       full block -- INDEX KEY(32 hex) EXTERNAL_U64 --\n"
     "                       then 'tail N': tokens after the last full block\n"
+    "  events tail [options] ENDPOINT\n"
+    "                       subscribe to a vLLM KV-event stream and print it\n"
+    "                       (kvplane events tail --help)\n"
     "  help, --help         this text\n"
     "  --version            the library version\n"
     "\n"
@@ -436,6 +440,8 @@ int main(int argc, char **argv) {
     return usage_error("a command is required");
   if (strcmp(cmd, "hash") == 0)
     return cmd_hash(argc - 1, argv + 1);
+  if (strcmp(cmd, "events") == 0)
+    return kvp_cli_events(argc - 1, argv + 1);
   if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "version") == 0) {
     printf("kvplane %s\n", kvp_version());
     return 0;

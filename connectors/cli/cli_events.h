@@ -1,0 +1,9 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* `kvplane events ...` (cli_events.c). */
+#ifndef KVP_CLI_EVENTS_H
+#define KVP_CLI_EVENTS_H
+
+/* argv[0] = "events"; returns the exit status. */
+int kvp_cli_events(int argc, char **argv);
+
+#endif

@@ -1,0 +1,795 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The subscriber: ZeroMQ SUB (+ DEALER for replay) per source, the sequence
+ * state machine (in order, exactly once; gaps replayed; restarts detected),
+ * an optional I/O thread, stats and their Prometheus text. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <xxhash.h>
+#include <zmq.h>
+
+#include "events_internal.h"
+
+#define DUP_RING_MIN 8192u
+#define DRAIN_BUDGET 4096 /* messages per socket per poll round */
+#define SEQ_END UINT64_MAX /* the replay end marker: -1 as 8 bytes */
+
+typedef struct pend {
+  uint64_t seq;
+  zmq_msg_t payload;
+} pend;
+
+typedef struct dup_ent {
+  uint64_t seq, hash;
+} dup_ent;
+
+typedef struct source {
+  kvp_events_source d; /* strings point into the copies below */
+  char *endpoint, *replay_endpoint, *topic;
+  size_t topic_len;
+  void *sub, *dealer;
+  ev_apply ap;
+  ev_counters ctr;
+  uint64_t next;      /* the publisher's next sequence number */
+  bool replaying;
+  bool replay_first;  /* a batch came back for this replay */
+  uint64_t replay_deadline_ns;
+  pend *pending;      /* live batches held while replaying, seq order */
+  size_t n_pending;
+  dup_ent *ring;      /* recently applied (seq, payload hash) */
+  size_t ring_cap;
+} source;
+
+struct kvp_events {
+  kvp_allocator alloc;
+  const kvp_allocator *ap; /* &alloc, or NULL for libc */
+  kvp_index *ix;
+  kvp_events_opts o;
+  void *zctx;
+  source *src;
+  size_t n_src;
+  kvp_kv_decoder *dec;
+  kvp_events_batch_fn on_batch;
+  void *on_batch_opaque;
+  zmq_pollitem_t *items;
+  int mode; /* 0 none yet, 1 thread, 2 poll */
+  bool started_replays;
+  _Atomic bool running;
+  pthread_t thread;
+};
+
+/* ---- endpoints ------------------------------------------------------------------ */
+
+/* vLLM's offset_endpoint_port: tcp port + rank (port 0 stays), inproc name
+ * + "_dp<rank>", anything else refused for rank > 0. */
+static char *offset_endpoint(const kvp_allocator *a, const char *ep,
+                             uint32_t rank) {
+  size_t n = strlen(ep) + 16;
+  char *out = kvp__ev_alloc(a, n);
+  if (out == NULL)
+    return NULL;
+  const char *colon = strrchr(ep, ':');
+  if (rank == 0) {
+    snprintf(out, n, "%s", ep);
+  } else if (strncmp(ep, "inproc://", 9) == 0) {
+    snprintf(out, n, "%s_dp%" PRIu32, ep, rank);
+  } else if (strncmp(ep, "tcp://", 6) == 0 && colon != NULL && colon > ep + 5) {
+    char *end;
+    unsigned long port = strtoul(colon + 1, &end, 10);
+    if (*end != 0 || port > 65535 || port + rank > 65535) {
+      kvp__ev_free(a, out, n);
+      return NULL;
+    }
+    snprintf(out, n, "%.*s:%lu", (int)(colon - ep), ep,
+             port == 0 ? 0 : port + rank);
+  } else {
+    kvp__ev_free(a, out, n);
+    return NULL;
+  }
+  return out;
+}
+
+static char *dup_str(const kvp_allocator *a, const char *s) {
+  size_t n = strlen(s) + 1;
+  char *c = kvp__ev_alloc(a, n);
+  if (c != NULL)
+    memcpy(c, s, n);
+  return c;
+}
+
+static void free_str(const kvp_allocator *a, char *s) {
+  if (s != NULL)
+    kvp__ev_free(a, s, strlen(s) + 1);
+}
+
+/* ---- sockets --------------------------------------------------------------------- */
+
+static int zerr(const char *what, const char *ep) {
+  kvp_log(KVP_LOG_ERROR, EV_MOD, "%s %s: %s", what, ep, zmq_strerror(errno));
+  return KVP_EIO;
+}
+
+static bool wants_bind(const source *s) {
+  if (s->d.connect == KVP_EVENTS_AUTO)
+    return strchr(s->endpoint, '*') != NULL;
+  return s->d.connect == KVP_EVENTS_BIND;
+}
+
+static int open_sub(kvp_events *ev, source *s) {
+  int hwm = ev->o.rcvhwm > 0 ? ev->o.rcvhwm : 100000, zero = 0;
+  s->sub = zmq_socket(ev->zctx, ZMQ_SUB);
+  if (s->sub == NULL)
+    return zerr("zmq_socket(SUB) for", s->endpoint);
+  (void)zmq_setsockopt(s->sub, ZMQ_RCVHWM, &hwm, sizeof hwm);
+  (void)zmq_setsockopt(s->sub, ZMQ_LINGER, &zero, sizeof zero);
+  if (zmq_setsockopt(s->sub, ZMQ_SUBSCRIBE, s->topic, s->topic_len) != 0)
+    return zerr("subscribe on", s->endpoint);
+  bool bind = wants_bind(s);
+  if ((bind ? zmq_bind : zmq_connect)(s->sub, s->endpoint) != 0)
+    return zerr(bind ? "bind" : "connect", s->endpoint);
+  return 0;
+}
+
+static void close_dealer(source *s) {
+  if (s->dealer != NULL)
+    zmq_close(s->dealer);
+  s->dealer = NULL;
+}
+
+static int open_dealer(kvp_events *ev, source *s) {
+  int zero = 0;
+  close_dealer(s);
+  s->dealer = zmq_socket(ev->zctx, ZMQ_DEALER);
+  if (s->dealer == NULL)
+    return zerr("zmq_socket(DEALER) for", s->replay_endpoint);
+  (void)zmq_setsockopt(s->dealer, ZMQ_LINGER, &zero, sizeof zero);
+  if (zmq_connect(s->dealer, s->replay_endpoint) != 0)
+    return zerr("connect", s->replay_endpoint);
+  return 0;
+}
+
+/* ---- the sequence state machine -------------------------------------------------- */
+
+static uint64_t now_ns(void) { return kvp_now_ns(); }
+
+static bool ring_has(const source *s, uint64_t seq, uint64_t h) {
+  const dup_ent *e = &s->ring[seq % s->ring_cap];
+  return e->seq == seq && e->hash == h;
+}
+
+static void ring_clear(source *s) {
+  for (size_t i = 0; i < s->ring_cap; i++)
+    s->ring[i] = (dup_ent){UINT64_MAX, 0};
+}
+
+/* Decodes and applies batch `seq` (== s->next); an undecodable batch is a
+ * lost batch: the source's residency is dropped. */
+static void apply(kvp_events *ev, source *s, uint64_t seq, const void *p,
+                  size_t len, bool replayed) {
+  kvp_kv_batch b;
+  int rc = kvp_kv_decode(ev->dec, p, len, &b);
+  s->next = seq + 1;
+  s->ring[seq % s->ring_cap] = (dup_ent){seq, XXH3_64bits(p, len)};
+  if (rc < 0) {
+    ev_add(&s->ctr.decode_errors, 1);
+    kvp_log(KVP_LOG_WARN, EV_MOD, "%s: batch %" PRIu64 " undecodable (%s): "
+            "dropping this source's residency", s->endpoint, seq,
+            kvp_err_name(rc));
+    kvp__ev_apply_drop(&s->ap);
+    return;
+  }
+  (void)kvp__ev_apply_batch(&s->ap, &b);
+  if (replayed)
+    ev_add(&s->ctr.batches_replayed, 1);
+  if (ev->on_batch != NULL)
+    ev->on_batch(ev->on_batch_opaque, (uint32_t)(s - ev->src), seq, &b);
+}
+
+static void lost_until(source *s, uint64_t seq) {
+  /* batches [next, seq) are gone for good */
+  if (s->dealer != NULL)
+    ev_add(&s->ctr.replay_failures, 1);
+  kvp__ev_apply_drop(&s->ap);
+  s->next = seq;
+}
+
+static void start_replay(kvp_events *ev, source *s, uint64_t from) {
+  uint8_t req[8];
+  for (int i = 0; i < 8; i++)
+    req[i] = (uint8_t)(from >> (56 - 8 * i));
+  ev_add(&s->ctr.replays, 1);
+  if (zmq_send(s->dealer, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+      zmq_send(s->dealer, req, 8, ZMQ_DONTWAIT) < 0) {
+    kvp_log(KVP_LOG_WARN, EV_MOD, "%s: replay request failed: %s",
+            s->replay_endpoint, zmq_strerror(errno));
+    (void)open_dealer(ev, s); /* drop a half-sent request */
+    ev_add(&s->ctr.replay_failures, 1);
+    return;
+  }
+  s->replaying = true;
+  s->replay_first = false;
+  uint32_t t = ev->o.replay_timeout_ms ? ev->o.replay_timeout_ms : 2000;
+  s->replay_deadline_ns = now_ns() + (uint64_t)t * 1000000u;
+}
+
+static void handle(kvp_events *ev, source *s, uint64_t seq, zmq_msg_t *m,
+                   bool may_replay);
+
+static void pend_push(kvp_events *ev, source *s, uint64_t seq, zmq_msg_t *m) {
+  size_t max = ev->o.pending_max ? ev->o.pending_max : 4096;
+  if (s->n_pending >= max) {
+    ev_add(&s->ctr.queue_drops, 1); /* the next gap replays it */
+    return;
+  }
+  pend *q = &s->pending[s->n_pending++];
+  q->seq = seq;
+  zmq_msg_init(&q->payload);
+  zmq_msg_move(&q->payload, m);
+}
+
+/* After a replay: the held live batches, in order; a gap now means the
+ * publisher no longer has those batches (no second replay for them). */
+static void end_replay(kvp_events *ev, source *s) {
+  s->replaying = false;
+  size_t n = s->n_pending;
+  s->n_pending = 0;
+  for (size_t i = 0; i < n; i++) {
+    handle(ev, s, s->pending[i].seq, &s->pending[i].payload, false);
+    zmq_msg_close(&s->pending[i].payload);
+  }
+}
+
+/* One batch from the live stream (may_replay) or held during a replay. */
+static void handle(kvp_events *ev, source *s, uint64_t seq, zmq_msg_t *m,
+                   bool may_replay) {
+  const void *p = zmq_msg_data(m);
+  size_t len = zmq_msg_size(m);
+  if (s->replaying) {
+    pend_push(ev, s, seq, m);
+    return;
+  }
+  if (seq < s->next) {
+    if (ring_has(s, seq, XXH3_64bits(p, len))) {
+      ev_add(&s->ctr.duplicates, 1);
+      return;
+    }
+    /* a batch we never applied under a number we passed: the publisher
+     * started again (vLLM numbers from 0 and has no epoch of its own) */
+    ev_add(&s->ctr.restarts, 1);
+    kvp_log(KVP_LOG_INFO, EV_MOD, "%s: publisher restarted (seq %" PRIu64
+            " after %" PRIu64 "): new epoch", s->endpoint, seq, s->next - 1);
+    kvp__ev_apply_new_epoch(&s->ap);
+    ring_clear(s);
+    s->next = 0;
+  }
+  if (seq > s->next) {
+    ev_add(&s->ctr.gaps, 1);
+    ev_add(&s->ctr.batches_missed, seq - s->next);
+    if (may_replay && s->dealer != NULL) {
+      start_replay(ev, s, s->next);
+      if (s->replaying) {
+        pend_push(ev, s, seq, m);
+        return;
+      }
+    }
+    lost_until(s, seq);
+  }
+  apply(ev, s, seq, p, len, false);
+}
+
+/* ---- receiving ------------------------------------------------------------------- */
+
+#define FRAMES_MAX 5
+
+/* One whole multipart message, without waiting.  Returns its part count
+ * (extra parts beyond FRAMES_MAX are read and dropped), 0 when none is
+ * there, or -1 on error. */
+static int recv_parts(void *sock, zmq_msg_t *f) {
+  int n = 0, more = 1;
+  while (more) {
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, sock, n == 0 ? ZMQ_DONTWAIT : 0) < 0) {
+      zmq_msg_close(&m);
+      return n == 0 && errno == EAGAIN ? 0 : -1;
+    }
+    more = zmq_msg_more(&m);
+    if (n < FRAMES_MAX)
+      zmq_msg_move(&f[n], &m);
+    zmq_msg_close(&m);
+    n++;
+  }
+  return n;
+}
+
+static bool seq_of(zmq_msg_t *m, uint64_t *seq) {
+  if (zmq_msg_size(m) != 8)
+    return false;
+  const uint8_t *p = zmq_msg_data(m);
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++)
+    v = v << 8 | p[i];
+  *seq = v;
+  return true;
+}
+
+static bool topic_ok(source *s, zmq_msg_t *t) {
+  if (s->topic_len == 0 ||
+      (zmq_msg_size(t) == s->topic_len &&
+       memcmp(zmq_msg_data(t), s->topic, s->topic_len) == 0))
+    return true;
+  ev_add(&s->ctr.topic_mismatch, 1);
+  return false;
+}
+
+/* Live frames: (topic, seq, payload). */
+static int drain_sub(kvp_events *ev, source *s) {
+  int got = 0;
+  for (; got < DRAIN_BUDGET; got++) {
+    zmq_msg_t f[FRAMES_MAX];
+    for (int i = 0; i < FRAMES_MAX; i++)
+      zmq_msg_init(&f[i]);
+    int n = recv_parts(s->sub, f);
+    uint64_t seq;
+    if (n == 3 && seq_of(&f[1], &seq)) {
+      if (topic_ok(s, &f[0]))
+        handle(ev, s, seq, &f[2], true);
+    } else if (n != 0) {
+      ev_add(&s->ctr.decode_errors, 1); /* not (topic, seq, payload) */
+    }
+    for (int i = 0; i < FRAMES_MAX; i++)
+      zmq_msg_close(&f[i]);
+    if (n <= 0)
+      break;
+  }
+  return got;
+}
+
+/* One replayed batch (vLLM 0.33: [empty, topic, seq, payload]; older:
+ * [empty, seq, payload]; the end: seq -1 with empty topic/payload). */
+static void on_replayed(kvp_events *ev, source *s, uint64_t seq,
+                        zmq_msg_t *m) {
+  if (!s->replaying)
+    return; /* an answer to a request we gave up on */
+  if (seq == SEQ_END) {
+    end_replay(ev, s);
+    return;
+  }
+  if (!s->replay_first) {
+    s->replay_first = true;
+    if (seq > s->next) /* the publisher's buffer no longer goes back there */
+      lost_until(s, seq);
+  }
+  if (seq < s->next) {
+    ev_add(&s->ctr.duplicates, 1);
+    return;
+  }
+  if (seq > s->next)
+    lost_until(s, seq);
+  apply(ev, s, seq, zmq_msg_data(m), zmq_msg_size(m), true);
+}
+
+static int drain_dealer(kvp_events *ev, source *s) {
+  int got = 0;
+  for (; got < DRAIN_BUDGET && s->dealer != NULL; got++) {
+    zmq_msg_t f[FRAMES_MAX];
+    for (int i = 0; i < FRAMES_MAX; i++)
+      zmq_msg_init(&f[i]);
+    int n = recv_parts(s->dealer, f);
+    uint64_t seq;
+    int k = n == 4 ? 2 : 1; /* where seq is */
+    if ((n == 4 || n == 3) && zmq_msg_size(&f[0]) == 0 &&
+        seq_of(&f[k], &seq)) {
+      if (n == 3 || seq == SEQ_END || topic_ok(s, &f[1]))
+        on_replayed(ev, s, seq, &f[k + 1]);
+    } else if (n != 0) {
+      ev_add(&s->ctr.decode_errors, 1);
+    }
+    for (int i = 0; i < FRAMES_MAX; i++)
+      zmq_msg_close(&f[i]);
+    if (n <= 0)
+      break;
+  }
+  return got;
+}
+
+static void check_timeouts(kvp_events *ev) {
+  uint64_t now = now_ns();
+  for (size_t i = 0; i < ev->n_src; i++) {
+    source *s = &ev->src[i];
+    if (!s->replaying || now < s->replay_deadline_ns)
+      continue;
+    kvp_log(KVP_LOG_WARN, EV_MOD, "%s: no end of replay from %s in time",
+            s->endpoint, s->replay_endpoint);
+    if (s->n_pending == 0)
+      ev_add(&s->ctr.replay_failures, 1);
+    (void)open_dealer(ev, s); /* late answers must not end the next one */
+    end_replay(ev, s);       /* a gap left now drops the residency */
+  }
+}
+
+static int poll_timeout(kvp_events *ev, int timeout_ms) {
+  uint64_t now = now_ns();
+  for (size_t i = 0; i < ev->n_src; i++) {
+    source *s = &ev->src[i];
+    if (!s->replaying)
+      continue;
+    uint64_t left = s->replay_deadline_ns > now
+                        ? (s->replay_deadline_ns - now) / 1000000u + 1
+                        : 0;
+    if (timeout_ms < 0 || left < (uint64_t)timeout_ms)
+      timeout_ms = (int)left;
+  }
+  return timeout_ms;
+}
+
+static uint64_t applied(const kvp_events *ev) {
+  uint64_t n = 0;
+  for (size_t i = 0; i < ev->n_src; i++)
+    n += atomic_load_explicit(&ev->src[i].ctr.batches, memory_order_relaxed);
+  return n;
+}
+
+static int poll_once(kvp_events *ev, int timeout_ms) {
+  if (!ev->started_replays) {
+    ev->started_replays = true;
+    for (size_t i = 0; i < ev->n_src && !ev->o.no_initial_replay; i++)
+      if (ev->src[i].dealer != NULL)
+        start_replay(ev, &ev->src[i], 0);
+  }
+  size_t n = 0;
+  for (size_t i = 0; i < ev->n_src; i++) {
+    ev->items[n++] = (zmq_pollitem_t){.socket = ev->src[i].sub,
+                                      .events = ZMQ_POLLIN};
+    if (ev->src[i].dealer != NULL)
+      ev->items[n++] = (zmq_pollitem_t){.socket = ev->src[i].dealer,
+                                        .events = ZMQ_POLLIN};
+  }
+  uint64_t before = applied(ev);
+  int rc = zmq_poll(ev->items, (int)n, poll_timeout(ev, timeout_ms));
+  if (rc < 0 && errno != EINTR)
+    return KVP_EIO;
+  /* ZMQ_FD users may call with nothing flagged: drain every socket */
+  for (size_t i = 0; i < ev->n_src; i++) {
+    (void)drain_dealer(ev, &ev->src[i]);
+    (void)drain_sub(ev, &ev->src[i]);
+  }
+  check_timeouts(ev);
+  uint64_t d = applied(ev) - before;
+  return d > INT32_MAX ? INT32_MAX : (int)d;
+}
+
+static void *io_thread(void *arg) {
+  kvp_events *ev = arg;
+  /* acquire: pairs with the release store in kvp_events_stop */
+  while (atomic_load_explicit(&ev->running, memory_order_acquire))
+    (void)poll_once(ev, 50);
+  return NULL;
+}
+
+int kvp_events_poll(kvp_events *ev, int timeout_ms) {
+  if (ev == NULL)
+    return KVP_EINVAL;
+  if (ev->mode == 1)
+    return KVP_ESTATE;
+  ev->mode = 2;
+  return poll_once(ev, timeout_ms);
+}
+
+int kvp_events_start(kvp_events *ev) {
+  if (ev == NULL)
+    return KVP_EINVAL;
+  if (ev->mode != 0)
+    return KVP_ESTATE;
+  atomic_store_explicit(&ev->running, true, memory_order_relaxed);
+  int rc = pthread_create(&ev->thread, NULL, io_thread, ev);
+  if (rc != 0) {
+    atomic_store_explicit(&ev->running, false, memory_order_relaxed);
+    return -rc;
+  }
+  ev->mode = 1;
+  return 0;
+}
+
+int kvp_events_stop(kvp_events *ev) {
+  if (ev == NULL)
+    return KVP_EINVAL;
+  if (ev->mode != 1)
+    return 0;
+  /* release: pairs with the acquire in io_thread */
+  atomic_store_explicit(&ev->running, false, memory_order_release);
+  pthread_join(ev->thread, NULL);
+  ev->mode = 2; /* the caller may poll from now on */
+  return 0;
+}
+
+int kvp_events_fds(kvp_events *ev, int *fds, size_t cap) {
+  if (ev == NULL || (fds == NULL && cap > 0))
+    return KVP_EINVAL;
+  size_t n = 0;
+  for (size_t i = 0; i < ev->n_src; i++) {
+    void *socks[2] = {ev->src[i].sub, ev->src[i].dealer};
+    for (int k = 0; k < 2; k++) {
+      int fd;
+      size_t sz = sizeof fd;
+      if (socks[k] == NULL || zmq_getsockopt(socks[k], ZMQ_FD, &fd, &sz) != 0)
+        continue;
+      if (n < cap)
+        fds[n] = fd;
+      n++;
+    }
+  }
+  return (int)n;
+}
+
+int kvp_events_on_batch(kvp_events *ev, kvp_events_batch_fn fn,
+                        void *opaque) {
+  if (ev == NULL)
+    return KVP_EINVAL;
+  if (ev->mode == 1)
+    return KVP_ESTATE;
+  ev->on_batch = fn;
+  ev->on_batch_opaque = opaque;
+  return 0;
+}
+
+/* ---- create / destroy ---------------------------------------------------------- */
+
+static int check_source(kvp_index *ix, const kvp_events_source *d, size_t i) {
+  kvp_index_stream_info si;
+  const char *why = NULL;
+  if (d->endpoint == NULL || d->endpoint[0] == 0)
+    why = "endpoint is missing";
+  else if (d->stream >= KVP_INDEX_STREAMS)
+    why = "stream is not below KVP_INDEX_STREAMS";
+  else if (kvp_index_stream_get(ix, d->worker, d->stream, &si) < 0)
+    why = "worker is not added to the index";
+  else if (d->keying != KVP_EVENTS_REKEY && d->keying != KVP_EVENTS_ENGINE_HASH)
+    why = "keying is not REKEY or ENGINE_HASH";
+  else if (d->keying == KVP_EVENTS_REKEY && d->ns == NULL)
+    why = "REKEY needs the namespace requests are hashed in (ns)";
+  else if (d->keying == KVP_EVENTS_REKEY && d->hasher.algo != KVP_HASH_XXH3_128 &&
+           d->hasher.algo != KVP_HASH_SHA256)
+    why = "REKEY keys with a native algorithm (xxh3_128 or sha256)";
+  else if (d->connect > KVP_EVENTS_BIND)
+    why = "connect is not AUTO, CONNECT or BIND";
+  if (why == NULL)
+    return 0;
+  kvp_log(KVP_LOG_ERROR, EV_MOD, "source %zu (%s): %s", i,
+          d->endpoint ? d->endpoint : "?", why);
+  return KVP_EINVAL;
+}
+
+static int source_init(kvp_events *ev, source *s, const kvp_events_source *d,
+                       size_t i) {
+  const kvp_allocator *a = ev->ap;
+  int rc = check_source(ev->ix, d, i);
+  if (rc < 0)
+    return rc;
+  s->d = *d;
+  s->endpoint = offset_endpoint(a, d->endpoint, d->dp_rank);
+  s->replay_endpoint = d->replay_endpoint
+                           ? offset_endpoint(a, d->replay_endpoint, d->dp_rank)
+                           : NULL;
+  s->topic = dup_str(a, d->topic ? d->topic : "");
+  if (s->endpoint == NULL || s->topic == NULL ||
+      (d->replay_endpoint && s->replay_endpoint == NULL)) {
+    kvp_log(KVP_LOG_ERROR, EV_MOD, "source %zu (%s): dp_rank %" PRIu32
+            " cannot offset this endpoint (tcp port or inproc only)", i,
+            d->endpoint, d->dp_rank);
+    return KVP_EINVAL;
+  }
+  s->topic_len = strlen(s->topic);
+  s->d.endpoint = s->endpoint;
+  s->d.replay_endpoint = s->replay_endpoint;
+  s->d.topic = s->topic;
+  size_t pmax = ev->o.pending_max ? ev->o.pending_max : 4096;
+  s->ring_cap = 2 * pmax > DUP_RING_MIN ? 2 * pmax : DUP_RING_MIN;
+  s->ring = kvp__ev_calloc(a, s->ring_cap, sizeof *s->ring);
+  s->pending = kvp__ev_calloc(a, pmax, sizeof *s->pending);
+  if (s->ring == NULL || s->pending == NULL)
+    return KVP_ENOMEM;
+  ring_clear(s);
+  if ((rc = kvp__ev_apply_init(&s->ap, ev->ix, a, d, &s->ctr)) < 0)
+    return rc;
+  if ((rc = open_sub(ev, s)) < 0)
+    return rc;
+  return s->replay_endpoint ? open_dealer(ev, s) : 0;
+}
+
+static void source_fini(kvp_events *ev, source *s) {
+  const kvp_allocator *a = ev->ap;
+  if (s->sub != NULL)
+    zmq_close(s->sub);
+  close_dealer(s);
+  for (size_t i = 0; i < s->n_pending; i++)
+    zmq_msg_close(&s->pending[i].payload);
+  size_t pmax = ev->o.pending_max ? ev->o.pending_max : 4096;
+  kvp__ev_free(a, s->pending, pmax * sizeof *s->pending);
+  kvp__ev_free(a, s->ring, s->ring_cap * sizeof *s->ring);
+  if (s->ap.ix != NULL)
+    kvp__ev_apply_fini(&s->ap);
+  free_str(a, s->endpoint);
+  free_str(a, s->replay_endpoint);
+  free_str(a, s->topic);
+}
+
+void kvp_events_destroy(kvp_events *ev) {
+  if (ev == NULL)
+    return;
+  (void)kvp_events_stop(ev);
+  for (size_t i = 0; i < ev->n_src; i++)
+    source_fini(ev, &ev->src[i]);
+  if (ev->zctx != NULL)
+    zmq_ctx_term(ev->zctx);
+  kvp_kv_decoder_destroy(ev->dec);
+  const kvp_allocator *a = ev->ap;
+  kvp_allocator copy = ev->alloc;
+  if (a != NULL)
+    a = &copy;
+  kvp__ev_free(a, ev->items, 2 * ev->n_src * sizeof *ev->items);
+  kvp__ev_free(a, ev->src, ev->n_src * sizeof *ev->src);
+  kvp__ev_free(a, ev, sizeof *ev);
+}
+
+int kvp_events_create(kvp_index *ix, const kvp_events_source *sources,
+                      size_t n_sources, const kvp_events_opts *opts,
+                      const kvp_allocator *alloc, kvp_events **out) {
+  if (out == NULL)
+    return KVP_EINVAL;
+  *out = NULL;
+  if (ix == NULL || sources == NULL || n_sources == 0 ||
+      n_sources > KVP_WORKERS_MAX * KVP_INDEX_STREAMS)
+    return KVP_EINVAL;
+  kvp_events *ev = kvp__ev_calloc(alloc, 1, sizeof *ev);
+  if (ev == NULL)
+    return KVP_ENOMEM;
+  if (alloc != NULL) {
+    ev->alloc = *alloc;
+    ev->ap = &ev->alloc;
+  }
+  ev->ix = ix;
+  if (opts != NULL)
+    ev->o = *opts;
+  int rc = KVP_ENOMEM;
+  ev->src = kvp__ev_calloc(ev->ap, n_sources, sizeof *ev->src);
+  ev->items = kvp__ev_calloc(ev->ap, 2 * n_sources, sizeof *ev->items);
+  ev->zctx = zmq_ctx_new();
+  if (ev->src == NULL || ev->items == NULL || ev->zctx == NULL ||
+      kvp_kv_decoder_create(ev->ap, &ev->dec) < 0)
+    goto fail;
+  for (ev->n_src = 0; ev->n_src < n_sources; ev->n_src++)
+    if ((rc = source_init(ev, &ev->src[ev->n_src], &sources[ev->n_src],
+                          ev->n_src)) < 0) {
+      ev->n_src++; /* fini the half-made one too */
+      goto fail;
+    }
+  *out = ev;
+  return 0;
+fail:
+  kvp_events_destroy(ev);
+  return rc;
+}
+
+/* ---- stats ----------------------------------------------------------------------- */
+
+static double wall_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static double lag_of(const source *s) {
+  union {
+    uint64_t u;
+    double d;
+  } ts = {.u = atomic_load_explicit(&s->ctr.last_ts_bits,
+                                    memory_order_relaxed)};
+  return ts.u == 0 ? 0.0 : wall_s() - ts.d;
+}
+
+static void add_source(const source *s, kvp_events_stats *o) {
+#define EV_SUM_(n) o->n += atomic_load_explicit(&s->ctr.n, memory_order_relaxed);
+  EV_STATS(EV_SUM_)
+#undef EV_SUM_
+  double lag = lag_of(s);
+  if (lag > o->lag_seconds)
+    o->lag_seconds = lag;
+}
+
+int kvp_events_stats_get(kvp_events *ev, uint32_t source_id,
+                         kvp_events_stats *out) {
+  if (ev == NULL || out == NULL)
+    return KVP_EINVAL;
+  if (source_id != UINT32_MAX && source_id >= ev->n_src)
+    return KVP_ERANGE;
+  memset(out, 0, sizeof *out);
+  for (size_t i = 0; i < ev->n_src; i++)
+    if (source_id == UINT32_MAX || i == source_id)
+      add_source(&ev->src[i], out);
+  return 0;
+}
+
+/* Prometheus label value escaping: backslash, double quote, newline. */
+static size_t esc(char *out, size_t cap, const char *s) {
+  size_t n = 0;
+  for (; *s; s++) {
+    const char *r = *s == '\\' ? "\\\\" : *s == '"' ? "\\\"" : *s == '\n' ? "\\n" : NULL;
+    char one[2] = {*s, 0};
+    for (const char *c = r ? r : one; *c; c++, n++)
+      if (n + 1 < cap)
+        out[n] = *c;
+  }
+  if (cap)
+    out[n < cap ? n : cap - 1] = 0;
+  return n;
+}
+
+typedef struct pbuf {
+  char *buf;
+  size_t cap, len;
+} pbuf;
+
+static void pb(pbuf *b, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void pb(pbuf *b, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  size_t room = b->len < b->cap ? b->cap - b->len : 0;
+  int n = vsnprintf(room ? b->buf + b->len : NULL, room, fmt, ap);
+  va_end(ap);
+  if (n > 0)
+    b->len += (size_t)n;
+}
+
+static void prom_family(kvp_events *ev, pbuf *b, const char *name,
+                        size_t offset, bool gauge) {
+  pb(b, "# TYPE kvplane_events_%s%s %s\n", name, gauge ? "" : "_total",
+     gauge ? "gauge" : "counter");
+  for (size_t i = 0; i < ev->n_src; i++) {
+    const source *s = &ev->src[i];
+    char ep[512];
+    (void)esc(ep, sizeof ep, s->endpoint);
+    uint64_t v = atomic_load_explicit(
+        (const _Atomic uint64_t *)((const char *)&s->ctr + offset),
+        memory_order_relaxed);
+    pb(b, "kvplane_events_%s%s{source=\"%zu\",worker=\"%" PRIu32
+          "\",endpoint=\"%s\"} %" PRIu64 "\n",
+       name, gauge ? "" : "_total", i, s->d.worker, ep, v);
+  }
+}
+
+int kvp_events_prometheus(kvp_events *ev, char *buf, size_t cap) {
+  if (ev == NULL || (buf == NULL && cap > 0))
+    return KVP_EINVAL;
+  pbuf b = {buf, cap, 0};
+#define EV_PROM_(n)                                                            \
+  prom_family(ev, &b, #n, offsetof(ev_counters, n),                            \
+              strcmp(#n, "rekey_entries") == 0 || strcmp(#n, "rekey_bytes") == 0);
+  EV_STATS(EV_PROM_)
+#undef EV_PROM_
+  pb(&b, "# TYPE kvplane_events_lag_seconds gauge\n");
+  for (size_t i = 0; i < ev->n_src; i++) {
+    char ep[512];
+    (void)esc(ep, sizeof ep, ev->src[i].endpoint);
+    /* fixed point by hand: printf's %f follows LC_NUMERIC, and a host
+     * program under a comma-decimal locale would break the exposition */
+    double lag = lag_of(&ev->src[i]);
+    long long us = (long long)(lag * 1e6 + (lag < 0 ? -0.5 : 0.5));
+    unsigned long long mag = us < 0 ? (unsigned long long)-us : (unsigned long long)us;
+    pb(&b, "kvplane_events_lag_seconds{source=\"%zu\",worker=\"%" PRIu32
+           "\",endpoint=\"%s\"} %s%llu.%06llu\n",
+       i, ev->src[i].d.worker, ep, us < 0 ? "-" : "", mag / 1000000u,
+       mag % 1000000u);
+  }
+  if (cap > 0 && b.len >= cap)
+    buf[cap - 1] = 0;
+  return b.len > INT32_MAX ? KVP_ERANGE : (int)b.len;
+}

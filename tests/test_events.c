@@ -1,0 +1,855 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* connectors/events: the msgpack decoder on vLLM's shapes (map and array
+ * forms, malformed input), and the subscriber over real ZeroMQ sockets
+ * (ipc) against a publisher that speaks vLLM's PUB + replay ROUTER protocol:
+ * order, duplicates, gaps with and without replay, a replay that no longer
+ * has the batches, publisher restart, bad payloads, re-keying, hybrid
+ * groups, stats.  vLLM's own publisher is driven by tests/interop. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <msgpack.h>
+#include <zmq.h>
+
+#include "events_internal.h"
+#include "test_harness.h"
+
+/* ---- payloads as vLLM's msgspec encoder writes them ---------------------------- */
+
+typedef struct pk {
+  msgpack_sbuffer sb;
+  msgpack_packer p;
+} pk;
+
+static void pk_init(pk *k) {
+  msgpack_sbuffer_init(&k->sb);
+  msgpack_packer_init(&k->p, &k->sb, msgpack_sbuffer_write);
+}
+
+static void pk_free(pk *k) { msgpack_sbuffer_destroy(&k->sb); }
+
+static void s_(pk *k, const char *s) {
+  msgpack_pack_str(&k->p, strlen(s));
+  msgpack_pack_str_body(&k->p, s, strlen(s));
+}
+
+static void batch(pk *k, size_t n_events, int dp_rank) {
+  msgpack_pack_array(&k->p, dp_rank < 0 ? 2 : 3);
+  msgpack_pack_double(&k->p, 1700000000.25);
+  if (dp_rank >= 0) {
+    /* msgspec writes ts, events, rank: events follow, rank after them */
+  }
+  msgpack_pack_array(&k->p, n_events);
+}
+
+static void batch_end(pk *k, int dp_rank) {
+  if (dp_rank >= 0)
+    msgpack_pack_int(&k->p, dp_rank);
+}
+
+static void hashes(pk *k, const uint64_t *h, size_t n) {
+  msgpack_pack_array(&k->p, n);
+  for (size_t i = 0; i < n; i++)
+    msgpack_pack_uint64(&k->p, h[i]);
+}
+
+typedef struct stored_ev {
+  const uint64_t *h;
+  size_t n;
+  const uint64_t *parent;
+  const uint32_t *tokens;
+  uint32_t bs;
+  const char *medium;
+  const char *lora;   /* also the first extra key of every block */
+  int group;          /* -1: omitted */
+  const char *kind;   /* NULL: omitted */
+  bool array_form;
+} stored_ev;
+
+static void tokens(pk *k, const uint32_t *t, size_t n) {
+  msgpack_pack_array(&k->p, n);
+  for (size_t i = 0; i < n; i++)
+    msgpack_pack_uint32(&k->p, t[i]);
+}
+
+static void opt_s(pk *k, const char *s) {
+  if (s)
+    s_(k, s);
+  else
+    msgpack_pack_nil(&k->p);
+}
+
+static void extra_keys(pk *k, const stored_ev *e) {
+  msgpack_pack_array(&k->p, e->n);
+  for (size_t i = 0; i < e->n; i++) {
+    msgpack_pack_array(&k->p, 1);
+    s_(k, e->lora);
+  }
+}
+
+/* BlockStored as msgspec writes it: the tag, then the fields without
+ * defaults always, the others only when set. */
+static void stored(pk *k, const stored_ev *e) {
+  size_t nf = 7 + (e->lora != NULL) + (e->group >= 0) + (e->kind != NULL);
+  if (e->array_form) {
+    msgpack_pack_array(&k->p, 1 + 7 + (e->lora || e->group >= 0 || e->kind ? 3 : 0));
+    s_(k, "BlockStored");
+  } else {
+    msgpack_pack_map(&k->p, nf + 1);
+    s_(k, "type");
+    s_(k, "BlockStored");
+  }
+#define FIELD(name) if (!e->array_form) s_(k, name)
+  FIELD("block_hashes");
+  hashes(k, e->h, e->n);
+  FIELD("parent_block_hash");
+  if (e->parent)
+    msgpack_pack_uint64(&k->p, *e->parent);
+  else
+    msgpack_pack_nil(&k->p);
+  FIELD("token_ids");
+  tokens(k, e->tokens, e->n * e->bs);
+  FIELD("block_size");
+  msgpack_pack_uint32(&k->p, e->bs);
+  FIELD("lora_id");
+  msgpack_pack_nil(&k->p);
+  FIELD("medium");
+  opt_s(k, e->medium);
+  FIELD("lora_name");
+  opt_s(k, e->lora);
+  if (e->array_form && (e->lora || e->group >= 0 || e->kind)) {
+    if (e->lora)
+      extra_keys(k, e);
+    else
+      msgpack_pack_nil(&k->p);
+    if (e->group >= 0)
+      msgpack_pack_int(&k->p, e->group);
+    else
+      msgpack_pack_nil(&k->p);
+    opt_s(k, e->kind);
+    return;
+  }
+  if (e->lora) {
+    FIELD("extra_keys");
+    extra_keys(k, e);
+  }
+  if (e->group >= 0) {
+    FIELD("group_idx");
+    msgpack_pack_int(&k->p, e->group);
+  }
+  if (e->kind) {
+    FIELD("kv_cache_spec_kind");
+    s_(k, e->kind);
+  }
+#undef FIELD
+}
+
+static void removed(pk *k, const uint64_t *h, size_t n, const char *medium,
+                    int group) {
+  msgpack_pack_map(&k->p, 3 + (group >= 0));
+  s_(k, "type");
+  s_(k, "BlockRemoved");
+  s_(k, "block_hashes");
+  hashes(k, h, n);
+  s_(k, "medium");
+  opt_s(k, medium);
+  if (group >= 0) {
+    s_(k, "group_idx");
+    msgpack_pack_int(&k->p, group);
+  }
+}
+
+static void cleared(pk *k) {
+  msgpack_pack_map(&k->p, 1);
+  s_(k, "type");
+  s_(k, "AllBlocksCleared");
+}
+
+/* ---- a publisher speaking vLLM's protocol ---------------------------------------- */
+
+#define TP_BUF 64
+
+typedef struct tpub {
+  void *ctx, *pub, *router;
+  char ep[160], rep[160];
+  uint64_t seq[TP_BUF];
+  char *data[TP_BUF];
+  size_t len[TP_BUF];
+  size_t n;
+  uint64_t keep_from; /* replay serves only seq >= keep_from */
+} tpub;
+
+static int test_no;
+
+static void tp_open(tpub *t, bool with_replay) {
+  memset(t, 0, sizeof *t);
+  t->ctx = zmq_ctx_new();
+  t->pub = zmq_socket(t->ctx, ZMQ_PUB);
+  snprintf(t->ep, sizeof t->ep, "ipc:///tmp/kvp-test-events-%d-%d", getpid(),
+           test_no);
+  snprintf(t->rep, sizeof t->rep, "ipc:///tmp/kvp-test-events-%d-%d-replay",
+           getpid(), test_no++);
+  ASSERT_EQ(zmq_bind(t->pub, t->ep), 0);
+  if (with_replay) {
+    t->router = zmq_socket(t->ctx, ZMQ_ROUTER);
+    ASSERT_EQ(zmq_bind(t->router, t->rep), 0);
+  }
+}
+
+static void tp_close(tpub *t) {
+  int zero = 0;
+  zmq_setsockopt(t->pub, ZMQ_LINGER, &zero, sizeof zero);
+  zmq_close(t->pub);
+  if (t->router) {
+    zmq_setsockopt(t->router, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_close(t->router);
+  }
+  zmq_ctx_term(t->ctx);
+  for (size_t i = 0; i < t->n; i++)
+    free(t->data[i]);
+}
+
+static void be8(uint64_t v, uint8_t out[8]) {
+  for (int i = 0; i < 8; i++)
+    out[i] = (uint8_t)(v >> (56 - 8 * i));
+}
+
+/* Buffers batch `seq` for replay; sends it live unless `live` is false (a
+ * batch the subscriber misses). */
+static void tp_send(tpub *t, uint64_t seq, const void *p, size_t len,
+                    bool live) {
+  ASSERT_LT(t->n, (size_t)TP_BUF);
+  t->seq[t->n] = seq;
+  t->data[t->n] = malloc(len ? len : 1);
+  memcpy(t->data[t->n], p, len);
+  t->len[t->n++] = len;
+  if (!live)
+    return;
+  uint8_t s[8];
+  be8(seq, s);
+  zmq_send(t->pub, "", 0, ZMQ_SNDMORE);
+  zmq_send(t->pub, s, 8, ZMQ_SNDMORE);
+  zmq_send(t->pub, p, len, 0);
+}
+
+static void tp_send_pk(tpub *t, uint64_t seq, pk *k, bool live) {
+  tp_send(t, seq, k->sb.data, k->sb.size, live);
+  pk_free(k);
+}
+
+/* Answers replay requests: [id, "", start] -> [id, "", topic, seq,
+ * payload]... then the end marker. */
+static void tp_serve(tpub *t) {
+  while (t->router) {
+    zmq_msg_t f[3];
+    int n = 0;
+    for (; n < 3; n++) {
+      zmq_msg_init(&f[n]);
+      if (zmq_msg_recv(&f[n], t->router, n == 0 ? ZMQ_DONTWAIT : 0) < 0)
+        break;
+      if (!zmq_msg_more(&f[n])) {
+        n++;
+        break;
+      }
+    }
+    if (n < 3) {
+      for (int i = 0; i <= n && i < 3; i++)
+        zmq_msg_close(&f[i]);
+      return;
+    }
+    const uint8_t *sp = zmq_msg_data(&f[2]);
+    uint64_t start = 0;
+    for (int i = 0; i < 8; i++)
+      start = start << 8 | sp[i];
+    for (size_t i = 0; i < t->n; i++) {
+      if (t->seq[i] < start || t->seq[i] < t->keep_from)
+        continue;
+      uint8_t s[8];
+      be8(t->seq[i], s);
+      zmq_send(t->router, zmq_msg_data(&f[0]), zmq_msg_size(&f[0]), ZMQ_SNDMORE);
+      zmq_send(t->router, "", 0, ZMQ_SNDMORE);
+      zmq_send(t->router, "", 0, ZMQ_SNDMORE);
+      zmq_send(t->router, s, 8, ZMQ_SNDMORE);
+      zmq_send(t->router, t->data[i], t->len[i], 0);
+    }
+    uint8_t end[8];
+    be8(UINT64_MAX, end);
+    zmq_send(t->router, zmq_msg_data(&f[0]), zmq_msg_size(&f[0]), ZMQ_SNDMORE);
+    zmq_send(t->router, "", 0, ZMQ_SNDMORE);
+    zmq_send(t->router, "", 0, ZMQ_SNDMORE);
+    zmq_send(t->router, end, 8, ZMQ_SNDMORE);
+    zmq_send(t->router, "", 0, 0);
+    for (int i = 0; i < 3; i++)
+      zmq_msg_close(&f[i]);
+  }
+}
+
+static void pump(kvp_events *ev, tpub *t, int ms) {
+  uint64_t end = kvp_now_ns() + (uint64_t)ms * 1000000u;
+  while (kvp_now_ns() < end) {
+    tp_serve(t);
+    ASSERT_OK(kvp_events_poll(ev, 2));
+  }
+}
+
+/* Pumps until the subscriber applied `n` batches in all (or 3 s). */
+static void pump_until(kvp_events *ev, tpub *t, uint64_t n) {
+  kvp_events_stats s;
+  for (int i = 0; i < 1500; i++) {
+    tp_serve(t);
+    ASSERT_OK(kvp_events_poll(ev, 2));
+    ASSERT_OK(kvp_events_stats_get(ev, UINT32_MAX, &s));
+    if (s.batches >= n)
+      return;
+  }
+  ASSERT_GE(s.batches, n);
+}
+
+/* ---- index helpers ---------------------------------------------------------------- */
+
+static uint32_t prefix_on(kvp_index *ix, const kvp_key *keys, size_t n,
+                          uint32_t worker, kvp_tier tier) {
+  kvp_index_match m[8];
+  int c = kvp_index_query(ix, keys, n, 0, m, 8);
+  ASSERT_GE(c, 0);
+  for (int i = 0; i < c && i < 8; i++)
+    if (m[i].worker == worker)
+      return tier == KVP_TIER_COUNT_ ? m[i].prefix_blocks
+                                     : m[i].tier_blocks[tier];
+  return 0;
+}
+
+static uint32_t held(kvp_index *ix, const uint64_t *h, size_t n, kvp_tier t) {
+  kvp_key k[16];
+  for (size_t i = 0; i < n; i++)
+    k[i] = (kvp_key){0, h[i]};
+  return prefix_on(ix, k, n, 0, t);
+}
+
+static kvp_events_stats stats(kvp_events *ev) {
+  kvp_events_stats s;
+  ASSERT_OK(kvp_events_stats_get(ev, UINT32_MAX, &s));
+  return s;
+}
+
+/* ---- decoder -------------------------------------------------------------------- */
+
+static const uint64_t H[4] = {0x1111111111111111ull, 0x2222222222222222ull,
+                              0xfedcba9876543210ull, 42};
+static const uint32_t TOK[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
+                                 13, 14, 15, 4000000000u};
+
+static void check_stored(const kvp_kv_event *e) {
+  ASSERT_EQ(e->type, KVP_KV_BLOCK_STORED);
+  ASSERT_EQ(e->n_hashes, 2u);
+  ASSERT_EQ(e->hashes[0].u64, H[0]);
+  ASSERT_EQ(e->hashes[1].u64, H[1]);
+  ASSERT_EQ(e->hashes[0].len, 0);
+  ASSERT_NOT_NULL(e->parent);
+  ASSERT_EQ(e->parent->u64, H[3]);
+  ASSERT_EQ(e->n_tokens, 8u);
+  ASSERT_EQ(e->tokens[7], 8u);
+  ASSERT_EQ(e->block_size, 4u);
+  ASSERT_STR_EQ(e->medium, "CPU");
+  ASSERT_EQ(e->tier, KVP_TIER_DRAM);
+  ASSERT_STR_EQ(e->lora_name, "ad-1");
+  ASSERT_NOT_NULL(e->extras);
+  ASSERT_STR_EQ(e->extras[1].lora_name, "ad-1");
+  ASSERT_NULL(e->extras[1].cache_salt);
+  ASSERT_EQ(e->group_idx, 2);
+  ASSERT_STR_EQ(e->spec_kind, "full_attention");
+}
+
+static void test_decode_forms(void) {
+  kvp_kv_decoder *d;
+  ASSERT_OK(kvp_kv_decoder_create(NULL, &d));
+  for (int form = 0; form < 2; form++) {
+    pk k;
+    pk_init(&k);
+    batch(&k, 4, 3);
+    stored_ev e = {.h = H, .n = 2, .parent = &H[3], .tokens = TOK, .bs = 4,
+                   .medium = "CPU", .lora = "ad-1", .group = 2,
+                   .kind = "full_attention", .array_form = form == 1};
+    stored(&k, &e);
+    removed(&k, &H[2], 1, NULL, -1);
+    msgpack_pack_map(&k.p, 2); /* an event type from the future */
+    s_(&k, "type");
+    s_(&k, "BlockMoved");
+    s_(&k, "x");
+    msgpack_pack_int(&k.p, 1);
+    cleared(&k);
+    batch_end(&k, 3);
+    kvp_kv_batch b;
+    ASSERT_EQ(kvp_kv_decode(d, k.sb.data, k.sb.size, &b), 3);
+    ASSERT_EQ(b.dp_rank, 3);
+    ASSERT_EQ(b.unknown_events, 1u);
+    ASSERT_DOUBLE_NEAR(b.ts, 1700000000.25, 1e-9);
+    check_stored(&b.events[0]);
+    ASSERT_EQ(b.events[1].type, KVP_KV_BLOCK_REMOVED);
+    ASSERT_EQ(b.events[1].tier, KVP_TIER_HBM); /* medium None = GPU */
+    ASSERT_EQ(b.events[1].hashes[0].u64, H[2]);
+    ASSERT_EQ(b.events[2].type, KVP_KV_ALL_CLEARED);
+    pk_free(&k);
+  }
+  kvp_kv_decoder_destroy(d);
+}
+
+/* Byte-form hashes, mm pairs, the cache salt, unknown fields. */
+static void test_decode_digests(void) {
+  kvp_kv_decoder *d;
+  ASSERT_OK(kvp_kv_decoder_create(NULL, &d));
+  pk k;
+  pk_init(&k);
+  batch(&k, 1, -1);
+  msgpack_pack_map(&k.p, 9);
+  s_(&k, "type"), s_(&k, "BlockStored");
+  s_(&k, "block_hashes");
+  msgpack_pack_array(&k.p, 1);
+  uint8_t dg[32];
+  for (int i = 0; i < 32; i++)
+    dg[i] = (uint8_t)(i + 1);
+  msgpack_pack_bin(&k.p, 32), msgpack_pack_bin_body(&k.p, dg, 32);
+  s_(&k, "parent_block_hash"), msgpack_pack_nil(&k.p);
+  s_(&k, "token_ids"), tokens(&k, TOK, 4);
+  s_(&k, "block_size"), msgpack_pack_int(&k.p, 4);
+  s_(&k, "medium"), s_(&k, "GPU");
+  s_(&k, "lora_name"), msgpack_pack_nil(&k.p);
+  s_(&k, "extra_keys");
+  msgpack_pack_array(&k.p, 1);
+  msgpack_pack_array(&k.p, 3);
+  msgpack_pack_array(&k.p, 2), s_(&k, "img-7"), msgpack_pack_int(&k.p, -3);
+  msgpack_pack_array(&k.p, 2), s_(&k, "img-8"), msgpack_pack_int(&k.p, 2);
+  s_(&k, "salt!");
+  s_(&k, "future_field"), msgpack_pack_true(&k.p);
+  kvp_kv_batch b;
+  ASSERT_EQ(kvp_kv_decode(d, k.sb.data, k.sb.size, &b), 1);
+  const kvp_kv_event *e = &b.events[0];
+  ASSERT_EQ(e->hashes[0].len, 32);
+  ASSERT_MEM_EQ(e->hashes[0].digest, dg, 32);
+  ASSERT_EQ(e->hashes[0].u64, 0x191a1b1c1d1e1f20ull); /* low 64 bits, BE */
+  ASSERT_EQ(e->extras[0].n_mm, 2u);
+  ASSERT_STR_EQ(e->extras[0].mm[0].id, "img-7");
+  ASSERT_EQ(e->extras[0].mm[0].offset, -3);
+  ASSERT_STR_EQ(e->extras[0].mm[1].id, "img-8");
+  ASSERT_STR_EQ(e->extras[0].cache_salt, "salt!");
+  ASSERT_NULL(e->extras[0].lora_name);
+  ASSERT_EQ(e->unknown_fields, 1u);
+  ASSERT_EQ(b.dp_rank, -1);
+  pk_free(&k);
+  kvp_kv_decoder_destroy(d);
+}
+
+static void expect_bad(kvp_kv_decoder *d, const void *p, size_t n, int want) {
+  kvp_kv_batch b;
+  ASSERT_ERR(kvp_kv_decode(d, p, n, &b), want);
+  ASSERT_EQ(b.n_events, 0u);
+}
+
+static void test_decode_malformed(void) {
+  kvp_kv_decoder *d;
+  ASSERT_OK(kvp_kv_decoder_create(NULL, &d));
+  pk k;
+  pk_init(&k);
+  batch(&k, 1, -1);
+  stored_ev e = {.h = H, .n = 2, .tokens = TOK, .bs = 4, .group = -1};
+  stored(&k, &e);
+  kvp_kv_batch b;
+  ASSERT_EQ(kvp_kv_decode(d, k.sb.data, k.sb.size, &b), 1);
+  for (size_t cut = 0; cut < k.sb.size; cut++) /* every truncation */
+    expect_bad(d, k.sb.data, cut, KVP_ECORRUPT);
+  char *extra = malloc(k.sb.size + 1); /* trailing garbage */
+  memcpy(extra, k.sb.data, k.sb.size);
+  extra[k.sb.size] = 0x01;
+  expect_bad(d, extra, k.sb.size + 1, KVP_ECORRUPT);
+  free(extra);
+  pk_free(&k);
+  /* a 6-byte header claiming 2^32-1 elements: refused before allocating */
+  const uint8_t bomb[] = {0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0,
+                          0xdd, 0xff, 0xff, 0xff, 0xff};
+  expect_bad(d, bomb, sizeof bomb, KVP_ECORRUPT);
+  const uint8_t never[] = {0xc1};
+  expect_bad(d, never, 1, KVP_ECORRUPT);
+  const uint8_t not_batch[] = {0x2a}; /* the int 42 */
+  expect_bad(d, not_batch, 1, KVP_ECORRUPT);
+  /* a 33-byte digest, a token id above u32, tokens not block_size each */
+  pk_init(&k);
+  batch(&k, 1, -1);
+  msgpack_pack_map(&k.p, 2), s_(&k, "type"), s_(&k, "BlockRemoved");
+  s_(&k, "block_hashes"), msgpack_pack_array(&k.p, 1);
+  uint8_t big[33] = {0};
+  msgpack_pack_bin(&k.p, 33), msgpack_pack_bin_body(&k.p, big, 33);
+  expect_bad(d, k.sb.data, k.sb.size, KVP_ERANGE);
+  pk_free(&k);
+  pk_init(&k);
+  batch(&k, 1, -1);
+  msgpack_pack_map(&k.p, 4), s_(&k, "type"), s_(&k, "BlockStored");
+  s_(&k, "block_hashes"), hashes(&k, H, 1);
+  s_(&k, "block_size"), msgpack_pack_int(&k.p, 2);
+  s_(&k, "token_ids"), msgpack_pack_array(&k.p, 2);
+  msgpack_pack_uint64(&k.p, 1), msgpack_pack_uint64(&k.p, 1ull << 32);
+  expect_bad(d, k.sb.data, k.sb.size, KVP_ERANGE);
+  pk_free(&k);
+  pk_init(&k);
+  batch(&k, 1, -1);
+  msgpack_pack_map(&k.p, 4), s_(&k, "type"), s_(&k, "BlockStored");
+  s_(&k, "block_hashes"), hashes(&k, H, 2);
+  s_(&k, "block_size"), msgpack_pack_int(&k.p, 4);
+  s_(&k, "token_ids"), tokens(&k, TOK, 7);
+  expect_bad(d, k.sb.data, k.sb.size, KVP_ECORRUPT);
+  pk_free(&k);
+  /* an event map without "type", a hash that is a string */
+  pk_init(&k);
+  batch(&k, 1, -1);
+  msgpack_pack_map(&k.p, 1), s_(&k, "block_hashes"), hashes(&k, H, 1);
+  expect_bad(d, k.sb.data, k.sb.size, KVP_ECORRUPT);
+  pk_free(&k);
+  pk_init(&k);
+  batch(&k, 1, -1);
+  msgpack_pack_map(&k.p, 2), s_(&k, "type"), s_(&k, "BlockRemoved");
+  s_(&k, "block_hashes"), msgpack_pack_array(&k.p, 1), s_(&k, "abc");
+  expect_bad(d, k.sb.data, k.sb.size, KVP_ECORRUPT);
+  pk_free(&k);
+  kvp_kv_decoder_destroy(d);
+}
+
+/* ---- the subscriber ---------------------------------------------------------------- */
+
+typedef struct fixture {
+  tpub t;
+  kvp_index *ix;
+  kvp_events *ev;
+  kvp_namespace ns;
+} fixture;
+
+static void fx_open(fixture *f, bool replay, kvp_events_keying keying,
+                    uint32_t replay_timeout_ms) {
+  memset(f, 0, sizeof *f);
+  tp_open(&f->t, replay);
+  ASSERT_OK(kvp_index_create(NULL, NULL, &f->ix));
+  ASSERT_OK(kvp_index_worker_add(f->ix, 0));
+  kvp_namespace_desc nd = {.model_id = "m", .tokenizer_id = "t",
+                           .kv_layout = "l", .block_size = 4};
+  ASSERT_OK(kvp_namespace_init(&nd, &f->ns));
+  kvp_events_source s = {.endpoint = f->t.ep,
+                         .replay_endpoint = replay ? f->t.rep : NULL,
+                         .keying = keying,
+                         .ns = keying == KVP_EVENTS_REKEY ? &f->ns : NULL};
+  kvp_events_opts o = {.replay_timeout_ms = replay_timeout_ms};
+  ASSERT_OK(kvp_events_create(f->ix, &s, 1, &o, NULL, &f->ev));
+  pump(f->ev, &f->t, 150); /* the SUB connects (ZeroMQ is asynchronous) */
+}
+
+static void fx_close(fixture *f) {
+  kvp_events_destroy(f->ev);
+  kvp_index_destroy(f->ix);
+  tp_close(&f->t);
+}
+
+static void send_stored(fixture *f, uint64_t seq, const uint64_t *h, size_t n,
+                        const uint64_t *parent, const char *medium,
+                        bool live) {
+  pk k;
+  pk_init(&k);
+  batch(&k, 1, -1);
+  stored_ev e = {.h = h, .n = n, .parent = parent, .tokens = TOK, .bs = 4,
+                 .medium = medium, .group = -1};
+  stored(&k, &e);
+  tp_send_pk(&f->t, seq, &k, live);
+}
+
+static void send_removed(fixture *f, uint64_t seq, const uint64_t *h, size_t n,
+                         bool live) {
+  pk k;
+  pk_init(&k);
+  batch(&k, 1, -1);
+  removed(&k, h, n, "GPU", -1);
+  tp_send_pk(&f->t, seq, &k, live);
+}
+
+static void test_in_order(void) {
+  fixture f;
+  fx_open(&f, false, KVP_EVENTS_ENGINE_HASH, 0);
+  send_stored(&f, 0, H, 2, NULL, "GPU", true);
+  send_stored(&f, 1, &H[2], 1, &H[1], "GPU", true);
+  send_stored(&f, 2, H, 2, NULL, "CPU", true);
+  pump_until(f.ev, &f.t, 3);
+  ASSERT_EQ(held(f.ix, H, 3, KVP_TIER_COUNT_), 3u);
+  ASSERT_EQ(held(f.ix, H, 3, KVP_TIER_HBM), 3u);
+  send_removed(&f, 3, &H[1], 2, true);
+  pump_until(f.ev, &f.t, 4);
+  ASSERT_EQ(held(f.ix, H, 3, KVP_TIER_HBM), 1u);  /* block 1 left HBM */
+  ASSERT_EQ(held(f.ix, H, 3, KVP_TIER_COUNT_), 2u); /* still in DRAM */
+  kvp_events_stats s = stats(f.ev);
+  ASSERT_EQ(s.batches, 4u);
+  ASSERT_EQ(s.blocks_stored, 5u);
+  ASSERT_EQ(s.blocks_removed, 2u);
+  ASSERT_EQ(s.gaps, 0u);
+  ASSERT_EQ(s.residency_drops, 0u);
+  /* a duplicate (same seq, same bytes) changes nothing */
+  free(f.t.data[--f.t.n]); /* resend batch 3, byte for byte */
+  send_removed(&f, 3, &H[1], 2, true);
+  pump(f.ev, &f.t, 100);
+  ASSERT_EQ(stats(f.ev).duplicates, 1u);
+  ASSERT_EQ(stats(f.ev).restarts, 0u);
+  fx_close(&f);
+}
+
+static void test_gap_replayed(void) {
+  fixture f;
+  fx_open(&f, true, KVP_EVENTS_ENGINE_HASH, 0);
+  send_stored(&f, 0, H, 1, NULL, "GPU", true);
+  send_stored(&f, 1, &H[1], 1, &H[0], "GPU", false); /* lost on the wire */
+  send_stored(&f, 2, &H[2], 1, &H[1], "GPU", true);
+  pump_until(f.ev, &f.t, 3);
+  ASSERT_EQ(held(f.ix, H, 3, KVP_TIER_HBM), 3u);
+  kvp_events_stats s = stats(f.ev);
+  ASSERT_EQ(s.gaps, 1u);
+  ASSERT_EQ(s.batches_missed, 1u);
+  ASSERT_GE(s.replays, 2u); /* the one at start, the one for the gap */
+  ASSERT_GE(s.batches_replayed, 1u);
+  ASSERT_EQ(s.residency_drops, 0u);
+  ASSERT_EQ(s.batches, 3u); /* each exactly once */
+  fx_close(&f);
+}
+
+static void test_gap_lost(bool replay) {
+  fixture f;
+  fx_open(&f, replay, KVP_EVENTS_ENGINE_HASH, 0);
+  f.t.keep_from = 2; /* the publisher's buffer lost batches 0 and 1 */
+  send_stored(&f, 0, H, 2, NULL, "GPU", true);
+  pump_until(f.ev, &f.t, 1);
+  ASSERT_EQ(held(f.ix, H, 2, KVP_TIER_HBM), 2u);
+  send_removed(&f, 1, H, 2, false); /* lost: the blocks are gone */
+  send_stored(&f, 2, &H[2], 1, NULL, "GPU", true);
+  pump_until(f.ev, &f.t, 2);
+  pump(f.ev, &f.t, 50);
+  /* never claim what may be gone: blocks 0-1 dropped, block 2 known */
+  ASSERT_EQ(held(f.ix, H, 2, KVP_TIER_COUNT_), 0u);
+  ASSERT_EQ(held(f.ix, &H[2], 1, KVP_TIER_HBM), 1u);
+  kvp_events_stats s = stats(f.ev);
+  ASSERT_EQ(s.residency_drops, 1u);
+  ASSERT_EQ(s.replay_failures, replay ? 1u : 0u);
+  ASSERT_EQ(s.gaps, 1u);
+  fx_close(&f);
+}
+
+static void test_replay_timeout(void) {
+  fixture f;
+  fx_open(&f, true, KVP_EVENTS_ENGINE_HASH, 100);
+  zmq_close(f.t.router); /* the replay socket stops answering */
+  f.t.router = NULL;
+  send_stored(&f, 0, H, 1, NULL, "GPU", true);
+  pump(f.ev, &f.t, 250);
+  ASSERT_EQ(held(f.ix, H, 1, KVP_TIER_HBM), 1u);
+  send_stored(&f, 2, &H[2], 1, NULL, "GPU", true); /* batch 1 lost */
+  pump(f.ev, &f.t, 300);
+  ASSERT_EQ(held(f.ix, H, 1, KVP_TIER_COUNT_), 0u);
+  ASSERT_EQ(held(f.ix, &H[2], 1, KVP_TIER_HBM), 1u);
+  kvp_events_stats s = stats(f.ev);
+  ASSERT_EQ(s.residency_drops, 1u);
+  ASSERT_GE(s.replay_failures, 1u);
+  fx_close(&f);
+}
+
+static void test_restart(void) {
+  fixture f;
+  fx_open(&f, false, KVP_EVENTS_ENGINE_HASH, 0);
+  send_stored(&f, 0, H, 2, NULL, "GPU", true);
+  send_stored(&f, 1, &H[2], 1, &H[1], "GPU", true);
+  pump_until(f.ev, &f.t, 2);
+  kvp_index_stream_info si0;
+  ASSERT_OK(kvp_index_stream_get(f.ix, 0, 0, &si0));
+  /* the engine restarts: numbering from 0 again, an empty cache */
+  send_stored(&f, 0, &H[3], 1, NULL, "GPU", true);
+  pump_until(f.ev, &f.t, 3);
+  ASSERT_EQ(held(f.ix, H, 3, KVP_TIER_COUNT_), 0u);
+  ASSERT_EQ(held(f.ix, &H[3], 1, KVP_TIER_HBM), 1u);
+  kvp_events_stats s = stats(f.ev);
+  ASSERT_EQ(s.restarts, 1u);
+  ASSERT_EQ(s.duplicates, 0u);
+  kvp_index_stream_info si1;
+  ASSERT_OK(kvp_index_stream_get(f.ix, 0, 0, &si1));
+  ASSERT_GT(si1.epoch, si0.epoch);
+  /* the old numbering is not "stale": seq 1 after the restart applies */
+  send_stored(&f, 1, &H[0], 1, &H[3], "GPU", true);
+  pump_until(f.ev, &f.t, 4);
+  ASSERT_EQ(held(f.ix, (uint64_t[]){H[3], H[0]}, 2, KVP_TIER_HBM), 2u);
+  fx_close(&f);
+}
+
+static void test_bad_payload(void) {
+  fixture f;
+  fx_open(&f, false, KVP_EVENTS_ENGINE_HASH, 0);
+  send_stored(&f, 0, H, 2, NULL, "GPU", true);
+  pump_until(f.ev, &f.t, 1);
+  tp_send(&f.t, 1, "\xc1garbage", 8, true); /* its effect is unknown */
+  zmq_send(f.t.pub, "only one frame", 14, 0); /* not (topic, seq, payload) */
+  send_stored(&f, 2, &H[2], 1, NULL, "GPU", true);
+  pump_until(f.ev, &f.t, 2);
+  pump(f.ev, &f.t, 50);
+  kvp_events_stats s = stats(f.ev);
+  ASSERT_EQ(s.decode_errors, 2u);
+  ASSERT_EQ(s.residency_drops, 1u);
+  ASSERT_EQ(held(f.ix, H, 2, KVP_TIER_COUNT_), 0u);
+  ASSERT_EQ(held(f.ix, &H[2], 1, KVP_TIER_HBM), 1u);
+  fx_close(&f);
+}
+
+/* Re-keyed: whatever the engine's hashes are, a request hashed with the
+ * namespace finds the worker. */
+static void test_rekey(void) {
+  fixture f;
+  fx_open(&f, false, KVP_EVENTS_REKEY, 0);
+  const uint64_t eh[4] = {0xdead, 0xbeef, 0xcafe, 0xf00d}; /* arbitrary */
+  pk k;
+  pk_init(&k);
+  batch(&k, 2, -1);
+  stored_ev e = {.h = eh, .n = 2, .tokens = TOK, .bs = 4, .medium = "GPU",
+                 .group = -1};
+  stored(&k, &e);
+  stored_ev c = {.h = &eh[2], .n = 1, .parent = &eh[1], .tokens = TOK + 8,
+                 .bs = 4, .medium = "GPU", .group = -1};
+  stored(&k, &c);
+  tp_send_pk(&f.t, 0, &k, true);
+  pump_until(f.ev, &f.t, 1);
+  kvp_hasher *h;
+  ASSERT_OK(kvp_hasher_create(&f.ns, NULL, NULL, &h));
+  kvp_key keys[4];
+  ASSERT_EQ(kvp_hasher_hash(h, TOK, 16, NULL, keys, 4, NULL), 4);
+  ASSERT_EQ(prefix_on(f.ix, keys, 4, 0, KVP_TIER_HBM), 3u);
+  /* a LoRA request does not match base-model blocks */
+  kvp_extras x = {.lora_name = "ad-1"};
+  kvp_key lk[4];
+  ASSERT_EQ(kvp_hasher_hash(h, TOK, 16, &x, lk, 4, NULL), 4);
+  ASSERT_EQ(prefix_on(f.ix, lk, 4, 0, KVP_TIER_COUNT_), 0u);
+  /* LoRA blocks, published with their untagged extra keys */
+  pk_init(&k);
+  batch(&k, 1, -1);
+  stored_ev l = {.h = &eh[3], .n = 1, .tokens = TOK, .bs = 4,
+                 .medium = "GPU", .lora = "ad-1", .group = -1};
+  stored(&k, &l);
+  tp_send_pk(&f.t, 1, &k, true);
+  /* removal by engine hash; an orphan (parent never stored) */
+  send_removed(&f, 2, &eh[1], 1, true);
+  const uint64_t unknown_parent = 0x5555;
+  send_stored(&f, 3, &eh[0], 1, &unknown_parent, "GPU", true);
+  pump_until(f.ev, &f.t, 4);
+  ASSERT_EQ(prefix_on(f.ix, lk, 4, 0, KVP_TIER_HBM), 1u);
+  ASSERT_EQ(prefix_on(f.ix, keys, 4, 0, KVP_TIER_HBM), 1u);
+  kvp_events_stats s = stats(f.ev);
+  ASSERT_EQ(s.rekey_orphans, 1u);
+  ASSERT_EQ(s.rekey_entries, 3u); /* eh 0, 2, 3 */
+  ASSERT_GT(s.rekey_bytes, 0u);
+  kvp_hasher_destroy(h);
+  fx_close(&f);
+}
+
+/* Hybrid models: only the full-attention group is indexed. */
+static void test_groups(void) {
+  fixture f;
+  fx_open(&f, false, KVP_EVENTS_ENGINE_HASH, 0);
+  pk k;
+  pk_init(&k);
+  batch(&k, 2, -1);
+  stored_ev full = {.h = H, .n = 2, .tokens = TOK, .bs = 4, .medium = "GPU",
+                    .group = 1, .kind = "full_attention"};
+  stored(&k, &full);
+  stored_ev swa = {.h = &H[2], .n = 1, .tokens = TOK, .bs = 4,
+                   .medium = "GPU", .group = 0, .kind = "sliding_window"};
+  stored(&k, &swa);
+  tp_send_pk(&f.t, 0, &k, true);
+  pk_init(&k);
+  batch(&k, 2, -1);
+  removed(&k, H, 1, "GPU", 0); /* the window moved: not a prefix loss */
+  removed(&k, &H[1], 1, "GPU", 1);
+  tp_send_pk(&f.t, 1, &k, true);
+  pump_until(f.ev, &f.t, 2);
+  ASSERT_EQ(held(f.ix, H, 1, KVP_TIER_HBM), 1u);
+  ASSERT_EQ(held(f.ix, &H[1], 1, KVP_TIER_COUNT_), 0u);
+  ASSERT_EQ(held(f.ix, &H[2], 1, KVP_TIER_COUNT_), 0u);
+  ASSERT_EQ(stats(f.ev).other_groups, 2u);
+  char buf[16384];
+  int n = kvp_events_prometheus(f.ev, buf, sizeof buf);
+  ASSERT_GT(n, 0);
+  ASSERT_LT((size_t)n, sizeof buf);
+  ASSERT_NOT_NULL(strstr(buf, "# TYPE kvplane_events_other_groups_total counter\n"));
+  ASSERT_NOT_NULL(strstr(buf, "kvplane_events_other_groups_total{source=\"0\",worker=\"0\""));
+  ASSERT_NOT_NULL(strstr(buf, "} 2\n"));
+  ASSERT_NOT_NULL(strstr(buf, "kvplane_events_lag_seconds{"));
+  fx_close(&f);
+}
+
+static void test_bad_sources(void) {
+  kvp_index *ix;
+  kvp_events *ev;
+  ASSERT_OK(kvp_index_create(NULL, NULL, &ix));
+  ASSERT_OK(kvp_index_worker_add(ix, 0));
+  kvp_events_source s = {.endpoint = "ipc:///tmp/kvp-test-events-nobody"};
+  ASSERT_ERR(kvp_events_create(ix, &s, 1, NULL, NULL, &ev), KVP_EINVAL);
+  ASSERT_NULL(ev); /* REKEY without a namespace */
+  s.keying = KVP_EVENTS_ENGINE_HASH;
+  s.worker = 1; /* not added */
+  ASSERT_ERR(kvp_events_create(ix, &s, 1, NULL, NULL, &ev), KVP_EINVAL);
+  s.worker = 0;
+  s.stream = KVP_INDEX_STREAMS;
+  ASSERT_ERR(kvp_events_create(ix, &s, 1, NULL, NULL, &ev), KVP_EINVAL);
+  s.stream = 0;
+  s.endpoint = "nonsense://x";
+  ASSERT_ERR(kvp_events_create(ix, &s, 1, NULL, NULL, &ev), KVP_EIO);
+  s.endpoint = "ipc:///tmp/x";
+  s.dp_rank = 1; /* vLLM offsets tcp ports and inproc names only */
+  ASSERT_ERR(kvp_events_create(ix, &s, 1, NULL, NULL, &ev), KVP_EINVAL);
+  s.endpoint = "tcp://127.0.0.1:5557";
+  s.dp_rank = 2;
+  ASSERT_OK(kvp_events_create(ix, &s, 1, NULL, NULL, &ev));
+  char buf[8192];
+  ASSERT_GT(kvp_events_prometheus(ev, buf, sizeof buf), 0);
+  ASSERT_NOT_NULL(strstr(buf, "endpoint=\"tcp://127.0.0.1:5559\""));
+  kvp_events_destroy(ev);
+  kvp_index_destroy(ix);
+}
+
+/* The I/O thread form applies what arrives without the caller polling. */
+static void test_thread(void) {
+  fixture f;
+  fx_open(&f, false, KVP_EVENTS_ENGINE_HASH, 0);
+  ASSERT_OK(kvp_events_stop(f.ev));
+  kvp_events *ev = f.ev;
+  kvp_events_destroy(ev);
+  kvp_events_source s = {.endpoint = f.t.ep, .keying = KVP_EVENTS_ENGINE_HASH};
+  ASSERT_OK(kvp_events_create(f.ix, &s, 1, NULL, NULL, &f.ev));
+  ASSERT_OK(kvp_events_start(f.ev));
+  ASSERT_ERR(kvp_events_poll(f.ev, 0), KVP_ESTATE);
+  struct timespec ts = {0, 150 * 1000000};
+  nanosleep(&ts, NULL);
+  send_stored(&f, 0, H, 2, NULL, "GPU", true);
+  for (int i = 0; i < 300 && stats(f.ev).batches < 1; i++)
+    nanosleep(&(struct timespec){0, 10 * 1000000}, NULL);
+  ASSERT_EQ(stats(f.ev).batches, 1u);
+  ASSERT_EQ(held(f.ix, H, 2, KVP_TIER_HBM), 2u);
+  ASSERT_OK(kvp_events_stop(f.ev));
+  fx_close(&f);
+}
+
+int main(void) {
+  test_decode_forms();
+  test_decode_digests();
+  test_decode_malformed();
+  test_in_order();
+  test_gap_replayed();
+  test_gap_lost(true);
+  test_gap_lost(false);
+  test_replay_timeout();
+  test_restart();
+  test_bad_payload();
+  test_rekey();
+  test_groups();
+  test_bad_sources();
+  test_thread();
+  printf("test_events: ok\n");
+  return 0;
+}
