@@ -18,7 +18,9 @@
  * fast path.  Bytes per (key, worker) residency are therefore ~21 when no key
  * is shared and fall as keys are shared.  A holder word whose low 4 bits are
  * zero and that is not 0 is a wset pointer (16-byte aligned); 0 is "no
- * holder".  Per-worker state (seq, digest, counts) is 64 bytes per worker id.
+ * holder".  Per-worker state is 128 bytes per worker id: a line of digest,
+ * counts, lock and flags (queries read some), and in a side array the four
+ * stream positions (epoch, sequence number; index_stream.c) only events use.
  * Measured by bench_index at 10M residencies (95% of keys on one worker):
  * 19.7 bytes per residency with 64 workers, 20.2 with 1,024.  Tables of
  * 2 MiB or more ask for transparent huge pages (libc allocator only).
@@ -109,7 +111,8 @@ _Static_assert(KVP_WORKERS_MAX <= 4096u, "inline slots keep 12-bit worker ids");
 _Static_assert(_Alignof(max_align_t) >= 16, "wset pointers keep 4 free bits");
 _Static_assert(NTIERS == 4u, "inline slots keep a 4-bit tier mask");
 
-enum { W_ABSENT = 0, W_ACTIVE = 1 };
+enum { W_ABSENT = KVP__W_ABSENT, W_ACTIVE = KVP__W_ACTIVE };
+#define ALL_TIERS ((1u << NTIERS) - 1u)
 
 typedef struct kslot {
   _Atomic uint64_t fp;  /* FP_EMPTY, FP_TOMB or a (remapped) fingerprint */
@@ -153,16 +156,7 @@ typedef struct shard { /* two cache lines: what readers read, what writers write
 } shard;
 _Static_assert(sizeof(shard) == 128, "shard: one line read, one written");
 
-typedef struct worker {       /* 64 bytes */
-  kvp__spin lock;             /* this worker's events, add/remove, get */
-  _Atomic uint32_t state;     /* W_*; see kvp_index_worker_add */
-  _Atomic uint32_t uncertain; /* a hint for queries (relaxed) */
-  uint32_t pad0_;
-  uint64_t last_seq;       /* under lock */
-  _Atomic uint64_t digest; /* written under lock; relaxed */
-  _Atomic uint64_t nres;   /* written under lock; relaxed */
-  char pad_[24];
-} worker;
+typedef kvp__worker worker; /* index_internal.h: index_stream.c uses it */
 
 typedef struct ebr_slot { /* 64 bytes */
   _Atomic uint64_t epoch; /* 0 = free, else the epoch its reader pinned */
@@ -190,8 +184,8 @@ typedef struct aretired {
 } aretired;
 
 typedef struct counters {
-  _Atomic uint64_t applied, stale, gaps, unknown, invalid, orphan, resyncs,
-      expired, evicted, closure;
+  _Atomic uint64_t ev[KVP__C_COUNT_]; /* events: indexed by kvp__ctr */
+  _Atomic uint64_t expired, evicted, closure;
 } counters;
 
 struct kvp_index {
@@ -202,8 +196,9 @@ struct kvp_index {
   uint32_t max_workers;
   shard *shards;   /* SHARDS, line-aligned inside shards_raw */
   worker *workers; /* max_workers, line-aligned inside workers_raw */
-  ebr_slot *slots; /* EBR_SLOTS, line-aligned inside slots_raw */
-  void *shards_raw, *workers_raw, *slots_raw;
+  kvp__stream *streams; /* KVP_INDEX_STREAMS per worker id */
+  ebr_slot *slots;      /* EBR_SLOTS, line-aligned inside slots_raw */
+  void *shards_raw, *workers_raw, *streams_raw, *slots_raw;
   _Atomic uint64_t epoch; /* global epoch, starts at 1 */
   _Atomic uint64_t bytes;
   counters c;
@@ -920,11 +915,7 @@ static uint32_t mask_of(uint64_t p, uint32_t w) {
 
 /* ---- block updates ------------------------------------------------------- */
 
-typedef struct acc { /* an event's effect on its worker */
-  uint64_t digest;   /* wrapping delta */
-  int64_t nres;
-  uint64_t changed; /* keys whose mask changed */
-} acc;
+typedef kvp__acc acc; /* an event's effect on its worker */
 
 /* Publishes holder word np in place of p at slot s. */
 static void slot_replace(kvp_index *ix, shard *sh, ktab *t, kslot *s,
@@ -949,6 +940,7 @@ static void acc_note(acc *a, uint64_t fp, const upd *u) {
   a->digest += dig_delta(fp, u->old_mask, u->new_mask);
   a->nres += (u->new_mask != 0) - (u->old_mask != 0);
   a->changed++;
+  a->dropped += (uint64_t)__builtin_popcount(u->old_mask & ~u->new_mask);
 }
 
 /* One key's update on its shard (locked by the caller). */
@@ -1069,7 +1061,7 @@ static void keep_free(kvp_index *ix, keepset *k) {
 }
 
 static int keep_build(kvp_index *ix, const kvp_key *keys, const uint8_t *tiers,
-                      size_t n, keepset *k) {
+                      unsigned dflt, size_t n, keepset *k) {
   memset(k, 0, sizeof *k);
   k->cap = 16;
   while (k->cap < 2 * n)
@@ -1088,13 +1080,14 @@ static int keep_build(kvp_index *ix, const kvp_key *keys, const uint8_t *tiers,
       k->fp[m - k->mask] = fp;
       k->n++;
     }
-    *m |= (uint8_t)(1u << (tiers ? tiers[i] : KVP_TIER_HBM));
+    *m |= (uint8_t)(1u << (tiers ? tiers[i] : dflt));
   }
   return 0;
 }
 
-/* Clears worker w from one shard, except what `keep` lists. */
-static void scan_shard(kvp_index *ix, shard *sh, uint32_t w,
+/* Clears worker w's residencies in `tiers` from one shard, except what
+ * `keep` lists. */
+static void scan_shard(kvp_index *ix, shard *sh, uint32_t w, uint32_t tiers,
                        const keepset *keep, acc *a) {
   kvp__spin_lock(&sh->lock);
   ktab *t = atomic_load_explicit(&sh->tab, memory_order_relaxed);
@@ -1104,8 +1097,8 @@ static void scan_shard(kvp_index *ix, shard *sh, uint32_t w,
     if (fp <= FP_TOMB)
       continue;
     uint64_t p = atomic_load_explicit(&s->val, memory_order_relaxed);
-    uint32_t m = mask_of(p, w);
-    uint32_t del = m & ~(keep ? keep_get(keep, fp) : 0u);
+    uint32_t m = mask_of(p, w) & tiers;
+    uint32_t del = m != 0 && keep != NULL ? m & ~keep_get(keep, fp) : m;
     if (del == 0)
       continue;
     upd u = {.worker = w, .del = del};
@@ -1118,10 +1111,10 @@ static void scan_shard(kvp_index *ix, shard *sh, uint32_t w,
   kvp__spin_unlock(&sh->lock);
 }
 
-static void scan_worker(kvp_index *ix, uint32_t w, const keepset *keep,
-                        acc *a) {
+static void scan_worker(kvp_index *ix, uint32_t w, uint32_t tiers,
+                        const keepset *keep, acc *a) {
   for (unsigned i = 0; i < SHARDS; i++)
-    scan_shard(ix, &ix->shards[i], w, keep, a);
+    scan_shard(ix, &ix->shards[i], w, tiers, keep, a);
 }
 
 /* ---- approximate mode ---------------------------------------------------- */
@@ -1862,61 +1855,9 @@ int kvp_index_query(kvp_index *ix, const kvp_key *keys, size_t n,
   return rc;
 }
 
-/* ---- workers and events -------------------------------------------------- */
+/* ---- the tables' side of events (index_internal.h) ---------------------- */
 
-static int worker_check(kvp_index *ix, uint32_t w) {
-  if (w >= ix->max_workers) {
-    ctr_inc(&ix->c.unknown);
-    return KVP_ERANGE;
-  }
-  return 0;
-}
-
-/* Locks worker w for an event; checks that it exists and, when check_seq,
- * its sequence number. */
-static int worker_enter(kvp_index *ix, uint32_t w, uint64_t seq, bool check_seq,
-                        worker **out) {
-  int rc = worker_check(ix, w);
-  if (rc < 0)
-    return rc;
-  worker *wk = &ix->workers[w];
-  kvp__spin_lock(&wk->lock);
-  if (atomic_load_explicit(&wk->state, memory_order_relaxed) != W_ACTIVE) {
-    kvp__spin_unlock(&wk->lock);
-    ctr_inc(&ix->c.unknown);
-    return KVP_ENOENT;
-  }
-  if (check_seq && seq <= wk->last_seq) {
-    kvp__spin_unlock(&wk->lock);
-    ctr_inc(&ix->c.stale);
-    return KVP_EEXIST;
-  }
-  if (check_seq && seq != wk->last_seq + 1) {
-    ctr_inc(&ix->c.gaps);
-    atomic_store_explicit(&wk->uncertain, 1, memory_order_relaxed);
-  }
-  if (check_seq)
-    wk->last_seq = seq;
-  *out = wk;
-  return 0;
-}
-
-/* Books the event's effect and unlocks; a failed event leaves the worker's
- * set unknown, hence uncertain. */
-static int worker_leave(kvp_index *ix, worker *wk, const acc *a, int rc) {
-  uint64_t d = atomic_load_explicit(&wk->digest, memory_order_relaxed);
-  uint64_t r = atomic_load_explicit(&wk->nres, memory_order_relaxed);
-  atomic_store_explicit(&wk->digest, d + a->digest, memory_order_relaxed);
-  atomic_store_explicit(&wk->nres, r + (uint64_t)a->nres, memory_order_relaxed);
-  if (rc < 0)
-    atomic_store_explicit(&wk->uncertain, 1, memory_order_relaxed);
-  kvp__spin_unlock(&wk->lock);
-  if (rc >= 0)
-    ctr_inc(&ix->c.applied);
-  return rc;
-}
-
-static int event_args(kvp_index *ix, int tier, const kvp_key *keys, size_t n) {
+int kvp__index_args(kvp_index *ix, int tier, const kvp_key *keys, size_t n) {
   if (ix == NULL)
     return KVP_EINVAL;
   int rc = 0;
@@ -1925,91 +1866,58 @@ static int event_args(kvp_index *ix, int tier, const kvp_key *keys, size_t n) {
   else if (n > KVP_INDEX_CHAIN_MAX)
     rc = KVP_ERANGE;
   if (rc < 0)
-    ctr_inc(&ix->c.invalid);
+    ctr_inc(&ix->c.ev[KVP__C_INVALID]);
   return rc;
 }
 
-int kvp_index_stored(kvp_index *ix, uint32_t worker_id, uint64_t seq,
-                     kvp_tier tier, const kvp_key *parent, const kvp_key *keys,
-                     size_t n) {
-  int rc = event_args(ix, (int)tier, keys, n);
-  worker *wk;
-  if (rc < 0 || (rc = worker_enter(ix, worker_id, seq, true, &wk)) < 0)
-    return rc;
-  if (parent != NULL && resident_mask(ix, fp_of(*parent), worker_id) == 0)
-    ctr_inc(&ix->c.orphan);
-  acc a = {0};
-  rc = apply_keys(ix, worker_id, 1u << tier, 0, keys, n, &a);
-  return worker_leave(ix, wk, &a, rc < 0 ? rc : (int)a.changed);
+void kvp__index_count(kvp_index *ix, kvp__ctr c, uint64_t n) {
+  atomic_fetch_add_explicit(&ix->c.ev[c], n, memory_order_relaxed);
 }
 
-int kvp_index_removed(kvp_index *ix, uint32_t worker_id, uint64_t seq,
-                      kvp_tier tier, const kvp_key *keys, size_t n) {
-  int rc = event_args(ix, (int)tier, keys, n);
-  worker *wk;
-  if (rc < 0 || (rc = worker_enter(ix, worker_id, seq, true, &wk)) < 0)
-    return rc;
-  acc a = {0};
-  rc = apply_keys(ix, worker_id, 0, 1u << tier, keys, n, &a);
-  return worker_leave(ix, wk, &a, rc < 0 ? rc : (int)a.changed);
+kvp__worker *kvp__index_worker(kvp_index *ix, uint32_t w) {
+  return w < ix->max_workers ? &ix->workers[w] : NULL;
 }
 
-int kvp_index_cleared(kvp_index *ix, uint32_t worker_id, uint64_t seq) {
-  int rc = event_args(ix, 0, NULL, 0);
-  worker *wk;
-  if (rc < 0 || (rc = worker_enter(ix, worker_id, seq, true, &wk)) < 0)
-    return rc;
-  acc a = {0};
-  if (atomic_load_explicit(&wk->nres, memory_order_relaxed) != 0)
-    scan_worker(ix, worker_id, NULL, &a);
-  approx_purge(ix, worker_id);
-  return worker_leave(ix, wk, &a, 0);
+kvp__stream *kvp__index_streams(kvp_index *ix, uint32_t w) {
+  return &ix->streams[(size_t)w * KVP_INDEX_STREAMS];
 }
 
-static int resync_args(kvp_index *ix, const kvp_key *keys, const uint8_t *tiers,
-                       size_t n) {
-  int rc = event_args(ix, 0, keys, 0);
-  if (rc < 0)
-    return rc;
-  if (keys == NULL && n > 0)
-    rc = KVP_EINVAL;
-  for (size_t i = 0; rc == 0 && tiers != NULL && i < n; i++)
-    if (tiers[i] >= NTIERS)
-      rc = KVP_EINVAL;
-  if (rc < 0)
-    ctr_inc(&ix->c.invalid);
-  return rc;
+int kvp__index_apply(kvp_index *ix, uint32_t w, uint32_t add, uint32_t del,
+                     const kvp_key *keys, size_t n, kvp__acc *a) {
+  return apply_keys(ix, w, add, del, keys, n, a);
 }
 
-int kvp_index_resync(kvp_index *ix, uint32_t worker_id, uint64_t seq,
-                     const kvp_key *keys, const uint8_t *tiers, size_t n) {
-  int rc = resync_args(ix, keys, tiers, n);
-  worker *wk;
-  if (rc < 0 || (rc = worker_enter(ix, worker_id, seq, false, &wk)) < 0)
-    return rc;
+bool kvp__index_holds(kvp_index *ix, uint32_t w, kvp_key k) {
+  return resident_mask(ix, fp_of(k), w) != 0;
+}
+
+void kvp__index_drop(kvp_index *ix, uint32_t w, uint32_t tiers, kvp__acc *a) {
+  if (tiers != 0 &&
+      atomic_load_explicit(&ix->workers[w].nres, memory_order_relaxed) != 0)
+    scan_worker(ix, w, tiers, NULL, a);
+}
+
+int kvp__index_replace(kvp_index *ix, uint32_t w, uint32_t tiers,
+                       const kvp_key *keys, const uint8_t *kt, unsigned dflt,
+                       size_t n, kvp__acc *a) {
   keepset keep;
-  acc a = {0};
-  if ((rc = keep_build(ix, keys, tiers, n, &keep)) < 0) {
-    kvp__spin_unlock(&wk->lock); /* nothing changed */
-    return rc;
-  }
+  int rc = keep_build(ix, keys, kt, dflt, n, &keep);
+  if (rc < 0)
+    return rc; /* nothing changed */
   /* new keys first, then the sweep: keys in both sets never disappear */
   for (size_t i = 0; i < n && rc == 0; i++) {
-    upd u = {.worker = worker_id,
-             .add = 1u << (tiers ? tiers[i] : KVP_TIER_HBM)};
-    rc = key_update(ix, fp_of(keys[i]), &u, &a);
+    upd u = {.worker = w, .add = 1u << (kt ? kt[i] : dflt)};
+    rc = key_update(ix, fp_of(keys[i]), &u, a);
   }
   if (rc == 0)
-    scan_worker(ix, worker_id, &keep, &a);
+    scan_worker(ix, w, tiers, &keep, a);
   size_t distinct = keep.n;
   keep_free(ix, &keep);
-  if (rc == 0) {
-    wk->last_seq = seq;
-    atomic_store_explicit(&wk->uncertain, 0, memory_order_relaxed);
-    ctr_inc(&ix->c.resyncs);
-  }
-  return worker_leave(
-      ix, wk, &a, rc < 0 ? rc : (int)(distinct > INT_MAX ? INT_MAX : distinct));
+  return rc < 0 ? rc : (int)(distinct > INT_MAX ? INT_MAX : distinct);
+}
+
+void kvp__index_purge_routed(kvp_index *ix, uint32_t w) {
+  approx_purge(ix, w);
 }
 
 int kvp_index_worker_add(kvp_index *ix, uint32_t worker_id) {
@@ -2022,8 +1930,10 @@ int kvp_index_worker_add(kvp_index *ix, uint32_t worker_id) {
   kvp__spin_lock(&wk->lock);
   if (atomic_load_explicit(&wk->state, memory_order_relaxed) == W_ACTIVE) {
     rc = KVP_EEXIST;
-  } else {
-    wk->last_seq = 0;
+  } else { /* a new incarnation: every stream starts afresh */
+    memset(kvp__index_streams(ix, worker_id), 0,
+           KVP_INDEX_STREAMS * sizeof(kvp__stream));
+    memset(wk->smask, 0, sizeof wk->smask);
     atomic_store_explicit(&wk->uncertain, 0, memory_order_relaxed);
     /* release: pairs with the acquire in emit_group */
     atomic_store_explicit(&wk->state, W_ACTIVE, memory_order_release);
@@ -2047,7 +1957,7 @@ int kvp_index_worker_remove(kvp_index *ix, uint32_t worker_id) {
    * stop reporting the worker before its residencies go */
   atomic_store_explicit(&wk->state, W_ABSENT, memory_order_release);
   acc a = {0};
-  scan_worker(ix, worker_id, NULL, &a);
+  scan_worker(ix, worker_id, ALL_TIERS, NULL, &a);
   approx_purge(ix, worker_id);
   atomic_store_explicit(&wk->digest, 0, memory_order_relaxed);
   atomic_store_explicit(&wk->nres, 0, memory_order_relaxed);
@@ -2059,9 +1969,13 @@ int kvp_index_worker_remove(kvp_index *ix, uint32_t worker_id) {
 
 int kvp_index_record_routed(kvp_index *ix, uint32_t worker_id,
                             const kvp_key *keys, size_t n, uint64_t now_ns) {
-  int rc = event_args(ix, 0, keys, n);
-  if (rc < 0 || (rc = worker_check(ix, worker_id)) < 0)
+  int rc = kvp__index_args(ix, 0, keys, n);
+  if (rc < 0)
     return rc;
+  if (worker_id >= ix->max_workers) {
+    ctr_inc(&ix->c.ev[KVP__C_UNKNOWN]);
+    return KVP_ERANGE;
+  }
   int created = 0;
   kvp__spin_lock(&ix->alock);
   /* acquire: pairs with the release in kvp_index_worker_remove; a removal
@@ -2069,7 +1983,7 @@ int kvp_index_record_routed(kvp_index *ix, uint32_t worker_id,
   if (atomic_load_explicit(&ix->workers[worker_id].state,
                            memory_order_acquire) != W_ACTIVE) {
     rc = KVP_ENOENT;
-    ctr_inc(&ix->c.unknown);
+    ctr_inc(&ix->c.ev[KVP__C_UNKNOWN]);
   }
   if (rc == 0)
     (void)approx_expire_locked(ix, now_ns);
@@ -2125,7 +2039,7 @@ int kvp_index_worker_get(kvp_index *ix, uint32_t worker_id,
     rc = KVP_ENOENT;
   } else {
     memset(out, 0, sizeof *out);
-    out->last_seq = wk->last_seq;
+    out->last_seq = kvp__index_streams(ix, worker_id)[0].last_seq;
     out->digest = atomic_load_explicit(&wk->digest, memory_order_relaxed);
     out->residencies = atomic_load_explicit(&wk->nres, memory_order_relaxed);
     out->uncertain =
@@ -2142,6 +2056,88 @@ int kvp_index_digest(kvp_index *ix, uint32_t worker_id, uint64_t *digest) {
   int rc = kvp_index_worker_get(ix, worker_id, &info);
   if (rc == 0)
     *digest = info.digest;
+  return rc;
+}
+
+/* ---- one worker's keys ----------------------------------------------------
+ * kvp_index_worker_keys copies a shard's (fingerprint, mask) pairs of the
+ * worker under the shard's lock and calls fn on the copy once the lock is
+ * released.  Why not walk lock-free, pinned as queries are: a key removed
+ * and stored again during the walk may come back in another slot of the
+ * same table and be listed twice, and a reader pinned while fn runs holds
+ * back the reclamation of every table and set retired meanwhile.  Why not
+ * call fn under the lock: the shard's writers would spin on the caller's
+ * code.  The copy is one scan of the shard under its lock, as a
+ * worker_remove makes; each key sits in one shard, so it is listed once,
+ * with its mask as of that shard's scan. */
+typedef struct wkey {
+  uint64_t fp;
+  uint32_t mask;
+} wkey;
+
+typedef struct wkeys {
+  wkey *v;
+  size_t n, cap;
+} wkeys;
+
+/* Copies worker w's pairs of shard sh into b; false when b filled up. */
+static bool shard_keys(shard *sh, uint32_t w, wkeys *b) {
+  bool fit = true;
+  b->n = 0;
+  kvp__spin_lock(&sh->lock);
+  ktab *t = atomic_load_explicit(&sh->tab, memory_order_relaxed);
+  for (uint64_t i = 0; fit && i < t->nbuckets * BUCKET_SLOTS; i++) {
+    uint64_t fp = atomic_load_explicit(&t->slots[i].fp, memory_order_relaxed);
+    if (fp <= FP_TOMB)
+      continue;
+    uint32_t m = mask_of(
+        atomic_load_explicit(&t->slots[i].val, memory_order_relaxed), w);
+    if (m != 0 && (fit = b->n < b->cap))
+      b->v[b->n++] = (wkey){fp, m};
+  }
+  kvp__spin_unlock(&sh->lock);
+  return fit;
+}
+
+static int wkeys_grow(kvp_index *ix, wkeys *b, size_t cap) {
+  wkey *v = kvp__realloc(&ix->alloc, b->v, b->cap * sizeof *v, cap * sizeof *v);
+  if (v == NULL)
+    return KVP_ENOMEM;
+  b->v = v;
+  b->cap = cap;
+  return 0;
+}
+
+/* Lists shard sh's keys of worker w to fn; grows b until they fit. */
+static int shard_walk(kvp_index *ix, shard *sh, uint32_t w, wkeys *b,
+                      kvp_index_key_fn fn, void *opaque) {
+  int rc;
+  while (!shard_keys(sh, w, b))
+    if ((rc = wkeys_grow(ix, b, 2 * b->cap)) < 0)
+      return rc;
+  for (size_t i = 0; i < b->n; i++)
+    if ((rc = fn(opaque, b->v[i].fp, b->v[i].mask)) != 0)
+      return rc;
+  return 0;
+}
+
+int kvp_index_worker_keys(kvp_index *ix, uint32_t worker_id,
+                          kvp_index_key_fn fn, void *opaque) {
+  if (ix == NULL || fn == NULL)
+    return KVP_EINVAL;
+  if (worker_id >= ix->max_workers)
+    return KVP_ERANGE;
+  worker *wk = &ix->workers[worker_id];
+  /* acquire: pairs with the release in kvp_index_worker_add */
+  if (atomic_load_explicit(&wk->state, memory_order_acquire) != W_ACTIVE)
+    return KVP_ENOENT;
+  /* a shard holds about 1/SHARDS of the worker's keys: room for twice that */
+  uint64_t nres = atomic_load_explicit(&wk->nres, memory_order_relaxed);
+  wkeys b = {0};
+  int rc = wkeys_grow(ix, &b, 64 + 2 * (size_t)(nres / SHARDS));
+  for (unsigned i = 0; rc == 0 && i < SHARDS; i++)
+    rc = shard_walk(ix, &ix->shards[i], worker_id, &b, fn, opaque);
+  kvp__free(&ix->alloc, b.v, b.cap * sizeof *b.v);
   return rc;
 }
 
@@ -2167,16 +2163,18 @@ int kvp_index_stats_get(kvp_index *ix, kvp_index_stats *out) {
   }
   out->routed = LOAD_(ix->acount);
   out->bytes = LOAD_(ix->bytes);
-  out->events_applied = LOAD_(ix->c.applied);
-  out->events_stale = LOAD_(ix->c.stale);
-  out->seq_gaps = LOAD_(ix->c.gaps);
-  out->events_unknown_worker = LOAD_(ix->c.unknown);
-  out->events_invalid = LOAD_(ix->c.invalid);
-  out->orphan_stores = LOAD_(ix->c.orphan);
-  out->resyncs = LOAD_(ix->c.resyncs);
+  out->events_applied = LOAD_(ix->c.ev[KVP__C_APPLIED]);
+  out->events_stale = LOAD_(ix->c.ev[KVP__C_STALE]);
+  out->seq_gaps = LOAD_(ix->c.ev[KVP__C_GAPS]);
+  out->events_unknown_worker = LOAD_(ix->c.ev[KVP__C_UNKNOWN]);
+  out->events_invalid = LOAD_(ix->c.ev[KVP__C_INVALID]);
+  out->orphan_stores = LOAD_(ix->c.ev[KVP__C_ORPHAN]);
+  out->resyncs = LOAD_(ix->c.ev[KVP__C_RESYNCS]);
   out->routed_expired = LOAD_(ix->c.expired);
   out->routed_evicted = LOAD_(ix->c.evicted);
   out->closure_violations = LOAD_(ix->c.closure);
+  out->epochs = LOAD_(ix->c.ev[KVP__C_EPOCHS]);
+  out->epoch_drops = LOAD_(ix->c.ev[KVP__C_EPOCH_DROPS]);
   return 0;
 }
 
@@ -2192,12 +2190,18 @@ static int opts_check(const kvp_index_opts *o) {
   return 0;
 }
 
+static size_t streams_bytes(const kvp_index *ix) {
+  return (size_t)ix->max_workers * KVP_INDEX_STREAMS * sizeof(kvp__stream);
+}
+
 static int create_tables(kvp_index *ix, uint64_t expected_keys) {
   ix->shards = ix_alloc_lines(ix, SHARDS * sizeof(shard), &ix->shards_raw);
   ix->workers =
       ix_alloc_lines(ix, ix->max_workers * sizeof(worker), &ix->workers_raw);
+  ix->streams = ix_alloc_lines(ix, streams_bytes(ix), &ix->streams_raw);
   ix->slots = ix_alloc_lines(ix, EBR_SLOTS * sizeof(ebr_slot), &ix->slots_raw);
-  if (ix->shards == NULL || ix->workers == NULL || ix->slots == NULL)
+  if (ix->shards == NULL || ix->workers == NULL || ix->streams == NULL ||
+      ix->slots == NULL)
     return KVP_ENOMEM;
   for (unsigned i = 0; i < SHARDS; i++) {
     ktab *t = tab_new(ix, buckets_for(expected_keys / SHARDS));
@@ -2282,6 +2286,7 @@ void kvp_index_destroy(kvp_index *ix) {
   kvp__free(&ix->alloc, ix->aret, ix->aret_cap * sizeof *ix->aret);
   ix_free(ix, ix->shards_raw, SHARDS * sizeof(shard) + 63);
   ix_free(ix, ix->workers_raw, ix->max_workers * sizeof(worker) + 63);
+  ix_free(ix, ix->streams_raw, streams_bytes(ix) + 63);
   ix_free(ix, ix->slots_raw, EBR_SLOTS * sizeof(ebr_slot) + 63);
   kvp_allocator a = ix->alloc;
   kvp__free(&a, ix, sizeof *ix);

@@ -972,6 +972,663 @@ TEST(prefix_closed_violation_walks) {
   kvp_index_destroy(ix);
 }
 
+/* ---- event streams and epochs ---------------------------------------------
+ * A worker fed by several publishers: stream 0 (the engine, HBM) and
+ * kvtier stores (DRAM, NVMe) numbering their events on their own, each
+ * restart a larger epoch. */
+
+#define SRC(w, s, e, q)                                                        \
+  (&(kvp_index_src){.worker = (w), .stream = (s), .epoch = (e), .seq = (q)})
+#define TB(t) (1u << (t))
+
+static kvp_index_stream_info sinfo(kvp_index *ix, uint32_t w, uint32_t s) {
+  kvp_index_stream_info i;
+  ASSERT_OK(kvp_index_stream_get(ix, w, s, &i));
+  return i;
+}
+
+static kvp_index_stats stats_of(kvp_index *ix) {
+  kvp_index_stats s;
+  ASSERT_OK(kvp_index_stats_get(ix, &s));
+  return s;
+}
+
+/* A worker's keys as kvp_index_worker_keys lists them. */
+typedef struct klist {
+  uint64_t fp[4096];
+  uint32_t mask[4096];
+  size_t n;
+} klist;
+
+static int klist_add(void *o, uint64_t fp, uint32_t mask) {
+  klist *l = o;
+  ASSERT_LT(l->n, (size_t)4096);
+  ASSERT_NE(mask, 0u);
+  ASSERT_EQ(mask & ~0xFu, 0u);
+  l->fp[l->n] = fp;
+  l->mask[l->n++] = mask;
+  return 0;
+}
+
+static klist *keys_of(kvp_index *ix, uint32_t w) {
+  static klist l;
+  l.n = 0;
+  ASSERT_OK(kvp_index_worker_keys(ix, w, klist_add, &l));
+  for (size_t i = 0; i < l.n; i++) /* each key once */
+    for (size_t j = i + 1; j < l.n; j++)
+      ASSERT_NE(l.fp[i], l.fp[j]);
+  return &l;
+}
+
+/* fp's mask in l (0: not listed). */
+static uint32_t klist_mask(const klist *l, uint64_t fp) {
+  for (size_t i = 0; i < l->n; i++)
+    if (l->fp[i] == fp)
+      return l->mask[i];
+  return 0;
+}
+
+/* The worker's digest is kvp_index_digest_of over what it lists. */
+static void digest_matches_keys(kvp_index *ix, uint32_t w) {
+  static kvp_key k[4096 * 4];
+  static uint8_t t[4096 * 4];
+  const klist *l = keys_of(ix, w);
+  size_t n = 0;
+  for (size_t i = 0; i < l->n; i++)
+    for (unsigned b = 0; b < 4; b++)
+      if (l->mask[i] & TB(b)) {
+        k[n] = K(l->fp[i]);
+        t[n++] = (uint8_t)b;
+      }
+  uint64_t want, got;
+  ASSERT_OK(kvp_index_digest_of(k, t, n, &want));
+  ASSERT_OK(kvp_index_digest(ix, w, &got));
+  ASSERT_EQ(got, want);
+  ASSERT_EQ(info_of(ix, w).residencies, (uint64_t)l->n);
+}
+
+/* keys[0..n) are listed on w with exactly `mask`. */
+static void expect_keys(const klist *l, const kvp_key *k, size_t n,
+                        uint32_t mask) {
+  for (size_t i = 0; i < n; i++)
+    ASSERT_EQ(klist_mask(l, k[i].lo), mask);
+}
+
+TEST(stream_sequences_independent) {
+  kvp_index *ix = mk(8, 2);
+  kvp_key k[16];
+  run(k, 500, 16);
+  for (uint64_t q = 1; q <= 5; q++)
+    ASSERT_EQ(kvp_index_stored(ix, 0, q, KVP_TIER_HBM, NULL, &k[q - 1], 1), 1);
+  /* stream 1 numbers on its own: its seq 1 after stream 0's 5 */
+  ASSERT_EQ(kvp_index_src_stored(ix, SRC(0, 1, 0, 1), KVP_TIER_DRAM, NULL,
+                                 &k[8], 2),
+            2);
+  /* stream 0 through the src calls is the per-worker stream */
+  ASSERT_EQ(kvp_index_src_stored(ix, SRC(0, 0, 0, 6), KVP_TIER_HBM, NULL,
+                                 &k[5], 1),
+            1);
+  ASSERT_EQ(kvp_index_stored(ix, 0, 7, KVP_TIER_HBM, NULL, &k[6], 1), 1);
+  ASSERT_ERR(kvp_index_src_stored(ix, SRC(0, 1, 0, 1), KVP_TIER_DRAM, NULL,
+                                  &k[10], 1),
+             KVP_EEXIST); /* stale on stream 1 */
+  ASSERT_EQ(info_of(ix, 0).uncertain, 0);
+  ASSERT_EQ(info_of(ix, 0).last_seq, 7u); /* stream 0's */
+  kvp_index_stream_info s0 = sinfo(ix, 0, 0), s1 = sinfo(ix, 0, 1),
+                        s2 = sinfo(ix, 0, 2);
+  ASSERT_EQ(s0.last_seq, 7u);
+  ASSERT_EQ(s0.tier_mask, TB(KVP_TIER_HBM));
+  ASSERT_EQ(s1.last_seq, 1u);
+  ASSERT_EQ(s1.tier_mask, TB(KVP_TIER_DRAM));
+  ASSERT_EQ(s1.epoch, 0u);
+  ASSERT_EQ(s2.last_seq + s2.epoch + s2.tier_mask, 0u);
+  /* a gap on stream 2, then one on stream 1: applied, worker uncertain */
+  ASSERT_EQ(kvp_index_src_stored(ix, SRC(0, 2, 0, 3), KVP_TIER_NVME, NULL,
+                                 &k[10], 1),
+            1);
+  ASSERT_EQ(info_of(ix, 0).uncertain, 1);
+  ASSERT_EQ(kvp_index_src_removed(ix, SRC(0, 1, 0, 4), KVP_TIER_DRAM, &k[8],
+                                  1),
+            1);
+  kvp_index_match m[MAXM];
+  ASSERT_EQ(kvp_index_query(ix, k, 7, 0, m, MAXM), 1);
+  ASSERT_EQ(m[0].prefix_blocks, 7u);
+  ASSERT_EQ(m[0].uncertain, 1);
+  kvp_index_stats st = stats_of(ix);
+  ASSERT_EQ(st.seq_gaps, 2u);
+  ASSERT_EQ(st.events_stale, 1u);
+  ASSERT_EQ(st.uncertain_workers, 1u);
+  /* resyncing stream 1 clears its mark, not stream 2's */
+  ASSERT_EQ(kvp_index_src_resync(ix, SRC(0, 1, 0, 9), TB(KVP_TIER_DRAM),
+                                 &k[8], NULL, 1),
+            1);
+  ASSERT_EQ(info_of(ix, 0).uncertain, 1);
+  ASSERT_EQ(sinfo(ix, 0, 1).last_seq, 9u);
+  ASSERT_EQ(kvp_index_src_resync(ix, SRC(0, 2, 0, 3), TB(KVP_TIER_NVME),
+                                 &k[10], NULL, 1),
+            1);
+  ASSERT_EQ(info_of(ix, 0).uncertain, 0);
+  klist *l = keys_of(ix, 0);
+  ASSERT_EQ(l->n, 9u); /* HBM 0..6, DRAM 8, NVMe 10 */
+  expect_keys(l, k, 7, TB(KVP_TIER_HBM));
+  expect_keys(l, &k[8], 1, TB(KVP_TIER_DRAM));
+  expect_keys(l, &k[9], 1, 0); /* the snapshot dropped it */
+  expect_keys(l, &k[10], 1, TB(KVP_TIER_NVME));
+  digest_matches_keys(ix, 0);
+  /* bad streams and sources, counted, changing nothing */
+  uint64_t inv = stats_of(ix).events_invalid;
+  ASSERT_ERR(kvp_index_src_stored(ix, SRC(0, KVP_INDEX_STREAMS, 0, 10),
+                                  KVP_TIER_HBM, NULL, k, 1),
+             KVP_ERANGE);
+  ASSERT_ERR(kvp_index_src_removed(ix, SRC(0, 7, 0, 10), KVP_TIER_HBM, k, 1),
+             KVP_ERANGE);
+  ASSERT_ERR(kvp_index_src_cleared(ix, SRC(0, UINT32_MAX, 0, 10)),
+             KVP_ERANGE);
+  ASSERT_ERR(kvp_index_src_resync(ix, SRC(0, 4, 0, 10), 1, NULL, NULL, 0),
+             KVP_ERANGE);
+  ASSERT_ERR(kvp_index_src_stored(ix, NULL, KVP_TIER_HBM, NULL, k, 1),
+             KVP_EINVAL);
+  ASSERT_ERR(kvp_index_src_cleared(ix, NULL), KVP_EINVAL);
+  ASSERT_ERR(kvp_index_src_stored(NULL, SRC(0, 1, 0, 10), KVP_TIER_HBM, NULL,
+                                  k, 1),
+             KVP_EINVAL);
+  ASSERT_EQ(stats_of(ix).events_invalid, inv + 6);
+  ASSERT_ERR(kvp_index_src_stored(ix, SRC(8, 1, 0, 10), KVP_TIER_HBM, NULL, k,
+                                  1),
+             KVP_ERANGE);
+  ASSERT_ERR(kvp_index_src_stored(ix, SRC(5, 1, 0, 10), KVP_TIER_HBM, NULL, k,
+                                  1),
+             KVP_ENOENT);
+  kvp_index_stream_info si;
+  ASSERT_ERR(kvp_index_stream_get(ix, 0, KVP_INDEX_STREAMS, &si), KVP_ERANGE);
+  ASSERT_ERR(kvp_index_stream_get(ix, 8, 0, &si), KVP_ERANGE);
+  ASSERT_ERR(kvp_index_stream_get(ix, 5, 0, &si), KVP_ENOENT);
+  ASSERT_ERR(kvp_index_stream_get(ix, 0, 0, NULL), KVP_EINVAL);
+  ASSERT_ERR(kvp_index_stream_get(NULL, 0, 0, &si), KVP_EINVAL);
+  ASSERT_EQ(keys_of(ix, 0)->n, 9u);
+  ASSERT_OK(kvp__index_verify(ix));
+  kvp_index_destroy(ix);
+}
+
+/* A kvtier store restarts (a larger epoch on its stream): exactly the tiers
+ * it fed in the old epoch go, on that worker only. */
+TEST(epoch_drops_old_tiers) {
+  kvp_index *ix = mk(8, 2);
+  kvp_key a[8], b[8], c[8], d[8], x[2];
+  run(a, 1000, 8), run(b, 2000, 8), run(c, 3000, 8), run(d, 4000, 8);
+  run(x, 5000, 2);
+  const uint64_t T1 = 1700000000000000000ull, T2 = T1 + 5;
+  /* worker 0: engine HBM a; store (stream 1, T1) DRAM b, NVMe c and b[0..3];
+   * stream 2 (epoch 7) remote d.  Worker 1: its own store's DRAM b. */
+  ASSERT_EQ(kvp_index_stored(ix, 0, 1, KVP_TIER_HBM, NULL, a, 8), 8);
+  ASSERT_EQ(kvp_index_src_stored(ix, SRC(0, 1, T1, 1), KVP_TIER_DRAM, NULL, b,
+                                 8),
+            8);
+  ASSERT_EQ(kvp_index_src_stored(ix, SRC(0, 1, T1, 2), KVP_TIER_NVME, NULL, c,
+                                 8),
+            8);
+  ASSERT_EQ(kvp_index_src_stored(ix, SRC(0, 1, T1, 3), KVP_TIER_NVME, NULL, b,
+                                 4),
+            4);
+  ASSERT_EQ(kvp_index_src_stored(ix, SRC(0, 2, 7, 1), KVP_TIER_REMOTE, NULL,
+                                 d, 8),
+            8);
+  ASSERT_EQ(kvp_index_src_stored(ix, SRC(1, 1, T1, 1), KVP_TIER_DRAM, NULL, b,
+                                 8),
+            8);
+  ASSERT_EQ(stats_of(ix).epochs, 0u); /* first epochs are no restarts */
+  kvp_index_stream_info si = sinfo(ix, 0, 1);
+  ASSERT_EQ(si.epoch, T1);
+  ASSERT_EQ(si.last_seq, 3u);
+  ASSERT_EQ(si.tier_mask, TB(KVP_TIER_DRAM) | TB(KVP_TIER_NVME));
+  digest_matches_keys(ix, 0);
+  /* the store restarts: its first event at T2 drops DRAM and NVMe first */
+  ASSERT_EQ(kvp_index_src_stored(ix, SRC(0, 1, T2, 1), KVP_TIER_DRAM, NULL, x,
+                                 2),
+            2);
+  kvp_index_stats st = stats_of(ix);
+  ASSERT_EQ(st.epochs, 1u);
+  ASSERT_EQ(st.epoch_drops, 20u); /* 8 DRAM, 8 + 4 NVMe */
+  si = sinfo(ix, 0, 1);
+  ASSERT_EQ(si.epoch, T2);
+  ASSERT_EQ(si.last_seq, 1u);
+  ASSERT_EQ(si.tier_mask, TB(KVP_TIER_DRAM));
+  klist *l = keys_of(ix, 0);
+  ASSERT_EQ(l->n, 18u);
+  expect_keys(l, a, 8, TB(KVP_TIER_HBM));
+  expect_keys(l, d, 8, TB(KVP_TIER_REMOTE));
+  expect_keys(l, x, 2, TB(KVP_TIER_DRAM));
+  expect_keys(l, b, 8, 0);
+  expect_keys(l, c, 8, 0);
+  digest_matches_keys(ix, 0);
+  l = keys_of(ix, 1); /* another worker's store: untouched */
+  ASSERT_EQ(l->n, 8u);
+  expect_keys(l, b, 8, TB(KVP_TIER_DRAM));
+  digest_matches_keys(ix, 1);
+  kvp_index_match m[MAXM];
+  ASSERT_EQ(kvp_index_query(ix, b, 8, 0, m, MAXM), 1);
+  ASSERT_EQ(m[0].worker, 1u);
+  ASSERT_EQ(m[0].prefix_blocks, 8u);
+  ASSERT_EQ(kvp_index_query(ix, x, 2, 0, m, MAXM), 1);
+  ASSERT_EQ(m[0].tier_blocks[KVP_TIER_DRAM], 2u);
+  /* the old epoch's late events: stale, counted, nothing applied */
+  uint64_t stale = st.events_stale;
+  ASSERT_ERR(kvp_index_src_stored(ix, SRC(0, 1, T1, 4), KVP_TIER_NVME, NULL,
+                                  c, 8),
+             KVP_EEXIST);
+  ASSERT_ERR(kvp_index_src_removed(ix, SRC(0, 1, T1, 4), KVP_TIER_DRAM, x, 2),
+             KVP_EEXIST);
+  ASSERT_ERR(kvp_index_src_cleared(ix, SRC(0, 1, T1, 4)), KVP_EEXIST);
+  ASSERT_ERR(kvp_index_src_resync(ix, SRC(0, 1, T1, 9), TB(KVP_TIER_DRAM),
+                                  NULL, NULL, 0),
+             KVP_EEXIST);
+  /* seq 0 is never next, in a new epoch either: nothing dropped */
+  ASSERT_ERR(kvp_index_src_stored(ix, SRC(0, 1, T2 + 1, 0), KVP_TIER_DRAM,
+                                  NULL, x, 1),
+             KVP_EEXIST);
+  ASSERT_EQ(stats_of(ix).events_stale, stale + 5);
+  ASSERT_EQ(sinfo(ix, 0, 1).epoch, T2);
+  ASSERT_EQ(keys_of(ix, 0)->n, 18u);
+  /* a new epoch starting past seq 1 lost events: a gap */
+  ASSERT_EQ(kvp_index_src_stored(ix, SRC(0, 1, T2 + 1, 3), KVP_TIER_NVME,
+                                 NULL, c, 2),
+            2);
+  ASSERT_EQ(info_of(ix, 0).uncertain, 1);
+  st = stats_of(ix);
+  ASSERT_EQ(st.epochs, 2u);
+  ASSERT_EQ(st.epoch_drops, 22u); /* x in DRAM */
+  /* the next epoch takes what the lost events did with it */
+  ASSERT_EQ(kvp_index_src_stored(ix, SRC(0, 1, T2 + 2, 1), KVP_TIER_NVME,
+                                 NULL, c, 1),
+            1);
+  ASSERT_EQ(info_of(ix, 0).uncertain, 0);
+  ASSERT_EQ(stats_of(ix).epoch_drops, 24u);
+  l = keys_of(ix, 0);
+  ASSERT_EQ(l->n, 17u);
+  expect_keys(l, c, 1, TB(KVP_TIER_NVME));
+  expect_keys(l, &c[1], 1, 0);
+  digest_matches_keys(ix, 0);
+  /* the per-worker calls are stream 0 at epoch 0: stale once it moved on */
+  ASSERT_EQ(kvp_index_src_stored(ix, SRC(0, 0, 1, 1), KVP_TIER_HBM, NULL, x,
+                                 1),
+            1);
+  l = keys_of(ix, 0); /* HBM a went with stream 0's epoch 0 */
+  expect_keys(l, a, 8, 0);
+  expect_keys(l, x, 1, TB(KVP_TIER_HBM));
+  expect_keys(l, d, 8, TB(KVP_TIER_REMOTE));
+  ASSERT_ERR(kvp_index_stored(ix, 0, 2, KVP_TIER_HBM, NULL, a, 1), KVP_EEXIST);
+  ASSERT_ERR(kvp_index_resync(ix, 0, 9, NULL, NULL, 0), KVP_EEXIST);
+  ASSERT_ERR(kvp_index_cleared(ix, 0, 9), KVP_EEXIST);
+  digest_matches_keys(ix, 0);
+  ASSERT_OK(kvp__index_verify(ix));
+  kvp_index_destroy(ix);
+}
+
+TEST(src_cleared_and_resync) {
+  kvp_index *ix = mk(8, 1);
+  kvp_key a[8], b[8], c[8], d[4];
+  run(a, 100, 8), run(b, 200, 8), run(c, 300, 8), run(d, 400, 4);
+  const uint32_t DN = TB(KVP_TIER_DRAM) | TB(KVP_TIER_NVME);
+  ASSERT_EQ(kvp_index_stored(ix, 0, 1, KVP_TIER_HBM, NULL, a, 8), 8);
+  ASSERT_EQ(kvp_index_src_stored(ix, SRC(0, 1, 5, 1), KVP_TIER_DRAM, NULL, b,
+                                 8),
+            8);
+  ASSERT_EQ(kvp_index_src_stored(ix, SRC(0, 1, 5, 2), KVP_TIER_NVME, NULL, c,
+                                 8),
+            8);
+  ASSERT_EQ(kvp_index_record_routed(ix, 0, d, 4, 1), 4);
+  /* the store dropped everything: its tiers go; HBM and routing records
+   * stay */
+  ASSERT_EQ(kvp_index_src_cleared(ix, SRC(0, 1, 5, 3)), 16);
+  klist *l = keys_of(ix, 0);
+  ASSERT_EQ(l->n, 8u);
+  expect_keys(l, a, 8, TB(KVP_TIER_HBM));
+  kvp_index_match m[MAXM];
+  ASSERT_EQ(kvp_index_query(ix, d, 4, 1, m, MAXM), 1);
+  ASSERT_EQ(m[0].routed_blocks, 4u);
+  ASSERT_EQ(sinfo(ix, 0, 1).tier_mask, DN); /* where the epoch stored */
+  ASSERT_EQ(kvp_index_src_cleared(ix, SRC(0, 1, 5, 4)), 0);
+  digest_matches_keys(ix, 0);
+  /* a snapshot of DRAM + NVMe: those tiers become it, HBM untouched */
+  kvp_key snap[9];
+  uint8_t tiers[9];
+  for (int i = 0; i < 4; i++) {
+    snap[i] = b[i], tiers[i] = KVP_TIER_DRAM;
+    snap[4 + i] = c[i], tiers[4 + i] = KVP_TIER_NVME;
+  }
+  snap[8] = a[0], tiers[8] = KVP_TIER_DRAM; /* in HBM too */
+  ASSERT_EQ(kvp_index_src_resync(ix, SRC(0, 1, 5, 10), DN, snap, tiers, 9), 9);
+  l = keys_of(ix, 0);
+  ASSERT_EQ(l->n, 16u);
+  expect_keys(l, a, 1, TB(KVP_TIER_HBM) | TB(KVP_TIER_DRAM));
+  expect_keys(l, &a[1], 7, TB(KVP_TIER_HBM));
+  expect_keys(l, b, 4, TB(KVP_TIER_DRAM));
+  expect_keys(l, c, 4, TB(KVP_TIER_NVME));
+  digest_matches_keys(ix, 0);
+  kvp_index_stream_info si = sinfo(ix, 0, 1);
+  ASSERT_EQ(si.last_seq, 10u);
+  ASSERT_EQ(si.epoch, 5u);
+  ASSERT_EQ(kvp_index_src_removed(ix, SRC(0, 1, 5, 11), KVP_TIER_DRAM, b, 1),
+            1);
+  ASSERT_EQ(info_of(ix, 0).uncertain, 0); /* 11 follows the snapshot's 10 */
+  /* tiers NULL: the lowest tier in the mask (DRAM); NVMe empties */
+  ASSERT_EQ(kvp_index_src_resync(ix, SRC(0, 1, 5, 12), DN, b, NULL, 2), 2);
+  l = keys_of(ix, 0);
+  ASSERT_EQ(l->n, 10u);
+  expect_keys(l, a, 8, TB(KVP_TIER_HBM));
+  expect_keys(l, b, 2, TB(KVP_TIER_DRAM));
+  expect_keys(l, c, 8, 0);
+  /* a tier outside the mask, a bad mask: EINVAL before anything changes */
+  uint64_t resyncs = stats_of(ix).resyncs;
+  uint8_t hbm = KVP_TIER_HBM, bad = 4;
+  ASSERT_ERR(kvp_index_src_resync(ix, SRC(0, 1, 5, 13), TB(KVP_TIER_DRAM), a,
+                                  &hbm, 1),
+             KVP_EINVAL);
+  ASSERT_ERR(kvp_index_src_resync(ix, SRC(0, 1, 5, 13), 0xFFu, a, &bad, 1),
+             KVP_EINVAL);
+  ASSERT_ERR(kvp_index_src_resync(ix, SRC(0, 1, 5, 13), 0x10u, NULL, NULL, 0),
+             KVP_EINVAL);
+  ASSERT_ERR(kvp_index_src_resync(ix, SRC(0, 1, 5, 13), 0, a, NULL, 1),
+             KVP_EINVAL);
+  ASSERT_ERR(kvp_index_src_resync(ix, SRC(0, 1, 5, 13), DN, NULL, NULL, 1),
+             KVP_EINVAL);
+  ASSERT_EQ(stats_of(ix).resyncs, resyncs);
+  ASSERT_EQ(sinfo(ix, 0, 1).last_seq, 12u);
+  ASSERT_EQ(keys_of(ix, 0)->n, 10u);
+  /* a snapshot in a larger epoch also drops the old epoch's tiers outside
+   * its mask (remote d here), in the same sweep: b[0..1] never leave */
+  ASSERT_EQ(kvp_index_src_stored(ix, SRC(0, 1, 5, 13), KVP_TIER_REMOTE, NULL,
+                                 d, 4),
+            4);
+  uint64_t drops = stats_of(ix).epoch_drops;
+  ASSERT_EQ(kvp_index_src_resync(ix, SRC(0, 1, 6, 2), TB(KVP_TIER_DRAM), b,
+                                 NULL, 2),
+            2);
+  ASSERT_EQ(stats_of(ix).epoch_drops, drops + 4);
+  si = sinfo(ix, 0, 1);
+  ASSERT_EQ(si.epoch, 6u);
+  ASSERT_EQ(si.last_seq, 2u);
+  ASSERT_EQ(si.tier_mask, TB(KVP_TIER_DRAM));
+  l = keys_of(ix, 0);
+  ASSERT_EQ(l->n, 10u);
+  expect_keys(l, d, 4, 0);
+  expect_keys(l, b, 2, TB(KVP_TIER_DRAM));
+  digest_matches_keys(ix, 0);
+  /* kvp_index_cleared (stream 0): every tier and the routing records */
+  ASSERT_OK(kvp_index_cleared(ix, 0, 2));
+  ASSERT_EQ(keys_of(ix, 0)->n, 0u);
+  ASSERT_EQ(kvp_index_query(ix, d, 4, 1, m, MAXM), 0);
+  ASSERT_OK(kvp__index_verify(ix));
+  kvp_index_destroy(ix);
+}
+
+static int stop_at_three(void *o, uint64_t fp, uint32_t mask) {
+  (void)fp, (void)mask;
+  return ++*(int *)o == 3 ? 7 : 0;
+}
+
+TEST(worker_add_resets_streams) {
+  kvp_index *ix = mk(0, 0); /* the wide path: ids across groups */
+  const uint32_t w = 3000;
+  kvp_key k[8];
+  run(k, 60, 8);
+  klist l = {.n = 0};
+  ASSERT_ERR(kvp_index_worker_keys(ix, w, klist_add, &l), KVP_ENOENT);
+  ASSERT_ERR(kvp_index_worker_keys(ix, 4096, klist_add, &l), KVP_ERANGE);
+  ASSERT_ERR(kvp_index_worker_keys(ix, w, NULL, &l), KVP_EINVAL);
+  ASSERT_ERR(kvp_index_worker_keys(NULL, w, klist_add, &l), KVP_EINVAL);
+  ASSERT_OK(kvp_index_worker_add(ix, w));
+  ASSERT_EQ(keys_of(ix, w)->n, 0u);
+  ASSERT_EQ(kvp_index_src_stored(ix, SRC(w, 3, 99, 1), KVP_TIER_NVME, NULL, k,
+                                 8),
+            8);
+  ASSERT_EQ(kvp_index_src_stored(ix, SRC(w, 1, 42, 5), KVP_TIER_DRAM, NULL, k,
+                                 2),
+            2);
+  ASSERT_EQ(info_of(ix, w).uncertain, 1);
+  int calls = 0; /* fn's non-zero return stops the walk */
+  ASSERT_EQ(kvp_index_worker_keys(ix, w, stop_at_three, &calls), 7);
+  ASSERT_EQ(calls, 3);
+  ASSERT_OK(kvp_index_worker_remove(ix, w));
+  ASSERT_ERR(kvp_index_stream_get(ix, w, 3, &(kvp_index_stream_info){0}),
+             KVP_ENOENT);
+  ASSERT_OK(kvp_index_worker_add(ix, w));
+  for (uint32_t s = 0; s < KVP_INDEX_STREAMS; s++) {
+    kvp_index_stream_info si = sinfo(ix, w, s);
+    ASSERT_EQ(si.epoch + si.last_seq + si.tier_mask, 0u);
+  }
+  ASSERT_EQ(info_of(ix, w).uncertain, 0);
+  ASSERT_EQ(keys_of(ix, w)->n, 0u);
+  /* epoch 0 again: not stale, seq 1 is next, and no restart is counted */
+  ASSERT_EQ(kvp_index_src_stored(ix, SRC(w, 3, 0, 1), KVP_TIER_NVME, NULL, k,
+                                 1),
+            1);
+  ASSERT_EQ(info_of(ix, w).uncertain, 0);
+  ASSERT_EQ(stats_of(ix).epochs, 0u);
+  digest_matches_keys(ix, w);
+  ASSERT_OK(kvp__index_verify(ix));
+  kvp_index_destroy(ix);
+}
+
+/* ---- streams against a reference model --------------------------------------
+ * Random events on a few workers' streams (any tier, epoch bumps, stale and
+ * lost events, clears, snapshots, removals): return values, worker_keys,
+ * digests, uncertain marks, stream positions and the epoch counters must
+ * match a plain per-(worker, key) tier-mask array. */
+#define SWK 6
+#define SKEYS 300
+
+typedef struct smodel {
+  uint8_t m[SWK][SKEYS];
+  uint64_t epoch[SWK][KVP_INDEX_STREAMS], last[SWK][KVP_INDEX_STREAMS];
+  uint8_t smask[SWK][KVP_INDEX_STREAMS];
+  uint32_t unc[SWK];
+  int added[SWK];
+  uint64_t epochs, drops;
+} smodel;
+
+static kvp_key skey(size_t i) { return K(10000 + i); }
+
+/* Drops w's tiers `tiers` except keep[i]; returns residencies dropped. */
+static uint64_t sm_drop(smodel *md, uint32_t w, uint32_t tiers,
+                        const uint8_t *keep) {
+  uint64_t n = 0;
+  for (size_t i = 0; i < SKEYS; i++) {
+    uint8_t d = (uint8_t)(md->m[w][i] & tiers & ~(keep ? keep[i] : 0));
+    n += (uint64_t)__builtin_popcount(d);
+    md->m[w][i] &= (uint8_t)~d;
+  }
+  return n;
+}
+
+static void sm_begin(smodel *md, uint32_t w, uint32_t s, uint64_t e,
+                     uint64_t dropped) {
+  if (md->epoch[w][s] || md->last[w][s] || md->smask[w][s])
+    md->epochs++;
+  md->drops += dropped;
+  md->epoch[w][s] = e;
+  md->last[w][s] = 0;
+  md->smask[w][s] = 0;
+  md->unc[w] &= ~(1u << s);
+}
+
+/* The epoch/sequence rules: false = stale. */
+static bool sm_enter(smodel *md, uint32_t w, uint32_t s, uint64_t e,
+                     uint64_t q, bool resync) {
+  bool nw = e > md->epoch[w][s];
+  if (e < md->epoch[w][s] || (!resync && q <= (nw ? 0 : md->last[w][s])))
+    return false;
+  if (resync)
+    return true;
+  if (nw)
+    sm_begin(md, w, s, e, sm_drop(md, w, md->smask[w][s], NULL));
+  if (q != md->last[w][s] + 1)
+    md->unc[w] |= 1u << s;
+  md->last[w][s] = q;
+  return true;
+}
+
+static int sm_resync(smodel *md, kvp_index *ix, uint32_t w, uint32_t s,
+                     uint64_t e, uint64_t q) {
+  kvp_key k[40];
+  uint8_t t[40], keep[SKEYS] = {0};
+  uint32_t mask = kvt_rand_below(8) == 0 ? 0xFu : 1u + kvt_rand_below(15);
+  bool null_tiers = kvt_rand_below(4) == 0;
+  size_t n = kvt_rand_below(40), distinct = 0;
+  for (size_t i = 0; i < n; i++) {
+    size_t ki = kvt_rand_below(SKEYS);
+    uint32_t bits[4], nb = 0;
+    for (uint32_t b = 0; b < 4; b++)
+      if (mask & TB(b))
+        bits[nb++] = b;
+    k[i] = skey(ki);
+    t[i] = (uint8_t)(null_tiers ? bits[0] : bits[kvt_rand_below(nb)]);
+    distinct += keep[ki] == 0;
+    keep[ki] |= (uint8_t)TB(t[i]);
+  }
+  int rc = s == 0 && e == 0 && mask == 0xFu
+               ? kvp_index_resync(ix, w, q, k, null_tiers ? NULL : t, n)
+               : kvp_index_src_resync(ix, SRC(w, s, e, q), mask, k,
+                                      null_tiers ? NULL : t, n);
+  if (!sm_enter(md, w, s, e, q, true)) {
+    ASSERT_ERR(rc, KVP_EEXIST);
+    return rc;
+  }
+  bool nw = e > md->epoch[w][s];
+  uint64_t dropped =
+      sm_drop(md, w, mask | (nw ? md->smask[w][s] : 0u), keep);
+  for (size_t i = 0; i < SKEYS; i++)
+    md->m[w][i] |= keep[i];
+  if (nw)
+    sm_begin(md, w, s, e, dropped);
+  md->smask[w][s] |= (uint8_t)mask;
+  md->last[w][s] = q;
+  md->unc[w] &= mask == 0xFu ? 0u : ~(1u << s);
+  ASSERT_EQ(rc, (int)distinct);
+  return rc;
+}
+
+/* stored / removed: a run of distinct keys in one tier. */
+static void sm_event(smodel *md, kvp_index *ix, uint32_t w, uint32_t s,
+                     uint64_t e, uint64_t q, bool store) {
+  kvp_key k[20];
+  size_t n = 1 + kvt_rand_below(20), at = kvt_rand_below(SKEYS);
+  kvp_tier t = (kvp_tier)kvt_rand_below(4);
+  for (size_t i = 0; i < n; i++)
+    k[i] = skey((at + i) % SKEYS);
+  bool legacy = s == 0 && e == 0 && kvt_rand_below(2);
+  int rc = store ? legacy ? kvp_index_stored(ix, w, q, t, NULL, k, n)
+                          : kvp_index_src_stored(ix, SRC(w, s, e, q), t, NULL,
+                                                 k, n)
+           : legacy ? kvp_index_removed(ix, w, q, t, k, n)
+                    : kvp_index_src_removed(ix, SRC(w, s, e, q), t, k, n);
+  if (!sm_enter(md, w, s, e, q, false)) {
+    ASSERT_ERR(rc, KVP_EEXIST);
+    return;
+  }
+  int want = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint8_t *m = &md->m[w][(at + i) % SKEYS];
+    want += store ? (*m & TB(t)) == 0 : (*m & TB(t)) != 0;
+    *m = (uint8_t)(store ? *m | TB(t) : *m & ~TB(t));
+  }
+  if (store)
+    md->smask[w][s] |= (uint8_t)TB(t);
+  ASSERT_EQ(rc, want);
+}
+
+static void sm_cleared(smodel *md, kvp_index *ix, uint32_t w, uint32_t s,
+                       uint64_t e, uint64_t q) {
+  bool legacy = s == 0 && e == 0 && kvt_rand_below(2);
+  int rc = legacy ? kvp_index_cleared(ix, w, q)
+                  : kvp_index_src_cleared(ix, SRC(w, s, e, q));
+  if (!sm_enter(md, w, s, e, q, false)) {
+    ASSERT_ERR(rc, KVP_EEXIST);
+    return;
+  }
+  uint64_t d = sm_drop(md, w, legacy ? 0xFu : md->smask[w][s], NULL);
+  ASSERT_EQ(rc, legacy ? 0 : (int)d);
+}
+
+static void sm_op(smodel *md, kvp_index *ix, uint32_t w) {
+  if (!md->added[w] || kvt_rand_below(200) == 0) { /* (re)incarnations */
+    if (md->added[w])
+      ASSERT_OK(kvp_index_worker_remove(ix, w));
+    ASSERT_OK(kvp_index_worker_add(ix, w));
+    memset(md->m[w], 0, sizeof md->m[w]);
+    memset(md->epoch[w], 0, sizeof md->epoch[w]);
+    memset(md->last[w], 0, sizeof md->last[w]);
+    memset(md->smask[w], 0, sizeof md->smask[w]);
+    md->unc[w] = 0;
+    md->added[w] = 1;
+    return;
+  }
+  uint32_t s = (uint32_t)kvt_rand_below(KVP_INDEX_STREAMS);
+  uint64_t cur = md->epoch[w][s], e = cur, r = kvt_rand_below(100);
+  if (r < 8)
+    e = cur + 1 + kvt_rand_below(3); /* a restart */
+  else if (r < 11 && cur > 0)
+    e = cur - 1; /* a late event of an old life */
+  uint64_t base = e > cur ? 0 : md->last[w][s], q = base + 1;
+  r = kvt_rand_below(100);
+  if (r < 6)
+    q = base + 2; /* lost one */
+  else if (r < 12)
+    q = base; /* a duplicate (0: never valid) */
+  r = kvt_rand_below(100);
+  if (r < 50)
+    sm_event(md, ix, w, s, e, q, true);
+  else if (r < 80)
+    sm_event(md, ix, w, s, e, q, false);
+  else if (r < 88)
+    sm_cleared(md, ix, w, s, e, q);
+  else
+    (void)sm_resync(md, ix, w, s, e, q + kvt_rand_below(3));
+}
+
+static void sm_compare(smodel *md, kvp_index *ix) {
+  for (uint32_t w = 0; w < SWK; w++) {
+    if (!md->added[w])
+      continue;
+    const klist *l = keys_of(ix, w);
+    size_t want = 0;
+    for (size_t i = 0; i < SKEYS; i++) {
+      want += md->m[w][i] != 0;
+      ASSERT_EQ(klist_mask(l, skey(i).lo), (uint32_t)md->m[w][i]);
+    }
+    ASSERT_EQ(l->n, want);
+    digest_matches_keys(ix, w);
+    ASSERT_EQ(info_of(ix, w).uncertain, md->unc[w] != 0);
+    for (uint32_t s = 0; s < KVP_INDEX_STREAMS; s++) {
+      kvp_index_stream_info si = sinfo(ix, w, s);
+      ASSERT_EQ(si.epoch, md->epoch[w][s]);
+      ASSERT_EQ(si.last_seq, md->last[w][s]);
+      ASSERT_EQ(si.tier_mask, (uint32_t)md->smask[w][s]);
+    }
+  }
+  kvp_index_stats st = stats_of(ix);
+  ASSERT_EQ(st.epochs, md->epochs);
+  ASSERT_EQ(st.epoch_drops, md->drops);
+  ASSERT_OK(kvp__index_verify(ix));
+}
+
+TEST(streams_agree_with_model) {
+  for (int wide = 0; wide < 2; wide++) {
+    smodel *md = calloc(1, sizeof *md);
+    ASSERT_NOT_NULL(md);
+    kvp_index *ix = mk(wide ? 0 : 8, 0);
+    for (int round = 0; round < 30; round++) {
+      for (int op = 0; op < 200; op++)
+        sm_op(md, ix, (uint32_t)kvt_rand_below(SWK));
+      sm_compare(md, ix);
+    }
+    ASSERT_GT(md->epochs, 0u);
+    ASSERT_GT(md->drops, 0u);
+    kvp_index_destroy(ix);
+    free(md);
+  }
+}
+
 TEST_MAIN(TEST_ENTRY(query_tiers_fast), TEST_ENTRY(query_tiers_wide),
           TEST_ENTRY(worker_ids_across_groups), TEST_ENTRY(gap_and_resync),
           TEST_ENTRY(resync_keeps_common_keys),
@@ -981,4 +1638,8 @@ TEST_MAIN(TEST_ENTRY(query_tiers_fast), TEST_ENTRY(query_tiers_wide),
           TEST_ENTRY(paths_agree_with_model),
           TEST_ENTRY(many_holders_spill_and_shrink),
           TEST_ENTRY(prefix_closed_bisect_matches_walk),
-          TEST_ENTRY(prefix_closed_violation_walks))
+          TEST_ENTRY(prefix_closed_violation_walks),
+          TEST_ENTRY(stream_sequences_independent),
+          TEST_ENTRY(epoch_drops_old_tiers), TEST_ENTRY(src_cleared_and_resync),
+          TEST_ENTRY(worker_add_resets_streams),
+          TEST_ENTRY(streams_agree_with_model))

@@ -1,8 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* router/index under concurrency (run under ThreadSanitizer by `make
  * test-tsan`): event writers store, remove, clear, resync, remove and re-add
- * workers and record routes while readers query and check what must hold.
- * A few seconds; KVP_STRESS_MS sets the time per configuration. */
+ * workers and record routes; stream writers feed streams 1..3 of one worker
+ * with restarts (epoch bumps), clears, snapshots and late events of old
+ * epochs; meanwhile readers query, and an observer walks that worker's keys,
+ * each checking what must hold.  A few seconds; KVP_STRESS_MS sets the time
+ * per configuration. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <time.h>
@@ -15,6 +18,7 @@
 #define PLEN 32
 #define NWRITERS 2
 #define NREADERS 2
+#define NSTREAMW 3 /* stream writers: streams 1..3 of workers[1] */
 
 typedef struct ctx {
   kvp_index *ix;
@@ -22,7 +26,7 @@ typedef struct ctx {
   kvp_key pin[PIN];
   kvp_key pool[POOL][PLEN];
   atomic_int stop;
-  atomic_ulong queries, events;
+  atomic_ulong queries, events, restarts, late, walks;
   atomic_ullong clock; /* the router's time, for queries */
 } ctx;
 
@@ -99,6 +103,79 @@ static void *writer(void *arg) {
   return NULL;
 }
 
+/* Stream s of workers[1] feeds tier s (DRAM, NVMe, remote): never HBM,
+ * where the worker keeps the pinned chain. */
+typedef struct swriter {
+  ctx *c;
+  uint32_t stream;
+  uint64_t rng, epoch, seq;
+} swriter;
+
+static kvp_index_src src_of(const swriter *s, uint64_t epoch, uint64_t seq) {
+  return (kvp_index_src){.worker = s->c->workers[1], .stream = s->stream,
+                         .epoch = epoch, .seq = seq};
+}
+
+/* The publisher restarts: a larger epoch, numbered from 1, its first event
+ * a snapshot half the time (as a connector rebuilding a kvtier store). */
+static int restart(swriter *s, const kvp_key *k, size_t n) {
+  ctx *c = s->c;
+  s->epoch += 1 + next(&s->rng) % 3;
+  s->seq = 1;
+  atomic_fetch_add_explicit(&c->restarts, 1, memory_order_relaxed);
+  kvp_index_src src = src_of(s, s->epoch, 1);
+  if (next(&s->rng) % 2)
+    return kvp_index_src_resync(c->ix, &src, 1u << s->stream, k, NULL, n);
+  return kvp_index_src_stored(c->ix, &src, (kvp_tier)s->stream, NULL, k, n);
+}
+
+static void stream_event(swriter *s) {
+  ctx *c = s->c;
+  const kvp_key *ch = c->pool[next(&s->rng) % POOL];
+  size_t a = next(&s->rng) % PLEN, n = 1 + next(&s->rng) % (PLEN - a);
+  uint64_t r = next(&s->rng) % 1000;
+  kvp_index_src src = src_of(s, s->epoch, s->seq + 1);
+  int rc;
+  if (r < 30) {
+    rc = restart(s, ch + a, n);
+  } else if (r < 45) { /* a late event of the previous life: stale */
+    src.epoch--;
+    rc = kvp_index_src_stored(c->ix, &src, (kvp_tier)s->stream, NULL, ch + a,
+                              n);
+    ASSERT_ERR(rc, KVP_EEXIST);
+    atomic_fetch_add_explicit(&c->late, 1, memory_order_relaxed);
+    rc = 0;
+  } else if (r < 60) {
+    s->seq++;
+    rc = kvp_index_src_cleared(c->ix, &src);
+  } else if (r < 650) {
+    s->seq++;
+    rc = kvp_index_src_stored(c->ix, &src, (kvp_tier)s->stream, NULL, ch + a,
+                              n);
+  } else {
+    s->seq++;
+    rc = kvp_index_src_removed(c->ix, &src, (kvp_tier)s->stream, ch + a, n);
+  }
+  ASSERT_TRUE(rc >= 0);
+}
+
+static void *stream_writer(void *arg) {
+  swriter *s = arg;
+  ctx *c = s->c;
+  while (!atomic_load_explicit(&c->stop, memory_order_relaxed)) {
+    stream_event(s);
+    /* this thread is the stream's only writer, and workers[1] is never
+     * removed: the index's position is exactly ours */
+    kvp_index_stream_info si;
+    ASSERT_OK(kvp_index_stream_get(c->ix, c->workers[1], s->stream, &si));
+    ASSERT_EQ(si.epoch, s->epoch);
+    ASSERT_EQ(si.last_seq, s->seq);
+    ASSERT_EQ(si.tier_mask & ~(1u << s->stream), 0u);
+    atomic_fetch_add_explicit(&c->events, 1, memory_order_relaxed);
+  }
+  return NULL;
+}
+
 static void *router(void *arg) { /* approximate mode, its own clock */
   ctx *c = arg;
   uint64_t rng = 99, now = 1;
@@ -159,9 +236,33 @@ static void *reader(void *arg) {
   return NULL;
 }
 
+typedef struct pinwalk {
+  const ctx *c;
+  int hbm; /* pinned keys listed in HBM */
+} pinwalk;
+
+static int pin_seen(void *opaque, uint64_t fp, uint32_t mask) {
+  pinwalk *p = opaque;
+  ASSERT_TRUE(mask != 0 && mask <= 0xFu);
+  for (int i = 0; i < PIN; i++)
+    if (p->c->pin[i].lo == fp)
+      p->hbm += (mask & (1u << KVP_TIER_HBM)) != 0;
+  return 0;
+}
+
+/* workers[1] never loses its pinned chain from HBM, whatever its streams
+ * do: a walk racing the writers lists each of those keys once, in HBM. */
+static void walk_pinned(ctx *c) {
+  pinwalk p = {c, 0};
+  ASSERT_OK(kvp_index_worker_keys(c->ix, c->workers[1], pin_seen, &p));
+  ASSERT_EQ(p.hbm, PIN);
+  atomic_fetch_add_explicit(&c->walks, 1, memory_order_relaxed);
+}
+
 static void *observer(void *arg) { /* stats and digests, lock-free or not */
   ctx *c = arg;
   while (!atomic_load_explicit(&c->stop, memory_order_relaxed)) {
+    walk_pinned(c);
     kvp_index_stats s;
     ASSERT_OK(kvp_index_stats_get(c->ix, &s));
     ASSERT_GE(s.keys, (uint64_t)PIN);
@@ -198,12 +299,23 @@ static void stress(uint32_t max_workers, const uint32_t *ids, bool closed) {
         PIN);
     ws[i % NWRITERS].seq[i] = 1;
   }
-  pthread_t th[NWRITERS + NREADERS + 2];
+  swriter sw[NSTREAMW];
+  for (int i = 0; i < NSTREAMW; i++) { /* epoch 1 begun: later ones restart */
+    sw[i] = (swriter){.c = c, .stream = 1u + (uint32_t)i, .rng = kvt_rand(),
+                      .epoch = 1, .seq = 1};
+    kvp_index_src src = src_of(&sw[i], 1, 1);
+    ASSERT_GE(kvp_index_src_stored(c->ix, &src, (kvp_tier)sw[i].stream, NULL,
+                                   c->pool[i], PLEN),
+              0);
+  }
+  pthread_t th[NWRITERS + NSTREAMW + NREADERS + 2];
   int nt = 0;
   for (int i = 0; i < NWRITERS; i++) {
     ws[i].c = c, ws[i].id = i, ws[i].rng = kvt_rand();
     ASSERT_EQ(pthread_create(&th[nt++], NULL, writer, &ws[i]), 0);
   }
+  for (int i = 0; i < NSTREAMW; i++)
+    ASSERT_EQ(pthread_create(&th[nt++], NULL, stream_writer, &sw[i]), 0);
   for (int i = 0; i < NREADERS; i++)
     ASSERT_EQ(pthread_create(&th[nt++], NULL, reader, c), 0);
   ASSERT_EQ(pthread_create(&th[nt++], NULL, router, c), 0);
@@ -217,12 +329,19 @@ static void stress(uint32_t max_workers, const uint32_t *ids, bool closed) {
   ASSERT_GT(atomic_load(&c->queries), 0u);
   ASSERT_GT(atomic_load(&c->events), 0u);
   ASSERT_OK(kvp__index_verify(c->ix)); /* digests, counts, encodings */
+  walk_pinned(c);
   kvp_index_stats s;
   ASSERT_OK(kvp_index_stats_get(c->ix, &s));
   ASSERT_GE(s.seq_gaps, (uint64_t)NWRITERS);
-  printf("  %u workers max: %lu events, %lu queries, %llu keys\n", max_workers,
-         (unsigned long)atomic_load(&c->events),
-         (unsigned long)atomic_load(&c->queries), (unsigned long long)s.keys);
+  ASSERT_EQ(s.epochs, (uint64_t)atomic_load(&c->restarts));
+  ASSERT_GE(s.events_stale, (uint64_t)atomic_load(&c->late));
+  ASSERT_GT(atomic_load(&c->walks), 0u);
+  printf("  %u workers max: %lu events (%lu restarts), %lu queries, %lu "
+         "walks, %llu keys\n",
+         max_workers, (unsigned long)atomic_load(&c->events),
+         (unsigned long)atomic_load(&c->restarts),
+         (unsigned long)atomic_load(&c->queries),
+         (unsigned long)atomic_load(&c->walks), (unsigned long long)s.keys);
   kvp_index_destroy(c->ix);
   free(c);
 }

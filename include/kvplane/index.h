@@ -88,7 +88,8 @@ KVP_API int kvp_index_worker_remove(kvp_index *ix, uint32_t worker);
  * applied one: the event is dropped, counted (stats.events_stale) and
  * KVP_EEXIST is returned.  seq > last + 1: events were lost, the event is
  * applied, the gap counted and the worker marked uncertain: queries flag its
- * matches until a resync replaces its key set.
+ * matches until a resync replaces its key set (with streams, below: until
+ * that stream is resynced or begins a new epoch).
  *
  * Common errors, counted in stats and leaving the index unchanged:
  * KVP_ERANGE (worker >= max_workers, or n > KVP_INDEX_CHAIN_MAX), KVP_ENOENT
@@ -119,7 +120,8 @@ KVP_API int kvp_index_cleared(kvp_index *ix, uint32_t worker, uint64_t seq);
  * dropped afterwards, seq + 1 is expected next.  Always accepted (a snapshot
  * is authoritative); clears the uncertain mark.  Keys in both the old and the
  * new set stay visible to queries throughout; the others come and go during
- * the call.  n is not capped by KVP_INDEX_CHAIN_MAX.  Returns the number of
+ * the call.  (As stream 0 at epoch 0: stale once stream 0 is at a larger
+ * epoch.)  n is not capped by KVP_INDEX_CHAIN_MAX.  Returns the number of
  * distinct keys now resident on the worker, or an error as above (an invalid
  * tier -> KVP_EINVAL before anything changes). */
 KVP_API int kvp_index_resync(kvp_index *ix, uint32_t worker, uint64_t seq,
@@ -143,7 +145,8 @@ KVP_API int kvp_index_resync(kvp_index *ix, uint32_t worker, uint64_t seq,
  * (stats.events_stale), KVP_EEXIST.  Streams of one worker should feed
  * disjoint tiers: a restart of one drops the tiers it fed for all streams of
  * that worker (a lost routing hint, never a wrong one).  Within an epoch the
- * sequence rules above hold per stream.
+ * sequence rules above hold per stream.  kvp_index_worker_add starts every
+ * stream of the worker afresh (epoch 0, nothing applied).
  *
  * Same errors, counting and thread safety as the calls above, plus
  * KVP_ERANGE for stream >= KVP_INDEX_STREAMS. */
@@ -164,16 +167,20 @@ KVP_API int kvp_index_src_removed(kvp_index *ix, const kvp_index_src *src,
 /* The stream's publisher dropped everything it held: the worker's
  * residencies in the tiers the stream stored into this epoch go (routed
  * records stay; kvp_index_cleared, stream 0, drops every tier and them).
- * Returns the number of residencies dropped. */
+ * Returns the number of (key, tier) residencies dropped. */
 KVP_API int kvp_index_src_cleared(kvp_index *ix, const kvp_index_src *src);
 /* Snapshot of the stream's state as of (epoch, seq): the worker's
  * residencies in the tiers set in `tier_mask` (bit 1 << kvp_tier) become
  * exactly keys[i] in tiers[i] (tiers NULL: the lowest tier in the mask);
  * other tiers are untouched; the stream's epoch and sequence are set (a
- * smaller epoch than the stream's is still stale).  A tier outside the mask
- * -> KVP_EINVAL.  This is how a connector rebuilds a restarted kvtier
- * store's residency from kvp_tier_keys_each().  Returns the number of
- * distinct keys now resident in those tiers. */
+ * smaller epoch than the stream's is still stale) and its uncertain mark
+ * cleared (every stream's when the mask holds every tier).  At a larger
+ * epoch the old epoch's tiers outside the mask are dropped too, in the same
+ * sweep: keys in both the old residency and the snapshot stay visible.  A
+ * tier outside the mask, or a mask bit >= KVP_TIER_COUNT_ -> KVP_EINVAL
+ * (before anything changes); n is not capped.  This is how a connector
+ * rebuilds a restarted kvtier store's residency from kvp_tier_keys_each().
+ * Returns the number of distinct keys now resident in those tiers. */
 KVP_API int kvp_index_src_resync(kvp_index *ix, const kvp_index_src *src,
                                  uint32_t tier_mask, const kvp_key *keys,
                                  const uint8_t *tiers, size_t n);
@@ -192,10 +199,13 @@ KVP_API int kvp_index_stream_get(kvp_index *ix, uint32_t worker,
 /* Calls fn(opaque, fingerprint, tier_mask) once per key resident on `worker`
  * from events (tier_mask: bit 1 << kvp_tier; routed records are not listed),
  * shard by shard, in no particular order; a key stored or removed during the
- * walk may or may not be listed.  fn returning non-zero stops the walk and
+ * walk may or may not be listed, any other is listed once, with its mask.
+ * Each shard's keys are copied under its lock (a scan, as worker_remove's)
+ * and fn runs with no lock held.  fn returning non-zero stops the walk and
  * that value is returned.  fn must not call into the index.  Returns 0,
- * fn's value, KVP_EINVAL, KVP_ERANGE or KVP_ENOENT.  Fingerprints 0 and 1
- * come back as 2 and 3 (see above). */
+ * fn's value, KVP_EINVAL (ix or fn NULL), KVP_ERANGE, KVP_ENOENT or
+ * KVP_ENOMEM (the copy).  Fingerprints 0 and 1 come back as 2 and 3 (see
+ * above).  Thread-safe. */
 typedef int (*kvp_index_key_fn)(void *opaque, uint64_t fp, uint32_t tier_mask);
 KVP_API int kvp_index_worker_keys(kvp_index *ix, uint32_t worker,
                                   kvp_index_key_fn fn, void *opaque);
@@ -282,10 +292,10 @@ KVP_API int kvp_index_digest_of(const kvp_key *keys, const uint8_t *tiers,
 /* ---- introspection
  * ---------------------------------------------------------------- */
 typedef struct kvp_index_worker_info {
-  uint64_t last_seq;    /* last applied sequence number (0: none yet) */
+  uint64_t last_seq;    /* stream 0's last sequence number (0: none yet) */
   uint64_t digest;      /* as kvp_index_digest */
   uint64_t residencies; /* keys resident on the worker (any tier) */
-  uint8_t uncertain;
+  uint8_t uncertain;    /* some stream of it */
   uint8_t reserved8[7];
   uint64_t reserved[3];
 } kvp_index_worker_info;
@@ -316,8 +326,12 @@ typedef struct kvp_index_stats {
   /* prefix_closed queries whose probes contradicted the contract (they
    * walked the chain instead) */
   uint64_t closure_violations;
-  uint64_t epochs;      /* stream epochs begun after the first (restarts) */
-  uint64_t epoch_drops; /* residencies dropped when an epoch ended */
+  /* epochs begun by a stream that had accepted an event or snapshot since
+   * its worker was added (restarts) */
+  uint64_t epochs;
+  /* (key, tier) residencies dropped by the event that began an epoch (a
+   * snapshot: by its whole sweep) */
+  uint64_t epoch_drops;
   uint64_t reserved[2];
 } kvp_index_stats;
 
