@@ -1,0 +1,353 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* KV-event ingest: vLLM-shaped msgpack batches (BlockStored chains, then
+ * their BlockRemoved) decoded and applied to a kvp_index, in process and end
+ * to end over real ZeroMQ sockets (ipc, tcp loopback), each next to the
+ * index-only ingest of the same keys (the floor: what the index alone
+ * costs) in the same run.  Rates are block hashes per second; the ratio
+ * column is rate / index-only rate.
+ *   bench_events [--quick] [--batches N] [--events E] [--blocks B]
+ * --quick: small sizes; checks that every path ends with the same index
+ * (CTest).  The vLLM publisher's own send rate is measured by
+ * tests/interop/publisher_rate.py (Python). */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <msgpack.h>
+#include <zmq.h>
+
+#include "kvplane.h"
+#include "kvplane/events.h"
+
+#define BS 16 /* tokens per block */
+
+typedef struct cfg {
+  size_t batches, events, blocks; /* per batch, per event */
+  bool quick;
+} cfg;
+
+typedef struct payload {
+  char *p;
+  size_t len;
+} payload;
+
+typedef struct workload {
+  payload *b;      /* stored batches, then removed batches */
+  size_t n;        /* total batches */
+  kvp_key *keys;   /* engine hashes as index keys, in stored order */
+  size_t n_keys;
+  size_t n_stored; /* batches that store */
+} workload;
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static uint64_t rnd(void) {
+  uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+static double now_s(void) { return (double)kvp_now_ns() * 1e-9; }
+
+static void pstr(msgpack_packer *p, const char *s) {
+  msgpack_pack_str(p, strlen(s));
+  msgpack_pack_str_body(p, s, strlen(s));
+}
+
+/* BlockStored as vLLM 0.33 publishes it (map, omit_defaults). */
+static void pack_stored(msgpack_packer *p, const kvp_key *k, size_t n,
+                        const kvp_key *parent) {
+  msgpack_pack_map(p, 9);
+  pstr(p, "type"), pstr(p, "BlockStored");
+  pstr(p, "block_hashes"), msgpack_pack_array(p, n);
+  for (size_t i = 0; i < n; i++)
+    msgpack_pack_uint64(p, k[i].lo);
+  pstr(p, "parent_block_hash");
+  if (parent)
+    msgpack_pack_uint64(p, parent->lo);
+  else
+    msgpack_pack_nil(p);
+  pstr(p, "token_ids"), msgpack_pack_array(p, n * BS);
+  for (size_t i = 0; i < n * BS; i++)
+    msgpack_pack_uint32(p, (uint32_t)(rnd() % 150000));
+  pstr(p, "block_size"), msgpack_pack_int(p, BS);
+  pstr(p, "lora_id"), msgpack_pack_nil(p);
+  pstr(p, "medium"), pstr(p, "GPU");
+  pstr(p, "lora_name"), msgpack_pack_nil(p);
+  pstr(p, "group_idx"), msgpack_pack_int(p, 0);
+}
+
+static void pack_removed(msgpack_packer *p, const kvp_key *k, size_t n) {
+  msgpack_pack_map(p, 4);
+  pstr(p, "type"), pstr(p, "BlockRemoved");
+  pstr(p, "block_hashes"), msgpack_pack_array(p, n);
+  for (size_t i = 0; i < n; i++)
+    msgpack_pack_uint64(p, k[i].lo);
+  pstr(p, "medium"), pstr(p, "GPU");
+  pstr(p, "group_idx"), msgpack_pack_int(p, 0);
+}
+
+static payload finish(msgpack_sbuffer *sb) {
+  payload out = {sb->data, sb->size};
+  sb->data = NULL; /* ownership moves to the payload */
+  msgpack_sbuffer_destroy(sb);
+  return out;
+}
+
+/* Each event stores one fresh chain of `blocks` blocks (a request's new
+ * blocks); every chain is removed again later in the same order. */
+static void make_workload(const cfg *c, workload *w) {
+  size_t per = c->events * c->blocks;
+  w->n_stored = c->batches;
+  w->n = 2 * c->batches;
+  w->b = calloc(w->n, sizeof *w->b);
+  w->n_keys = c->batches * per;
+  w->keys = malloc(w->n_keys * sizeof *w->keys);
+  for (size_t i = 0; i < w->n_keys; i++)
+    w->keys[i] = (kvp_key){0, rnd() | 4};
+  for (int phase = 0; phase < 2; phase++)
+    for (size_t b = 0; b < c->batches; b++) {
+      msgpack_sbuffer sb;
+      msgpack_packer p;
+      msgpack_sbuffer_init(&sb);
+      msgpack_packer_init(&p, &sb, msgpack_sbuffer_write);
+      msgpack_pack_array(&p, 3);
+      msgpack_pack_double(&p, 1.7e9 + (double)b);
+      msgpack_pack_array(&p, c->events);
+      for (size_t e = 0; e < c->events; e++) {
+        const kvp_key *k = &w->keys[(b * c->events + e) * c->blocks];
+        if (phase == 0)
+          pack_stored(&p, k, c->blocks, NULL);
+        else
+          pack_removed(&p, k, c->blocks);
+      }
+      msgpack_pack_int(&p, 0);
+      w->b[phase * c->batches + b] = finish(&sb);
+    }
+}
+
+/* ---- in process ------------------------------------------------------------------ */
+
+static kvp_index *new_index(void) {
+  kvp_index *ix;
+  if (kvp_index_create(NULL, NULL, &ix) < 0 || kvp_index_worker_add(ix, 0) < 0)
+    exit(1);
+  return ix;
+}
+
+/* The floor: the same keys straight into the index, one call per event. */
+static double run_index_only(const cfg *c, const workload *w, kvp_index **out) {
+  kvp_index *ix = new_index();
+  kvp_index_src src = {.worker = 0, .epoch = 1};
+  double t0 = now_s();
+  size_t per = c->blocks, nev = w->n_keys / per;
+  for (size_t e = 0; e < nev; e++) {
+    src.seq++;
+    if (kvp_index_src_stored(ix, &src, KVP_TIER_HBM, NULL, &w->keys[e * per],
+                             per) < 0)
+      exit(1);
+  }
+  double t1 = now_s();
+  for (size_t e = 0; e < nev; e++) {
+    src.seq++;
+    (void)kvp_index_src_removed(ix, &src, KVP_TIER_HBM, &w->keys[e * per], per);
+  }
+  double t = now_s() - t0;
+  (void)t1;
+  *out = ix;
+  return t;
+}
+
+static double run_decode(const workload *w, size_t *blocks) {
+  kvp_kv_decoder *d;
+  kvp_kv_decoder_create(NULL, &d);
+  double t0 = now_s();
+  size_t n = 0;
+  for (size_t i = 0; i < w->n; i++) {
+    kvp_kv_batch b;
+    if (kvp_kv_decode(d, w->b[i].p, w->b[i].len, &b) < 0)
+      exit(1);
+    for (size_t e = 0; e < b.n_events; e++)
+      n += b.events[e].n_hashes;
+  }
+  double t = now_s() - t0;
+  kvp_kv_decoder_destroy(d);
+  *blocks = n;
+  return t;
+}
+
+/* ---- over ZeroMQ -------------------------------------------------------------------- */
+
+typedef struct pubarg {
+  const workload *w;
+  const char *ep;
+  void *ctx;
+  volatile int go;
+} pubarg;
+
+static void *publisher(void *arg) {
+  pubarg *a = arg;
+  void *pub = zmq_socket(a->ctx, ZMQ_PUB);
+  int hwm = 0; /* no limit: a benchmark must not drop */
+  zmq_setsockopt(pub, ZMQ_SNDHWM, &hwm, sizeof hwm);
+  if (zmq_bind(pub, a->ep) != 0) {
+    fprintf(stderr, "bench_events: bind %s: %s\n", a->ep, zmq_strerror(errno));
+    exit(1);
+  }
+  while (!a->go) /* the subscriber connects first (slow joiner) */
+    nanosleep(&(struct timespec){0, 1000000}, NULL);
+  for (size_t i = 0; i < a->w->n; i++) {
+    uint8_t s[8];
+    for (int k = 0; k < 8; k++)
+      s[k] = (uint8_t)((uint64_t)i >> (56 - 8 * k));
+    zmq_send(pub, "", 0, ZMQ_SNDMORE);
+    zmq_send(pub, s, 8, ZMQ_SNDMORE);
+    zmq_send(pub, a->w->b[i].p, a->w->b[i].len, 0);
+  }
+  nanosleep(&(struct timespec){0, 200000000}, NULL);
+  int zero = 0;
+  zmq_setsockopt(pub, ZMQ_LINGER, &zero, sizeof zero);
+  zmq_close(pub);
+  return NULL;
+}
+
+static double run_wire(const cfg *c, const workload *w, const char *ep,
+                       kvp_events_keying keying, kvp_index **out,
+                       kvp_events_stats *st) {
+  kvp_index *ix = new_index();
+  kvp_namespace ns;
+  kvp_namespace_desc nd = {.model_id = "bench", .tokenizer_id = "t",
+                           .kv_layout = "l", .block_size = BS};
+  kvp_namespace_init(&nd, &ns);
+  kvp_events_source s = {.endpoint = ep, .keying = keying,
+                         .ns = keying == KVP_EVENTS_REKEY ? &ns : NULL};
+  kvp_events_opts o = {.rcvhwm = 0x7fffffff};
+  pubarg a = {.w = w, .ep = ep, .ctx = zmq_ctx_new()};
+  pthread_t th;
+  pthread_create(&th, NULL, publisher, &a);
+  nanosleep(&(struct timespec){0, 50000000}, NULL); /* bound */
+  kvp_events *ev;
+  if (kvp_events_create(ix, &s, 1, &o, NULL, &ev) < 0)
+    exit(1);
+  for (int i = 0; i < 20; i++)
+    (void)kvp_events_poll(ev, 5); /* connected */
+  a.go = 1;
+  double t0 = 0;
+  for (;;) {
+    int r = kvp_events_poll(ev, 1000);
+    if (r > 0 && t0 == 0)
+      t0 = now_s();
+    kvp_events_stats_get(ev, UINT32_MAX, st);
+    if (st->batches >= w->n || r == 0)
+      break;
+  }
+  double t = now_s() - t0;
+  pthread_join(th, NULL);
+  kvp_events_destroy(ev);
+  zmq_ctx_term(a.ctx);
+  (void)c;
+  *out = ix;
+  return t;
+}
+
+/* ---- checks and report ------------------------------------------------------------ */
+
+static uint64_t residencies(kvp_index *ix) {
+  kvp_index_stats s;
+  kvp_index_stats_get(ix, &s);
+  return s.residencies;
+}
+
+static void row(const char *name, double blocks, double t, double floor_rate) {
+  double rate = blocks / t;
+  printf("%-34s %10.2f M blocks/s  %7.3fx\n", name, rate / 1e6,
+         floor_rate > 0 ? rate / floor_rate : 1.0);
+}
+
+static int parse(int argc, char **argv, cfg *c) {
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--quick") == 0) {
+      c->quick = true, c->batches = 64, c->events = 4, c->blocks = 8;
+    } else if (i + 1 < argc && strcmp(argv[i], "--batches") == 0) {
+      c->batches = strtoull(argv[++i], NULL, 10);
+    } else if (i + 1 < argc && strcmp(argv[i], "--events") == 0) {
+      c->events = strtoull(argv[++i], NULL, 10);
+    } else if (i + 1 < argc && strcmp(argv[i], "--blocks") == 0) {
+      c->blocks = strtoull(argv[++i], NULL, 10);
+    } else {
+      fprintf(stderr, "usage: bench_events [--quick] [--batches N] "
+                      "[--events E] [--blocks B]\n");
+      return 2;
+    }
+  }
+  if (c->batches == 0 || c->events == 0 || c->blocks == 0) {
+    fprintf(stderr, "bench_events: sizes must be >= 1\n");
+    return 2;
+  }
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  cfg c = {.batches = 4000, .events = 32, .blocks = 16};
+  if (parse(argc, argv, &c) != 0)
+    return 2;
+  workload w;
+  make_workload(&c, &w);
+  double blocks = 2.0 * (double)w.n_keys; /* stored + removed */
+  size_t bytes = 0;
+  for (size_t i = 0; i < w.n; i++)
+    bytes += w.b[i].len;
+  printf("bench_events: %zu batches x %zu events x %zu blocks (%d tokens "
+         "each), stored then removed: %.0f block hashes, %.1f MB of msgpack\n",
+         c.batches, c.events, c.blocks, BS, blocks, (double)bytes / 1e6);
+  kvp_index *ix0;
+  double t_ix = run_index_only(&c, &w, &ix0);
+  double floor_rate = blocks / t_ix;
+  size_t nb;
+  double t_dec = run_decode(&w, &nb);
+  if ((double)nb != blocks)
+    return fprintf(stderr, "decode saw %zu blocks\n", nb), 1;
+  row("index only (floor)", blocks, t_ix, 0);
+  row("decode only", blocks, t_dec, floor_rate);
+  static const struct {
+    const char *name, *ep;
+    kvp_events_keying k;
+  } wire[] = {
+      {"ipc, engine hashes", "ipc:///tmp/kvp-bench-events", KVP_EVENTS_ENGINE_HASH},
+      {"tcp loopback, engine hashes", "tcp://127.0.0.1:45557", KVP_EVENTS_ENGINE_HASH},
+      {"ipc, re-keyed (XXH3-128)", "ipc:///tmp/kvp-bench-events-rk", KVP_EVENTS_REKEY},
+      {"tcp loopback, re-keyed", "tcp://127.0.0.1:45558", KVP_EVENTS_REKEY}};
+  int bad = 0;
+  for (size_t i = 0; i < sizeof wire / sizeof *wire; i++) {
+    kvp_index *ix;
+    kvp_events_stats st;
+    double t = run_wire(&c, &w, wire[i].ep, wire[i].k, &ix, &st);
+    if (st.batches != w.n || residencies(ix) != residencies(ix0) ||
+        st.gaps != 0 || st.decode_errors != 0) {
+      fprintf(stderr, "%s: %" PRIu64 " of %zu batches, %" PRIu64
+              " residencies (want %" PRIu64 "), %" PRIu64 " gaps\n",
+              wire[i].name, st.batches, w.n, residencies(ix),
+              residencies(ix0), st.gaps);
+      bad = 1;
+    }
+    char name[64];
+    snprintf(name, sizeof name, "%s", wire[i].name);
+    row(name, blocks, t, floor_rate);
+    if (wire[i].k == KVP_EVENTS_REKEY)
+      /* the map never shrinks: its size now is its size at the peak, when
+       * every stored block was remembered */
+      printf("%-34s %10.1f map bytes per remembered block at the peak\n", "",
+             (double)st.rekey_bytes / (double)w.n_keys);
+    kvp_index_destroy(ix);
+  }
+  kvp_index_destroy(ix0);
+  for (size_t i = 0; i < w.n; i++)
+    free(w.b[i].p);
+  free(w.b);
+  free(w.keys);
+  return bad;
+}
