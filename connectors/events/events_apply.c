@@ -124,6 +124,7 @@ static size_t rekey(ev_apply *a, const kvp_kv_event *e, kvp_key *parent_out,
     ev_add(&a->ctr->rekey_orphans, n); /* no tokens to key them by */
     return 0;
   }
+  kvp__rk_prefetch(&a->map, e->hashes, n);
   for (size_t i = 0; i < n; i++) {
     kvp_key k;
     int rc = kvp_hasher_block(a->hasher, parent, a->digest_len,
@@ -179,6 +180,8 @@ static int apply_removed(ev_apply *a, const kvp_kv_event *e) {
   if (rc < 0)
     return rc;
   size_t n = 0;
+  if (a->keying == KVP_EVENTS_REKEY)
+    kvp__rk_prefetch(&a->map, e->hashes, e->n_hashes);
   for (size_t i = 0; i < e->n_hashes; i++) {
     if (a->keying == KVP_EVENTS_ENGINE_HASH) {
       a->keys[n++] = (kvp_key){0, e->hashes[i].u64};

@@ -145,6 +145,18 @@ int kvp__mp_check(const uint8_t *p, size_t len) {
   while (need > 0) {
     if (off >= len || need > len - off)
       return KVP_ECORRUPT;
+    uint8_t b = p[off];
+    if (b <= 0x7f || b >= 0xe0 || b == 0xc0) { /* fixints, nil: token ids */
+      off++, need--;
+      continue;
+    }
+    if (b == 0xcd || b == 0xce || b == 0xcf) { /* uint16/32/64 */
+      size_t w = (size_t)1 << (b - 0xcc);
+      if (w > len - off - 1)
+        return KVP_ECORRUPT;
+      off += 1 + w, need--;
+      continue;
+    }
     size_t hdr;
     uint64_t body, items;
     if (mp_head(p + off, len - off, &hdr, &body, &items) < 0)

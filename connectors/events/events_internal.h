@@ -31,20 +31,20 @@ int kvp__ev_grow(const kvp_allocator *a, void **p, size_t *cap, size_t need,
 int kvp__mp_check(const uint8_t *p, size_t len);
 
 /* ---- the re-key map: one source's engine hash -> kvplane key --------------
- * Open addressing, linear probing, tombstones; keyed by kvp_ehash.u64 (the
+ * Open addressing, linear probing, backward-shift deletion; keyed by kvp_ehash.u64 (the
  * int form, or the low 64 bits of a digest: the same block either way). */
 typedef struct rk_slot {
   uint64_t ehash;
   kvp_key key;
   uint8_t tiers; /* bit 1 << kvp_tier where the engine holds it; 0 = free */
-  uint8_t state; /* 0 empty, 1 used, 2 tombstone */
+  uint8_t state; /* 0 empty, 1 used */
   uint8_t pad[6];
 } rk_slot;
 
 typedef struct rk_map {
   rk_slot *slots;
   size_t cap; /* power of two, or 0 */
-  size_t used, tombs;
+  size_t used;
   size_t limit; /* most entries */
 } rk_map;
 
@@ -57,6 +57,9 @@ rk_slot *kvp__rk_find(const rk_map *m, uint64_t ehash);
 rk_slot *kvp__rk_upsert(const kvp_allocator *a, rk_map *m, uint64_t ehash,
                         int *err);
 void kvp__rk_erase(rk_map *m, rk_slot *s);
+/* Starts loading the home slots of n hashes: an event's lookups then miss
+ * the cache in parallel instead of one after the other. */
+void kvp__rk_prefetch(const rk_map *m, const kvp_ehash *h, size_t n);
 size_t kvp__rk_bytes(const rk_map *m);
 
 /* ---- statistics: one set per source, updated by the applying thread,

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The re-key map of one source: engine block hash -> kvplane key and the
  * tiers the engine holds the block in.  Open addressing with linear probing
- * and tombstones; the engine hashes are already uniform (SHA-256 / XXH3
+ * and backward-shift deletion; the engine hashes are already uniform (SHA-256 / XXH3
  * output), mixed once more so int hashes from a weak engine hash spread. */
 #include <string.h>
 
@@ -25,7 +25,7 @@ void kvp__rk_init(rk_map *m, size_t limit) {
 void kvp__rk_free(const kvp_allocator *a, rk_map *m) {
   kvp__ev_free(a, m->slots, m->cap * sizeof *m->slots);
   m->slots = NULL;
-  m->cap = m->used = m->tombs = 0;
+  m->cap = m->used = 0;
 }
 
 void kvp__rk_clear(const kvp_allocator *a, rk_map *m) {
@@ -34,21 +34,16 @@ void kvp__rk_clear(const kvp_allocator *a, rk_map *m) {
   kvp__rk_init(m, limit);
 }
 
+/* The slot holding h, or (for_insert) the empty slot where it goes. */
 static rk_slot *probe(const rk_map *m, uint64_t h, bool for_insert) {
-  size_t mask = m->cap - 1, i = (size_t)mix(h) & mask;
-  rk_slot *tomb = NULL;
-  for (size_t n = 0; n < m->cap; n++, i = (i + 1) & mask) {
+  size_t mask = m->cap - 1;
+  for (size_t i = (size_t)mix(h) & mask;; i = (i + 1) & mask) {
     rk_slot *s = &m->slots[i];
     if (s->state == 0)
-      return for_insert && tomb ? tomb : (for_insert ? s : NULL);
-    if (s->state == 2) {
-      if (tomb == NULL)
-        tomb = s;
-    } else if (s->ehash == h) {
+      return for_insert ? s : NULL;
+    if (s->ehash == h)
       return s;
-    }
   }
-  return for_insert ? tomb : NULL;
 }
 
 rk_slot *kvp__rk_find(const rk_map *m, uint64_t ehash) {
@@ -62,8 +57,7 @@ static int rehash(const kvp_allocator *a, rk_map *m, size_t cap) {
   rk_map nm = {.slots = ns, .cap = cap, .limit = m->limit};
   for (size_t i = 0; i < m->cap; i++)
     if (m->slots[i].state == 1) {
-      rk_slot *d = probe(&nm, m->slots[i].ehash, true);
-      *d = m->slots[i];
+      *probe(&nm, m->slots[i].ehash, true) = m->slots[i];
       nm.used++;
     }
   kvp__ev_free(a, m->slots, m->cap * sizeof *m->slots);
@@ -80,18 +74,11 @@ rk_slot *kvp__rk_upsert(const kvp_allocator *a, rk_map *m, uint64_t ehash,
     *err = KVP_ERANGE;
     return NULL;
   }
-  /* keep used + tombstones under 3/4 (a tombstone-heavy table is rebuilt
-   * at the same size) */
-  if (m->cap == 0 || (m->used + m->tombs + 1) * 4 > m->cap * 3) {
-    size_t cap = m->cap ? m->cap : RK_MIN_CAP;
-    while ((m->used + 1) * 2 > cap)
-      cap *= 2;
-    if ((*err = rehash(a, m, cap)) < 0)
+  if (m->cap == 0 || (m->used + 1) * 4 > m->cap * 3) { /* load <= 3/4 */
+    if ((*err = rehash(a, m, m->cap ? 2 * m->cap : RK_MIN_CAP)) < 0)
       return NULL;
   }
   s = probe(m, ehash, true);
-  if (s->state == 2)
-    m->tombs--;
   memset(s, 0, sizeof *s);
   s->ehash = ehash;
   s->state = 1;
@@ -99,11 +86,29 @@ rk_slot *kvp__rk_upsert(const kvp_allocator *a, rk_map *m, uint64_t ehash,
   return s;
 }
 
+/* Backward-shift deletion (no tombstones, so probe runs stay as short as
+ * the load allows while blocks come and go): entries after the hole move
+ * back when the hole lies on their probe path. */
 void kvp__rk_erase(rk_map *m, rk_slot *s) {
-  s->state = 2;
-  s->tiers = 0;
+  size_t mask = m->cap - 1, hole = (size_t)(s - m->slots);
+  for (size_t i = (hole + 1) & mask; m->slots[i].state != 0;
+       i = (i + 1) & mask) {
+    size_t home = (size_t)mix(m->slots[i].ehash) & mask;
+    /* does the hole lie cyclically in [home, i)? then i may move there */
+    if (((i - home) & mask) >= ((i - hole) & mask)) {
+      m->slots[hole] = m->slots[i];
+      hole = i;
+    }
+  }
+  memset(&m->slots[hole], 0, sizeof m->slots[hole]);
   m->used--;
-  m->tombs++;
+}
+
+void kvp__rk_prefetch(const rk_map *m, const kvp_ehash *h, size_t n) {
+  if (m->cap == 0)
+    return;
+  for (size_t i = 0; i < n; i++)
+    __builtin_prefetch(&m->slots[(size_t)mix(h[i].u64) & (m->cap - 1)], 1);
 }
 
 size_t kvp__rk_bytes(const rk_map *m) { return m->cap * sizeof(rk_slot); }
