@@ -264,7 +264,9 @@ struct kvp_tier_store {
   uint32_t tab_mask, tab_fill;
   tier_ns *nss;
   uint32_t nns;
-  uint64_t epoch, seq;
+  uint64_t epoch;    /* slab header write counter (recovery keeps the max) */
+  uint64_t ev_epoch; /* the events' epoch (kvp_tier_epoch): creation time */
+  uint64_t seq;      /* the last event's number in ev_epoch */
   kvp_tier_stats st;
   double bw[KVP_TIER_COUNT_];
   double bw_write;     /* NVMe writes, bytes/s (EWMA); 0: none yet */

@@ -123,8 +123,28 @@ void kvp__tier_emit(kvp_tier_store *t, kvp_tier tier, int stored,
   if (t->o.on_event == NULL)
     return;
   kvp_tier_event ev = {.seq = ++t->seq, .tier = tier, .stored = stored,
-                       .ns = e->ns, .key = e->key, .bytes = e->len};
+                       .ns = e->ns, .key = e->key, .bytes = e->len,
+                       .epoch = t->ev_epoch};
   t->o.on_event(t->o.event_opaque, &ev);
+}
+
+/* A new store's event epoch: CLOCK_REALTIME in ns, so that a store reopened
+ * by the next process on this host (after a restart) has a larger one unless
+ * the clock went back; and strictly increasing within this process, so two
+ * stores created in one nanosecond, or across a clock step back, differ. */
+static uint64_t epoch_next(void) {
+  static _Atomic uint64_t last;
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  uint64_t now = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+  /* relaxed: the value is all that is shared, and the CAS loop orders the
+   * stores of this one word */
+  uint64_t prev = atomic_load_explicit(&last, memory_order_relaxed), e;
+  do
+    e = now > prev ? now : prev + 1;
+  while (!atomic_compare_exchange_weak_explicit(
+      &last, &prev, e, memory_order_relaxed, memory_order_relaxed));
+  return e;
 }
 
 void kvp__tier_bw_note(kvp_tier_store *t, kvp_tier tier, uint64_t bytes,
@@ -341,6 +361,7 @@ int kvp_tier_create(const kvp_tier_opts *opts, const kvp_allocator *alloc,
     return KVP_ENOMEM;
   t->a = kvp__allocator(alloc);
   t->o = *o;
+  t->ev_epoch = epoch_next(); /* before recovery emits its first events */
   t->free_head = TIER_NIL;
   t->dirfd = -1;
   t->qd_max = t->qd = o->queue_depth ? o->queue_depth : 32;
@@ -830,6 +851,44 @@ int kvp_tier_get_stats(kvp_tier_store *t, kvp_tier_stats *out) {
   out->fixed_buffers = t->fixed_bufs;
   pthread_mutex_unlock(&t->mu);
   return 0;
+}
+
+uint64_t kvp_tier_epoch(const kvp_tier_store *t) {
+  return t != NULL ? t->ev_epoch : 0; /* set before the store is returned */
+}
+
+/* Entry e's tiers to fn, DRAM first. */
+static int resident_each(const tier_entry *e, kvp_tier_resident_fn fn,
+                         void *opaque) {
+  kvp_tier_resident r = {.ns = e->ns, .key = e->key, .bytes = e->len};
+  int rc = 0;
+  if (e->dram != NULL) {
+    r.tier = KVP_TIER_DRAM;
+    rc = fn(opaque, &r);
+  }
+  if (rc == 0 && e->nclass >= 0) {
+    r.tier = KVP_TIER_NVME;
+    rc = fn(opaque, &r);
+  }
+  return rc;
+}
+
+/* Under mu, which every event is emitted under: the listing and *seq are
+ * one state.  A batch's NVMe reads run without mu, but change no entry's
+ * tiers until they retake it. */
+int kvp_tier_keys_each(kvp_tier_store *t, kvp_tier_resident_fn fn,
+                       void *opaque, uint64_t *seq) {
+  if (t == NULL || fn == NULL)
+    return KVP_EINVAL;
+  int rc = 0;
+  pthread_mutex_lock(&t->mu);
+  for (uint32_t i = 0; rc == 0 && i < t->nents; i++)
+    if (t->ents[i].live)
+      rc = resident_each(&t->ents[i], fn, opaque);
+  if (seq != NULL)
+    *seq = t->seq;
+  pthread_mutex_unlock(&t->mu);
+  return rc;
 }
 
 double kvp_tier_bandwidth(kvp_tier_store *t, kvp_tier tier) {

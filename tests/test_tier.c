@@ -1018,6 +1018,288 @@ TEST(events_feed_index) {
   tt_rmdir(dir);
 }
 
+/* ---- event epochs and the resident key walk -------------------------------
+ * A connector feeds a store's events into locality indexes as stream 1 of
+ * worker 0.  The store restarts on its slab files: its events number from 1
+ * again in a larger epoch, and the indexes must end with what the store
+ * holds (before epochs, the restarted store's events were dropped as stale
+ * and a block put after the restart was found on no worker). */
+#define EB 64u           /* blocks */
+#define EKEY0 0x50000ull /* block i: key lo EKEY0 + i, the index fingerprint */
+#define EBYTES (128 * KB)
+
+static kvp_key ekey(size_t i) { return K(i + 1, EKEY0 + i); }
+
+typedef struct conn {
+  /* [0] follows every event; [1] only while attached (a connector that
+   * restarted and resyncs); [2] the per-worker calls, without epochs */
+  kvp_index *ix[3];
+  bool attached;
+  uint64_t epoch, seq;  /* the last event's */
+  uint8_t held[EB];     /* tier mask per block, as the events say */
+  uint64_t legacy_stale;
+} conn;
+
+static void conn_feed(kvp_index *ix, const kvp_tier_event *ev) {
+  kvp_index_src src = {.worker = 0, .stream = 1, .epoch = ev->epoch,
+                       .seq = ev->seq};
+  int rc = ev->stored
+               ? kvp_index_src_stored(ix, &src, ev->tier, NULL, &ev->key, 1)
+               : kvp_index_src_removed(ix, &src, ev->tier, &ev->key, 1);
+  ASSERT_EQ(rc, 1);
+}
+
+static void conn_event(void *opaque, const kvp_tier_event *ev) {
+  conn *c = opaque;
+  if (ev->epoch != c->epoch) { /* a new store: numbered from 1 */
+    ASSERT_GT(ev->epoch, c->epoch);
+    ASSERT_EQ(ev->seq, 1u);
+    c->epoch = ev->epoch;
+    c->seq = 0;
+    memset(c->held, 0, sizeof c->held);
+  }
+  ASSERT_EQ(ev->seq, c->seq + 1);
+  c->seq = ev->seq;
+  uint64_t i = ev->key.lo - EKEY0;
+  ASSERT_LT(i, (uint64_t)EB);
+  ASSERT_EQ(ev->bytes, (uint64_t)EBYTES);
+  uint8_t bit = (uint8_t)(1u << ev->tier), had = c->held[i] & bit;
+  ASSERT_EQ(had != 0, !ev->stored); /* each event changes one residency */
+  c->held[i] = (uint8_t)(ev->stored ? c->held[i] | bit : c->held[i] & ~bit);
+  conn_feed(c->ix[0], ev);
+  if (c->attached)
+    conn_feed(c->ix[1], ev);
+  int rc = ev->stored
+               ? kvp_index_stored(c->ix[2], 0, ev->seq, ev->tier, NULL,
+                                  &ev->key, 1)
+               : kvp_index_removed(c->ix[2], 0, ev->seq, ev->tier, &ev->key,
+                                   1);
+  c->legacy_stale += rc == KVP_EEXIST;
+}
+
+static int res_add(void *opaque, const kvp_tier_resident *r) {
+  uint8_t *m = opaque;
+  uint64_t i = r->key.lo - EKEY0;
+  ASSERT_LT(i, (uint64_t)EB);
+  ASSERT_KEY_EQ(r->key, ekey(i));
+  ASSERT_EQ(r->bytes, (uint64_t)EBYTES);
+  ASSERT_TRUE(r->tier == KVP_TIER_DRAM || r->tier == KVP_TIER_NVME);
+  ASSERT_EQ(m[i] & (1u << r->tier), 0u); /* once per tier */
+  m[i] |= (uint8_t)(1u << r->tier);
+  return 0;
+}
+
+/* What kvp_tier_keys_each lists, as tier masks; *seq its seq. */
+static void store_keys(kvp_tier_store *t, uint8_t m[EB], uint64_t *seq) {
+  memset(m, 0, EB);
+  ASSERT_OK(kvp_tier_keys_each(t, res_add, m, seq));
+}
+
+static int ix_add(void *opaque, uint64_t fp, uint32_t mask) {
+  uint8_t *m = opaque;
+  ASSERT_LT(fp - EKEY0, (uint64_t)EB);
+  m[fp - EKEY0] = (uint8_t)mask;
+  return 0;
+}
+
+static void index_keys(kvp_index *ix, uint8_t m[EB]) {
+  memset(m, 0, EB);
+  ASSERT_OK(kvp_index_worker_keys(ix, 0, ix_add, m));
+}
+
+/* The store's listing, the events' account and the indexes agree. */
+static void expect_same(kvp_tier_store *t, const conn *c, int nix) {
+  uint8_t st[EB], ix[EB];
+  uint64_t seq;
+  store_keys(t, st, &seq);
+  ASSERT_EQ(seq, c->seq);
+  ASSERT_MEM_EQ(st, c->held, EB);
+  for (int k = 0; k < nix; k++) {
+    index_keys(c->ix[k], ix);
+    ASSERT_MEM_EQ(ix, st, EB);
+  }
+}
+
+/* The worker's match for block i in index ix: its tier, -1 when none. */
+static int found_in(kvp_index *ix, size_t i) {
+  kvp_key k = ekey(i);
+  kvp_index_match m[2];
+  int n = kvp_index_query(ix, &k, 1, 0, m, 2);
+  ASSERT_GE(n, 0);
+  if (n == 0)
+    return -1;
+  ASSERT_EQ(n, 1);
+  for (int t = 0; t < KVP_TIER_COUNT_; t++)
+    if (m[0].tier_blocks[t])
+      return t;
+  return -1;
+}
+
+static kvp_tier_store *conn_store(const char *dir, kvp_tier_io_backend be,
+                                  conn *c) {
+  kvp_tier_opts o = {.dram_bytes = 4 * MB, .nvme_dir = dir,
+                     .nvme_bytes = 64 * MB, .io_backend = be,
+                     .queue_depth = 8, .max_block_bytes = 1 * MB,
+                     .on_event = conn_event, .event_opaque = c};
+  kvp_tier_store *t;
+  ASSERT_OK(kvp_tier_create(&o, NULL, &t));
+  return t;
+}
+
+static void put_e(kvp_tier_store *t, const kvp_namespace *ns, size_t i,
+                  uint32_t flags) {
+  put_k(t, ns, ekey(i), EBYTES, flags, KVP_CLASS_STABLE);
+}
+
+/* The snapshot a restarted connector rebuilds index ix from. */
+static int resync_from(kvp_tier_store *t, kvp_index *ix) {
+  static kvp_key keys[2 * EB];
+  static uint8_t tiers[2 * EB];
+  uint8_t m[EB];
+  uint64_t seq;
+  store_keys(t, m, &seq);
+  size_t n = 0;
+  for (size_t i = 0; i < EB; i++)
+    for (unsigned b = 0; b < KVP_TIER_COUNT_; b++)
+      if (m[i] & (1u << b)) {
+        keys[n] = ekey(i);
+        tiers[n++] = (uint8_t)b;
+      }
+  kvp_index_src src = {.worker = 0, .stream = 1, .epoch = kvp_tier_epoch(t),
+                       .seq = seq};
+  return kvp_index_src_resync(
+      ix, &src, (1u << KVP_TIER_DRAM) | (1u << KVP_TIER_NVME), keys, tiers, n);
+}
+
+static void epoch_restart(kvp_tier_io_backend be) {
+  char dir[256];
+  tt_mkdir(dir, sizeof dir);
+  kvp_namespace ns = tt_ns("a", 16);
+  static conn c;
+  memset(&c, 0, sizeof c);
+  for (int k = 0; k < 3; k++) {
+    ASSERT_OK(kvp_index_create(&(kvp_index_opts){.max_workers = 8}, NULL,
+                               &c.ix[k]));
+    ASSERT_OK(kvp_index_worker_add(c.ix[k], 0));
+  }
+  c.attached = true;
+  /* life 1: 48 blocks through a 4 MiB DRAM tier, some durable */
+  kvp_tier_store *t = conn_store(dir, be, &c);
+  uint64_t e1 = kvp_tier_epoch(t);
+  ASSERT_OK(kvp_tier_ns_add(t, &ns, NULL));
+  for (size_t i = 0; i < 48; i++)
+    put_e(t, &ns, i, i % 4 == 0 ? KVP_TIER_PUT_DURABLE : 0);
+  ASSERT_EQ(kvp_tier_evict(t, &ns, ekey(0)), 1);
+  ASSERT_EQ(kvp_tier_evict(t, &ns, ekey(47)), 1);
+  ASSERT_EQ(c.epoch, e1);
+  expect_same(t, &c, 3);
+  uint8_t nvme[EB], st[EB];
+  size_t n_nvme = 0;
+  for (size_t i = 0; i < EB; i++) {
+    nvme[i] = c.held[i] & (1u << KVP_TIER_NVME);
+    n_nvme += nvme[i] != 0;
+  }
+  ASSERT_GT(n_nvme, 10u);
+  ASSERT_OK(kvp_tier_sync(t));
+  kvp_tier_destroy(t);
+  uint64_t life1_seq = c.seq;
+  /* life 2 on the same files; the restarted connector misses its start */
+  c.attached = false;
+  t = conn_store(dir, be, &c);
+  uint64_t e2 = kvp_tier_epoch(t);
+  ASSERT_GT(e2, e1);
+  kvp_tier_stats ts;
+  ASSERT_OK(kvp_tier_get_stats(t, &ts));
+  ASSERT_EQ(ts.recovered_slots, (uint64_t)n_nvme);
+  ASSERT_EQ(c.epoch, e2); /* recovery's events: 1 .. n_nvme */
+  ASSERT_EQ(c.seq, (uint64_t)n_nvme);
+  uint64_t seq;
+  store_keys(t, st, &seq); /* exactly what was on NVMe */
+  ASSERT_MEM_EQ(st, nvme, EB);
+  ASSERT_EQ(seq, (uint64_t)n_nvme);
+  expect_same(t, &c, 1); /* ix[0]: life 1's DRAM went with its epoch */
+  kvp_index_stats is;
+  ASSERT_OK(kvp_index_stats_get(c.ix[0], &is));
+  ASSERT_EQ(is.epochs, 1u);
+  ASSERT_GT(is.epoch_drops, 0u);
+  ASSERT_EQ(is.events_stale, 0u);
+  /* ix[1] rebuilds from the listing, then follows the events */
+  ASSERT_EQ(resync_from(t, c.ix[1]), (int)n_nvme);
+  c.attached = true;
+  expect_same(t, &c, 2);
+  /* life 2 goes on: recovered blocks read back (promoted to DRAM), new
+   * blocks put, one evicted */
+  ASSERT_OK(kvp_tier_ns_add(t, &ns, NULL));
+  for (size_t i = 0; i < 8; i++)
+    if (nvme[i])
+      ASSERT_EQ(get_k(t, &ns, ekey(i), EBYTES), KVP_TIER_NVME);
+  for (size_t i = 48; i < 56; i++)
+    put_e(t, &ns, i, 0);
+  ASSERT_EQ(kvp_tier_evict(t, &ns, ekey(4)), 1);
+  ASSERT_LT(c.seq, life1_seq); /* life 2's numbers are all "old" ones */
+  expect_same(t, &c, 2);
+  kvp_index_worker_info wi;
+  ASSERT_OK(kvp_index_worker_get(c.ix[1], 0, &wi));
+  ASSERT_EQ(wi.uncertain, 0); /* the snapshot's seq + 1 came next */
+  /* the end-to-end case: a block put after the restart is found */
+  ASSERT_EQ(found_in(c.ix[0], 50), KVP_TIER_DRAM);
+  ASSERT_EQ(found_in(c.ix[1], 50), KVP_TIER_DRAM);
+  ASSERT_EQ(found_in(c.ix[0], 4), -1);
+  /* without epochs, every event of life 2 was stale: found nowhere */
+  ASSERT_EQ(found_in(c.ix[2], 50), -1);
+  ASSERT_EQ(c.legacy_stale, c.seq);
+  kvp_tier_destroy(t);
+  for (int k = 0; k < 3; k++)
+    kvp_index_destroy(c.ix[k]);
+  tt_rmdir(dir);
+}
+ON_BACKENDS(epoch_restart)
+
+/* Epochs are creation times, increasing within the process too, and every
+ * event carries its store's. */
+static uint64_t seen_epoch;
+static void note_epoch(void *opaque, const kvp_tier_event *ev) {
+  (void)opaque;
+  ASSERT_EQ(ev->epoch, seen_epoch);
+}
+
+static int stop_walk(void *opaque, const kvp_tier_resident *r) {
+  (void)r;
+  return ++*(int *)opaque == 2 ? 5 : 0;
+}
+
+TEST(epoch_and_keys_each) {
+  ASSERT_EQ(kvp_tier_epoch(NULL), 0u);
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  uint64_t now = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+  kvp_tier_opts o = {.dram_bytes = 4 * MB, .on_event = note_epoch};
+  kvp_tier_store *t[4];
+  for (int i = 0; i < 4; i++) {
+    ASSERT_OK(kvp_tier_create(&o, NULL, &t[i]));
+    if (i > 0) /* created within the same nanosecond or not */
+      ASSERT_GT(kvp_tier_epoch(t[i]), kvp_tier_epoch(t[i - 1]));
+  }
+  ASSERT_GE(kvp_tier_epoch(t[0]), now);
+  ASSERT_LT(kvp_tier_epoch(t[0]) - now, 60ull * 1000000000u);
+  kvp_namespace ns = tt_ns("a", 16);
+  ASSERT_OK(kvp_tier_ns_add(t[2], &ns, NULL));
+  seen_epoch = kvp_tier_epoch(t[2]);
+  for (size_t i = 0; i < 3; i++)
+    put_k(t[2], &ns, ekey(i), 1000, 0, 0);
+  uint64_t seq = 99;
+  int calls = 0;
+  ASSERT_EQ(kvp_tier_keys_each(t[2], stop_walk, &calls, &seq), 5);
+  ASSERT_EQ(calls, 2);
+  ASSERT_EQ(seq, 3u);
+  ASSERT_ERR(kvp_tier_keys_each(NULL, stop_walk, &calls, NULL), KVP_EINVAL);
+  ASSERT_ERR(kvp_tier_keys_each(t[2], NULL, NULL, NULL), KVP_EINVAL);
+  ASSERT_OK(kvp_tier_keys_each(t[1], stop_walk, &calls, &seq)); /* empty */
+  ASSERT_EQ(seq, 0u);
+  for (int i = 0; i < 4; i++)
+    kvp_tier_destroy(t[i]);
+}
+
 TEST_MAIN(TEST_ENTRY(dram_basic), TEST_ENTRY(dram_register_hook),
           TEST_ENTRY(dram_default_capacity),
           TEST_ENTRY(fingerprint_collision), TEST_ENTRY(nvme_demote_promote_all),
@@ -1029,4 +1311,5 @@ TEST_MAIN(TEST_ENTRY(dram_basic), TEST_ENTRY(dram_register_hook),
           TEST_ENTRY(nvme_stage_ahead_all),
           TEST_ENTRY(tmpfs_refused),
           TEST_ENTRY(policy_lru), TEST_ENTRY(policy_scan_resistance),
-          TEST_ENTRY(options), TEST_ENTRY(events_feed_index))
+          TEST_ENTRY(options), TEST_ENTRY(events_feed_index),
+          TEST_ENTRY(epoch_restart_all), TEST_ENTRY(epoch_and_keys_each))

@@ -188,7 +188,9 @@ KVP_API int kvp_index_src_resync(kvp_index *ix, const kvp_index_src *src,
 typedef struct kvp_index_stream_info {
   uint64_t epoch;
   uint64_t last_seq;  /* 0: none in this epoch yet */
-  uint32_t tier_mask; /* tiers stored into this epoch (bit 1 << kvp_tier) */
+  /* tiers stored into this epoch, a snapshot's mask included (bit
+   * 1 << kvp_tier): what a larger epoch will drop */
+  uint32_t tier_mask;
   uint32_t reserved32;
   uint64_t reserved[2];
 } kvp_index_stream_info;

@@ -195,7 +195,8 @@ KVP_API int kvp_tier_admit_seen(kvp_tier_admit *a, uint64_t fp);
  * them straight to kvp_index_src_stored(ix, &(kvp_index_src){worker, stream,
  * epoch, seq}, tier, NULL, &key, 1) / kvp_index_src_removed().  The epoch is
  * the store's creation time (CLOCK_REALTIME, ns; larger than the previous
- * store's on this host unless the clock went back): a store reopened on the
+ * store's on this host unless the clock went back, and strictly increasing
+ * across the stores of one process): a store reopened on the
  * same files after a restart numbers its events from 1 again in a new epoch,
  * and the index drops the old epoch's residency instead of dropping the new
  * events as stale.  kvp_tier_keys_each() then lists what the reopened store
