@@ -6,7 +6,8 @@ with int and bytes hashes, for several seeds.
 
 usage: test_vllm_events.py [--subscriber oracle|CMD] [--scenarios LIST]
            [--transports LIST] [--hashes LIST] [--seeds LIST] [-j N]
-           [--keep DIR] [-v]
+           [--keep DIR]
+       test_vllm_events.py --mutants [-j N] [--keep DIR]
 
 --subscriber: `oracle` (default) = tests/interop/oracle_tail.py, the Python
 reference; anything else is a command line to which vllm_publisher.py appends
@@ -22,6 +23,9 @@ Each run passes when the subscriber exits 0 in time and its stdout is:
   * then {"resident": {...}}, equal to the expected residency (lists in
     order; a medium missing = empty);
   * then, last, {"stats": {...}}.
+--mutants checks the checker: each known-wrong subscriber of
+oracle_mutants.py must FAIL every run of the scenarios it breaks (ipc and
+tcp, int hashes, seed 1).
 Exit 0 all pass, 1 any failure (77 comes from run.sh when setup skips).
 """
 from __future__ import annotations
@@ -174,6 +178,32 @@ def one(a, sub_cmd, scenario, transport, form, seed, work) -> tuple[bool, str]:
     return False, "\n".join(msg)
 
 
+def mutants(a) -> int:
+    sys.path.insert(0, HERE)
+    from oracle_mutants import MUTANTS
+    work = a.keep or tempfile.mkdtemp(prefix="kvp-interop-mutants-")
+    jobs = [(m, s, t) for m, (_, scen) in MUTANTS.items() for s in scen for t in ("ipc", "tcp")]
+    print(f"test_vllm_events --mutants: {len(jobs)} runs of known-wrong subscribers, "
+          "each must fail", flush=True)
+    bad = 0
+    with ThreadPoolExecutor(max(1, a.jobs)) as ex:
+        futs = [(m, s, t, ex.submit(one, a, shlex.join(
+                    [sys.executable, os.path.join(HERE, "oracle_mutants.py"), m]),
+                    s, t, "int", 1, os.path.join(work, m))) for m, s, t in jobs]
+        for m, s, t, f in futs:
+            ok, msg = f.result()
+            bad += ok
+            why = msg.splitlines()[1].strip() if not ok and len(msg.splitlines()) > 1 else ""
+            print(f"{'ok  ' if not ok else 'FAIL'} mutant {m} on {s}/{t}: "
+                  f"{'rejected: ' + why if not ok else 'PASSED (the test misses this bug)'}",
+                  flush=True)
+    print(f"test_vllm_events --mutants: {len(jobs) - bad} rejected, {bad} not")
+    if not a.keep:
+        import shutil
+        shutil.rmtree(work, ignore_errors=True)
+    return 1 if bad else 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -184,10 +214,14 @@ def main() -> int:
     ap.add_argument("--hashes", default="int,bytes")
     ap.add_argument("--seeds", default="1,2")
     ap.add_argument("-j", "--jobs", type=int, default=2)
-    ap.add_argument("--idle-ms", type=int, default=1500)
+    ap.add_argument("--idle-ms", type=int, default=2000)
     ap.add_argument("--timeout", type=float, default=60)
     ap.add_argument("--keep", help="keep every run's files here (default: only failures)")
+    ap.add_argument("--mutants", action="store_true",
+                    help="known-wrong subscribers must fail (oracle_mutants.py)")
     a = ap.parse_args()
+    if a.mutants:
+        return mutants(a)
     sub_cmd = a.subscriber
     if sub_cmd == "oracle":
         sub_cmd = shlex.join([sys.executable, os.path.join(HERE, "oracle_tail.py")])

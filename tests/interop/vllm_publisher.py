@@ -21,7 +21,8 @@ resident hash is a no-op, a removal removes it whatever came before,
 AllBlocksCleared empties every medium):
   normal        subscriber first, then n batches; expected: all n
   late          n/2 batches sent (and drained) before the subscriber starts,
-                the rest right after: it must recover the first half by replay
+                2 more as it starts, the rest once it printed the first half:
+                it must recover the first half by replay
   loss          PUB goes through a proxy here that drops a seq range (and,
                 for odd seeds, the last batch: only an idle probe finds that);
                 the subscriber replays from the real ROUTER; expected: all n
@@ -534,7 +535,12 @@ class Run:
         if a.scenario == "late":
             self.publish(pubs[0], b0[:p.half])
             self.start_subscriber()
-            self.publish(pubs[0], b0[p.half:])
+            mark = self.sub.mark() if self.sub else 0
+            # two batches race the subscriber's start, the rest go live once
+            # it printed the first half (replayed)
+            self.publish(pubs[0], b0[p.half:p.half + 2])
+            self.sync(p.half - 1, mark, "the replayed first half")
+            self.publish(pubs[0], b0[p.half + 2:])
         elif a.scenario == "small_buffer":
             self.start_subscriber()
             mark = self.sub.mark() if self.sub else 0
@@ -631,7 +637,7 @@ def main() -> int:
     ap.add_argument("--subscriber", help="command (shell words); args are appended")
     ap.add_argument("--sub-out", help="the subscriber's stdout, saved")
     ap.add_argument("--sub-err", help="the subscriber's stderr, saved")
-    ap.add_argument("--idle-ms", type=int, default=1500)
+    ap.add_argument("--idle-ms", type=int, default=2000)
     ap.add_argument("--timeout", type=float, default=60, help="subscriber wall limit")
     ap.add_argument("--sync-timeout", type=float, default=15)
     ap.add_argument("--pause", type=float, default=3, help="manual mode: between phases")
