@@ -10,7 +10,7 @@
 #                              PATH, else /usr/bin/python3; needs venv+ensurepip)
 #   KVP_VLLM_WHEEL=/path/vllm-0.33.0-...whl   take this wheel (sha256 checked)
 #                              instead of `pip download vllm==0.33.0 --no-deps`
-# exit: 0 ready, 77 PyPI cannot be reached (and something had to be fetched),
+# exit: 0 ready, 77 PyPI cannot be reached and something must be fetched,
 #       1 any other failure
 set -euo pipefail
 
@@ -45,15 +45,17 @@ except Exception as e:  # any failure to talk to the index
     sys.exit(1)
 PY
 }
-# Exit 77 when the index cannot be reached, else 1 (a real failure).
-fetch_failed() {
+# Called before anything is fetched: exit 77 when the index cannot be
+# reached (checked first, with a short timeout: pip's own retries can take
+# minutes where the network is black-holed).
+need_index() {
   if ! pypi_reachable "$py"; then
-    echo "interop setup: SKIP: PyPI cannot be reached, and $1 is not cached" \
-         "(run tests/interop/setup.sh where PyPI is reachable)" >&2
+    echo "interop setup: SKIP: PyPI cannot be reached, and $1 is not cached here" \
+         "(run tests/interop/setup.sh once where PyPI is reachable)" >&2
     exit 77
   fi
-  die "$1: the index is reachable, so this is not a network problem (see above)"
 }
+pip_net=(--disable-pip-version-check --timeout 60 --retries 2)
 
 # ---- 1. the interpreter: CPython >= 3.10 with venv + ensurepip -------------
 py=
@@ -73,12 +75,13 @@ if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c '' 2>/dev/null &&
    [ "$(cat "$venv/.kvp-stamp" 2>/dev/null)" = "$want" ]; then
   say "venv $venv is up to date ($("$venv/bin/python" -V))"
 else
+  need_index "a venv with the packages of $req"
   say "creating venv $venv with $py ($("$py" -V))"
   rm -rf "$venv"
   "$py" -m venv "$venv" || die "$py -m venv $venv"
   say "installing $(grep -v '^#' "$req" | tr '\n' ' ')"
-  "$venv/bin/pip" install -q --disable-pip-version-check --only-binary=:all: \
-    -r "$req" || fetch_failed "the packages of $req"
+  "$venv/bin/pip" install -q "${pip_net[@]}" --only-binary=:all: -r "$req" ||
+    die "pip install -r $req (the index is reachable: not a network problem)"
   "$venv/bin/python" - "$req" <<'PY' || die "the venv does not hold the pinned versions"
 import sys
 from importlib.metadata import version
@@ -100,13 +103,15 @@ elif [ -n "${KVP_VLLM_WHEEL:-}" ]; then
   cp "$KVP_VLLM_WHEEL" "$whl.tmp" && mv "$whl.tmp" "$whl"
   say "wheel copied from $KVP_VLLM_WHEEL to $whl"
 else
+  need_index "$wheel_name"
   say "downloading vllm==0.33.0 (--no-deps, 336 MB) into $pypi"
   hreq=$root/.cache/interop/vllm-wheel.req
   echo "vllm==0.33.0 --hash=sha256:$wheel_sha" >"$hreq"
   # --platform: the same wheel on any host (only its .py files are used).
-  "$venv/bin/pip" download -q --disable-pip-version-check --no-deps \
+  "$venv/bin/pip" download -q "${pip_net[@]}" --no-deps \
     --only-binary=:all: --platform manylinux_2_28_x86_64 --python-version 3.11 \
-    --require-hashes -r "$hreq" -d "$pypi" || fetch_failed "vllm==0.33.0"
+    --require-hashes -r "$hreq" -d "$pypi" ||
+    die "pip download vllm==0.33.0 (the index is reachable: not a network problem)"
   sha_ok "$whl" || die "pip download did not leave $whl"
   say "wheel downloaded: $whl"
 fi
