@@ -16,7 +16,8 @@ reference; anything else is a command line to which vllm_publisher.py appends
 
 Each run passes when the subscriber exits 0 in time and its stdout is:
   * event lines {"seq","type","medium","block_hashes","parent_block_hash",
-    "token_count"} (more keys allowed), equal to what the publisher sent at
+    "token_count"} (more keys allowed; objects with neither seq nor type are
+    ignored), equal to what the publisher sent at
     that seq; consecutive lines of one seq are one batch; the batches form
     runs of strictly increasing seq, a new run only where seq goes back (a
     restart); the runs' seqs are exactly the scenario's expect_runs;
@@ -107,8 +108,8 @@ def check(log: dict, lines: list[str]) -> list[str]:
                         f"missing {missing[:4]}{'...' if len(missing) > 4 else ''}, "
                         f"extra {extra[:4]}{'...' if len(extra) > 4 else ''}"
                         f"{'; same sets, wrong order' if not missing and not extra else ''}")
-    # events, batches, runs
-    events = objs[:-2]
+    # events, batches, runs (objects with neither seq nor type: diagnostics)
+    events = [o for o in objs[:-2] if "seq" in o or "type" in o]
     for i, e in enumerate(events):
         bad = event_errors(e)
         if bad:
