@@ -1498,13 +1498,25 @@ int kvp_hasher_block_extras(const kvp_hasher *h, const kvp_extras *extras,
   kvp__cursor cur = {0};
   bkeys b;
   size_t mm_after;
-  /* the walk moves curr_mm_idx; past the last placeholder nothing moves */
-  for (size_t i = 0; i < block && x.n_mm > 0 &&
-                     !mm_passed(&x.mm[x.n_mm - 1], cur.start, h->r033);
-       i++) {
+  /* The walk's only state is curr_mm_idx = k.  It cannot move before the
+   * block that holds the end of placeholder k (earlier blocks end before
+   * it, so neither pass it nor contain its end), nor at all once k is past
+   * the last one or the last one is passed (vLLM's early exit): jump there,
+   * O(placeholders) steps, not O(blocks). */
+  for (size_t i = 0; i < block;) {
+    if (cur.mm_idx >= x.n_mm ||
+        mm_passed(&x.mm[x.n_mm - 1], cur.start, h->r033))
+      break;
+    uint64_t e = mm_end(&x.mm[cur.mm_idx]), j = e > 0 ? (e - 1) / bs : 0;
+    if (j > i) {
+      i = j < block ? (size_t)j : block;
+      cur.start = (uint64_t)i * bs;
+      continue;
+    }
     plan_block(&x, &cur, bs, h->r033, &b, &mm_after);
     cur.start = b.end;
     cur.mm_idx = mm_after;
+    i++;
   }
   cur.start = (uint64_t)block * bs;
   plan_block(&x, &cur, bs, h->r033, &b, &mm_after);

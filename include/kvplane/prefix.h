@@ -228,12 +228,13 @@ KVP_API int kvp_hasher_block(kvp_hasher *h, const uint8_t *parent,
  * vLLM's generate_block_hash_extra_keys makes (native algorithms: as vLLM
  * before 0.33) -- into *out, whose strings and prompt_embeds point into
  * `extras` and whose mm points to `mm` (mm_cap entries; may be NULL when 0).
- * out->lora_path is extras->lora_path whatever the mode.  Walks the blocks
- * before `block` (O(block + placeholders)).  Returns the block's number of
- * mm keys; when that exceeds mm_cap nothing is written (ask again with
- * room).  KVP_EINVAL: NULL h or out, bad extras (logged), `block` past the
- * prompt-embeddings digests.  Reads only immutable hasher state: any
- * thread. */
+ * out->lora_path is extras->lora_path whatever the mode.  Replays vLLM's
+ * walk over the blocks before `block` in O(placeholders) steps.  Returns
+ * the block's number of mm keys; when that exceeds mm_cap nothing is
+ * written (ask again with room).  KVP_EINVAL: NULL h or out, bad extras
+ * (logged), `block` past the prompt-embeddings digests or past any prompt;
+ * KVP_ERANGE: more than INT_MAX keys.  Reads only immutable hasher state:
+ * any thread. */
 KVP_API int kvp_hasher_block_extras(const kvp_hasher *h,
                                     const kvp_extras *extras, size_t block,
                                     kvp_block_extras *out, kvp_mm_key *mm,
