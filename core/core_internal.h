@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* core internals shared with the modules DESIGN.md lets use core (router,
- * kvtier, kernels, connectors): the one allocation helper, logging macros,
- * small checks.  Not installed. */
+ * kvtier, kernels; connectors are clients of the public API and do not):
+ * the one allocation helper, logging macros, small checks.  Not installed. */
 #ifndef KVP_CORE_INTERNAL_H
 #define KVP_CORE_INTERNAL_H
 

@@ -22,13 +22,17 @@
 /* Native block encoding: parent (16 B) || tokens (u32le each) and, only when
  * the block has extra keys, a tag byte 0xE0 | flags followed by the fields
  * the flags name, in this order:
- *   LORA: u32le len || bytes
- *   MM:   u32le count || count * (u32le len || id bytes || i64le offset -
- * start) SALT: u32le len || bytes */
+ *   LORA:   u32le len || name bytes (never the path)
+ *   MM:     u32le count || count * (u32le len || id bytes || i64le offset -
+ *           start)
+ *   SALT:   u32le len || bytes
+ *   EMBEDS: the block's 32-byte prompt-embeddings digest
+ * (a new flag, not a new tag: blocks without embeddings keep their keys) */
 #define KVP__XTAG 0xE0u
 #define KVP__XTAG_LORA 0x01u
 #define KVP__XTAG_MM 0x02u
 #define KVP__XTAG_SALT 0x04u
+#define KVP__XTAG_EMBEDS 0x08u
 
 /* Widest digest any algorithm produces (SHA-256). */
 #define KVP__DIGEST_MAX 32u
@@ -44,14 +48,19 @@ typedef struct kvp__cursor {
   size_t mm_idx;  /* vLLM's curr_mm_idx: first placeholder still in play */
 } kvp__cursor;
 
-/* A kvp_extras after validation, string lengths resolved ("" = absent). */
+/* A kvp_extras after validation, string lengths resolved ("" = absent;
+ * path "" also when NULL). */
 typedef struct kvp__xview {
   const char *lora;
   size_t lora_len;
+  const char *path;
+  size_t path_len;
   const char *salt;
   size_t salt_len;
   const kvp_mm_span *mm;
   size_t n_mm;
+  const uint8_t (*embeds)[32]; /* NULL = none */
+  size_t n_embeds;
 } kvp__xview;
 
 /* Validates `e` (NULL = no extras) into `out`, which borrows e's strings.
@@ -63,14 +72,36 @@ void kvp__cursor_init(const kvp_hasher *h, kvp__cursor *cur);
 
 /* Hashes `n_blocks` full blocks of tokens from `cur` on and advances `cur`.
  * keys[0..n_blocks) receive the keys; digests (NULL = not wanted) receives
- * n_blocks * kvp_hash_algo_digest_len() bytes.  Allocation-free.  Returns 0,
- * or KVP_EIO if OpenSSL failed (then `cur` and the outputs are garbage). */
+ * n_blocks * kvp_hash_algo_digest_len() bytes.  The caller has checked that
+ * x's prompt-embeddings digests cover these blocks (kvp__embeds_cover).
+ * Allocation-free.  Returns 0, or KVP_EIO if OpenSSL failed (then `cur` and
+ * the outputs are garbage). */
 int kvp__hash_blocks(kvp_hasher *h, kvp__cursor *cur, const uint32_t *tokens,
                      size_t n_blocks, const kvp__xview *x, kvp_key *keys,
                      uint8_t *digests);
 
+/* KVP_EINVAL (logged) when blocks [first, first + n) are not all covered
+ * by x's prompt-embeddings digests (x has some); else 0. */
+int kvp__embeds_cover(const kvp__xview *x, size_t first, size_t n);
+
 /* The chunk key of granularity `chunk_tokens` whose last block has key `fine`.
  */
 kvp_key kvp__chunk_key(kvp_key fine, uint32_t chunk_tokens);
+
+/* ---- for tests ------------------------------------------------------------
+ * The exact bytes a hasher hashes, recorded on the way into the digest:
+ * kvp_hasher_block's encoding of one block (pickle / CBOR / native) and the
+ * encoding of a NONE_HASH seed string (vLLM modes).  They write up to `cap`
+ * bytes to buf, the full length to *len, and return what kvp_hasher_block
+ * returns, or KVP_ENOSPC when the encoding is longer than cap (*len says how
+ * long).  kvp__hasher_root copies the parent of block 0 (NONE_HASH, or the
+ * native namespace seed's 16 bytes) and returns its length. */
+int kvp__hasher_block_bytes(kvp_hasher *h, const uint8_t *parent,
+                            size_t parent_len, const uint32_t *tokens,
+                            const kvp_block_extras *bx, uint8_t *buf,
+                            size_t cap, size_t *len);
+int kvp__hasher_seed_bytes(kvp_hasher *h, const char *seed, uint8_t *buf,
+                           size_t cap, size_t *len);
+size_t kvp__hasher_root(const kvp_hasher *h, uint8_t out[KVP__DIGEST_MAX]);
 
 #endif /* KVP_PREFIX_INTERNAL_H */

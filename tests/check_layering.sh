@@ -3,6 +3,7 @@
 # DESIGN.md's module table, checked on the sources: a module may include its
 # own headers, the public include/ headers and the private headers of the
 # modules it may use -- never another module's folder by relative path.
+# Connectors are clients of the library: the public headers only.
 # (The build enforces the same through PRIVATE include paths.)
 set -u
 root=${1:-.}
@@ -12,7 +13,7 @@ declare -A allowed=(
   [router]="router core"
   [kernels]="kernels core"
   [kvtier]="kvtier core kernels"
-  [connectors]="connectors router kvtier core"
+  [connectors]="connectors"
 )
 fail=0
 for mod in "${!allowed[@]}"; do

@@ -1,8 +1,10 @@
 #!/bin/sh
 # SPDX-License-Identifier: Apache-2.0
-# The `kvplane` tool end to end: `hash --check` on the shared vLLM vectors
-# (passing, with one digest altered, on every bad file of tests/data), and
-# `hash` on stdin against the same vectors, every case, every extra.
+# The `kvplane` tool end to end: `hash --check` on the shared vLLM vectors of
+# both schemes (before 0.33, and 0.33's tagged keys over pickle; passing, with
+# one digest altered, with the scheme or an event key altered, on every bad
+# file of tests/data), and `hash` on stdin against the same vectors, every
+# case, every extra.
 # usage: test_cli.sh KVPLANE_BINARY SHARED_DIR TESTS_DATA_DIR
 # exit 0 pass, 1 fail, 77 skip (no shared vectors).
 set -eu
@@ -11,12 +13,15 @@ bin=${1:?usage: test_cli.sh KVPLANE_BINARY SHARED_DIR TESTS_DATA_DIR}
 shared=${2:?shared dir}
 data=${3:?tests/data dir}
 vectors=$shared/vectors/vllm_block_hashes.json
+vectors033=$shared/vectors/vllm033_block_hashes.json
 py=/usr/bin/python3
 
-if [ ! -r "$vectors" ]; then
-  echo "SKIP: $vectors is missing (CI has it at ../shared)" >&2
-  exit 77
-fi
+for f in "$vectors" "$vectors033"; do
+  if [ ! -r "$f" ]; then
+    echo "SKIP: $f is missing (CI has it at ../shared)" >&2
+    exit 77
+  fi
+done
 [ -x "$bin" ] || { echo "FAIL: $bin is not an executable" >&2; exit 1; }
 [ -x "$py" ] || { echo "SKIP: $py is missing (used to read the vectors)" >&2; exit 77; }
 
@@ -76,6 +81,9 @@ want_err "--block-size: bad value '0'" "--block-size 0"
 run "$bin" hash --algo md5
 want_rc 2 "--algo md5"
 want_err "--algo: bad value 'md5'" "--algo md5"
+run "$bin" hash --algo vllm_sha256 --vllm-version latest
+want_rc 2 "--vllm-version latest"
+want_err "--vllm-version: bad value 'latest' (expected a vLLM release like 0.33.0)" "--vllm-version latest"
 run "$bin" hash --check "$vectors" --algo sha256
 want_rc 2 "--check with another option"
 run "$bin" hash --check
@@ -83,11 +91,42 @@ want_rc 2 "--check without a file"
 want_err "needs a value" "--check without a file"
 
 # ---- hash --check ----------------------------------------------------------
-run "$bin" hash --check "$vectors"
-want_rc 0 "check shared vectors"
-[ "$(tail -n 1 "$tmp/out")" = "48 passed, 0 failed" ] ||
-  fail "check shared vectors: last line is not '48 passed, 0 failed'"
-[ "$(wc -l <"$tmp/out")" -eq 1 ] || fail "check shared vectors: extra output"
+for f in "$vectors" "$vectors033"; do
+  run "$bin" hash --check "$f"
+  want_rc 0 "check $f"
+  [ "$(tail -n 1 "$tmp/out")" = "48 passed, 0 failed" ] ||
+    fail "check $f: last line is not '48 passed, 0 failed'"
+  [ "$(wc -l <"$tmp/out")" -eq 1 ] || fail "check $f: extra output"
+done
+
+# the 0.33 file read as an older release (cases with a seed): the scheme
+# mismatch is named by the extra keys, not only by a digest; an event key
+# altered on its own is caught too
+"$py" - "$vectors033" "$tmp" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+d["cases"] = [c for c in d["cases"] if c["pythonhashseed"] is not None]
+for c in d["cases"]:
+    c["vllm_version"] = "0.32.1"
+json.dump(d, open(sys.argv[2] + "/as032.json", "w"))
+d = json.load(open(sys.argv[1]))
+c = next(c for c in d["cases"] if c["lora_name"] and c["blocks"])
+c["blocks"][0]["event_extra_keys"][0] = c["lora_name"] + "x"
+d["cases"] = [c]
+json.dump(d, open(sys.argv[2] + "/event.json", "w"))
+EOF
+run "$bin" hash --check "$tmp/as032.json"
+want_rc 1 "0.33 vectors as 0.32"
+want_out 'block 0: extra keys ["adapter-' "0.33 vectors as 0.32"
+grep -q '^FAIL case [0-9]*: block [0-9]*: extra keys .* from kvplane, expected \[\["' "$tmp/out" ||
+  fail "0.33 vectors as 0.32: no failure names the tagged keys kvplane did not make"
+if grep '^FAIL' "$tmp/out" | grep -qv 'extra keys'; then
+  fail "0.33 vectors as 0.32: a failure does not name the extra keys"
+fi
+run "$bin" hash --check "$tmp/event.json"
+want_rc 1 "altered event key"
+want_out "block 0: event extra keys [" "altered event key"
+[ "$(tail -n 1 "$tmp/out")" = "0 passed, 1 failed" ] || fail "altered event key: not 1 failed"
 
 # one hex digit of case 5, block 1 flipped: exactly that case fails
 "$py" - "$vectors" "$tmp/altered.json" <<'EOF'
@@ -134,23 +173,36 @@ want_rc 2 "missing file"
 want_err "does-not-exist.json: No such file or directory" "missing file"
 
 # ---- hash: every shared case through stdin, every extra through options ----
-# Per case: tokens, the command line (odd cases take the seed from the
-# environment) and the expected output in the default hex format.
-"$py" - "$vectors" "$tmp" <<'EOF'
+# Per case of both files: tokens, the command line (odd cases take the seed
+# from the environment; 0.33 cases without PYTHONHASHSEED take none, as the
+# engine did) and the expected output in the default hex format.  The old
+# file's cases run as vLLM 0.32, the 0.33 file's by its vllm_version or the
+# default.
+"$py" - "$vectors" "$vectors033" "$tmp" <<'EOF'
 import json, shlex, sys
-d = json.load(open(sys.argv[1]))
-out = sys.argv[2]
-for i, c in enumerate(d["cases"]):
+cases = json.load(open(sys.argv[1]))["cases"] + \
+    json.load(open(sys.argv[2]))["cases"]
+out = sys.argv[3]
+algo = {"sha256": "vllm_sha256", "xxhash": "vllm_xxhash",
+        "sha256_cbor": "sha256_cbor", "xxhash_cbor": "xxhash_cbor"}
+for i, c in enumerate(cases):
     with open(f"{out}/tokens.{i}", "w") as f:
         f.write(" ".join(map(str, c["token_ids"])) + "\n")
-    args = ["--algo", c["algo"], "--block-size", str(c["block_size"])]
+    args = ["--algo", algo[c["algo"]], "--block-size", str(c["block_size"])]
+    version = c.get("vllm_version", "0.32.0")
+    if i % 3 != 2 or version != "0.33.0":  # else the default: the newest
+        args += ["--vllm-version", version]
     env = ""
-    if i % 2:
+    if c["pythonhashseed"] is None:
+        pass
+    elif i % 2:
         env = "PYTHONHASHSEED=" + c["pythonhashseed"]  # one argument of env
     else:
         args += ["--seed", c["pythonhashseed"]]
     if c["lora_name"] is not None:
         args += ["--lora", c["lora_name"]]
+    if c.get("lora_path") is not None:
+        args += ["--lora-path", c["lora_path"]]
     if c["cache_salt"] is not None:
         args += ["--salt", c["cache_salt"]]
     for m in c["mm_placeholders"]:
@@ -161,10 +213,10 @@ for i, c in enumerate(d["cases"]):
         for k, b in enumerate(c["blocks"]):
             f.write("%d %s %d\n" % (k, b["hash_hex"][-32:], b["external_u64"]))
         f.write("tail %d\n" % (len(c["token_ids"]) % c["block_size"]))
-print(len(d["cases"]), file=open(f"{out}/n_cases", "w"))
+print(len(cases), file=open(f"{out}/n_cases", "w"))
 EOF
 n_cases=$(cat "$tmp/n_cases")
-[ "$n_cases" -eq 48 ] || fail "shared file has $n_cases cases, want 48"
+[ "$n_cases" -eq 96 ] || fail "shared files have $n_cases cases, want 96"
 i=0
 while [ "$i" -lt "$n_cases" ]; do
   env_line=$(sed -n 1p "$tmp/args.$i")
@@ -220,11 +272,24 @@ tr ' ' '\n' <"$tmp/tokens.0" >"$tmp/lines"
 run_in "$tmp/lines" "$bin" hash "$@" --format json
 cmp -s "$tmp/out" "$tmp/json_ref" || fail "one-token-a-line input gives other keys"
 
-# vLLM modes need a seed: flag or environment
+# vLLM modes need a seed, flag or environment, where vLLM draws a random one:
+# xxhash*, and every algorithm before 0.33; 0.33's sha256* has a default
 printf '1 2 3\n' >"$tmp/three"
-run_in "$tmp/three" env -u PYTHONHASHSEED "$bin" hash --algo sha256_cbor
-want_rc 2 "sha256_cbor without a seed"
-want_err "PYTHONHASHSEED" "sha256_cbor without a seed"
+for a in "xxhash_cbor" "vllm_xxhash" "sha256_cbor --vllm-version 0.32.0" \
+         "vllm_sha256 --vllm-version 0.11.1"; do
+  # shellcheck disable=SC2086
+  run_in "$tmp/three" env -u PYTHONHASHSEED "$bin" hash --algo $a
+  want_rc 2 "$a without a seed"
+  want_err "PYTHONHASHSEED" "$a without a seed"
+  want_no_out "$a without a seed"
+done
+for a in sha256_cbor vllm_sha256; do
+  run_in "$tmp/three" env -u PYTHONHASHSEED "$bin" hash --algo "$a" --block-size 1
+  want_rc 0 "$a without a seed (0.33)"
+  cp "$tmp/out" "$tmp/default_seed"
+  run_in "$tmp/three" "$bin" hash --algo "$a" --block-size 1 --seed vllm-none-hash
+  cmp -s "$tmp/out" "$tmp/default_seed" || fail "$a: no seed is not \"vllm-none-hash\""
+done
 
 # ---- hash: native algorithms ---------------------------------------------------
 seq 0 99 >"$tmp/hundred"

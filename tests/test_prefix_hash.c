@@ -1,8 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* router/prefix block hashing: golden vectors (native algorithms from an
  * independent Python implementation, vLLM modes from vLLM's own scheme), the
- * prefix property, incremental == one-shot, isolation, bad input and the
- * allocator hooks.  The full vLLM vector file is test_prefix_vectors.c's. */
+ * prefix property, incremental == one-shot, block by block == the chain,
+ * isolation, NONE_HASH seeds, the extra keys of each vLLM release, bad input
+ * and the allocator hooks.  The full vLLM vector files are
+ * test_prefix_vectors.c's; the pickle writer against CPython is
+ * test_prefix_pickle.py's. */
 #include <xxhash.h>
 
 #include "core_internal.h"
@@ -10,7 +13,8 @@
 #include "prefix_internal.h"
 #include "test_harness.h"
 
-#define N_ALGOS 4
+#define N_ALGOS 6
+#define N_COMPAT 3 /* kvp_vllm_compat values */
 
 /* ---- helpers ------------------------------------------------------------- */
 static void hex_decode(const char *hex, uint8_t *out, size_t n) {
@@ -40,13 +44,19 @@ static kvp_namespace mk_ns(const char *model, uint32_t bs, const char *salt) {
   return ns;
 }
 
-static kvp_hasher *mk_hasher_ns(const kvp_namespace *ns, kvp_hash_algo algo,
-                                const char *py_seed) {
-  kvp_hasher_opts o = {.algo = algo, .python_hash_seed = py_seed};
+static kvp_hasher *mk_hasher_c(const kvp_namespace *ns, kvp_hash_algo algo,
+                               const char *py_seed, uint32_t compat) {
+  kvp_hasher_opts o = {
+      .algo = algo, .python_hash_seed = py_seed, .vllm_compat = compat};
   kvp_hasher *h = NULL;
   ASSERT_OK(kvp_hasher_create(ns, &o, NULL, &h));
   ASSERT_NOT_NULL(h);
   return h;
+}
+
+static kvp_hasher *mk_hasher_ns(const kvp_namespace *ns, kvp_hash_algo algo,
+                                const char *py_seed) {
+  return mk_hasher_c(ns, algo, py_seed, KVP_VLLM_COMPAT_LATEST);
 }
 
 static kvp_hasher *mk_hasher(kvp_hash_algo algo, uint32_t bs) {
@@ -92,18 +102,24 @@ static uint32_t *rand_tokens(size_t n) {
   return t;
 }
 
-/* Random extras: maybe a LoRA, maybe a salt, 0-4 sorted placeholders that may
- * start before, straddle or end past block boundaries (or be empty). */
+/* Random extras: maybe a LoRA (with or without a path), maybe a salt, 0-4
+ * sorted placeholders that may start before, straddle or end on or past
+ * block boundaries (or be empty), maybe prompt-embeddings digests for up to
+ * EMBEDS_MAX blocks. */
+#define EMBEDS_MAX 2048
 typedef struct rand_ex {
   kvp_extras ex;
   kvp_mm_span mm[4];
   char ids[4][16];
+  uint8_t embeds[EMBEDS_MAX][32];
 } rand_ex;
 
 static void rand_extras(rand_ex *r, size_t n_tokens) {
-  memset(r, 0, sizeof *r);
+  memset(&r->ex, 0, sizeof r->ex);
   if (kvt_rand_below(3) == 0)
     r->ex.lora_name = kvt_rand_below(2) ? "lora-a" : "lora-\xc3\xa9";
+  if (kvt_rand_below(2) == 0)
+    r->ex.lora_path = kvt_rand_below(2) ? "/lora/a" : "";
   if (kvt_rand_below(3) == 0)
     r->ex.cache_salt = "salt-1";
   size_t n_mm = kvt_rand_below(5);
@@ -111,10 +127,19 @@ static void rand_extras(rand_ex *r, size_t n_tokens) {
   for (size_t i = 0; i < n_mm; i++) {
     off += kvt_rand_below(n_tokens / 2 + 2);
     snprintf(r->ids[i], sizeof r->ids[i], "img-%zu", i);
-    r->mm[i] = (kvp_mm_span){r->ids[i], off, kvt_rand_below(40)};
+    /* some end on a multiple of 16 (where the vLLM releases differ) */
+    uint64_t len = kvt_rand_below(4) == 0 ? 16 - off % 16 : kvt_rand_below(40);
+    r->mm[i] = (kvp_mm_span){r->ids[i], off, len};
   }
   r->ex.mm = r->mm;
   r->ex.n_mm = n_mm;
+  if (kvt_rand_below(4) == 0) {
+    for (size_t i = 0; i < EMBEDS_MAX; i++)
+      for (size_t k = 0; k < 32; k++)
+        r->embeds[i][k] = (uint8_t)kvt_rand_below(256);
+    r->ex.prompt_embeds = (const uint8_t(*)[32])r->embeds;
+    r->ex.n_prompt_embeds = EMBEDS_MAX;
+  }
 }
 
 /* Chunk key recomputed here from its definition, with libxxhash. */
@@ -165,9 +190,10 @@ static void log_end(void) {
 
 /* ---- algorithms ---------------------------------------------------------- */
 TEST(algo_names) {
-  static const char *const names[N_ALGOS] = {"xxh3_128", "sha256",
-                                             "sha256_cbor", "xxhash_cbor"};
-  static const size_t lens[N_ALGOS] = {16, 32, 32, 16};
+  static const char *const names[N_ALGOS] = {
+      "xxh3_128",    "sha256",      "sha256_cbor",
+      "xxhash_cbor", "vllm_sha256", "vllm_xxhash"};
+  static const size_t lens[N_ALGOS] = {16, 32, 32, 16, 32, 16};
   for (int a = 0; a < N_ALGOS; a++) {
     kvp_hash_algo got = (kvp_hash_algo)99;
     ASSERT_STR_EQ(kvp_hash_algo_name((kvp_hash_algo)a), names[a]);
@@ -189,9 +215,33 @@ TEST(algo_names) {
   ASSERT_LOGGED("NULL out");
   log_end();
   ASSERT_EQ((int)out, (int)KVP_HASH_SHA256); /* untouched on failure */
-  ASSERT_STR_EQ(kvp_hash_algo_name((kvp_hash_algo)4), "unknown");
+  ASSERT_STR_EQ(kvp_hash_algo_name((kvp_hash_algo)N_ALGOS), "unknown");
   ASSERT_STR_EQ(kvp_hash_algo_name((kvp_hash_algo)-1), "unknown");
-  ASSERT_EQ(kvp_hash_algo_digest_len((kvp_hash_algo)4), 0u);
+  ASSERT_EQ(kvp_hash_algo_digest_len((kvp_hash_algo)N_ALGOS), 0u);
+  /* vLLM's --prefix-caching-hash-algo names: its "sha256" is the pickle mode,
+   * not kvplane's native sha256 */
+  static const struct {
+    const char *vllm;
+    kvp_hash_algo algo;
+  } from[] = {{"sha256", KVP_HASH_VLLM_SHA256},
+              {"sha256_cbor", KVP_HASH_SHA256_CBOR},
+              {"xxhash", KVP_HASH_VLLM_XXHASH},
+              {"xxhash_cbor", KVP_HASH_XXHASH_CBOR}};
+  for (size_t i = 0; i < 4; i++) {
+    ASSERT_OK(kvp_hash_algo_from_vllm(from[i].vllm, &out));
+    ASSERT_EQ((int)out, (int)from[i].algo);
+  }
+  log_begin();
+  ASSERT_ERR(kvp_hash_algo_from_vllm("xxh3_128", &out), KVP_EINVAL);
+  ASSERT_LOGGED("\"xxh3_128\"");
+  ASSERT_ERR(kvp_hash_algo_from_vllm("vllm_sha256", &out), KVP_EINVAL);
+  ASSERT_LOGGED("unknown vLLM hash algorithm");
+  ASSERT_ERR(kvp_hash_algo_from_vllm(NULL, &out), KVP_EINVAL);
+  ASSERT_LOGGED("NULL name");
+  ASSERT_ERR(kvp_hash_algo_from_vllm("sha256", NULL), KVP_EINVAL);
+  ASSERT_LOGGED("NULL out");
+  log_end();
+  ASSERT_EQ((int)out, (int)KVP_HASH_XXHASH_CBOR); /* untouched */
 }
 
 /* ---- golden vectors ------------------------------------------------------ */
@@ -233,8 +283,14 @@ static void check_nv_case(const nv_case *c) {
   ASSERT_OK(kvp_namespace_init(&nsv->desc, &ns));
   kvp_hash_algo algo;
   ASSERT_OK(kvp_hash_algo_parse(c->algo, &algo));
-  kvp_hasher *h = mk_hasher_ns(&ns, algo, c->python_hash_seed);
-  kvp_extras ex = {c->lora_name, c->cache_salt, c->mm, c->n_mm};
+  kvp_hasher *h = mk_hasher_c(&ns, algo, c->python_hash_seed, c->vllm_compat);
+  kvp_extras ex = {.lora_name = c->lora_name,
+                   .cache_salt = c->cache_salt,
+                   .mm = c->mm,
+                   .n_mm = c->n_mm,
+                   .lora_path = c->lora_path,
+                   .prompt_embeds = c->embeds,
+                   .n_prompt_embeds = c->n_embeds};
   uint32_t *t = nv_tokens(c);
   size_t nb;
   kvp_key *k = oneshot(h, t, c->n_tokens, &ex, &nb);
@@ -277,13 +333,13 @@ static void check_nv_case(const nv_case *c) {
 
 TEST(native_chain_golden) {
   size_t n = sizeof nv_cases / sizeof nv_cases[0];
-  ASSERT_GE(n, 12u);
+  ASSERT_GE(n, 28u);
   for (size_t i = 0; i < n; i++)
     check_nv_case(&nv_cases[i]);
 }
 
-/* Literal cases of ../shared/vectors/vllm_block_hashes.json, so the vLLM
- * modes are checked even without that file. */
+/* Literal cases of ../shared/vectors/vllm_block_hashes.json (vLLM before
+ * 0.33), so the vLLM modes are checked even without that file. */
 typedef struct vl_case {
   const char *algo, *seed;
   uint32_t block_size;
@@ -399,8 +455,10 @@ TEST(vllm_golden) {
     kvp_hash_algo algo;
     ASSERT_OK(kvp_hash_algo_parse(c->algo, &algo));
     kvp_namespace ns = mk_ns("any", c->block_size, NULL);
-    kvp_hasher *h = mk_hasher_ns(&ns, algo, c->seed);
-    kvp_extras ex = {c->lora, c->salt, c->mm, c->n_mm};
+    kvp_hasher *h = mk_hasher_c(&ns, algo, c->seed, KVP_VLLM_COMPAT_PRE_0_33);
+    kvp_extras ex = {
+        .lora_name = c->lora, .cache_salt = c->salt, .mm = c->mm,
+        .n_mm = c->n_mm};
     size_t nb, dlen = kvp_hash_algo_digest_len(algo);
     kvp_key *k = oneshot(h, c->tokens, c->n_tokens, &ex, &nb);
     ASSERT_EQ(nb, c->n_blocks);
@@ -509,7 +567,7 @@ TEST(incremental_equals_oneshot) {
       check_incremental((kvp_hash_algo)a, prop_bs[kvt_rand_below(4)]);
   /* one token at a time, with a placeholder crossing every boundary */
   kvp_mm_span mm[] = {{"i", 5, 40}, {"j", 45, 0}, {"k", 46, 3}};
-  kvp_extras ex = {"l", "s", mm, 3};
+  kvp_extras ex = {.lora_name = "l", .cache_salt = "s", .mm = mm, .n_mm = 3};
   for (int a = 0; a < N_ALGOS; a++) {
     kvp_hasher *h = mk_hasher((kvp_hash_algo)a, 16);
     uint32_t *t = rand_tokens(100);
@@ -631,7 +689,10 @@ TEST(extras_change_keys) {
     /* "" is no extra at all */
     size_t n0, n1;
     kvp_key *k0 = oneshot(h, t, n, NULL, &n0);
-    kvp_key *k1 = oneshot(h, t, n, &(kvp_extras){"", "", mm5, 0}, &n1);
+    kvp_key *k1 = oneshot(
+        h, t, n,
+        &(kvp_extras){.lora_name = "", .cache_salt = "", .mm = mm5, .n_mm = 0},
+        &n1);
     for (size_t i = 0; i < n0; i++)
       ASSERT_KEY_EQ(k0[i], k1[i]);
     free(k0);
@@ -678,7 +739,8 @@ TEST(chains_share_hasher) {
     kvp_hasher *h = mk_hasher((kvp_hash_algo)a, 16);
     uint32_t *t1 = rand_tokens(400), *t2 = rand_tokens(400);
     kvp_mm_span mm[] = {{"x", 30, 50}};
-    kvp_extras e2 = {"lora", "salt", mm, 1};
+    kvp_extras e2 = {
+        .lora_name = "lora", .cache_salt = "salt", .mm = mm, .n_mm = 1};
     kvp_chain *c1 = NULL, *c2 = NULL;
     ASSERT_OK(kvp_chain_create(h, NULL, NULL, NULL, &c1));
     ASSERT_OK(kvp_chain_create(h, NULL, &e2, NULL, &c2));
@@ -703,6 +765,398 @@ TEST(chains_share_hasher) {
     free(t1);
     free(t2);
   }
+}
+
+
+/* ---- vLLM 0.33: NONE_HASH seeds, extra keys, block by block --------------- */
+/* NONE_HASH without PYTHONHASHSEED, from ../shared/vectors/
+ * vllm033_block_hashes.json (none_hash_hex of cases 9 and 0). */
+#define NONE_HASH_SHA256_DEFAULT                                               \
+  "066b1e8987e027138e98701c46128929378935f9b6cd1549105ae6b4f0d71198"
+#define NONE_HASH_SHA256_CBOR_DEFAULT                                          \
+  "9bd96a485ad84efdafb72ee48a1d7a69bcead0f8f0433173941b276b9581eef0"
+
+TEST(none_hash_seed_rules) {
+  kvp_namespace ns = mk_ns("m", 16, NULL);
+  log_begin();
+  for (int a = KVP_HASH_SHA256_CBOR; a < N_ALGOS; a++) {
+    bool sha = kvp_hash_algo_digest_len((kvp_hash_algo)a) == 32;
+    for (uint32_t c = 0; c < N_COMPAT; c++) {
+      kvp_hasher_opts o = {.algo = (kvp_hash_algo)a, .vllm_compat = c};
+      kvp_hasher *h = (kvp_hasher *)&ns;
+      int rc = kvp_hasher_create(&ns, &o, NULL, &h);
+      bool v033 = c != KVP_VLLM_COMPAT_PRE_0_33;
+      if (!(sha && v033)) {
+        /* vLLM draws random bytes there: nothing to reproduce */
+        ASSERT_ERR(rc, KVP_EINVAL);
+        ASSERT_NULL(h);
+        ASSERT_LOGGED(v033 ? "random per-process" : "before vLLM 0.33");
+        continue;
+      }
+      /* vLLM 0.33, sha256 / sha256_cbor: the fixed "vllm-none-hash" */
+      ASSERT_OK(rc);
+      uint8_t r[32], want[32];
+      ASSERT_EQ(kvp__hasher_root(h, r), 32u);
+      hex_decode(a == KVP_HASH_VLLM_SHA256 ? NONE_HASH_SHA256_DEFAULT
+                                           : NONE_HASH_SHA256_CBOR_DEFAULT,
+                 want, 32);
+      ASSERT_MEM_EQ(r, want, 32);
+      kvp_hasher *named = mk_hasher_c(&ns, (kvp_hash_algo)a, "vllm-none-hash",
+                                      c);
+      kvp_hasher *empty = mk_hasher_c(&ns, (kvp_hash_algo)a, "", c);
+      ASSERT_EQ(kvp__hasher_root(named, want), 32u);
+      ASSERT_MEM_EQ(r, want, 32);
+      ASSERT_EQ(kvp__hasher_root(empty, want), 32u); /* "" is a seed */
+      ASSERT_FALSE(memcmp(r, want, 32) == 0);
+      kvp_hasher_destroy(named);
+      kvp_hasher_destroy(empty);
+      kvp_hasher_destroy(h);
+    }
+  }
+  ASSERT_EQ(log_count, 0);
+  log_end();
+}
+
+/* Literal cases of ../shared/vectors/vllm033_block_hashes.json (vLLM
+ * 0.33.0's own functions), so the pickle modes are checked without it. */
+/* case 40: xxhash (pickle), block 16, PYTHONHASHSEED 1560358459, lora +
+ * path, mm, salt; extra keys [("lora", "adapter-36", "/models/lora/13"),
+ * ("mm", "5d0f3b6de8b8d3c5", 3), ("cache_salt", "tenant-616")], then
+ * [("lora", ...)] */
+static const uint32_t v3_tok_xxh[] = {
+    92374,  63666,  17309,  96083,  140061, 81430,  11267,  149321,
+    92830,  135890, 3276,   100945, 25165,  585,    598,    150422,
+    46936,  121150, 28594,  56762,  97817,  17408,  134224, 36160,
+    105039, 48312,  114770, 24837,  135132, 71407,  125620, 47754,
+    98173,  39581,  31702,  34987,  20367,  103846, 42275,  47816};
+static const kvp_mm_span v3_mm_xxh[] = {{"5d0f3b6de8b8d3c5", 3, 1}};
+static const char *const v3_hex_xxh[] = {"d4a43995a6636f5cc1225e7208ffd93c",
+                                         "43941e076c39252130ec660872a99a11"};
+static const uint64_t v3_ext_xxh[] = {13916789642398521660u,
+                                      3525304794793744913u};
+/* case 9: sha256 (pickle), block 16, PYTHONHASHSEED unset, no extras */
+static const uint32_t v3_tok_sha[] = {
+    137443, 45433,  9202,   138453, 52494,  54902,  116127, 75697,
+    63706,  128577, 132616, 97354,  85170,  102755, 19261,  51181,
+    47579,  49158,  77847,  111736, 124261, 95283,  6073,   127753,
+    5414,   27464,  151509, 113369, 90073,  88838,  19414,  110149,
+    51195,  134800, 129587, 147748, 144275};
+static const char *const v3_hex_sha[] = {
+    "9d142dcb9e28d9c97b2b46bfdc4e5706ef46300c6c45394283e6b8b46486c646",
+    "2fe668a4c36323c9d55980c2e6becbf7293f9d40903f2d08f749682ad2ae8dea"};
+static const uint64_t v3_ext_sha[] = {9504487148532188742u,
+                                      17818887933800648170u};
+
+static void check_v3(kvp_hash_algo algo, const char *seed,
+                     const kvp_extras *ex, const uint32_t *t, size_t n,
+                     const char *const *hex, const uint64_t *ext) {
+  kvp_namespace ns = mk_ns("any", 16, NULL);
+  kvp_hasher *h = mk_hasher_c(&ns, algo, seed, KVP_VLLM_COMPAT_0_33);
+  size_t nb, dlen = kvp_hash_algo_digest_len(algo);
+  kvp_key *k = oneshot(h, t, n, ex, &nb);
+  ASSERT_EQ(nb, 2u);
+  uint8_t want[32], got[32];
+  for (size_t i = 0; i < nb; i++) {
+    hex_decode(hex[i], want, dlen);
+    ASSERT_EQ(k[i].lo, ext[i]);
+    ASSERT_EQ(k[i].hi, be64(want + dlen - 16));
+    /* block by block, as a KV-event consumer would (parent = full digest) */
+    kvp_block_extras bx;
+    kvp_mm_key mm[2];
+    int n_mm = ex != NULL && i == 0 ? (int)ex->n_mm : 0; /* mm at 3..4 */
+    ASSERT_EQ(kvp_hasher_block_extras(h, ex, i, &bx, mm, 2), n_mm);
+    ASSERT_EQ(kvp_hasher_block(h, i ? got : NULL, dlen, t + 16 * i, &bx, got,
+                               sizeof got, NULL),
+              (int)dlen);
+    ASSERT_MEM_EQ(got, want, dlen);
+  }
+  /* the default compat is 0.33 */
+  kvp_hasher *d = mk_hasher_ns(&ns, algo, seed);
+  kvp_key kd[2];
+  ASSERT_EQ(kvp_hasher_hash(d, t, n, ex, kd, 2, NULL), 2);
+  ASSERT_KEY_EQ(kd[1], k[1]);
+  kvp_hasher_destroy(d);
+  kvp_hasher_destroy(h);
+  free(k);
+}
+
+TEST(vllm033_golden) {
+  kvp_extras ex = {.lora_name = "adapter-36",
+                   .lora_path = "/models/lora/13",
+                   .cache_salt = "tenant-616",
+                   .mm = v3_mm_xxh,
+                   .n_mm = 1};
+  check_v3(KVP_HASH_VLLM_XXHASH, "1560358459", &ex, v3_tok_xxh, 40,
+           v3_hex_xxh, v3_ext_xxh);
+  check_v3(KVP_HASH_VLLM_SHA256, NULL, NULL, v3_tok_sha, 37, v3_hex_sha,
+           v3_ext_sha);
+  /* vLLM's own digest, not only the same chain: the path is hashed */
+  ex.lora_path = "/models/lora/14";
+  kvp_namespace ns = mk_ns("any", 16, NULL);
+  kvp_hasher *h = mk_hasher_ns(&ns, KVP_HASH_VLLM_XXHASH, "1560358459");
+  kvp_key k[2];
+  ASSERT_EQ(kvp_hasher_hash(h, v3_tok_xxh, 40, &ex, k, 2, NULL), 2);
+  ASSERT_FALSE(k[0].lo == v3_ext_xxh[0]);
+  kvp_hasher_destroy(h);
+}
+
+/* Expected extra keys of one block: lora (1/0), mm ids and offsets, salt. */
+typedef struct want_keys {
+  int lora;
+  size_t n_mm;
+  const char *ids[3];
+  int64_t offs[3];
+  int salt;
+} want_keys;
+
+static void check_block_keys(const kvp_hasher *h, const kvp_extras *ex,
+                             size_t block, const want_keys *w) {
+  kvp_block_extras bx;
+  kvp_mm_key mm[3];
+  ASSERT_EQ(kvp_hasher_block_extras(h, ex, block, &bx, mm, 3), (int)w->n_mm);
+  ASSERT_EQ(bx.n_mm, w->n_mm);
+  for (size_t i = 0; i < w->n_mm; i++) {
+    ASSERT_STR_EQ(bx.mm[i].id, w->ids[i]);
+    ASSERT_EQ(bx.mm[i].offset, w->offs[i]);
+  }
+  ASSERT_TRUE((bx.lora_name == ex->lora_name) == (w->lora != 0));
+  ASSERT_TRUE(bx.lora_path == ex->lora_path); /* always handed through */
+  ASSERT_TRUE((bx.cache_salt == ex->cache_salt) == (w->salt != 0));
+  ASSERT_TRUE(bx.prompt_embeds == ex->prompt_embeds[block]);
+}
+
+TEST(extra_keys_per_release) {
+  /* z: zero length at 16, where block 1 starts; big/small: nested, small
+   * ending at 96 where block 6 starts while big holds the index */
+  kvp_mm_span mm[] = {
+      {"z", 16, 0}, {"b", 20, 12}, {"big", 40, 60}, {"small", 50, 46}};
+  uint8_t emb[8][32] = {{1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}};
+  kvp_extras ex = {.lora_name = "l", .lora_path = "/p", .cache_salt = "s",
+                   .mm = mm, .n_mm = 4,
+                   .prompt_embeds = (const uint8_t(*)[32])emb,
+                   .n_prompt_embeds = 8};
+  /* before 0.33 (and native): a placeholder ending where a block starts
+   * still keys it; 0.33 passes it */
+  const want_keys pre[8] = {
+      {1, 0, {0}, {0}, 1},
+      {1, 2, {"z", "b"}, {0, 4}, 0},
+      {1, 1, {"big"}, {8}, 0},
+      {1, 1, {"big"}, {-8}, 0}, /* [48, 64): small hides behind big */
+      {1, 1, {"big"}, {-24}, 0},
+      {1, 1, {"big"}, {-40}, 0},
+      {1, 2, {"big", "small"}, {-56, -46}, 0}, /* [96, 112) */
+      {1, 0, {0}, {0}, 0}};
+  want_keys v33[8];
+  memcpy(v33, pre, sizeof v33);
+  v33[1] = (want_keys){1, 1, {"b"}, {4}, 0};
+  /* vLLM 0.33's early exit looks at the last placeholder only: small ends
+   * where block 6 starts, so big, still running, keys no more blocks */
+  v33[6] = (want_keys){1, 0, {0}, {0}, 0};
+  kvp_namespace ns = mk_ns("m", 16, NULL);
+  for (int a = 0; a < N_ALGOS; a++)
+    for (uint32_t c = 0; c < N_COMPAT; c++) {
+      kvp_hasher *h = mk_hasher_c(&ns, (kvp_hash_algo)a, "0", c);
+      bool r033 = a >= KVP_HASH_SHA256_CBOR && c != KVP_VLLM_COMPAT_PRE_0_33;
+      for (size_t b = 0; b < 8; b++)
+        check_block_keys(h, &ex, b, r033 ? &v33[b] : &pre[b]);
+      kvp_hasher_destroy(h);
+    }
+  /* too little room: the count, nothing written */
+  kvp_hasher *h = mk_hasher(KVP_HASH_XXH3_128, 16);
+  kvp_block_extras bx = {.n_mm = 77};
+  kvp_mm_key one[1] = {{"untouched", 5}};
+  ASSERT_EQ(kvp_hasher_block_extras(h, &ex, 1, &bx, one, 1), 2);
+  ASSERT_EQ(bx.n_mm, 77u);
+  ASSERT_STR_EQ(one[0].id, "untouched");
+  ASSERT_EQ(kvp_hasher_block_extras(h, &ex, 0, &bx, NULL, 0), 0);
+  ASSERT_EQ(bx.n_mm, 0u);
+  ASSERT_NULL(bx.mm);
+  log_begin();
+  ASSERT_ERR(kvp_hasher_block_extras(h, &ex, 8, &bx, one, 1), KVP_EINVAL);
+  ASSERT_LOGGED("prompt_embeds holds 8 block digests");
+  ASSERT_ERR(kvp_hasher_block_extras(NULL, &ex, 0, &bx, one, 1), KVP_EINVAL);
+  ASSERT_LOGGED("NULL hasher");
+  ASSERT_ERR(kvp_hasher_block_extras(h, &ex, 0, NULL, one, 1), KVP_EINVAL);
+  ASSERT_LOGGED("NULL out");
+  ASSERT_ERR(kvp_hasher_block_extras(h, &ex, 0, &bx, NULL, 1), KVP_EINVAL);
+  ASSERT_LOGGED("NULL mm");
+  kvp_extras bad = {.cache_salt = "\xff"};
+  ASSERT_ERR(kvp_hasher_block_extras(h, &bad, 0, &bx, one, 1), KVP_EINVAL);
+  ASSERT_LOGGED("cache_salt");
+  ASSERT_ERR(kvp_hasher_block_extras(h, NULL, SIZE_MAX, &bx, one, 1),
+             KVP_EINVAL);
+  ASSERT_LOGGED("past any prompt");
+  log_end();
+  /* far blocks are cheap: no walk past the last placeholder */
+  ASSERT_EQ(kvp_hasher_block_extras(h, NULL, SIZE_MAX / 32, &bx, one, 1), 0);
+  ex.n_prompt_embeds = 0;
+  ASSERT_EQ(kvp_hasher_block_extras(h, &ex, SIZE_MAX / 32, &bx, one, 1), 0);
+  ASSERT_TRUE(bx.lora_name == ex.lora_name && bx.cache_salt == NULL);
+  kvp_hasher_destroy(h);
+}
+
+/* A copy of `bx` as a KV event carries it: no LoRA path, "" for absent
+ * strings where NULL was. */
+static kvp_block_extras as_event(const kvp_block_extras *bx) {
+  kvp_block_extras e = *bx;
+  e.lora_path = NULL;
+  if (e.lora_name == NULL)
+    e.lora_name = "";
+  if (e.cache_salt == NULL)
+    e.cache_salt = "";
+  return e;
+}
+
+/* kvp_hasher_block along the prompt, fed kvp_hasher_block_extras, gives the
+ * chain's digests; native keys also from event-shaped extras. */
+static void check_block_api(kvp_hash_algo algo, uint32_t compat, uint32_t bs) {
+  kvp_namespace ns = mk_ns("model-a", bs, NULL);
+  kvp_hasher *h = mk_hasher_c(&ns, algo, "0", compat);
+  size_t n = kvt_rand_below(12 * bs + 1), dlen = kvp_hash_algo_digest_len(algo);
+  uint32_t *t = rand_tokens(n);
+  static rand_ex rx;
+  rand_extras(&rx, n);
+  kvp_chain_opts co = {.keep_digests = 1};
+  kvp_chain *c = NULL;
+  ASSERT_OK(kvp_chain_create(h, &co, &rx.ex, NULL, &c));
+  extend_random(c, t, n);
+  bool native = algo < KVP_HASH_SHA256_CBOR;
+  uint8_t prev[32], d[32], want[32];
+  for (size_t i = 0; i < kvp_chain_len(c); i++) {
+    kvp_block_extras bx;
+    kvp_mm_key mm[4];
+    kvp_key key, ek;
+    ASSERT_GE(kvp_hasher_block_extras(h, &rx.ex, i, &bx, mm, 4), 0);
+    ASSERT_EQ(kvp_hasher_block(h, i ? prev : NULL, dlen, t + i * bs, &bx, d,
+                               sizeof d, &key),
+              (int)dlen);
+    ASSERT_EQ(kvp_chain_digest(c, i, want, sizeof want), (int)dlen);
+    ASSERT_MEM_EQ(d, want, dlen);
+    ASSERT_KEY_EQ(key, kvp_chain_keys(c)[i]);
+    kvp_block_extras ev = as_event(&bx);
+    ASSERT_EQ(kvp_hasher_block(h, i ? prev : NULL, dlen, t + i * bs, &ev,
+                               NULL, 0, &ek),
+              (int)dlen);
+    /* native keys and the pre-0.33 modes ignore the path; 0.33 hashes it */
+    bool path_counts = !native && compat != KVP_VLLM_COMPAT_PRE_0_33 &&
+                       bx.lora_name != NULL && bx.lora_path != NULL &&
+                       bx.lora_path[0] != '\0';
+    ASSERT_EQ(kvp_key_eq(ek, key), !path_counts);
+    if (native && i > 0) { /* the 16-byte key as parent, too */
+      ASSERT_EQ(kvp_hasher_block(h, prev + dlen - 16, 16, t + i * bs, &bx,
+                                 NULL, 0, &ek),
+                (int)dlen);
+      ASSERT_KEY_EQ(ek, key);
+    }
+    memcpy(prev, d, dlen);
+  }
+  kvp_chain_destroy(c);
+  kvp_hasher_destroy(h);
+  free(t);
+}
+
+TEST(block_api_equals_chain) {
+  for (int a = 0; a < N_ALGOS; a++)
+    for (uint32_t c = 0; c < N_COMPAT; c++)
+      for (int it = 0; it < 20; it++)
+        check_block_api((kvp_hash_algo)a, c, prop_bs[kvt_rand_below(4)]);
+}
+
+TEST(bad_block_input) {
+  kvp_hasher *h = mk_hasher(KVP_HASH_VLLM_SHA256, 4);
+  kvp_hasher *x = mk_hasher(KVP_HASH_XXH3_128, 4);
+  uint32_t t[4] = {1, 2, 3, 4};
+  uint8_t p[32] = {0}, d[32];
+  kvp_key k;
+  log_begin();
+  ASSERT_ERR(kvp_hasher_block(NULL, NULL, 0, t, NULL, d, 32, &k), KVP_EINVAL);
+  ASSERT_LOGGED("NULL hasher");
+  ASSERT_ERR(kvp_hasher_block(h, NULL, 0, NULL, NULL, d, 32, &k), KVP_EINVAL);
+  ASSERT_LOGGED("NULL tokens");
+  ASSERT_ERR(kvp_hasher_block(h, p, 16, t, NULL, d, 32, &k), KVP_EINVAL);
+  ASSERT_LOGGED("parent_len 16");
+  ASSERT_ERR(kvp_hasher_block(x, p, 32, t, NULL, d, 32, &k), KVP_EINVAL);
+  ASSERT_LOGGED("parent_len 32");
+  kvp_mm_key nul[] = {{NULL, 1}}, bad[] = {{"ok", 1}, {"\xed\xa0\x80", 2}};
+  const struct {
+    kvp_block_extras bx;
+    const char *what;
+  } cases[] = {
+      {{.lora_name = "\xc3"}, "lora_name"},
+      {{.lora_name = "l", .lora_path = "\xff"}, "lora_path"},
+      {{.cache_salt = "\xe0\x80\x80"}, "cache_salt"},
+      {{.n_mm = 1}, "mm is NULL"},
+      {{.mm = nul, .n_mm = 1}, "mm[0].id is NULL"},
+      {{.mm = bad, .n_mm = 2}, "an mm id"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    ASSERT_ERR(kvp_hasher_block(h, NULL, 0, t, &cases[i].bx, d, 32, &k),
+               KVP_EINVAL);
+    ASSERT_LOGGED(cases[i].what);
+  }
+  ASSERT_EQ(log_count, 0);
+  log_end();
+  /* room, and outputs that may be left out */
+  ASSERT_ERR(kvp_hasher_block(h, NULL, 0, t, NULL, d, 31, &k), KVP_ENOSPC);
+  ASSERT_EQ(kvp_hasher_block(h, NULL, 0, t, NULL, NULL, 0, NULL), 32);
+  ASSERT_EQ(kvp_hasher_block(x, NULL, 99, t, NULL, d, 16, NULL), 16);
+  kvp_key k0;
+  ASSERT_EQ(kvp_hasher_block(x, NULL, 0, t, NULL, NULL, 0, &k0), 16);
+  kvp_hasher_hash(x, t, 4, NULL, &k, 1, NULL);
+  ASSERT_KEY_EQ(k0, k);
+  /* "" strings are no keys at all */
+  kvp_block_extras empty = {.lora_name = "", .lora_path = "/p",
+                            .cache_salt = ""};
+  ASSERT_EQ(kvp_hasher_block(x, NULL, 0, t, &empty, NULL, 0, &k0), 16);
+  ASSERT_KEY_EQ(k0, k);
+  kvp_hasher_destroy(h);
+  kvp_hasher_destroy(x);
+}
+
+TEST(prompt_embeds) {
+  uint8_t emb[3][32];
+  memset(emb, 0x5a, sizeof emb);
+  emb[2][31] = 1;
+  kvp_extras ex = {.prompt_embeds = (const uint8_t(*)[32])emb,
+                   .n_prompt_embeds = 3};
+  uint32_t *t = rand_tokens(16 * 4);
+  for (int a = 0; a < N_ALGOS; a++) {
+    kvp_hasher *h = mk_hasher((kvp_hash_algo)a, 16);
+    kvp_key k0[4], k1[4], k2[4];
+    ASSERT_EQ(kvp_hasher_hash(h, t, 48, NULL, k0, 4, NULL), 3);
+    ASSERT_EQ(kvp_hasher_hash(h, t, 48, &ex, k1, 4, NULL), 3);
+    for (size_t i = 0; i < 3; i++) /* every block carries its digest */
+      ASSERT_FALSE(kvp_key_eq(k0[i], k1[i]));
+    emb[2][31] = 2; /* only the last block's digest moves */
+    ASSERT_EQ(kvp_hasher_hash(h, t, 48, &ex, k2, 4, NULL), 3);
+    emb[2][31] = 1;
+    ASSERT_KEY_EQ(k1[1], k2[1]);
+    ASSERT_FALSE(kvp_key_eq(k1[2], k2[2]));
+    /* a block without a digest is refused; cap limits what is hashed */
+    log_begin();
+    ASSERT_ERR(kvp_hasher_hash(h, t, 64, &ex, k2, 4, NULL), KVP_EINVAL);
+    ASSERT_LOGGED("prompt_embeds holds 3 block digests, block 3 has none");
+    ASSERT_EQ(kvp_hasher_hash(h, t, 64, &ex, k2, 3, NULL), 4);
+    ASSERT_KEY_EQ(k2[2], k1[2]);
+    /* a chain copies them, and stops where they stop, unchanged */
+    kvp_chain *c = NULL;
+    ASSERT_OK(kvp_chain_create(h, NULL, &ex, NULL, &c));
+    ASSERT_EQ(kvp_chain_extend(c, t, 40), 2);
+    memset(emb, 0, sizeof emb); /* the chain holds its own copy */
+    ASSERT_ERR(kvp_chain_extend(c, t + 40, 24), KVP_EINVAL);
+    ASSERT_LOGGED("block 3 has none");
+    log_end();
+    ASSERT_EQ(kvp_chain_len(c), 2u);
+    ASSERT_EQ(kvp_chain_tokens(c), 40u);
+    ASSERT_EQ(kvp_chain_extend(c, t + 40, 20), 1);
+    memset(emb, 0x5a, sizeof emb);
+    emb[2][31] = 1;
+    for (size_t i = 0; i < 3; i++)
+      ASSERT_KEY_EQ(kvp_chain_keys(c)[i], k1[i]);
+    kvp_chain_destroy(c);
+    kvp_hasher_destroy(h);
+  }
+  free(t);
 }
 
 /* ---- bad input ----------------------------------------------------------- */
@@ -744,7 +1198,7 @@ TEST(bad_hasher) {
   log_begin();
   kvp_namespace ns = mk_ns("m", 16, NULL), zero = {{0, 0}, 0, 0};
   kvp_hasher *h = (kvp_hasher *)&ns; /* must be reset to NULL on failure */
-  kvp_hasher_opts o = {.algo = (kvp_hash_algo)4};
+  kvp_hasher_opts o = {.algo = (kvp_hash_algo)N_ALGOS};
   ASSERT_ERR(kvp_hasher_create(NULL, NULL, NULL, &h), KVP_EINVAL);
   ASSERT_NULL(h);
   ASSERT_LOGGED("NULL");
@@ -754,13 +1208,21 @@ TEST(bad_hasher) {
   ASSERT_LOGGED("algo");
   ASSERT_ERR(kvp_hasher_create(&zero, NULL, NULL, &h), KVP_EINVAL);
   ASSERT_LOGGED("block_size");
-  o = (kvp_hasher_opts){.algo = KVP_HASH_SHA256_CBOR};
+  o = (kvp_hasher_opts){.algo = KVP_HASH_SHA256_CBOR,
+                        .vllm_compat = KVP_VLLM_COMPAT_PRE_0_33};
   ASSERT_ERR(kvp_hasher_create(&ns, &o, NULL, &h), KVP_EINVAL);
   ASSERT_LOGGED("python_hash_seed");
   o = (kvp_hasher_opts){.algo = KVP_HASH_XXHASH_CBOR,
                         .python_hash_seed = "\x80"};
   ASSERT_ERR(kvp_hasher_create(&ns, &o, NULL, &h), KVP_EINVAL);
   ASSERT_LOGGED("python_hash_seed");
+  for (int a = 0; a < N_ALGOS; a++) { /* checked for every algorithm */
+    o = (kvp_hasher_opts){.algo = (kvp_hash_algo)a,
+                          .python_hash_seed = "0",
+                          .vllm_compat = KVP_VLLM_COMPAT_COUNT_};
+    ASSERT_ERR(kvp_hasher_create(&ns, &o, NULL, &h), KVP_EINVAL);
+    ASSERT_LOGGED("vllm_compat");
+  }
   ASSERT_NULL(h);
   kvp_hasher_destroy(NULL);
   ASSERT_EQ(kvp_hasher_block_size(NULL), 0u);
@@ -807,13 +1269,15 @@ TEST(bad_hash_input) {
     kvp_extras e;
     const char *what;
   } bad[] = {
-      {{"lo\xe0\x80\x80ra", NULL, NULL, 0}, "lora_name"},
-      {{NULL, "\xf8", NULL, 0}, "cache_salt"},
-      {{NULL, NULL, null_id, 2}, "mm[1].id"},
-      {{NULL, NULL, bad_id, 1}, "mm[0].id"},
-      {{NULL, NULL, unsorted, 2}, "sorted"},
-      {{NULL, NULL, NULL, 1}, "mm is NULL"},
-      {{NULL, NULL, overflow, 1}, "overflow"},
+      {{.lora_name = "lo\xe0\x80\x80ra"}, "lora_name"},
+      {{.cache_salt = "\xf8"}, "cache_salt"},
+      {{.mm = null_id, .n_mm = 2}, "mm[1].id"},
+      {{.mm = bad_id, .n_mm = 1}, "mm[0].id"},
+      {{.mm = unsorted, .n_mm = 2}, "sorted"},
+      {{.n_mm = 1}, "mm is NULL"},
+      {{.mm = overflow, .n_mm = 1}, "overflow"},
+      {{.lora_name = "l", .lora_path = "\xc0\x80"}, "lora_path"},
+      {{.n_prompt_embeds = 3}, "prompt_embeds is NULL"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     ASSERT_ERR(kvp_hasher_hash(h, t, 40, &bad[i].e, k, 3, NULL), KVP_EINVAL);
@@ -823,7 +1287,7 @@ TEST(bad_hash_input) {
     ASSERT_LOGGED(bad[i].what);
     ASSERT_NULL(c);
   }
-  kvp_extras good = {NULL, NULL, ok_mm, 2}; /* equal offsets are sorted */
+  kvp_extras good = {.mm = ok_mm, .n_mm = 2}; /* equal offsets are sorted */
   ok_mm[1].offset = 0;
   ASSERT_EQ(kvp_hasher_hash(h, t, 40, &good, k, 3, NULL), 2);
   ASSERT_EQ(log_count, 0);
@@ -937,7 +1401,8 @@ static void ta_free(void *o, void *p, size_t n) {
 TEST(allocator_hooks) {
   kvp_namespace ns = mk_ns("m", 16, NULL);
   kvp_mm_span mm[] = {{"img", 100, 300}};
-  kvp_extras ex = {"lora", "salt", mm, 1};
+  kvp_extras ex = {
+      .lora_name = "lora", .cache_salt = "salt", .mm = mm, .n_mm = 1};
   for (int a = 0; a < N_ALGOS; a++) {
     track_alloc ta = {.fail_from = -1};
     kvp_allocator al = {ta_alloc, ta_free, &ta};
@@ -966,7 +1431,8 @@ TEST(allocator_hooks) {
 TEST(out_of_memory) {
   kvp_namespace ns = mk_ns("m", 16, NULL);
   kvp_mm_span mm[] = {{"img", 10, 30}};
-  kvp_extras ex = {"lora", "salt", mm, 1};
+  kvp_extras ex = {
+      .lora_name = "lora", .cache_salt = "salt", .mm = mm, .n_mm = 1};
   for (int a = 0; a < N_ALGOS; a++) {
     kvp_hasher_opts o = {.algo = (kvp_hash_algo)a, .python_hash_seed = "0"};
     /* every allocation of create fails in turn, and nothing leaks */
@@ -1054,7 +1520,10 @@ TEST_MAIN(TEST_ENTRY(algo_names), TEST_ENTRY(namespace_golden),
           TEST_ENTRY(incremental_equals_oneshot),
           TEST_ENTRY(namespace_isolation), TEST_ENTRY(extras_change_keys),
           TEST_ENTRY(python_hash_seed_changes_vllm_keys),
-          TEST_ENTRY(chains_share_hasher), TEST_ENTRY(bad_namespace),
+          TEST_ENTRY(chains_share_hasher), TEST_ENTRY(none_hash_seed_rules),
+          TEST_ENTRY(vllm033_golden), TEST_ENTRY(extra_keys_per_release),
+          TEST_ENTRY(block_api_equals_chain), TEST_ENTRY(bad_block_input),
+          TEST_ENTRY(prompt_embeds), TEST_ENTRY(bad_namespace),
           TEST_ENTRY(bad_hasher), TEST_ENTRY(bad_hash_input),
           TEST_ENTRY(bad_chain_input), TEST_ENTRY(allocator_hooks),
           TEST_ENTRY(out_of_memory))

@@ -24,8 +24,10 @@ static const char usage_text[] =
     "\n"
     "commands:\n"
     "  hash --check FILE    recompute every case of a vLLM vector file (the\n"
-    "                       format of shared/vectors/vllm_block_hashes.json);\n"
-    "                       prints each failure, then 'N passed, M failed'\n"
+    "                       format of shared/vectors/vllm_block_hashes.json\n"
+    "                       and vllm033_block_hashes.json): extra keys per\n"
+    "                       block, digests, event hashes; prints each\n"
+    "                       failure, then 'N passed, M failed'\n"
     "  hash [options]       read token ids from stdin (separated by blanks or\n"
     "                       commas, or one JSON array) and print one line per\n"
     "                       full block -- INDEX KEY(32 hex) EXTERNAL_U64 --\n"
@@ -37,13 +39,20 @@ static const char usage_text[] =
     "  --version            the library version\n"
     "\n"
     "hash options:\n"
-    "  -a, --algo A         xxh3_128 (default), sha256, sha256_cbor or\n"
-    "                       xxhash_cbor (the last two: vLLM's own hashes)\n"
+    "  -a, --algo A         kvplane's own: xxh3_128 (default) or sha256;\n"
+    "                       vLLM's own hashes: vllm_sha256 and vllm_xxhash\n"
+    "                       (what vLLM calls sha256 and xxhash: pickle),\n"
+    "                       sha256_cbor or xxhash_cbor\n"
+    "      --vllm-version V vLLM algorithms: the engine's release, e.g. 0.33.0\n"
+    "                       (default: the newest scheme kvplane knows, 0.33)\n"
     "  -b, --block-size N   tokens per block, 1..4096 (default 16)\n"
     "      --seed S         vLLM algorithms: the engine's PYTHONHASHSEED\n"
-    "                       (default: $PYTHONHASHSEED; one of them is required)\n"
+    "                       (default: $PYTHONHASHSEED; without either, vLLM\n"
+    "                       >= 0.33 seeds sha256* with \"vllm-none-hash\" and\n"
+    "                       xxhash* with random bytes: not reproducible)\n"
     "      --salt S         cache salt (vLLM cache_salt; enters block 0)\n"
     "      --lora NAME      LoRA adapter name (enters every block)\n"
+    "      --lora-path P    its path (vLLM >= 0.33 hashes it too)\n"
     "      --mm ID:OFFSET:LENGTH\n"
     "                       a multimodal placeholder, in token coordinates;\n"
     "                       repeat in order of offset (at most 64)\n"
@@ -66,7 +75,8 @@ typedef struct hash_opts {
   kvp_hash_algo algo;
   const char *seed;
   uint32_t block_size;
-  const char *salt, *lora;
+  const char *salt, *lora, *lora_path;
+  uint32_t vllm_compat;
   const char *model, *tokenizer, *layout, *tenant;
   uint32_t chunks[4];
   kvp_mm_span mm[MM_MAX];
@@ -166,7 +176,7 @@ static bool parse_mm(char *s, kvp_mm_span *m) {
 }
 
 enum { OPT_SEED = 256, OPT_SALT, OPT_LORA, OPT_MM, OPT_MODEL, OPT_TOKENIZER,
-       OPT_LAYOUT, OPT_TENANT, OPT_CHUNKS };
+       OPT_LAYOUT, OPT_TENANT, OPT_CHUNKS, OPT_LORA_PATH, OPT_VLLM_VERSION };
 
 static const struct option long_opts[] = {
     {"check", required_argument, NULL, 'c'},
@@ -177,6 +187,8 @@ static const struct option long_opts[] = {
     {"seed", required_argument, NULL, OPT_SEED},
     {"salt", required_argument, NULL, OPT_SALT},
     {"lora", required_argument, NULL, OPT_LORA},
+    {"lora-path", required_argument, NULL, OPT_LORA_PATH},
+    {"vllm-version", required_argument, NULL, OPT_VLLM_VERSION},
     {"mm", required_argument, NULL, OPT_MM},
     {"model", required_argument, NULL, OPT_MODEL},
     {"tokenizer", required_argument, NULL, OPT_TOKENIZER},
@@ -205,6 +217,8 @@ static bool set_valued(hash_opts *o, int opt, char *arg) {
   case OPT_SEED: o->seed = arg; return true;
   case OPT_SALT: o->salt = arg; return true;
   case OPT_LORA: o->lora = arg; return true;
+  case OPT_LORA_PATH: o->lora_path = arg; return true;
+  case OPT_VLLM_VERSION: return cli_vllm_compat(arg, &o->vllm_compat) == 0;
   case OPT_MM: return o->n_mm < MM_MAX && parse_mm(arg, &o->mm[o->n_mm++]);
   case OPT_MODEL: o->model = arg; return true;
   case OPT_TOKENIZER: o->tokenizer = arg; return true;
@@ -217,7 +231,9 @@ static bool set_valued(hash_opts *o, int opt, char *arg) {
 
 static const char *hint_of(int opt) {
   switch (opt) {
-  case 'a': return "xxh3_128, sha256, sha256_cbor or xxhash_cbor";
+  case 'a': return "xxh3_128, sha256, vllm_sha256, vllm_xxhash, sha256_cbor "
+                   "or xxhash_cbor";
+  case OPT_VLLM_VERSION: return "a vLLM release like 0.33.0";
   case 'b': return "an integer 1..4096";
   case 'f': return "hex, u64 or json";
   case OPT_MM: return "ID:OFFSET:LENGTH, at most 64 times";
@@ -370,17 +386,16 @@ static int print_keys(const hash_opts *o, const kvp_chain *ch) {
 
 /* ---- hash: from stdin ----------------------------------------------------- */
 static bool is_vllm(kvp_hash_algo a) {
-  return a == KVP_HASH_SHA256_CBOR || a == KVP_HASH_XXHASH_CBOR;
+  return a != KVP_HASH_XXH3_128 && a != KVP_HASH_SHA256;
 }
 
-/* The namespace and hasher options, with the errors a user can fix. */
+/* The namespace and hasher options, with the errors a user can fix.  A
+ * missing seed is the library's call (vLLM 0.33 has a default for sha256*):
+ * run_hash explains its refusal. */
 static int resolve(const hash_opts *o, kvp_namespace *ns,
                    kvp_hasher_opts *ho) {
   const char *seed = o->seed != NULL ? o->seed : getenv("PYTHONHASHSEED");
   const char *algo = kvp_hash_algo_name(o->algo);
-  if (is_vllm(o->algo) && seed == NULL)
-    return hash_error("%s needs the engine's PYTHONHASHSEED: pass --seed or "
-                      "set PYTHONHASHSEED", algo);
   if (!is_vllm(o->algo) && o->model == NULL)
     return hash_error("%s keys are namespaced: pass --model (and "
                       "--tokenizer, --layout, --tenant as the router does)",
@@ -393,7 +408,8 @@ static int resolve(const hash_opts *o, kvp_namespace *ns,
   if (rc < 0)
     return lib_error("namespace (--model, --tokenizer, --layout, --tenant)",
                      rc);
-  *ho = (kvp_hasher_opts){.algo = o->algo, .python_hash_seed = seed};
+  *ho = (kvp_hasher_opts){.algo = o->algo, .python_hash_seed = seed,
+                          .vllm_compat = o->vllm_compat};
   return -1;
 }
 
@@ -404,13 +420,18 @@ static int run_hash(const hash_opts *o) {
   kvp_chain *ch = NULL;
   kvp_chain_opts co = {.keep_digests = o->fmt == FMT_JSON};
   kvp_extras ex = {.lora_name = o->lora, .cache_salt = o->salt,
-                   .mm = o->mm, .n_mm = o->n_mm};
+                   .mm = o->mm, .n_mm = o->n_mm, .lora_path = o->lora_path};
   int rc, status = resolve(o, &ns, &ho);
   if (status >= 0)
     return status;
   memcpy(co.chunk_tokens, o->chunks, sizeof co.chunk_tokens);
   if ((rc = kvp_hasher_create(&ns, &ho, NULL, &h)) < 0) {
-    status = lib_error("hasher (--algo, --seed)", rc);
+    status = rc == KVP_EINVAL && is_vllm(o->algo) && ho.python_hash_seed == NULL
+                 ? hash_error("%s needs the engine's PYTHONHASHSEED here (vLLM "
+                              "draws NONE_HASH's seed at random without it): "
+                              "pass --seed or set PYTHONHASHSEED",
+                              kvp_hash_algo_name(o->algo))
+                 : lib_error("hasher (--algo, --seed, --vllm-version)", rc);
     goto out;
   }
   if ((rc = kvp_chain_create(h, &co, &ex, NULL, &ch)) < 0) {

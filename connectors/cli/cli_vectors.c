@@ -9,11 +9,53 @@
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <jansson.h>
 
-#include "core_internal.h"
+/* ---- memory: the caller's kvp_allocator, or libc ----------------------------
+ * A connector sees only the public API, so not core's helpers: these follow
+ * kvp_allocator's contract (sizes handed back to free) over the struct. */
+static kvp_allocator resolve_alloc(const kvp_allocator *a) {
+  return a != NULL && a->alloc != NULL ? *a : (kvp_allocator){0};
+}
+
+/* 0 bytes become 1, so that "allocated" and "NULL" stay apart. */
+static void *mem_alloc(const kvp_allocator *a, size_t n) {
+  n = n > 0 ? n : 1;
+  return a->alloc != NULL ? a->alloc(a->opaque, n) : malloc(n);
+}
+
+static void mem_free(const kvp_allocator *a, void *p, size_t n) {
+  if (p == NULL)
+    return;
+  if (a->alloc != NULL)
+    a->free(a->opaque, p, n > 0 ? n : 1);
+  else
+    free(p);
+}
+
+static void *mem_calloc(const kvp_allocator *a, size_t n, size_t size) {
+  size_t bytes;
+  if (__builtin_mul_overflow(n, size, &bytes))
+    return NULL;
+  void *p = mem_alloc(a, bytes);
+  if (p != NULL)
+    memset(p, 0, bytes);
+  return p;
+}
+
+/* Copies min(old, new) bytes; on failure p is untouched. */
+static void *mem_realloc(const kvp_allocator *a, void *p, size_t old_size,
+                         size_t new_size) {
+  void *q = mem_alloc(a, new_size);
+  if (q != NULL && p != NULL) {
+    memcpy(q, p, old_size < new_size ? old_size : new_size);
+    mem_free(a, p, old_size);
+  }
+  return q;
+}
 
 #if defined(__GNUC__) || defined(__clang__)
 #define PRINTF_LIKE(f, a) __attribute__((format(printf, f, a)))
@@ -201,8 +243,8 @@ static int load_json(const char *buf, size_t len, const kvp_allocator *a,
     return rc < 0 ? rc : decode(buf, len, 0, NULL, 0, out, why, cap);
 
   size_t n_big = ps.n_big, text_cap = len + n_big * MARK_EXTRA;
-  char *text = kvp__malloc(a, text_cap);
-  size_t *marks = kvp__calloc(a, n_big, sizeof *marks);
+  char *text = mem_alloc(a, text_cap);
+  size_t *marks = mem_calloc(a, n_big, sizeof *marks);
   rc = KVP_ENOMEM;
   if (text == NULL || marks == NULL) {
     snprintf(why, cap, "out of memory");
@@ -216,8 +258,8 @@ static int load_json(const char *buf, size_t len, const kvp_allocator *a,
                 cap);
   }
 out:
-  kvp__free(a, marks, n_big * sizeof *marks);
-  kvp__free(a, text, text_cap);
+  mem_free(a, marks, n_big * sizeof *marks);
+  mem_free(a, text, text_cap);
   return rc;
 }
 
@@ -343,10 +385,38 @@ static int read_str(reader *r, const json_t *obj, const char *key,
     return fail(r, "%s: expected a string%s, got %s", name_of(r, key),
                 nullable ? " or null" : "", type_name(v));
   size_t len = json_string_length(v); /* no NUL inside: pre-scan */
-  *out = kvp__malloc(&r->a, len + 1);
+  *out = mem_alloc(&r->a, len + 1);
   if (*out == NULL)
     return failc(r, KVP_ENOMEM, "%s: out of memory", name_of(r, key));
   memcpy(*out, json_string_value(v), len + 1);
+  return 0;
+}
+
+/* As read_str with nullable, but the key may be missing too (*out NULL). */
+static int read_opt_str(reader *r, const json_t *obj, const char *key,
+                        char **out) {
+  if (json_object_get(obj, key) == NULL)
+    return 0;
+  return read_str(r, obj, key, true, out);
+}
+
+/* An array or null, kept as compact JSON text in r->a's memory; a missing
+ * key is an error when `required`, else *out stays NULL. */
+static int read_json_text(reader *r, const json_t *obj, const char *key,
+                          bool required, char **out) {
+  const size_t flags = JSON_COMPACT | JSON_ENCODE_ANY;
+  json_t *v = json_object_get(obj, key);
+  if (v == NULL)
+    return required ? fail(r, "%s: missing", name_of(r, key)) : 0;
+  if (!json_is_array(v) && !json_is_null(v))
+    return fail(r, "%s: expected an array or null, got %s", name_of(r, key),
+                type_name(v));
+  size_t n = json_dumpb(v, NULL, 0, flags);
+  *out = n > 0 ? mem_alloc(&r->a, n + 1) : NULL;
+  if (*out == NULL)
+    return failc(r, KVP_ENOMEM, "%s: out of memory", name_of(r, key));
+  json_dumpb(v, *out, n, flags);
+  (*out)[n] = '\0';
   return 0;
 }
 
@@ -399,11 +469,11 @@ static int read_array(reader *r, const json_t *obj, const char *key,
   return 0;
 }
 
-/* Zeroed; an empty array stays NULL (kvp__malloc rounds 0 bytes up to 1,
- * which a caller's allocator would then see freed with size 0). */
+/* Zeroed; an empty array stays NULL (mem_alloc rounds 0 bytes up to 1, which
+ * would then be freed with size 0). */
 static int alloc_array(reader *r, size_t n, size_t size, const char *key,
                        void *out) {
-  void *p = n > 0 ? kvp__calloc(&r->a, n, size) : NULL;
+  void *p = n > 0 ? mem_calloc(&r->a, n, size) : NULL;
   memcpy(out, &p, sizeof p);
   if (n > 0 && p == NULL)
     return failc(r, KVP_ENOMEM, "%s: out of memory", name_of(r, key));
@@ -418,20 +488,65 @@ static int read_algo(reader *r, const json_t *jc, cli_vector_case *c) {
     return rc;
   if (!is_text(v))
     return fail(r, "algo: expected a string, got %s", type_name(v));
-  /* the file format names vLLM's algorithms only: native keys would need a
-   * namespace the format does not carry */
+  /* the file format names vLLM's algorithms, by vLLM's names: native keys
+   * would need a namespace the format does not carry */
   const char *s = json_string_value(v);
-  if (strcmp(s, "sha256_cbor") == 0) {
-    c->algo = KVP_HASH_SHA256_CBOR;
-    c->digest_len = 32;
-  } else if (strcmp(s, "xxhash_cbor") == 0) {
-    c->algo = KVP_HASH_XXHASH_CBOR;
-    c->digest_len = 16;
-  } else {
-    return fail(r, "algo: unknown algorithm \"%.40s\" (expected sha256_cbor "
-                "or xxhash_cbor)", s);
-  }
+  if (kvp_hash_algo_from_vllm(s, &c->algo) < 0)
+    return fail(r, "algo: unknown algorithm \"%.40s\" (expected vLLM's "
+                "sha256, sha256_cbor, xxhash or xxhash_cbor)", s);
+  c->digest_len = kvp_hash_algo_digest_len(c->algo);
   return 0;
+}
+
+static bool is_digits(const char *s, size_t n) {
+  for (size_t k = 0; k < n; k++)
+    if (!is_digit(s[k]))
+      return false;
+  return n > 0 && n <= 9;
+}
+
+int cli_vllm_compat(const char *version, uint32_t *compat) {
+  if (version == NULL)
+    return -1;
+  const char *dot = strchr(version, '.'), *end;
+  if (dot == NULL || !is_digits(version, (size_t)(dot - version)))
+    return -1;
+  for (end = dot + 1; is_digit(*end); end++)
+    ;
+  /* then the end, a patch level, or a suffix: rc1, +cu128, -dev, .post1 */
+  if (!is_digits(dot + 1, (size_t)(end - dot - 1)) ||
+      !(*end == '\0' || *end == '.' || *end == '+' || *end == '-' ||
+        (*end >= 'a' && *end <= 'z')))
+    return -1;
+  long major = strtol(version, NULL, 10), minor = strtol(dot + 1, NULL, 10);
+  *compat = major > 0 || minor >= 33 ? KVP_VLLM_COMPAT_0_33
+                                     : KVP_VLLM_COMPAT_PRE_0_33;
+  return 0;
+}
+
+/* vllm_version (absent: the scheme of the files before it, pre-0.33), then
+ * the seeds: pythonhashseed may be null from 0.33 on. */
+static int read_version_seed(reader *r, const json_t *jc,
+                             cli_vector_case *c) {
+  char *version = NULL;
+  int rc = read_opt_str(r, jc, "vllm_version", &version);
+  if (rc < 0)
+    return rc;
+  c->vllm_compat = KVP_VLLM_COMPAT_PRE_0_33;
+  if (version != NULL) {
+    bool ok = cli_vllm_compat(version, &c->vllm_compat) == 0;
+    if (!ok)
+      rc = fail(r, "vllm_version: \"%.40s\" is not a version like "
+                "\"0.33.0\"", version);
+    mem_free(&r->a, version, strlen(version) + 1);
+    if (rc < 0)
+      return rc;
+  }
+  bool nullable = c->vllm_compat != KVP_VLLM_COMPAT_PRE_0_33;
+  rc = read_str(r, jc, "pythonhashseed", nullable, &c->python_hash_seed);
+  if (rc == 0)
+    rc = read_opt_str(r, jc, "none_hash_seed", &c->none_hash_seed);
+  return rc;
 }
 
 static int read_tokens(reader *r, const json_t *jc, cli_vector_case *c) {
@@ -487,21 +602,18 @@ static int read_mm(reader *r, const json_t *jc, cli_vector_case *c) {
 
 static int read_block(reader *r, const json_t *jb, const cli_vector_case *c,
                       cli_vector_block *b) {
-  json_t *extra;
   int rc;
   if (!json_is_object(jb))
     return fail(r, "%.*s: expected an object, got %s",
                 (int)strlen(r->prefix) - 1, r->prefix, type_name(jb));
   if ((rc = read_hex(r, jb, "hash_hex", c->digest_len, b->digest)) < 0 ||
       (rc = read_uint(r, jb, "external_u64", 0, UINT64_MAX,
-                      &b->external_u64)) < 0 ||
-      (rc = lookup(r, jb, "extra_keys", &extra)) < 0)
+                      &b->external_u64)) < 0)
     return rc;
-  /* informational (the tuple vLLM hashed); the digest already commits to it */
-  if (!json_is_array(extra) && !json_is_null(extra))
-    return fail(r, "%s: expected an array or null, got %s",
-                name_of(r, "extra_keys"), type_name(extra));
-  return 0;
+  /* the tuples vLLM hashed and published: the checker compares kvplane's */
+  if ((rc = read_json_text(r, jb, "extra_keys", true, &b->extra_keys)) < 0)
+    return rc;
+  return read_json_text(r, jb, "event_extra_keys", false, &b->event_keys);
 }
 
 static int read_blocks(reader *r, const json_t *jc, cli_vector_case *c) {
@@ -533,10 +645,10 @@ static int read_case(reader *r, const json_t *jc, cli_vector_case *c) {
       (rc = read_uint(r, jc, "block_size", 1, KVP_BLOCK_SIZE_MAX, &bs)) < 0)
     return rc;
   c->block_size = (uint32_t)bs;
-  if ((rc = read_str(r, jc, "pythonhashseed", false,
-                     &c->python_hash_seed)) < 0 ||
+  if ((rc = read_version_seed(r, jc, c)) < 0 ||
       (rc = read_str(r, jc, "cache_salt", true, &c->cache_salt)) < 0 ||
       (rc = read_str(r, jc, "lora_name", true, &c->lora_name)) < 0 ||
+      (rc = read_opt_str(r, jc, "lora_path", &c->lora_path)) < 0 ||
       (rc = read_hex(r, jc, "none_hash_hex", c->digest_len,
                      c->none_hash)) < 0 ||
       (rc = read_tokens(r, jc, c)) < 0 || (rc = read_mm(r, jc, c)) < 0)
@@ -569,18 +681,24 @@ static int read_root(reader *r, const json_t *root, cli_vectors *v) {
 /* ---- the set ---------------------------------------------------------------- */
 static void free_str(const kvp_allocator *a, const char *s) {
   if (s != NULL)
-    kvp__free(a, (char *)s, strlen(s) + 1);
+    mem_free(a, (char *)s, strlen(s) + 1);
 }
 
 static void free_case(const kvp_allocator *a, cli_vector_case *c) {
   free_str(a, c->python_hash_seed);
+  free_str(a, c->none_hash_seed);
   free_str(a, c->cache_salt);
   free_str(a, c->lora_name);
+  free_str(a, c->lora_path);
+  for (size_t k = 0; k < c->n_blocks; k++) {
+    free_str(a, c->blocks[k].extra_keys);
+    free_str(a, c->blocks[k].event_keys);
+  }
   for (size_t k = 0; k < c->n_mm; k++)
     free_str(a, c->mm[k].id);
-  kvp__free(a, c->mm, c->n_mm * sizeof *c->mm);
-  kvp__free(a, c->tokens, c->n_tokens * sizeof *c->tokens);
-  kvp__free(a, c->blocks, c->n_blocks * sizeof *c->blocks);
+  mem_free(a, c->mm, c->n_mm * sizeof *c->mm);
+  mem_free(a, c->tokens, c->n_tokens * sizeof *c->tokens);
+  mem_free(a, c->blocks, c->n_blocks * sizeof *c->blocks);
 }
 
 void cli_vectors_destroy(cli_vectors *v) {
@@ -589,8 +707,8 @@ void cli_vectors_destroy(cli_vectors *v) {
   kvp_allocator a = v->alloc_;
   for (size_t i = 0; i < v->n_cases; i++)
     free_case(&a, &v->cases[i]);
-  kvp__free(&a, v->cases, v->n_cases * sizeof *v->cases);
-  kvp__free(&a, v, sizeof *v);
+  mem_free(&a, v->cases, v->n_cases * sizeof *v->cases);
+  mem_free(&a, v, sizeof *v);
 }
 
 int cli_vectors_parse(const void *buf, size_t len, const kvp_allocator *alloc,
@@ -609,9 +727,9 @@ int cli_vectors_parse(const void *buf, size_t len, const kvp_allocator *alloc,
              CLI_VECTORS_MAX_BYTES);
     return KVP_ERANGE;
   }
-  reader r = {.why = why, .cap = cap, .a = kvp__allocator(alloc)};
+  reader r = {.why = why, .cap = cap, .a = resolve_alloc(alloc)};
   json_t *root = NULL;
-  cli_vectors *v = kvp__calloc(&r.a, 1, sizeof *v);
+  cli_vectors *v = mem_calloc(&r.a, 1, sizeof *v);
   int rc = KVP_ENOMEM;
   snprintf(why, cap, "out of memory");
   if (v == NULL)
@@ -637,13 +755,13 @@ static int slurp(FILE *f, const kvp_allocator *a, char **buf, size_t *len,
                  size_t *size) {
   const size_t limit = (size_t)CLI_VECTORS_MAX_BYTES + 1;
   size_t n = 0, cap = 1 << 16, got = 1;
-  char *p = kvp__malloc(a, cap);
+  char *p = mem_alloc(a, cap);
   while (p != NULL && got > 0 && n < limit) {
     if (n == cap) {
       size_t ncap = cap * 2 < limit ? cap * 2 : limit;
-      char *q = kvp__realloc(a, p, cap, ncap);
+      char *q = mem_realloc(a, p, cap, ncap);
       if (q == NULL)
-        kvp__free(a, p, cap);
+        mem_free(a, p, cap);
       p = q, cap = ncap;
       continue;
     }
@@ -654,7 +772,7 @@ static int slurp(FILE *f, const kvp_allocator *a, char **buf, size_t *len,
     return KVP_ENOMEM;
   int rc = ferror(f) ? (errno ? -errno : KVP_EIO) : n >= limit ? KVP_ERANGE : 0;
   if (rc < 0) {
-    kvp__free(a, p, cap);
+    mem_free(a, p, cap);
     return rc;
   }
   *buf = p, *len = n, *size = cap;
@@ -665,7 +783,7 @@ int cli_vectors_load(const char *path, const kvp_allocator *alloc,
                      cli_vectors **out, char *why, size_t cap) {
   char inner[512], *buf = NULL;
   size_t len = 0, size = 0;
-  kvp_allocator a = kvp__allocator(alloc);
+  kvp_allocator a = resolve_alloc(alloc);
   if (why == NULL)
     cap = 0;
   if (path == NULL || out == NULL) {
@@ -689,7 +807,7 @@ int cli_vectors_load(const char *path, const kvp_allocator *alloc,
     rc = cli_vectors_parse(buf, len, &a, out, inner, sizeof inner);
   if (rc < 0)
     snprintf(why, cap, "%s: %s", path, inner);
-  kvp__free(&a, buf, size);
+  mem_free(&a, buf, size);
   return rc;
 }
 
@@ -710,15 +828,133 @@ static uint64_t load_be64(const uint8_t *p) {
   return x;
 }
 
+/* What one check needs besides the case: the library's results. */
+typedef struct check_ctx {
+  const cli_vector_case *c;
+  kvp_hasher *h;
+  const kvp_chain *ch;
+  const kvp_key *oneshot;
+  kvp_extras ex;
+  kvp_mm_key *mm; /* room for every placeholder */
+} check_ctx;
+
+static json_t *hex_json(const uint8_t *b, size_t n) {
+  char hex[2 * 32 + 1];
+  to_hex(b, n, hex);
+  return json_string(hex);
+}
+
+/* One key of a block as the vector files write it (JSON lists for tuples,
+ * bytes as hex): vLLM 0.33's tagged form, or the untagged one of earlier
+ * releases and of KV events. */
+static json_t *key_json(bool tagged, const char *tag, json_t *a, json_t *b) {
+  if (tagged)
+    return b != NULL ? json_pack("[soo]", tag, a, b)
+                     : json_pack("[so]", tag, a);
+  return b != NULL ? json_pack("[oo]", a, b) : a;
+}
+
+/* The block's extra keys, NULL when jansson is out of memory. */
+static json_t *keys_json(const kvp_block_extras *bx, bool tagged) {
+  json_t *keys = json_array();
+  const char *path = bx->lora_path != NULL ? bx->lora_path : "";
+  if (keys == NULL)
+    return NULL;
+  if (bx->lora_name != NULL)
+    json_array_append_new(
+        keys, tagged ? json_pack("[sss]", "lora", bx->lora_name, path)
+                     : json_string(bx->lora_name));
+  for (size_t k = 0; k < bx->n_mm; k++)
+    json_array_append_new(keys,
+                          key_json(tagged, "mm", json_string(bx->mm[k].id),
+                                   json_integer(bx->mm[k].offset)));
+  if (bx->cache_salt != NULL)
+    json_array_append_new(
+        keys, key_json(tagged, "cache_salt", json_string(bx->cache_salt), NULL));
+  if (bx->prompt_embeds != NULL)
+    json_array_append_new(keys, key_json(tagged, "prompt_embeds",
+                                         hex_json(bx->prompt_embeds, 32), NULL));
+  if (json_array_size(keys) > 0)
+    return keys;
+  json_decref(keys);
+  return json_null();
+}
+
+/* 0 when kvplane's keys for block i, rendered, equal the file's `want`
+ * (compact JSON), 1 with `msg` when not, KVP_ENOMEM. */
+static int compare_keys(const kvp_block_extras *bx, bool tagged,
+                        const char *want, const char *what, size_t i,
+                        char *msg, size_t cap) {
+  json_t *k = keys_json(bx, tagged);
+  char *got = k != NULL ? json_dumps(k, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+  json_decref(k);
+  if (got == NULL) {
+    snprintf(msg, cap, "block %zu: out of memory", i);
+    return KVP_ENOMEM;
+  }
+  int rc = strcmp(got, want) != 0;
+  if (rc)
+    snprintf(msg, cap, "block %zu: %s %.90s%s from kvplane, expected %.90s%s",
+             i, what, got, strlen(got) > 90 ? "..." : "", want,
+             strlen(want) > 90 ? "..." : "");
+  free(got);
+  return rc;
+}
+
+/* The extra keys: the file's hashed form and its event form. */
+static int check_keys(const check_ctx *x, size_t i, kvp_block_extras *bx,
+                      char *msg, size_t cap) {
+  const cli_vector_block *b = &x->c->blocks[i];
+  bool tagged = x->c->vllm_compat == KVP_VLLM_COMPAT_0_33;
+  int rc = kvp_hasher_block_extras(x->h, &x->ex, i, bx, x->mm, x->c->n_mm);
+  if (rc < 0) {
+    snprintf(msg, cap, "kvp_hasher_block_extras(%zu): %s", i,
+             kvp_err_name(rc));
+    return rc;
+  }
+  rc = compare_keys(bx, tagged, b->extra_keys, "extra keys", i, msg, cap);
+  if (rc == 0 && b->event_keys != NULL)
+    rc = compare_keys(bx, false, b->event_keys, "event extra keys", i, msg,
+                      cap);
+  return rc;
+}
+
+/* Block i alone through kvp_hasher_block, from the chain's previous digest
+ * (so that a bad digest in the file fails its own block only). */
+static int check_one_block(const check_ctx *x, size_t i,
+                           const kvp_block_extras *bx, char *msg,
+                           size_t cap) {
+  const cli_vector_case *c = x->c;
+  uint8_t d[CLI_VECTORS_DIGEST_MAX], parent[CLI_VECTORS_DIGEST_MAX];
+  int rc = i > 0 ? kvp_chain_digest(x->ch, i - 1, parent, sizeof parent) : 0;
+  if (rc >= 0)
+    rc = kvp_hasher_block(x->h, i > 0 ? parent : NULL, c->digest_len,
+                          c->tokens + i * c->block_size, bx, d, sizeof d,
+                          NULL);
+  if (rc < 0) {
+    snprintf(msg, cap, "kvp_hasher_block(%zu): %s", i, kvp_err_name(rc));
+    return rc;
+  }
+  if (memcmp(d, c->blocks[i].digest, c->digest_len) == 0)
+    return 0;
+  snprintf(msg, cap, "block %zu: kvp_hasher_block's digest differs (the "
+           "chain's agrees)", i);
+  return 1;
+}
+
 /* 0 when block i agrees everywhere, 1 with `msg` when not, <0 from the
  * library. */
-static int check_block(const cli_vector_case *c, size_t i, const kvp_chain *ch,
-                       const kvp_key *oneshot, char *msg, size_t cap) {
+static int check_block(const check_ctx *x, size_t i, char *msg, size_t cap) {
+  const cli_vector_case *c = x->c;
   const cli_vector_block *b = &c->blocks[i];
-  kvp_key key = kvp_chain_keys(ch)[i];
+  kvp_key key = kvp_chain_keys(x->ch)[i];
+  kvp_block_extras bx;
   uint8_t d[CLI_VECTORS_DIGEST_MAX];
   char got[2 * CLI_VECTORS_DIGEST_MAX + 1], want[sizeof got];
-  int len = kvp_chain_digest(ch, i, d, sizeof d);
+  int rc = check_keys(x, i, &bx, msg, cap);
+  if (rc != 0)
+    return rc;
+  int len = kvp_chain_digest(x->ch, i, d, sizeof d);
   if (len < 0) {
     snprintf(msg, cap, "kvp_chain_digest(%zu): %s", i, kvp_err_name(len));
     return len;
@@ -733,26 +969,26 @@ static int check_block(const cli_vector_case *c, size_t i, const kvp_chain *ch,
   } else if (key.hi != load_be64(b->digest + c->digest_len - 16)) {
     snprintf(msg, cap, "block %zu: key.hi %016" PRIx64 " is not the 8 digest "
              "bytes before the external u64", i, key.hi);
-  } else if (!kvp_key_eq(key, oneshot[i])) {
+  } else if (!kvp_key_eq(key, x->oneshot[i])) {
     snprintf(msg, cap, "block %zu: kvp_hasher_hash key differs from the "
              "chain's", i);
   } else {
-    return 0;
+    return check_one_block(x, i, &bx, msg, cap);
   }
   return 1;
 }
 
-static int check_blocks(const cli_vector_case *c, const kvp_chain *ch,
-                        const kvp_key *oneshot, char *why, size_t cap) {
+static int check_blocks(const check_ctx *x, char *why, size_t cap) {
+  const cli_vector_case *c = x->c;
   char msg[256], first[256] = "";
   size_t bad = 0;
-  if (kvp_chain_len(ch) != c->n_blocks) {
+  if (kvp_chain_len(x->ch) != c->n_blocks) {
     snprintf(why, cap, "case %zu: the chain has %zu blocks, expected %zu",
-             c->index, kvp_chain_len(ch), c->n_blocks);
+             c->index, kvp_chain_len(x->ch), c->n_blocks);
     return 1;
   }
   for (size_t i = 0; i < c->n_blocks; i++) {
-    int rc = check_block(c, i, ch, oneshot, msg, sizeof msg);
+    int rc = check_block(x, i, msg, sizeof msg);
     if (rc < 0) {
       snprintf(why, cap, "case %zu: %s", c->index, msg);
       return rc;
@@ -764,6 +1000,19 @@ static int check_blocks(const cli_vector_case *c, const kvp_chain *ch,
     return 0;
   snprintf(why, cap, "case %zu: %s (%zu of %zu blocks differ)", c->index,
            first, bad, c->n_blocks);
+  return 1;
+}
+
+/* vLLM 0.33's resolve_none_hash_seed: PYTHONHASHSEED, else its fixed seed
+ * (the library applies it; a file that says otherwise is inconsistent). */
+static int check_none_seed(const cli_vector_case *c, char *why, size_t cap) {
+  const char *want =
+      c->python_hash_seed != NULL ? c->python_hash_seed : "vllm-none-hash";
+  if (c->none_hash_seed == NULL || strcmp(c->none_hash_seed, want) == 0)
+    return 0;
+  snprintf(why, cap, "case %zu: none_hash_seed \"%.40s\" is not the seed vLLM "
+           "derives NONE_HASH from (\"%.40s\")", c->index, c->none_hash_seed,
+           want);
   return 1;
 }
 
@@ -794,32 +1043,40 @@ int cli_vectors_check(const cli_vector_case *c, char *why, size_t cap) {
   /* vLLM modes do not mix the namespace seed in; only block_size matters */
   kvp_namespace_desc nd = {.model_id = "vllm", .block_size = c->block_size};
   kvp_hasher_opts ho = {.algo = c->algo,
-                        .python_hash_seed = c->python_hash_seed};
-  kvp_extras ex = {.lora_name = c->lora_name, .cache_salt = c->cache_salt,
-                   .mm = c->mm, .n_mm = c->n_mm};
+                        .python_hash_seed = c->python_hash_seed,
+                        .vllm_compat = c->vllm_compat};
   kvp_chain_opts co = {.keep_digests = 1};
   kvp_namespace ns;
-  kvp_hasher *h = NULL;
   kvp_chain *ch = NULL;
-  kvp_key *oneshot = kvp__calloc(NULL, c->n_blocks, sizeof *oneshot);
+  check_ctx x = {
+      .c = c,
+      .ex = {.lora_name = c->lora_name, .cache_salt = c->cache_salt,
+             .mm = c->mm, .n_mm = c->n_mm, .lora_path = c->lora_path},
+      .mm = calloc(c->n_mm + 1, sizeof *x.mm)};
+  kvp_key *oneshot = calloc(c->n_blocks + 1, sizeof *oneshot);
   int rc = KVP_ENOMEM;
   if (why == NULL)
     cap = 0;
   snprintf(why, cap, "case %zu: out of memory", c->index);
-  if (oneshot == NULL)
+  if (oneshot == NULL || x.mm == NULL)
+    goto out;
+  if ((rc = check_none_seed(c, why, cap)) != 0)
     goto out;
   LIB_CALL(kvp_namespace_init(&nd, &ns), "kvp_namespace_init");
-  LIB_CALL(kvp_hasher_create(&ns, &ho, NULL, &h), "kvp_hasher_create");
-  LIB_CALL(kvp_chain_create(h, &co, &ex, NULL, &ch), "kvp_chain_create");
+  LIB_CALL(kvp_hasher_create(&ns, &ho, NULL, &x.h), "kvp_hasher_create");
+  LIB_CALL(kvp_chain_create(x.h, &co, &x.ex, NULL, &ch), "kvp_chain_create");
   LIB_CALL(extend_split(ch, c), "kvp_chain_extend");
-  LIB_CALL(kvp_hasher_hash(h, c->tokens, c->n_tokens, &ex, oneshot,
+  LIB_CALL(kvp_hasher_hash(x.h, c->tokens, c->n_tokens, &x.ex, oneshot,
                            c->n_blocks, NULL), "kvp_hasher_hash");
-  rc = check_blocks(c, ch, oneshot, why, cap);
+  x.ch = ch;
+  x.oneshot = oneshot;
+  rc = check_blocks(&x, why, cap);
   if (rc == 0 && cap > 0)
     why[0] = '\0';
 out:
   kvp_chain_destroy(ch);
-  kvp_hasher_destroy(h);
-  kvp__free(NULL, oneshot, c->n_blocks * sizeof *oneshot);
+  kvp_hasher_destroy(x.h);
+  free(oneshot);
+  free(x.mm);
   return rc;
 }

@@ -72,7 +72,10 @@ typedef enum kvp_hash_algo {
   /* vLLM exact ("xxhash"): xxh3_128 of the same pickle.  vLLM seeds
    * NONE_HASH for xxhash / xxhash_cbor with random per-process bytes unless
    * PYTHONHASHSEED is set: such an engine's hashes cannot be reproduced by
-   * anyone (use the re-keyed mode of include/kvplane/events.h). */
+   * anyone (use the re-keyed mode of include/kvplane/events.h).
+   * The pickle is CPython's byte for byte (protocol 5 framing and memo
+   * included); a hasher of either pickle mode holds a 128 KiB frame buffer,
+   * as CPython builds a frame whole before it writes the frame's length. */
   KVP_HASH_VLLM_XXHASH = 5
 } kvp_hash_algo;
 
@@ -89,16 +92,19 @@ typedef enum kvp_vllm_compat {
   KVP_VLLM_COMPAT_COUNT_ = 3
 } kvp_vllm_compat;
 
-/* Parses "xxh3_128" | "sha256" | "sha256_cbor" | "xxhash_cbor" (exact,
- * case-sensitive).  Returns 0 or KVP_EINVAL (*out untouched). */
+/* Parses kvplane's names: "xxh3_128" | "sha256" (native) | "sha256_cbor" |
+ * "xxhash_cbor" | "vllm_sha256" | "vllm_xxhash" (exact, case-sensitive; vLLM
+ * calls the last two "sha256" and "xxhash": kvp_hash_algo_from_vllm).
+ * Returns 0 or KVP_EINVAL (*out untouched). */
 KVP_API int kvp_hash_algo_parse(const char *name, kvp_hash_algo *out);
 /* The name kvp_hash_algo_parse takes; "unknown" (never NULL) otherwise. */
 KVP_API const char *kvp_hash_algo_name(kvp_hash_algo algo);
-/* Digest length in bytes: 16 (xxh3_128, xxhash_cbor) or 32 (sha256*); 0 for
- * an unknown value. */
+/* Digest length in bytes: 16 (xxh3_128, xxhash_cbor, vllm_xxhash) or 32
+ * (sha256, sha256_cbor, vllm_sha256); 0 for an unknown value. */
 KVP_API size_t kvp_hash_algo_digest_len(kvp_hash_algo algo);
 /* Maps vLLM's --prefix-caching-hash-algo names ("sha256", "sha256_cbor",
- * "xxhash", "xxhash_cbor") to the vLLM modes.  Returns 0 or KVP_EINVAL. */
+ * "xxhash", "xxhash_cbor") to the vLLM modes.  Returns 0 or KVP_EINVAL
+ * (*out untouched). */
 KVP_API int kvp_hash_algo_from_vllm(const char *vllm_name, kvp_hash_algo *out);
 
 /* A multimodal placeholder in token coordinates (vLLM PlaceholderRange). */
@@ -111,13 +117,16 @@ typedef struct kvp_mm_span {
 /* Per-request extras that enter block hashes exactly as vLLM's
  * generate_block_hash_extra_keys: LoRA name on every block, (mm id, offset of
  * the placeholder relative to the block start, may be negative) on every
- * block the placeholder overlaps, cache salt on block 0 only.  Order inside a
- * block's tuple: lora, mm..., salt.  The zero value means "no extras".  `mm`
- * must be sorted by offset (KVP_EINVAL otherwise).  Like vLLM, a placeholder
- * that ends exactly where a block starts still keys that block unless an
- * earlier block already passed it (vLLM's `start > offset + length` test).
- * Native algorithms hash the same fields with an unambiguous length-prefixed
- * encoding. */
+ * block the placeholder overlaps, cache salt on block 0 only, the block's
+ * prompt-embeddings digest.  Order inside a block's tuple: lora, mm...,
+ * salt, embeds.  The zero value means "no extras".  `mm` must be sorted by
+ * offset (KVP_EINVAL otherwise).  A placeholder that ends exactly where a
+ * block starts: before 0.33 vLLM still keys that block unless an earlier
+ * block already passed it (`start > offset + length`), and so do kvplane's
+ * native algorithms, whatever vllm_compat says (their keys stay as they
+ * were); vLLM 0.33 does not (`start >= offset + length`), and neither do the
+ * vLLM modes with KVP_VLLM_COMPAT_0_33.  Native algorithms hash the same
+ * fields with an unambiguous length-prefixed encoding. */
 typedef struct kvp_extras {
   const char *lora_name;  /* NULL or "" = none */
   const char *cache_salt; /* NULL or "" = none */
@@ -127,9 +136,10 @@ typedef struct kvp_extras {
    * ""); other modes ignore it (KV events do not carry it). */
   const char *lora_path;
   /* Prompt embeddings: the SHA-256 of each full block's embedding bytes
-   * (vLLM: sha256(tensor_data(prompt_embeds[block]))), n_prompt_embeds ==
-   * the number of full blocks hashed; NULL / 0 = none.  0.33 tags them
-   * ("prompt_embeds", digest); older modes and native ones hash the digest. */
+   * (vLLM: sha256(tensor_data(prompt_embeds[block]))), one per block: a
+   * block at or past n_prompt_embeds cannot be hashed (KVP_EINVAL); NULL /
+   * 0 = none.  0.33 tags them ("prompt_embeds", digest); older modes and
+   * native ones hash the digest. */
   const uint8_t (*prompt_embeds)[32];
   size_t n_prompt_embeds;
 } kvp_extras;
@@ -148,6 +158,8 @@ typedef struct kvp_block_extras {
   const char *cache_salt; /* NULL or "" = none (vLLM: block 0 only) */
   const uint8_t *prompt_embeds; /* 32-byte digest, NULL = none */
 } kvp_block_extras;
+/* Strings: UTF-8 (KVP_EINVAL otherwise), as in kvp_extras.  Native
+ * algorithms hash lora_name without lora_path (KV events do not carry it). */
 
 typedef struct kvp_hasher_opts {
   kvp_hash_algo algo; /* 0 = KVP_HASH_XXH3_128 */
@@ -169,8 +181,9 @@ typedef struct kvp_hasher_opts {
  * hasher and all its chains. */
 typedef struct kvp_hasher kvp_hasher;
 
-/* Returns 0, KVP_EINVAL (NULL, unknown algo, namespace not from
- * kvp_namespace_init, python_hash_seed missing for vLLM modes), KVP_ENOMEM
+/* Returns 0, KVP_EINVAL (NULL, unknown algo or vllm_compat, namespace not
+ * from kvp_namespace_init, python_hash_seed missing where vLLM's NONE_HASH
+ * cannot be reproduced without it: see above), KVP_ENOMEM
  * or KVP_ENOTSUP (OpenSSL has no SHA-256).  *out is NULL on failure.  The
  * namespace is copied. */
 KVP_API int kvp_hasher_create(const kvp_namespace *ns,
@@ -196,16 +209,36 @@ KVP_API int kvp_hasher_hash(kvp_hasher *h, const uint32_t *tokens, size_t n,
  * already cut per block (KV events): digest of (parent, tokens[0..block_size),
  * bx) into digest[0..cap) and its key into *key (either may be NULL).
  * parent = the previous block's full digest (kvp_chain_digest; for native
- * algorithms the 16-byte key, hi then lo big-endian), NULL = block 0 (the
- * namespace seed / NONE_HASH).  bx NULL = no extras.  Iterating it along a
- * prompt with the extras kvp_hasher_hash derives per block gives the same
- * keys.  Returns the digest length, KVP_EINVAL (NULL tokens, parent_len not
- * the algorithm's digest length, bad extras), KVP_ENOSPC (cap too small) or
- * KVP_EIO.  Same thread rules as kvp_hasher_hash. */
+ * algorithms the 16-byte key, hi then lo big-endian, or native sha256's
+ * 32-byte digest, which ends with it), NULL = block 0 (the namespace seed /
+ * NONE_HASH; parent_len ignored).  bx NULL = no extras.  Iterating it along
+ * a prompt with the extras kvp_hasher_hash derives per block
+ * (kvp_hasher_block_extras) gives the same keys and digests.  Returns the
+ * digest length, KVP_EINVAL (NULL h or tokens, parent_len not the
+ * algorithm's digest length, bad extras: logged), KVP_ENOSPC (digest
+ * non-NULL and cap too small) or KVP_EIO.  Same thread rules as
+ * kvp_hasher_hash. */
 KVP_API int kvp_hasher_block(kvp_hasher *h, const uint8_t *parent,
                              size_t parent_len, const uint32_t *tokens,
                              const kvp_block_extras *bx, uint8_t *digest,
                              size_t cap, kvp_key *key);
+
+/* The extra keys block `block` of a prompt gets from `extras` under h's
+ * algorithm and vllm_compat -- what kvp_hasher_hash hashes for it, what
+ * vLLM's generate_block_hash_extra_keys makes (native algorithms: as vLLM
+ * before 0.33) -- into *out, whose strings and prompt_embeds point into
+ * `extras` and whose mm points to `mm` (mm_cap entries; may be NULL when 0).
+ * out->lora_path is extras->lora_path whatever the mode.  Replays vLLM's
+ * walk over the blocks before `block` in O(placeholders) steps.  Returns
+ * the block's number of mm keys; when that exceeds mm_cap nothing is
+ * written (ask again with room).  KVP_EINVAL: NULL h or out, bad extras
+ * (logged), `block` past the prompt-embeddings digests or past any prompt;
+ * KVP_ERANGE: more than INT_MAX keys.  Reads only immutable hasher state:
+ * any thread. */
+KVP_API int kvp_hasher_block_extras(const kvp_hasher *h,
+                                    const kvp_extras *extras, size_t block,
+                                    kvp_block_extras *out, kvp_mm_key *mm,
+                                    size_t mm_cap);
 
 /* ---- chain: the growing key chain of one prompt or session ---------------- */
 typedef struct kvp_chain kvp_chain;

@@ -2,14 +2,16 @@
 # SPDX-License-Identifier: Apache-2.0
 """Golden vectors for kvplane's block hashing, from an implementation that
 shares no code with router/prefix_hash.c: hashlib (SHA-256), python3-xxhash
-(XXH3-128) and cbor2 (the vLLM modes), following the rules written in
-include/kvplane/prefix.h and router/prefix_internal.h.
+(XXH3-128), cbor2 and CPython's pickle (the vLLM modes), following the rules
+written in include/kvplane/prefix.h and router/prefix_internal.h.
 
 Covers: namespace seeds; native xxh3_128 / sha256 chains with and without
 extras (LoRA, cache salt, multimodal placeholders, including edge placements
-and extras long enough to overflow the hasher's scratch); chunk keys; and a
-few vLLM-mode cases the shared vLLM vector file does not reach (4096-token
-blocks with 5-byte CBOR token ids, extras that stream).
+and extras long enough to overflow the hasher's scratch, prompt-embeddings
+digests); chunk keys; and vLLM-mode cases the shared vLLM vector files do not
+reach (4096-token blocks with 5-byte CBOR token ids, extras that stream; vLLM
+0.33's pickle with tagged keys, embeddings and a LoRA path past pickle's
+64 KiB frame target).
 
 Writes tests/data/native_chain_vectors.json and tests/data/native_chain_vectors.h.
 Deterministic.  Regenerate from the repository root with Debian's python:
@@ -18,6 +20,7 @@ Deterministic.  Regenerate from the repository root with Debian's python:
 import hashlib
 import json
 import os
+import pickle
 import random
 import struct
 
@@ -46,19 +49,28 @@ def namespace_seed(model_id, tokenizer_id, kv_layout, block_size, tenant_salt):
     return hashlib.sha256(enc).digest()[:16]
 
 
-def mm_extra_keys(mm, start, end, idx):
+COMPAT_PRE, COMPAT_033 = 1, 2  # kvp_vllm_compat
+
+
+def passed(end_of_mm, start, compat):
+    """vLLM 0.33: a block starting where a placeholder ends has passed it;
+    before 0.33 (and native algorithms) it had not."""
+    return start >= end_of_mm if compat == COMPAT_033 else start > end_of_mm
+
+
+def mm_extra_keys(mm, start, end, idx, compat=COMPAT_PRE):
     """vLLM v1 _gen_mm_extra_hash_keys, verbatim in structure."""
     keys = []
     if not mm:
         return keys, idx
     last = mm[-1]
-    if last['offset'] + last['length'] < start:
+    if passed(last['offset'] + last['length'], start, compat):
         return keys, idx
     curr = idx
     while curr < len(mm):
         off, ln = mm[curr]['offset'], mm[curr]['length']
         if end > off:
-            if start > off + ln:
+            if passed(off + ln, start, compat):
                 curr += 1
                 continue
             keys.append((mm[curr]['id'], off - start))
@@ -71,18 +83,21 @@ def mm_extra_keys(mm, start, end, idx):
     return keys, curr
 
 
-def block_extras(ex, start, end, idx):
-    """(lora or None, [(id, rel)], salt or None), next mm index."""
-    mmk, idx = mm_extra_keys(ex['mm'], start, end, idx)
+def block_extras(ex, start, end, idx, compat=COMPAT_PRE):
+    """(lora or None, [(id, rel)], salt or None, embeds digest or None), next
+    mm index."""
+    mmk, idx = mm_extra_keys(ex['mm'], start, end, idx, compat)
     lora = ex['lora_name'] or None
     salt = ex['cache_salt'] if (start == 0 and ex['cache_salt']) else None
-    return (lora, mmk, salt), idx
+    emb = ex['embeds'][start // (end - start)] if ex['embeds'] else None
+    return (lora, mmk, salt, emb), idx
 
 
-def native_extras(lora, mmk, salt):
-    if not (lora or mmk or salt):
+def native_extras(lora, mmk, salt, emb):
+    if not (lora or mmk or salt or emb):
         return b''
-    tag = 0xE0 | (1 if lora else 0) | (2 if mmk else 0) | (4 if salt else 0)
+    tag = 0xE0 | (1 if lora else 0) | (2 if mmk else 0) | (4 if salt else 0) \
+        | (8 if emb else 0)
     out = bytes([tag])
     if lora:
         out += lp(lora)
@@ -92,6 +107,8 @@ def native_extras(lora, mmk, salt):
             out += lp(ident) + struct.pack('<q', rel)
     if salt:
         out += lp(salt)
+    if emb:
+        out += emb
     return out
 
 
@@ -99,9 +116,9 @@ def native_chain(algo, seed16, bs, tokens, ex):
     parent, idx, digests = seed16, 0, []
     for b in range(len(tokens) // bs):
         start = b * bs
-        (lora, mmk, salt), idx = block_extras(ex, start, start + bs, idx)
+        (lora, mmk, salt, emb), idx = block_extras(ex, start, start + bs, idx)
         buf = (parent + struct.pack('<%dI' % bs, *tokens[start:start + bs]) +
-               native_extras(lora, mmk, salt))
+               native_extras(lora, mmk, salt, emb))
         if algo == 'xxh3_128':
             d = xxhash.xxh3_128_digest(buf)
         else:
@@ -112,19 +129,44 @@ def native_chain(algo, seed16, bs, tokens, ex):
 
 
 def vllm_hash(algo, obj):
-    enc = cbor2.dumps(obj, canonical=True)
-    if algo == 'sha256_cbor':
+    if algo in ('vllm_sha256', 'vllm_xxhash'):  # vLLM's sha256 / xxhash
+        enc = pickle.dumps(obj, protocol=5)
+    else:
+        enc = cbor2.dumps(obj, canonical=True)
+    if algo in ('sha256_cbor', 'vllm_sha256'):
         return hashlib.sha256(enc).digest()
     return xxhash.xxh3_128_digest(enc)
 
 
-def vllm_chain(algo, seed_str, bs, tokens, ex):
-    parent, idx, digests = vllm_hash(algo, seed_str), 0, []
+def fresh(s):
+    """A str object of its own, as vLLM's request strings are: pickle's memo
+    goes by identity (CPython still shares "" and one-character latin-1
+    strings, as in vLLM)."""
+    return None if s is None else s.encode('utf-8').decode('utf-8')
+
+
+def vllm_keys(compat, ex, lora, mmk, salt, emb):
+    """The extra-keys list: untagged before 0.33, tagged in 0.33 (the tag
+    literals are one object each, as vLLM's code constants)."""
+    if compat == COMPAT_PRE:
+        return ([lora] if lora else []) + [tuple(k) for k in mmk] + \
+            ([salt] if salt else []) + ([emb] if emb else [])
+    return ([('lora', lora, ex['lora_path'] or '')] if lora else []) + \
+        [('mm', fresh(i), o) for i, o in mmk] + \
+        ([('cache_salt', salt)] if salt else []) + \
+        ([('prompt_embeds', emb)] if emb else [])
+
+
+def vllm_chain(algo, seed_str, bs, tokens, ex, compat):
+    parent, idx, digests = vllm_hash(algo, fresh(seed_str)), 0, []
+    ex = dict(ex, lora_name=fresh(ex['lora_name']),
+              lora_path=fresh(ex['lora_path']),
+              cache_salt=fresh(ex['cache_salt']))
     for b in range(len(tokens) // bs):
         start = b * bs
-        (lora, mmk, salt), idx = block_extras(ex, start, start + bs, idx)
-        keys = ([lora] if lora else []) + [tuple(k) for k in mmk] + \
-            ([salt] if salt else [])
+        (lora, mmk, salt, emb), idx = block_extras(ex, start, start + bs, idx,
+                                                   compat)
+        keys = vllm_keys(compat, ex, lora, mmk, salt, emb)
         d = vllm_hash(algo, (parent, tuple(tokens[start:start + bs]),
                              tuple(keys) if keys else None))
         digests.append(d)
@@ -169,9 +211,10 @@ def rand_tokens(n, hi=152000):
     return [rng.randrange(hi) for _ in range(n)]
 
 
-def extras(lora=None, salt=None, mm=()):
+def extras(lora=None, salt=None, mm=(), path=None, embeds=None):
     return dict(lora_name=lora, cache_salt=salt,
-                mm=[dict(id=i, offset=o, length=l) for i, o, l in mm])
+                mm=[dict(id=i, offset=o, length=l) for i, o, l in mm],
+                lora_path=path, embeds=embeds)
 
 
 NO_EXTRAS = extras()
@@ -196,10 +239,30 @@ LONG = extras(LONG_LORA, 's' * 300,
               [('img-%03d' % i, 16 + i, 1) for i in range(200)])
 
 
+# its own generator: the draws of `rng` above and below stay as they were
+rng_emb = random.Random(0x656d6264)
+
+
+def rand_digests(n):
+    return [rng_emb.randbytes(32) for _ in range(n)]
+
+
+EMBEDS = extras(embeds=rand_digests(170 // 16))
+EMBEDS_MIXED = extras('sql-adapter', 'tenant', MIXED['mm'] and [
+    (m['id'], m['offset'], m['length']) for m in MIXED['mm']],
+    path='/adapters/sql', embeds=rand_digests(170 // 16))
+MIXED033 = extras('sql-adapter', 'tenant-\u00e9', [
+    (m['id'], m['offset'], m['length']) for m in MIXED['mm']] +
+    [('a', 150, 2), ('a', 151, 1)], path='/models/lora/sql')
+# a path past pickle's 64 KiB frame target: written outside the frames
+LONG033 = extras('l', 'salt', [('img', 3, 70), ('', 40, 1), ('', 41, 1)],
+                 path='/p' * 40000)
+
+
 def case(name, algo, ns, ex, tokens=None, n=None, mul=0, add=0, chunk=0,
-         seed=None):
+         seed=None, compat=COMPAT_PRE):
     d = dict(name=name, algo=algo, ns=ns, extras=ex, chunk_tokens=chunk,
-             python_hash_seed=seed)
+             python_hash_seed=seed, vllm_compat=compat)
     if tokens is None:
         tokens = [(mul * i + add) & 0xFFFFFFFF for i in range(n)]
         d.update(tok_mul=mul, tok_add=add, n_tokens=n, tokens=None)
@@ -210,7 +273,7 @@ def case(name, algo, ns, ex, tokens=None, n=None, mul=0, add=0, chunk=0,
         seed16 = namespace_seed(**NAMESPACES[ns])
         digests = native_chain(algo, seed16, bs, tokens, ex)
     else:
-        digests = vllm_chain(algo, seed, bs, tokens, ex)
+        digests = vllm_chain(algo, seed, bs, tokens, ex, compat)
     d['digests'] = [x.hex() for x in digests]
     d['chunk_keys'] = [x.hex() for x in chunk_keys(digests, bs, chunk)] \
         if chunk else []
@@ -252,6 +315,19 @@ CASES = [
          mul=2654435761, add=12345, seed=''),
     case('vllm_xxh_nested_mm', 'xxhash_cbor', 5, NESTED, T170,
          seed='1234567'),
+    # appended: the cases above keep their random draws and digests
+    case('xxh3_embeds', 'xxh3_128', 0, EMBEDS, T170),
+    case('sha256_embeds_lora_mm', 'sha256', 1, EMBEDS_MIXED, T170),
+    case('vllm033_sha_pickle_mixed', 'vllm_sha256', 0, MIXED033, T170,
+         seed='0', compat=COMPAT_033),
+    case('vllm033_xxh_pickle_edge', 'vllm_xxhash', 0, EDGE, T170, seed='7',
+         compat=COMPAT_033),
+    case('vllm033_sha_pickle_long', 'vllm_sha256', 0, LONG033,
+         rand_tokens(70, 1 << 32), seed='', compat=COMPAT_033),
+    case('vllm033_sha_cbor_embeds', 'sha256_cbor', 1, EMBEDS_MIXED, T170,
+         seed='42', compat=COMPAT_033),
+    case('vllm_pre033_sha_pickle_embeds', 'vllm_sha256', 1, EMBEDS_MIXED,
+         T170, seed='42', compat=COMPAT_PRE),
 ]
 
 
@@ -291,7 +367,8 @@ def wrap(items, per=8, indent='    '):
 def emit_header(path):
     o = ['/* SPDX-License-Identifier: Apache-2.0 */',
          '/* GENERATED by tests/data/gen_native_vectors.py from an independent',
-         ' * Python implementation (hashlib, xxhash, cbor2) -- do not edit.',
+         ' * Python implementation (hashlib, xxhash, cbor2, pickle) -- do not',
+         ' * edit.',
          ' * Regenerate from the repository root:',
          ' *     /usr/bin/python3 tests/data/gen_native_vectors.py */',
          '#ifndef KVP_NATIVE_CHAIN_VECTORS_H',
@@ -315,6 +392,10 @@ def emit_header(path):
          '  const char *lora_name, *cache_salt;',
          '  const kvp_mm_span *mm;',
          '  size_t n_mm;',
+         '  const char *lora_path;',
+         '  const uint8_t (*embeds)[32]; /* one per block, or NULL */',
+         '  size_t n_embeds;',
+         '  uint32_t vllm_compat; /* vLLM modes: kvp_vllm_compat */',
          '  /* NULL: tokens[i] = tok_mul * i + tok_add (mod 2^32) */',
          '  const uint32_t *tokens;',
          '  uint32_t tok_mul, tok_add;',
@@ -336,7 +417,7 @@ def emit_header(path):
             ckey(seed)))
     o.append('};')
     o.append('')
-    for s in (LONG_LORA, LONG['cache_salt']):
+    for s in (LONG_LORA, LONG['cache_salt'], LONG033['lora_path']):
         name = 'nv_str_%d' % len(LONG_STRINGS)
         o.append('static const char %s[] = %s;' % (name, cstr_literal(s)))
         LONG_STRINGS[s] = name
@@ -349,6 +430,10 @@ def emit_header(path):
                 i, wrap(['{%s, %du, %du}' % (cstr(m['id']), m['offset'],
                                              m['length'])
                          for m in c['extras']['mm']], 3)))
+        if c['extras']['embeds']:
+            o.append('static const uint8_t nv_emb_%d[][32] = {\n    %s};' % (
+                i, wrap(['{%s}' % ', '.join('0x%02x' % b for b in e)
+                         for e in c['extras']['embeds']], 1)))
         o.append('static const char *const nv_dig_%d[] = {\n    %s};' %
                  (i, wrap(['"%s"' % d for d in c['digests']], 1)))
         o.append('static const kvp_key nv_key_%d[] = {\n    %s};' %
@@ -360,12 +445,16 @@ def emit_header(path):
     o.append('static const nv_case nv_cases[] = {')
     for i, c in enumerate(CASES):
         ex = c['extras']
-        o.append('    {%s, %s, %s, %d, %s, %s, %s, %d, %s, %du, %du, %d,\n'
+        o.append('    {%s, %s, %s, %d, %s, %s, %s, %d, %s, %s, %d, %du, %s, '
+                 '%du, %du, %d,\n'
                  '     nv_dig_%d, nv_key_%d, %d, %du, %s, %d},' % (
                      cstr(c['name']), cstr(c['algo']),
                      cstr(c['python_hash_seed']), c['ns'],
                      cstr(ex['lora_name']), cstr(ex['cache_salt']),
                      'nv_mm_%d' % i if ex['mm'] else 'NULL', len(ex['mm']),
+                     cstr(ex['lora_path']),
+                     'nv_emb_%d' % i if ex['embeds'] else 'NULL',
+                     len(ex['embeds'] or []), c['vllm_compat'],
                      'nv_tok_%d' % i if c['tokens'] is not None else 'NULL',
                      c['tok_mul'], c['tok_add'], c['n_tokens'], i, i,
                      len(c['digests']), c['chunk_tokens'],
@@ -387,7 +476,9 @@ def emit_json(path):
               'tokens null: tokens[i] = (tok_mul*i + tok_add) mod 2^32.',
         namespaces=[dict(ns, seed_hex=namespace_seed(**ns).hex())
                     for ns in NAMESPACES],
-        cases=CASES)
+        cases=[dict(c, extras=dict(c['extras'], embeds=[
+            e.hex() for e in c['extras']['embeds'] or []]))
+            for c in CASES])
     with open(path, 'w') as f:
         json.dump(doc, f, indent=1, ensure_ascii=False)
         f.write('\n')
