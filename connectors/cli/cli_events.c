@@ -71,10 +71,10 @@ static void on_signal(int sig) {
   stop_flag = 1;
 }
 
-static int usage(const char *fmt, const char *arg) {
-  fprintf(stderr, "kvplane events: ");
-  fprintf(stderr, fmt, arg);
-  fprintf(stderr, "\n(see kvplane events tail --help)\n");
+/* "kvplane events: WHAT ARG" (ARG may be NULL). */
+static int usage(const char *what, const char *arg) {
+  fprintf(stderr, "kvplane events: %s%s%s\n(see kvplane events tail --help)\n",
+          what, arg ? " " : "", arg ? arg : "");
   return EXIT_USAGE;
 }
 
@@ -93,7 +93,7 @@ enum { O_JSON = 256, O_REPLAY, O_TOPIC, O_DP, O_MAX, O_IDLE, O_INDEX, O_REKEY };
 
 static int parse_num(const char *name, const char *s, uint64_t max,
                      uint64_t *out) {
-  return parse_u64(s, max, out) ? 0 : usage("bad %s value", name);
+  return parse_u64(s, max, out) ? 0 : usage("bad value for", name);
 }
 
 static int parse_tail(int argc, char **argv, tail_opts *o) {
@@ -117,18 +117,18 @@ static int parse_tail(int argc, char **argv, tail_opts *o) {
     case O_MAX: rc = parse_num("--max-batches", optarg, UINT64_MAX, &o->max_batches); break;
     case O_IDLE: rc = parse_num("--idle-ms", optarg, UINT32_MAX, &o->idle_ms); break;
     case O_REKEY: rc = parse_num("--rekey", optarg, KVP_BLOCK_SIZE_MAX, &v); o->rekey_bs = (uint32_t)v;
-      if (rc == 0 && v == 0) rc = usage("%s", "--rekey needs a block size >= 1");
+      if (rc == 0 && v == 0) rc = usage("--rekey needs a block size >= 1", NULL);
       break;
     case 'h': fputs(tail_usage, stdout); return 0;
-    default: return usage("%s", "bad option");
+    default: return usage("bad option", NULL);
     }
   }
   if (rc != 0)
     return rc;
   if (optind != argc - 1)
-    return usage("%s", "exactly one ENDPOINT is required");
+    return usage("exactly one ENDPOINT is required", NULL);
   if (o->index && o->rekey_bs)
-    return usage("%s", "--index prints the engines' hashes: not with --rekey");
+    return usage("--index prints the engines' hashes: not with --rekey", NULL);
   o->endpoint = argv[optind];
   return -1; /* go on */
 }
@@ -378,7 +378,7 @@ static int run_tail(const tail_opts *o) {
     kvp_namespace_desc d = {.model_id = "kvplane-events-tail", .tokenizer_id = "-",
                             .kv_layout = "-", .block_size = o->rekey_bs};
     if (kvp_namespace_init(&d, &ns) < 0)
-      return usage("%s", "bad --rekey block size");
+      return usage("bad --rekey block size", NULL);
     src.keying = KVP_EVENTS_REKEY;
     src.ns = &ns;
   }
@@ -417,7 +417,7 @@ int kvp_cli_events(int argc, char **argv) {
     return sub ? 0 : EXIT_USAGE;
   }
   if (strcmp(sub, "tail") != 0)
-    return usage("unknown events command '%s'", sub);
+    return usage("unknown events command", sub);
   tail_opts o = {0};
   int rc = parse_tail(argc - 1, argv + 1, &o);
   return rc >= 0 ? rc : run_tail(&o);
