@@ -355,15 +355,37 @@ static void print_stats(kvp_events *ev) {
 
 /* ---- the loop ------------------------------------------------------------------- */
 
-static bool done(const tail_state *st, kvp_events *ev, uint64_t start_ns) {
+static uint64_t batches(kvp_events *ev) {
   kvp_events_stats s;
+  return kvp_events_stats_get(ev, UINT32_MAX, &s) == 0 ? s.batches : 0;
+}
+
+/* Idle: one resync as a probe (a lost last batch, a restart never seen
+ * live); done when it brought nothing new. */
+static bool probe_found_more(kvp_events *ev) {
+  uint64_t before = batches(ev);
+  if (kvp_events_resync(ev, UINT32_MAX) <= 0)
+    return false;
+  kvp_events_stats s;
+  do {
+    if (kvp_events_poll(ev, 20) < 0 || stop_flag)
+      return false;
+  } while (kvp_events_stats_get(ev, UINT32_MAX, &s) == 0 && s.replaying > 0);
+  return batches(ev) != before;
+}
+
+static bool done(tail_state *st, kvp_events *ev, uint64_t start_ns) {
   if (stop_flag)
     return true;
-  if (st->o->max_batches && kvp_events_stats_get(ev, UINT32_MAX, &s) == 0 &&
-      s.batches >= st->o->max_batches)
+  if (st->o->max_batches && batches(ev) >= st->o->max_batches)
     return true;
   uint64_t since = st->last_batch_ns ? st->last_batch_ns : start_ns;
-  return st->o->idle_ms && kvp_now_ns() - since >= st->o->idle_ms * 1000000u;
+  if (!st->o->idle_ms || kvp_now_ns() - since < st->o->idle_ms * 1000000u)
+    return false;
+  if (!probe_found_more(ev))
+    return true;
+  st->last_batch_ns = kvp_now_ns();
+  return st->o->max_batches && batches(ev) >= st->o->max_batches;
 }
 
 static int run_tail(const tail_opts *o) {
@@ -386,7 +408,10 @@ static int run_tail(const tail_opts *o) {
   if (rc == 0)
     rc = kvp_index_worker_add(ix, 0);
   if (rc == 0)
-    rc = kvp_events_create(ix, &src, 1, NULL, NULL, &ev);
+    /* the tool probes when idle itself (--idle-ms), see done() */
+    rc = kvp_events_create(ix, &src, 1,
+                           &(kvp_events_opts){.probe_idle_ms = UINT32_MAX},
+                           NULL, &ev);
   if (rc == 0)
     rc = kvp_events_on_batch(ev, on_batch, &st);
   if (rc < 0) {

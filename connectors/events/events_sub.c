@@ -37,10 +37,17 @@ typedef struct source {
   void *sub, *dealer;
   ev_apply ap;
   ev_counters ctr;
+  void *mon;          /* PAIR end of the SUB's monitor (disconnects) */
   uint64_t next;      /* the publisher's next sequence number */
+  bool have_last;     /* batch next-1 was applied in this epoch */
+  bool need_verify;   /* the SUB lost a connection: resync on next batch */
   bool replaying;
+  bool replay_verify; /* asked from the last batch applied: check it */
   bool replay_first;  /* a batch came back for this replay */
+  bool replay_discard; /* the answer is from another publisher: ignore */
+  uint64_t replay_from;
   uint64_t replay_deadline_ns;
+  uint64_t last_heard_ns; /* last live batch or probe */
   pend *pending;      /* live batches held while replaying, seq order */
   size_t n_pending;
   dup_ent *ring;      /* recently applied (seq, payload hash) */
@@ -134,6 +141,14 @@ static int open_sub(kvp_events *ev, source *s) {
   bool bind = wants_bind(s);
   if ((bind ? zmq_bind : zmq_connect)(s->sub, s->endpoint) != 0)
     return zerr(bind ? "bind" : "connect", s->endpoint);
+  /* a lost connection may hide a publisher restart: watch for it */
+  char mon[64];
+  snprintf(mon, sizeof mon, "inproc://kvp-events-mon-%p", (void *)s);
+  if (zmq_socket_monitor(s->sub, mon, ZMQ_EVENT_DISCONNECTED) != 0 ||
+      (s->mon = zmq_socket(ev->zctx, ZMQ_PAIR)) == NULL ||
+      zmq_setsockopt(s->mon, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+      zmq_connect(s->mon, mon) != 0)
+    return zerr("monitor for", s->endpoint);
   return 0;
 }
 
@@ -155,9 +170,23 @@ static int open_dealer(kvp_events *ev, source *s) {
   return 0;
 }
 
-/* ---- the sequence state machine -------------------------------------------------- */
+/* ---- the sequence state machine --------------------------------------------------
+ * Per source, batches apply in order, each once.  vLLM has no epoch: a
+ * restarted publisher numbers from 0 again with nothing in its frames to say
+ * so.  A resync therefore asks for a replay from the last batch applied (L)
+ * and expects L back with the bytes applied under it: a later first batch
+ * means the publisher no longer reaches back (the batches between are lost:
+ * the residency is dropped), other bytes or nothing at L mean another
+ * publisher (restart: new epoch, replay from 0).  Resyncs run on a gap, on a
+ * batch under a passed number that is not a duplicate, after the SUB lost a
+ * connection, and as a probe when a source has been quiet (a lost last batch,
+ * a restart not seen live). */
 
 static uint64_t now_ns(void) { return kvp_now_ns(); }
+
+static uint64_t hash_of(zmq_msg_t *m) {
+  return XXH3_64bits(zmq_msg_data(m), zmq_msg_size(m));
+}
 
 static bool ring_has(const source *s, uint64_t seq, uint64_t h) {
   const dup_ent *e = &s->ring[seq % s->ring_cap];
@@ -171,20 +200,22 @@ static void ring_clear(source *s) {
 
 /* Decodes and applies batch `seq` (== s->next); an undecodable batch is a
  * lost batch: the source's residency is dropped. */
-static void apply(kvp_events *ev, source *s, uint64_t seq, const void *p,
-                  size_t len, bool replayed) {
+static void apply(kvp_events *ev, source *s, uint64_t seq, zmq_msg_t *m,
+                  bool replayed) {
   kvp_kv_batch b;
-  int rc = kvp_kv_decode(ev->dec, p, len, &b);
+  int rc = kvp_kv_decode(ev->dec, zmq_msg_data(m), zmq_msg_size(m), &b);
   s->next = seq + 1;
-  s->ring[seq % s->ring_cap] = (dup_ent){seq, XXH3_64bits(p, len)};
+  s->ring[seq % s->ring_cap] = (dup_ent){seq, hash_of(m)};
   if (rc < 0) {
     ev_add(&s->ctr.decode_errors, 1);
     kvp_log(KVP_LOG_WARN, EV_MOD, "%s: batch %" PRIu64 " undecodable (%s): "
             "dropping this source's residency", s->endpoint, seq,
             kvp_err_name(rc));
     kvp__ev_apply_drop(&s->ap);
+    s->have_last = false;
     return;
   }
+  s->have_last = true;
   (void)kvp__ev_apply_batch(&s->ap, &b);
   if (replayed)
     ev_add(&s->ctr.batches_replayed, 1);
@@ -192,15 +223,32 @@ static void apply(kvp_events *ev, source *s, uint64_t seq, const void *p,
     ev->on_batch(ev->on_batch_opaque, (uint32_t)(s - ev->src), seq, &b);
 }
 
+/* Batches [next, seq) are gone for good: what they removed may still be in
+ * the index, so the source's residency goes and the stream restarts at seq. */
 static void lost_until(source *s, uint64_t seq) {
-  /* batches [next, seq) are gone for good */
   if (s->dealer != NULL)
     ev_add(&s->ctr.replay_failures, 1);
   kvp__ev_apply_drop(&s->ap);
+  s->have_last = false;
   s->next = seq;
 }
 
-static void start_replay(kvp_events *ev, source *s, uint64_t from) {
+static void restarted(source *s, const char *how) {
+  ev_add(&s->ctr.restarts, 1);
+  kvp_log(KVP_LOG_INFO, EV_MOD, "%s: publisher restarted (%s): new epoch",
+          s->endpoint, how);
+  kvp__ev_apply_new_epoch(&s->ap);
+  ring_clear(s);
+  s->next = 0;
+  s->have_last = false;
+}
+
+static void set_replaying(source *s, bool on) {
+  s->replaying = on;
+  ev_set(&s->ctr.replaying, on);
+}
+
+static void send_replay(kvp_events *ev, source *s, uint64_t from, bool verify) {
   uint8_t req[8];
   for (int i = 0; i < 8; i++)
     req[i] = (uint8_t)(from >> (56 - 8 * i));
@@ -211,21 +259,30 @@ static void start_replay(kvp_events *ev, source *s, uint64_t from) {
             s->replay_endpoint, zmq_strerror(errno));
     (void)open_dealer(ev, s); /* drop a half-sent request */
     ev_add(&s->ctr.replay_failures, 1);
+    set_replaying(s, false);
     return;
   }
-  s->replaying = true;
-  s->replay_first = false;
+  set_replaying(s, true);
+  s->replay_from = from;
+  s->replay_verify = verify;
+  s->replay_first = s->replay_discard = false;
   uint32_t t = ev->o.replay_timeout_ms ? ev->o.replay_timeout_ms : 2000;
   s->replay_deadline_ns = now_ns() + (uint64_t)t * 1000000u;
 }
 
-static void handle(kvp_events *ev, source *s, uint64_t seq, zmq_msg_t *m,
-                   bool may_replay);
+/* From the last batch applied (checked), or from the next one when there is
+ * none in this epoch. */
+static void resync(kvp_events *ev, source *s) {
+  if (s->dealer == NULL || s->replaying)
+    return;
+  s->last_heard_ns = now_ns();
+  send_replay(ev, s, s->have_last ? s->next - 1 : s->next, s->have_last);
+}
 
 static void pend_push(kvp_events *ev, source *s, uint64_t seq, zmq_msg_t *m) {
   size_t max = ev->o.pending_max ? ev->o.pending_max : 4096;
   if (s->n_pending >= max) {
-    ev_add(&s->ctr.queue_drops, 1); /* the next gap replays it */
+    ev_add(&s->ctr.queue_drops, 1); /* the next resync recovers it */
     return;
   }
   pend *q = &s->pending[s->n_pending++];
@@ -234,54 +291,129 @@ static void pend_push(kvp_events *ev, source *s, uint64_t seq, zmq_msg_t *m) {
   zmq_msg_move(&q->payload, m);
 }
 
-/* After a replay: the held live batches, in order; a gap now means the
- * publisher no longer has those batches (no second replay for them). */
-static void end_replay(kvp_events *ev, source *s) {
-  s->replaying = false;
-  size_t n = s->n_pending;
-  s->n_pending = 0;
-  for (size_t i = 0; i < n; i++) {
-    handle(ev, s, s->pending[i].seq, &s->pending[i].payload, false);
-    zmq_msg_close(&s->pending[i].payload);
+/* After a replay: the live batches held meanwhile, in order.  Those under a
+ * passed number are duplicates or were overtaken by the resync (stale); a gap
+ * starts another resync, or after a failed replay is a loss. */
+static void finish_replay(kvp_events *ev, source *s, bool may_resync) {
+  set_replaying(s, false);
+  size_t i = 0;
+  for (; i < s->n_pending && !s->replaying; i++) {
+    pend *q = &s->pending[i];
+    if (q->seq < s->next) {
+      ev_add(ring_has(s, q->seq, hash_of(&q->payload)) ? &s->ctr.duplicates
+                                                       : &s->ctr.stale, 1);
+    } else if (q->seq > s->next && may_resync) {
+      ev_add(&s->ctr.gaps, 1);
+      ev_add(&s->ctr.batches_missed, q->seq - s->next);
+      resync(ev, s);
+      if (s->replaying)
+        break; /* this one and the rest wait for the new replay */
+      lost_until(s, q->seq);
+      apply(ev, s, q->seq, &q->payload, false);
+    } else {
+      if (q->seq > s->next)
+        lost_until(s, q->seq);
+      apply(ev, s, q->seq, &q->payload, false);
+    }
+    zmq_msg_close(&q->payload);
   }
+  size_t left = s->n_pending - i;
+  memmove(s->pending, s->pending + i, left * sizeof *s->pending);
+  s->n_pending = left;
 }
 
-/* One batch from the live stream (may_replay) or held during a replay. */
-static void handle(kvp_events *ev, source *s, uint64_t seq, zmq_msg_t *m,
-                   bool may_replay) {
-  const void *p = zmq_msg_data(m);
-  size_t len = zmq_msg_size(m);
+/* One batch from the live stream. */
+static void on_live(kvp_events *ev, source *s, uint64_t seq, zmq_msg_t *m) {
+  s->last_heard_ns = now_ns();
+  if (s->need_verify && s->dealer != NULL && !s->replaying) {
+    s->need_verify = false;
+    resync(ev, s);
+  }
   if (s->replaying) {
     pend_push(ev, s, seq, m);
     return;
   }
-  if (seq < s->next) {
-    if (ring_has(s, seq, XXH3_64bits(p, len))) {
-      ev_add(&s->ctr.duplicates, 1);
-      return;
-    }
-    /* a batch we never applied under a number we passed: the publisher
-     * started again (vLLM numbers from 0 and has no epoch of its own) */
-    ev_add(&s->ctr.restarts, 1);
-    kvp_log(KVP_LOG_INFO, EV_MOD, "%s: publisher restarted (seq %" PRIu64
-            " after %" PRIu64 "): new epoch", s->endpoint, seq, s->next - 1);
-    kvp__ev_apply_new_epoch(&s->ap);
-    ring_clear(s);
-    s->next = 0;
+  if (seq == s->next || (!s->have_last && s->next == 0 && s->dealer == NULL)) {
+    apply(ev, s, seq, m, false); /* no replay socket: start where we join */
+    return;
+  }
+  if (seq < s->next && ring_has(s, seq, hash_of(m))) {
+    ev_add(&s->ctr.duplicates, 1);
+    return;
   }
   if (seq > s->next) {
     ev_add(&s->ctr.gaps, 1);
     ev_add(&s->ctr.batches_missed, seq - s->next);
-    if (may_replay && s->dealer != NULL) {
-      start_replay(ev, s, s->next);
-      if (s->replaying) {
-        pend_push(ev, s, seq, m);
-        return;
-      }
-    }
-    lost_until(s, seq);
   }
-  apply(ev, s, seq, p, len, false);
+  if (s->dealer == NULL) { /* nothing to ask: a regression is a restart */
+    if (seq < s->next)
+      restarted(s, "an earlier sequence number with other bytes");
+    else
+      lost_until(s, seq);
+    s->next = seq;
+    apply(ev, s, seq, m, false);
+    return;
+  }
+  resync(ev, s);
+  pend_push(ev, s, seq, m);
+}
+
+/* One replayed batch (seq != the end marker). */
+static void on_replayed(kvp_events *ev, source *s, uint64_t seq,
+                        zmq_msg_t *m) {
+  if (!s->replaying || s->replay_discard)
+    return; /* an answer we gave up on, or another publisher's */
+  if (!s->replay_first) {
+    s->replay_first = true;
+    if (s->replay_verify && seq == s->replay_from &&
+        ring_has(s, seq, hash_of(m)))
+      return; /* the publisher we follow: what comes next is new */
+    if (s->replay_verify && seq <= s->replay_from) {
+      restarted(s, "the replay's batch at the last sequence number differs");
+      s->replay_discard = true; /* then a replay from 0 */
+      return;
+    }
+    if (seq > s->next) /* it no longer reaches back */
+      lost_until(s, seq);
+  }
+  if (seq < s->next) {
+    ev_add(&s->ctr.duplicates, 1);
+    return;
+  }
+  if (seq > s->next)
+    lost_until(s, seq);
+  apply(ev, s, seq, m, true);
+}
+
+static void on_replay_end(kvp_events *ev, source *s) {
+  if (!s->replaying)
+    return;
+  if (s->replay_verify && !s->replay_first && !s->replay_discard)
+    restarted(s, "the replay has nothing at the last sequence number");
+  if (s->replay_discard || (s->replay_verify && !s->replay_first)) {
+    send_replay(ev, s, 0, false);
+    return;
+  }
+  finish_replay(ev, s, true);
+}
+
+int kvp_events_resync(kvp_events *ev, uint32_t source_id) {
+  if (ev == NULL)
+    return KVP_EINVAL;
+  if (source_id != UINT32_MAX && source_id >= ev->n_src)
+    return KVP_ERANGE;
+  if (ev->mode == 1)
+    return KVP_ESTATE;
+  int n = 0;
+  for (size_t i = 0; i < ev->n_src; i++) {
+    source *s = &ev->src[i];
+    if ((source_id != UINT32_MAX && i != source_id) || s->dealer == NULL ||
+        s->replaying)
+      continue;
+    resync(ev, s);
+    n += s->replaying;
+  }
+  return n;
 }
 
 /* ---- receiving ------------------------------------------------------------------- */
@@ -329,102 +461,95 @@ static bool topic_ok(source *s, zmq_msg_t *t) {
   return false;
 }
 
+typedef void (*frames_fn)(kvp_events *ev, source *s, zmq_msg_t *f, int n);
+
+/* Receives whole messages from sock, up to DRAIN_BUDGET, into fn. */
+static void drain(kvp_events *ev, source *s, void *sock, frames_fn fn) {
+  for (int got = 0; got < DRAIN_BUDGET && sock != NULL; got++) {
+    zmq_msg_t f[FRAMES_MAX];
+    for (int i = 0; i < FRAMES_MAX; i++)
+      zmq_msg_init(&f[i]);
+    int n = recv_parts(sock, f);
+    if (n > 0)
+      fn(ev, s, f, n);
+    for (int i = 0; i < FRAMES_MAX; i++)
+      zmq_msg_close(&f[i]);
+    if (n <= 0)
+      break;
+  }
+}
+
 /* Live frames: (topic, seq, payload). */
-static int drain_sub(kvp_events *ev, source *s) {
-  int got = 0;
-  for (; got < DRAIN_BUDGET; got++) {
-    zmq_msg_t f[FRAMES_MAX];
-    for (int i = 0; i < FRAMES_MAX; i++)
-      zmq_msg_init(&f[i]);
-    int n = recv_parts(s->sub, f);
-    uint64_t seq;
-    if (n == 3 && seq_of(&f[1], &seq)) {
-      if (topic_ok(s, &f[0]))
-        handle(ev, s, seq, &f[2], true);
-    } else if (n != 0) {
-      ev_add(&s->ctr.decode_errors, 1); /* not (topic, seq, payload) */
-    }
-    for (int i = 0; i < FRAMES_MAX; i++)
-      zmq_msg_close(&f[i]);
-    if (n <= 0)
-      break;
+static void sub_frames(kvp_events *ev, source *s, zmq_msg_t *f, int n) {
+  uint64_t seq;
+  if (n == 3 && seq_of(&f[1], &seq)) {
+    if (topic_ok(s, &f[0]))
+      on_live(ev, s, seq, &f[2]);
+  } else {
+    ev_add(&s->ctr.decode_errors, 1); /* not (topic, seq, payload) */
   }
-  return got;
 }
 
-/* One replayed batch (vLLM 0.33: [empty, topic, seq, payload]; older:
- * [empty, seq, payload]; the end: seq -1 with empty topic/payload). */
-static void on_replayed(kvp_events *ev, source *s, uint64_t seq,
-                        zmq_msg_t *m) {
-  if (!s->replaying)
-    return; /* an answer to a request we gave up on */
-  if (seq == SEQ_END) {
-    end_replay(ev, s);
+/* Replay frames: vLLM 0.33 ["", topic, seq, payload]; older ["", seq,
+ * payload]; the end: seq -1 (with an empty topic and payload). */
+static void dealer_frames(kvp_events *ev, source *s, zmq_msg_t *f, int n) {
+  uint64_t seq;
+  int k = n == 4 ? 2 : 1;
+  if ((n != 4 && n != 3) || zmq_msg_size(&f[0]) != 0 || !seq_of(&f[k], &seq)) {
+    ev_add(&s->ctr.decode_errors, 1);
+  } else if (seq == SEQ_END) {
+    on_replay_end(ev, s);
+  } else if (n == 3 || topic_ok(s, &f[1])) {
+    on_replayed(ev, s, seq, &f[k + 1]);
+  }
+}
+
+/* Monitor events: [6 bytes: u16 event, u32 value][endpoint]. */
+static void mon_frames(kvp_events *ev, source *s, zmq_msg_t *f, int n) {
+  (void)ev;
+  if (n < 1 || zmq_msg_size(&f[0]) < 2)
     return;
+  uint16_t e;
+  memcpy(&e, zmq_msg_data(&f[0]), sizeof e);
+  if (e == ZMQ_EVENT_DISCONNECTED) {
+    ev_add(&s->ctr.disconnects, 1);
+    s->need_verify = s->dealer != NULL;
   }
-  if (!s->replay_first) {
-    s->replay_first = true;
-    if (seq > s->next) /* the publisher's buffer no longer goes back there */
-      lost_until(s, seq);
-  }
-  if (seq < s->next) {
-    ev_add(&s->ctr.duplicates, 1);
-    return;
-  }
-  if (seq > s->next)
-    lost_until(s, seq);
-  apply(ev, s, seq, zmq_msg_data(m), zmq_msg_size(m), true);
 }
 
-static int drain_dealer(kvp_events *ev, source *s) {
-  int got = 0;
-  for (; got < DRAIN_BUDGET && s->dealer != NULL; got++) {
-    zmq_msg_t f[FRAMES_MAX];
-    for (int i = 0; i < FRAMES_MAX; i++)
-      zmq_msg_init(&f[i]);
-    int n = recv_parts(s->dealer, f);
-    uint64_t seq;
-    int k = n == 4 ? 2 : 1; /* where seq is */
-    if ((n == 4 || n == 3) && zmq_msg_size(&f[0]) == 0 &&
-        seq_of(&f[k], &seq)) {
-      if (n == 3 || seq == SEQ_END || topic_ok(s, &f[1]))
-        on_replayed(ev, s, seq, &f[k + 1]);
-    } else if (n != 0) {
-      ev_add(&s->ctr.decode_errors, 1);
-    }
-    for (int i = 0; i < FRAMES_MAX; i++)
-      zmq_msg_close(&f[i]);
-    if (n <= 0)
-      break;
-  }
-  return got;
-}
-
-static void check_timeouts(kvp_events *ev) {
+static void check_timers(kvp_events *ev) {
   uint64_t now = now_ns();
+  uint64_t probe = ev->o.probe_idle_ms ? ev->o.probe_idle_ms : 5000;
   for (size_t i = 0; i < ev->n_src; i++) {
     source *s = &ev->src[i];
-    if (!s->replaying || now < s->replay_deadline_ns)
-      continue;
-    kvp_log(KVP_LOG_WARN, EV_MOD, "%s: no end of replay from %s in time",
-            s->endpoint, s->replay_endpoint);
-    if (s->n_pending == 0)
+    if (s->replaying && now >= s->replay_deadline_ns) {
+      kvp_log(KVP_LOG_WARN, EV_MOD, "%s: no end of replay from %s in time",
+              s->endpoint, s->replay_endpoint);
       ev_add(&s->ctr.replay_failures, 1);
-    (void)open_dealer(ev, s); /* late answers must not end the next one */
-    end_replay(ev, s);       /* a gap left now drops the residency */
+      (void)open_dealer(ev, s); /* a late answer must not end the next one */
+      finish_replay(ev, s, false);
+    } else if (!s->replaying && s->dealer != NULL &&
+               ev->o.probe_idle_ms != UINT32_MAX &&
+               now - s->last_heard_ns >= probe * 1000000u) {
+      resync(ev, s); /* quiet for a while: check we still follow it */
+    }
   }
 }
 
+/* The poll's wait: up to the caller's, the nearest replay deadline, and a
+ * tenth of a second while probes may fall due. */
 static int poll_timeout(kvp_events *ev, int timeout_ms) {
   uint64_t now = now_ns();
   for (size_t i = 0; i < ev->n_src; i++) {
     source *s = &ev->src[i];
-    if (!s->replaying)
-      continue;
-    uint64_t left = s->replay_deadline_ns > now
-                        ? (s->replay_deadline_ns - now) / 1000000u + 1
-                        : 0;
-    if (timeout_ms < 0 || left < (uint64_t)timeout_ms)
+    uint64_t left = UINT64_MAX;
+    if (s->replaying)
+      left = s->replay_deadline_ns > now
+                 ? (s->replay_deadline_ns - now) / 1000000u + 1
+                 : 0;
+    else if (s->dealer != NULL && ev->o.probe_idle_ms != UINT32_MAX)
+      left = 100;
+    if (left != UINT64_MAX && (timeout_ms < 0 || left < (uint64_t)timeout_ms))
       timeout_ms = (int)left;
   }
   return timeout_ms;
@@ -437,31 +562,37 @@ static uint64_t applied(const kvp_events *ev) {
   return n;
 }
 
+static void add_item(kvp_events *ev, size_t *n, void *sock) {
+  if (sock != NULL)
+    ev->items[(*n)++] = (zmq_pollitem_t){.socket = sock, .events = ZMQ_POLLIN};
+}
+
 static int poll_once(kvp_events *ev, int timeout_ms) {
-  if (!ev->started_replays) {
+  if (!ev->started_replays) { /* batches sent before the SUB connected */
     ev->started_replays = true;
     for (size_t i = 0; i < ev->n_src && !ev->o.no_initial_replay; i++)
-      if (ev->src[i].dealer != NULL)
-        start_replay(ev, &ev->src[i], 0);
+      resync(ev, &ev->src[i]);
   }
   size_t n = 0;
   for (size_t i = 0; i < ev->n_src; i++) {
-    ev->items[n++] = (zmq_pollitem_t){.socket = ev->src[i].sub,
-                                      .events = ZMQ_POLLIN};
-    if (ev->src[i].dealer != NULL)
-      ev->items[n++] = (zmq_pollitem_t){.socket = ev->src[i].dealer,
-                                        .events = ZMQ_POLLIN};
+    add_item(ev, &n, ev->src[i].sub);
+    add_item(ev, &n, ev->src[i].dealer);
+    add_item(ev, &n, ev->src[i].mon);
   }
   uint64_t before = applied(ev);
   int rc = zmq_poll(ev->items, (int)n, poll_timeout(ev, timeout_ms));
   if (rc < 0 && errno != EINTR)
     return KVP_EIO;
-  /* ZMQ_FD users may call with nothing flagged: drain every socket */
+  /* ZMQ_FD users may call with nothing flagged: drain every socket; the
+   * monitor first (a disconnect before the batch that follows it), the
+   * replay answers before the live batches they may cover */
   for (size_t i = 0; i < ev->n_src; i++) {
-    (void)drain_dealer(ev, &ev->src[i]);
-    (void)drain_sub(ev, &ev->src[i]);
+    source *s = &ev->src[i];
+    drain(ev, s, s->mon, mon_frames);
+    drain(ev, s, s->dealer, dealer_frames);
+    drain(ev, s, s->sub, sub_frames);
   }
-  check_timeouts(ev);
+  check_timers(ev);
   uint64_t d = applied(ev) - before;
   return d > INT32_MAX ? INT32_MAX : (int)d;
 }
@@ -515,8 +646,8 @@ int kvp_events_fds(kvp_events *ev, int *fds, size_t cap) {
     return KVP_EINVAL;
   size_t n = 0;
   for (size_t i = 0; i < ev->n_src; i++) {
-    void *socks[2] = {ev->src[i].sub, ev->src[i].dealer};
-    for (int k = 0; k < 2; k++) {
+    void *socks[3] = {ev->src[i].sub, ev->src[i].dealer, ev->src[i].mon};
+    for (int k = 0; k < 3; k++) {
       int fd;
       size_t sz = sizeof fd;
       if (socks[k] == NULL || zmq_getsockopt(socks[k], ZMQ_FD, &fd, &sz) != 0)
@@ -606,8 +737,12 @@ static int source_init(kvp_events *ev, source *s, const kvp_events_source *d,
 
 static void source_fini(kvp_events *ev, source *s) {
   const kvp_allocator *a = ev->ap;
-  if (s->sub != NULL)
+  if (s->mon != NULL)
+    zmq_close(s->mon);
+  if (s->sub != NULL) {
+    (void)zmq_socket_monitor(s->sub, NULL, 0);
     zmq_close(s->sub);
+  }
   close_dealer(s);
   for (size_t i = 0; i < s->n_pending; i++)
     zmq_msg_close(&s->pending[i].payload);
@@ -634,7 +769,7 @@ void kvp_events_destroy(kvp_events *ev) {
   kvp_allocator copy = ev->alloc;
   if (a != NULL)
     a = &copy;
-  kvp__ev_free(a, ev->items, 2 * ev->n_src * sizeof *ev->items);
+  kvp__ev_free(a, ev->items, 3 * ev->n_src * sizeof *ev->items);
   kvp__ev_free(a, ev->src, ev->n_src * sizeof *ev->src);
   kvp__ev_free(a, ev, sizeof *ev);
 }
@@ -660,7 +795,7 @@ int kvp_events_create(kvp_index *ix, const kvp_events_source *sources,
     ev->o = *opts;
   int rc = KVP_ENOMEM;
   ev->src = kvp__ev_calloc(ev->ap, n_sources, sizeof *ev->src);
-  ev->items = kvp__ev_calloc(ev->ap, 2 * n_sources, sizeof *ev->items);
+  ev->items = kvp__ev_calloc(ev->ap, 3 * n_sources, sizeof *ev->items);
   ev->zctx = zmq_ctx_new();
   if (ev->src == NULL || ev->items == NULL || ev->zctx == NULL ||
       kvp_kv_decoder_create(ev->ap, &ev->dec) < 0)
@@ -772,7 +907,8 @@ int kvp_events_prometheus(kvp_events *ev, char *buf, size_t cap) {
   pbuf b = {buf, cap, 0};
 #define EV_PROM_(n)                                                            \
   prom_family(ev, &b, #n, offsetof(ev_counters, n),                            \
-              strcmp(#n, "rekey_entries") == 0 || strcmp(#n, "rekey_bytes") == 0);
+              strcmp(#n, "rekey_entries") == 0 || strcmp(#n, "rekey_bytes") == 0 || \
+                  strcmp(#n, "replaying") == 0);
   EV_STATS(EV_PROM_)
 #undef EV_PROM_
   pb(&b, "# TYPE kvplane_events_lag_seconds gauge\n");

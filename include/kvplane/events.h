@@ -176,7 +176,11 @@ typedef struct kvp_events_opts {
   int32_t rcvhwm;
   /* 1: do not ask for replay from seq 0 when a source starts */
   uint32_t no_initial_replay;
-  uint32_t reserved[8];
+  /* a source with a replay socket that has been quiet this long asks for a
+   * replay from its last batch: it finds a lost last batch or a restart not
+   * seen live (0 = 5000 ms; UINT32_MAX = never) */
+  uint32_t probe_idle_ms;
+  uint32_t reserved[7];
 } kvp_events_opts;
 
 typedef struct kvp_events kvp_events;
@@ -206,6 +210,13 @@ KVP_API int kvp_events_on_batch(kvp_events *ev, kvp_events_batch_fn fn,
 KVP_API int kvp_events_start(kvp_events *ev);
 /* Stops and joins the I/O thread (destroy does it too).  Returns 0. */
 KVP_API int kvp_events_stop(kvp_events *ev);
+
+/* Asks source `source` (UINT32_MAX: every source with a replay socket) for
+ * a replay from its last batch now -- what the idle probe does; the answer
+ * is applied by the following polls (stats.replaying falls to 0 when all
+ * are done).  Returns how many replays started, KVP_ERANGE, or KVP_ESTATE
+ * (the I/O thread runs: it probes by itself). */
+KVP_API int kvp_events_resync(kvp_events *ev, uint32_t source);
 
 /* Event-loop form: the ZeroMQ notification fds (ZMQ_FD: edge-triggered,
  * readable when a socket MAY have messages) of every socket, up to cap;
@@ -244,8 +255,11 @@ typedef struct kvp_events_stats {
   uint64_t index_errors;    /* index calls that failed */
   uint64_t topic_mismatch;  /* frames of another topic (prefix match) */
   uint64_t unknown_media;   /* events of a medium this version does not know */
+  uint64_t stale;           /* live batches a resync overtook (not applied) */
+  uint64_t disconnects;     /* SUB connections lost (each makes a resync) */
+  uint64_t replaying;       /* sources with a replay in flight now (gauge) */
   double lag_seconds;       /* wall clock - ts of the last batch applied */
-  uint64_t reserved[5];
+  uint64_t reserved[2];
 } kvp_events_stats;
 
 /* All sources (source = UINT32_MAX) or one.  Thread-safe (counters read
