@@ -835,6 +835,83 @@ static void test_thread(void) {
   fx_close(&f);
 }
 
+
+/* A restart that the live stream alone cannot tell: the new publisher's
+ * first live batch carries exactly the number the old one would have sent
+ * next.  The SUB's disconnect makes a resync; the replay's batch at the last
+ * number differs: new epoch, replay from 0, only the new publisher's blocks
+ * remain. */
+static void test_restart_replayed(void) {
+  fixture f;
+  fx_open(&f, true, KVP_EVENTS_ENGINE_HASH, 0);
+  send_stored(&f, 0, H, 2, NULL, "GPU", true);
+  send_stored(&f, 1, &H[2], 1, &H[1], "GPU", true);
+  pump_until(f.ev, &f.t, 2);
+  char ep[160], rep[160];
+  snprintf(ep, sizeof ep, "%s", f.t.ep);
+  snprintf(rep, sizeof rep, "%s", f.t.rep);
+  tp_close(&f.t);
+  pump(f.ev, &f.t, 50); /* the subscriber sees the connection go */
+  /* the new publisher, same endpoints, already at seq 2 */
+  memset(&f.t, 0, sizeof f.t);
+  f.t.ctx = zmq_ctx_new();
+  f.t.pub = zmq_socket(f.t.ctx, ZMQ_PUB);
+  f.t.router = zmq_socket(f.t.ctx, ZMQ_ROUTER);
+  snprintf(f.t.ep, sizeof f.t.ep, "%s", ep);
+  snprintf(f.t.rep, sizeof f.t.rep, "%s", rep);
+  ASSERT_EQ(zmq_bind(f.t.pub, ep), 0);
+  ASSERT_EQ(zmq_bind(f.t.router, rep), 0);
+  const uint64_t n3[3] = {0x31, 0x32, 0x33};
+  for (uint64_t q = 0; q < 2; q++)
+    send_stored(&f, q, &n3[q], 1, q ? &n3[q - 1] : NULL, "GPU", false);
+  pump(f.ev, &f.t, 300); /* reconnected */
+  send_stored(&f, 2, &n3[2], 1, &n3[1], "GPU", true);
+  kvp_events_stats s;
+  for (int i = 0; i < 300; i++) {
+    pump(f.ev, &f.t, 10);
+    s = stats(f.ev);
+    if (s.restarts >= 1 && s.replaying == 0 && s.batches >= 5)
+      break;
+  }
+  ASSERT_EQ(s.restarts, 1u);
+  ASSERT_GE(s.disconnects, 1u);
+  ASSERT_EQ(held(f.ix, H, 3, KVP_TIER_COUNT_), 0u);
+  ASSERT_EQ(held(f.ix, n3, 3, KVP_TIER_HBM), 3u);
+  ASSERT_EQ(s.batches, 5u); /* 2 old + 3 new, each once */
+  fx_close(&f);
+}
+
+/* A lost last batch is found by the idle probe. */
+static void test_idle_probe(void) {
+  fixture f;
+  memset(&f, 0, sizeof f);
+  tp_open(&f.t, true);
+  ASSERT_OK(kvp_index_create(NULL, NULL, &f.ix));
+  ASSERT_OK(kvp_index_worker_add(f.ix, 0));
+  kvp_events_source src = {.endpoint = f.t.ep, .replay_endpoint = f.t.rep,
+                           .keying = KVP_EVENTS_ENGINE_HASH};
+  kvp_events_opts o = {.probe_idle_ms = 200};
+  ASSERT_OK(kvp_events_create(f.ix, &src, 1, &o, NULL, &f.ev));
+  pump(f.ev, &f.t, 150);
+  send_stored(&f, 0, H, 1, NULL, "GPU", true);
+  pump_until(f.ev, &f.t, 1);
+  send_stored(&f, 1, &H[1], 1, &H[0], "GPU", false); /* lost, and the last */
+  pump(f.ev, &f.t, 100);
+  ASSERT_EQ(held(f.ix, H, 2, KVP_TIER_HBM), 1u); /* not yet: nothing says */
+  pump_until(f.ev, &f.t, 2);
+  ASSERT_EQ(held(f.ix, H, 2, KVP_TIER_HBM), 2u);
+  ASSERT_EQ(stats(f.ev).residency_drops, 0u);
+  ASSERT_EQ(stats(f.ev).restarts, 0u);
+  /* a verified probe that finds nothing new changes nothing */
+  uint64_t r = stats(f.ev).replays;
+  ASSERT_EQ(kvp_events_resync(f.ev, UINT32_MAX), 1);
+  pump(f.ev, &f.t, 100);
+  ASSERT_EQ(stats(f.ev).replays, r + 1);
+  ASSERT_EQ(stats(f.ev).batches, 2u);
+  ASSERT_EQ(stats(f.ev).replaying, 0u);
+  fx_close(&f);
+}
+
 int main(void) {
   test_decode_forms();
   test_decode_digests();
@@ -845,6 +922,8 @@ int main(void) {
   test_gap_lost(false);
   test_replay_timeout();
   test_restart();
+  test_restart_replayed();
+  test_idle_probe();
   test_bad_payload();
   test_rekey();
   test_groups();
