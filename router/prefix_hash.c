@@ -1078,7 +1078,7 @@ static int hash_block(kvp_hasher *h, kvp__cursor *cur, const uint32_t *tok,
 
 /* True when every block from `start` on has no extra keys under XXH3-128:
  * no lora, no embeddings, salt only on block 0, and past the last
- * placeholder (native algorithms: the rule before vLLM 0.33). */
+ * placeholder (every algorithm: the rule of its vllm_compat). */
 static bool plain_from(const kvp_hasher *h, const kvp__xview *x,
                        uint64_t start) {
   if (h->algo != KVP_HASH_XXH3_128 || x->lora_len > 0 || x->embeds != NULL)
@@ -1334,7 +1334,7 @@ int kvp_hasher_create(const kvp_namespace *ns, const kvp_hasher_opts *opts,
   *h = (kvp_hasher){.alloc = a,
                     .algo = o.algo,
                     .compat = compat,
-                    .r033 = v033,
+                    .r033 = compat == KVP_VLLM_COMPAT_0_33,
                     .tagged = v033,
                     .block_size = ns->block_size,
                     .dlen = kvp_hash_algo_digest_len(o.algo),

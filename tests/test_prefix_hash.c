@@ -935,8 +935,10 @@ TEST(extra_keys_per_release) {
                    .mm = mm, .n_mm = 4,
                    .prompt_embeds = (const uint8_t(*)[32])emb,
                    .n_prompt_embeds = 8};
-  /* before 0.33 (and native): a placeholder ending where a block starts
-   * still keys it; 0.33 passes it */
+  /* before 0.33: a placeholder ending where a block starts still keys it;
+   * 0.33 passes it.  Native algorithms follow vllm_compat too: the events
+   * subscriber re-keys blocks from the per-block keys a 0.33 engine
+   * publishes, and a request hashed natively must key them alike. */
   const want_keys pre[8] = {
       {1, 0, {0}, {0}, 1},
       {1, 2, {"z", "b"}, {0, 4}, 0},
@@ -956,13 +958,15 @@ TEST(extra_keys_per_release) {
   for (int a = 0; a < N_ALGOS; a++)
     for (uint32_t c = 0; c < N_COMPAT; c++) {
       kvp_hasher *h = mk_hasher_c(&ns, (kvp_hash_algo)a, "0", c);
-      bool r033 = a >= KVP_HASH_SHA256_CBOR && c != KVP_VLLM_COMPAT_PRE_0_33;
+      bool r033 = c != KVP_VLLM_COMPAT_PRE_0_33;
       for (size_t b = 0; b < 8; b++)
         check_block_keys(h, &ex, b, r033 ? &v33[b] : &pre[b]);
       kvp_hasher_destroy(h);
     }
-  /* too little room: the count, nothing written */
-  kvp_hasher *h = mk_hasher(KVP_HASH_XXH3_128, 16);
+  /* too little room: the count, nothing written (block 1 has two keys
+   * under the rule before 0.33) */
+  kvp_hasher *h = mk_hasher_c(&ns, KVP_HASH_XXH3_128, "0",
+                              KVP_VLLM_COMPAT_PRE_0_33);
   kvp_block_extras bx = {.n_mm = 77};
   kvp_mm_key one[1] = {{"untouched", 5}};
   ASSERT_EQ(kvp_hasher_block_extras(h, &ex, 1, &bx, one, 1), 2);

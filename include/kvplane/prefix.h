@@ -122,11 +122,13 @@ typedef struct kvp_mm_span {
  * salt, embeds.  The zero value means "no extras".  `mm` must be sorted by
  * offset (KVP_EINVAL otherwise).  A placeholder that ends exactly where a
  * block starts: before 0.33 vLLM still keys that block unless an earlier
- * block already passed it (`start > offset + length`), and so do kvplane's
- * native algorithms, whatever vllm_compat says (their keys stay as they
- * were); vLLM 0.33 does not (`start >= offset + length`), and neither do the
- * vLLM modes with KVP_VLLM_COMPAT_0_33.  Native algorithms hash the same
- * fields with an unambiguous length-prefixed encoding. */
+ * block already passed it (`start > offset + length`); vLLM 0.33 does not
+ * (`start >= offset + length`).  Every algorithm follows vllm_compat here,
+ * native ones included: the KV-event subscriber re-keys a 0.33 engine's
+ * blocks from the per-block keys it publishes, and a request hashed
+ * natively must key those blocks alike (set KVP_VLLM_COMPAT_PRE_0_33 for
+ * native keys made before kvplane followed 0.33).  Native algorithms hash
+ * the same fields with an unambiguous length-prefixed encoding. */
 typedef struct kvp_extras {
   const char *lora_name;  /* NULL or "" = none */
   const char *cache_salt; /* NULL or "" = none */
