@@ -35,6 +35,7 @@ struct kvp_kv_decoder {
   size_t h_cap, tok_cap, bx_cap, mm_cap, str_cap;
   size_t h_n, tok_n, bx_n, mm_n, str_n;
   const char *why; /* the last rejection, for the debug log */
+  bool skip_tokens;
 };
 
 /* ---- allocation ------------------------------------------------------------ */
@@ -415,7 +416,7 @@ static int size_event(kvp_kv_decoder *d, const ev_fields *f, ev_need *n) {
   if (!is_nil(f->tokens)) {
     if (f->tokens->type != MSGPACK_OBJECT_ARRAY)
       return BAD(d, "token_ids is not an array");
-    n->tok += f->tokens->via.array.size;
+    n->tok += d->skip_tokens ? 0 : f->tokens->via.array.size;
   }
   if (is_nil(f->extra_keys))
     return 0;
@@ -507,7 +508,9 @@ static int fill_stored(kvp_kv_decoder *d, const ev_fields *f,
   if (rc < 0)
     return rc;
   e->block_size = (uint32_t)bs;
-  if (!is_nil(f->tokens)) {
+  if (!is_nil(f->tokens) && d->skip_tokens) {
+    e->n_tokens = f->tokens->via.array.size; /* counted, not copied */
+  } else if (!is_nil(f->tokens)) {
     const msgpack_object *t = f->tokens->via.array.ptr;
     uint32_t *out = d->tok + d->tok_n;
     for (uint32_t i = 0; i < f->tokens->via.array.size; i++) {
@@ -659,7 +662,9 @@ int kvp_kv_decoder_create(const kvp_allocator *alloc, kvp_kv_decoder **out) {
     return KVP_ENOMEM;
   if (alloc)
     d->alloc = *alloc;
-  if (!msgpack_zone_init(&d->zone, MSGPACK_ZONE_CHUNK_SIZE)) {
+  /* one chunk that a typical batch fits in: clearing keeps it, so the
+   * unpacker does not malloc per batch */
+  if (!msgpack_zone_init(&d->zone, (size_t)1 << 20)) {
     kvp__ev_free(alloc, d, sizeof *d);
     return KVP_ENOMEM;
   }
@@ -681,6 +686,13 @@ void kvp_kv_decoder_destroy(kvp_kv_decoder *d) {
   kvp__ev_free(a, d->str, d->str_cap);
   kvp_allocator copy = d->alloc;
   kvp__ev_free(&copy, d, sizeof *d);
+}
+
+int kvp_kv_decoder_skip_tokens(kvp_kv_decoder *d, int skip) {
+  if (d == NULL)
+    return KVP_EINVAL;
+  d->skip_tokens = skip != 0;
+  return 0;
 }
 
 const char *kvp_kv_event_type_name(kvp_kv_event_type t) {

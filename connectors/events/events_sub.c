@@ -203,6 +203,8 @@ static void ring_clear(source *s) {
 static void apply(kvp_events *ev, source *s, uint64_t seq, zmq_msg_t *m,
                   bool replayed) {
   kvp_kv_batch b;
+  /* engine hashes need no token ids (the batch callback still sees counts) */
+  (void)kvp_kv_decoder_skip_tokens(ev->dec, s->ap.keying == KVP_EVENTS_ENGINE_HASH);
   int rc = kvp_kv_decode(ev->dec, zmq_msg_data(m), zmq_msg_size(m), &b);
   s->next = seq + 1;
   s->ring[seq % s->ring_cap] = (dup_ent){seq, hash_of(m)};

@@ -125,6 +125,10 @@ KVP_API void kvp_kv_decoder_destroy(kvp_kv_decoder *d);
  * payload[len). */
 KVP_API int kvp_kv_decode(kvp_kv_decoder *d, const void *payload, size_t len,
                           kvp_kv_batch *out);
+/* skip != 0: token ids are counted (n_tokens, and checked against
+ * block_size) but not converted: tokens is NULL.  For consumers that key by
+ * the engines' hashes.  Returns 0 or KVP_EINVAL. */
+KVP_API int kvp_kv_decoder_skip_tokens(kvp_kv_decoder *d, int skip);
 
 /* ---- the subscriber ---------------------------------------------------------- */
 
