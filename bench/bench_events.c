@@ -192,20 +192,28 @@ static double run_decode(const workload *w, size_t *blocks) {
 
 typedef struct pubarg {
   const workload *w;
-  const char *ep;
-  void *ctx;
-  volatile int go;
+  char ep[128]; /* the bound endpoint */
+  void *ctx, *pub;
+  _Atomic int go;
 } pubarg;
+
+/* Binds the publisher's socket here; its thread then owns it (pthread_create
+ * is the barrier ZeroMQ asks for when a socket changes threads). */
+static void pub_bind(pubarg *a, const char *ep) {
+  a->pub = zmq_socket(a->ctx, ZMQ_PUB);
+  int hwm = 0; /* no limit: a benchmark must not drop */
+  zmq_setsockopt(a->pub, ZMQ_SNDHWM, &hwm, sizeof hwm);
+  if (zmq_bind(a->pub, ep) != 0) {
+    fprintf(stderr, "bench_events: bind %s: %s\n", ep, zmq_strerror(errno));
+    exit(1);
+  }
+  size_t n = sizeof a->ep;
+  zmq_getsockopt(a->pub, ZMQ_LAST_ENDPOINT, a->ep, &n);
+}
 
 static void *publisher(void *arg) {
   pubarg *a = arg;
-  void *pub = zmq_socket(a->ctx, ZMQ_PUB);
-  int hwm = 0; /* no limit: a benchmark must not drop */
-  zmq_setsockopt(pub, ZMQ_SNDHWM, &hwm, sizeof hwm);
-  if (zmq_bind(pub, a->ep) != 0) {
-    fprintf(stderr, "bench_events: bind %s: %s\n", a->ep, zmq_strerror(errno));
-    exit(1);
-  }
+  void *pub = a->pub;
   while (!a->go) /* the subscriber connects first (slow joiner) */
     nanosleep(&(struct timespec){0, 1000000}, NULL);
   for (size_t i = 0; i < a->w->n; i++) {
@@ -231,13 +239,13 @@ static double run_wire(const cfg *c, const workload *w, const char *ep,
   kvp_namespace_desc nd = {.model_id = "bench", .tokenizer_id = "t",
                            .kv_layout = "l", .block_size = BS};
   kvp_namespace_init(&nd, &ns);
-  kvp_events_source s = {.endpoint = ep, .keying = keying,
-                         .ns = keying == KVP_EVENTS_REKEY ? &ns : NULL};
   kvp_events_opts o = {.rcvhwm = 0x7fffffff};
-  pubarg a = {.w = w, .ep = ep, .ctx = zmq_ctx_new()};
+  pubarg a = {.w = w, .ctx = zmq_ctx_new()};
+  pub_bind(&a, ep);
+  kvp_events_source s = {.endpoint = a.ep, .keying = keying,
+                         .ns = keying == KVP_EVENTS_REKEY ? &ns : NULL};
   pthread_t th;
   pthread_create(&th, NULL, publisher, &a);
-  nanosleep(&(struct timespec){0, 50000000}, NULL); /* bound */
   kvp_events *ev;
   if (kvp_events_create(ix, &s, 1, &o, NULL, &ev) < 0)
     exit(1);
@@ -331,11 +339,12 @@ int main(int argc, char **argv) {
     kvp_events_keying k;
   } wire[] = {
       {"ipc, engine hashes", "ipc:///tmp/kvp-bench-events", KVP_EVENTS_ENGINE_HASH},
-      {"tcp loopback, engine hashes", "tcp://127.0.0.1:45557", KVP_EVENTS_ENGINE_HASH},
+      {"tcp loopback, engine hashes", "tcp://127.0.0.1:*", KVP_EVENTS_ENGINE_HASH},
       {"ipc, re-keyed (XXH3-128)", "ipc:///tmp/kvp-bench-events-rk", KVP_EVENTS_REKEY},
-      {"tcp loopback, re-keyed", "tcp://127.0.0.1:45558", KVP_EVENTS_REKEY}};
+      {"tcp loopback, re-keyed", "tcp://127.0.0.1:*", KVP_EVENTS_REKEY}};
   int bad = 0;
   for (size_t i = 0; i < sizeof wire / sizeof *wire; i++) {
+
     kvp_index *ix;
     kvp_events_stats st;
     double cpu;

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* connectors/events: the msgpack decoder on vLLM's shapes (map and array
  * forms, malformed input), and the subscriber over real ZeroMQ sockets
- * (ipc) against a publisher that speaks vLLM's PUB + replay ROUTER protocol:
+ * (tcp loopback, and ipc) against a publisher that speaks vLLM's
+ * PUB + replay ROUTER protocol:
  * order, duplicates, gaps with and without replay, a replay that no longer
  * has the batches, publisher restart, bad payloads, re-keying, hybrid
  * groups, stats.  vLLM's own publisher is driven by tests/interop. */
@@ -184,19 +185,37 @@ typedef struct tpub {
 } tpub;
 
 static int test_no;
+static bool use_ipc;
+
+/* Binds sock to ep (a tcp port the OS picks when ep ends in ":*"; then ep
+ * becomes the bound endpoint).  A port just closed may still be taken:
+ * retries for a second. */
+static void bind_at(void *sock, char *ep, size_t cap) {
+  int rc = -1;
+  for (int i = 0; i < 100 && (rc = zmq_bind(sock, ep)) != 0; i++)
+    nanosleep(&(struct timespec){0, 10 * 1000000}, NULL);
+  ASSERT_EQ(rc, 0);
+  size_t n = cap;
+  ASSERT_EQ(zmq_getsockopt(sock, ZMQ_LAST_ENDPOINT, ep, &n), 0);
+}
 
 static void tp_open(tpub *t, bool with_replay) {
   memset(t, 0, sizeof *t);
   t->ctx = zmq_ctx_new();
   t->pub = zmq_socket(t->ctx, ZMQ_PUB);
-  snprintf(t->ep, sizeof t->ep, "ipc:///tmp/kvp-test-events-%d-%d", getpid(),
-           test_no);
-  snprintf(t->rep, sizeof t->rep, "ipc:///tmp/kvp-test-events-%d-%d-replay",
-           getpid(), test_no++);
-  ASSERT_EQ(zmq_bind(t->pub, t->ep), 0);
+  if (use_ipc) {
+    snprintf(t->ep, sizeof t->ep, "ipc:///tmp/kvp-test-events-%d-%d",
+             getpid(), test_no);
+    snprintf(t->rep, sizeof t->rep, "ipc:///tmp/kvp-test-events-%d-%d-r",
+             getpid(), test_no++);
+  } else {
+    snprintf(t->ep, sizeof t->ep, "tcp://127.0.0.1:*");
+    snprintf(t->rep, sizeof t->rep, "tcp://127.0.0.1:*");
+  }
+  bind_at(t->pub, t->ep, sizeof t->ep);
   if (with_replay) {
     t->router = zmq_socket(t->ctx, ZMQ_ROUTER);
-    ASSERT_EQ(zmq_bind(t->router, t->rep), 0);
+    bind_at(t->router, t->rep, sizeof t->rep);
   }
 }
 
@@ -859,8 +878,8 @@ static void test_restart_replayed(void) {
   f.t.router = zmq_socket(f.t.ctx, ZMQ_ROUTER);
   snprintf(f.t.ep, sizeof f.t.ep, "%s", ep);
   snprintf(f.t.rep, sizeof f.t.rep, "%s", rep);
-  ASSERT_EQ(zmq_bind(f.t.pub, ep), 0);
-  ASSERT_EQ(zmq_bind(f.t.router, rep), 0);
+  bind_at(f.t.pub, f.t.ep, sizeof f.t.ep); /* the same endpoints again */
+  bind_at(f.t.router, f.t.rep, sizeof f.t.rep);
   const uint64_t n3[3] = {0x31, 0x32, 0x33};
   for (uint64_t q = 0; q < 2; q++)
     send_stored(&f, q, &n3[q], 1, q ? &n3[q - 1] : NULL, "GPU", false);
@@ -917,6 +936,10 @@ int main(void) {
   test_decode_digests();
   test_decode_malformed();
   test_in_order();
+  use_ipc = true; /* the same over ipc */
+  test_in_order();
+  test_gap_replayed();
+  use_ipc = false;
   test_gap_replayed();
   test_gap_lost(true);
   test_gap_lost(false);

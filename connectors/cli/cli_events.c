@@ -257,6 +257,8 @@ static int cmp_res(const void *a, const void *b) {
 
 static const seen_digest *digest_of(const tail_state *st, uint64_t fp) {
   seen_digest key = {.u64 = fp};
+  if (st->n_dig == 0) /* bsearch's base must not be NULL */
+    return NULL;
   return bsearch(&key, st->dig, st->n_dig, sizeof key, cmp_dig);
 }
 
@@ -304,8 +306,10 @@ static int print_index(tail_state *st, kvp_index *ix) {
     fprintf(stderr, "kvplane events: index walk failed: %s\n", kvp_strerror(rc));
     return rc;
   }
-  qsort(l.v, l.n, sizeof *l.v, cmp_res);
-  qsort(st->dig, st->n_dig, sizeof *st->dig, cmp_dig);
+  if (l.n > 1) /* qsort's base must not be NULL, even for 0 elements */
+    qsort(l.v, l.n, sizeof *l.v, cmp_res);
+  if (st->n_dig > 1)
+    qsort(st->dig, st->n_dig, sizeof *st->dig, cmp_dig);
   static const char *fallback[KVP_TIER_COUNT_] = {"GPU", "CPU", "STORAGE", "REMOTE"};
   printf("{\"resident\": {");
   bool first = true;

@@ -174,6 +174,8 @@ int kvp__mp_check(const uint8_t *p, size_t len) {
 /* ---- small readers ------------------------------------------------------------ */
 
 #define BAD(d, reason) ((d)->why = (reason), KVP_ECORRUPT)
+/* p + i for scratch that may not exist yet (nothing reserved: NULL) */
+#define AT(p, i) ((p) != NULL ? (p) + (i) : NULL)
 
 static bool is_nil(const msgpack_object *o) {
   return o == NULL || o->type == MSGPACK_OBJECT_NIL;
@@ -471,7 +473,7 @@ static int fill_block_extras(kvp_kv_decoder *d, const msgpack_object *o,
   memset(bx, 0, sizeof *bx);
   if (is_nil(o))
     return 0;
-  bx->mm = d->mm + d->mm_n;
+  size_t mm0 = d->mm_n;
   for (uint32_t i = 0; i < o->via.array.size; i++) {
     const msgpack_object *it = &o->via.array.ptr[i];
     if (it->type == MSGPACK_OBJECT_ARRAY) {
@@ -495,8 +497,7 @@ static int fill_block_extras(kvp_kv_decoder *d, const msgpack_object *o,
                     "the cache salt");
     }
   }
-  if (bx->n_mm == 0)
-    bx->mm = NULL;
+  bx->mm = bx->n_mm ? d->mm + mm0 : NULL;
   return 0;
 }
 
@@ -512,7 +513,7 @@ static int fill_stored(kvp_kv_decoder *d, const ev_fields *f,
     e->n_tokens = f->tokens->via.array.size; /* counted, not copied */
   } else if (!is_nil(f->tokens)) {
     const msgpack_object *t = f->tokens->via.array.ptr;
-    uint32_t *out = d->tok + d->tok_n;
+    uint32_t *out = AT(d->tok, d->tok_n);
     for (uint32_t i = 0; i < f->tokens->via.array.size; i++) {
       if (t[i].type != MSGPACK_OBJECT_POSITIVE_INTEGER)
         return BAD(d, "a token id is not a non-negative int");
@@ -532,7 +533,7 @@ static int fill_stored(kvp_kv_decoder *d, const ev_fields *f,
     e->block_size = (uint32_t)(e->n_tokens / e->n_hashes);
   if (is_nil(f->extra_keys))
     return 0;
-  kvp_block_extras *bx = d->bx + d->bx_n;
+  kvp_block_extras *bx = AT(d->bx, d->bx_n);
   for (size_t i = 0; rc == 0 && i < e->n_hashes; i++)
     rc = fill_block_extras(d, &f->extra_keys->via.array.ptr[i], e->lora_name,
                            &bx[i]);
@@ -563,7 +564,7 @@ static int fill_event(kvp_kv_decoder *d, const ev_fields *f,
                  "lora_id is not an int");
   e->group_idx = (int32_t)g;
   e->lora_id = lid;
-  e->hashes = d->h + d->h_n;
+  e->hashes = AT(d->h, d->h_n);
   e->n_hashes = f->hashes->via.array.size;
   for (size_t i = 0; rc == 0 && i < e->n_hashes; i++)
     rc = get_hash(d, &f->hashes->via.array.ptr[i], &d->h[d->h_n + i]);

@@ -147,6 +147,8 @@ static int open_sub(kvp_events *ev, source *s) {
   if (zmq_socket_monitor(s->sub, mon, ZMQ_EVENT_DISCONNECTED) != 0 ||
       (s->mon = zmq_socket(ev->zctx, ZMQ_PAIR)) == NULL ||
       zmq_setsockopt(s->mon, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+      /* unbounded: the monitor's send must never block an I/O thread */
+      zmq_setsockopt(s->mon, ZMQ_RCVHWM, &zero, sizeof zero) != 0 ||
       zmq_connect(s->mon, mon) != 0)
     return zerr("monitor for", s->endpoint);
   return 0;
@@ -739,12 +741,15 @@ static int source_init(kvp_events *ev, source *s, const kvp_events_source *d,
 
 static void source_fini(kvp_events *ev, source *s) {
   const kvp_allocator *a = ev->ap;
+  /* Stop the monitor before closing its reader: libzmq sends monitor events
+   * blocking, under the lock that stopping takes, and a PAIR with no peer
+   * blocks -- a disconnect after the reader closed would hang both. */
+  if (s->sub != NULL)
+    (void)zmq_socket_monitor(s->sub, NULL, 0);
   if (s->mon != NULL)
     zmq_close(s->mon);
-  if (s->sub != NULL) {
-    (void)zmq_socket_monitor(s->sub, NULL, 0);
+  if (s->sub != NULL)
     zmq_close(s->sub);
-  }
   close_dealer(s);
   for (size_t i = 0; i < s->n_pending; i++)
     zmq_msg_close(&s->pending[i].payload);
