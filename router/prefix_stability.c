@@ -279,24 +279,47 @@ static void remove_at(kvp_stability *s, size_t hole) {
   s->size--;
 }
 
+/* Epochs since an entry's last touch (stamps count modulo 16; a referenced
+ * entry was touched since the hand last passed it, at most a revolution --
+ * four epochs -- ago, so the age of one is exact). */
+static inline unsigned stamp_age(const kvp_stability *s, uint64_t meta) {
+  return (unsigned)(((s->stamp - (meta & STAMP_MASK)) & STAMP_MASK) >>
+                    STAMP_SHIFT);
+}
+
 /* CLOCK with a bounded sweep: clear reference bits under the hand until an
  * unreferenced entry turns up, and evict it; but after CLOCK_SWEEP slots evict
- * whatever the hand reaches next.  Unbounded, one eviction could sweep the
- * whole table (every entry is referenced the first time it fills): a
- * millisecond on the hot path.  Bounded, the worst case is CLOCK_SWEEP slots
- * (4 KiB, sequential), and a referenced entry is evicted only after a run of
+ * the least recently touched entry the sweep passed (the oldest stamp; the
+ * first of equals).  Unbounded, one eviction could sweep the whole table
+ * (every entry is referenced the first time it fills): a millisecond on the
+ * hot path.  Bounded, the worst case is CLOCK_SWEEP slots (4 KiB,
+ * sequential), and a referenced entry is evicted only after a run of
  * CLOCK_SWEEP slots with no unreferenced one, when nearly everything is
- * equally recent anyway (measured on a stream of new keys at 1,000 entries:
- * ~1 sweep in 200 passes 32 slots).  The hand stays on the evicted slot:
- * backward shift may have moved an entry there that this sweep has not looked
- * at yet. */
+ * recent (measured on a stream of new keys at 1,000 entries: ~1 sweep in 200
+ * passes 32 slots).  "Nearly" is why the victim is the oldest: taking
+ * whatever the hand reached could take an entry of a chain touched by this
+ * very request, while keys seen once epochs ago sat in the run (a hot
+ * session then lost its semi-stable prefix for a turn).  The hand stays on
+ * the evicted slot, or where the sweep stopped: backward shift may have moved
+ * an entry there that this sweep has not looked at yet. */
 static void clock_evict(kvp_stability *s) {
   assert(s->size > 0);
+  size_t victim = SIZE_MAX;
+  unsigned oldest = 0;
   for (uint32_t swept = 0;; swept++) {
     entry *e = &s->slots[s->hand];
-    if (e->meta != 0 && (!(e->meta & REF_BIT) || swept >= CLOCK_SWEEP)) {
-      remove_at(s, s->hand);
-      return;
+    if (e->meta != 0) {
+      if (!(e->meta & REF_BIT)) {
+        remove_at(s, s->hand);
+        return;
+      }
+      unsigned age = stamp_age(s, e->meta);
+      if (victim == SIZE_MAX || age > oldest)
+        victim = s->hand, oldest = age;
+      if (swept >= CLOCK_SWEEP) {
+        remove_at(s, victim);
+        return;
+      }
     }
     e->meta &= ~REF_BIT;
     s->hand = (s->hand + 1) & s->mask;

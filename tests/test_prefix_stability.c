@@ -906,7 +906,7 @@ TEST(fast_path_conservative_under_churn) {
  * make it volatile).  Both paths, same assertion, at a churn where the chain
  * comes back several times per epoch (the fast path serves most requests) and
  * at one where it comes back about once per epoch (mostly per-block). */
-TEST(fast_path_keeps_hot_chain) {
+static void hot_chain_rounds(void) {
   enum { CAP = 2000, ROUNDS = 600, SETTLED = 20, MAXB = 100 + ROUNDS };
   static const int batches[] = {25, 300};
   kvp_key *hot = malloc(sizeof(kvp_key) * MAXB), batch[300];
@@ -949,6 +949,23 @@ TEST(fast_path_keeps_hot_chain) {
       kvp_stability_destroy(s);
     }
   free(hot);
+}
+
+TEST(fast_path_keeps_hot_chain) { hot_chain_rounds(); }
+
+/* Streams under which a forced eviction (a CLOCK sweep finding every entry
+ * referenced) used to take whatever entry the hand reached -- once a block of
+ * the hot chain that the request had just touched, so its next turn lost
+ * the semi-stable prefix (these seeds failed hot_chain_rounds' lost == 0
+ * before the sweep evicted the oldest stamp instead). */
+TEST(forced_eviction_spares_hot_chain) {
+  static const uint64_t seeds[] = {82, 135, 206};
+  uint64_t saved = kvt_rng_state;
+  for (size_t i = 0; i < sizeof seeds / sizeof *seeds; i++) {
+    kvt_rng_state = seeds[i];
+    hot_chain_rounds();
+  }
+  kvt_rng_state = saved;
 }
 
 /* Session hints only steer prefetches (router/prefix_stability.c, "session
@@ -1416,6 +1433,7 @@ TEST_MAIN(
     TEST_ENTRY(fast_path_hole_self_heals),
     TEST_ENTRY(fast_path_conservative_under_churn),
     TEST_ENTRY(fast_path_keeps_hot_chain),
+    TEST_ENTRY(forced_eviction_spares_hot_chain),
     TEST_ENTRY(session_hints_change_nothing),
     TEST_ENTRY(drift_history_inserted),
     TEST_ENTRY(drift_reordered_files), TEST_ENTRY(drift_tool_schema_edit),
