@@ -51,7 +51,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (kvp_tier_opts_from_config(c, &to, dir, sizeof dir, err, sizeof err) < 0)
     need_reason(err, sizeof err);
   if (to.queue_depth > 1024 || to.dram_fraction > 0.9 ||
-      to.nvme_fraction > 0.95 || to.promote > 2 ||
+      to.nvme_fraction > 0.95 || to.no_promote > 1 ||
       (unsigned)to.policy >= KVP_TIER_POLICY_COUNT_ ||
       (unsigned)to.io_backend > KVP_TIER_IO_POSIX ||
       (unsigned)to.huge_pages > KVP_TIER_HUGE_NONE ||
