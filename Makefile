@@ -1,29 +1,43 @@
 # SPDX-License-Identifier: Apache-2.0
 # The two commands (README.md):
-#   make run    the main job on bundled data
+#   make run    the main job on bundled data: a Release build of kvplane-bench
+#               alone (in $(RUN_BUILD)), then the replay; no developer checks
 #   make test   the whole test suite: gcc -Werror build + CTest, then a clang
 #               ASan+UBSan build with libFuzzer targets + CTest
-# Both install missing Debian packages first (.ci/deps) and build.
+# Both install missing Debian packages first (.ci/deps; `run` only what it
+# builds) and build.
 BUILD ?= build
+RUN_BUILD ?= build-run
 SAN_BUILD ?= build-san
 TSAN_BUILD ?= build-tsan
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_COMMON := -DKVP_WERROR=ON -DKVP_SHARED_DIR=$(abspath ../shared)
 
-.PHONY: run test deps build test-main test-san test-tsan clean
+.PHONY: run test deps deps-run build build-run test-main test-san test-tsan clean
 
 deps:
 	@.ci/deps
+
+deps-run:
+	@.ci/deps run
 
 build: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=gcc $(CMAKE_COMMON)
 	cmake --build $(BUILD) -j $(JOBS)
 
+# The main job builds what it runs: kvplane-bench alone, Release, without
+# tests, warnings-as-errors or GPU kernels (the simulator needs none).
+build-run: deps-run
+	cmake -S . -B $(RUN_BUILD) -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_COMPILER=gcc \
+	  -DKVP_BUILD_TESTS=OFF -DKVP_WITH_CUDA=OFF -DKVP_WITH_HIP=OFF \
+	  -DKVP_SHARED_DIR=$(abspath ../shared)
+	cmake --build $(RUN_BUILD) -j $(JOBS) --target kvplane_bench
+
 # The main job: kvplane-bench replays the bundled Mooncake trace and agentic
 # sessions with every policy (README "kvplane-bench").
-run: build
-	$(BUILD)/bench/kvplane-bench run --config bench/configs/default.yaml \
-	  --out $(BUILD)/bench-report \
+run: build-run
+	$(RUN_BUILD)/bench/kvplane-bench run --config bench/configs/default.yaml \
+	  --out $(RUN_BUILD)/bench-report \
 	  $(abspath ../shared)/traces/mooncake_conversation.jsonl.zst \
 	  $(abspath ../shared)/traces/cc_agentic
 
@@ -50,4 +64,4 @@ test: test-main test-san test-tsan
 	@echo "kvplane: all tests passed (gcc build, clang ASan+UBSan build, clang TSan build)"
 
 clean:
-	rm -rf $(BUILD) $(SAN_BUILD) $(TSAN_BUILD)
+	rm -rf $(BUILD) $(RUN_BUILD) $(SAN_BUILD) $(TSAN_BUILD)

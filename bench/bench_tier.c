@@ -246,7 +246,7 @@ static kvt kvt_open(const cfg *c, const char *dir, size_t bs, int qd) {
   kvp_tier_opts o = {.dram_bytes = c->quick ? (32u << 20) : (288u << 20),
                      .nvme_dir = dir, .nvme_bytes = c->file_bytes / bs * slot,
                      .queue_depth = (uint32_t)qd, .max_block_bytes = bs,
-                     .promote = 2, .io_backend = KVP_TIER_IO_URING};
+                     .no_promote = 1, .io_backend = KVP_TIER_IO_URING};
   int rc = kvp_tier_create(&o, NULL, &k.t);
   if (rc < 0)
     die("kvp_tier_create (io_uring, nvme)", rc);
@@ -651,7 +651,7 @@ static void bench_contention(const cfg *cf) {
   const uint32_t ncold = cf->quick ? 64 : 512, nhot = 64;
   kvp_tier_opts o = {.dram_bytes = 64u << 20, .nvme_dir = dir,
                      .nvme_bytes = (uint64_t)ncold * bs * 2 + (64u << 20),
-                     .queue_depth = 8, .max_block_bytes = bs, .promote = 2};
+                     .queue_depth = 8, .max_block_bytes = bs, .no_promote = 1};
   kvp_tier_store *t;
   int rc = kvp_tier_create(&o, NULL, &t);
   if (rc < 0)

@@ -174,6 +174,15 @@ typedef struct bh_sim_opts {
   bool progress;         /* progress bar on stderr */
 } bh_sim_opts;
 
+/* The router's model / GPU spec (kvp_router_opts_from_config) as the
+ * simulated cluster's: the same numbers a router daemon reads from the file;
+ * gpu.bw[HBM] is also the simulated decode's HBM bandwidth (hbm_bw). */
+void bh_cluster_from_router(bh_cluster *c, const kvp_router_opts *ro);
+/* The options bh_sim_run creates its router with, for a trace of
+ * block_size-token blocks. */
+void bh_sim_router_opts(const bh_sim_opts *o, uint32_t block_size,
+                        kvp_router_opts *out);
+
 typedef struct bh_series {
   uint32_t n;
   double t_end;          /* simulated seconds of the last bucket's end */

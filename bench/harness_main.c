@@ -39,13 +39,21 @@ static void usage(FILE *f) {
       "usage: kvplane-bench [run] [options] TRACE...\n"
       "       kvplane-bench convert [--format F] IN OUT[.zst]\n"
       "       kvplane-bench gen [--seed N] [--sessions N] [--tenants N] "
-      "[--drift P] OUT\n"
+      "[--turns N]\n"
+      "                         [--drift P] [--subagents P] OUT|-\n"
       "       kvplane-bench sweep --param NAME=V1,V2,.. [--param NAME=..] "
       "[--ttft-p95-max S] TRACE\n"
       "TRACE: a file or a directory of *.json[l][.zst] (zstd read "
       "transparently)\n"
+      "gen: a synthetic agentic trace: --sessions (default 64), --tenants (4),\n"
+      "     --turns (mean turns per session, 20), --drift P (prompt drift, "
+      "0),\n"
+      "     --subagents P (chance a turn fans out sub-agents, 0.05); counts "
+      "and P > 0\n"
       "options:\n"
-      "  --config FILE        YAML: cluster, model, gpu, policies, replay "
+      "  --config FILE        YAML: cluster, replay (kvplane-bench's); model, "
+      "gpu,\n"
+      "                       routing (the router's); tiers (kvtier's) "
       "(bench/configs/default.yaml)\n"
       "  --format F           auto|mooncake|agentic|bailian|kvplane "
       "(default auto)\n"
@@ -59,10 +67,13 @@ static void usage(FILE *f) {
       "--nvme-policy: one tier\n"
       "  --no-tier-classes    stability-blind placement (every block "
       "volatile)\n"
-      "  --nvme-admission M   blocks demoted into NVMe: all (default) | hits "
-      "(class +\n"
+      "  --nvme-admission M   blocks demoted into NVMe: all | hits (class +\n"
       "                       reuse rule) | gate (kvtier's cost gate); "
-      "--admit-write-weight X\n"
+      "--admit-write-weight X.\n"
+      "                       Default all: the simulator's behaviour before "
+      "the gate, kept so\n"
+      "                       results stay comparable; a kvtier store "
+      "defaults to gate\n"
       "  --speed X            arrivals at trace time / X (default 1)\n"
       "  --closed-loop N      ignore timestamps, keep N requests in flight\n"
       "  --drop-events P      lose each KV event with probability P\n"
@@ -106,24 +117,34 @@ static bool parse_u64(const char *s, uint64_t hi, uint64_t *out) {
   return true;
 }
 
-static int set_policies(cli *c, const char *list) {
-  char buf[512];
+#define POLICY_NAMES                                                           \
+  "round_robin, least_loaded, prefix_greedy, sglang_cache_aware, "             \
+  "llmd_weighted, dynamo_cost, kvplane_cost, random, infinite"
+
+/* A comma-separated list of policies; `where` prefixes messages ("--policies"
+ * or "file:line: routing.policies"). */
+static int set_policies(cli *c, const char *list, const char *where) {
+  char buf[1024];
+  int p[BH_POLICY_COUNT];
+  size_t n = 0;
   snprintf(buf, sizeof buf, "%s", list);
-  c->n_policies = 0;
   for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
        tok = strtok_r(NULL, ",", &save)) {
-    int p;
-    if (bh_policy_parse(tok, &p) < 0 || c->n_policies == BH_POLICY_COUNT) {
-      fprintf(stderr, "kvplane-bench: unknown policy '%s' (round_robin, "
-                      "least_loaded, prefix_greedy, sglang_cache_aware, "
-                      "llmd_weighted, dynamo_cost, kvplane_cost, random, "
-                      "infinite)\n",
-              tok);
+    if (bh_policy_parse(tok, &p[n]) < 0 || n == BH_POLICY_COUNT) {
+      fprintf(stderr, "kvplane-bench: %s: %s policy '%s' (" POLICY_NAMES ")\n",
+              where, n == BH_POLICY_COUNT ? "too many, at" : "unknown", tok);
       return KVP_EINVAL;
     }
-    c->policies[c->n_policies++] = p;
+    n++;
   }
-  return c->n_policies ? 0 : KVP_EINVAL;
+  if (n == 0) {
+    fprintf(stderr, "kvplane-bench: %s: no policy named in '%s' (one or more "
+                    "of " POLICY_NAMES ")\n", where, list);
+    return KVP_EINVAL;
+  }
+  memcpy(c->policies, p, n * sizeof *p);
+  c->n_policies = n;
+  return 0;
 }
 
 static void cli_defaults(cli *c) {
@@ -165,168 +186,155 @@ static int cfg_tier_policy(cli *c, kvp_config *cfg, const char *key,
   return KVP_EINVAL;
 }
 
-/* ---- the YAML config: sections bound to the option structs ------------------ */
-static int load_config(cli *c, const char *path) {
-  kvp_config *cfg;
-  char err[512];
-  int rc = kvp_config_load_file(path, NULL, &cfg, err, sizeof err);
-  if (rc < 0) {
-    fprintf(stderr, "kvplane-bench: %s\n", err);
-    return rc;
-  }
-  double flops = 0, eff = 0, bw_dram = 0, bw_nvme = 0, lat_dram = 0,
-         lat_nvme = 0, guard = 0, aff = 0, tie = 0;
-  double params_b = 0;
-  uint64_t workers = c->cl.workers, layers = 0, heads = 0, kv_heads = 0,
-           head_dim = 0, dtype = 0, seed = c->seed, closed = 0, gmin = 0;
-  char policies[512] = "", on_error[16] = "", fmt[16] = "";
-  char pol[3][16] = {"", "", ""}, adm[16] = "";
-  bool no_shared = false, classes = !c->cl.tier_no_classes;
-  const kvp_config_field cluster[] = {
-      KVP_CFG_U64("workers", &workers, 1, 4096),
+/* ---- the YAML config: sections bound to the option structs ------------------
+ * kvplane-bench binds only its own sections, `cluster:` (the simulated
+ * workers) and `replay:`; the router binds `model:`, `gpu:` and `routing:`
+ * (kvp_router_opts_from_config), kvtier `tiers:`. */
+typedef struct cluster_keys {
+  uint64_t workers;
+  char pol[3][16], adm[16];
+  bool classes;
+} cluster_keys;
+
+static int bind_cluster(cli *c, kvp_config *cfg, cluster_keys *k, char *err,
+                        size_t cap) {
+  const kvp_config_field f[] = {
+      KVP_CFG_U64("workers", &k->workers, 1, 4096),
       KVP_CFG_F64("hbm_gb", &c->cl.hbm_gb, 0.001, 1e6),
       KVP_CFG_F64("dram_gb", &c->cl.dram_gb, 0, 1e7),
       KVP_CFG_F64("nvme_gb", &c->cl.nvme_gb, 0, 1e8),
       KVP_CFG_F64("decode_step_overhead_s", &c->cl.decode_base_s, 0, 10),
       KVP_CFG_F64("max_batch", &c->cl.max_batch, 1, 1e6),
-      KVP_CFG_STR("hbm_policy", pol[0], sizeof pol[0]),
-      KVP_CFG_STR("dram_policy", pol[1], sizeof pol[1]),
-      KVP_CFG_STR("nvme_policy", pol[2], sizeof pol[2]),
-      KVP_CFG_BOOL("tier_classes", &classes),
-      KVP_CFG_STR("nvme_admission", adm, sizeof adm)};
-  const kvp_config_field model[] = {
-      KVP_CFG_U64("layers", &layers, 1, 65536),
-      KVP_CFG_U64("heads", &heads, 1, 65536),
-      KVP_CFG_U64("kv_heads", &kv_heads, 1, 65536),
-      KVP_CFG_U64("head_dim", &head_dim, 1, 65536),
-      KVP_CFG_U64("dtype_bytes", &dtype, 1, 16),
-      KVP_CFG_F64("params_billion", &params_b, 0.001, 1e5)};
-  const kvp_config_field gpu[] = {
-      KVP_CFG_F64("tflops", &flops, 0.001, 1e8),
-      KVP_CFG_F64("efficiency", &eff, 0.01, 1),
-      KVP_CFG_F64("hbm_bandwidth_gbps", &c->cl.hbm_bw, 1, 1e7),
-      KVP_CFG_F64("dram_bandwidth_gbps", &bw_dram, 0.001, 1e6),
-      KVP_CFG_F64("nvme_bandwidth_gbps", &bw_nvme, 0.001, 1e6),
-      KVP_CFG_F64("dram_latency_us", &lat_dram, 0.001, 1e6),
-      KVP_CFG_F64("nvme_latency_us", &lat_nvme, 0.001, 1e6)};
-  const kvp_config_field routing[] = {
-      KVP_CFG_STR("policies", policies, sizeof policies),
-      KVP_CFG_F64("guard", &guard, 1, 1000),
-      KVP_CFG_U64("guard_min_load", &gmin, 1, 1u << 20),
-      KVP_CFG_F64("affinity_eps_rel", &aff, 0, 10),
-      KVP_CFG_F64("tie_rel", &tie, 0, 10),
-      KVP_CFG_F64("dynamo_temperature", &c->router.dynamo_temperature, 0, 100),
-      KVP_CFG_F64("llmd_w_prefix", &c->router.llmd_w_prefix, 0, 1000),
-      KVP_CFG_F64("llmd_w_kv", &c->router.llmd_w_kv, 0, 1000),
-      KVP_CFG_F64("llmd_w_queue", &c->router.llmd_w_queue, 0, 1000)};
-  const kvp_config_field replay[] = {
-      KVP_CFG_STR("format", fmt, sizeof fmt),
+      KVP_CFG_STR("hbm_policy", k->pol[0], sizeof k->pol[0]),
+      KVP_CFG_STR("dram_policy", k->pol[1], sizeof k->pol[1]),
+      KVP_CFG_STR("nvme_policy", k->pol[2], sizeof k->pol[2]),
+      KVP_CFG_BOOL("tier_classes", &k->classes),
+      KVP_CFG_STR("nvme_admission", k->adm, sizeof k->adm)};
+  const kvp_config_section s = {"cluster", f, sizeof f / sizeof *f};
+  return kvp_config_bind(cfg, &s, err, cap);
+}
+
+typedef struct replay_keys {
+  uint64_t seed, closed;
+  char on_error[16], fmt[16];
+  bool no_shared;
+} replay_keys;
+
+static int bind_replay(cli *c, kvp_config *cfg, replay_keys *k, char *err,
+                       size_t cap) {
+  const kvp_config_field f[] = {
+      KVP_CFG_STR("format", k->fmt, sizeof k->fmt),
       KVP_CFG_F64("speed", &c->speed, 1e-6, 1e9),
-      KVP_CFG_U64("closed_loop", &closed, 0, 1u << 24),
+      KVP_CFG_U64("closed_loop", &k->closed, 0, 1u << 24),
       KVP_CFG_F64("drop_events", &c->drop, 0, 1),
       KVP_CFG_F64("delay_events_s", &c->delay, 0, 1e6),
-      KVP_CFG_U64("seed", &seed, 0, UINT64_MAX),
-      KVP_CFG_STR("on_error", on_error, sizeof on_error),
-      KVP_CFG_BOOL("no_shared_prefix", &no_shared)};
-  const kvp_config_section secs[] = {
-      {"cluster", cluster, sizeof cluster / sizeof *cluster},
-      {"model", model, sizeof model / sizeof *model},
-      {"gpu", gpu, sizeof gpu / sizeof *gpu},
-      {"routing", routing, sizeof routing / sizeof *routing},
-      {"replay", replay, sizeof replay / sizeof *replay}};
-  for (size_t i = 0; i < sizeof secs / sizeof *secs && rc >= 0; i++)
-    rc = kvp_config_bind(cfg, &secs[i], err, sizeof err);
-  /* `tiers:` is kvtier's (a real store's options), checked by kvtier's own
-   * binding; its policy is the simulated DRAM / NVMe policy unless the
-   * cluster section names one.  Everything else is unknown. */
+      KVP_CFG_U64("seed", &k->seed, 0, UINT64_MAX),
+      KVP_CFG_STR("on_error", k->on_error, sizeof k->on_error),
+      KVP_CFG_BOOL("no_shared_prefix", &k->no_shared)};
+  const kvp_config_section s = {"replay", f, sizeof f / sizeof *f};
+  return kvp_config_bind(cfg, &s, err, cap);
+}
+
+/* `tiers:` is kvtier's (a real store's options), checked by kvtier's own
+ * binding; its policy is the simulated DRAM / NVMe policy unless the cluster
+ * section names one, and its admit_* keys tune the simulated gate. */
+static int bind_tiers(cli *c, kvp_config *cfg, char *err, size_t cap) {
   kvp_tier_opts to = {0};
   char dir[1024];
-  if (rc >= 0)
-    rc = kvp_tier_opts_from_config(cfg, &to, dir, sizeof dir, err, sizeof err);
-  if (rc >= 0 && kvp_config_key_line(cfg, "tiers", "policy", NULL) > 0)
+  int rc = kvp_tier_opts_from_config(cfg, &to, dir, sizeof dir, err, cap);
+  if (rc < 0)
+    return rc;
+  if (kvp_config_key_line(cfg, "tiers", "policy", NULL) > 0)
     for (int t = KVP_TIER_DRAM; t <= KVP_TIER_NVME; t++)
       c->cl.tier_policy[t] = to.policy;
-  /* the gate's tuning too, when cluster.nvme_admission turns it on */
-  if (rc >= 0 && adm[0] != '\0') {
-    if (kvp_tier_admission_parse(adm, &c->cl.nvme_admit.mode) < 0) {
-      int line = kvp_config_key_line(cfg, "cluster", "nvme_admission", NULL);
-      snprintf(err, sizeof err, "%s:%d: cluster.nvme_admission: expected "
-               "all, hits or gate, got '%.32s'", path, line, adm);
-      rc = KVP_EINVAL;
+  c->cl.nvme_admit.write_weight = to.admit_write_weight;
+  c->cl.nvme_admit.min_samples = to.admit_min_samples;
+  c->cl.nvme_admit.volatile_min_hits = to.volatile_nvme_min_hits;
+  c->cl.nvme_write_bw = to.nvme_write_bytes_per_s;
+  return rc;
+}
+
+/* The cluster keys that need a check beyond their type. */
+static int apply_cluster(cli *c, kvp_config *cfg, const cluster_keys *k,
+                         char *err, size_t cap) {
+  if (k->adm[0] != '\0') {
+    if (kvp_tier_admission_parse(k->adm, &c->cl.nvme_admit.mode) < 0) {
+      const char *name = "";
+      int line = kvp_config_key_line(cfg, "cluster", "nvme_admission", &name);
+      snprintf(err, cap, "%s:%d: cluster.nvme_admission: expected all, hits "
+               "or gate, got '%.32s'", name, line, k->adm);
+      return KVP_EINVAL;
     }
     c->cl.nvme_admit_on = true;
   }
-  if (rc >= 0) {
-    c->cl.nvme_admit.write_weight = to.admit_write_weight;
-    c->cl.nvme_admit.min_samples = to.admit_min_samples;
-    c->cl.nvme_admit.volatile_min_hits = to.volatile_nvme_min_hits;
-    c->cl.nvme_write_bw = to.nvme_write_bytes_per_s;
-  }
-  if (rc >= 0)
-    rc = kvp_config_check_unbound(cfg, NULL, 0, err, sizeof err);
-  for (int t = 0; t < 3 && rc >= 0; t++) {
-    static const char *const keys[] = {"hbm_policy", "dram_policy",
-                                       "nvme_policy"};
-    if (cfg_tier_policy(c, cfg, keys[t], pol[t], t) < 0) {
-      kvp_config_destroy(cfg);
-      return KVP_EINVAL;
-    }
-  }
-  kvp_config_destroy(cfg);
-  if (rc < 0) {
-    fprintf(stderr, "kvplane-bench: %s\n", err);
-    return rc;
-  }
-  c->cl.tier_no_classes = !classes;
-  c->cl.workers = (uint32_t)workers;
-  if (layers || heads || kv_heads || head_dim || dtype || params_b) {
-    if (!(layers && heads && kv_heads && head_dim && dtype && params_b)) {
-      fprintf(stderr, "kvplane-bench: %s: section 'model' needs all of "
-                      "layers, heads, kv_heads, head_dim, dtype_bytes, "
-                      "params_billion\n",
-              path);
-      return KVP_EINVAL;
-    }
-    c->cl.model = (kvp_model_spec){(uint32_t)layers, (uint32_t)heads,
-                                   (uint32_t)kv_heads, (uint32_t)head_dim,
-                                   (uint32_t)dtype, 0, params_b * 1e9,
-                                   {0, 0, 0, 0}};
-    if (kvp_model_kv_bytes_per_token(&c->cl.model) <= 0) {
-      fprintf(stderr, "kvplane-bench: %s: section 'model': kv_heads must "
-                      "be <= heads\n", path);
-      return KVP_EINVAL;
-    }
-  }
-  c->cl.gpu.flops = flops * 1e12;
-  c->cl.gpu.efficiency = eff;
-  c->cl.gpu.bw[KVP_TIER_DRAM] = bw_dram * 1e9;
-  c->cl.gpu.bw[KVP_TIER_NVME] = bw_nvme * 1e9;
-  c->cl.gpu.latency_s[KVP_TIER_DRAM] = lat_dram * 1e-6;
-  c->cl.gpu.latency_s[KVP_TIER_NVME] = lat_nvme * 1e-6;
-  c->cl.hbm_bw *= 1e9;
-  c->router.guard = guard;
-  c->router.guard_min_load = (uint32_t)gmin;
-  c->router.affinity_eps_rel = aff;
-  c->router.tie_rel = tie;
-  c->closed_loop = (uint32_t)closed;
-  c->seed = seed;
-  c->ro.no_shared_prefix = no_shared;
-  if (policies[0] && set_policies(c, policies) < 0)
-    return KVP_EINVAL;
-  if (fmt[0] && bh_format_parse(fmt, &c->format) < 0) {
+  static const char *const keys[] = {"hbm_policy", "dram_policy",
+                                     "nvme_policy"};
+  for (int t = 0; t < 3; t++)
+    if (cfg_tier_policy(c, cfg, keys[t], k->pol[t], t) < 0)
+      return KVP_EINVAL; /* printed */
+  c->cl.tier_no_classes = !k->classes;
+  c->cl.workers = (uint32_t)k->workers;
+  return 0;
+}
+
+/* The router's model / GPU spec feeds the simulated cluster: the same
+ * numbers a router daemon would read from this file. */
+static int apply_router(cli *c, kvp_config *cfg, const char *policies) {
+  bh_cluster_from_router(&c->cl, &c->router);
+  if (policies[0] == '\0')
+    return 0;
+  char where[512];
+  const char *name = "";
+  int line = kvp_config_key_line(cfg, "routing", "policies", &name);
+  snprintf(where, sizeof where, "%s:%d: routing.policies", name, line);
+  return set_policies(c, policies, where);
+}
+
+static int apply_replay(cli *c, const char *path, const replay_keys *k) {
+  c->closed_loop = (uint32_t)k->closed;
+  c->seed = k->seed;
+  c->ro.no_shared_prefix = k->no_shared;
+  if (k->fmt[0] && bh_format_parse(k->fmt, &c->format) < 0) {
     fprintf(stderr, "kvplane-bench: %s: replay.format: unknown '%s'\n", path,
-            fmt);
+            k->fmt);
     return KVP_EINVAL;
   }
-  if (on_error[0]) {
-    if (strcmp(on_error, "skip") && strcmp(on_error, "stop")) {
+  if (k->on_error[0]) {
+    if (strcmp(k->on_error, "skip") && strcmp(k->on_error, "stop")) {
       fprintf(stderr, "kvplane-bench: %s: replay.on_error: skip or stop\n",
               path);
       return KVP_EINVAL;
     }
-    c->ro.on_error = on_error[1] == 't' ? BH_ERR_STOP : BH_ERR_SKIP;
+    c->ro.on_error = k->on_error[1] == 't' ? BH_ERR_STOP : BH_ERR_SKIP;
   }
   return 0;
+}
+
+static int load_config(cli *c, const char *path) {
+  kvp_config *cfg;
+  char err[512] = "", policies[1024] = "";
+  int rc = kvp_config_load_file(path, NULL, &cfg, err, sizeof err);
+  if (rc < 0) {
+    fprintf(stderr, "kvplane-bench: %s\n", err);
+    return rc;
+  }
+  cluster_keys ck = {.workers = c->cl.workers, .classes = !c->cl.tier_no_classes};
+  replay_keys rk = {.seed = c->seed, .closed = c->closed_loop,
+                    .no_shared = c->ro.no_shared_prefix};
+  if ((rc = bind_cluster(c, cfg, &ck, err, sizeof err)) >= 0 &&
+      (rc = kvp_router_opts_from_config(cfg, &c->router, policies,
+                                        sizeof policies, err,
+                                        sizeof err)) >= 0 &&
+      (rc = bind_replay(c, cfg, &rk, err, sizeof err)) >= 0 &&
+      (rc = bind_tiers(c, cfg, err, sizeof err)) >= 0 &&
+      (rc = apply_cluster(c, cfg, &ck, err, sizeof err)) >= 0)
+    rc = kvp_config_check_unbound(cfg, NULL, 0, err, sizeof err);
+  if (rc >= 0)
+    rc = apply_router(c, cfg, policies);
+  else if (err[0] != '\0')
+    fprintf(stderr, "kvplane-bench: %s\n", err);
+  kvp_config_destroy(cfg);
+  return rc < 0 ? rc : apply_replay(c, path, &rk);
 }
 
 /* Parses options; positional arguments are collected into pos. */
@@ -359,7 +367,7 @@ static int parse_opts(cli *c, int argc, char **argv, const char **pos,
         return die_usage("unknown format", v);
     } else if (!strcmp(a, "--policies")) {
       NEED();
-      if (set_policies(c, v) < 0)
+      if (set_policies(c, v, "--policies") < 0)
         return 2;
     } else if (!strcmp(a, "--workers")) {
       NEED();
@@ -475,6 +483,12 @@ static int load_trace(const cli *c, const char *path, bh_trace *t) {
   }
   if (t->n_reqs == 0) {
     fprintf(stderr, "kvplane-bench: %s: no valid requests\n", path);
+    return KVP_EINVAL;
+  }
+  if (c->router.block_size != 0 && t->block_size != c->router.block_size) {
+    fprintf(stderr, "kvplane-bench: %s: blocks of %u tokens, but the config's "
+                    "model.block_size is %u\n",
+            path, t->block_size, c->router.block_size);
     return KVP_EINVAL;
   }
   if ((rc = bh_trace_finish(t)) < 0) {
@@ -649,34 +663,60 @@ static int cmd_convert(cli *c, const char **pos, int n_pos) {
 }
 
 /* ---- gen ------------------------------------------------------------------------ */
+/* One gen option; false with the message printed.  Counts and the sub-agent
+ * probability refuse 0, which bh_gen would silently read as its default. */
+static bool gen_opt(bh_gen_opts *o, const char *a, const char *v) {
+  uint64_t u;
+  double d;
+  const char *why = NULL;
+  if (!strcmp(a, "--seed") && parse_u64(v, UINT64_MAX, &u))
+    o->seed = u;
+  else if (!strcmp(a, "--sessions") && parse_u64(v, 1u << 20, &u) && u > 0)
+    o->sessions = (uint32_t)u;
+  else if (!strcmp(a, "--tenants") && parse_u64(v, 1u << 16, &u) && u > 0)
+    o->tenants = (uint32_t)u;
+  else if (!strcmp(a, "--turns") && parse_u64(v, 1u << 16, &u) && u > 0)
+    o->turns = (uint32_t)u;
+  else if (!strcmp(a, "--drift") && parse_double(v, 0, 1, &d))
+    o->drift = d;
+  else if (!strcmp(a, "--subagents") && parse_double(v, 1e-9, 1, &d))
+    o->subagent_p = d;
+  else if (!strcmp(a, "--sessions"))
+    why = "a count in 1..1048576";
+  else if (!strcmp(a, "--tenants") || !strcmp(a, "--turns"))
+    why = "a count in 1..65536";
+  else if (!strcmp(a, "--drift"))
+    why = "a probability in [0, 1]";
+  else if (!strcmp(a, "--subagents"))
+    why = "a probability in (0, 1]";
+  else if (!strcmp(a, "--seed"))
+    why = "an unsigned integer";
+  if (why != NULL)
+    fprintf(stderr, "kvplane-bench: gen %s: %s, got '%s'\n", a, why, v);
+  return why == NULL;
+}
+
 static int cmd_gen(int argc, char **argv) {
   bh_gen_opts o = {.seed = 1};
   const char *out = NULL;
+  static const char *const known[] = {"--seed", "--sessions", "--tenants",
+                                      "--turns", "--drift", "--subagents"};
   for (int i = 0; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    uint64_t u;
-    double d;
-    if (a[0] != '-') {
+    if (a[0] != '-' || strcmp(a, "-") == 0) {
       out = a;
       continue;
     }
+    bool ok = false;
+    for (size_t k = 0; k < sizeof known / sizeof *known; k++)
+      ok |= strcmp(a, known[k]) == 0;
+    if (!ok)
+      return die_usage("unknown gen option", a);
     if (v == NULL)
       return die_usage("missing value for", a);
     i++;
-    if (!strcmp(a, "--seed") && parse_u64(v, UINT64_MAX, &u))
-      o.seed = u;
-    else if (!strcmp(a, "--sessions") && parse_u64(v, 1u << 20, &u))
-      o.sessions = (uint32_t)u;
-    else if (!strcmp(a, "--tenants") && parse_u64(v, 1u << 16, &u))
-      o.tenants = (uint32_t)u;
-    else if (!strcmp(a, "--turns") && parse_u64(v, 1u << 16, &u))
-      o.turns = (uint32_t)u;
-    else if (!strcmp(a, "--drift") && parse_double(v, 0, 1, &d))
-      o.drift = d;
-    else if (!strcmp(a, "--subagents") && parse_double(v, 0, 1, &d))
-      o.subagent_p = d;
-    else
-      return die_usage("bad gen option or value", a);
+    if (!gen_opt(&o, a, v))
+      return 2;
   }
   if (out == NULL)
     return die_usage("gen needs OUT", NULL);

@@ -60,6 +60,25 @@ void bh_cluster_defaults(bh_cluster *c) {
   c->tier_policy[KVP_TIER_NVME] = BH_TIER_POLICY_DEFAULT;
 }
 
+void bh_cluster_from_router(bh_cluster *c, const kvp_router_opts *ro) {
+  c->model = ro->model;
+  c->gpu = ro->gpu;
+  c->hbm_bw = ro->gpu.bw[KVP_TIER_HBM];
+}
+
+void bh_sim_router_opts(const bh_sim_opts *o, uint32_t block_size,
+                        kvp_router_opts *out) {
+  *out = o->router;
+  out->policy = o->policy == BH_POLICY_INFINITE || o->policy == BH_POLICY_RANDOM
+                    ? KVP_POLICY_LEAST_LOADED
+                    : (kvp_policy)o->policy;
+  out->n_workers = o->cl.workers;
+  out->block_size = block_size;
+  out->model = o->cl.model;
+  out->gpu = o->cl.gpu;
+  out->seed = o->seed;
+}
+
 int bh_cluster_resolve(bh_cluster *c, uint32_t block_size) {
   double kvb = kvp_model_kv_bytes_per_token(&c->model);
   if (kvb <= 0 || block_size == 0 || c->workers == 0 || c->workers > 4096)
@@ -1029,15 +1048,8 @@ static int sim_setup(struct sim *s, const bh_trace *t, const bh_sim_opts *o,
   }
   s->nw = s->cl.workers;
   s->kvb = kvp_model_kv_bytes_per_token(&s->cl.model);
-  kvp_router_opts ro = o->router;
-  ro.policy = s->infinite || o->policy == BH_POLICY_RANDOM
-                  ? KVP_POLICY_LEAST_LOADED
-                  : (kvp_policy)o->policy;
-  ro.n_workers = s->nw;
-  ro.block_size = s->bs;
-  ro.model = s->cl.model;
-  ro.gpu = s->cl.gpu;
-  ro.seed = o->seed;
+  kvp_router_opts ro;
+  bh_sim_router_opts(o, s->bs, &ro);
   if ((rc = kvp_router_create(&ro, NULL, &s->rt)) < 0) {
     snprintf(err, cap, "router options rejected: %s", kvp_strerror(rc));
     return rc;

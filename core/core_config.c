@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <yaml.h>
 
@@ -20,7 +21,7 @@
 typedef struct entry {
   char *section; /* NULL for a section header entry */
   char *key;
-  char *value; /* scalars of a sequence joined with ',' */
+  char *value; /* scalars of a sequence joined with ',' (none empty) */
   unsigned line;
   bool seq;
 } entry;
@@ -238,12 +239,13 @@ static int parse_section(parse *ps, const char *sec) {
           yaml_event_delete(&ev);
           break;
         }
-        if (ev.type != YAML_SCALAR_EVENT ||
+        if (ev.type != YAML_SCALAR_EVENT || ev.data.scalar.length == 0 ||
             memchr(ev.data.scalar.value, '\0', ev.data.scalar.length) ||
             memchr(ev.data.scalar.value, ',', ev.data.scalar.length)) {
           yaml_event_delete(&ev);
           return fail(ps->err, ps->cap, KVP_ECORRUPT,
-                      "%s:%u: %s.%s: a list holds plain scalars (no commas)",
+                      "%s:%u: %s.%s: a list holds plain scalars (not empty, "
+                      "no commas)",
                       ps->c->name, line, sec, key);
         }
         rc = append_val(ps, (const char *)ev.data.scalar.value,
@@ -393,6 +395,12 @@ int kvp_config_load_file(const char *path, const kvp_allocator *alloc,
     return fail(err, cap, KVP_EINVAL, "invalid arguments");
   *out = NULL;
   FILE *f = fopen(path, "rb");
+  struct stat st;
+  if (f != NULL && fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
+    fclose(f);
+    return fail(err, cap, -EISDIR, "%s: is a directory, not a YAML file",
+                path);
+  }
   if (f == NULL) {
     int e = errno;
     return fail(err, cap, -e, "%s: %s", path, strerror(e));
@@ -415,58 +423,216 @@ int kvp_config_load_file(const char *path, const kvp_allocator *alloc,
   return rc;
 }
 
+/* ---- units ------------------------------------------------------------------ */
+/* A non-negative decimal number (digits, optional fraction and exponent; no
+ * sign, hex, inf or nan) at the start of s; *rest is what follows it. */
+static bool scan_number(const char *s, double *v, bool *integral,
+                        const char **rest) {
+  const char *p = s;
+  while (*p >= '0' && *p <= '9')
+    p++;
+  bool digits = p > s;
+  *integral = *p != '.' && *p != 'e' && *p != 'E';
+  if (*p == '.')
+    for (p++; *p >= '0' && *p <= '9'; p++)
+      digits = true;
+  if (!digits)
+    return false;
+  if (*p == 'e' || *p == 'E') {
+    const char *q = p + 1 + (p[1] == '+' || p[1] == '-');
+    if (*q < '0' || *q > '9')
+      return false;
+    for (p = q; *p >= '0' && *p <= '9'; p++)
+      ;
+  }
+  char buf[64];
+  if ((size_t)(p - s) >= sizeof buf)
+    return false;
+  memcpy(buf, s, (size_t)(p - s));
+  buf[p - s] = '\0';
+  errno = 0;
+  *v = strtod(buf, NULL);
+  *rest = p;
+  while (**rest == ' ')
+    (*rest)++;
+  return errno == 0 && isfinite(*v);
+}
+
+/* The multiplier of a size unit; 0 for an unknown one. */
+static uint64_t size_unit(const char *u) {
+  static const char prefixes[] = "KMGTP";
+  if (u[0] == '\0' || strcmp(u, "B") == 0)
+    return 1;
+  const char *at = strchr(prefixes, u[0] == 'k' ? 'K' : u[0]);
+  if (at == NULL)
+    return 0;
+  bool bin = u[1] == 'i';
+  const char *tail = u + 1 + bin;
+  if (strcmp(tail, "") != 0 && strcmp(tail, "B") != 0)
+    return 0;
+  uint64_t m = 1;
+  for (const char *q = prefixes; q <= at; q++)
+    m *= bin ? 1024 : 1000;
+  return m;
+}
+
+int kvp_config_parse_size(const char *s, uint64_t *out) {
+  double v;
+  bool integral;
+  const char *unit;
+  if (s == NULL || out == NULL || !scan_number(s, &v, &integral, &unit))
+    return KVP_EINVAL;
+  uint64_t m = size_unit(unit), r;
+  if (m == 0)
+    return KVP_EINVAL;
+  if (integral) { /* exact, all 64 bits */
+    errno = 0;
+    unsigned long long u = strtoull(s, NULL, 10);
+    if (errno != 0 || __builtin_mul_overflow((uint64_t)u, m, &r))
+      return KVP_EINVAL;
+  } else {
+    double b = v * (double)m;
+    if (!(b < 18446744073709551616.0) || fabs(b - nearbyint(b)) > 1e-6)
+      return KVP_EINVAL;
+    r = (uint64_t)nearbyint(b);
+  }
+  *out = r;
+  return 0;
+}
+
+int kvp_config_parse_duration(const char *s, double bare_unit_s,
+                              double *out_s) {
+  static const struct {
+    const char *name;
+    double s;
+  } units[] = {{"ns", 1e-9}, {"us", 1e-6}, {"ms", 1e-3}, {"s", 1}};
+  double v;
+  bool integral;
+  const char *unit;
+  if (s == NULL || out_s == NULL || !isfinite(bare_unit_s) ||
+      bare_unit_s <= 0 || !scan_number(s, &v, &integral, &unit))
+    return KVP_EINVAL;
+  double m = unit[0] == '\0' ? bare_unit_s : 0;
+  for (size_t i = 0; i < sizeof units / sizeof *units && m == 0; i++)
+    if (strcmp(unit, units[i].name) == 0)
+      m = units[i].s;
+  if (m == 0 || !isfinite(v * m))
+    return KVP_EINVAL;
+  *out_s = v * m;
+  return 0;
+}
+
 /* ---- binding -------------------------------------------------------------------- */
+typedef union value {
+  uint64_t u;
+  double d;
+  bool b;
+} value;
+
+static bool in_bounds(double v, const kvp_config_field *f) {
+  return v >= f->min && v <= f->max;
+}
+
+/* A bound given in seconds, checked with a little slack: a bare value in
+ * microseconds at its bound must not fail on the last bit of v * 1e-6. */
+static bool in_bounds_s(double v, const kvp_config_field *f) {
+  return v >= f->min * (1 - 1e-12) && v <= f->max * (1 + 1e-12);
+}
+
+static bool parse_u64(const char *v, const kvp_config_field *f, value *out) {
+  char *end;
+  errno = 0;
+  unsigned long long u = strtoull(v, &end, 10);
+  out->u = u;
+  return v[0] >= '0' && v[0] <= '9' && *end == '\0' && errno == 0 &&
+         in_bounds((double)u, f);
+}
+
+static bool parse_f64(const char *v, const kvp_config_field *f, value *out) {
+  char *end;
+  errno = 0;
+  out->d = strtod(v, &end);
+  return v[0] != '\0' && *end == '\0' && errno == 0 && isfinite(out->d) &&
+         in_bounds(out->d, f);
+}
+
+static bool parse_bool(const char *v, value *out) {
+  static const char *const t[] = {"true", "yes", "on"},
+                           *const n[] = {"false", "no", "off"};
+  for (int i = 0; i < 3; i++)
+    if (strcmp(v, t[i]) == 0 || strcmp(v, n[i]) == 0) {
+      out->b = strcmp(v, t[i]) == 0;
+      return true;
+    }
+  return false;
+}
+
+/* Items of a list value (joined with ','); -1 if one is empty. */
+static long list_items(const char *v) {
+  if (v[0] == '\0')
+    return 0;
+  long n = 1;
+  for (const char *p = v; *p; p++) {
+    if (*p == ',' && (p == v || p[1] == '\0' || p[1] == ','))
+      return -1;
+    n += *p == ',';
+  }
+  return n;
+}
+
+static const char *per_s_name(size_t per_s) {
+  return per_s == 1 ? "seconds" : per_s == 1000 ? "ms"
+         : per_s == 1000000 ? "us" : per_s == 1000000000 ? "ns" : "units";
+}
+
+/* "name:line: sec.key: expected ..., got 'v'" for a value of f's type. */
+static int bad_value(const kvp_config *c, const char *sec,
+                     const kvp_config_field *f, const entry *e, char *err,
+                     size_t cap) {
+  char want[160];
+  switch (f->type) {
+  case KVP_CONFIG_U64:
+    snprintf(want, sizeof want, "an integer in [%.0f, %.0f]", f->min, f->max);
+    break;
+  case KVP_CONFIG_F64:
+    snprintf(want, sizeof want, "a number in [%g, %g]", f->min, f->max);
+    break;
+  case KVP_CONFIG_BOOL:
+    snprintf(want, sizeof want, "true or false");
+    break;
+  case KVP_CONFIG_SIZE:
+    snprintf(want, sizeof want, "a size in [%.0f, %.0f] bytes (4096, 64M, "
+             "1.5GiB, 1T)", f->min, f->max);
+    break;
+  case KVP_CONFIG_DURATION:
+    snprintf(want, sizeof want, "a duration in [%g, %g] s (10us, 2ms, 1s; "
+             "a bare number counts %s)", f->min, f->max, per_s_name(f->cap));
+    break;
+  default:
+    snprintf(want, sizeof want, "a list of %.0f to %.0f non-empty items "
+             "([a, b])", f->min, f->max);
+    break;
+  }
+  return fail(err, cap, KVP_EINVAL, "%s:%u: %s.%s: expected %s, got '%.64s'",
+              c->name, e->line, sec, f->name, want,
+              e->seq && e->value[0] == '\0' ? "[]" : e->value);
+}
+
 /* Checks one value; stores it only when `store` (bind is all or nothing). */
 static int bind_value(const kvp_config *c, const char *sec,
                       const kvp_config_field *f, const entry *e, bool store,
                       char *err, size_t cap) {
   const char *v = e->value;
-  char *end;
-  if (e->seq && f->type != KVP_CONFIG_STR)
+  value x = {0};
+  bool ok;
+  if (e->seq && f->type != KVP_CONFIG_LIST)
     return fail(err, cap, KVP_EINVAL, "%s:%u: %s.%s: expected one value, "
                                       "got a list",
                 c->name, e->line, sec, f->name);
-  switch (f->type) {
-  case KVP_CONFIG_U64: {
-    errno = 0;
-    unsigned long long u = strtoull(v, &end, 10);
-    if (v[0] < '0' || v[0] > '9' || *end || errno ||
-        (double)u < f->min || (double)u > f->max)
-      return fail(err, cap, KVP_EINVAL,
-                  "%s:%u: %s.%s: expected an integer in [%.0f, %.0f], got "
-                  "'%.64s'",
-                  c->name, e->line, sec, f->name, f->min, f->max, v);
-    if (store)
-      *(uint64_t *)f->out = u;
-    return 0;
-  }
-  case KVP_CONFIG_F64: {
-    errno = 0;
-    double d = strtod(v, &end);
-    if (v[0] == '\0' || *end || errno || !isfinite(d) || d < f->min ||
-        d > f->max)
-      return fail(err, cap, KVP_EINVAL,
-                  "%s:%u: %s.%s: expected a number in [%g, %g], got '%.64s'",
-                  c->name, e->line, sec, f->name, f->min, f->max, v);
-    if (store)
-      *(double *)f->out = d;
-    return 0;
-  }
-  case KVP_CONFIG_BOOL: {
-    static const char *const t[] = {"true", "yes", "on"},
-                             *const n[] = {"false", "no", "off"};
-    for (int i = 0; i < 3; i++) {
-      if (strcmp(v, t[i]) == 0 || strcmp(v, n[i]) == 0) {
-        if (store)
-          *(bool *)f->out = strcmp(v, t[i]) == 0;
-        return 0;
-      }
-    }
-    return fail(err, cap, KVP_EINVAL,
-                "%s:%u: %s.%s: expected true or false, got '%.64s'", c->name,
-                e->line, sec, f->name, v);
-  }
-  case KVP_CONFIG_STR:
+  if (f->type == KVP_CONFIG_STR || f->type == KVP_CONFIG_LIST) {
+    long n = f->type == KVP_CONFIG_LIST ? list_items(v) : 0;
+    if (n < 0 || (f->type == KVP_CONFIG_LIST && !in_bounds((double)n, f)))
+      return bad_value(c, sec, f, e, err, cap);
     if (strlen(v) + 1 > f->cap)
       return fail(err, cap, KVP_EINVAL,
                   "%s:%u: %s.%s: longer than %zu bytes", c->name, e->line,
@@ -475,8 +641,31 @@ static int bind_value(const kvp_config *c, const char *sec,
       memcpy(f->out, v, strlen(v) + 1);
     return 0;
   }
-  return fail(err, cap, KVP_EINVAL, "%s: %s.%s: bad field type", c->name,
-              sec, f->name);
+  switch (f->type) {
+  case KVP_CONFIG_U64: ok = parse_u64(v, f, &x); break;
+  case KVP_CONFIG_F64: ok = parse_f64(v, f, &x); break;
+  case KVP_CONFIG_BOOL: ok = parse_bool(v, &x); break;
+  case KVP_CONFIG_SIZE:
+    ok = kvp_config_parse_size(v, &x.u) == 0 && in_bounds((double)x.u, f);
+    break;
+  case KVP_CONFIG_DURATION:
+    ok = f->cap > 0 &&
+         kvp_config_parse_duration(v, 1.0 / (double)f->cap, &x.d) == 0 &&
+         in_bounds_s(x.d, f);
+    break;
+  default:
+    return fail(err, cap, KVP_EINVAL, "%s: %s.%s: bad field type", c->name,
+                sec, f->name);
+  }
+  if (!ok)
+    return bad_value(c, sec, f, e, err, cap);
+  if (store && (f->type == KVP_CONFIG_U64 || f->type == KVP_CONFIG_SIZE))
+    *(uint64_t *)f->out = x.u;
+  else if (store && f->type == KVP_CONFIG_BOOL)
+    *(bool *)f->out = x.b;
+  else if (store)
+    *(double *)f->out = x.d;
+  return 0;
 }
 
 int kvp_config_bind(kvp_config *c, const kvp_config_section *s, char *err,
@@ -490,6 +679,7 @@ int kvp_config_bind(kvp_config *c, const kvp_config_section *s, char *err,
       si = i;
   if (si == c->ns)
     return 0;
+  c->s[si].bound = true; /* even if a key fails: its error is the real one */
   int set = 0;
   for (int pass = 0; pass < 2; pass++)
     for (size_t i = 0; i < c->n; i++) {
@@ -515,7 +705,6 @@ int kvp_config_bind(kvp_config *c, const kvp_config_section *s, char *err,
         return rc;
       set += pass;
     }
-  c->s[si].bound = true;
   return set;
 }
 

@@ -72,20 +72,20 @@ int kvp_tier_opts_from_config(kvp_config *c, kvp_tier_opts *o, char *dir,
   double dfrac = o->dram_fraction, nfrac = o->nvme_fraction,
          aww = o->admit_write_weight, pre = o->prefill_kv_bytes_per_s,
          rbw = o->nvme_read_bytes_per_s, wbw = o->nvme_write_bytes_per_s;
-  bool promote = o->promote != 2;
+  bool promote = !o->no_promote;
   char huge[16] = "", io[16] = "", pol[16] = "", adm[16] = "", d[DIR_MAX] = "";
   const kvp_config_field f[] = {
-      KVP_CFG_U64("dram_bytes", &dram, lo_of(KVP_TIER_OPT_DRAM_BYTES),
+      KVP_CFG_SIZE("dram_bytes", &dram, lo_of(KVP_TIER_OPT_DRAM_BYTES),
                   hi_of(KVP_TIER_OPT_DRAM_BYTES)),
       KVP_CFG_F64("dram_fraction", &dfrac, 0, 0.9),
       KVP_CFG_STR("huge_pages", huge, sizeof huge),
       KVP_CFG_STR("nvme_dir", d, sizeof d),
-      KVP_CFG_U64("nvme_bytes", &nvme, lo_of(KVP_TIER_OPT_NVME_BYTES),
+      KVP_CFG_SIZE("nvme_bytes", &nvme, lo_of(KVP_TIER_OPT_NVME_BYTES),
                   hi_of(KVP_TIER_OPT_NVME_BYTES)),
       KVP_CFG_F64("nvme_fraction", &nfrac, 0, 0.95),
       KVP_CFG_U64("queue_depth", &qd, lo_of(KVP_TIER_OPT_QUEUE_DEPTH),
                   hi_of(KVP_TIER_OPT_QUEUE_DEPTH)),
-      KVP_CFG_U64("max_block_bytes", &maxb, 4096, 256u << 20),
+      KVP_CFG_SIZE("max_block_bytes", &maxb, 4096, 256u << 20),
       KVP_CFG_STR("io_backend", io, sizeof io),
       KVP_CFG_U64("slow_io_us", &slow, 1, UINT32_MAX),
       KVP_CFG_STR("policy", pol, sizeof pol),
@@ -143,7 +143,7 @@ int kvp_tier_opts_from_config(kvp_config *c, kvp_tier_opts *o, char *dir,
   o->slow_io_us = (uint32_t)slow;
   o->policy = (kvp_tier_policy_kind)pk;
   o->volatile_nvme_min_hits = (uint32_t)vmin;
-  o->promote = promote ? 0 : 2;
+  o->no_promote = !promote;
   o->admission = (kvp_tier_admission)ak;
   o->admit_write_weight = aww;
   o->admit_min_samples = (uint32_t)amin;

@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <linux/magic.h>
 #include <openssl/evp.h>
 #include <openssl/rand.h>
 #include <stdio.h>
@@ -23,6 +24,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
@@ -47,8 +49,11 @@ static int class_open(kvp_tier_store *t, uint64_t cap, bool create,
   snprintf(name, sizeof name, "kvtier-%" PRIu64 ".slab", cap);
   int fd = openat(t->dirfd, name,
                   O_RDWR | O_DIRECT | O_CLOEXEC | (create ? O_CREAT : 0), 0600);
-  if (fd < 0)
-    return -errno;
+  if (fd < 0) {
+    int e = errno;
+    KVP_LOGE("kvtier", "slab file %s/%s: %s", t->dir, name, strerror(e));
+    return -e;
+  }
   if (create)
     fsync(t->dirfd); /* the new file's name survives a crash */
   tier_nclass *n = kvp__realloc(&t->a, t->cls, t->ncls * sizeof *n,
@@ -816,6 +821,11 @@ static int probe_direct(kvp_tier_store *t) {
              t->dir, strerror(errno));
     return KVP_ENOTSUP;
   }
+  struct statfs fs;
+  if (fstatfs(fd, &fs) == 0 && fs.f_type == TMPFS_MAGIC)
+    KVP_LOGW("kvtier", "nvme_dir %s is on tmpfs: accepted (this kernel takes "
+             "O_DIRECT there), but the NVMe tier then lives in RAM / swap, "
+             "not on a disk", t->dir);
   struct statx sx;
   if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 &&
       (sx.stx_mask & STATX_DIOALIGN) && sx.stx_dio_offset_align > 4096)

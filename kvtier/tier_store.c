@@ -311,7 +311,7 @@ static int check_opts(const kvp_tier_opts *o) {
       o->nvme_fraction > 0.95 || o->queue_depth > 1024 ||
       (unsigned)o->policy >= KVP_TIER_POLICY_COUNT_ ||
       (unsigned)o->io_backend > KVP_TIER_IO_POSIX ||
-      (unsigned)o->huge_pages > KVP_TIER_HUGE_NONE || o->promote > 2 ||
+      (unsigned)o->huge_pages > KVP_TIER_HUGE_NONE || o->no_promote > 1 ||
       o->max_block_bytes > (UINT64_C(256) << 20) ||
       (unsigned)o->admission >= KVP_TIER_ADMIT_COUNT_ ||
       o->admit_min_samples > 512 || !(o->admit_write_weight >= 0) ||
@@ -549,7 +549,7 @@ static int nvme_flush(kvp_tier_store *t, const uint32_t *nv, void *const *nvd,
     t->st.hits[KVP_TIER_NVME]++;
     hits++;
     /* promote unless it was evicted (or re-put into DRAM) meanwhile */
-    if (same && t->o.promote != 2 && e->dram == NULL &&
+    if (same && !t->o.no_promote && e->dram == NULL &&
         dram_place(t, nv[j], nvd[j]) == 0)
       t->st.promotions++;
   }
@@ -780,7 +780,7 @@ int kvp_tier_set(kvp_tier_store *t, kvp_tier_opt opt, int64_t v) {
   case KVP_TIER_OPT_VOLATILE_NVME_MIN_HITS:
     t->o.volatile_nvme_min_hits = (uint32_t)v;
     break;
-  case KVP_TIER_OPT_PROMOTE: t->o.promote = v ? 0 : 2; break;
+  case KVP_TIER_OPT_PROMOTE: t->o.no_promote = v ? 0 : 1; break;
   case KVP_TIER_OPT_QUEUE_DEPTH: t->qd = (uint32_t)v; break;
   case KVP_TIER_OPT_ADMISSION: t->o.admission = (kvp_tier_admission)v; break;
   case KVP_TIER_OPT_ADMIT_WRITE_WEIGHT_MILLI:
@@ -808,7 +808,7 @@ int kvp_tier_get_opt(kvp_tier_store *t, kvp_tier_opt opt, int64_t *v) {
   case KVP_TIER_OPT_NVME_BYTES: *v = (int64_t)t->nvme_cap; break;
   case KVP_TIER_OPT_POLICY: *v = t->o.policy; break;
   case KVP_TIER_OPT_VOLATILE_NVME_MIN_HITS: *v = t->o.volatile_nvme_min_hits; break;
-  case KVP_TIER_OPT_PROMOTE: *v = t->o.promote != 2; break;
+  case KVP_TIER_OPT_PROMOTE: *v = !t->o.no_promote; break;
   case KVP_TIER_OPT_QUEUE_DEPTH: *v = t->qd; break;
   case KVP_TIER_OPT_ADMISSION: *v = t->o.admission; break;
   case KVP_TIER_OPT_ADMIT_WRITE_WEIGHT_MILLI:
@@ -935,7 +935,7 @@ static int run_prefetch(kvp_tier_store *t, tier_job *j) {
     pthread_mutex_lock(&t->mu);
     uint32_t id = kvp__tier_entry_find(t, j->ns.seed, j->keys[i]);
     bool want = id != TIER_NIL && t->ents[id].dram == NULL &&
-                t->ents[id].nclass >= 0 && t->o.promote != 2;
+                t->ents[id].nclass >= 0 && !t->o.no_promote;
     if (want) { /* read through get_many, which promotes */
       size_t len = t->ents[id].len, l;
       void *buf = kvp__malloc(&t->a, len);

@@ -82,6 +82,41 @@ grep -q "bad3.yaml:1: unknown section 'clutser'" "$tmp/e3" ||
   fail "no file:line for an unknown section"
 grep -q "unknown policy 'bogus'" "$tmp/e2" || fail "bad policy accepted"
 
+# each bad input names its field or path (exit status 2, nothing else said)
+refuse() { # refuse NAME EXPECTED-TEXT ARGS...: fails with EXPECTED-TEXT in stderr
+  local name=$1 want=$2; shift 2
+  if "$bench" "$@" > "$tmp/o" 2> "$tmp/e"; then fail "$name accepted"; fi
+  grep -qF -- "$want" "$tmp/e" || fail "$name: want '$want', got: $(cat "$tmp/e")"
+}
+refuse "--config DIR" "$tmp: is a directory, not a YAML file" run --config "$tmp" "$moon"
+refuse "--policies ," "--policies: no policy named in ','" run --policies , "$moon"
+printf 'routing:\n  policies: []\n' > "$tmp/b4.yaml"
+refuse "policies: []" "b4.yaml:2: routing.policies: expected a list of 1 to 64" \
+  run --config "$tmp/b4.yaml" "$moon"
+printf 'tiers:\n  nvme_dir: [a, b]\n' > "$tmp/b5.yaml"
+refuse "nvme_dir list" "b5.yaml:2: tiers.nvme_dir: expected one value, got a list" \
+  run --config "$tmp/b5.yaml" "$moon"
+printf 'tiers:\n  queue_depth: 0\ncluster:\n  workers: 2\n' > "$tmp/b6.yaml"
+refuse "failed tiers bind" "b6.yaml:2: tiers.queue_depth" run --config "$tmp/b6.yaml" "$moon"
+grep -q "unknown section" "$tmp/e" && fail "a failed bind also reported as an unknown section"
+printf 'model:\n  block_size: 16\n' > "$tmp/b7.yaml"
+refuse "block size" "blocks of 512 tokens, but the config's model.block_size is 16" \
+  run --config "$tmp/b7.yaml" --policies kvplane_cost "$moon"
+refuse "gen --sessions 0" "gen --sessions: a count in 1..1048576, got '0'" \
+  gen --sessions 0 "$tmp/g0.jsonl"
+refuse "gen --subagents 0" "gen --subagents: a probability in (0, 1]" \
+  gen --subagents 0 "$tmp/g0.jsonl"
+# sizes take units (1T, 1e12); the block size that matches binds
+printf 'tiers:\n  dram_bytes: 1T\n  nvme_bytes: 1e12\n  max_block_bytes: 2MiB\nmodel:\n  block_size: 512\n' \
+  > "$tmp/u1.yaml"
+"$bench" run --quiet --no-progress --limit 200 --policies kvplane_cost \
+  --config "$tmp/u1.yaml" --out "$tmp/u1" "$moon" > /dev/null || fail "u1.yaml refused"
+# --help tells gen's options and why the NVMe admission default is all
+"$bench" --help > "$tmp/help"
+for w in "--turns N" "--subagents P" "Default all: the simulator's behaviour before"; do
+  grep -qF -- "$w" "$tmp/help" || fail "--help lacks '$w'"
+done
+
 # placement policies (kvtier's): config, tiers: section and CLI agree; bad
 # names and tiers: keys fail with file:line
 printf 'tiers:\n  policy: s3fifo\n  queue_depth: 64\n' > "$tmp/t1.yaml"

@@ -406,7 +406,44 @@ TEST(deterministic) {
   bh_trace_free(&t);
 }
 
-TEST_MAIN(TEST_ENTRY(tiny_exact), TEST_ENTRY(tiny_tiers),
+/* The harness and a router built straight from the config agree: every
+ * model:, gpu: and routing: key reaches the router the simulator creates
+ * (bh_sim_router_opts) unchanged, and the simulated decode's HBM bandwidth
+ * is the config's. */
+TEST(config_router_agrees) {
+  static const char y[] =
+      "model:\n  layers: 40\n  heads: 40\n  kv_heads: 8\n  head_dim: 128\n"
+      "  dtype_bytes: 2\n  params_billion: 13\n"
+      "gpu:\n  tflops: 400\n  efficiency: 0.4\n  hbm_bandwidth_gbps: 2000\n"
+      "  dram_bandwidth_gbps: 25\n  nvme_bandwidth_gbps: 3\n"
+      "  dram_latency_us: 15\n  nvme_latency_us: 150\n"
+      "routing:\n  guard: 1.5\n  guard_min_load: 2\n  affinity_eps_rel: 0.1\n"
+      "  tie_rel: 0.02\n  dynamo_temperature: 0.5\n  llmd_w_prefix: 2\n"
+      "  llmd_w_kv: 1\n  llmd_w_queue: 3\n";
+  char err[256];
+  kvp_config *c;
+  ASSERT_OK(kvp_config_load_mem(y, strlen(y), "a.yaml", NULL, &c, err,
+                                sizeof err));
+  kvp_router_opts direct = {0}, tuning = {0}, used;
+  ASSERT_EQ(kvp_router_opts_from_config(c, &direct, NULL, 0, err, sizeof err),
+            21);
+  ASSERT_EQ(kvp_router_opts_from_config(c, &tuning, NULL, 0, err, sizeof err),
+            21);
+  kvp_config_destroy(c);
+  bh_sim_opts so = {.policy = KVP_POLICY_DYNAMO, .router = tuning, .seed = 5};
+  bh_cluster_defaults(&so.cl);
+  bh_cluster_from_router(&so.cl, &tuning);
+  bh_sim_router_opts(&so, 32, &used);
+  direct.policy = KVP_POLICY_DYNAMO;
+  direct.n_workers = so.cl.workers;
+  direct.block_size = 32;
+  direct.seed = 5;
+  ASSERT_EQ(memcmp(&used, &direct, sizeof used), 0);
+  ASSERT_DOUBLE_NEAR(so.cl.hbm_bw, 2000e9, 0);
+  ASSERT_DOUBLE_NEAR(so.cl.gpu.latency_s[KVP_TIER_NVME], 150e-6, 0);
+}
+
+TEST_MAIN(TEST_ENTRY(config_router_agrees), TEST_ENTRY(tiny_exact), TEST_ENTRY(tiny_tiers),
           TEST_ENTRY(routing_follows_events), TEST_ENTRY(prompt_drift),
           TEST_ENTRY(promote_from_last_tier), TEST_ENTRY(dram_policy_exact),
           TEST_ENTRY(deterministic),

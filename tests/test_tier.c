@@ -4,7 +4,10 @@
  * namespace isolation, checksum and AES-GCM tamper detection, recovery,
  * fault injection, async tickets, policies, options, events. */
 #include <errno.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
 #include <time.h>
 
 #include "kvtier_internal.h"
@@ -828,21 +831,63 @@ ON_BACKENDS(nvme_idle)
 ON_BACKENDS(nvme_admission)
 ON_BACKENDS(nvme_stage_ahead)
 
-TEST(tmpfs_refused) {
+static char last_log[512];
+static void keep_log(void *opaque, kvp_log_level level, const char *module,
+                     const char *msg) {
+  (void)opaque;
+  (void)level;
+  snprintf(last_log, sizeof last_log, "%s: %s", module, msg);
+}
+
+/* tmpfs: accepted with a warning that names the directory where the kernel
+ * takes O_DIRECT there (Linux >= 6.6), else KVP_ENOTSUP, logged with it. */
+TEST(tmpfs_warned_or_refused) {
   kvp_tier_store *t;
   kvp_tier_opts o = {.dram_bytes = 4 * MB, .nvme_dir = "/dev/shm"};
-  kvp_log_set_level(KVP_LOG_OFF);
+  struct statfs fs;
+  if (statfs("/dev/shm", &fs) != 0 || fs.f_type != TMPFS_MAGIC)
+    KVT_SKIP_BECAUSE("/dev/shm is not tmpfs here");
+  last_log[0] = '\0';
+  kvp_log_set_sink(keep_log, NULL);
+  kvp_log_set_level(KVP_LOG_WARN);
   int rc = kvp_tier_create(&o, NULL, &t);
+  kvp_log_set_sink(NULL, NULL);
   kvp_log_set_level(KVP_LOG_ERROR);
-  if (rc == 0) { /* not tmpfs here */
+  ASSERT_NOT_NULL(strstr(last_log, "nvme_dir /dev/shm"));
+  if (rc == 0) {
+    ASSERT_NOT_NULL(strstr(last_log, "is on tmpfs: accepted"));
     kvp_tier_destroy(t);
-    return;
+  } else {
+    ASSERT_ERR(rc, KVP_ENOTSUP);
   }
-  ASSERT_ERR(rc, KVP_ENOTSUP);
   o.nvme_dir = "/nonexistent/kvtier";
   kvp_log_set_level(KVP_LOG_OFF);
   ASSERT_ERR(kvp_tier_create(&o, NULL, &t), -ENOENT);
   kvp_log_set_level(KVP_LOG_ERROR);
+}
+
+/* A slab file that cannot be opened (here: a directory with a slab file's
+ * name) fails the store with -errno and a message naming its path. */
+TEST(slab_path_named) {
+  char dir[256], slab[512];
+  tt_mkdir(dir, sizeof dir);
+  if (dir[0] == '\0')
+    KVT_SKIP_BECAUSE("no directory here takes O_DIRECT");
+  snprintf(slab, sizeof slab, "%s/kvtier-65536.slab", dir);
+  ASSERT_OK(mkdir(slab, 0700));
+  kvp_tier_opts o = {.dram_bytes = 4 * MB, .nvme_dir = dir};
+  kvp_tier_store *t = NULL;
+  last_log[0] = '\0';
+  kvp_log_set_sink(keep_log, NULL);
+  int rc = kvp_tier_create(&o, NULL, &t);
+  kvp_log_set_sink(NULL, NULL);
+  rmdir(slab);
+  tt_rmdir(dir);
+  ASSERT_ERR(rc, -EISDIR);
+  ASSERT_NULL(t);
+  if (strstr(last_log, slab) == NULL)
+    fprintf(stderr, "log: %s\n", last_log);
+  ASSERT_NOT_NULL(strstr(last_log, slab));
 }
 
 /* ---- policies -----------------------------------------------------------------*/
@@ -1309,7 +1354,7 @@ TEST_MAIN(TEST_ENTRY(dram_basic), TEST_ENTRY(dram_register_hook),
           TEST_ENTRY(nvme_capacity_all), TEST_ENTRY(nvme_async_all),
           TEST_ENTRY(nvme_idle_all), TEST_ENTRY(nvme_admission_all),
           TEST_ENTRY(nvme_stage_ahead_all),
-          TEST_ENTRY(tmpfs_refused),
+          TEST_ENTRY(tmpfs_warned_or_refused), TEST_ENTRY(slab_path_named),
           TEST_ENTRY(policy_lru), TEST_ENTRY(policy_scan_resistance),
           TEST_ENTRY(options), TEST_ENTRY(events_feed_index),
           TEST_ENTRY(epoch_restart_all), TEST_ENTRY(epoch_and_keys_each))

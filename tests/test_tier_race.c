@@ -123,7 +123,7 @@ static void run(kvp_tier_io_backend be, bool enc, bool locked) {
   kvp_tier_opts o = {.dram_bytes = 4u << 20, .nvme_dir = dir,
                      .nvme_bytes = 64u << 20, .io_backend = be,
                      .queue_depth = 8, .max_block_bytes = 1u << 20,
-                     .promote = 2};
+                     .no_promote = 1};
   ASSERT_OK(kvp_tier_create(&o, NULL, &store));
   ASSERT_OK(kvp_tier_set(store, KVP_TIER_OPT_DRAM_BYTES, 192 * 1024));
   ASSERT_OK(kvp_tier_set(store, KVP_TIER_OPT_READ_UNLOCKED, !locked));

@@ -47,6 +47,7 @@
 #define KVPLANE_ROUTE_H
 
 #include "kvplane/common.h"
+#include "kvplane/config.h"
 #include "kvplane/index.h"
 #include "kvplane/prefix.h"
 
@@ -234,6 +235,31 @@ typedef struct kvp_router_opts {
   uint32_t record_routed;
   uint32_t reserved[14];
 } kvp_router_opts;
+
+/* ---- the YAML config's `model:`, `gpu:` and `routing:` sections -----------
+ * (include/kvplane/config.h; the router binds them as kvtier binds `tiers:`,
+ * so kvplane-bench and a router daemon read one file alike.)  Keys:
+ *   model:   layers, heads, kv_heads, head_dim, dtype_bytes, params_billion
+ *            (all six or none) -> o->model; block_size (tokens per block,
+ *            1..65536; must match the hasher's) -> o->block_size
+ *   gpu:     tflops (1e12 FLOP/s), efficiency (0.01..1) -> flops, efficiency;
+ *            hbm_ / dram_ / nvme_bandwidth_gbps (GB/s, 1e9 bytes/s) -> bw[];
+ *            dram_ / nvme_latency_us (a bare number is microseconds; 10us,
+ *            0.1ms, ... take their unit) -> latency_s[]
+ *   routing: guard, guard_min_load, affinity_eps_rel, tie_rel,
+ *            dynamo_temperature, llmd_w_prefix, llmd_w_kv, llmd_w_queue ->
+ *            the fields of the same names; policies: a non-empty list of
+ *            policy names, copied joined with ',' into policies[policies_cap]
+ *            for a caller that compares several (kvplane-bench checks the
+ *            names: its bounds random and infinite are no kvp_policy); a
+ *            NULL policies with the key present is an error.
+ * All or nothing: *o and policies change only on success; a field without a
+ * key keeps its value.  Returns the number of keys set (0: none of the three
+ * sections), or KVP_EINVAL with "file:line: section.key: ..." in err.  Marks
+ * the three sections bound (kvp_config_check_unbound). */
+KVP_API int kvp_router_opts_from_config(kvp_config *c, kvp_router_opts *o,
+                                        char *policies, size_t policies_cap,
+                                        char *err, size_t cap);
 
 /* Returns 0, KVP_EINVAL (bad options) or KVP_ENOMEM.  *out is NULL on
  * failure.  Memory: O(n_workers + max_inflight + max_sessions). */

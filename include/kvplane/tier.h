@@ -270,9 +270,10 @@ typedef struct kvp_tier_opts {
   /* Admission to NVMe: volatile blocks go to NVMe only after this many hits
    * (0 = 1: write-through-selective); semi/stable always. */
   uint32_t volatile_nvme_min_hits;
-  /* 1: a DRAM hit on an NVMe-only block is promoted back to DRAM (default
-   * 0 = on; set 2 to disable). */
-  uint32_t promote;
+  /* 0 (default): a hit on an NVMe-only block is promoted (copied back into
+   * DRAM); 1: it is served from NVMe and stays there only (YAML `promote:
+   * false`; KVP_TIER_OPT_PROMOTE 0).  Other values: KVP_EINVAL. */
+  uint32_t no_promote;
 
   kvp_tier_event_fn on_event; /* NULL = none */
   void *event_opaque;
@@ -314,8 +315,11 @@ typedef struct kvp_tier_ns_opts {
 /* Creates the store: maps the DRAM region, probes the I/O backend, recovers
  * the slab files of nvme_dir (index rebuilt from the slot headers).  Returns
  * 0, KVP_EINVAL (bad option), KVP_ENOTSUP (io_uring asked for but refused;
- * O_DIRECT refused by nvme_dir's file system, e.g. tmpfs -- logged with the
- * path), KVP_ENOMEM, -errno.  *out is set only on success. */
+ * O_DIRECT refused by nvme_dir's file system, e.g. tmpfs before Linux 6.6 --
+ * logged with the path), KVP_ENOMEM, -errno (a slab file that cannot be
+ * opened, e.g. a directory named like one: logged with its path).  *out is
+ * set only on success.  A tmpfs nvme_dir that takes O_DIRECT (Linux >= 6.6)
+ * is accepted with a warning: the "NVMe" tier then lives in RAM / swap. */
 KVP_API int kvp_tier_create(const kvp_tier_opts *opts,
                             const kvp_allocator *alloc, kvp_tier_store **out);
 /* Runs the queued asynchronous calls to completion, unmaps, closes.  Free
@@ -478,9 +482,11 @@ KVP_API int kvp_tier_opt_bounds(kvp_tier_store *t, kvp_tier_opt opt,
 
 /* ---- the YAML config's `tiers:` section (include/kvplane/config.h) ---------
  * Binds section `tiers` to *o, key by key (README, "The KV block store":
- * dram_bytes, dram_fraction, huge_pages auto|thp|none, nvme_dir, nvme_bytes,
- * nvme_fraction, queue_depth, max_block_bytes, io_backend auto|uring|posix,
- * slow_io_us, policy s3fifo|lru, volatile_nvme_min_hits, promote,
+ * dram_bytes, dram_fraction, huge_pages auto|thp|none, nvme_dir (one path;
+ * a list is refused), nvme_bytes, nvme_fraction, queue_depth,
+ * max_block_bytes (the three byte sizes take units: 64G, 512MiB, 1T; see
+ * kvp_config_parse_size), io_backend auto|uring|posix, slow_io_us, policy
+ * s3fifo|lru, volatile_nvme_min_hits, promote true|false (-> no_promote),
  * admission gate|hits|all, admit_write_weight, admit_min_samples,
  * prefill_kv_bytes_per_s, nvme_read_bytes_per_s, nvme_write_bytes_per_s), each
  * checked against kvp_tier_opt_bounds(NULL, ...) or kvp_tier_create's
