@@ -110,7 +110,7 @@ TEST(create_destroy) {
   kvp_ledger_stats st;
   ASSERT_ERR(kvp_ledger_create(NULL, NULL, NULL), KVP_EINVAL);
   ASSERT_OK(kvp_ledger_create(NULL, NULL, &l));
-  ASSERT_OK(kvp_ledger_get_stats(l, &st));
+  ASSERT_OK(kvp_ledger_stats_get(l, &st));
   ASSERT_EQ(st.max_sessions, 65536u);
   ASSERT_EQ(st.max_tenants, 4096u);
   ASSERT_EQ(st.sessions, 0u);
@@ -127,7 +127,7 @@ TEST(create_destroy) {
   ASSERT_ERR(kvp_ledger_create(&o, NULL, &l), KVP_ERANGE);
   o = (kvp_ledger_opts){.max_sessions = 7, .max_tenants = 65536};
   ASSERT_OK(kvp_ledger_create(&o, NULL, &l));
-  ASSERT_OK(kvp_ledger_get_stats(l, &st));
+  ASSERT_OK(kvp_ledger_stats_get(l, &st));
   ASSERT_EQ(st.max_sessions, 7u);
   ASSERT_EQ(st.max_tenants, 65536u);
   kvp_ledger_totals t;
@@ -179,7 +179,7 @@ TEST(arithmetic_matches_model) {
     }
   }
   kvp_ledger_stats st;
-  ASSERT_OK(kvp_ledger_get_stats(l, &st));
+  ASSERT_OK(kvp_ledger_stats_get(l, &st));
   ASSERT_EQ(st.tenants, 4u);
   ASSERT_EQ(st.sessions, 15u); /* 5 tenant values (none included) x 3 */
   ASSERT_EQ(st.rejected_total, 0u);
@@ -272,7 +272,7 @@ TEST(rejects_broken_records) {
   /* counted per reason; nothing of them reached any total */
   kvp_ledger_stats st;
   kvp_ledger_totals g, t;
-  ASSERT_OK(kvp_ledger_get_stats(l, &st));
+  ASSERT_OK(kvp_ledger_stats_get(l, &st));
   for (int i = 0; i < KVP_LEDGER_REJECT_COUNT_; i++)
     ASSERT_EQ(st.rejected[i], want[i]);
   ASSERT_EQ(st.rejected_total, sizeof cases / sizeof cases[0]);
@@ -319,7 +319,7 @@ TEST(lru_caps_fold_into_global) {
   ASSERT_EQ(requests_of(l, "T1", "c"), 1u);
   ASSERT_EQ(requests_of(l, "T1", "d"), 1u);
   ASSERT_EQ(requests_of(l, "T2", "a"), 0u); /* (tenant, session) pairs */
-  ASSERT_OK(kvp_ledger_get_stats(l, &st));
+  ASSERT_OK(kvp_ledger_stats_get(l, &st));
   ASSERT_EQ(st.sessions, 3u);
   ASSERT_EQ(st.session_evictions, 1u);
   /* a query of c does not save it: c is now the LRU */
@@ -337,7 +337,7 @@ TEST(lru_caps_fold_into_global) {
   ASSERT_EQ(requests_of(l, "T2", NULL), 0u);
   ASSERT_EQ(requests_of(l, "T1", NULL), 7u);
   ASSERT_EQ(requests_of(l, "T3", NULL), 1u);
-  ASSERT_OK(kvp_ledger_get_stats(l, &st));
+  ASSERT_OK(kvp_ledger_stats_get(l, &st));
   ASSERT_EQ(st.tenants, 2u);
   ASSERT_EQ(st.tenant_evictions, 1u);
   ASSERT_EQ(st.session_evictions, 2u);
@@ -366,11 +366,11 @@ TEST(lru_many_sessions) {
     kvp_ledger_record r = good("t", name, 1, 1, 1);
     ASSERT_OK(kvp_ledger_add(l, &r));
     if (i % 997 == 0) {
-      ASSERT_OK(kvp_ledger_get_stats(l, &st));
+      ASSERT_OK(kvp_ledger_stats_get(l, &st));
       ASSERT_LE(st.sessions, 1000u);
     }
   }
-  ASSERT_OK(kvp_ledger_get_stats(l, &st));
+  ASSERT_OK(kvp_ledger_stats_get(l, &st));
   ASSERT_EQ(st.sessions, 1000u);
   ASSERT_EQ(st.session_evictions, 4000u);
   for (int i = 0; i < 5000; i++) {
@@ -646,7 +646,7 @@ TEST(json_dump_all_scopes) {
   kvp_ledger_record r = good(NULL, "lonely", 1, 0, 0);
   ASSERT_OK(kvp_ledger_add(l, &r));
   kvp_ledger_stats st;
-  ASSERT_OK(kvp_ledger_get_stats(l, &st));
+  ASSERT_OK(kvp_ledger_stats_get(l, &st));
   sink s = {0};
   ASSERT_OK(kvp_ledger_json_write(l, KVP_LEDGER_JSON_GLOBAL | KVP_LEDGER_JSON_TENANTS |
                                          KVP_LEDGER_JSON_SESSIONS,
@@ -738,7 +738,7 @@ TEST(allocation_failure_changes_nothing) {
   ASSERT_ERR(kvp_ledger_add(l, &r), KVP_ENOMEM);
   ASSERT_EQ(b.live, base); /* the tenant entry was given back */
   ASSERT_ERR(kvp_ledger_tenant_totals(l, "new-tenant", &t), KVP_ENOENT);
-  ASSERT_OK(kvp_ledger_get_stats(l, &st));
+  ASSERT_OK(kvp_ledger_stats_get(l, &st));
   ASSERT_EQ(st.alloc_failures, 2u);
   ASSERT_EQ(st.tenants, 0u);
   ASSERT_EQ(st.sessions, 0u);
@@ -853,7 +853,7 @@ TEST(concurrent_add_and_export) {
   ASSERT_OK(kvp_ledger_session_totals(g_ledger, "c1", "w2-11", &t));
   ASSERT_EQ(t.requests, (uint64_t)N_PER_THREAD / 50);
   kvp_ledger_stats st;
-  ASSERT_OK(kvp_ledger_get_stats(g_ledger, &st));
+  ASSERT_OK(kvp_ledger_stats_get(g_ledger, &st));
   ASSERT_EQ(st.sessions, (uint64_t)N_THREADS * 50);
   kvp_ledger_destroy(g_ledger);
 }

@@ -32,6 +32,7 @@ static kvp_key *keys_new(size_t n, uint64_t c) {
 
 static kvp_router *router_new(kvp_policy p, uint32_t n, uint32_t replica) {
   kvp_router_opts o = {0};
+  o.block_size = 16; /* required: the hasher's */
   o.policy = p;
   o.n_workers = n;
   o.replica_id = replica;
@@ -80,7 +81,7 @@ static const kvp_route_candidate *cand_for(const kvp_decision *d, uint32_t w) {
 
 static json_t *receipt(const kvp_decision *d) {
   char buf[8192];
-  int n = kvp_router_receipt_json(d, buf, sizeof buf);
+  int n = kvp_router_receipt_json(d, NULL, buf, sizeof buf);
   ASSERT_GT(n, 0);
   ASSERT_LT(n, (int)sizeof buf);
   json_error_t err;
@@ -89,6 +90,11 @@ static json_t *receipt(const kvp_decision *d) {
     fprintf(stderr, "bad JSON (%s): %s\n", err.text, buf);
   ASSERT_NOT_NULL(j);
   return j;
+}
+
+/* A member of the receipt's "route" object. */
+static json_t *route_get(json_t *j, const char *key) {
+  return json_object_get(json_object_get(j, "route"), key);
 }
 
 /* Default model/GPU (Llama-3.1-8B on an H100 at 50%): FLOPs for tokens
@@ -217,11 +223,14 @@ TEST(agentic_worked_example) {
   ASSERT_NOT_NULL(
       strstr(d.reason_text, "holds 60,000 of 61,000 tokens (HBM 60,000)"));
   json_t *j = receipt(&d);
-  json_t *av = json_object_get(j, "avoided");
+  json_t *av = json_object_get(j, "prefill_avoided");
   ASSERT_EQ(json_integer_value(json_object_get(av, "tokens")), 60000);
   ASSERT_DOUBLE_NEAR(json_real_value(json_object_get(av, "flops")),
-                     d.avoided_flops, 1e7); /* printed to 9 digits */
-  ASSERT_STR_EQ(json_string_value(json_object_get(j, "reason")), "cost");
+                     d.avoided_flops, 0.0); /* shortest round-trip form */
+  ASSERT_EQ(json_integer_value(json_object_get(
+                json_object_get(j, "reused_by_tier"), "hbm")),
+            60000);
+  ASSERT_STR_EQ(json_string_value(route_get(j, "reason")), "cost");
   json_decref(j);
   ASSERT_EQ(kvp_index_stored(ix, a, 2, KVP_TIER_HBM, &c.keys[3749],
                              c.keys + 3750, 62),
@@ -247,7 +256,7 @@ TEST(agentic_worked_example) {
   ASSERT_EQ(d.avoided_tokens, 0u);
   ASSERT_EQ(d.matched_elsewhere_tokens, 61000u - 8u);
   j = receipt(&d);
-  ASSERT_STR_EQ(json_string_value(json_object_get(j, "reason")), "guard");
+  ASSERT_STR_EQ(json_string_value(route_get(j, "reason")), "guard");
   json_decref(j);
   kvp_hasher_destroy(c.h);
   free(c.tok);
@@ -260,6 +269,7 @@ TEST(agentic_worked_example) {
  * mode), so the next turn finds it, as a predicted (uncertain) match. */
 TEST(approximate_index_records_routes) {
   kvp_router_opts o = {0};
+  o.block_size = 16; /* required: the hasher's */
   o.n_workers = 4;
   o.record_routed = 1;
   kvp_router *r = NULL;
@@ -614,6 +624,7 @@ TEST(llmd_weighted_scores) {
 
 static kvp_router *dynamo_router(double temperature, uint64_t seed) {
   kvp_router_opts o = {0};
+  o.block_size = 16; /* required: the hasher's */
   o.policy = KVP_POLICY_DYNAMO;
   o.n_workers = 3;
   o.dynamo_temperature = temperature;
@@ -716,6 +727,7 @@ TEST(bandwidth_reports_race_routing) {
 /* ---- in flight, predicted matches, offline workers ----------------------- */
 TEST(inflight_bookkeeping) {
   kvp_router_opts o = {0};
+  o.block_size = 16; /* required: the hasher's */
   o.n_workers = 2;
   o.max_inflight = 2;
   kvp_router *r = NULL;
@@ -759,6 +771,7 @@ TEST(inflight_bookkeeping) {
  * what is still outstanding (backward-shift deletion keeps lookups right). */
 TEST(inflight_random_churn) {
   kvp_router_opts o = {0};
+  o.block_size = 16; /* required: the hasher's */
   o.n_workers = 5;
   o.max_inflight = 64;
   o.policy = KVP_POLICY_ROUND_ROBIN;
@@ -855,40 +868,39 @@ TEST(receipt_json_snprintf_and_escaping) {
   ASSERT_OK(kvp_router_route_matches(r, &q, &m, 1, &d));
   json_t *j = receipt(&d);
   ASSERT_EQ(json_integer_value(json_object_get(j, "worker")), 1);
-  ASSERT_STR_EQ(json_string_value(json_object_get(j, "policy")),
-                "kvplane_cost");
-  ASSERT_STR_EQ(json_string_value(json_object_get(j, "reason_text")),
+  ASSERT_STR_EQ(json_string_value(route_get(j, "policy")), "kvplane_cost");
+  ASSERT_STR_EQ(json_string_value(route_get(j, "reason_text")),
                 d.reason_text);
   ASSERT_STR_EQ(json_string_value(json_object_get(j, "tenant")), "17");
   char id[32];
   snprintf(id, sizeof id, "%" PRIu64, d.request_id); /* > 2^63: a string */
   ASSERT_STR_EQ(json_string_value(json_object_get(j, "request_id")), id);
-  ASSERT_EQ(json_array_size(json_object_get(j, "top")), 3u);
-  ASSERT_EQ(json_integer_value(
-                json_object_get(json_object_get(j, "matched_tokens"), "hbm")),
-            192);
+  ASSERT_EQ(json_array_size(route_get(j, "top")), 3u);
+  ASSERT_EQ(
+      json_integer_value(json_object_get(route_get(j, "matched_tokens"), "hbm")),
+      192);
   json_decref(j);
 
   char full[8192], small[40];
-  int n = kvp_router_receipt_json(&d, full, sizeof full);
-  ASSERT_EQ(kvp_router_receipt_json(&d, NULL, 0), n);
-  ASSERT_EQ(kvp_router_receipt_json(&d, small, sizeof small), n);
+  int n = kvp_router_receipt_json(&d, NULL, full, sizeof full);
+  ASSERT_EQ(kvp_router_receipt_json(&d, NULL, NULL, 0), n);
+  ASSERT_EQ(kvp_router_receipt_json(&d, NULL, small, sizeof small), n);
   ASSERT_EQ(strlen(small), sizeof small - 1);
   ASSERT_MEM_EQ(small, full, sizeof small - 1);
-  ASSERT_ERR(kvp_router_receipt_json(NULL, full, sizeof full), KVP_EINVAL);
-  ASSERT_ERR(kvp_router_receipt_json(&d, NULL, 10), KVP_EINVAL);
+  ASSERT_ERR(kvp_router_receipt_json(NULL, NULL, full, sizeof full), KVP_EINVAL);
+  ASSERT_ERR(kvp_router_receipt_json(&d, NULL, NULL, 10), KVP_EINVAL);
 
   /* hostile text and non-finite numbers still give valid JSON */
   snprintf(d.reason_text, sizeof d.reason_text, "a\"b\\c\n\x01\x7f");
   d.top[0].total_s = NAN;
   d.avoided_s = INFINITY;
   j = receipt(&d);
-  ASSERT_STR_EQ(json_string_value(json_object_get(j, "reason_text")),
+  ASSERT_STR_EQ(json_string_value(route_get(j, "reason_text")),
                 "a\"b\\c\n\x01\x7f");
+  ASSERT_TRUE(json_is_null(
+      json_object_get(json_array_get(route_get(j, "top"), 0), "total_s")));
   ASSERT_TRUE(json_is_null(json_object_get(
-      json_array_get(json_object_get(j, "top"), 0), "total_s")));
-  ASSERT_TRUE(
-      json_is_null(json_object_get(json_object_get(j, "avoided"), "seconds")));
+      json_object_get(j, "prefill_avoided"), "gpu_seconds")));
   json_decref(j);
   free(keys);
   kvp_router_destroy(r);
@@ -911,7 +923,7 @@ TEST(every_policy_has_a_receipt) {
               d.reason_text);
     ASSERT_NOT_NULL(strstr(d.reason_text, want));
     json_t *j = receipt(&d);
-    ASSERT_STR_EQ(json_string_value(json_object_get(j, "policy")),
+    ASSERT_STR_EQ(json_string_value(route_get(j, "policy")),
                   kvp_policy_name((kvp_policy)pol));
     json_decref(j);
     free(keys);
@@ -923,6 +935,7 @@ TEST(every_policy_has_a_receipt) {
 TEST(bad_options) {
   kvp_router *r = (kvp_router *)&r; /* must be reset to NULL on failure */
   kvp_router_opts o = {0};
+  o.block_size = 16; /* required: the hasher's */
   ASSERT_ERR(kvp_router_create(&o, NULL, &r), KVP_EINVAL); /* 0 workers */
   ASSERT_NULL(r);
   ASSERT_ERR(kvp_router_create(NULL, NULL, &r), KVP_EINVAL);
@@ -1071,6 +1084,7 @@ TEST(allocator_is_used_and_balanced) {
   counting_alloc c = {0, 0};
   kvp_allocator a = {ca_alloc, ca_free, &c};
   kvp_router_opts o = {0};
+  o.block_size = 16; /* required: the hasher's */
   o.n_workers = 64;
   kvp_router *r = NULL;
   ASSERT_OK(kvp_router_create(&o, &a, &r));
