@@ -858,6 +858,59 @@ TEST(concurrent_add_and_export) {
   kvp_ledger_destroy(g_ledger);
 }
 
+/* kvp_ledger_explain names the broken rule with its fields and values. */
+static const char *explain(const kvp_ledger_record *r, int want_rc) {
+  static char buf[512];
+  ASSERT_EQ(kvp_ledger_explain(r, buf, sizeof buf), want_rc);
+  return buf;
+}
+
+TEST(explain_names_field_and_sum) {
+  kvp_ledger_record r = good("t", "s", 30, 10, 20);
+  ASSERT_STR_EQ(explain(&r, 0), "ok");
+  r.miss_tokens[KVP_MISS_EVICTED] = 5;
+  ASSERT_STR_EQ(explain(&r, KVP_EINVAL),
+                "miss: miss_tokens sums to 25 (never_seen 20 + evicted 5 + "
+                "on_other_worker 0 + partial_block 0 + namespace 0 + "
+                "prompt_drift 0 + not_worth_loading 0 + unknown 0), not "
+                "recomputed_tokens 20");
+  r = good("t", "s", 30, 10, 20);
+  r.reused_by_tier[KVP_TIER_NVME] = 1;
+  ASSERT_STR_EQ(explain(&r, KVP_EINVAL),
+                "tier: reused_by_tier sums to 41 (hbm 30 + dram 10 + nvme 1 + "
+                "remote 0), not reused_tokens 40");
+  r = good("t", "s", 30, 10, 20);
+  r.reused_by_class[KVP_CLASS_SEMI] = 3;
+  ASSERT_STR_EQ(explain(&r, KVP_EINVAL),
+                "class: reused_by_class[semi] 3 > prompt_by_class[semi] 0");
+  r = good("t", "s", 30, 10, 20);
+  r.prompt_tokens = 61;
+  ASSERT_STR_EQ(explain(&r, KVP_EINVAL),
+                "tokens: reused_tokens 40 + recomputed_tokens 20 != "
+                "prompt_tokens 61");
+  r = good("t", "s", 30, 10, 20);
+  r.worker = 5000;
+  ASSERT_STR_EQ(explain(&r, KVP_EINVAL), "field: worker = 5000: not in -1 .. 4095");
+  r = good("t", "s", 30, 10, 20);
+  r.load_bytes[KVP_TIER_NVME] = 7;
+  ASSERT_STR_EQ(explain(&r, KVP_EINVAL),
+                "bytes: load_bytes[nvme] = 7 with reused_by_tier[nvme] = 0");
+  r = good("t", "s", 30, 10, 20);
+  r.avoided_gpu_seconds = NAN;
+  ASSERT_NOT_NULL(strstr(explain(&r, KVP_EINVAL),
+                         "estimate: avoided_gpu_seconds = NaN: must be finite"));
+  r = good("t", "\xff", 30, 10, 20);
+  ASSERT_STR_EQ(explain(&r, KVP_EINVAL),
+                "name: session: not UTF-8 or longer than 256 bytes");
+  ASSERT_STR_EQ(explain(NULL, KVP_EINVAL), "record is NULL");
+  char small[8];
+  r = good("t", "s", 30, 10, 20);
+  r.prompt_tokens = 61;
+  ASSERT_EQ(kvp_ledger_explain(&r, small, sizeof small), KVP_EINVAL);
+  ASSERT_STR_EQ(small, "tokens:"); /* snprintf-like truncation */
+  ASSERT_EQ(kvp_ledger_explain(&r, NULL, 0), KVP_EINVAL);
+}
+
 TEST_MAIN(TEST_ENTRY(create_destroy), TEST_ENTRY(arithmetic_matches_model),
           TEST_ENTRY(rejects_broken_records), TEST_ENTRY(lru_caps_fold_into_global),
           TEST_ENTRY(lru_many_sessions), TEST_ENTRY(hit_rate_per_class),
@@ -866,4 +919,5 @@ TEST_MAIN(TEST_ENTRY(create_destroy), TEST_ENTRY(arithmetic_matches_model),
           TEST_ENTRY(prometheus_buffer_and_writer), TEST_ENTRY(json_dump_all_scopes),
           TEST_ENTRY(allocation_failure_changes_nothing),
           TEST_ENTRY(numbers_ignore_locale),
-          TEST_ENTRY(concurrent_add_and_export))
+          TEST_ENTRY(concurrent_add_and_export),
+          TEST_ENTRY(explain_names_field_and_sum))
