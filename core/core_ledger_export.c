@@ -50,7 +50,8 @@ typedef struct field {
   uint16_t off; /* into kvp_ledger_totals */
 } field;
 
-#define FIELD_(n, h, d, dbl, m) {n, h, d, dbl, offsetof(kvp_ledger_totals, m)}
+#define FIELD_(n, h, d, dbl, m)                                                \
+  { n, h, d, dbl, offsetof(kvp_ledger_totals, m) }
 static const field fields[] = {
     FIELD_("requests_total", "Requests recorded in the ledger.", DIM_NONE, 0,
            requests),
@@ -85,7 +86,8 @@ static void prom_head(kvp_text *o, const char *prefix, const char *name,
                       const char *type, const char *help) {
   kvp_text_puts(o, "# HELP "), kvp_text_puts(o, prefix), kvp_text_puts(o, name);
   kvp_text_puts(o, " "), kvp_text_puts(o, help);
-  kvp_text_puts(o, "\n# TYPE "), kvp_text_puts(o, prefix), kvp_text_puts(o, name);
+  kvp_text_puts(o, "\n# TYPE "), kvp_text_puts(o, prefix),
+      kvp_text_puts(o, name);
   kvp_text_puts(o, " "), kvp_text_puts(o, type), kvp_text_puts(o, "\n");
 }
 
@@ -98,11 +100,13 @@ static void prom_name(kvp_text *o, const char *prefix, const char *name,
     return;
   kvp_text_puts(o, "{");
   if (tenant != NULL)
-    kvp_text_puts(o, "tenant=\""), kvp_text_prom_label(o, tenant), kvp_text_puts(o, "\"");
+    kvp_text_puts(o, "tenant=\""), kvp_text_prom_label(o, tenant),
+        kvp_text_puts(o, "\"");
   if (tenant != NULL && label != NULL)
     kvp_text_puts(o, ",");
   if (label != NULL)
-    kvp_text_puts(o, label), kvp_text_puts(o, "=\""), kvp_text_prom_label(o, value), kvp_text_puts(o, "\"");
+    kvp_text_puts(o, label), kvp_text_puts(o, "=\""),
+        kvp_text_prom_label(o, value), kvp_text_puts(o, "\"");
   kvp_text_puts(o, "}");
 }
 
@@ -141,9 +145,11 @@ static void prom_hist(kvp_text *o, const char *name, const char *help,
     kvp_text_puts(o, " "), kvp_text_u64(o, cum), kvp_text_puts(o, "\n");
   }
   assert(cum == h->count);
-  kvp_text_puts(o, "kvplane_"), kvp_text_puts(o, name), kvp_text_puts(o, "_sum ");
+  kvp_text_puts(o, "kvplane_"), kvp_text_puts(o, name),
+      kvp_text_puts(o, "_sum ");
   kvp_text_prom_num(o, h->sum), kvp_text_puts(o, "\n");
-  kvp_text_puts(o, "kvplane_"), kvp_text_puts(o, name), kvp_text_puts(o, "_count ");
+  kvp_text_puts(o, "kvplane_"), kvp_text_puts(o, name),
+      kvp_text_puts(o, "_count ");
   kvp_text_u64(o, h->count), kvp_text_puts(o, "\n");
 }
 
@@ -203,7 +209,8 @@ static void prom_health(kvp_text *o, const kvp_ledger_stats *s) {
   for (int r = 0; r < KVP_LEDGER_REJECT_COUNT_; r++) {
     prom_name(o, "kvplane_", "ledger_rejected_records_total", NULL, "reason",
               kvp_ledger_reject_name((kvp_ledger_reject)r));
-    kvp_text_puts(o, " "), kvp_text_u64(o, s->rejected[r]), kvp_text_puts(o, "\n");
+    kvp_text_puts(o, " "), kvp_text_u64(o, s->rejected[r]),
+        kvp_text_puts(o, "\n");
   }
   prom_simple(o, "ledger_alloc_failures_total", "counter",
               "Ledger records refused for lack of memory (not counted).",
@@ -230,8 +237,7 @@ static void prom_tenants(kvp_text *o, const snap *s) {
   }
 }
 
-int kvp_ledger_prometheus_write(kvp_ledger *l, kvp_write_fn fn,
-                                void *opaque) {
+int kvp_ledger_prometheus_write(kvp_ledger *l, kvp_write_fn fn, void *opaque) {
   if (l == NULL || fn == NULL)
     return KVP_EINVAL;
   prom_snap ps;
@@ -271,14 +277,16 @@ int kvp_ledger_prometheus(kvp_ledger *l, char *buf, size_t cap,
 
 /* ---- JSON lines --------------------------------------------------------- */
 static void json_u64(kvp_text *o, const char *k, uint64_t v) {
-  kvp_text_puts(o, ",\""), kvp_text_puts(o, k), kvp_text_puts(o, "\":"), kvp_text_u64(o, v);
+  kvp_text_puts(o, ",\""), kvp_text_puts(o, k), kvp_text_puts(o, "\":"),
+      kvp_text_u64(o, v);
 }
 
 static void json_map(kvp_text *o, const char *k, const uint64_t *v,
                      const char *(*names)(int), size_t n) {
   kvp_text_puts(o, ",\""), kvp_text_puts(o, k), kvp_text_puts(o, "\":{");
   for (size_t i = 0; i < n; i++) {
-    kvp_text_puts(o, i ? ",\"" : "\""), kvp_text_puts(o, names((int)i)), kvp_text_puts(o, "\":");
+    kvp_text_puts(o, i ? ",\"" : "\""), kvp_text_puts(o, names((int)i)),
+        kvp_text_puts(o, "\":");
     kvp_text_u64(o, v[i]);
   }
   kvp_text_puts(o, "}");
@@ -292,13 +300,12 @@ static void json_body(kvp_text *o, const kvp_ledger_totals *t) {
   kvp_text_puts(o, ",\"prefill_avoided\":{\"tokens\":");
   kvp_text_u64(o, t->reused_tokens);
   kvp_text_puts(o, ",\"flops\":"), kvp_text_json_num(o, t->avoided_flops);
-  kvp_text_puts(o, ",\"gpu_seconds\":"), kvp_text_json_num(o, t->avoided_gpu_seconds);
+  kvp_text_puts(o, ",\"gpu_seconds\":"),
+      kvp_text_json_num(o, t->avoided_gpu_seconds);
   kvp_text_puts(o, "}");
   json_map(o, "reused_by_tier", t->reused_by_tier, tier_n, KVP_TIER_COUNT_);
-  json_map(o, "prompt_by_class", t->prompt_by_class, class_n,
-           KVP_CLASS_COUNT_);
-  json_map(o, "reused_by_class", t->reused_by_class, class_n,
-           KVP_CLASS_COUNT_);
+  json_map(o, "prompt_by_class", t->prompt_by_class, class_n, KVP_CLASS_COUNT_);
+  json_map(o, "reused_by_class", t->reused_by_class, class_n, KVP_CLASS_COUNT_);
   json_map(o, "miss_tokens", t->miss_tokens, cause_n, KVP_MISS_COUNT_);
   json_map(o, "load_bytes", t->load_bytes, tier_n, KVP_TIER_COUNT_);
 }
@@ -323,15 +330,15 @@ void kvp__ledger_receipt_open(kvp_text *o, const kvp_ledger_record *r) {
   else
     kvp_text_puts(o, "null");
   kvp_text_puts(o, ",\"reuse_ratio\":");
-  double ratio = r->prompt_tokens ? (double)r->reused_tokens /
-                                       (double)r->prompt_tokens
-                                 : NAN; /* null: no prompt, no ratio */
+  double ratio = r->prompt_tokens
+                     ? (double)r->reused_tokens / (double)r->prompt_tokens
+                     : NAN; /* null: no prompt, no ratio */
   kvp_text_json_num(o, ratio);
   json_body(o, &t);
 }
 
-static void json_totals(kvp_text *o, const kvp_ledger_totals *t, const char *tenant,
-                        const char *session) {
+static void json_totals(kvp_text *o, const kvp_ledger_totals *t,
+                        const char *tenant, const char *session) {
   bool has_t = tenant && *tenant, has_s = session && *session;
   kvp_text_puts(o, "{\"kind\":\"totals\",\"scope\":");
   kvp_text_puts(o, has_s ? "\"session\"" : has_t ? "\"tenant\"" : "\"global\"");
@@ -341,7 +348,8 @@ static void json_totals(kvp_text *o, const kvp_ledger_totals *t, const char *ten
   json_body(o, t);
   kvp_text_puts(o, ",\"hit_rate_by_class\":{");
   for (int c = 0; c < KVP_CLASS_COUNT_; c++) {
-    kvp_text_puts(o, c ? ",\"" : "\""), kvp_text_puts(o, class_n(c)), kvp_text_puts(o, "\":");
+    kvp_text_puts(o, c ? ",\"" : "\""), kvp_text_puts(o, class_n(c)),
+        kvp_text_puts(o, "\":");
     kvp_text_json_num(o, kvp_ledger_hit_rate(t, (kvp_class)c));
   }
   kvp_text_puts(o, "}}\n");

@@ -85,7 +85,9 @@ void kvp_text_put(kvp_text *t, const char *s, size_t n) {
   t->len += n;
 }
 
-void kvp_text_puts(kvp_text *t, const char *s) { kvp_text_put(t, s, strlen(s)); }
+void kvp_text_puts(kvp_text *t, const char *s) {
+  kvp_text_put(t, s, strlen(s));
+}
 
 /* Buffer mode formats in place (snprintf semantics for free); writer mode
  * through a stack buffer, or a heap one for the rare long text. */
@@ -174,8 +176,10 @@ void kvp_text_prom_num(kvp_text *t, double v) {
  * not), so a truncated sequence at the end of a string is safe. */
 static size_t utf8_seq(const unsigned char *p) {
   unsigned char c = p[0], lo = 0x80, hi = 0xbf;
-  size_t n = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3
-           : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+  size_t n = c >= 0xc2 && c <= 0xdf   ? 2
+             : c >= 0xe0 && c <= 0xef ? 3
+             : c >= 0xf0 && c <= 0xf4 ? 4
+                                      : 0;
   if (c == 0xe0)
     lo = 0xa0; /* overlong */
   else if (c == 0xed)
@@ -193,12 +197,18 @@ static size_t utf8_seq(const unsigned char *p) {
 /* The escape for an ASCII byte, or NULL when it stands as is. */
 static const char *json_escape(unsigned char c, char esc[8]) {
   switch (c) {
-  case '"': return "\\\"";
-  case '\\': return "\\\\";
-  case '\n': return "\\n";
-  case '\r': return "\\r";
-  case '\t': return "\\t";
-  default: break;
+  case '"':
+    return "\\\"";
+  case '\\':
+    return "\\\\";
+  case '\n':
+    return "\\n";
+  case '\r':
+    return "\\r";
+  case '\t':
+    return "\\t";
+  default:
+    break;
   }
   if (c >= 0x20 && c != 0x7f)
     return NULL;
@@ -236,8 +246,10 @@ void kvp_text_json_str(kvp_text *t, const char *s) {
 void kvp_text_prom_label(kvp_text *t, const char *s) {
   const char *run = s;
   for (;; s++) {
-    const char *esc = *s == '\\' ? "\\\\" : *s == '"' ? "\\\"" :
-                      *s == '\n' ? "\\n" : NULL;
+    const char *esc = *s == '\\'   ? "\\\\"
+                      : *s == '"'  ? "\\\""
+                      : *s == '\n' ? "\\n"
+                                   : NULL;
     if (esc == NULL && *s != '\0')
       continue;
     kvp_text_put(t, run, (size_t)(s - run));

@@ -142,7 +142,8 @@ static bool u32_opt(const char *f, uint32_t v, uint32_t lo, uint32_t hi) {
 }
 
 static bool gpu_resolve(kvp_gpu_spec *g) {
-  bool ok = DBL_(g, flops, 989e12, 1e20) && DBL_(g, efficiency, 0.5, 1.0);
+  bool ok = dbl_opt("gpu.flops", -1, &g->flops, 989e12, 1e20) &&
+            dbl_opt("gpu.efficiency", -1, &g->efficiency, 0.5, 1.0);
   for (int k = 0; k < KVP_TIER_COUNT_; k++)
     ok = ok && dbl_opt("gpu.bw", k, &g->bw[k], default_bw[k], 1e16) &&
          dbl_opt("gpu.latency_s", k, &g->latency_s[k], default_lat[k], 10.0);
@@ -150,8 +151,7 @@ static bool gpu_resolve(kvp_gpu_spec *g) {
 }
 
 static bool policy_opts_resolve(kvp_router_opts *o) {
-  bool ok = DBL_(o, guard, 2.0, 1e6) &&
-            DBL_(o, affinity_eps_rel, 0.05, 1e3) &&
+  bool ok = DBL_(o, guard, 2.0, 1e6) && DBL_(o, affinity_eps_rel, 0.05, 1e3) &&
             DBL_(o, affinity_eps_s, 2e-3, 1e3) && DBL_(o, tie_rel, 0.01, 1.0) &&
             DBL_(o, uncertain_confidence, 0.8, 1.0) &&
             DBL_(o, sglang_balance_abs, 64.0, 1e12) &&
@@ -509,7 +509,7 @@ req_bad(const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  KVP_LOGW(MOD, "route: %s", msg);
+  KVP_LOGW(MOD, "%s", msg); /* "request.<field> ..." */
   return KVP_EINVAL;
 }
 

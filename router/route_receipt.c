@@ -33,12 +33,12 @@ static void reuse_clause(kvp_text *b, const kvp_decision *d, const char *lead) {
     return;
   kvp_text_printf(b, "%sholds %s of %s tokens (", lead,
                   kvp__fmt_count(d->avoided_tokens, x),
-            kvp__fmt_count(d->prompt_tokens, y));
+                  kvp__fmt_count(d->prompt_tokens, y));
   const char *sep = "";
   for (int k = 0; k < KVP_TIER_COUNT_; k++)
     if (d->reused_tier_tokens[k]) {
       kvp_text_printf(b, "%s%s %s", sep, kvp_tier_label((kvp_tier)k),
-                kvp__fmt_count(d->reused_tier_tokens[k], x));
+                      kvp__fmt_count(d->reused_tier_tokens[k], x));
       sep = ", ";
     }
   kvp_text_printf(b, ")");
@@ -56,7 +56,8 @@ static void reason_cost(kvp_text *b, const kvp__route_why *w,
                         *o = cand_of(w, w->runner_up);
   kvp_text_printf(b, "cost: worker %u ", d->worker);
   reuse_clause(b, d, "");
-  kvp_text_printf(b, "%sTTFT %.3g s", d->avoided_tokens ? "; " : "", c->total_s);
+  kvp_text_printf(b, "%sTTFT %.3g s", d->avoided_tokens ? "; " : "",
+                  c->total_s);
   if (o != NULL)
     kvp_text_printf(b, " vs %.3g s on worker %u", o->total_s, w->runner_up);
 }
@@ -66,9 +67,10 @@ static void reason_affinity(kvp_text *b, const kvp__route_why *w,
   const kvp__route_cand *c = cand_of(w, d->worker),
                         *o = cand_of(w, w->runner_up);
   kvp_text_printf(b,
-            "affinity: session stays on worker %u, TTFT %.3g s within "
-            "epsilon of best %.3g s (worker %u)",
-            d->worker, c->total_s, o ? o->total_s : c->total_s, w->runner_up);
+                  "affinity: session stays on worker %u, TTFT %.3g s within "
+                  "epsilon of best %.3g s (worker %u)",
+                  d->worker, c->total_s, o ? o->total_s : c->total_s,
+                  w->runner_up);
   reuse_clause(b, d, "; ");
 }
 
@@ -77,22 +79,24 @@ static void reason_guard(kvp_text *b, const kvp__route_why *w,
   const kvp__route_cand *g = cand_of(w, w->best_unguarded);
   const kvp__route_cand *c = cand_of(w, d->worker);
   const char *ref = w->r->o.guard_ref == KVP_GUARD_MIN ? "min" : "mean";
-  kvp_text_printf(b,
-            "guard: worker %u overloaded (load %" PRIu64 " > %.2gx %s %.3g "
-            "of the others); chose worker %u, TTFT %.3g s vs %.3g s there",
-            w->best_unguarded, g->load_req, w->r->o.guard, ref, w->guard_ref,
-            d->worker, c->total_s, g->total_s);
+  kvp_text_printf(
+      b,
+      "guard: worker %u overloaded (load %" PRIu64 " > %.2gx %s %.3g "
+      "of the others); chose worker %u, TTFT %.3g s vs %.3g s there",
+      w->best_unguarded, g->load_req, w->r->o.guard, ref, w->guard_ref,
+      d->worker, c->total_s, g->total_s);
 }
 
 static void reason_tie(kvp_text *b, const kvp__route_why *w,
                        const kvp_decision *d) {
-  kvp_text_printf(b,
-            "tie: %u workers within %.3g%% of TTFT %.3g s; hash of (%s %" PRIu64
-            ", worker, replica %u) chose worker %u",
-            w->n_tied, w->r->o.tie_rel * 100.0, cand_of(w, d->worker)->total_s,
-            w->req->session_id ? "session" : "request",
-            w->req->session_id ? w->req->session_id : d->request_id,
-            w->r->o.replica_id, d->worker);
+  kvp_text_printf(
+      b,
+      "tie: %u workers within %.3g%% of TTFT %.3g s; hash of (%s %" PRIu64
+      ", worker, replica %u) chose worker %u",
+      w->n_tied, w->r->o.tie_rel * 100.0, cand_of(w, d->worker)->total_s,
+      w->req->session_id ? "session" : "request",
+      w->req->session_id ? w->req->session_id : d->request_id,
+      w->r->o.replica_id, d->worker);
 }
 
 static void reason_peer(kvp_text *b, const kvp__route_why *w,
@@ -107,18 +111,19 @@ static void reason_peer(kvp_text *b, const kvp__route_why *w,
     kvp_text_printf(b, "next in rotation is worker %u", d->worker);
     break;
   case KVP_REASON_LEAST_LOADED:
-    kvp_text_printf(b,
-              "worker %u is least loaded (%s pending prefill tokens, %" PRIu64
-              " requests)",
-              d->worker,
-              kvp__fmt_count((uint64_t)w->r->load[d->worker].prefill_tokens +
-                                 w->r->ws[d->worker].tokens,
-                             x),
-              c->load_req);
+    kvp_text_printf(
+        b,
+        "worker %u is least loaded (%s pending prefill tokens, %" PRIu64
+        " requests)",
+        d->worker,
+        kvp__fmt_count((uint64_t)w->r->load[d->worker].prefill_tokens +
+                           w->r->ws[d->worker].tokens,
+                       x),
+        c->load_req);
     break;
   case KVP_REASON_PREFIX:
-    kvp_text_printf(b, "worker %u holds the longest prefix (%s tokens)", d->worker,
-              kvp__fmt_count(c->matched_blocks * w->r->bs, x));
+    kvp_text_printf(b, "worker %u holds the longest prefix (%s tokens)",
+                    d->worker, kvp__fmt_count(c->matched_blocks * w->r->bs, x));
     break;
   default:
     kvp_text_printf(b, "chose worker %u (score %.4g)", d->worker, c->score);
@@ -158,8 +163,7 @@ void kvp__route_reason(const kvp__route_why *why, kvp_decision *d) {
 static int names_of(const kvp_decision *d, const kvp_route_names *nm,
                     const char *out[3], char dec[3][24]) {
   static const char *const field[3] = {"tenant", "session", "request_id"};
-  static const char *const id_field[3] = {"tenant", "session_id",
-                                          "request_id"};
+  static const char *const id_field[3] = {"tenant", "session_id", "request_id"};
   const uint64_t id[3] = {d->tenant, d->session_id, d->request_id};
   const char *given[3] = {nm ? nm->tenant : NULL, nm ? nm->session : NULL,
                           nm ? nm->request_id : NULL};
@@ -183,8 +187,8 @@ static int names_of(const kvp_decision *d, const kvp_route_names *nm,
 /* Recomputed tokens by cause; they sum to prompt - avoided (kvp_decision:
  * avoided <= matched on the chosen worker <= hashed <= prompt). */
 static void miss_split(const kvp_decision *d, uint64_t m[KVP_MISS_COUNT_]) {
-  uint64_t hashed = d->hashed_tokens < d->prompt_tokens ? d->hashed_tokens
-                                                        : d->prompt_tokens;
+  uint64_t hashed =
+      d->hashed_tokens < d->prompt_tokens ? d->hashed_tokens : d->prompt_tokens;
   uint64_t mine = 0, other = d->matched_elsewhere_tokens;
   for (int k = 0; k < KVP_TIER_COUNT_; k++)
     mine += d->matched_tokens[k];
@@ -208,10 +212,8 @@ static void record_of(const kvp_decision *d, const char *const nm[3],
   r->reused_tokens = d->avoided_tokens;
   r->recomputed_tokens = d->uncached_tokens;
   memcpy(r->reused_by_tier, d->reused_tier_tokens, sizeof r->reused_by_tier);
-  memcpy(r->prompt_by_class, d->prompt_class_tokens,
-         sizeof r->prompt_by_class);
-  memcpy(r->reused_by_class, d->reused_class_tokens,
-         sizeof r->reused_by_class);
+  memcpy(r->prompt_by_class, d->prompt_class_tokens, sizeof r->prompt_by_class);
+  memcpy(r->reused_by_class, d->reused_class_tokens, sizeof r->reused_by_class);
   memcpy(r->load_bytes, d->load_bytes, sizeof r->load_bytes);
   miss_split(d, r->miss_tokens);
   r->avoided_flops = d->avoided_flops;
@@ -321,9 +323,8 @@ static void json_route(kvp_text *b, const kvp_decision *d) {
   kvp_text_puts(b, "]}");
 }
 
-int kvp_router_receipt_json(const kvp_decision *d,
-                            const kvp_route_names *names, char *buf,
-                            size_t cap) {
+int kvp_router_receipt_json(const kvp_decision *d, const kvp_route_names *names,
+                            char *buf, size_t cap) {
   char dec[3][24];
   kvp_ledger_record r;
   if (d == NULL || (buf == NULL && cap > 0))
@@ -339,5 +340,5 @@ int kvp_router_receipt_json(const kvp_decision *d,
   json_route(&b, d);
   kvp_text_puts(&b, "}");
   return kvp_text_len(&b) > (size_t)INT32_MAX ? KVP_ERANGE
-                                               : (int)kvp_text_len(&b);
+                                              : (int)kvp_text_len(&b);
 }

@@ -227,8 +227,8 @@ TEST(agentic_worked_example) {
   ASSERT_EQ(json_integer_value(json_object_get(av, "tokens")), 60000);
   ASSERT_DOUBLE_NEAR(json_real_value(json_object_get(av, "flops")),
                      d.avoided_flops, 0.0); /* shortest round-trip form */
-  ASSERT_EQ(json_integer_value(json_object_get(
-                json_object_get(j, "reused_by_tier"), "hbm")),
+  ASSERT_EQ(json_integer_value(
+                json_object_get(json_object_get(j, "reused_by_tier"), "hbm")),
             60000);
   ASSERT_STR_EQ(json_string_value(route_get(j, "reason")), "cost");
   json_decref(j);
@@ -872,16 +872,15 @@ TEST(receipt_json_snprintf_and_escaping) {
   json_t *j = receipt(&d);
   ASSERT_EQ(json_integer_value(json_object_get(j, "worker")), 1);
   ASSERT_STR_EQ(json_string_value(route_get(j, "policy")), "kvplane_cost");
-  ASSERT_STR_EQ(json_string_value(route_get(j, "reason_text")),
-                d.reason_text);
+  ASSERT_STR_EQ(json_string_value(route_get(j, "reason_text")), d.reason_text);
   ASSERT_STR_EQ(json_string_value(json_object_get(j, "tenant")), "17");
   char id[32];
   snprintf(id, sizeof id, "%" PRIu64, d.request_id); /* > 2^63: a string */
   ASSERT_STR_EQ(json_string_value(json_object_get(j, "request_id")), id);
   ASSERT_EQ(json_array_size(route_get(j, "top")), 3u);
-  ASSERT_EQ(
-      json_integer_value(json_object_get(route_get(j, "matched_tokens"), "hbm")),
-      192);
+  ASSERT_EQ(json_integer_value(
+                json_object_get(route_get(j, "matched_tokens"), "hbm")),
+            192);
   json_decref(j);
 
   char full[8192], small[40];
@@ -890,7 +889,8 @@ TEST(receipt_json_snprintf_and_escaping) {
   ASSERT_EQ(kvp_router_receipt_json(&d, NULL, small, sizeof small), n);
   ASSERT_EQ(strlen(small), sizeof small - 1);
   ASSERT_MEM_EQ(small, full, sizeof small - 1);
-  ASSERT_ERR(kvp_router_receipt_json(NULL, NULL, full, sizeof full), KVP_EINVAL);
+  ASSERT_ERR(kvp_router_receipt_json(NULL, NULL, full, sizeof full),
+             KVP_EINVAL);
   ASSERT_ERR(kvp_router_receipt_json(&d, NULL, NULL, 10), KVP_EINVAL);
 
   /* hostile text and non-finite numbers still give valid JSON */
@@ -902,8 +902,8 @@ TEST(receipt_json_snprintf_and_escaping) {
                 "a\"b\\c\n\x01\x7f");
   ASSERT_TRUE(json_is_null(
       json_object_get(json_array_get(route_get(j, "top"), 0), "total_s")));
-  ASSERT_TRUE(json_is_null(json_object_get(
-      json_object_get(j, "prefill_avoided"), "gpu_seconds")));
+  ASSERT_TRUE(json_is_null(
+      json_object_get(json_object_get(j, "prefill_avoided"), "gpu_seconds")));
   json_decref(j);
   free(keys);
   kvp_router_destroy(r);
@@ -1097,7 +1097,6 @@ TEST(allocator_is_used_and_balanced) {
   ASSERT_EQ(c.live, 0u);
 }
 
-
 /* ---- errors that name the field ------------------------------------------ */
 static char g_log[1024];
 static void log_sink(void *opaque, kvp_log_level lv, const char *mod,
@@ -1212,8 +1211,8 @@ typedef struct expect {
 /* What the ledger must hold for d, computed from the request and matches
  * (not from the decision's own split). */
 static void expect_add(expect *e, const kvp_decision *d,
-                       const kvp_route_request *q,
-                       const kvp_worker_match *m, size_t nm, uint32_t bs) {
+                       const kvp_route_request *q, const kvp_worker_match *m,
+                       size_t nm, uint32_t bs) {
   kvp_ledger_totals *t = &e->t;
   uint64_t hashed = (uint64_t)q->n_blocks * bs, mine = 0, other = 0;
   for (size_t i = 0; i < nm; i++) {
@@ -1239,8 +1238,8 @@ static void expect_add(expect *e, const kvp_decision *d,
     t->load_bytes[k] += d->reused_tier_tokens[k] * 131072u;
   }
   uint64_t st = q->cls ? (uint64_t)q->cls->stable_end * bs : 0;
-  uint64_t se = q->cls ? (uint64_t)(q->cls->semi_end - q->cls->stable_end) * bs
-                       : 0;
+  uint64_t se =
+      q->cls ? (uint64_t)(q->cls->semi_end - q->cls->stable_end) * bs : 0;
   t->prompt_by_class[KVP_CLASS_STABLE] += st;
   t->prompt_by_class[KVP_CLASS_SEMI] += se;
   t->prompt_by_class[KVP_CLASS_VOLATILE] += d->prompt_tokens - st - se;
@@ -1273,8 +1272,8 @@ static void totals_match(const kvp_ledger_totals *got,
 /* One random request with random multi-tier matches on random workers. */
 static void random_route(kvp_router *r, uint32_t n, uint32_t bs,
                          const kvp_key *keys, kvp_classification *cls,
-                         kvp_route_request *q, kvp_worker_match *m,
-                         size_t *nm, kvp_decision *d) {
+                         kvp_route_request *q, kvp_worker_match *m, size_t *nm,
+                         kvp_decision *d) {
   size_t nb = 1 + kvt_rand_below(200);
   *q = req_of(keys, nb, nb * bs + kvt_rand_below(bs), kvt_rand_below(4), 0);
   q->tenant = kvp_id64(kvt_rand_below(2) ? "acme" : "initech");
@@ -1321,8 +1320,8 @@ TEST(decisions_into_the_ledger) {
       kvp_decision d;
       random_route(r, o.n_workers, o.block_size, keys, &cls, &q, m, &nm, &d);
       bool is_acme = q.tenant == kvp_id64("acme");
-      kvp_route_names names = {is_acme ? "acme" : "initech", NULL, NULL, 0,
-                               {0}};
+      kvp_route_names names = {
+          is_acme ? "acme" : "initech", NULL, NULL, 0, {0}};
       ASSERT_OK(kvp_ledger_add_decision(l, &d, &names));
       expect_add(&all, &d, &q, m, nm, o.block_size);
       if (is_acme)
@@ -1413,6 +1412,5 @@ TEST_MAIN(TEST_ENTRY(policy_names_and_model_math),
           TEST_ENTRY(allocator_is_used_and_balanced),
           TEST_ENTRY(options_errors_name_the_field),
           TEST_ENTRY(block_size_mismatch_refused),
-          TEST_ENTRY(bad_cls_is_logged),
-          TEST_ENTRY(decisions_into_the_ledger),
+          TEST_ENTRY(bad_cls_is_logged), TEST_ENTRY(decisions_into_the_ledger),
           TEST_ENTRY(decision_names_must_match_ids))

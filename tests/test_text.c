@@ -35,8 +35,9 @@ TEST(json_escapes_controls_and_quotes) {
 TEST(json_utf8_kept_invalid_replaced) {
   char b[256];
   /* valid 2, 3 and 4 byte sequences pass through unchanged */
-  ASSERT_STR_EQ(json_of("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", b, sizeof b),
-                "\"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\"");
+  ASSERT_STR_EQ(
+      json_of("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", b, sizeof b),
+      "\"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\"");
   /* a lone continuation, an overlong, a surrogate, > U+10FFFF, a truncated
    * sequence at the end: each bad byte is U+FFFD */
   ASSERT_STR_EQ(json_of("a\x80z", b, sizeof b), "\"a\\ufffdz\"");
@@ -61,7 +62,7 @@ static const char *num_of(double v, int json, char *buf, size_t cap) {
 TEST(numbers_round_trip_and_non_finite) {
   char b[64];
   ASSERT_STR_EQ(num_of(0.5, 1, b, sizeof b), "0.5");
-  ASSERT_STR_EQ(num_of(0.1, 1, b, sizeof b), "0.1");   /* %.15g suffices */
+  ASSERT_STR_EQ(num_of(0.1, 1, b, sizeof b), "0.1"); /* %.15g suffices */
   ASSERT_STR_EQ(num_of(1e300, 1, b, sizeof b), "1e+300");
   ASSERT_STR_EQ(num_of(-0.0, 1, b, sizeof b), "-0");
   ASSERT_STR_EQ(num_of(NAN, 1, b, sizeof b), "null");
