@@ -291,6 +291,7 @@ static bool baseline_request(const world *w, const opts *o, paths *p,
 static kvp_router *make_router(const opts *o) {
   kvp_router_opts ro = {0};
   ro.n_workers = o->workers;
+  ro.block_size = BS;
   ro.seed = o->seed;
   kvp_router *r = NULL;
   int rc = kvp_router_create(&ro, NULL, &r);

@@ -281,7 +281,7 @@ static result kvt_write(const cfg *c, kvt *k, size_t bs, uint64_t min_blocks) {
     tns += kvp_now_ns() - t0;
     if (w < 0 || (uint64_t)w != round) {
       kvp_tier_stats st;
-      kvp_tier_get_stats(k->t, &st);
+      kvp_tier_stats_get(k->t, &st);
       fprintf(stderr, "bench_tier: idle wrote %d of %" PRIu64 " (io_errors %" PRIu64
               " short %" PRIu64 " nvme_blocks %" PRIu64 " dram_blocks %" PRIu64
               " nvme_used %" PRIu64 " of %" PRIu64 ")\n", w, round, st.io_errors,
@@ -349,7 +349,7 @@ static result kvt_read(const cfg *c, kvt *k, size_t bs, int qd, int reg) {
       die("kvp_tier_register_buffers", rc < 0 ? rc : KVP_ENOTSUP);
   }
   kvp_tier_stats st;
-  kvp_tier_get_stats(k->t, &st);
+  kvp_tier_stats_get(k->t, &st);
   uint64_t reg0 = st.nvme_reads_registered;
   uint64_t live = st.nvme_blocks; /* the newest ones: eviction is FIFO-like */
   uint64_t lo = k->next_key - live, ops = 0, misses = 0, t0 = kvp_now_ns();
@@ -412,7 +412,7 @@ static result kvt_read(const cfg *c, kvt *k, size_t bs, int qd, int reg) {
   double s = secs(kvp_now_ns() - t0);
   result r = {.iops = (double)ops / s, .ok = ops > 0, .cpu = (cpu_secs() - c0) / s};
   r.bps = r.iops * (double)bs;
-  kvp_tier_get_stats(k->t, &st);
+  kvp_tier_stats_get(k->t, &st);
   if (reg && st.nvme_reads_registered - reg0 < ops) /* every hit: fixed */
     die("registered reads were not all fixed-buffer reads", KVP_EINVAL);
   if (!reg && st.nvme_reads_registered != reg0)
@@ -470,7 +470,7 @@ static void bench_nvme(const cfg *c, size_t bs, const int *qds, int nqd,
     kvt k = kvt_open(c, kdir, bs, qds[q]);
     if (q == 0) {
       kvp_tier_stats st;
-      kvp_tier_get_stats(k.t, &st);
+      kvp_tier_stats_get(k.t, &st);
       if (!st.io_uring)
         die("io_uring unavailable", KVP_ENOTSUP);
     }
@@ -688,7 +688,7 @@ static void bench_contention(const cfg *cf) {
           best[g][locked] = x;
       }
   kvp_tier_stats st;
-  kvp_tier_get_stats(t, &st);
+  kvp_tier_stats_get(t, &st);
   if (st.hits[KVP_TIER_NVME] == 0 || st.promotions != 0)
     die("contention: the batch thread did not read NVMe-only blocks", KVP_ESTATE);
   printf("\nContention: DRAM kvp_tier_get (64 KiB) on cpu %d while another thread "

@@ -8,7 +8,6 @@
 
 #include "harness.h"
 
-static const char *const tier_names[3] = {"hbm", "dram", "nvme"};
 static const char *const palette[] = {"#1f77b4", "#d62728", "#2ca02c",
                                       "#ff7f0e", "#9467bd", "#8c564b",
                                       "#e377c2", "#7f7f7f", "#17becf",
@@ -96,7 +95,7 @@ int bh_report_csv(FILE *f, const bh_run *runs, size_t n, bool header) {
   if (header) {
     fputs("trace,policy,requests,prompt_tokens,reused_tokens,hit_rate", f);
     for (int k = 0; k < 3; k++)
-      fprintf(f, ",reused_%s", tier_names[k]);
+      fprintf(f, ",reused_%s", kvp_tier_name((kvp_tier)k));
     for (int c = 0; c < KVP_CLASS_COUNT_; c++)
       fprintf(f, ",hit_rate_%s", kvp_class_name((kvp_class)c));
     fputs(",avoided_gpu_seconds,imbalance,ttft_p50_s,ttft_p95_s,ttft_p99_s,"
@@ -160,9 +159,9 @@ static json_t *result_json(const bh_result *r) {
   json_t *bt = json_object(), *bc = json_object(), *mc = json_object(),
          *lb = json_object();
   for (int k = 0; k < 3; k++) {
-    json_object_set_new(bt, tier_names[k],
+    json_object_set_new(bt, kvp_tier_name((kvp_tier)k),
                         json_integer((json_int_t)x->reused_by_tier[k]));
-    json_object_set_new(lb, tier_names[k],
+    json_object_set_new(lb, kvp_tier_name((kvp_tier)k),
                         json_integer((json_int_t)x->load_bytes[k]));
   }
   for (int c = 0; c < KVP_CLASS_COUNT_; c++)
@@ -454,7 +453,9 @@ static int html_section(FILE *f, const bh_run *run) {
       pick = i;
       break;
     }
-  const char *tn[3] = {"HBM", "DRAM", "NVMe"};
+  const char *tn[3];
+  for (int k = 0; k < 3; k++)
+    tn[k] = kvp_tier_label((kvp_tier)k);
   for (int k = 0; n > 0 && k < 3; k++) {
     xs[k] = tb;
     ys[k] = run->res[pick].series.occ[k];

@@ -519,12 +519,9 @@ static int get_marks(json_t *o, uint64_t in, kvp_segment_mark *mk,
     uint8_t cls = KVP_CLASS_AUTO;
     if (cj != NULL) {
       const char *c = json_is_string(cj) ? json_string_value(cj) : "";
-      if (strcmp(c, "stable") == 0)
-        cls = KVP_CLASS_STABLE;
-      else if (strcmp(c, "semi") == 0)
-        cls = KVP_CLASS_SEMI;
-      else if (strcmp(c, "volatile") == 0)
-        cls = KVP_CLASS_VOLATILE;
+      kvp_class k;
+      if (kvp_class_parse(c, &k) == 0)
+        cls = (uint8_t)k;
       else if (strcmp(c, "auto") != 0) {
         snprintf(why, cap, "segments[%zu].class: stable, semi, volatile or auto",
                  i);

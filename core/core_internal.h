@@ -11,6 +11,8 @@
 
 #include "kvplane/common.h"
 #include "kvplane/core.h"
+#include "kvplane/ledger.h"
+#include "kvplane/text.h"
 
 /* Resolve a caller's allocator (NULL -> libc) into a value to keep. */
 kvp_allocator kvp__allocator(const kvp_allocator *a);
@@ -30,6 +32,11 @@ static inline bool kvp__mul_ok(size_t n, size_t size, size_t *out) {
 
 /* Strict UTF-8 (no overlongs, no surrogates, <= U+10FFFF); len bytes. */
 bool kvp__utf8_valid(const char *s, size_t len);
+
+/* The ledger's receipt JSON object for a record that passes
+ * kvp_ledger_check, without its closing brace, so that the router's receipts
+ * (one format) can append their "route" member. */
+void kvp__ledger_receipt_open(kvp_text *t, const kvp_ledger_record *r);
 
 #define KVP_LOGE(mod, ...) kvp_log(KVP_LOG_ERROR, mod, __VA_ARGS__)
 #define KVP_LOGW(mod, ...) kvp_log(KVP_LOG_WARN, mod, __VA_ARGS__)

@@ -6,6 +6,7 @@
 
 #include "kvplane/common.h"
 #include "kvplane/core.h"
+#include "kvplane/text.h"
 #include "kvplane/ledger.h"
 #include "kvplane/prefix.h"
 #include "kvplane/index.h"

@@ -95,7 +95,7 @@ void kvp_tier_admit_destroy(kvp_tier_admit *a) {
   kvp__free(&al, a, sizeof *a);
 }
 
-int kvp_tier_admit_set_opts(kvp_tier_admit *a, const kvp_tier_admit_opts *o) {
+int kvp_tier_admit_opts_set(kvp_tier_admit *a, const kvp_tier_admit_opts *o) {
   kvp_tier_admit_opts r;
   if (a == NULL || resolve(o, &r) < 0)
     return KVP_EINVAL;
@@ -104,7 +104,7 @@ int kvp_tier_admit_set_opts(kvp_tier_admit *a, const kvp_tier_admit_opts *o) {
   return 0;
 }
 
-void kvp_tier_admit_get_opts(const kvp_tier_admit *a, kvp_tier_admit_opts *o) {
+void kvp_tier_admit_opts_get(const kvp_tier_admit *a, kvp_tier_admit_opts *o) {
   if (a != NULL && o != NULL)
     *o = a->o;
 }

@@ -452,7 +452,7 @@ int kvp_tier_load(kvp_tier_link *l, kvp_stream *s, const kvp_key *keys,
   return done;
 }
 
-int kvp_tier_link_get_stats(kvp_tier_link *l, kvp_tier_link_stats *out) {
+int kvp_tier_link_stats_get(kvp_tier_link *l, kvp_tier_link_stats *out) {
   if (l == NULL || out == NULL)
     return KVP_EINVAL;
   pthread_mutex_lock(&l->mu);

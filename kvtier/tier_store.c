@@ -187,7 +187,7 @@ static int admit_sync(kvp_tier_store *t) {
                             .volatile_min_hits = t->o.volatile_nvme_min_hits,
                             .write_weight = t->o.admit_write_weight,
                             .min_samples = t->o.admit_min_samples};
-  return t->adm != NULL ? kvp_tier_admit_set_opts(t->adm, &ao) : 0;
+  return t->adm != NULL ? kvp_tier_admit_opts_set(t->adm, &ao) : 0;
 }
 
 void kvp__tier_admit_outcome(kvp_tier_store *t, tier_entry *e, bool reused) {
@@ -797,7 +797,7 @@ int kvp_tier_set(kvp_tier_store *t, kvp_tier_opt opt, int64_t v) {
   return rc;
 }
 
-int kvp_tier_get_opt(kvp_tier_store *t, kvp_tier_opt opt, int64_t *v) {
+int kvp_tier_opt_get(kvp_tier_store *t, kvp_tier_opt opt, int64_t *v) {
   int64_t lo, hi;
   int rc = kvp_tier_opt_bounds(t, opt, &lo, &hi);
   if (rc < 0 || v == NULL)
@@ -830,7 +830,7 @@ int kvp_tier_get_opt(kvp_tier_store *t, kvp_tier_opt opt, int64_t *v) {
 }
 
 /* ---- observability ----------------------------------------------------------*/
-int kvp_tier_get_stats(kvp_tier_store *t, kvp_tier_stats *out) {
+int kvp_tier_stats_get(kvp_tier_store *t, kvp_tier_stats *out) {
   if (t == NULL || out == NULL)
     return KVP_EINVAL;
   pthread_mutex_lock(&t->mu);

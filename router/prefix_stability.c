@@ -86,9 +86,6 @@
 static const char *const role_names[KVP_ROLE_COUNT_] = {
     "other", "system", "tools", "documents", "history", "user", "tool_output"};
 
-static const char *const class_names[KVP_CLASS_COUNT_] = {"volatile", "semi",
-                                                          "stable"};
-
 const char *kvp_role_name(kvp_role r) {
   return (unsigned)r < KVP_ROLE_COUNT_ ? role_names[r] : "unknown";
 }
@@ -102,12 +99,6 @@ int kvp_role_parse(const char *s, kvp_role *out) {
       return 0;
     }
   return KVP_EINVAL;
-}
-
-const char *kvp_class_name(kvp_class c) {
-  if ((unsigned)c < KVP_CLASS_COUNT_)
-    return class_names[c];
-  return c == KVP_CLASS_AUTO ? "auto" : "unknown";
 }
 
 kvp_class kvp_role_default_class(kvp_role r) {

@@ -2,7 +2,9 @@
 /* Routing: the TTFT cost model, kvplane's policy (guard, affinity, herd-free
  * ties) and the six peer policies, over a per-worker prefix match array.
  * The receipt's words and JSON live in route_receipt.c. */
+#include <inttypes.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -58,18 +60,31 @@ static bool model_is_zero(const kvp_model_spec *m) {
          m->head_dim == 0 && m->dtype_bytes == 0 && m->params == 0.0;
 }
 
+/* The first insane field of a spec that is not all zero, or NULL. */
+static const char *model_bad_field(const kvp_model_spec *m) {
+  const uint32_t lim = 1u << 16;
+  if (m->layers == 0 || m->layers > lim)
+    return "layers";
+  if (m->heads == 0 || m->heads > lim)
+    return "heads";
+  if (m->kv_heads == 0 || m->kv_heads > m->heads)
+    return "kv_heads";
+  if (m->head_dim == 0 || m->head_dim > lim)
+    return "head_dim";
+  if (m->dtype_bytes == 0 || m->dtype_bytes > 16)
+    return "dtype_bytes";
+  if (!isfinite(m->params) || !(m->params > 0.0) || m->params > 1e16)
+    return "params";
+  return NULL;
+}
+
 /* NULL or all-zero -> the default; otherwise every field must be sane. */
 static int model_resolve(const kvp_model_spec *in, kvp_model_spec *out) {
   if (in == NULL || model_is_zero(in)) {
     *out = default_model;
     return 0;
   }
-  const uint32_t lim = 1u << 16;
-  if (in->layers == 0 || in->layers > lim || in->heads == 0 ||
-      in->heads > lim || in->kv_heads == 0 || in->kv_heads > in->heads ||
-      in->head_dim == 0 || in->head_dim > lim || in->dtype_bytes == 0 ||
-      in->dtype_bytes > 16 || !isfinite(in->params) || !(in->params > 0.0) ||
-      in->params > 1e16)
+  if (model_bad_field(in) != NULL)
     return KVP_EINVAL;
   *out = *in;
   return 0;
@@ -101,42 +116,55 @@ double kvp_model_prefill_flops(const kvp_model_spec *m, uint64_t from,
   return flops_range(2.0 * s.params, att, from, to);
 }
 
-/* ---- options ------------------------------------------------------------- */
-/* A double option: finite, in [0, max]; 0 selects `def`. */
-static bool dbl_opt(double *v, double def, double max) {
-  if (!isfinite(*v) || *v < 0.0 || *v > max)
+/* ---- options ---------------------------------------------------------------
+ * Each check logs the first bad field with its value, so a caller sees
+ * "create: opts.gpu.bw[nvme] = -1: ..." rather than a bare KVP_EINVAL. */
+/* A double option: finite, in [0, max]; 0 selects `def`.  `k` >= 0 names a
+ * tier element of an array option. */
+static bool dbl_opt(const char *f, int k, double *v, double def, double max) {
+  if (!isfinite(*v) || *v < 0.0 || *v > max) {
+    KVP_LOGW(MOD, "create: opts.%s%s%s%s = %g: must be finite, in [0, %g]", f,
+             k >= 0 ? "[" : "", k >= 0 ? kvp_tier_name((kvp_tier)k) : "",
+             k >= 0 ? "]" : "", *v, max);
     return false;
+  }
   if (*v == 0.0)
     *v = def;
   return true;
 }
+#define DBL_(o, f, def, max) dbl_opt(#f, -1, &(o)->f, def, max)
+
+static bool u32_opt(const char *f, uint32_t v, uint32_t lo, uint32_t hi) {
+  if (v >= lo && v <= hi)
+    return true;
+  KVP_LOGW(MOD, "create: opts.%s = %u: must be in %u .. %u", f, v, lo, hi);
+  return false;
+}
 
 static bool gpu_resolve(kvp_gpu_spec *g) {
-  bool ok =
-      dbl_opt(&g->flops, 989e12, 1e20) && dbl_opt(&g->efficiency, 0.5, 1.0);
+  bool ok = dbl_opt("gpu.flops", -1, &g->flops, 989e12, 1e20) &&
+            dbl_opt("gpu.efficiency", -1, &g->efficiency, 0.5, 1.0);
   for (int k = 0; k < KVP_TIER_COUNT_; k++)
-    ok = ok && dbl_opt(&g->bw[k], default_bw[k], 1e16) &&
-         dbl_opt(&g->latency_s[k], default_lat[k], 10.0);
+    ok = ok && dbl_opt("gpu.bw", k, &g->bw[k], default_bw[k], 1e16) &&
+         dbl_opt("gpu.latency_s", k, &g->latency_s[k], default_lat[k], 10.0);
   return ok;
 }
 
 static bool policy_opts_resolve(kvp_router_opts *o) {
-  bool ok = dbl_opt(&o->guard, 2.0, 1e6) &&
-            dbl_opt(&o->affinity_eps_rel, 0.05, 1e3) &&
-            dbl_opt(&o->affinity_eps_s, 2e-3, 1e3) &&
-            dbl_opt(&o->tie_rel, 0.01, 1.0) &&
-            dbl_opt(&o->uncertain_confidence, 0.8, 1.0) &&
-            dbl_opt(&o->sglang_balance_abs, 64.0, 1e12) &&
-            dbl_opt(&o->sglang_balance_rel, 1.5, 1e6) &&
-            dbl_opt(&o->sglang_cache_threshold, 0.3, 1.0) &&
-            dbl_opt(&o->llmd_w_prefix, 3.0, 1e6) &&
-            dbl_opt(&o->llmd_w_kv, 2.0, 1e6) &&
-            dbl_opt(&o->llmd_w_queue, 2.0, 1e6) &&
-            dbl_opt(&o->dynamo_prefill_scale, 1.0, 1e6) &&
-            dbl_opt(&o->dynamo_temperature, 0.0, 1e6) &&
-            dbl_opt(&o->bw_ewma_alpha, 0.25, 1.0);
+  bool ok = DBL_(o, guard, 2.0, 1e6) && DBL_(o, affinity_eps_rel, 0.05, 1e3) &&
+            DBL_(o, affinity_eps_s, 2e-3, 1e3) && DBL_(o, tie_rel, 0.01, 1.0) &&
+            DBL_(o, uncertain_confidence, 0.8, 1.0) &&
+            DBL_(o, sglang_balance_abs, 64.0, 1e12) &&
+            DBL_(o, sglang_balance_rel, 1.5, 1e6) &&
+            DBL_(o, sglang_cache_threshold, 0.3, 1.0) &&
+            DBL_(o, llmd_w_prefix, 3.0, 1e6) && DBL_(o, llmd_w_kv, 2.0, 1e6) &&
+            DBL_(o, llmd_w_queue, 2.0, 1e6) &&
+            DBL_(o, dynamo_prefill_scale, 1.0, 1e6) &&
+            DBL_(o, dynamo_temperature, 0.0, 1e6) &&
+            DBL_(o, bw_ewma_alpha, 0.25, 1.0);
   for (int k = 0; k < KVP_TIER_COUNT_; k++)
-    ok = ok && dbl_opt(&o->dynamo_credit[k], default_credit[k], 1e3);
+    ok = ok && dbl_opt("dynamo_credit", k, &o->dynamo_credit[k],
+                       default_credit[k], 1e3);
   return ok;
 }
 
@@ -153,31 +181,61 @@ static bool zeros(const void *p, size_t n) {
 }
 
 static bool reserved_clear(const kvp_router_opts *o) {
-  return zeros(o->reserved, sizeof o->reserved) &&
-         zeros(o->model.reserved, sizeof o->model.reserved) &&
-         o->model.reserved0 == 0 &&
-         zeros(o->gpu.reserved, sizeof o->gpu.reserved);
+  const char *f = !zeros(o->reserved, sizeof o->reserved) ? "reserved"
+                  : !zeros(o->model.reserved, sizeof o->model.reserved) ||
+                          o->model.reserved0 != 0
+                      ? "model.reserved"
+                  : !zeros(o->gpu.reserved, sizeof o->gpu.reserved)
+                      ? "gpu.reserved"
+                      : NULL;
+  if (f != NULL)
+    KVP_LOGW(MOD, "create: opts.%s: must be zero", f);
+  return f == NULL;
+}
+
+static bool model_opt(const kvp_model_spec *m) {
+  const char *f = model_is_zero(m) ? NULL : model_bad_field(m);
+  if (f != NULL)
+    KVP_LOGW(MOD,
+             "create: opts.model.%s out of range (layers %u, heads %u, "
+             "kv_heads %u, head_dim %u, dtype_bytes %u, params %g): a model "
+             "that is not all zero must be complete and sane",
+             f, m->layers, m->heads, m->kv_heads, m->head_dim, m->dtype_bytes,
+             m->params);
+  return f == NULL;
+}
+
+/* Integer options: ranges, then the required fields. */
+static bool ints_ok(const kvp_router_opts *o) {
+  if (o->block_size == 0) {
+    KVP_LOGW(MOD, "create: opts.block_size = 0: required, the tokens per "
+                  "block of the keys routed (kvp_hasher_block_size)");
+    return false;
+  }
+  return u32_opt("policy", (uint32_t)o->policy, 0, KVP_POLICY_COUNT_ - 1) &&
+         u32_opt("n_workers", o->n_workers, 1, KVP_WORKERS_MAX) &&
+         u32_opt("block_size", o->block_size, 1, KVP_BLOCK_SIZE_MAX) &&
+         u32_opt("guard_ref", o->guard_ref, 0, KVP_GUARD_MIN) &&
+         u32_opt("max_inflight", o->max_inflight, 1, 1u << 24) &&
+         u32_opt("max_sessions", o->max_sessions, 1, 1u << 24) &&
+         u32_opt("max_blocks", o->max_blocks, 1, 1u << 28);
 }
 
 static int opts_resolve(const kvp_router_opts *in, kvp_router_opts *o) {
-  if (in == NULL)
+  if (in == NULL) {
+    KVP_LOGW(MOD, "create: opts is NULL");
     return KVP_EINVAL;
+  }
   *o = *in;
-  o->block_size = u32_default(o->block_size, 16);
   o->guard_min_load = u32_default(o->guard_min_load, 4);
   o->max_inflight = u32_default(o->max_inflight, 65536);
   o->max_sessions = u32_default(o->max_sessions, 65536);
   o->max_blocks = u32_default(o->max_blocks, 1u << 20);
-  if ((unsigned)o->policy >= KVP_POLICY_COUNT_ || o->n_workers == 0 ||
-      o->n_workers > KVP_WORKERS_MAX || o->block_size > KVP_BLOCK_SIZE_MAX ||
-      o->guard_ref > KVP_GUARD_MIN || o->max_inflight > (1u << 24) ||
-      o->max_sessions > (1u << 24) || o->max_blocks > (1u << 28) ||
-      !reserved_clear(o))
+  if (!ints_ok(o) || !reserved_clear(o) || !model_opt(&o->model) ||
+      !gpu_resolve(&o->gpu) || !policy_opts_resolve(o))
     return KVP_EINVAL;
   kvp_model_spec m;
-  if (model_resolve(&o->model, &m) < 0 || !gpu_resolve(&o->gpu) ||
-      !policy_opts_resolve(o))
-    return KVP_EINVAL;
+  model_resolve(&o->model, &m);
   o->model = m;
   return 0;
 }
@@ -241,11 +299,9 @@ int kvp_router_create(const kvp_router_opts *opts, const kvp_allocator *alloc,
     return KVP_EINVAL;
   *out = NULL;
   kvp_router_opts o;
-  int rc = opts_resolve(opts, &o);
-  if (rc < 0) {
-    KVP_LOGW(MOD, "create: invalid options");
+  int rc = opts_resolve(opts, &o); /* logs the field */
+  if (rc < 0)
     return rc;
-  }
   kvp_allocator a = kvp__allocator(alloc);
   kvp_router *r = kvp__calloc(&a, 1, sizeof *r);
   if (r == NULL)
@@ -442,21 +498,56 @@ static bool online(const kvp_router *r, uint32_t w) {
   return !(r->load[w].flags & KVP_WORKER_OFFLINE);
 }
 
+/* Each failure logs the field (a request is the caller's bug to find). */
+#if defined(__GNUC__) || defined(__clang__)
+__attribute__((format(printf, 1, 2)))
+#endif
+static int
+req_bad(const char *fmt, ...) {
+  char msg[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  KVP_LOGW(MOD, "%s", msg); /* "request.<field> ..." */
+  return KVP_EINVAL;
+}
+
+static int cls_validate(const kvp_route_request *q) {
+  const kvp_classification *c = q->cls;
+  if (c == NULL)
+    return 0;
+  if (c->n_blocks != q->n_blocks)
+    return req_bad("request.cls->n_blocks = %u but request.n_blocks = %zu: "
+                   "the classification must be of the same key chain",
+                   c->n_blocks, q->n_blocks);
+  if (c->stable_end > c->semi_end || c->semi_end > c->n_blocks)
+    return req_bad("request.cls: stable_end %u <= semi_end %u <= n_blocks "
+                   "%u does not hold",
+                   c->stable_end, c->semi_end, c->n_blocks);
+  return 0;
+}
+
 static int ctx_validate(const kvp_router *r, const kvp_route_request *q) {
   uint64_t hashed = (uint64_t)q->n_blocks * r->bs;
-  if ((q->keys == NULL && q->n_blocks > 0) || q->n_blocks > r->o.max_blocks)
-    return KVP_EINVAL;
+  if (q->keys == NULL && q->n_blocks > 0)
+    return req_bad("request.keys is NULL with n_blocks = %zu", q->n_blocks);
+  if (q->n_blocks > r->o.max_blocks)
+    return req_bad("request.n_blocks = %zu > opts.max_blocks %u", q->n_blocks,
+                   r->o.max_blocks);
+  if (q->block_size != 0 && q->block_size != r->bs)
+    return req_bad("request.block_size = %u but the router's opts.block_size "
+                   "= %u: the keys come from another namespace",
+                   q->block_size, r->bs);
   if (q->prompt_tokens != 0 &&
       (q->prompt_tokens < hashed ||
        q->prompt_tokens > ((uint64_t)r->o.max_blocks + 1) * r->bs))
-    return KVP_EINVAL;
+    return req_bad("request.prompt_tokens = %" PRIu64 ": fewer than n_blocks "
+                   "x block_size = %" PRIu64 " or beyond max_blocks",
+                   q->prompt_tokens, hashed);
   if (!zeros(q->reserved, sizeof q->reserved))
-    return KVP_EINVAL;
-  const kvp_classification *c = q->cls;
-  if (c && (c->n_blocks != q->n_blocks || c->stable_end > c->semi_end ||
-            c->semi_end > c->n_blocks))
-    return KVP_EINVAL;
-  return 0;
+    return req_bad("request.reserved: must be zero");
+  return cls_validate(q);
 }
 
 static int ctx_init(kvp_router *r, const kvp_route_request *q, route_ctx *x) {
@@ -967,6 +1058,15 @@ static void fill_reuse(const kvp_router *r, const route_ctx *x,
   d->reused_class_tokens[KVP_CLASS_STABLE] = st * r->bs;
   d->reused_class_tokens[KVP_CLASS_SEMI] = se * r->bs;
   d->reused_class_tokens[KVP_CLASS_VOLATILE] = (u - st - se) * r->bs;
+  /* the prompt by class, blocks as the reuse split counts them; tail and
+   * unclassified blocks volatile */
+  uint64_t pst = cls ? (uint64_t)cls->stable_end * r->bs : 0;
+  uint64_t pse = cls ? (uint64_t)(cls->semi_end - cls->stable_end) * r->bs : 0;
+  d->prompt_class_tokens[KVP_CLASS_STABLE] = pst;
+  d->prompt_class_tokens[KVP_CLASS_SEMI] = pse;
+  d->prompt_class_tokens[KVP_CLASS_VOLATILE] = x->n_tokens - pst - pse;
+  for (int k = 0; k < KVP_TIER_COUNT_; k++)
+    d->load_bytes[k] = (uint64_t)((double)d->reused_tier_tokens[k] * r->kvb);
 }
 
 /* Returns the runner-up (or KVP_WORKER_NONE), which the reason quotes. */
@@ -979,6 +1079,8 @@ static uint32_t fill_decision(const kvp_router *r, const route_ctx *x,
   d->reason = p->reason;
   d->flags = p->flags;
   d->n_eligible = x->n_online;
+  d->block_size = r->bs;
+  d->hashed_tokens = (uint64_t)x->req->n_blocks * r->bs;
   d->request_id = x->id;
   d->session_id = x->req->session_id;
   d->tenant = x->req->tenant;

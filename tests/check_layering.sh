@@ -39,5 +39,25 @@ for mod in "${!allowed[@]}"; do
     done < <(grep -E '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$f")
   done < <(find "$mod" -name '*.[ch]' -print0 -o -name '*.cu' -print0)
 done
+# core sits below every other module: neither its sources nor its public
+# headers may include another module's public header (kvp_class and
+# kvp_tier, which several modules share, live in kvplane/common.h).
+core_public="common.h core.h text.h ledger.h config.h version.h"
+while IFS= read -r -d '' f; do
+  while IFS= read -r inc; do
+    case "$inc" in
+      kvplane/*) h=${inc#kvplane/} ;;
+      kvplane.h) h=kvplane.h ;;
+      *) continue ;;
+    esac
+    case " $core_public " in
+      *" $h "*) ;;
+      *) echo "$f: includes \"$inc\", a header of a module above core"; fail=1 ;;
+    esac
+  done < <(sed -nE 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"([^"]+)".*/\1/p' "$f")
+done < <(find core -name '*.[ch]' -print0
+         for h in $core_public; do
+           [ -f "include/kvplane/$h" ] && printf 'include/kvplane/%s\0' "$h"
+         done)
 [ "$fail" = 0 ] && echo "layering ok"
 exit $fail

@@ -225,7 +225,7 @@ TEST(tiers_good) {
   kvp_tier_store *t;
   ASSERT_OK(kvp_tier_create(&q, NULL, &t));
   int64_t v;
-  ASSERT_OK(kvp_tier_get_opt(t, KVP_TIER_OPT_POLICY, &v));
+  ASSERT_OK(kvp_tier_opt_get(t, KVP_TIER_OPT_POLICY, &v));
   ASSERT_EQ(v, (int64_t)KVP_TIER_POLICY_S3FIFO);
   kvp_tier_destroy(t);
 }
@@ -252,13 +252,13 @@ TEST(tiers_admission) {
   kvp_tier_store *t;
   ASSERT_OK(kvp_tier_create(&o, NULL, &t));
   int64_t v;
-  ASSERT_OK(kvp_tier_get_opt(t, KVP_TIER_OPT_ADMISSION, &v));
+  ASSERT_OK(kvp_tier_opt_get(t, KVP_TIER_OPT_ADMISSION, &v));
   ASSERT_EQ(v, (int64_t)KVP_TIER_ADMIT_HITS);
-  ASSERT_OK(kvp_tier_get_opt(t, KVP_TIER_OPT_ADMIT_WRITE_WEIGHT_MILLI, &v));
+  ASSERT_OK(kvp_tier_opt_get(t, KVP_TIER_OPT_ADMIT_WRITE_WEIGHT_MILLI, &v));
   ASSERT_EQ(v, 2500);
-  ASSERT_OK(kvp_tier_get_opt(t, KVP_TIER_OPT_PREFILL_KV_BPS, &v));
+  ASSERT_OK(kvp_tier_opt_get(t, KVP_TIER_OPT_PREFILL_KV_BPS, &v));
   ASSERT_EQ(v, INT64_C(2600000000));
-  ASSERT_OK(kvp_tier_get_opt(t, KVP_TIER_OPT_ADMIT_MIN_SAMPLES, &v));
+  ASSERT_OK(kvp_tier_opt_get(t, KVP_TIER_OPT_ADMIT_MIN_SAMPLES, &v));
   ASSERT_EQ(v, 64);
   kvp_tier_destroy(t);
   ASSERT_EQ(tiers("tiers:\n  admission: gate\n", &o, NULL, 0, err, sizeof err),

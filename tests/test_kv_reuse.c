@@ -287,17 +287,17 @@ static void reuse_once(run r) {
   for (int i = 0; i < NPROMPT; i++)
     ASSERT_EQ(res[i], 1);
   kvp_tier_stats st;
-  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_OK(kvp_tier_stats_get(t, &st));
   if (!r.durable) {
     ASSERT_GT(st.demotions, 0);           /* pressure wrote some ... */
     ASSERT_LT(st.nvme_blocks, NPROMPT);
     ASSERT_GT(kvp_tier_idle(t, UINT64_MAX), 0); /* ... idle the rest */
     ASSERT_OK(kvp_tier_sync(t));
-    ASSERT_OK(kvp_tier_get_stats(t, &st));
+    ASSERT_OK(kvp_tier_stats_get(t, &st));
   }
   ASSERT_EQ(st.nvme_blocks, NPROMPT);
   kvp_tier_link_stats ls;
-  ASSERT_OK(kvp_tier_link_get_stats(l, &ls));
+  ASSERT_OK(kvp_tier_link_stats_get(l, &ls));
   ASSERT_EQ(ls.blocks_saved, NPROMPT);
   ASSERT_EQ(ls.gathers, 3); /* 16 + 16 + 8 */
   void *old_base;
@@ -315,7 +315,7 @@ static void reuse_once(run r) {
   ASSERT_EQ(tamper(dir, needle, c.bb), 1);
 
   t = store_open(&o, &ns, c.bb, NPROMPT / 4);
-  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_OK(kvp_tier_stats_get(t, &st));
   ASSERT_EQ(st.recovered_slots, NPROMPT);
   ASSERT_EQ(st.dram_blocks, 0);
   ASSERT_OK(kvp_tier_link_create(t, g_dev, c.lay, &ns,
@@ -331,10 +331,10 @@ static void reuse_once(run r) {
     img_move(&c, (const uint8_t *const *)saved, src[i], dst[i]);
   }
   check_blocks(&c, perm, NBLOCKS); /* loaded blocks exact, all else NaN */
-  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_OK(kvp_tier_stats_get(t, &st));
   ASSERT_EQ(st.checksum_failures, 1);
   ASSERT_GT(st.promotions, 0);
-  ASSERT_OK(kvp_tier_link_get_stats(l, &ls));
+  ASSERT_OK(kvp_tier_link_stats_get(l, &ls));
   ASSERT_EQ(ls.blocks_loaded, NPROMPT - 1);
   ASSERT_EQ(ls.blocks_missed, 1);
 
@@ -454,7 +454,7 @@ TEST(link_api) {
       img_move(&c, (const uint8_t *const *)saved, src[i], dst[i]);
   check_blocks(&c, all, NBLOCKS);
   kvp_tier_link_stats ls;
-  ASSERT_OK(kvp_tier_link_get_stats(l, &ls));
+  ASSERT_OK(kvp_tier_link_stats_get(l, &ls));
   ASSERT_EQ(ls.wrong_length, 1);
   ASSERT_EQ(ls.scatters, 3); /* rounds of 4: 4 + 4 + 2 blocks */
   /* the store's region is registered with this device: every hit came
@@ -511,7 +511,7 @@ TEST(load_unregistered_store) {
   }
   check_blocks(&c, all, NBLOCKS);
   kvp_tier_link_stats ls;
-  ASSERT_OK(kvp_tier_link_get_stats(l, &ls));
+  ASSERT_OK(kvp_tier_link_stats_get(l, &ls));
   ASSERT_EQ(ls.blocks_loaded, N);
   ASSERT_EQ(ls.blocks_direct, 0);
   kvp_tier_link_destroy(l);
@@ -597,7 +597,7 @@ TEST(threads) {
   for (int k = 0; k < THREADS; k++)
     ASSERT_EQ(pthread_join(th[k], NULL), 0);
   kvp_tier_stats st;
-  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_OK(kvp_tier_stats_get(t, &st));
   ASSERT_GT(st.demotions, 0);
   ASSERT_EQ(st.checksum_failures + st.key_mismatch + st.io_errors, 0);
   kvp_tier_destroy(t);

@@ -110,7 +110,7 @@ TEST(create_destroy) {
   kvp_ledger_stats st;
   ASSERT_ERR(kvp_ledger_create(NULL, NULL, NULL), KVP_EINVAL);
   ASSERT_OK(kvp_ledger_create(NULL, NULL, &l));
-  ASSERT_OK(kvp_ledger_get_stats(l, &st));
+  ASSERT_OK(kvp_ledger_stats_get(l, &st));
   ASSERT_EQ(st.max_sessions, 65536u);
   ASSERT_EQ(st.max_tenants, 4096u);
   ASSERT_EQ(st.sessions, 0u);
@@ -127,7 +127,7 @@ TEST(create_destroy) {
   ASSERT_ERR(kvp_ledger_create(&o, NULL, &l), KVP_ERANGE);
   o = (kvp_ledger_opts){.max_sessions = 7, .max_tenants = 65536};
   ASSERT_OK(kvp_ledger_create(&o, NULL, &l));
-  ASSERT_OK(kvp_ledger_get_stats(l, &st));
+  ASSERT_OK(kvp_ledger_stats_get(l, &st));
   ASSERT_EQ(st.max_sessions, 7u);
   ASSERT_EQ(st.max_tenants, 65536u);
   kvp_ledger_totals t;
@@ -179,7 +179,7 @@ TEST(arithmetic_matches_model) {
     }
   }
   kvp_ledger_stats st;
-  ASSERT_OK(kvp_ledger_get_stats(l, &st));
+  ASSERT_OK(kvp_ledger_stats_get(l, &st));
   ASSERT_EQ(st.tenants, 4u);
   ASSERT_EQ(st.sessions, 15u); /* 5 tenant values (none included) x 3 */
   ASSERT_EQ(st.rejected_total, 0u);
@@ -272,7 +272,7 @@ TEST(rejects_broken_records) {
   /* counted per reason; nothing of them reached any total */
   kvp_ledger_stats st;
   kvp_ledger_totals g, t;
-  ASSERT_OK(kvp_ledger_get_stats(l, &st));
+  ASSERT_OK(kvp_ledger_stats_get(l, &st));
   for (int i = 0; i < KVP_LEDGER_REJECT_COUNT_; i++)
     ASSERT_EQ(st.rejected[i], want[i]);
   ASSERT_EQ(st.rejected_total, sizeof cases / sizeof cases[0]);
@@ -319,7 +319,7 @@ TEST(lru_caps_fold_into_global) {
   ASSERT_EQ(requests_of(l, "T1", "c"), 1u);
   ASSERT_EQ(requests_of(l, "T1", "d"), 1u);
   ASSERT_EQ(requests_of(l, "T2", "a"), 0u); /* (tenant, session) pairs */
-  ASSERT_OK(kvp_ledger_get_stats(l, &st));
+  ASSERT_OK(kvp_ledger_stats_get(l, &st));
   ASSERT_EQ(st.sessions, 3u);
   ASSERT_EQ(st.session_evictions, 1u);
   /* a query of c does not save it: c is now the LRU */
@@ -337,7 +337,7 @@ TEST(lru_caps_fold_into_global) {
   ASSERT_EQ(requests_of(l, "T2", NULL), 0u);
   ASSERT_EQ(requests_of(l, "T1", NULL), 7u);
   ASSERT_EQ(requests_of(l, "T3", NULL), 1u);
-  ASSERT_OK(kvp_ledger_get_stats(l, &st));
+  ASSERT_OK(kvp_ledger_stats_get(l, &st));
   ASSERT_EQ(st.tenants, 2u);
   ASSERT_EQ(st.tenant_evictions, 1u);
   ASSERT_EQ(st.session_evictions, 2u);
@@ -366,11 +366,11 @@ TEST(lru_many_sessions) {
     kvp_ledger_record r = good("t", name, 1, 1, 1);
     ASSERT_OK(kvp_ledger_add(l, &r));
     if (i % 997 == 0) {
-      ASSERT_OK(kvp_ledger_get_stats(l, &st));
+      ASSERT_OK(kvp_ledger_stats_get(l, &st));
       ASSERT_LE(st.sessions, 1000u);
     }
   }
-  ASSERT_OK(kvp_ledger_get_stats(l, &st));
+  ASSERT_OK(kvp_ledger_stats_get(l, &st));
   ASSERT_EQ(st.sessions, 1000u);
   ASSERT_EQ(st.session_evictions, 4000u);
   for (int i = 0; i < 5000; i++) {
@@ -646,7 +646,7 @@ TEST(json_dump_all_scopes) {
   kvp_ledger_record r = good(NULL, "lonely", 1, 0, 0);
   ASSERT_OK(kvp_ledger_add(l, &r));
   kvp_ledger_stats st;
-  ASSERT_OK(kvp_ledger_get_stats(l, &st));
+  ASSERT_OK(kvp_ledger_stats_get(l, &st));
   sink s = {0};
   ASSERT_OK(kvp_ledger_json_write(l, KVP_LEDGER_JSON_GLOBAL | KVP_LEDGER_JSON_TENANTS |
                                          KVP_LEDGER_JSON_SESSIONS,
@@ -738,7 +738,7 @@ TEST(allocation_failure_changes_nothing) {
   ASSERT_ERR(kvp_ledger_add(l, &r), KVP_ENOMEM);
   ASSERT_EQ(b.live, base); /* the tenant entry was given back */
   ASSERT_ERR(kvp_ledger_tenant_totals(l, "new-tenant", &t), KVP_ENOENT);
-  ASSERT_OK(kvp_ledger_get_stats(l, &st));
+  ASSERT_OK(kvp_ledger_stats_get(l, &st));
   ASSERT_EQ(st.alloc_failures, 2u);
   ASSERT_EQ(st.tenants, 0u);
   ASSERT_EQ(st.sessions, 0u);
@@ -853,9 +853,62 @@ TEST(concurrent_add_and_export) {
   ASSERT_OK(kvp_ledger_session_totals(g_ledger, "c1", "w2-11", &t));
   ASSERT_EQ(t.requests, (uint64_t)N_PER_THREAD / 50);
   kvp_ledger_stats st;
-  ASSERT_OK(kvp_ledger_get_stats(g_ledger, &st));
+  ASSERT_OK(kvp_ledger_stats_get(g_ledger, &st));
   ASSERT_EQ(st.sessions, (uint64_t)N_THREADS * 50);
   kvp_ledger_destroy(g_ledger);
+}
+
+/* kvp_ledger_explain names the broken rule with its fields and values. */
+static const char *explain(const kvp_ledger_record *r, int want_rc) {
+  static char buf[512];
+  ASSERT_EQ(kvp_ledger_explain(r, buf, sizeof buf), want_rc);
+  return buf;
+}
+
+TEST(explain_names_field_and_sum) {
+  kvp_ledger_record r = good("t", "s", 30, 10, 20);
+  ASSERT_STR_EQ(explain(&r, 0), "ok");
+  r.miss_tokens[KVP_MISS_EVICTED] = 5;
+  ASSERT_STR_EQ(explain(&r, KVP_EINVAL),
+                "miss: miss_tokens sums to 25 (never_seen 20 + evicted 5 + "
+                "on_other_worker 0 + partial_block 0 + namespace 0 + "
+                "prompt_drift 0 + not_worth_loading 0 + unknown 0), not "
+                "recomputed_tokens 20");
+  r = good("t", "s", 30, 10, 20);
+  r.reused_by_tier[KVP_TIER_NVME] = 1;
+  ASSERT_STR_EQ(explain(&r, KVP_EINVAL),
+                "tier: reused_by_tier sums to 41 (hbm 30 + dram 10 + nvme 1 + "
+                "remote 0), not reused_tokens 40");
+  r = good("t", "s", 30, 10, 20);
+  r.reused_by_class[KVP_CLASS_SEMI] = 3;
+  ASSERT_STR_EQ(explain(&r, KVP_EINVAL),
+                "class: reused_by_class[semi] 3 > prompt_by_class[semi] 0");
+  r = good("t", "s", 30, 10, 20);
+  r.prompt_tokens = 61;
+  ASSERT_STR_EQ(explain(&r, KVP_EINVAL),
+                "tokens: reused_tokens 40 + recomputed_tokens 20 != "
+                "prompt_tokens 61");
+  r = good("t", "s", 30, 10, 20);
+  r.worker = 5000;
+  ASSERT_STR_EQ(explain(&r, KVP_EINVAL), "field: worker = 5000: not in -1 .. 4095");
+  r = good("t", "s", 30, 10, 20);
+  r.load_bytes[KVP_TIER_NVME] = 7;
+  ASSERT_STR_EQ(explain(&r, KVP_EINVAL),
+                "bytes: load_bytes[nvme] = 7 with reused_by_tier[nvme] = 0");
+  r = good("t", "s", 30, 10, 20);
+  r.avoided_gpu_seconds = NAN;
+  ASSERT_NOT_NULL(strstr(explain(&r, KVP_EINVAL),
+                         "estimate: avoided_gpu_seconds = NaN: must be finite"));
+  r = good("t", "\xff", 30, 10, 20);
+  ASSERT_STR_EQ(explain(&r, KVP_EINVAL),
+                "name: session: not UTF-8 or longer than 256 bytes");
+  ASSERT_STR_EQ(explain(NULL, KVP_EINVAL), "record is NULL");
+  char small[8];
+  r = good("t", "s", 30, 10, 20);
+  r.prompt_tokens = 61;
+  ASSERT_EQ(kvp_ledger_explain(&r, small, sizeof small), KVP_EINVAL);
+  ASSERT_STR_EQ(small, "tokens:"); /* snprintf-like truncation */
+  ASSERT_EQ(kvp_ledger_explain(&r, NULL, 0), KVP_EINVAL);
 }
 
 TEST_MAIN(TEST_ENTRY(create_destroy), TEST_ENTRY(arithmetic_matches_model),
@@ -866,4 +919,5 @@ TEST_MAIN(TEST_ENTRY(create_destroy), TEST_ENTRY(arithmetic_matches_model),
           TEST_ENTRY(prometheus_buffer_and_writer), TEST_ENTRY(json_dump_all_scopes),
           TEST_ENTRY(allocation_failure_changes_nothing),
           TEST_ENTRY(numbers_ignore_locale),
-          TEST_ENTRY(concurrent_add_and_export))
+          TEST_ENTRY(concurrent_add_and_export),
+          TEST_ENTRY(explain_names_field_and_sum))

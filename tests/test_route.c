@@ -32,6 +32,7 @@ static kvp_key *keys_new(size_t n, uint64_t c) {
 
 static kvp_router *router_new(kvp_policy p, uint32_t n, uint32_t replica) {
   kvp_router_opts o = {0};
+  o.block_size = 16; /* required: the hasher's */
   o.policy = p;
   o.n_workers = n;
   o.replica_id = replica;
@@ -80,7 +81,7 @@ static const kvp_route_candidate *cand_for(const kvp_decision *d, uint32_t w) {
 
 static json_t *receipt(const kvp_decision *d) {
   char buf[8192];
-  int n = kvp_router_receipt_json(d, buf, sizeof buf);
+  int n = kvp_router_receipt_json(d, NULL, buf, sizeof buf);
   ASSERT_GT(n, 0);
   ASSERT_LT(n, (int)sizeof buf);
   json_error_t err;
@@ -89,6 +90,11 @@ static json_t *receipt(const kvp_decision *d) {
     fprintf(stderr, "bad JSON (%s): %s\n", err.text, buf);
   ASSERT_NOT_NULL(j);
   return j;
+}
+
+/* A member of the receipt's "route" object. */
+static json_t *route_get(json_t *j, const char *key) {
+  return json_object_get(json_object_get(j, "route"), key);
 }
 
 /* Default model/GPU (Llama-3.1-8B on an H100 at 50%): FLOPs for tokens
@@ -217,11 +223,14 @@ TEST(agentic_worked_example) {
   ASSERT_NOT_NULL(
       strstr(d.reason_text, "holds 60,000 of 61,000 tokens (HBM 60,000)"));
   json_t *j = receipt(&d);
-  json_t *av = json_object_get(j, "avoided");
+  json_t *av = json_object_get(j, "prefill_avoided");
   ASSERT_EQ(json_integer_value(json_object_get(av, "tokens")), 60000);
   ASSERT_DOUBLE_NEAR(json_real_value(json_object_get(av, "flops")),
-                     d.avoided_flops, 1e7); /* printed to 9 digits */
-  ASSERT_STR_EQ(json_string_value(json_object_get(j, "reason")), "cost");
+                     d.avoided_flops, 0.0); /* shortest round-trip form */
+  ASSERT_EQ(json_integer_value(
+                json_object_get(json_object_get(j, "reused_by_tier"), "hbm")),
+            60000);
+  ASSERT_STR_EQ(json_string_value(route_get(j, "reason")), "cost");
   json_decref(j);
   ASSERT_EQ(kvp_index_stored(ix, a, 2, KVP_TIER_HBM, &c.keys[3749],
                              c.keys + 3750, 62),
@@ -247,7 +256,7 @@ TEST(agentic_worked_example) {
   ASSERT_EQ(d.avoided_tokens, 0u);
   ASSERT_EQ(d.matched_elsewhere_tokens, 61000u - 8u);
   j = receipt(&d);
-  ASSERT_STR_EQ(json_string_value(json_object_get(j, "reason")), "guard");
+  ASSERT_STR_EQ(json_string_value(route_get(j, "reason")), "guard");
   json_decref(j);
   kvp_hasher_destroy(c.h);
   free(c.tok);
@@ -260,6 +269,7 @@ TEST(agentic_worked_example) {
  * mode), so the next turn finds it, as a predicted (uncertain) match. */
 TEST(approximate_index_records_routes) {
   kvp_router_opts o = {0};
+  o.block_size = 16; /* required: the hasher's */
   o.n_workers = 4;
   o.record_routed = 1;
   kvp_router *r = NULL;
@@ -452,6 +462,9 @@ TEST(affinity_within_epsilon) {
   ASSERT_EQ(d.worker, s);
   ASSERT_EQ(d.reason, KVP_REASON_AFFINITY);
   ASSERT_NOT_NULL(strstr(d.reason_text, "affinity: session stays on worker"));
+  size_t len = strlen(d.reason_text); /* nothing reused: no dangling "; " */
+  ASSERT_TRUE(len > 2 && d.reason_text[len - 1] == ')' &&
+              strstr(d.reason_text, "; ") == NULL);
   ASSERT_OK(kvp_router_complete(r, s, d.request_id));
   /* 2,000 queued tokens add 65 ms: beyond epsilon, the session moves */
   set_load(r, s, 0, 1, 2000, 0, 0.0);
@@ -614,6 +627,7 @@ TEST(llmd_weighted_scores) {
 
 static kvp_router *dynamo_router(double temperature, uint64_t seed) {
   kvp_router_opts o = {0};
+  o.block_size = 16; /* required: the hasher's */
   o.policy = KVP_POLICY_DYNAMO;
   o.n_workers = 3;
   o.dynamo_temperature = temperature;
@@ -716,6 +730,7 @@ TEST(bandwidth_reports_race_routing) {
 /* ---- in flight, predicted matches, offline workers ----------------------- */
 TEST(inflight_bookkeeping) {
   kvp_router_opts o = {0};
+  o.block_size = 16; /* required: the hasher's */
   o.n_workers = 2;
   o.max_inflight = 2;
   kvp_router *r = NULL;
@@ -759,6 +774,7 @@ TEST(inflight_bookkeeping) {
  * what is still outstanding (backward-shift deletion keeps lookups right). */
 TEST(inflight_random_churn) {
   kvp_router_opts o = {0};
+  o.block_size = 16; /* required: the hasher's */
   o.n_workers = 5;
   o.max_inflight = 64;
   o.policy = KVP_POLICY_ROUND_ROBIN;
@@ -855,40 +871,39 @@ TEST(receipt_json_snprintf_and_escaping) {
   ASSERT_OK(kvp_router_route_matches(r, &q, &m, 1, &d));
   json_t *j = receipt(&d);
   ASSERT_EQ(json_integer_value(json_object_get(j, "worker")), 1);
-  ASSERT_STR_EQ(json_string_value(json_object_get(j, "policy")),
-                "kvplane_cost");
-  ASSERT_STR_EQ(json_string_value(json_object_get(j, "reason_text")),
-                d.reason_text);
+  ASSERT_STR_EQ(json_string_value(route_get(j, "policy")), "kvplane_cost");
+  ASSERT_STR_EQ(json_string_value(route_get(j, "reason_text")), d.reason_text);
   ASSERT_STR_EQ(json_string_value(json_object_get(j, "tenant")), "17");
   char id[32];
   snprintf(id, sizeof id, "%" PRIu64, d.request_id); /* > 2^63: a string */
   ASSERT_STR_EQ(json_string_value(json_object_get(j, "request_id")), id);
-  ASSERT_EQ(json_array_size(json_object_get(j, "top")), 3u);
+  ASSERT_EQ(json_array_size(route_get(j, "top")), 3u);
   ASSERT_EQ(json_integer_value(
-                json_object_get(json_object_get(j, "matched_tokens"), "hbm")),
+                json_object_get(route_get(j, "matched_tokens"), "hbm")),
             192);
   json_decref(j);
 
   char full[8192], small[40];
-  int n = kvp_router_receipt_json(&d, full, sizeof full);
-  ASSERT_EQ(kvp_router_receipt_json(&d, NULL, 0), n);
-  ASSERT_EQ(kvp_router_receipt_json(&d, small, sizeof small), n);
+  int n = kvp_router_receipt_json(&d, NULL, full, sizeof full);
+  ASSERT_EQ(kvp_router_receipt_json(&d, NULL, NULL, 0), n);
+  ASSERT_EQ(kvp_router_receipt_json(&d, NULL, small, sizeof small), n);
   ASSERT_EQ(strlen(small), sizeof small - 1);
   ASSERT_MEM_EQ(small, full, sizeof small - 1);
-  ASSERT_ERR(kvp_router_receipt_json(NULL, full, sizeof full), KVP_EINVAL);
-  ASSERT_ERR(kvp_router_receipt_json(&d, NULL, 10), KVP_EINVAL);
+  ASSERT_ERR(kvp_router_receipt_json(NULL, NULL, full, sizeof full),
+             KVP_EINVAL);
+  ASSERT_ERR(kvp_router_receipt_json(&d, NULL, NULL, 10), KVP_EINVAL);
 
   /* hostile text and non-finite numbers still give valid JSON */
   snprintf(d.reason_text, sizeof d.reason_text, "a\"b\\c\n\x01\x7f");
   d.top[0].total_s = NAN;
   d.avoided_s = INFINITY;
   j = receipt(&d);
-  ASSERT_STR_EQ(json_string_value(json_object_get(j, "reason_text")),
+  ASSERT_STR_EQ(json_string_value(route_get(j, "reason_text")),
                 "a\"b\\c\n\x01\x7f");
-  ASSERT_TRUE(json_is_null(json_object_get(
-      json_array_get(json_object_get(j, "top"), 0), "total_s")));
-  ASSERT_TRUE(
-      json_is_null(json_object_get(json_object_get(j, "avoided"), "seconds")));
+  ASSERT_TRUE(json_is_null(
+      json_object_get(json_array_get(route_get(j, "top"), 0), "total_s")));
+  ASSERT_TRUE(json_is_null(
+      json_object_get(json_object_get(j, "prefill_avoided"), "gpu_seconds")));
   json_decref(j);
   free(keys);
   kvp_router_destroy(r);
@@ -911,7 +926,7 @@ TEST(every_policy_has_a_receipt) {
               d.reason_text);
     ASSERT_NOT_NULL(strstr(d.reason_text, want));
     json_t *j = receipt(&d);
-    ASSERT_STR_EQ(json_string_value(json_object_get(j, "policy")),
+    ASSERT_STR_EQ(json_string_value(route_get(j, "policy")),
                   kvp_policy_name((kvp_policy)pol));
     json_decref(j);
     free(keys);
@@ -923,6 +938,7 @@ TEST(every_policy_has_a_receipt) {
 TEST(bad_options) {
   kvp_router *r = (kvp_router *)&r; /* must be reset to NULL on failure */
   kvp_router_opts o = {0};
+  o.block_size = 16; /* required: the hasher's */
   ASSERT_ERR(kvp_router_create(&o, NULL, &r), KVP_EINVAL); /* 0 workers */
   ASSERT_NULL(r);
   ASSERT_ERR(kvp_router_create(NULL, NULL, &r), KVP_EINVAL);
@@ -1071,6 +1087,7 @@ TEST(allocator_is_used_and_balanced) {
   counting_alloc c = {0, 0};
   kvp_allocator a = {ca_alloc, ca_free, &c};
   kvp_router_opts o = {0};
+  o.block_size = 16; /* required: the hasher's */
   o.n_workers = 64;
   kvp_router *r = NULL;
   ASSERT_OK(kvp_router_create(&o, &a, &r));
@@ -1078,6 +1095,298 @@ TEST(allocator_is_used_and_balanced) {
   ASSERT_GT(c.live, 0u);
   kvp_router_destroy(r);
   ASSERT_EQ(c.live, 0u);
+}
+
+/* ---- errors that name the field ------------------------------------------ */
+static char g_log[1024];
+static void log_sink(void *opaque, kvp_log_level lv, const char *mod,
+                     const char *msg) {
+  (void)opaque, (void)lv, (void)mod;
+  snprintf(g_log, sizeof g_log, "%s", msg);
+}
+
+/* Captures WARN and above into g_log (cleared), or restores the default. */
+static void log_capture(bool on) {
+  g_log[0] = '\0';
+  kvp_log_set_sink(on ? log_sink : NULL, NULL);
+  kvp_log_set_level(on ? KVP_LOG_WARN : KVP_LOG_ERROR);
+}
+
+#define ASSERT_LOGGED(text)                                                    \
+  do {                                                                         \
+    if (strstr(g_log, text) == NULL)                                           \
+      fprintf(stderr, "log was: %s\n", g_log);                                 \
+    ASSERT_NOT_NULL(strstr(g_log, text));                                      \
+  } while (0)
+
+TEST(options_errors_name_the_field) {
+  kvp_router *r = NULL;
+  kvp_router_opts o = {0};
+  o.n_workers = 2;
+  log_capture(true);
+  ASSERT_ERR(kvp_router_create(&o, NULL, &r), KVP_EINVAL); /* block_size 0 */
+  ASSERT_LOGGED("opts.block_size = 0: required");
+  o.block_size = 16;
+  o.gpu.bw[KVP_TIER_NVME] = INFINITY;
+  ASSERT_ERR(kvp_router_create(&o, NULL, &r), KVP_EINVAL);
+  ASSERT_LOGGED("opts.gpu.bw[nvme] = inf");
+  o.gpu.bw[KVP_TIER_NVME] = 0, o.guard = -2.0;
+  ASSERT_ERR(kvp_router_create(&o, NULL, &r), KVP_EINVAL);
+  ASSERT_LOGGED("opts.guard = -2");
+  o.guard = 0, o.n_workers = 0;
+  ASSERT_ERR(kvp_router_create(&o, NULL, &r), KVP_EINVAL);
+  ASSERT_LOGGED("opts.n_workers = 0");
+  o.n_workers = 2, o.model.layers = 32;
+  ASSERT_ERR(kvp_router_create(&o, NULL, &r), KVP_EINVAL);
+  ASSERT_LOGGED("opts.model.heads out of range");
+  log_capture(false);
+}
+
+/* The scheduler author's bug: 32-token blocks hashed, the router left at a
+ * block size of its own.  Refused, naming both; with the block size taken
+ * from the hasher, 10 matched blocks are 320 tokens avoided. */
+TEST(block_size_mismatch_refused) {
+  kvp_namespace_desc nd = {.model_id = "test/bs", .block_size = 32};
+  kvp_namespace ns;
+  kvp_hasher *h = NULL;
+  ASSERT_OK(kvp_namespace_init(&nd, &ns));
+  ASSERT_OK(kvp_hasher_create(&ns, NULL, NULL, &h));
+  uint32_t tok[32 * 12];
+  for (size_t i = 0; i < sizeof tok / sizeof tok[0]; i++)
+    tok[i] = (uint32_t)i;
+  kvp_key keys[12];
+  ASSERT_EQ(kvp_hasher_hash(h, tok, 32 * 12, NULL, keys, 12, NULL), 12);
+  kvp_route_request q = req_of(keys, 12, 32 * 12, 0, 0);
+  q.block_size = kvp_hasher_block_size(h);
+  kvp_worker_match m = hbm(1, 10);
+  kvp_decision d;
+  kvp_router_opts o = {0};
+  o.n_workers = 2, o.block_size = 16; /* not the hasher's */
+  kvp_router *r = NULL;
+  ASSERT_OK(kvp_router_create(&o, NULL, &r));
+  log_capture(true);
+  ASSERT_ERR(kvp_router_route_matches(r, &q, &m, 1, &d), KVP_EINVAL);
+  ASSERT_LOGGED("request.block_size = 32 but the router's opts.block_size "
+                "= 16");
+  log_capture(false);
+  kvp_router_destroy(r);
+  o.block_size = kvp_hasher_block_size(h);
+  ASSERT_OK(kvp_router_create(&o, NULL, &r));
+  ASSERT_OK(kvp_router_route_matches(r, &q, &m, 1, &d));
+  ASSERT_EQ(d.worker, 1u);
+  ASSERT_EQ(d.avoided_tokens, 320u);
+  ASSERT_EQ(d.block_size, 32u);
+  json_t *j = receipt(&d);
+  ASSERT_EQ(json_integer_value(json_object_get(
+                json_object_get(j, "prefill_avoided"), "tokens")),
+            320);
+  json_decref(j);
+  kvp_router_destroy(r);
+  kvp_hasher_destroy(h);
+}
+
+TEST(bad_cls_is_logged) {
+  kvp_router *r = router_new(KVP_POLICY_KVPLANE_COST, 2, 0);
+  kvp_key *keys = keys_new(8, 4);
+  kvp_route_request q = req_of(keys, 8, 0, 0, 0);
+  kvp_classification cls = {{0}, 2, 4, 6, 0, {0}}; /* 6 blocks, not 8 */
+  q.cls = &cls;
+  kvp_decision d;
+  log_capture(true);
+  ASSERT_ERR(kvp_router_route_matches(r, &q, NULL, 0, &d), KVP_EINVAL);
+  ASSERT_LOGGED("request.cls->n_blocks = 6 but request.n_blocks = 8");
+  cls.n_blocks = 8, cls.stable_end = 5;
+  ASSERT_ERR(kvp_router_route_matches(r, &q, NULL, 0, &d), KVP_EINVAL);
+  ASSERT_LOGGED("request.cls: stable_end 5 <= semi_end 4");
+  log_capture(false);
+  free(keys);
+  kvp_router_destroy(r);
+}
+
+/* ---- decisions into the ledger ------------------------------------------- */
+typedef struct expect {
+  kvp_ledger_totals t;
+} expect;
+
+/* What the ledger must hold for d, computed from the request and matches
+ * (not from the decision's own split). */
+static void expect_add(expect *e, const kvp_decision *d,
+                       const kvp_route_request *q, const kvp_worker_match *m,
+                       size_t nm, uint32_t bs) {
+  kvp_ledger_totals *t = &e->t;
+  uint64_t hashed = (uint64_t)q->n_blocks * bs, mine = 0, other = 0;
+  for (size_t i = 0; i < nm; i++) {
+    uint64_t b = 0;
+    for (int k = 0; k < KVP_TIER_COUNT_; k++)
+      b += m[i].blocks[k];
+    if (m[i].worker == d->worker)
+      mine = b * bs;
+    else if (b * bs > other)
+      other = b * bs;
+  }
+  t->requests++;
+  t->prompt_tokens += d->prompt_tokens;
+  t->reused_tokens += d->avoided_tokens;
+  t->recomputed_tokens += d->prompt_tokens - d->avoided_tokens;
+  uint64_t held = mine > other ? mine : other;
+  t->miss_tokens[KVP_MISS_PARTIAL_BLOCK] += d->prompt_tokens - hashed;
+  t->miss_tokens[KVP_MISS_NOT_WORTH_LOADING] += mine - d->avoided_tokens;
+  t->miss_tokens[KVP_MISS_OTHER_WORKER] += held - mine;
+  t->miss_tokens[KVP_MISS_UNKNOWN] += hashed - held;
+  for (int k = 0; k < KVP_TIER_COUNT_; k++) {
+    t->reused_by_tier[k] += d->reused_tier_tokens[k];
+    t->load_bytes[k] += d->reused_tier_tokens[k] * 131072u;
+  }
+  uint64_t st = q->cls ? (uint64_t)q->cls->stable_end * bs : 0;
+  uint64_t se =
+      q->cls ? (uint64_t)(q->cls->semi_end - q->cls->stable_end) * bs : 0;
+  t->prompt_by_class[KVP_CLASS_STABLE] += st;
+  t->prompt_by_class[KVP_CLASS_SEMI] += se;
+  t->prompt_by_class[KVP_CLASS_VOLATILE] += d->prompt_tokens - st - se;
+  for (int c = 0; c < KVP_CLASS_COUNT_; c++)
+    t->reused_by_class[c] += d->reused_class_tokens[c];
+  t->avoided_flops += d->avoided_flops;
+  t->avoided_gpu_seconds += d->avoided_s;
+}
+
+static void totals_match(const kvp_ledger_totals *got,
+                         const kvp_ledger_totals *want) {
+  ASSERT_EQ(got->requests, want->requests);
+  ASSERT_EQ(got->prompt_tokens, want->prompt_tokens);
+  ASSERT_EQ(got->reused_tokens, want->reused_tokens);
+  ASSERT_EQ(got->recomputed_tokens, want->recomputed_tokens);
+  for (int k = 0; k < KVP_TIER_COUNT_; k++) {
+    ASSERT_EQ(got->reused_by_tier[k], want->reused_by_tier[k]);
+    ASSERT_EQ(got->load_bytes[k], want->load_bytes[k]);
+  }
+  for (int c = 0; c < KVP_CLASS_COUNT_; c++) {
+    ASSERT_EQ(got->prompt_by_class[c], want->prompt_by_class[c]);
+    ASSERT_EQ(got->reused_by_class[c], want->reused_by_class[c]);
+  }
+  for (int i = 0; i < KVP_MISS_COUNT_; i++)
+    ASSERT_EQ(got->miss_tokens[i], want->miss_tokens[i]);
+  ASSERT_DOUBLE_NEAR(got->avoided_flops, want->avoided_flops,
+                     1e-9 * want->avoided_flops);
+}
+
+/* One random request with random multi-tier matches on random workers. */
+static void random_route(kvp_router *r, uint32_t n, uint32_t bs,
+                         const kvp_key *keys, kvp_classification *cls,
+                         kvp_route_request *q, kvp_worker_match *m, size_t *nm,
+                         kvp_decision *d) {
+  size_t nb = 1 + kvt_rand_below(200);
+  *q = req_of(keys, nb, nb * bs + kvt_rand_below(bs), kvt_rand_below(4), 0);
+  q->tenant = kvp_id64(kvt_rand_below(2) ? "acme" : "initech");
+  q->block_size = bs;
+  uint32_t s = (uint32_t)kvt_rand_below(nb + 1);
+  uint32_t e = s + (uint32_t)kvt_rand_below(nb - s + 1);
+  *cls = (kvp_classification){{0}, s, e, (uint32_t)nb, 0, {0}};
+  q->cls = kvt_rand_below(4) ? cls : NULL;
+  *nm = 0;
+  for (uint32_t w = 0; w < n; w++) {
+    if (kvt_rand_below(3) == 0)
+      continue;
+    kvp_worker_match x = {0};
+    x.worker = w;
+    uint64_t left = kvt_rand_below(nb + 1);
+    for (int k = 0; k < 3; k++) {
+      x.blocks[k] = (uint32_t)kvt_rand_below(left + 1);
+      left -= x.blocks[k];
+    }
+    m[(*nm)++] = x;
+  }
+  ASSERT_OK(kvp_router_route_matches(r, q, m, *nm, d));
+  ASSERT_OK(kvp_router_complete(r, d->worker, d->request_id));
+}
+
+TEST(decisions_into_the_ledger) {
+  static const uint32_t sizes[] = {1, 4, 16, 32};
+  kvp_key *keys = keys_new(200, 21);
+  kvp_ledger *l = NULL;
+  ASSERT_OK(kvp_ledger_create(NULL, NULL, &l));
+  expect all = {{0}}, acme = {{0}};
+  for (int round = 0; round < 40; round++) {
+    kvp_router_opts o = {0};
+    o.policy = (kvp_policy)kvt_rand_below(KVP_POLICY_COUNT_);
+    o.n_workers = 2 + (uint32_t)kvt_rand_below(5);
+    o.block_size = sizes[kvt_rand_below(4)];
+    kvp_router *r = NULL;
+    ASSERT_OK(kvp_router_create(&o, NULL, &r));
+    for (int i = 0; i < 25; i++) {
+      kvp_route_request q;
+      kvp_classification cls;
+      kvp_worker_match m[8];
+      size_t nm;
+      kvp_decision d;
+      random_route(r, o.n_workers, o.block_size, keys, &cls, &q, m, &nm, &d);
+      bool is_acme = q.tenant == kvp_id64("acme");
+      kvp_route_names names = {
+          is_acme ? "acme" : "initech", NULL, NULL, 0, {0}};
+      ASSERT_OK(kvp_ledger_add_decision(l, &d, &names));
+      expect_add(&all, &d, &q, m, nm, o.block_size);
+      if (is_acme)
+        expect_add(&acme, &d, &q, m, nm, o.block_size);
+    }
+    kvp_router_destroy(r);
+  }
+  kvp_ledger_totals got;
+  ASSERT_OK(kvp_ledger_global_totals(l, &got));
+  totals_match(&got, &all.t);
+  ASSERT_OK(kvp_ledger_tenant_totals(l, "acme", &got));
+  totals_match(&got, &acme.t);
+  kvp_ledger_stats st;
+  ASSERT_OK(kvp_ledger_stats_get(l, &st));
+  ASSERT_EQ(st.rejected_total, 0u);
+  kvp_ledger_destroy(l);
+  free(keys);
+}
+
+TEST(decision_names_must_match_ids) {
+  kvp_router *r = router_new(KVP_POLICY_KVPLANE_COST, 3, 0);
+  kvp_key *keys = keys_new(16, 5);
+  kvp_route_request q = req_of(keys, 16, 0, kvp_id64("s-9"), kvp_id64("r-1"));
+  q.tenant = kvp_id64("acme");
+  kvp_worker_match m = hbm(2, 16);
+  kvp_decision d;
+  ASSERT_OK(kvp_router_route_matches(r, &q, &m, 1, &d));
+  kvp_ledger *l = NULL;
+  ASSERT_OK(kvp_ledger_create(NULL, NULL, &l));
+  kvp_route_names bad = {"other", "s-9", "r-1", 0, {0}};
+  log_capture(true);
+  ASSERT_ERR(kvp_ledger_add_decision(l, &d, &bad), KVP_EINVAL);
+  ASSERT_LOGGED("names.tenant \"other\" hashes to");
+  char buf[8192];
+  ASSERT_ERR(kvp_router_receipt_json(&d, &bad, buf, sizeof buf), KVP_EINVAL);
+  kvp_decision none = d;
+  none.worker = KVP_WORKER_NONE;
+  ASSERT_ERR(kvp_ledger_add_decision(l, &none, NULL), KVP_EINVAL);
+  ASSERT_LOGGED("KVP_WORKER_NONE");
+  log_capture(false);
+  kvp_route_names good = {"acme", "s-9", "r-1", 1700000000000000000ull, {0}};
+  ASSERT_OK(kvp_ledger_add_decision(l, &d, &good));
+  kvp_ledger_totals t;
+  ASSERT_OK(kvp_ledger_session_totals(l, "acme", "s-9", &t));
+  ASSERT_EQ(t.reused_tokens, 256u);
+  int n = kvp_router_receipt_json(&d, &good, buf, sizeof buf);
+  ASSERT_GT(n, 0);
+  json_t *j = json_loads(buf, 0, NULL);
+  ASSERT_NOT_NULL(j);
+  ASSERT_STR_EQ(json_string_value(json_object_get(j, "kind")), "receipt");
+  ASSERT_STR_EQ(json_string_value(json_object_get(j, "tenant")), "acme");
+  ASSERT_STR_EQ(json_string_value(json_object_get(j, "session")), "s-9");
+  ASSERT_STR_EQ(json_string_value(json_object_get(j, "request_id")), "r-1");
+  ASSERT_EQ(json_integer_value(json_object_get(j, "worker")), 2);
+  ASSERT_EQ(json_integer_value(json_object_get(j, "unix_time_ns")),
+            1700000000000000000ll);
+  json_decref(j);
+  /* the same fields, in the same order, as the ledger's own receipt */
+  kvp_route_names anon = {NULL, NULL, NULL, 0, {0}};
+  n = kvp_router_receipt_json(&d, &anon, buf, sizeof buf);
+  ASSERT_GT(n, 0);
+  ASSERT_EQ(strncmp(buf, "{\"kind\":\"receipt\",\"request_id\":\"", 32), 0);
+  kvp_ledger_destroy(l);
+  free(keys);
+  kvp_router_destroy(r);
 }
 
 TEST_MAIN(TEST_ENTRY(policy_names_and_model_math),
@@ -1100,4 +1409,8 @@ TEST_MAIN(TEST_ENTRY(policy_names_and_model_math),
           TEST_ENTRY(receipt_json_snprintf_and_escaping),
           TEST_ENTRY(every_policy_has_a_receipt), TEST_ENTRY(bad_options),
           TEST_ENTRY(bad_input_changes_nothing),
-          TEST_ENTRY(allocator_is_used_and_balanced))
+          TEST_ENTRY(allocator_is_used_and_balanced),
+          TEST_ENTRY(options_errors_name_the_field),
+          TEST_ENTRY(block_size_mismatch_refused),
+          TEST_ENTRY(bad_cls_is_logged), TEST_ENTRY(decisions_into_the_ledger),
+          TEST_ENTRY(decision_names_must_match_ids))

@@ -72,7 +72,7 @@ TEST(dram_basic) {
   ASSERT_EQ(kvp_tier_evict(t, &ns, K(1, 2)), 0);
   ASSERT_ERR(kvp_tier_get(t, &ns, K(1, 2), out, sizeof out, &len), KVP_ENOENT);
   kvp_tier_stats st;
-  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_OK(kvp_tier_stats_get(t, &st));
   ASSERT_EQ(st.puts_dup, 1);
   ASSERT_EQ(st.dram_blocks, 1);
   ASSERT_EQ(st.dram_slot_bytes, 16 * KB);
@@ -133,7 +133,7 @@ TEST(dram_default_capacity) {
   kvp_tier_store *t;
   ASSERT_OK(kvp_tier_create(&o, NULL, &t));
   kvp_tier_stats st;
-  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_OK(kvp_tier_stats_get(t, &st));
   ASSERT_GT(st.dram_bytes, 2 * MB);
   kvp_tier_destroy(t);
   o.dram_fraction = 2;
@@ -172,11 +172,11 @@ static void nvme_demote_promote(kvp_tier_io_backend be) {
   kvp_namespace ns = tt_ns("a", 16);
   ASSERT_OK(kvp_tier_ns_add(t, &ns, &(kvp_tier_ns_opts){.block_bytes = 64 * KB}));
   kvp_tier_stats st;
-  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_OK(kvp_tier_stats_get(t, &st));
   ASSERT_EQ(st.io_uring, be == KVP_TIER_IO_URING);
   for (uint64_t i = 0; i < 200; i++)
     put_k(t, &ns, K(i, i), 64 * KB, 0, i % 2 ? KVP_CLASS_STABLE : KVP_CLASS_VOLATILE);
-  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_OK(kvp_tier_stats_get(t, &st));
   ASSERT_GT(st.demotions, 50);
   ASSERT_GT(st.drops_volatile, 50);
   ASSERT_LE(st.dram_used_bytes, 4 * MB);
@@ -187,7 +187,7 @@ static void nvme_demote_promote(kvp_tier_io_backend be) {
     nv += rc == KVP_TIER_NVME;
   }
   ASSERT_GT(nv, 10);
-  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_OK(kvp_tier_stats_get(t, &st));
   ASSERT_GT(st.promotions, 10);
   ASSERT_EQ(st.checksum_failures, 0);
   ASSERT_GT(kvp_tier_bandwidth(t, KVP_TIER_NVME), 0);
@@ -214,7 +214,7 @@ static void nvme_recovery(kvp_tier_io_backend be) {
   kvp_tier_destroy(t);
   t = mk(dir, be, 16 * MB, 64 * MB);
   kvp_tier_stats st;
-  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_OK(kvp_tier_stats_get(t, &st));
   ASSERT_EQ(st.recovered_slots, 39);
   ASSERT_EQ(st.nvme_blocks, 39);
   size_t len;
@@ -252,7 +252,7 @@ static void nvme_corruption(kvp_tier_io_backend be) {
   t = mk(dir, be, 4 * MB, 64 * MB);
   ASSERT_OK(kvp_tier_ns_add(t, &ns, NULL));
   kvp_tier_stats st;
-  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_OK(kvp_tier_stats_get(t, &st));
   ASSERT_EQ(st.recovered_slots, 2);
   ASSERT_EQ(st.recovery_bad_slots, 1);
   int r0 = get_k(t, &ns, K(0, 1), 8 * KB);
@@ -260,7 +260,7 @@ static void nvme_corruption(kvp_tier_io_backend be) {
   ASSERT_EQ(r0, KVP_ENOENT);
   ASSERT_EQ(r2, KVP_TIER_NVME);
   ASSERT_EQ(get_k(t, &ns, K(1, 1), 8 * KB), KVP_ENOENT);
-  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_OK(kvp_tier_stats_get(t, &st));
   ASSERT_EQ(st.checksum_failures, 1);
   ASSERT_ERR(kvp_tier_contains(t, &ns, K(0, 1)), KVP_ENOENT); /* dropped */
   kvp_tier_destroy(t);
@@ -296,11 +296,11 @@ static void nvme_payload_only(kvp_tier_io_backend be) {
   ASSERT_OK(fsync(fd));
   close(fd);
   kvp_tier_stats st0, st;
-  ASSERT_OK(kvp_tier_get_stats(t, &st0));
+  ASSERT_OK(kvp_tier_stats_get(t, &st0));
   ASSERT_EQ(get_k(t, &ns, K(0, 3), 8 * KB), KVP_ENOENT); /* block 1's bytes */
   ASSERT_EQ(get_k(t, &ns, K(2, 3), 8 * KB), KVP_TIER_NVME);
   ASSERT_EQ(get_k(t, &ns, K(1, 3), 8 * KB), KVP_TIER_NVME);
-  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_OK(kvp_tier_stats_get(t, &st));
   ASSERT_EQ(st.checksum_failures - st0.checksum_failures, 1);
   ASSERT_EQ(st.nvme_bytes_read - st0.nvme_bytes_read, 3 * 8 * KB);
   size_t len = 0; /* unaligned destination: staged read, same checks */
@@ -310,7 +310,7 @@ static void nvme_payload_only(kvp_tier_io_backend be) {
   ASSERT_TRUE(tt_check(&ns, K(3, 3), out + 1, 8 * KB));
   kvp_tier_destroy(t);
   t = mk(dir, be, 4 * MB, 64 * MB); /* recovery drops the damaged header */
-  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_OK(kvp_tier_stats_get(t, &st));
   ASSERT_EQ(st.recovery_bad_slots, 1);
   kvp_tier_destroy(t);
   tt_rmdir(dir);
@@ -344,7 +344,7 @@ static void nvme_registered(kvp_tier_io_backend be) {
   ASSERT_ERR(kvp_tier_register_buffers(t, bad, 2), KVP_EINVAL); /* overlap */
   ASSERT_EQ(kvp_tier_register_buffers(t, iov, 2), uring ? 2 : 0);
   kvp_tier_stats st0, st;
-  ASSERT_OK(kvp_tier_get_stats(t, &st0));
+  ASSERT_OK(kvp_tier_stats_get(t, &st0));
   kvp_key keys[4] = {K(0, 5), K(1, 5), K(2, 5), K(3, 5)};
   void *dst[4] = {pool, pool + 64 * KB, pool + MB, pool + MB + 8 * KB};
   size_t cap[4] = {8 * KB, 8 * KB, 8 * KB, 8 * KB}, len[4];
@@ -356,7 +356,7 @@ static void nvme_registered(kvp_tier_io_backend be) {
     ASSERT_EQ(len[i], 8 * KB);
     ASSERT_TRUE(tt_check(&ns, keys[i], dst[i], 8 * KB));
   }
-  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_OK(kvp_tier_stats_get(t, &st));
   ASSERT_EQ(st.nvme_reads_registered - st0.nvme_reads_registered, uring ? 4 : 0);
   /* crossing the two ranges: a plain read, same bytes */
   size_t l = 0;
@@ -377,13 +377,13 @@ static void nvme_registered(kvp_tier_io_backend be) {
   ASSERT_EQ(pwrite(fd, p2, sizeof p2, (off_t)(slot * 1 + HDR)), (ssize_t)sizeof p2);
   ASSERT_OK(fsync(fd));
   close(fd);
-  ASSERT_OK(kvp_tier_get_stats(t, &st0));
+  ASSERT_OK(kvp_tier_stats_get(t, &st0));
   ASSERT_EQ(kvp_tier_get_batch(t, &ns, keys, 3, dst, cap, len, res), 1);
   ASSERT_EQ(res[0], KVP_ENOENT);
   ASSERT_EQ(res[1], KVP_ENOENT);
   ASSERT_EQ(res[2], KVP_TIER_NVME);
   ASSERT_TRUE(tt_check(&ns, keys[2], dst[2], 8 * KB));
-  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_OK(kvp_tier_stats_get(t, &st));
   ASSERT_EQ(st.checksum_failures - st0.checksum_failures, 2);
   ASSERT_EQ(st.nvme_reads_registered - st0.nvme_reads_registered, uring ? 3 : 0);
   ASSERT_EQ(kvp_tier_get(t, &ns, K(0, 5), pool, 8 * KB, &l), KVP_ENOENT);
@@ -392,7 +392,7 @@ static void nvme_registered(kvp_tier_io_backend be) {
   memset(pool, 0xA5, 2 * MB);
   ASSERT_EQ(kvp_tier_get(t, &ns, K(3, 5), pool + MB, 8 * KB, &l), KVP_TIER_NVME);
   ASSERT_TRUE(tt_check(&ns, K(3, 5), pool + MB, 8 * KB));
-  ASSERT_OK(kvp_tier_get_stats(t, &st0));
+  ASSERT_OK(kvp_tier_stats_get(t, &st0));
   ASSERT_EQ(st0.nvme_reads_registered, st.nvme_reads_registered);
   /* registered again and left registered at destroy */
   ASSERT_EQ(kvp_tier_register_buffers(t, iov, 1), uring ? 1 : 0);
@@ -445,7 +445,7 @@ static void nvme_encryption(kvp_tier_io_backend be) {
   ASSERT_EQ(get_k(t, &ns, K(0, 1), 8 * KB), KVP_ENOENT);
   ASSERT_EQ(get_k(t, &ns, K(1, 1), 8 * KB), KVP_TIER_NVME);
   kvp_tier_stats st;
-  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_OK(kvp_tier_stats_get(t, &st));
   ASSERT_EQ(st.auth_failures, 1);
   ASSERT_EQ(st.checksum_failures, 0);
   kvp_tier_destroy(t);
@@ -453,7 +453,7 @@ static void nvme_encryption(kvp_tier_io_backend be) {
   t = mk(dir, be, 4 * MB, 64 * MB);
   ASSERT_OK(kvp_tier_ns_add(t, &ns, &(kvp_tier_ns_opts){.aes256_key = key2}));
   ASSERT_EQ(get_k(t, &ns, K(2, 1), 8 * KB), KVP_ENOENT);
-  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_OK(kvp_tier_stats_get(t, &st));
   ASSERT_EQ(st.auth_failures, 1);
   kvp_tier_destroy(t);
   /* no key at all: an encrypted slot is not served as plaintext */
@@ -524,7 +524,7 @@ static void nvme_faults(kvp_tier_io_backend be) {
       miss += rc == KVP_ENOENT;
     }
     kvp_tier_stats st;
-    ASSERT_OK(kvp_tier_get_stats(t, &st));
+    ASSERT_OK(kvp_tier_stats_get(t, &st));
     ASSERT_GT(fl.hits, 0);
     switch (mode) {
     case 1: case 3: case 6:
@@ -561,7 +561,7 @@ static void nvme_capacity(kvp_tier_io_backend be) {
   for (uint64_t i = 0; i < 200; i++)
     put_k(t, &ns, K(i, 3), 64 * KB, 0, KVP_CLASS_STABLE);
   kvp_tier_stats st;
-  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_OK(kvp_tier_stats_get(t, &st));
   ASSERT_LE(st.nvme_used_bytes, 4 * MB);
   ASSERT_GT(st.evictions[KVP_TIER_NVME], 50);
   int present = 0;
@@ -633,7 +633,7 @@ static void nvme_idle(kvp_tier_io_backend be) {
     put_k(t, &ns, K(i, 4), 64 * KB, 0, i < 5 ? KVP_CLASS_VOLATILE : KVP_CLASS_SEMI);
   ASSERT_EQ(kvp_tier_idle(t, 1 * MB), 5); /* only the admitted ones */
   kvp_tier_stats st;
-  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_OK(kvp_tier_stats_get(t, &st));
   ASSERT_EQ(st.nvme_blocks, 5);
   ASSERT_EQ(kvp_tier_contains(t, &ns, K(7, 4)), KVP_TIER_DRAM);
   ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_DRAM_BYTES, 0));
@@ -673,7 +673,7 @@ static void nvme_admission(kvp_tier_io_backend be) {
   ASSERT_EQ(get_k(t, &ns, V(3), 64 * KB), KVP_TIER_DRAM);
   ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_DRAM_BYTES, 0));
   ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_DRAM_BYTES, 8 * MB));
-  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_OK(kvp_tier_stats_get(t, &st));
   ASSERT_EQ(st.admit_accepted[KVP_CLASS_STABLE], 4);
   ASSERT_EQ(st.admit_accepted[KVP_CLASS_VOLATILE], 1);
   ASSERT_EQ(st.admit_rejected[KVP_CLASS_VOLATILE], 3);
@@ -687,7 +687,7 @@ static void nvme_admission(kvp_tier_io_backend be) {
   ASSERT_EQ(kvp_tier_evict(t, &ns, S(2)), 1);
   ASSERT_ERR(get_k(t, &ns, V(0), 64 * KB), KVP_ENOENT);
   put_k(t, &ns, V(1), 64 * KB, 0, KVP_CLASS_VOLATILE);
-  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_OK(kvp_tier_stats_get(t, &st));
   ASSERT_EQ(st.admit_reused, 2);
   ASSERT_EQ(st.admit_unused, 1);
   ASSERT_EQ(st.admit_ghost_hits, 2);
@@ -698,7 +698,7 @@ static void nvme_admission(kvp_tier_io_backend be) {
   put_k(t, &ns, S(5), 64 * KB, 0, KVP_CLASS_STABLE);
   ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_DRAM_BYTES, 0));
   ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_DRAM_BYTES, 8 * MB));
-  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_OK(kvp_tier_stats_get(t, &st));
   ASSERT_EQ(st.admit_rejected[KVP_CLASS_STABLE], 2);
   ASSERT_EQ(st.admit_rejected[KVP_CLASS_VOLATILE], 4); /* V1 again */
   ASSERT_EQ(st.nvme_writes, 5);                        /* nothing written */
@@ -711,13 +711,13 @@ static void nvme_admission(kvp_tier_io_backend be) {
   put_k(t, &ns, V(4), 64 * KB, 0, KVP_CLASS_VOLATILE);
   ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_DRAM_BYTES, 0));
   ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_DRAM_BYTES, 8 * MB));
-  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_OK(kvp_tier_stats_get(t, &st));
   ASSERT_EQ(st.admit_accepted[KVP_CLASS_VOLATILE], 1); /* V4: 3 < 4 */
   ASSERT_ERR(get_k(t, &ns, V(4), 64 * KB), KVP_ENOENT); /* ghost: 4 */
   put_k(t, &ns, V(5), 64 * KB, 0, KVP_CLASS_VOLATILE);
   ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_DRAM_BYTES, 0));
   ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_DRAM_BYTES, 8 * MB));
-  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_OK(kvp_tier_stats_get(t, &st));
   ASSERT_EQ(st.admit_accepted[KVP_CLASS_VOLATILE], 2);
   ASSERT_EQ(st.admit_ghost_hits, 5); /* + S4 (stable cell) */
   ASSERT_EQ(st.nvme_writes, 6);
@@ -726,7 +726,7 @@ static void nvme_admission(kvp_tier_io_backend be) {
   ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_ADMISSION, KVP_TIER_ADMIT_HITS));
   put_k(t, &ns, V(6), 64 * KB, 0, KVP_CLASS_VOLATILE);
   ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_DRAM_BYTES, 0));
-  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_OK(kvp_tier_stats_get(t, &st));
   ASSERT_EQ(st.admit_rejected[KVP_CLASS_VOLATILE], 6); /* V0-2, V1, V4, V6 */
   ASSERT_EQ(st.nvme_writes, 6);
   /* bounds */
@@ -779,7 +779,7 @@ static void nvme_stage_ahead(kvp_tier_io_backend be) {
         kvp_tier_store *t;
         ASSERT_OK(kvp_tier_create(&o, NULL, &t));
         int64_t v;
-        ASSERT_OK(kvp_tier_get_opt(t, KVP_TIER_OPT_STAGE_AHEAD, &v));
+        ASSERT_OK(kvp_tier_opt_get(t, KVP_TIER_OPT_STAGE_AHEAD, &v));
         ASSERT_EQ(v, 1); /* the default */
         ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_STAGE_AHEAD, ahead));
         kvp_namespace ns = tt_ns(enc ? "enc" : "plain", 16);
@@ -798,7 +798,7 @@ static void nvme_stage_ahead(kvp_tier_io_backend be) {
         }
         /* the DRAM shrink wrote the 8 back again (one in five failing) */
         kvp_tier_stats st;
-        ASSERT_OK(kvp_tier_get_stats(t, &st));
+        ASSERT_OK(kvp_tier_stats_get(t, &st));
         ASSERT_EQ(st.io_errors, (uint64_t)writes / 5);
         ASSERT_EQ(st.nvme_writes, (uint64_t)writes);
         ASSERT_EQ((uint64_t)hits, st.nvme_writes - st.io_errors);
@@ -995,20 +995,20 @@ TEST(options) {
   for (uint64_t i = 0; i < 20; i++)
     put_k(t, &ns, K(i, 6), 64 * KB, 0, 0);
   ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_POLICY, KVP_TIER_POLICY_LRU));
-  ASSERT_OK(kvp_tier_get_opt(t, KVP_TIER_OPT_POLICY, &v));
+  ASSERT_OK(kvp_tier_opt_get(t, KVP_TIER_OPT_POLICY, &v));
   ASSERT_EQ(v, KVP_TIER_POLICY_LRU);
   ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_DRAM_BYTES, 512 * KB));
   kvp_tier_stats st;
-  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_OK(kvp_tier_stats_get(t, &st));
   ASSERT_LE(st.dram_used_bytes, 512 * KB);
   ASSERT_GT(st.dram_blocks, 0);
   ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_QUEUE_DEPTH, 1));
-  ASSERT_OK(kvp_tier_get_opt(t, KVP_TIER_OPT_QUEUE_DEPTH, &v));
+  ASSERT_OK(kvp_tier_opt_get(t, KVP_TIER_OPT_QUEUE_DEPTH, &v));
   ASSERT_EQ(v, 1);
-  ASSERT_OK(kvp_tier_get_opt(t, KVP_TIER_OPT_READ_UNLOCKED, &v));
+  ASSERT_OK(kvp_tier_opt_get(t, KVP_TIER_OPT_READ_UNLOCKED, &v));
   ASSERT_EQ(v, 1); /* the default */
   ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_READ_UNLOCKED, 0));
-  ASSERT_OK(kvp_tier_get_opt(t, KVP_TIER_OPT_READ_UNLOCKED, &v));
+  ASSERT_OK(kvp_tier_opt_get(t, KVP_TIER_OPT_READ_UNLOCKED, &v));
   ASSERT_EQ(v, 0);
   ASSERT_ERR(kvp_tier_set(t, KVP_TIER_OPT_READ_UNLOCKED, 2), KVP_ERANGE);
   ASSERT_ERR(kvp_tier_set(t, KVP_TIER_OPT_STAGE_AHEAD, 2), KVP_ERANGE);
@@ -1051,7 +1051,7 @@ TEST(events_feed_index) {
     put_k(t, &ns, K(i, 8), 64 * KB, 0, KVP_CLASS_STABLE);
   ASSERT_EQ(kvp_tier_evict(t, &ns, K(63, 8)), 1);
   kvp_tier_stats st;
-  ASSERT_OK(kvp_tier_get_stats(t, &st));
+  ASSERT_OK(kvp_tier_stats_get(t, &st));
   ASSERT_EQ(l.stored[KVP_TIER_DRAM] - l.removed[KVP_TIER_DRAM], (int)st.dram_blocks);
   ASSERT_EQ(l.stored[KVP_TIER_NVME] - l.removed[KVP_TIER_NVME], (int)st.nvme_blocks);
   ASSERT_GT(st.nvme_blocks, 20);
@@ -1254,7 +1254,7 @@ static void epoch_restart(kvp_tier_io_backend be) {
   uint64_t e2 = kvp_tier_epoch(t);
   ASSERT_GT(e2, e1);
   kvp_tier_stats ts;
-  ASSERT_OK(kvp_tier_get_stats(t, &ts));
+  ASSERT_OK(kvp_tier_stats_get(t, &ts));
   ASSERT_EQ(ts.recovered_slots, (uint64_t)n_nvme);
   ASSERT_EQ(c.epoch, e2); /* recovery's events: 1 .. n_nvme */
   ASSERT_EQ(c.seq, (uint64_t)n_nvme);

@@ -45,12 +45,12 @@ TEST(cold_start_rule) {
   ASSERT_EQ(kvp_tier_admit_decide(a, KVP_CLASS_SEMI, 0, &never), 1);
   ASSERT_EQ(kvp_tier_admit_decide(a, KVP_CLASS_STABLE, 0, &never), 1);
   kvp_tier_admit_opts o;
-  kvp_tier_admit_get_opts(a, &o);
+  kvp_tier_admit_opts_get(a, &o);
   ASSERT_EQ(o.min_samples, 32u);
   ASSERT_EQ(o.window, 1024u);
   ASSERT_EQ(o.ghost_slots, 65536u);
   o.volatile_min_hits = 3;
-  ASSERT_OK(kvp_tier_admit_set_opts(a, &o));
+  ASSERT_OK(kvp_tier_admit_opts_set(a, &o));
   ASSERT_EQ(kvp_tier_admit_decide(a, KVP_CLASS_VOLATILE, 2, &C431), 0);
   ASSERT_EQ(kvp_tier_admit_decide(a, KVP_CLASS_VOLATILE, 3, &C431), 1);
   double n = -1;
@@ -169,11 +169,11 @@ TEST(modes_and_bad_opts) {
   kvp_tier_admit_cost never = {1e-6, 1e-3, 1e-3};
   ASSERT_EQ(kvp_tier_admit_decide(a, KVP_CLASS_STABLE, 0, &never), 0);
   kvp_tier_admit_opts o = {.mode = KVP_TIER_ADMIT_HITS, .min_samples = 1};
-  ASSERT_OK(kvp_tier_admit_set_opts(a, &o));
+  ASSERT_OK(kvp_tier_admit_opts_set(a, &o));
   ASSERT_EQ(kvp_tier_admit_decide(a, KVP_CLASS_STABLE, 0, &never), 1);
   ASSERT_EQ(kvp_tier_admit_decide(a, KVP_CLASS_VOLATILE, 0, &C431), 0);
   o.mode = KVP_TIER_ADMIT_ALL;
-  ASSERT_OK(kvp_tier_admit_set_opts(a, &o));
+  ASSERT_OK(kvp_tier_admit_opts_set(a, &o));
   ASSERT_EQ(kvp_tier_admit_decide(a, KVP_CLASS_VOLATILE, 0, &never), 1);
   kvp_tier_admit_opts bad[] = {
       {.write_weight = -1}, {.write_weight = NAN}, {.write_weight = INFINITY},
@@ -183,7 +183,7 @@ TEST(modes_and_bad_opts) {
     kvp_tier_admit *b = NULL;
     ASSERT_ERR(kvp_tier_admit_create(&bad[i], NULL, &b), KVP_EINVAL);
     ASSERT_NULL(b);
-    ASSERT_ERR(kvp_tier_admit_set_opts(a, &bad[i]), KVP_EINVAL);
+    ASSERT_ERR(kvp_tier_admit_opts_set(a, &bad[i]), KVP_EINVAL);
   }
   ASSERT_ERR(kvp_tier_admit_create(NULL, NULL, NULL), KVP_EINVAL);
   kvp_tier_admit_destroy(a);

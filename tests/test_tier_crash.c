@@ -89,7 +89,7 @@ static void verify(const char *dir, kvp_tier_io_backend be, int cycle,
                             memory_order_relaxed);
   }
   kvp_tier_stats s;
-  ASSERT_OK(kvp_tier_get_stats(t, &s));
+  ASSERT_OK(kvp_tier_stats_get(t, &s));
   ASSERT_EQ(s.key_mismatch, 0);
   kvp_tier_destroy(t);
 }

@@ -159,7 +159,7 @@ static void run(kvp_tier_io_backend be, bool enc, bool locked) {
     wrong += ta[i].wrong;
   }
   kvp_tier_stats st;
-  ASSERT_OK(kvp_tier_get_stats(store, &st));
+  ASSERT_OK(kvp_tier_stats_get(store, &st));
   fprintf(stderr,
           "  %s%s%s: %" PRIu64 " hits (%" PRIu64 " from NVMe), %" PRIu64
           " NVMe reads, %" PRIu64 " races, %" PRIu64

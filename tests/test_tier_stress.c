@@ -61,7 +61,7 @@ static void *worker(void *p) {
         kvp_ticket_free(tk);
       }
       kvp_tier_stats st;
-      kvp_tier_get_stats(store, &st);
+      kvp_tier_stats_get(store, &st);
       (void)kvp_tier_bandwidth(store, KVP_TIER_NVME);
     }
   }
@@ -109,7 +109,7 @@ TEST(threads_put_get_evict) {
       hits += a[i].hits;
     }
     kvp_tier_stats st;
-    ASSERT_OK(kvp_tier_get_stats(store, &st));
+    ASSERT_OK(kvp_tier_stats_get(store, &st));
     printf("%s: %" PRIu64 " verified hits (%" PRIu64 " DRAM, %" PRIu64
            " NVMe), %" PRIu64 " demotions\n", tt_backend_name(be[b]), hits,
            st.hits[KVP_TIER_DRAM], st.hits[KVP_TIER_NVME], st.demotions);

@@ -80,15 +80,62 @@ static inline int kvp_key_eq(kvp_key a, kvp_key b) {
   return a.hi == b.hi && a.lo == b.lo;
 }
 
+/* Shared vocabulary: one row per value generates the enum and the name
+ * functions below (as KVP_ERRNO_MAP does), so every module, export and
+ * report spells a value the same way.  Columns: enumerator suffix, value,
+ * name (lower-case: metric labels, JSON keys, config), label (prose). */
+
 /* Where a block's KV lives on a worker, fastest first.  Shared by the index
  * (router), the tier manager (kvtier), the ledger (core) and the harness. */
+#define KVP_TIER_MAP(X)                                                         \
+  X(HBM,    0, "hbm",    "HBM")                                                 \
+  X(DRAM,   1, "dram",   "DRAM")                                                \
+  X(NVME,   2, "nvme",   "NVMe")                                                \
+  X(REMOTE, 3, "remote", "remote")
+
 typedef enum kvp_tier {
-  KVP_TIER_HBM = 0,
-  KVP_TIER_DRAM = 1,
-  KVP_TIER_NVME = 2,
-  KVP_TIER_REMOTE = 3,
+#define KVP_TIER_ENUM_(id, v, name, label) KVP_TIER_##id = (v),
+  KVP_TIER_MAP(KVP_TIER_ENUM_)
+#undef KVP_TIER_ENUM_
   KVP_TIER_COUNT_ = 4
 } kvp_tier;
+
+/* Segment class of a block, ordered from least to most reusable so that
+ * min() composes along a chain (router/prefix learns it; the ledger and the
+ * tier manager account and retain by it). */
+#define KVP_CLASS_MAP(X)                                                        \
+  X(VOLATILE, 0, "volatile", "volatile")                                        \
+  X(SEMI,     1, "semi",     "semi-stable")                                     \
+  X(STABLE,   2, "stable",   "stable")
+
+typedef enum kvp_class {
+#define KVP_CLASS_ENUM_(id, v, name, label) KVP_CLASS_##id = (v),
+  KVP_CLASS_MAP(KVP_CLASS_ENUM_)
+#undef KVP_CLASS_ENUM_
+  KVP_CLASS_COUNT_ = 3,
+  KVP_CLASS_AUTO = 255 /* segment mark hint: use the role's default */
+} kvp_class;
+
+/* "hbm", "dram", "nvme", "remote"; "unknown" (never NULL) for other values.
+ * Thread-safe, static storage (as every name function here). */
+KVP_API const char *kvp_tier_name(kvp_tier t);
+/* "HBM", "DRAM", "NVMe", "remote" (receipts' reason text); "unknown". */
+KVP_API const char *kvp_tier_label(kvp_tier t);
+/* "volatile", "semi", "stable", "auto" (KVP_CLASS_AUTO); "unknown" (never
+ * NULL) for other values. */
+KVP_API const char *kvp_class_name(kvp_class c);
+/* Parse the names kvp_tier_name / kvp_class_name give (exact; "auto" is not
+ * a class here).  Return 0 or KVP_EINVAL (NULL, unknown; *out untouched). */
+KVP_API int kvp_tier_parse(const char *s, kvp_tier *out);
+KVP_API int kvp_class_parse(const char *s, kvp_class *out);
+
+/* A stable 64-bit id for a caller's string id (tenant, session, request):
+ * the router takes uint64 ids, the ledger and receipts the strings; hash the
+ * string with this to get the router's id, so the two always agree.
+ * FNV-1a 64 over the bytes, then the splitmix64 finaliser; fixed forever
+ * (ids persist in logs and other processes).  NULL or "" -> 0 ("none"); a
+ * non-empty string never maps to 0 (1 stands in).  Thread-safe. */
+KVP_API uint64_t kvp_id64(const char *s);
 
 /* Workers are numbered 0 .. KVP_WORKERS_MAX-1. */
 #define KVP_WORKERS_MAX 4096u

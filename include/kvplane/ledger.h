@@ -22,7 +22,7 @@
 #define KVPLANE_LEDGER_H
 
 #include "kvplane/common.h"
-#include "kvplane/prefix.h" /* kvp_class */
+#include "kvplane/text.h" /* kvp_write_fn */
 
 #ifdef __cplusplus
 extern "C" {
@@ -148,11 +148,6 @@ typedef struct kvp_ledger_opts {
  * copying; never while a caller's writer runs). */
 typedef struct kvp_ledger kvp_ledger;
 
-/* Receives exported text in pieces; return < 0 to stop the export (that value
- * is returned by the exporting call).  `data` is valid only during the call
- * and is not NUL-terminated. */
-typedef int (*kvp_ledger_write_fn)(void *opaque, const char *data, size_t len);
-
 /* opts and alloc may be NULL.  Returns 0, KVP_EINVAL (out NULL, reserved not
  * zero), KVP_ERANGE (a cap too large) or KVP_ENOMEM. */
 KVP_API int kvp_ledger_create(const kvp_ledger_opts *opts,
@@ -163,6 +158,14 @@ KVP_API void kvp_ledger_destroy(kvp_ledger *l); /* NULL is a no-op */
  * first broken rule in *why (may be NULL).  Thread-safe (no state). */
 KVP_API int kvp_ledger_check(const kvp_ledger_record *r,
                              kvp_ledger_reject *why);
+/* The same, in words: which rule broke, naming the fields and their values
+ * ("miss: miss_tokens sums to 90 (never_seen 90 + evicted 0 + ...), not
+ * recomputed_tokens 100"; "ok" for a valid record) into buf, snprintf-like
+ * (buf may be NULL when cap is 0).  Returns 0 (valid) or KVP_EINVAL (invalid
+ * or NULL record, or buf NULL with cap > 0).  Thread-safe (no state).
+ * kvp_ledger_add logs the same text at KVP_LOG_DEBUG when it rejects. */
+KVP_API int kvp_ledger_explain(const kvp_ledger_record *r, char *buf,
+                               size_t cap);
 
 /* Records one request into the global, tenant and session totals.  Returns 0;
  * KVP_EINVAL (NULL, or a broken invariant: counted under its reason, totals
@@ -178,7 +181,7 @@ KVP_API int kvp_ledger_tenant_totals(kvp_ledger *l, const char *tenant,
 KVP_API int kvp_ledger_session_totals(kvp_ledger *l, const char *tenant,
                                       const char *session,
                                       kvp_ledger_totals *out);
-KVP_API int kvp_ledger_get_stats(kvp_ledger *l, kvp_ledger_stats *out);
+KVP_API int kvp_ledger_stats_get(kvp_ledger *l, kvp_ledger_stats *out);
 
 /* Hit rate of a class: reused_by_class[c] / prompt_by_class[c].  NaN when no
  * prompt token of that class was recorded (0/0, as PromQL would say) or c is
@@ -190,7 +193,7 @@ KVP_API double kvp_ledger_hit_rate(const kvp_ledger_totals *t, kvp_class c);
  * label, sorted by tenant.  Sessions are not exported here (cardinality): use
  * kvp_ledger_json_write.  Takes a snapshot, then writes it with the lock
  * released.  Returns 0, KVP_EINVAL, KVP_ENOMEM or the writer's error. */
-KVP_API int kvp_ledger_prometheus_write(kvp_ledger *l, kvp_ledger_write_fn fn,
+KVP_API int kvp_ledger_prometheus_write(kvp_ledger *l, kvp_write_fn fn,
                                         void *opaque);
 /* The same into buf (snprintf-like: at most cap-1 bytes and a NUL when
  * cap > 0; buf may be NULL when cap is 0).  *needed (may be NULL) receives the
@@ -224,7 +227,7 @@ KVP_API int kvp_ledger_totals_json(const kvp_ledger_totals *t,
  * KVP_EINVAL (no known bit in `what`, NULL), KVP_ENOMEM or the writer's
  * error. */
 KVP_API int kvp_ledger_json_write(kvp_ledger *l, unsigned what,
-                                  kvp_ledger_write_fn fn, void *opaque);
+                                  kvp_write_fn fn, void *opaque);
 
 #ifdef __cplusplus
 }

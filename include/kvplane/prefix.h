@@ -305,14 +305,7 @@ typedef enum kvp_role {
   KVP_ROLE_COUNT_
 } kvp_role;
 
-/* Ordered from least to most reusable so that min() composes along a chain. */
-typedef enum kvp_class {
-  KVP_CLASS_VOLATILE = 0,
-  KVP_CLASS_SEMI = 1,
-  KVP_CLASS_STABLE = 2,
-  KVP_CLASS_COUNT_ = 3,
-  KVP_CLASS_AUTO = 255 /* mark hint: use the role's default */
-} kvp_class;
+/* kvp_class (volatile / semi / stable) and its names: kvplane/common.h. */
 
 /* "other", "system", "tools", "documents", "history", "user", "tool_output";
  * "unknown" (never NULL) for other values.  Thread-safe. */
@@ -320,9 +313,6 @@ KVP_API const char *kvp_role_name(kvp_role r);
 /* Parses the names kvp_role_name gives (exact, case-sensitive).  Returns 0
  * or KVP_EINVAL (NULL, unknown name; *out untouched). */
 KVP_API int kvp_role_parse(const char *s, kvp_role *out);
-/* "volatile", "semi", "stable", "auto" (KVP_CLASS_AUTO); "unknown" (never
- * NULL) for other values. */
-KVP_API const char *kvp_class_name(kvp_class c);
 /* Default class of a role: system/tools -> stable, documents/history ->
  * semi, user/tool_output/other (and unknown values) -> volatile. */
 KVP_API kvp_class kvp_role_default_class(kvp_role r);

@@ -49,6 +49,7 @@
 #include "kvplane/common.h"
 #include "kvplane/config.h"
 #include "kvplane/index.h"
+#include "kvplane/ledger.h"
 #include "kvplane/prefix.h"
 
 #ifdef __cplusplus
@@ -186,13 +187,17 @@ typedef enum kvp_guard_ref {
   KVP_GUARD_MIN = 1   /* ... with their minimum */
 } kvp_guard_ref;
 
-/* Zero value = defaults, except n_workers (required).  Doubles must be finite
- * and non-negative (KVP_EINVAL otherwise); 0 selects the default given.
- * Reserved fields (here and in every struct of this header) must be zero. */
+/* Zero value = defaults, except n_workers and block_size (required).
+ * Doubles must be finite and non-negative; 0 selects the default given.
+ * Reserved fields (here and in every struct of this header) must be zero.
+ * kvp_router_create logs the first bad field with its value. */
 typedef struct kvp_router_opts {
   kvp_policy policy;   /* 0 = KVP_POLICY_KVPLANE_COST */
   uint32_t n_workers;  /* 1 .. KVP_WORKERS_MAX, required */
-  uint32_t block_size; /* tokens per block (must match the hasher); 0 = 16 */
+  /* tokens per block of the keys it will route, required: the namespace's
+   * block size, i.e. kvp_hasher_block_size() of the hasher that makes the
+   * keys (every token count in decisions and receipts is blocks x this) */
+  uint32_t block_size;
   uint32_t replica_id; /* this router replica; feeds the tie-break hash */
   uint64_t seed;       /* tie-break and softmax sampling; any value */
   kvp_model_spec model;
@@ -261,7 +266,8 @@ KVP_API int kvp_router_opts_from_config(kvp_config *c, kvp_router_opts *o,
                                         char *policies, size_t policies_cap,
                                         char *err, size_t cap);
 
-/* Returns 0, KVP_EINVAL (bad options) or KVP_ENOMEM.  *out is NULL on
+/* Returns 0, KVP_EINVAL (bad options: logged at KVP_LOG_WARN as
+ * "create: opts.<field> = <value>: <rule>") or KVP_ENOMEM.  *out is NULL on
  * failure.  Memory: O(n_workers + max_inflight + max_sessions). */
 KVP_API int kvp_router_create(const kvp_router_opts *opts,
                               const kvp_allocator *alloc, kvp_router **out);
@@ -292,10 +298,15 @@ typedef struct kvp_route_request {
                              0 = n_blocks * block_size */
   const kvp_classification *cls; /* optional stable/semi/volatile split of the
                                     same blocks (n_blocks must agree) */
+  /* Ids: uint64 here, the caller's strings in the ledger and receipts; use
+   * kvp_id64(name) so that the two agree (kvp_ledger_add_decision checks). */
   uint64_t session_id; /* 0 = no session (no affinity) */
   uint64_t request_id; /* 0 = the router assigns one (see decision) */
   uint64_t tenant;     /* carried into the receipt */
-  uint32_t reserved[8];
+  /* tokens per block of `keys` (kvp_hasher_block_size): 0 = not checked;
+   * else must equal the router's block_size (KVP_EINVAL, logged) */
+  uint32_t block_size;
+  uint32_t reserved[7];
 } kvp_route_request;
 
 /* ---- decision and receipt ------------------------------------------------ */
@@ -345,7 +356,7 @@ typedef struct kvp_decision {
   uint8_t n_top;       /* valid entries of top[] (chosen first) */
   uint8_t flags;       /* KVP_DECISION_* */
   uint32_t n_eligible; /* workers considered (online) */
-  uint32_t reserved0;
+  uint32_t block_size; /* the router's: token counts below are blocks x it */
   uint64_t request_id; /* the caller's, or the one assigned: pass it to
                           kvp_router_complete() */
   uint64_t session_id;
@@ -369,7 +380,12 @@ typedef struct kvp_decision {
   double load_s;           /* spent loading it instead (chosen's load_s) */
   kvp_route_candidate top[KVP_ROUTE_TOP];
   char reason_text[256];   /* NUL-terminated, ASCII */
-  uint8_t reserved[72];
+  /* What the ledger needs beyond the above (kvp_ledger_add_decision): */
+  uint64_t hashed_tokens; /* n_blocks x block_size (the rest: tail) */
+  uint64_t prompt_class_tokens[KVP_CLASS_COUNT_]; /* needs request.cls;
+                                                     else all volatile */
+  uint64_t load_bytes[KVP_TIER_COUNT_]; /* KV bytes of the reuse per tier */
+  uint8_t reserved[8];
 } kvp_decision;
 KVP_ROUTE_STATIC_ASSERT_(sizeof(kvp_decision) == 768,
                          "kvp_decision is ABI: grow into reserved");
@@ -419,11 +435,47 @@ KVP_API int kvp_router_inflight(const kvp_router *r, uint32_t worker,
                                 uint64_t *requests, uint64_t *tokens,
                                 double *seconds);
 
-/* The receipt as one JSON object (no newline) into buf, snprintf semantics:
- * returns the length the full text needs (excluding the NUL) and writes at
- * most cap bytes, NUL-terminated when cap > 0; buf may be NULL when cap is 0.
- * Returns KVP_EINVAL for a NULL decision.  Thread-safe. */
-KVP_API int kvp_router_receipt_json(const kvp_decision *d, char *buf,
+/* ---- decisions into the ledger and receipts ------------------------------
+ * The caller's names for a routed request's ids.  The ledger keys tenants
+ * and sessions by these strings; the router took their kvp_id64() hashes.
+ * Each name given must hash to the decision's id (KVP_EINVAL, logged,
+ * naming the field); a name left NULL is taken from the id instead: its
+ * decimal string ("42"), or none when the id is 0. */
+typedef struct kvp_route_names {
+  const char *tenant;
+  const char *session;
+  const char *request_id;
+  uint64_t unix_time_ns; /* receipts; 0 = unknown */
+  uint64_t reserved[4];
+} kvp_route_names;
+
+/* Records a decision (kvp_router_route*) in the ledger: prompt, reused and
+ * recomputed tokens, reused tokens by tier (reused_tier_tokens) and class,
+ * KV bytes per tier, the avoided prefill estimate, and the recomputed
+ * tokens by cause: the tail past the hashed blocks partial_block, the
+ * matched prefix the cost model chose not to load not_worth_loading, the
+ * longer prefix held by another online worker on_other_worker, the rest
+ * (held by no online worker in the index: never seen or evicted, the router
+ * cannot tell) unknown.  Such a record always passes kvp_ledger_check.
+ * names may be NULL.  Returns kvp_ledger_add's result, or KVP_EINVAL (NULL
+ * l or d, a failed decision, a name that does not hash to its id).
+ * Thread safety: the ledger's (any thread); d is only read. */
+KVP_API int kvp_ledger_add_decision(kvp_ledger *l, const kvp_decision *d,
+                                    const kvp_route_names *names);
+
+/* The receipt of a decision: the ledger's receipt object
+ * (kvp_ledger_receipt_json: ids, tokens, reuse by tier and class, miss
+ * causes, bytes, prefill avoided -- the record kvp_ledger_add_decision
+ * would add) plus a "route" member: policy, reason, reason_text, the
+ * index's matched tokens per tier, matched_elsewhere_tokens, load_s, flags,
+ * n_eligible and the top candidates.  One JSON object without a newline,
+ * into buf with snprintf semantics: returns the length the full text needs
+ * (excluding the NUL) and writes at most cap bytes, NUL-terminated when cap >
+ * 0; buf may be NULL when cap is 0.  names may be NULL.  Returns KVP_EINVAL
+ * for a NULL or failed decision or a name that does not hash to its id.
+ * Thread-safe. */
+KVP_API int kvp_router_receipt_json(const kvp_decision *d,
+                                    const kvp_route_names *names, char *buf,
                                     size_t cap);
 
 #ifdef __cplusplus

@@ -161,9 +161,9 @@ KVP_API int kvp_tier_admit_create(const kvp_tier_admit_opts *o,
 KVP_API void kvp_tier_admit_destroy(kvp_tier_admit *a); /* NULL ok */
 /* Changes the options; the learned counts stay (ghost_slots is fixed at
  * create and ignored here).  0 or KVP_EINVAL as for create. */
-KVP_API int kvp_tier_admit_set_opts(kvp_tier_admit *a,
+KVP_API int kvp_tier_admit_opts_set(kvp_tier_admit *a,
                                     const kvp_tier_admit_opts *o);
-KVP_API void kvp_tier_admit_get_opts(const kvp_tier_admit *a,
+KVP_API void kvp_tier_admit_opts_get(const kvp_tier_admit *a,
                                      kvp_tier_admit_opts *o);
 /* The pure inequality: 1 when p * (recompute_s - read_s) >= write_weight *
  * write_s (write_weight <= 0 counts as 1), else 0. */
@@ -472,7 +472,7 @@ typedef enum kvp_tier_opt {
 } kvp_tier_opt;
 /* Returns 0, KVP_EINVAL (unknown option), KVP_ERANGE (outside bounds). */
 KVP_API int kvp_tier_set(kvp_tier_store *t, kvp_tier_opt opt, int64_t value);
-KVP_API int kvp_tier_get_opt(kvp_tier_store *t, kvp_tier_opt opt,
+KVP_API int kvp_tier_opt_get(kvp_tier_store *t, kvp_tier_opt opt,
                              int64_t *value);
 /* Inclusive bounds of an option for this store; t NULL: what
  * kvp_tier_create accepts (no store yet: DRAM bytes up to INT64_MAX, queue
@@ -534,7 +534,7 @@ typedef struct kvp_tier_stats {
   uint64_t nvme_read_races;
 } kvp_tier_stats;
 /* Thread-safe snapshot.  Returns 0 or KVP_EINVAL. */
-KVP_API int kvp_tier_get_stats(kvp_tier_store *t, kvp_tier_stats *out);
+KVP_API int kvp_tier_stats_get(kvp_tier_store *t, kvp_tier_stats *out);
 
 /* The epoch this store's events carry (see kvp_tier_event).  0 for NULL. */
 KVP_API uint64_t kvp_tier_epoch(const kvp_tier_store *t);
@@ -678,7 +678,7 @@ KVP_API int kvp_tier_load(kvp_tier_link *l, kvp_stream *s,
                           const kvp_key *keys, const uint32_t *block_ids,
                           size_t n, int *results);
 /* Thread-safe snapshot.  0 or KVP_EINVAL. */
-KVP_API int kvp_tier_link_get_stats(kvp_tier_link *l, kvp_tier_link_stats *out);
+KVP_API int kvp_tier_link_stats_get(kvp_tier_link *l, kvp_tier_link_stats *out);
 
 #if UINTPTR_MAX == 0xffffffffffffffffu
 KVP_DEVICE_STATIC_ASSERT_(sizeof(kvp_tier_link_opts) == 32, "kvp_tier_link_opts is ABI");

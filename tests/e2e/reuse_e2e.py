@@ -163,7 +163,7 @@ class Kvp:
             "kvp_tier_ns_add": (i, [vp, C.POINTER(Namespace), C.POINTER(TierNsOpts)]),
             "kvp_tier_link_create": (i, [vp, vp, vp, C.POINTER(Namespace), C.POINTER(LinkOpts), vp, C.POINTER(vp)]),
             "kvp_tier_link_destroy": (None, [vp]),
-            "kvp_tier_link_get_stats": (i, [vp, C.POINTER(LinkStats)]),
+            "kvp_tier_link_stats_get": (i, [vp, C.POINTER(LinkStats)]),
             "kvp_tier_save": (i, [vp, vp, C.POINTER(Key), C.POINTER(C.c_uint32), C.c_size_t,
                                   C.POINTER(PutOpts), C.POINTER(C.c_int)]),
             "kvp_tier_load": (i, [vp, vp, C.POINTER(Key), C.POINTER(C.c_uint32), C.c_size_t, C.POINTER(C.c_int)]),
@@ -348,7 +348,7 @@ class Tier:
 
     def stats(self):
         st = LinkStats()
-        self.kvp.check(self.kvp.lib.kvp_tier_link_get_stats(self.l, C.byref(st)), "link stats")
+        self.kvp.check(self.kvp.lib.kvp_tier_link_stats_get(self.l, C.byref(st)), "link stats")
         return st
 
 
