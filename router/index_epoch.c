@@ -42,7 +42,7 @@ void kvp__ebr_fini(kvp__ebr *e) {
     return; /* never set up */
   for (size_t i = 0; i < e->rl_n; i++)
     ebr_free(e, e->rl[i].p, e->rl[i].size);
-  kvp__free(e->alloc, e->rl, e->rl_cap * sizeof *e->rl);
+  ebr_free(e, e->rl, e->rl_cap * sizeof *e->rl);
   ebr_free(e, e->slots_raw, SLOTS_BYTES + 63);
 }
 
