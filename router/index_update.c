@@ -22,6 +22,8 @@ uint64_t kvp__dig_delta(uint64_t fp, uint32_t from, uint32_t to) {
   return d;
 }
 
+/* ---- block updates ------------------------------------------------------- */
+
 typedef kvp__acc acc; /* an event's effect on its worker */
 
 /* Publishes holder word np in place of p at slot s. */
@@ -224,6 +226,8 @@ void kvp__scan_worker(kvp_index *ix, uint32_t w, uint32_t tiers,
   for (unsigned i = 0; i < SHARDS; i++)
     scan_shard(ix, &ix->shards[i], w, tiers, keep, a);
 }
+
+/* ---- what index_stream.c calls (index_internal.h) ----------------------- */
 
 int kvp__index_apply(kvp_index *ix, uint32_t w, uint32_t add, uint32_t del,
                      const kvp_key *keys, size_t n, kvp__acc *a) {
