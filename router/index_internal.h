@@ -1,45 +1,23 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* router/index internals: the writer spinlock, what the event protocol
- * (index_stream.c) uses of the tables (index_table.c), and, for the tests
- * and the benchmark, a consistency check.  Not installed. */
+/* router/index internals: what the event protocol (index_stream.c) uses of
+ * the tables, and, for the tests and the benchmark, a consistency check.
+ * The index's own structure is in index_impl.h.  Not installed. */
 #ifndef KVP_INDEX_INTERNAL_H
 #define KVP_INDEX_INTERNAL_H
 
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "index_spin.h"
 #include "kvplane/index.h"
 
-/* Writers-only lock (readers never take one).  Held for one block update, or
- * for one shard's scan/rehash (milliseconds at most), so waiters spin briefly
- * and then yield the CPU instead of sleeping in the kernel. */
-typedef struct kvp__spin {
-  atomic_uint v;
-} kvp__spin;
-
-static inline void kvp__spin_lock(kvp__spin *l) {
-  unsigned spins = 0;
-  /* acquire: pairs with the release in kvp__spin_unlock */
-  while (atomic_exchange_explicit(&l->v, 1u, memory_order_acquire) != 0) {
-    while (atomic_load_explicit(&l->v, memory_order_relaxed) != 0)
-      if (++spins > 64)
-        sched_yield();
-  }
-}
-
-static inline void kvp__spin_unlock(kvp__spin *l) {
-  /* release: pairs with the acquire in kvp__spin_lock */
-  atomic_store_explicit(&l->v, 0u, memory_order_release);
-}
-
 /* ---- the tables' side of the event protocol --------------------------------
- * index_table.c keeps the tables, holder sets, queries and workers;
- * index_stream.c applies events to them: per (worker, stream) sequence
- * numbers and epochs.  What the second needs of the first is below.  All of
- * it is called with the worker's lock held (lock order: worker -> shard ->
- * retire; worker -> approx). */
+ * index_update.c and index_api.c keep the tables' side (index_impl.h lists
+ * the files); index_stream.c applies events to them: per (worker, stream)
+ * sequence numbers and epochs.  What the second needs of the first is
+ * below.  All of it is called with the worker's lock held (lock order:
+ * worker -> shard -> retire; worker -> approx). */
 
 enum { KVP__W_ABSENT = 0, KVP__W_ACTIVE = 1 };
 

@@ -2,7 +2,7 @@
 /* router/index: the event protocol.  A worker's events come in streams, one
  * per publisher, each numbered 1, 2, ... within an epoch (index.h).  This
  * file checks and books the sequence numbers and epochs, and applies the
- * events through the table calls of index_internal.h (index_table.c).
+ * events through the table calls of index_internal.h (index_update.c).
  *
  * A stream's state: its epoch and last sequence number (kvp__stream, a side
  * array), the tiers it stored into during the epoch (kvp__worker.smask[s])
@@ -15,7 +15,7 @@
  * may have left residencies.
  *
  * Every event of a worker, whatever its stream, runs under the worker's
- * lock (taken first; lock order in index_table.c), so one worker's streams
+ * lock (taken first; lock order in index_impl.h), so one worker's streams
  * serialize with each other and with worker_add/remove. */
 #include <limits.h>
 #include <stdatomic.h>
