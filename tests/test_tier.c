@@ -643,7 +643,7 @@ static void nvme_idle(kvp_tier_io_backend be) {
   tt_rmdir(dir);
 }
 
-/* The admission gate in the store (issue 5 section 4).  Cold start (no
+/* The admission gate in the store.  Cold start (no
  * recompute rate) is the class + reuse rule; NVMe read-backs, evictions
  * and ghosts of rejected blocks are the outcomes it learns from; once a
  * cell has admit_min_samples of them, a block the gate rejects is not

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* kvtier: NVMe reads run without the store's lock (issue 5, README "batch
+/* kvtier: NVMe reads run without the store's lock (docs/kvtier.md, "batch
  * calls").  Reader threads get_batch blocks that live only on NVMe
  * (promotion off) while other threads evict and re-put the SAME keys and
  * churn DRAM so demotions keep taking NVMe slots.  Every returned byte is

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """End-to-end KV reuse on a real GPU through libkvplane's kernels and its
-block store (issue 6 §6).
+block store.
 
 A small randomly initialised decoder (pre-norm, GQA attention, SiLU MLP; no
 downloaded weights) prefills a prompt into a paged KV cache laid out as vLLM's
