@@ -91,6 +91,9 @@ void kvp_text_puts(kvp_text *t, const char *s) {
 
 /* Buffer mode formats in place (snprintf semantics for free); writer mode
  * through a stack buffer, or a heap one for the rare long text. */
+#if defined(__GNUC__) || defined(__clang__)
+__attribute__((format(printf, 2, 0)))
+#endif
 static int vprintf_chunked(kvp_text *t, const char *fmt, va_list ap,
                            va_list ap2) {
   char tmp[256];

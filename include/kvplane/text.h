@@ -65,6 +65,9 @@ KVP_API void kvp_text_puts(kvp_text *t, const char *s);
 __attribute__((format(printf, 2, 3)))
 #endif
 KVP_API void kvp_text_printf(kvp_text *t, const char *fmt, ...);
+#if defined(__GNUC__) || defined(__clang__)
+__attribute__((format(printf, 2, 0)))
+#endif
 KVP_API void kvp_text_vprintf(kvp_text *t, const char *fmt, va_list ap);
 KVP_API void kvp_text_u64(kvp_text *t, uint64_t v);
 /* The shortest of %.15g / %.17g that reads back as v, in the C locale;
