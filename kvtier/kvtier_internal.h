@@ -11,6 +11,7 @@
 #include <sys/uio.h>
 
 #include "kvplane/tier.h"
+#include "kvtier_place.h"
 
 /* ---- on-disk slot header (golden vectors in tests/test_tier_format.c) -----
  * Every slab slot starts with a header sector (hdr_bytes = max(512, the
@@ -199,7 +200,7 @@ typedef struct tier_nclass { /* one slab file per payload size class */
    * under a read. */
   uint16_t *pins;
   uint8_t *zombie;
-  kvp_tier_policy *pol;
+  tier_policy *pol;
 } tier_nclass;
 
 typedef struct tier_ns {
@@ -232,8 +233,8 @@ struct kvp_tier_store {
   char *dir;
   /* DRAM */
   tier_dram *dram;
-  uint64_t dram_cap, dram_used, dram_region;
-  kvp_tier_policy *dpol;
+  uint64_t dram_cap, dram_used, dram_region; /* dram_cap: the cascade's */
+  tier_cascade *cas; /* DRAM's policy, its victims' way to NVMe, the gate */
   bool registered; /* dram_register succeeded: unregister at destroy */
   /* NVMe */
   tier_io *io;
@@ -270,7 +271,6 @@ struct kvp_tier_store {
   kvp_tier_stats st;
   double bw[KVP_TIER_COUNT_];
   double bw_write;     /* NVMe writes, bytes/s (EWMA); 0: none yet */
-  kvp_tier_admit *adm; /* the NVMe admission gate (NULL: no NVMe tier) */
   /* async */
   pthread_mutex_t jmu;
   pthread_cond_t jcv, dcv;

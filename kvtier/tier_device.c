@@ -315,7 +315,7 @@ static int64_t dram_slot_locked(kvp_tier_link *l, kvp_key key) {
   if (off % l->bb != 0 || off / l->bb >= UINT32_MAX || off + l->bb > l->dram_len)
     return -1;
   e->hits++;
-  kvp_tier_policy_touch(t->dpol, id);
+  kvp__tier_policy_touch(kvp__tier_cascade_policy(t->cas, KVP_TIER_DRAM), id);
   t->st.hits[KVP_TIER_DRAM]++;
   return (int64_t)(off / l->bb);
 }

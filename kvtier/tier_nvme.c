@@ -64,7 +64,7 @@ static int class_open(kvp_tier_store *t, uint64_t cap, bool create,
   pthread_mutex_lock(&t->rmu); /* mu -> rmu: no read is using the ring */
   c->rfile_idx = kvp__tier_io_register_file(t->rio, fd);
   pthread_mutex_unlock(&t->rmu);
-  int rc = kvp_tier_policy_create(t->o.policy, &t->a, &c->pol);
+  int rc = kvp__tier_policy_create(t->o.policy, &t->a, &c->pol);
   if (rc < 0) {
     close(fd);
     return rc;
@@ -169,13 +169,13 @@ static int try_grow(kvp_tier_store *t, tier_nclass *c) {
 static int slot_take(kvp_tier_store *t, int32_t ci, uint64_t *slot) {
   tier_nclass *c = &t->cls[ci];
   if (c->nfree == 0 && try_grow(t, c) < 0 &&
-      kvp_tier_policy_count(c->pol) == 0) {
+      kvp__tier_policy_count(c->pol) == 0) {
     reclaim_tails(t, ci);
     try_grow(t, c);
   }
   if (c->nfree == 0) {
     uint32_t v;
-    if (kvp_tier_policy_victim(c->pol, &v) < 0)
+    if (kvp__tier_policy_victim(c->pol, &v) < 0)
       return KVP_ENOSPC;
     t->st.evictions[KVP_TIER_NVME]++;
     kvp__tier_nvme_drop(t, v, false, true);
@@ -294,15 +294,12 @@ static void wdone(void *arg, size_t i, tio_op *op) {
   t->st.nvme_bytes_written += op->len;
   w->bytes += e->len;
   /* the admission cell it was written in, for its outcome */
-  e->adm = (uint8_t)(e->cls * KVP_TIER_ADMIT_BUCKETS + 1 +
-                     (e->hits < KVP_TIER_ADMIT_BUCKETS - 1
-                          ? e->hits
-                          : KVP_TIER_ADMIT_BUCKETS - 1));
+  e->adm = kvp__tier_admit_cell((kvp_class)e->cls, e->hits);
   c->owner[w->slots[i]] = w->ids[i];
   e->nslot = w->slots[i];
   t->nvme_used += c->cap;
   t->st.nvme_blocks++;
-  kvp_tier_policy_insert(c->pol, w->ids[i], e->key.lo ^ e->ns.lo, c->cap, e->cls);
+  kvp__tier_policy_insert(c->pol, w->ids[i], e->key.lo ^ e->ns.lo, c->cap, e->cls);
   kvp__tier_emit(t, KVP_TIER_NVME, 1, e);
 }
 
@@ -683,7 +680,7 @@ void kvp__tier_nvme_drop(kvp_tier_store *t, uint32_t id, bool wipe,
       t->st.io_errors++;
   }
   kvp__tier_admit_outcome(t, e, false); /* left unread */
-  kvp_tier_policy_remove(c->pol, id, evicted);
+  kvp__tier_policy_remove(c->pol, id, evicted);
   slot_release(t, c, e->nslot);
   e->nclass = -1;
   t->st.nvme_blocks--;
@@ -719,7 +716,7 @@ static void recover_slot(kvp_tier_store *t, int32_t ci, uint64_t slot,
   t->nvme_used += c->cap;
   t->st.nvme_blocks++;
   t->st.recovered_slots++;
-  kvp_tier_policy_insert(c->pol, id, h->key.lo ^ h->ns.lo, c->cap, e->cls);
+  kvp__tier_policy_insert(c->pol, id, h->key.lo ^ h->ns.lo, c->cap, e->cls);
   kvp__tier_emit(t, KVP_TIER_NVME, 1, e);
 }
 
@@ -882,7 +879,7 @@ void kvp__tier_nvme_close(kvp_tier_store *t) {
   for (uint32_t i = 0; i < t->ncls; i++) {
     tier_nclass *c = &t->cls[i];
     close(c->fd);
-    kvp_tier_policy_destroy(c->pol);
+    kvp__tier_policy_destroy(c->pol);
     kvp__free(&t->a, c->owner, c->nslots * sizeof *c->owner);
     kvp__free(&t->a, c->free, c->nslots * sizeof *c->free);
     kvp__free(&t->a, c->pins, c->nslots * sizeof *c->pins);
@@ -905,16 +902,16 @@ void kvp__tier_nvme_close(kvp_tier_store *t) {
 int kvp__tier_nvme_set_policy(kvp_tier_store *t, kvp_tier_policy_kind k) {
   for (uint32_t i = 0; i < t->ncls; i++) {
     tier_nclass *c = &t->cls[i];
-    kvp_tier_policy *np;
-    int rc = kvp_tier_policy_create(k, &t->a, &np);
+    tier_policy *np;
+    int rc = kvp__tier_policy_create(k, &t->a, &np);
     if (rc < 0)
       return rc;
     for (uint64_t s = 0; s < c->nslots; s++)
       if (c->owner[s] != TIER_NIL) {
         tier_entry *e = &t->ents[c->owner[s]];
-        kvp_tier_policy_insert(np, c->owner[s], e->key.lo ^ e->ns.lo, c->cap, e->cls);
+        kvp__tier_policy_insert(np, c->owner[s], e->key.lo ^ e->ns.lo, c->cap, e->cls);
       }
-    kvp_tier_policy_destroy(c->pol);
+    kvp__tier_policy_destroy(c->pol);
     c->pol = np;
   }
   return 0;

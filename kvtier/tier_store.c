@@ -160,7 +160,7 @@ static uint64_t fp_of(kvp_key ns, kvp_key key) { return key.lo ^ ns.lo; }
 
 /* The block's recompute / NVMe read / NVMe write times: measured NVMe
  * bandwidths once there are any, configured ones before. */
-static kvp_tier_admit_cost admit_cost(const kvp_tier_store *t,
+static tier_admit_cost admit_cost(const kvp_tier_store *t,
                                       const tier_entry *e) {
   const tier_ns *ns = kvp__tier_ns_find(t, e->ns);
   double pre = ns != NULL && ns->prefill_bps > 0 ? ns->prefill_bps
@@ -172,30 +172,37 @@ static kvp_tier_admit_cost admit_cost(const kvp_tier_store *t,
               : t->o.nvme_write_bytes_per_s > 0 ? t->o.nvme_write_bytes_per_s
                                                 : 1e9;
   double b = (double)e->len;
-  return (kvp_tier_admit_cost){pre > 0 ? b / pre : 0, b / rd, b / wr};
+  return (tier_admit_cost){pre > 0 ? b / pre : 0, b / rd, b / wr};
 }
 
+static tier_admit *gate_of(const kvp_tier_store *t) {
+  return kvp__tier_cascade_gate(t->cas);
+}
+
+/* The idle write-back's question to the gate (demotions ask the cascade). */
 static bool nvme_admits(const kvp_tier_store *t, const tier_entry *e) {
   if (t->io == NULL)
     return false;
-  kvp_tier_admit_cost c = admit_cost(t, e);
-  return kvp_tier_admit_decide(t->adm, (kvp_class)e->cls, e->hits, &c) == 1;
+  tier_admit_cost c = admit_cost(t, e);
+  return kvp__tier_admit_decide(gate_of(t), (kvp_class)e->cls, e->hits, &c) == 1;
+}
+
+static tier_admit_opts admit_opts(const kvp_tier_store *t) {
+  return (tier_admit_opts){.mode = t->o.admission,
+                           .volatile_min_hits = t->o.volatile_nvme_min_hits,
+                           .write_weight = t->o.admit_write_weight,
+                           .min_samples = t->o.admit_min_samples};
 }
 
 static int admit_sync(kvp_tier_store *t) {
-  kvp_tier_admit_opts ao = {.mode = t->o.admission,
-                            .volatile_min_hits = t->o.volatile_nvme_min_hits,
-                            .write_weight = t->o.admit_write_weight,
-                            .min_samples = t->o.admit_min_samples};
-  return t->adm != NULL ? kvp_tier_admit_set_opts(t->adm, &ao) : 0;
+  tier_admit_opts ao = admit_opts(t);
+  return gate_of(t) != NULL ? kvp__tier_admit_set_opts(gate_of(t), &ao) : 0;
 }
 
 void kvp__tier_admit_outcome(kvp_tier_store *t, tier_entry *e, bool reused) {
   if (e->adm == 0)
     return;
-  unsigned cell = e->adm - 1u;
-  kvp_tier_admit_note(t->adm, (kvp_class)(cell / KVP_TIER_ADMIT_BUCKETS),
-                      cell % KVP_TIER_ADMIT_BUCKETS, reused);
+  kvp__tier_admit_note_cell(gate_of(t), e->adm, reused);
   if (reused)
     t->st.admit_reused++;
   else
@@ -205,11 +212,15 @@ void kvp__tier_admit_outcome(kvp_tier_store *t, tier_entry *e, bool reused) {
 
 /* A key this store does not hold was asked for: a rejected block's ghost? */
 static void admit_seen(kvp_tier_store *t, kvp_key ns, kvp_key key) {
-  if (kvp_tier_admit_seen(t->adm, fp_of(ns, key)))
+  if (kvp__tier_admit_seen(gate_of(t), fp_of(ns, key)))
     t->st.admit_ghost_hits++;
 }
 
 /* ---- DRAM placement ----------------------------------------------------------*/
+
+static tier_policy *dram_policy(const kvp_tier_store *t) {
+  return kvp__tier_cascade_policy(t->cas, KVP_TIER_DRAM);
+}
 
 static void dram_release(kvp_tier_store *t, uint32_t id) {
   tier_entry *e = &t->ents[id];
@@ -220,6 +231,16 @@ static void dram_release(kvp_tier_store *t, uint32_t id) {
   kvp__tier_emit(t, KVP_TIER_DRAM, 0, e);
 }
 
+/* What the cascade asks about a DRAM victim. */
+static void victim_info(void *arg, uint32_t id, tier_victim *v) {
+  const kvp_tier_store *t = arg;
+  const tier_entry *e = &t->ents[id];
+  *v = (tier_victim){.fp = fp_of(e->ns, e->key), .cls = (kvp_class)e->cls,
+                     .hits = e->hits, .below = e->nclass >= 0};
+  if (!v->below && t->io != NULL)
+    v->cost = admit_cost(t, e);
+}
+
 /* Evicts DRAM victims until `need` more bytes fit under the capacity (and,
  * with force, at least one victim), demoting those NVMe admits in one
  * batch.  Returns false when DRAM is empty. */
@@ -227,24 +248,16 @@ static bool dram_evict(kvp_tier_store *t, uint64_t need, bool force) {
   uint32_t ids[256], wr[256];
   int res[256];
   size_t n = 0, nw = 0;
-  uint64_t freed = 0;
-  while (n < 256 && (force || t->dram_used - freed + need > t->dram_cap)) {
-    uint32_t v;
-    if (kvp_tier_policy_victim(t->dpol, &v) < 0)
-      break;
-    kvp_tier_policy_remove(t->dpol, v, 1);
-    tier_entry *e = &t->ents[v];
-    freed += e->dram_charge;
-    ids[n++] = v;
-    if (e->nclass < 0 && t->io != NULL) {
-      if (nvme_admits(t, e)) {
-        wr[nw++] = v;
-        t->st.admit_accepted[e->cls]++;
-      } else {
-        t->st.admit_rejected[e->cls]++;
-        kvp_tier_admit_reject(t->adm, fp_of(e->ns, e->key), (kvp_class)e->cls,
-                              e->hits);
-      }
+  tier_move m;
+  while (n < 256 && kvp__tier_cascade_next(t->cas, KVP_TIER_DRAM, need, force,
+                                            victim_info, t, &m) > 0) {
+    uint8_t cls = t->ents[m.id].cls;
+    ids[n++] = m.id;
+    if (m.gate == TIER_GATE_ADMIT) {
+      wr[nw++] = m.id;
+      t->st.admit_accepted[cls]++;
+    } else if (m.gate == TIER_GATE_REJECT) {
+      t->st.admit_rejected[cls]++;
     }
     force = false;
   }
@@ -288,7 +301,8 @@ static int dram_place(kvp_tier_store *t, uint32_t id, const void *src) {
   e->dram_charge = charge;
   t->dram_used += charge;
   t->st.dram_blocks++;
-  kvp_tier_policy_insert(t->dpol, id, e->key.lo ^ e->ns.lo, charge, e->cls);
+  kvp__tier_policy_insert(dram_policy(t), id, e->key.lo ^ e->ns.lo, charge,
+                          e->cls);
   kvp__tier_emit(t, KVP_TIER_DRAM, 1, e);
   return 0;
 }
@@ -347,7 +361,18 @@ static int create_dram(kvp_tier_store *t) {
       return rc;
     t->registered = true;
   }
-  return kvp_tier_policy_create(t->o.policy, &t->a, &t->dpol);
+  return 0;
+}
+
+/* DRAM's victims go to NVMe (when there is an NVMe tier: its slab classes
+ * make room for themselves) through the admission gate. */
+static int create_cascade(kvp_tier_store *t) {
+  tier_cascade_opts co = {.with_policy = 1u << KVP_TIER_DRAM,
+                          .gate = t->io != NULL, .gate_opts = admit_opts(t)};
+  co.policy[KVP_TIER_DRAM] = t->o.policy;
+  co.cap[KVP_TIER_DRAM] = t->dram_cap;
+  co.cap[KVP_TIER_NVME] = t->io != NULL ? UINT64_MAX : 0;
+  return kvp__tier_cascade_create(&co, &t->a, &t->cas);
 }
 
 int kvp_tier_create(const kvp_tier_opts *opts, const kvp_allocator *alloc,
@@ -379,11 +404,9 @@ int kvp_tier_create(const kvp_tier_opts *opts, const kvp_allocator *alloc,
       memcpy(t->dir, o->nvme_dir, n);
       rc = kvp__tier_nvme_open(t);
     }
-    if (rc == 0)
-      rc = kvp_tier_admit_create(NULL, &t->a, &t->adm);
-    if (rc == 0)
-      rc = admit_sync(t);
   }
+  if (rc == 0)
+    rc = create_cascade(t);
   t->o.nvme_dir = NULL; /* t->dir is the copy */
   if (rc < 0) {
     kvp_tier_destroy(t);
@@ -409,8 +432,7 @@ void kvp_tier_destroy(kvp_tier_store *t) {
       t->o.dram_unregister(t->o.register_opaque, base, len);
   }
   kvp__tier_dram_destroy(t->dram);
-  kvp_tier_policy_destroy(t->dpol);
-  kvp_tier_admit_destroy(t->adm);
+  kvp__tier_cascade_destroy(t->cas);
   kvp__free(&t->a, t->ents, t->ents_cap * sizeof *t->ents);
   kvp__free(&t->a, t->tab, t->tab ? ((size_t)t->tab_mask + 1) * sizeof *t->tab : 0);
   kvp__free(&t->a, t->nss, t->nns * sizeof *t->nss);
@@ -586,13 +608,13 @@ static int get_many(kvp_tier_store *t, kvp_key seed, const kvp_key *keys,
       uint64_t t0 = kvp_now_ns();
       memcpy(dst[i], e->dram, e->len);
       kvp__tier_bw_note(t, KVP_TIER_DRAM, e->len, kvp_now_ns() - t0);
-      kvp_tier_policy_touch(t->dpol, id);
+      kvp__tier_policy_touch(dram_policy(t), id);
       res[i] = KVP_TIER_DRAM;
       t->st.hits[KVP_TIER_DRAM]++;
       hits++;
       continue;
     }
-    kvp_tier_policy_touch(t->cls[e->nclass].pol, id);
+    kvp__tier_policy_touch(t->cls[e->nclass].pol, id);
     nv[k] = id;
     nvd[k] = dst[i];
     nvi[k++] = i;
@@ -650,7 +672,7 @@ int kvp_tier_evict(kvp_tier_store *t, const kvp_namespace *ns, kvp_key key) {
   if (id != TIER_NIL) {
     tier_entry *e = &t->ents[id];
     if (e->dram != NULL) {
-      kvp_tier_policy_remove(t->dpol, id, 0);
+      kvp__tier_policy_remove(dram_policy(t), id, 0);
       dram_release(t, id);
     }
     kvp__tier_nvme_drop(t, id, true, false);
@@ -743,17 +765,16 @@ int kvp_tier_opt_bounds(kvp_tier_store *t, kvp_tier_opt opt, int64_t *lo,
 }
 
 static int set_policy(kvp_tier_store *t, kvp_tier_policy_kind k) {
-  kvp_tier_policy *np;
-  int rc = kvp_tier_policy_create(k, &t->a, &np);
+  tier_policy *np;
+  int rc = kvp__tier_policy_create(k, &t->a, &np);
   if (rc < 0)
     return rc;
   for (uint32_t i = 0; i < t->nents; i++) {
     tier_entry *e = &t->ents[i];
     if (e->live && e->dram)
-      kvp_tier_policy_insert(np, i, e->key.lo ^ e->ns.lo, e->dram_charge, e->cls);
+      kvp__tier_policy_insert(np, i, e->key.lo ^ e->ns.lo, e->dram_charge, e->cls);
   }
-  kvp_tier_policy_destroy(t->dpol);
-  t->dpol = np;
+  kvp__tier_cascade_set_policy(t->cas, KVP_TIER_DRAM, np);
   t->o.policy = k;
   return kvp__tier_nvme_set_policy(t, k);
 }
@@ -769,6 +790,7 @@ int kvp_tier_set(kvp_tier_store *t, kvp_tier_opt opt, int64_t v) {
   switch (opt) {
   case KVP_TIER_OPT_DRAM_BYTES:
     t->dram_cap = (uint64_t)v;
+    kvp__tier_cascade_set_cap(t->cas, KVP_TIER_DRAM, t->dram_cap);
     while (t->dram_used > t->dram_cap && dram_evict(t, 0, false)) {
     }
     break;
