@@ -69,7 +69,7 @@ static int resolve(const tier_admit_opts *o, tier_admit_opts *r) {
 }
 
 int kvp__tier_admit_create(const tier_admit_opts *o,
-                          const kvp_allocator *alloc, tier_admit **out) {
+                           const kvp_allocator *alloc, tier_admit **out) {
   tier_admit_opts r;
   if (out == NULL || resolve(o, &r) < 0)
     return KVP_EINVAL;
@@ -121,7 +121,7 @@ tier_cell kvp__tier_admit_cell(kvp_class cls, uint32_t hits) {
 }
 
 int kvp__tier_admit_pays(double p, const tier_admit_cost *c,
-                        double write_weight) {
+                         double write_weight) {
   if (c == NULL || !(p > 0))
     return 0;
   double w = write_weight > 0 ? write_weight : 1.0;
@@ -131,7 +131,7 @@ int kvp__tier_admit_pays(double p, const tier_admit_cost *c,
 static double estimate(const cell *c) { return (c->reused + 1) / (c->n + 2); }
 
 int kvp__tier_admit_decide(const tier_admit *a, kvp_class cls, uint32_t hits,
-                          const tier_admit_cost *c) {
+                           const tier_admit_cost *c) {
   if (a == NULL || a->o.mode == KVP_TIER_ADMIT_ALL)
     return 1;
   const cell *ce = &a->c[cell_of(cls, hits)];
@@ -143,7 +143,7 @@ int kvp__tier_admit_decide(const tier_admit *a, kvp_class cls, uint32_t hits,
 }
 
 double kvp__tier_admit_p(const tier_admit *a, kvp_class cls, uint32_t hits,
-                        double *outcomes) {
+                         double *outcomes) {
   if (a == NULL)
     return 0;
   const cell *ce = &a->c[cell_of(cls, hits)];
@@ -163,7 +163,7 @@ static void note_cell(tier_admit *a, int ci, int reused) {
 }
 
 void kvp__tier_admit_note(tier_admit *a, kvp_class cls, uint32_t hits,
-                         int reused) {
+                          int reused) {
   if (a != NULL)
     note_cell(a, cell_of(cls, hits), reused);
 }
@@ -181,7 +181,7 @@ static uint32_t ghost_idx(const tier_admit *a, uint64_t fp) {
 }
 
 void kvp__tier_admit_reject(tier_admit *a, uint64_t fp, kvp_class cls,
-                           uint32_t hits) {
+                            uint32_t hits) {
   if (a == NULL)
     return;
   uint64_t *g = &a->ghost[ghost_idx(a, fp)];

@@ -60,7 +60,7 @@ static void qinit(qlist *q) {
 }
 
 int kvp__tier_policy_create(kvp_tier_policy_kind kind, const kvp_allocator *alloc,
-                           tier_policy **out) {
+                            tier_policy **out) {
   if (out == NULL || (unsigned)kind >= KVP_TIER_POLICY_COUNT_)
     return KVP_EINVAL;
   tier_policy *p = kvp__calloc(alloc, 1, sizeof *p);
@@ -147,7 +147,7 @@ static void push_head(tier_policy *p, uint32_t id, uint8_t qk) {
 static uint64_t fpnz(uint64_t fp) { return fp | 1; }
 
 int kvp__tier_policy_insert(tier_policy *p, uint32_t id, uint64_t fp,
-                           uint64_t bytes, kvp_class cls) {
+                            uint64_t bytes, kvp_class cls) {
   if (p == NULL || id == NIL || (unsigned)cls >= KVP_CLASS_COUNT_)
     return KVP_EINVAL;
   if (id >= p->cap && grow(p, id) < 0)

@@ -68,7 +68,7 @@ static uint64_t fp_of(kvp_key ns, kvp_key key) { return key.lo ^ ns.lo; }
 /* The block's recompute / NVMe read / NVMe write times: measured NVMe
  * bandwidths once there are any, configured ones before. */
 static tier_admit_cost admit_cost(const kvp_tier_store *t,
-                                      const tier_entry *e) {
+                                  const tier_entry *e) {
   const tier_ns *ns = kvp__tier_ns_find(t, e->ns);
   double pre = ns != NULL && ns->prefill_bps > 0 ? ns->prefill_bps
                                                  : t->o.prefill_kv_bytes_per_s;

@@ -11,9 +11,9 @@
 static const tier_admit_cost C431 = {4e-3, 1e-3, 1e-3}; /* rec, rd, wr */
 
 static tier_admit *mk(uint32_t min_samples, uint32_t window,
-                          uint32_t ghosts) {
+                      uint32_t ghosts) {
   tier_admit_opts o = {.min_samples = min_samples, .window = window,
-                           .ghost_slots = ghosts};
+                       .ghost_slots = ghosts};
   tier_admit *a;
   ASSERT_OK(kvp__tier_admit_create(&o, NULL, &a));
   return a;
@@ -177,7 +177,7 @@ TEST(modes_and_bad_opts) {
   ASSERT_OK(kvp__tier_admit_set_opts(a, &o));
   ASSERT_EQ(kvp__tier_admit_decide(a, KVP_CLASS_VOLATILE, 0, &never), 1);
   tier_admit_opts bad[] = {
-      {.write_weight = -1}, {.write_weight = NAN}, {.write_weight = INFINITY},
+                           {.write_weight = -1}, {.write_weight = NAN}, {.write_weight = INFINITY},
       {.mode = (kvp_tier_admission)3}, {.min_samples = 600, .window = 1000},
       {.ghost_slots = (1u << 24) + 1}};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
