@@ -3,6 +3,8 @@
  * (the next tier present, through the NVMe admission gate, or dropped).
  * Pure: no I/O, no locks, no clock (kvtier_place.h); kvtier's store and
  * kvplane-bench's simulated engines run it. */
+#include <assert.h>
+
 #include "core_internal.h"
 #include "kvtier_place.h"
 
@@ -95,6 +97,7 @@ int kvp__tier_cascade_next(tier_cascade *c, int k, uint64_t need, bool force,
                            tier_victim_fn fn, void *arg, tier_move *m) {
   tier_policy *p = c->pol[k];
   uint32_t id;
+  assert(p != NULL); /* only a tier with a policy here has victims */
   if (!force && kvp__tier_policy_bytes(p) + need <= c->cap[k])
     return 0;
   if (kvp__tier_policy_victim(p, &id) < 0)

@@ -177,7 +177,7 @@ TEST(modes_and_bad_opts) {
   ASSERT_OK(kvp__tier_admit_set_opts(a, &o));
   ASSERT_EQ(kvp__tier_admit_decide(a, KVP_CLASS_VOLATILE, 0, &never), 1);
   tier_admit_opts bad[] = {
-                           {.write_weight = -1}, {.write_weight = NAN}, {.write_weight = INFINITY},
+      {.write_weight = -1}, {.write_weight = NAN}, {.write_weight = INFINITY},
       {.mode = (kvp_tier_admission)3}, {.min_samples = 600, .window = 1000},
       {.ghost_slots = (1u << 24) + 1}};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
@@ -190,6 +190,83 @@ TEST(modes_and_bad_opts) {
   kvp__tier_admit_destroy(a);
 }
 
+/* The cascade: a victim only while the tier is full, its destination the
+ * next tier present, the gate on the way into NVMe (a reject is a ghost, an
+ * admit carries its cell), a victim held below already just leaves. */
+typedef struct vinfo {
+  kvp_class cls[8];
+  bool below[8];
+} vinfo;
+
+static void info(void *arg, uint32_t id, tier_victim *v) {
+  const vinfo *vi = arg;
+  *v = (tier_victim){.fp = 0x1000 + id, .cls = vi->cls[id], .hits = 0,
+                     .cost = C431, .below = vi->below[id]};
+}
+
+TEST(cascade) {
+  tier_cascade_opts co = {.with_policy = 3, .cap = {2, 0, 4}, .gate = true,
+                          .gate_opts = {.mode = KVP_TIER_ADMIT_HITS}};
+  tier_cascade *c;
+  ASSERT_OK(kvp__tier_cascade_create(&co, NULL, &c));
+  tier_policy *hbm = kvp__tier_cascade_policy(c, KVP_TIER_HBM);
+  ASSERT_NULL(kvp__tier_cascade_policy(c, KVP_TIER_NVME)); /* external */
+  vinfo vi = {.cls = {KVP_CLASS_VOLATILE, KVP_CLASS_SEMI, KVP_CLASS_SEMI}};
+  for (uint32_t id = 0; id < 3; id++) /* LRU: 0 oldest; all volatile queue */
+    ASSERT_OK(kvp__tier_policy_insert(hbm, id, 0x1000 + id, 1, 0));
+  tier_move m;
+  /* 3 held, room for 2: 0 goes (DRAM absent: to NVMe), the gate says no */
+  ASSERT_EQ(kvp__tier_cascade_next(c, KVP_TIER_HBM, 0, false, info, &vi, &m), 1);
+  ASSERT_EQ(m.id, 0);
+  ASSERT_EQ(m.to, -1);
+  ASSERT_EQ(m.gate, TIER_GATE_REJECT);
+  ASSERT_EQ(kvp__tier_admit_seen(kvp__tier_cascade_gate(c), 0x1000), 1);
+  ASSERT_EQ(kvp__tier_cascade_next(c, KVP_TIER_HBM, 0, false, info, &vi, &m), 0);
+  /* one more must fit: 1 goes, semi-stable: admitted with its cell */
+  ASSERT_EQ(kvp__tier_cascade_next(c, KVP_TIER_HBM, 1, false, info, &vi, &m), 1);
+  ASSERT_EQ(m.id, 1);
+  ASSERT_EQ(m.to, KVP_TIER_NVME);
+  ASSERT_EQ(m.gate, TIER_GATE_ADMIT);
+  ASSERT_EQ(m.cell, kvp__tier_admit_cell(KVP_CLASS_SEMI, 0));
+  ASSERT_EQ(kvp__tier_policy_count(hbm), 1);
+  /* held below already: it only leaves, the gate is not asked */
+  vi.below[2] = true;
+  ASSERT_EQ(kvp__tier_cascade_next(c, KVP_TIER_HBM, 0, true, info, &vi, &m), 1);
+  ASSERT_EQ(m.id, 2);
+  ASSERT_TRUE(m.below);
+  ASSERT_EQ(m.to, KVP_TIER_NVME);
+  ASSERT_EQ(m.gate, TIER_GATE_NONE);
+  ASSERT_EQ(kvp__tier_cascade_next(c, KVP_TIER_HBM, 0, true, info, &vi, &m), 0);
+  /* no NVMe: dropped, no gate */
+  kvp__tier_cascade_set_cap(c, KVP_TIER_NVME, 0);
+  ASSERT_OK(kvp__tier_policy_insert(hbm, 3, 0x1003, 1, 0));
+  ASSERT_EQ(kvp__tier_cascade_next(c, KVP_TIER_HBM, 0, true, info, &vi, &m), 1);
+  ASSERT_EQ(m.to, -1);
+  ASSERT_EQ(m.gate, TIER_GATE_NONE);
+  kvp__tier_cascade_destroy(c);
+}
+
+/* The cell token names the cell kvp__tier_admit_note counts in. */
+TEST(cell_token) {
+  ASSERT_EQ(kvp__tier_admit_cell(KVP_CLASS_VOLATILE, 0), 1);
+  ASSERT_EQ(kvp__tier_admit_cell(KVP_CLASS_STABLE, 99),
+            KVP_CLASS_COUNT_ * TIER_ADMIT_BUCKETS);
+  tier_admit *a = mk(1, 0, 0), *b = mk(1, 0, 0);
+  for (int i = 0; i < 5; i++) {
+    kvp__tier_admit_note(a, KVP_CLASS_SEMI, 7, i & 1);
+    kvp__tier_admit_note_cell(b, kvp__tier_admit_cell(KVP_CLASS_SEMI, 7), i & 1);
+  }
+  kvp__tier_admit_note_cell(b, 0, true); /* none: nothing noted */
+  double na, nb;
+  ASSERT_EQ(kvp__tier_admit_p(a, KVP_CLASS_SEMI, 2, &na),
+            kvp__tier_admit_p(b, KVP_CLASS_SEMI, 2, &nb));
+  ASSERT_EQ(na, 5);
+  ASSERT_EQ(nb, 5);
+  kvp__tier_admit_destroy(a);
+  kvp__tier_admit_destroy(b);
+}
+
 TEST_MAIN(TEST_ENTRY(pays), TEST_ENTRY(cold_start_rule),
           TEST_ENTRY(estimator_moves), TEST_ENTRY(decay), TEST_ENTRY(ghosts),
-          TEST_ENTRY(modes_and_bad_opts))
+          TEST_ENTRY(modes_and_bad_opts), TEST_ENTRY(cascade),
+          TEST_ENTRY(cell_token))
