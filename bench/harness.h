@@ -17,6 +17,10 @@
 #include <stdio.h>
 
 #include "kvplane.h"
+/* kvtier's placement (policies, admission gate, cascade): the simulator
+ * runs the objects kvtier's store runs (bench/CMakeLists.txt links the
+ * kvtier internals for this header alone). */
+#include "kvtier_place.h"
 
 /* ---- byte sources: a file (zstd or plain, by magic) or memory ------------ */
 typedef struct bh_src bh_src;
@@ -139,19 +143,19 @@ typedef struct bh_cluster {
   double hbm_bw;         /* decode: weight + KV reads, bytes/s; 0 = 3.35e12 */
   double decode_base_s;  /* per decode step overhead; 0 = 2e-3 */
   double max_batch;      /* continuous batching limit; 0 = 256 */
-  /* Placement per tier (HBM, DRAM, NVMe): kvtier's kvp_tier_policy, the
+  /* Placement per tier (HBM, DRAM, NVMe): kvtier's tier_policy, the
    * code its store runs.  bh_cluster_defaults: HBM lru (the engine's own
    * prefix cache, as vLLM's), DRAM and NVMe BH_TIER_POLICY_DEFAULT. */
   kvp_tier_policy_kind tier_policy[3];
   bool tier_no_classes;  /* true: stability-blind (every block volatile) */
   /* NVMe admission for blocks demoted out of DRAM: kvtier's gate
-   * (kvp_tier_admit_*, the code its store runs).  nvme_admit_on false:
+   * (kvp__tier_admit_*, the code its store runs).  nvme_admit_on false:
    * every demotion is written (the simulator's behaviour before the gate:
    * "all").  Costs per block: recompute = prefill of a block at the
    * trace's mean prompt (per-block share); read = block / NVMe bandwidth +
    * latency; write = block / nvme_write_bw (0: the NVMe bandwidth). */
   bool nvme_admit_on;
-  kvp_tier_admit_opts nvme_admit;
+  tier_admit_opts nvme_admit;
   double nvme_write_bw;
 } bh_cluster;
 

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The discrete-event cluster simulator.  W workers, each an engine with an
- * HBM / DRAM / NVMe block cache (one kvtier placement policy per tier --
- * kvp_tier_policy, the code kvtier's store runs, LRU or S3-FIFO, stability
- * aware -- demotion HBM -> DRAM -> NVMe, eviction from the last tier), one
+ * HBM / DRAM / NVMe block cache placed by kvtier's cascade (kvtier_place.h,
+ * the code kvtier's store runs: one policy per tier, LRU or S3-FIFO,
+ * stability aware; demotion HBM -> DRAM -> NVMe through the NVMe admission
+ * gate, eviction from the last tier), one
  * prefill at a time, decode under continuous batching.  Workers publish stored/removed events into the
  * production kvp_index (per-worker sequence numbers; optionally dropped or
  * delayed); requests are routed by the production kvp_router; outcomes go
@@ -112,18 +113,26 @@ typedef struct node {
   uint8_t adm;    /* NVMe admission cell + 1 while on NVMe, else 0 */
 } node;
 
-/* Node ids are the policies' ids.  pol[k] NULL: no policy (the infinite
+/* Node ids are the cascade's ids.  cas NULL: no placement (the infinite
  * bound's cache, which never evicts). */
 typedef struct cache {
   uint32_t *tab; /* open addressing: node index + 1; 0 = empty */
   size_t mask, used;
   node *nodes;
   uint32_t n_nodes, cap_nodes, free_list;
-  kvp_tier_policy *pol[3];
+  tier_cascade *cas; /* policies per tier, the NVMe gate (or none: every
+                        demotion is written) */
   bool classes; /* stability-aware: insert with the block's class */
   uint64_t count[3], cap[3];
-  kvp_tier_admit *adm; /* NVMe admission gate; NULL: every demotion */
 } cache;
+
+static tier_policy *pol_of(const cache *c, int k) {
+  return c->cas != NULL ? kvp__tier_cascade_policy(c->cas, k) : NULL;
+}
+
+static tier_admit *gate_of(const cache *c) {
+  return c->cas != NULL ? kvp__tier_cascade_gate(c->cas) : NULL;
+}
 
 static int cache_init(cache *c, const bh_cluster *cl, bool policies) {
   memset(c, 0, sizeof *c);
@@ -136,16 +145,18 @@ static int cache_init(cache *c, const bh_cluster *cl, bool policies) {
   c->cap[2] = cl->nvme_blocks;
   if (!policies)
     c->cap[0] = UINT64_MAX, c->cap[1] = c->cap[2] = 0;
-  for (int k = 0; k < 3 && policies; k++) {
-    int rc = kvp_tier_policy_create(cl->tier_policy[k], NULL, &c->pol[k]);
-    if (rc < 0)
-      return rc;
-  }
-  if (policies && cl->nvme_admit_on && c->cap[2] > 0) {
-    kvp_tier_admit_opts ao = cl->nvme_admit;
-    if (ao.ghost_slots == 0) /* remember about as many rejects as NVMe holds */
-      ao.ghost_slots = c->cap[2] < (1u << 20) ? (uint32_t)c->cap[2] : 1u << 20;
-    int rc = kvp_tier_admit_create(&ao, NULL, &c->adm);
+  if (policies) {
+    tier_cascade_opts co = {.with_policy = 7,
+                            .gate = cl->nvme_admit_on && c->cap[2] > 0,
+                            .gate_opts = cl->nvme_admit};
+    for (int k = 0; k < 3; k++) {
+      co.policy[k] = cl->tier_policy[k];
+      co.cap[k] = c->cap[k];
+    }
+    if (co.gate_opts.ghost_slots == 0) /* about as many rejects as NVMe holds */
+      co.gate_opts.ghost_slots =
+          c->cap[2] < (1u << 20) ? (uint32_t)c->cap[2] : 1u << 20;
+    int rc = kvp__tier_cascade_create(&co, NULL, &c->cas);
     if (rc < 0)
       return rc;
   }
@@ -155,9 +166,7 @@ static int cache_init(cache *c, const bh_cluster *cl, bool policies) {
 static void cache_free(cache *c) {
   free(c->tab);
   free(c->nodes);
-  for (int k = 0; k < 3; k++)
-    kvp_tier_policy_destroy(c->pol[k]);
-  kvp_tier_admit_destroy(c->adm);
+  kvp__tier_cascade_destroy(c->cas);
 }
 
 static size_t slot_of(const cache *c, uint64_t fp) {
@@ -215,13 +224,13 @@ static void tab_del(cache *c, uint32_t idx) {
   c->used--;
 }
 
-/* Takes x off its tier.  evicted: pushed out by pressure (S3-FIFO keeps a
- * ghost of it), not moved up by a hit. */
-static void tier_remove(cache *c, uint32_t x, bool evicted) {
+/* Takes x off its tier, moved up by a hit or re-filed (a victim of the
+ * cascade is already off its tier's policy: only its count goes). */
+static void tier_remove(cache *c, uint32_t x) {
   node *n = &c->nodes[x];
   int k = n->tier;
-  if (c->pol[k] != NULL) {
-    int rc = kvp_tier_policy_remove(c->pol[k], x, evicted);
+  if (pol_of(c, k) != NULL) {
+    int rc = kvp__tier_policy_remove(pol_of(c, k), x, 0);
     assert(rc == 0);
     (void)rc;
   }
@@ -233,16 +242,20 @@ static void tier_remove(cache *c, uint32_t x, bool evicted) {
  * block leaves DRAM/NVMe when it is hit, so this is how the lower tiers
  * learn about its reuse (an inclusive store like kvtier sees those hits
  * directly).  A touch right after an insert changes nothing for LRU. */
+static kvp_class node_class(const cache *c, const node *n) {
+  return c->classes ? (kvp_class)n->cls : KVP_CLASS_VOLATILE;
+}
+
 static int tier_insert(cache *c, uint32_t x, int k) {
   node *n = &c->nodes[x];
   n->tier = (uint8_t)k;
-  if (c->pol[k] != NULL) {
-    kvp_class cls = c->classes ? (kvp_class)n->cls : KVP_CLASS_VOLATILE;
-    int rc = kvp_tier_policy_insert(c->pol[k], x, n->key.lo, 1, cls);
+  tier_policy *p = pol_of(c, k);
+  if (p != NULL) {
+    int rc = kvp__tier_policy_insert(p, x, n->key.lo, 1, node_class(c, n));
     if (rc < 0)
       return rc;
     for (uint8_t h = 0; h < n->hits; h++)
-      kvp_tier_policy_touch(c->pol[k], x);
+      kvp__tier_policy_touch(p, x);
   }
   n->hits = 0;
   c->count[k]++;
@@ -344,7 +357,7 @@ struct sim {
   double kvb;     /* KV bytes per token */
   double flops_s; /* FLOP/s achieved in prefill */
   uint32_t bs;
-  kvp_tier_admit_cost adm_cost; /* one block's, for the NVMe gate */
+  tier_admit_cost adm_cost; /* one block's, for the NVMe gate */
   /* per request */
   uint32_t *req_worker;
   uint32_t *inf_reuse;
@@ -510,70 +523,64 @@ static int publish(struct sim *s, uint32_t w, int tier, bool stored,
   return rc < 0 ? rc : publish_now(s, w, tier, stored, NULL, k, 1);
 }
 
-/* ---- placement: kvtier's policy per tier, demotion down the tiers ------------- */
-static int next_tier(const cache *c, int k) {
-  for (int j = k + 1; j < 3; j++)
-    if (c->cap[j] > 0)
-      return j;
-  return -1;
-}
+/* ---- placement: kvtier's cascade, demotion down the tiers ------------------- */
+typedef struct victim_ctx {
+  const struct sim *s;
+  const cache *c;
+} victim_ctx;
 
-/* The NVMe gate for victim v about to be demoted into NVMe: true admits
- * (its cell is kept for the outcome), false rejects (remembered as a
- * ghost). */
-static bool nvme_admit(struct sim *s, cache *c, uint32_t v) {
-  node *n = &c->nodes[v];
-  kvp_class cls = c->classes ? (kvp_class)n->cls : KVP_CLASS_VOLATILE;
-  if (!kvp_tier_admit_decide(c->adm, cls, n->reuses, &s->adm_cost)) {
-    kvp_tier_admit_reject(c->adm, n->key.lo, cls, n->reuses);
-    s->res->nvme_rejected++;
-    return false;
-  }
-  unsigned b = n->reuses < KVP_TIER_ADMIT_BUCKETS ? n->reuses
-                                                  : KVP_TIER_ADMIT_BUCKETS - 1;
-  n->adm = (uint8_t)(cls * KVP_TIER_ADMIT_BUCKETS + b + 1);
-  s->res->nvme_admitted++;
-  return true;
+/* What the cascade asks about victim v (this hierarchy is exclusive: a
+ * victim is never in the next tier already). */
+static void node_victim(void *arg, uint32_t v, tier_victim *out) {
+  const victim_ctx *vc = arg;
+  const node *n = &vc->c->nodes[v];
+  *out = (tier_victim){.fp = n->key.lo, .cls = node_class(vc->c, n),
+                       .hits = n->reuses, .cost = vc->s->adm_cost};
 }
 
 /* Block x leaves NVMe: read back (reused) or evicted unread. */
 static void nvme_outcome(cache *c, uint32_t x, bool reused) {
   node *n = &c->nodes[x];
-  if (c->adm == NULL || n->adm == 0)
-    return;
-  unsigned cell = n->adm - 1u;
-  kvp_tier_admit_note(c->adm, (kvp_class)(cell / KVP_TIER_ADMIT_BUCKETS),
-                      cell % KVP_TIER_ADMIT_BUCKETS, reused);
+  kvp__tier_admit_note_cell(gate_of(c), n->adm, reused);
   n->adm = 0;
+}
+
+/* Victim m.id went where the cascade sent it (room was made there). */
+static int land(struct sim *s, uint32_t w, cache *c, const tier_move *m) {
+  kvp_key key = c->nodes[m->id].key;
+  int rc;
+  c->count[m->from]--; /* off its tier's policy already */
+  if ((rc = publish(s, w, m->from, false, &key)) < 0)
+    return rc;
+  if (m->to < 0) {
+    node_del(c, m->id);
+    s->res->evicted_blocks++;
+    return 0;
+  }
+  if ((rc = tier_insert(c, m->id, m->to)) < 0)
+    return rc;
+  s->res->demoted_bytes[m->to] += (uint64_t)(s->kvb * s->bs);
+  return publish(s, w, m->to, true, &key);
 }
 
 /* Makes room for one more block in tier k of worker w's cache. */
 static int make_room(struct sim *s, uint32_t w, cache *c, int k) {
-  uint32_t v;
-  while (c->count[k] >= c->cap[k] &&
-         kvp_tier_policy_victim(c->pol[k], &v) == 0) {
-    kvp_key key = c->nodes[v].key;
-    int j = next_tier(c, k);
-    int rc;
-    if (j == KVP_TIER_NVME && c->adm != NULL && !nvme_admit(s, c, v))
-      j = -1; /* rejected: dropped as if NVMe were not there */
-    if (j < 0 && k == KVP_TIER_NVME)
-      nvme_outcome(c, v, false);
-    if (j >= 0 && (rc = make_room(s, w, c, j)) < 0)
-      return rc;
-    tier_remove(c, v, true);
-    if ((rc = publish(s, w, k, false, &key)) < 0)
-      return rc;
-    if (j >= 0) {
-      if ((rc = tier_insert(c, v, j)) < 0)
-        return rc;
-      s->res->demoted_bytes[j] += (uint64_t)(s->kvb * s->bs);
-      if ((rc = publish(s, w, j, true, &key)) < 0)
-        return rc;
-    } else {
-      node_del(c, v);
-      s->res->evicted_blocks++;
+  victim_ctx vc = {s, c};
+  tier_move m;
+  int rc;
+  while (kvp__tier_cascade_next(c->cas, k, 1, false, node_victim, &vc, &m) > 0) {
+    if (m.gate == TIER_GATE_ADMIT) { /* its cell, for the outcome */
+      c->nodes[m.id].adm = m.cell;
+      s->res->nvme_admitted++;
+    } else if (m.gate == TIER_GATE_REJECT) { /* remembered as a ghost */
+      s->res->nvme_rejected++;
     }
+    if (m.to < 0 && k == KVP_TIER_NVME)
+      nvme_outcome(c, m.id, false);
+    if (m.to >= 0 && (rc = make_room(s, w, c, m.to)) < 0)
+      return rc;
+    if ((rc = land(s, w, c, &m)) < 0)
+      return rc;
   }
   return 0;
 }
@@ -587,7 +594,7 @@ static int reclassify(cache *c, uint32_t x, kvp_class cls) {
     return 0;
   int k = n->tier;
   uint8_t hits = n->hits;
-  tier_remove(c, x, false);
+  tier_remove(c, x);
   n->cls = (uint8_t)cls;
   n->hits = 0;
   int rc = tier_insert(c, x, k);
@@ -605,13 +612,13 @@ static int to_hbm(struct sim *s, uint32_t w, cache *c, kvp_key key,
   if (x != NONE && c->nodes[x].reuses < 255)
     c->nodes[x].reuses++;
   if (x != NONE && c->nodes[x].tier == KVP_TIER_HBM) {
-    if (c->pol[KVP_TIER_HBM] == NULL)
+    if (pol_of(c, KVP_TIER_HBM) == NULL)
       return 0;
     if (c->nodes[x].hits < 3)
       c->nodes[x].hits++;
     if ((rc = reclassify(c, x, cls)) < 0)
       return rc;
-    return kvp_tier_policy_touch(c->pol[KVP_TIER_HBM], x);
+    return kvp__tier_policy_touch(pol_of(c, KVP_TIER_HBM), x);
   }
   if (x != NONE) {
     /* off its tier first, so making room below cannot pick it as a victim
@@ -619,7 +626,7 @@ static int to_hbm(struct sim *s, uint32_t w, cache *c, kvp_key key,
     int from = c->nodes[x].tier;
     if (from == KVP_TIER_NVME)
       nvme_outcome(c, x, true);
-    tier_remove(c, x, false);
+    tier_remove(c, x);
     if ((rc = publish(s, w, from, false, &key)) < 0 ||
         (rc = make_room(s, w, c, KVP_TIER_HBM)) < 0)
       return rc;
@@ -634,7 +641,7 @@ static int to_hbm(struct sim *s, uint32_t w, cache *c, kvp_key key,
   }
   if ((rc = make_room(s, w, c, KVP_TIER_HBM)) < 0)
     return rc;
-  kvp_tier_admit_seen(c->adm, key.lo); /* recomputed after a reject? */
+  kvp__tier_admit_seen(gate_of(c), key.lo); /* recomputed after a reject? */
   if ((rc = node_new(c, key, &x)) < 0)
     return rc;
   c->nodes[x].cls = (uint8_t)(c->classes ? cls : KVP_CLASS_VOLATILE);

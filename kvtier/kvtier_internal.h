@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* kvtier internals shared by the store, the DRAM region, the slab format
- * and the I/O backends.  Not installed. */
+ * and the I/O backends.  The placement objects (kvtier_place.h), the index
+ * (kvtier_table.h) and the NVMe tier (kvtier_nvme.h) have headers of their
+ * own.  Not installed. */
 #ifndef KVP_KVTIER_INTERNAL_H
 #define KVP_KVTIER_INTERNAL_H
 
@@ -11,6 +13,8 @@
 #include <sys/uio.h>
 
 #include "kvplane/tier.h"
+#include "kvtier_place.h"
+#include "kvtier_table.h"
 
 /* ---- on-disk slot header (golden vectors in tests/test_tier_format.c) -----
  * Every slab slot starts with a header sector (hdr_bytes = max(512, the
@@ -55,7 +59,6 @@ uint64_t kvp__tier_scan_image(const uint8_t *img, size_t n, uint64_t slot_bytes,
 
 /* ---- DRAM region --------------------------------------------------------- */
 typedef struct tier_dram tier_dram;
-#define TIER_POOL_ARENA UINT32_MAX
 int kvp__tier_dram_create(uint64_t bytes, kvp_tier_huge huge,
                           const kvp_allocator *a, tier_dram **out);
 void kvp__tier_dram_destroy(tier_dram *d);
@@ -162,45 +165,10 @@ void kvp__tier_uring_submit(tier_uring *u);
 typedef void (*tier_uring_cb)(void *arg, uint64_t tag, int res);
 int kvp__tier_uring_reap(tier_uring *u, tier_uring_cb cb, void *arg);
 
-/* ---- the store (tier_store.c: API, index, DRAM; tier_nvme.c: slabs) ------ */
+/* ---- the store (tier_store.c; its index: kvtier_table.h; its NVMe tier:
+ * kvtier_nvme.h) ----------------------------------------------------------- */
 #include <pthread.h>
 #include <stdatomic.h>
-
-#define TIER_NIL UINT32_MAX
-
-typedef struct tier_entry {
-  kvp_key ns, key;
-  uint64_t len;
-  void *dram;           /* NULL: not in DRAM */
-  uint64_t dram_charge; /* bytes charged to the DRAM capacity */
-  uint32_t pool;
-  int32_t nclass;       /* NVMe slab class, -1: not on NVMe */
-  uint64_t nslot;
-  uint64_t nsum;        /* XXH3-64 of the NVMe payload (its header's) */
-  uint32_t hits;
-  uint8_t cls, live;
-  uint8_t nenc;         /* the NVMe slot is AES-256-GCM */
-  uint8_t adm;          /* admission cell + 1 at its NVMe write, until its
-                           outcome is noted; 0: none (recovered, noted) */
-  uint32_t next_free;
-} tier_entry;
-
-typedef struct tier_nclass { /* one slab file per payload size class */
-  uint64_t cap, slot_bytes;
-  int fd, file_idx;
-  int rfile_idx;   /* the fd's index in the read ring's file table */
-  uint64_t nslots;
-  uint32_t *owner; /* entry id per slot, TIER_NIL: free */
-  uint64_t *free;  /* stack of free slots */
-  uint64_t nfree;
-  /* Reads in flight per slot (taken and dropped under mu; the reads run
-   * without it).  A slot released while pinned is a zombie: off the free
-   * stack until its last reader unpins it, so no write can land in a slot
-   * under a read. */
-  uint16_t *pins;
-  uint8_t *zombie;
-  kvp_tier_policy *pol;
-} tier_nclass;
 
 typedef struct tier_ns {
   kvp_key seed;
@@ -211,66 +179,39 @@ typedef struct tier_ns {
 } tier_ns;
 
 typedef struct tier_job tier_job;
+typedef struct tier_nvme tier_nvme; /* kvtier_nvme.h */
 
-typedef struct tier_ubuf { /* a registered caller range (piece <= 1 GiB) */
-  uintptr_t base;
-  size_t len;
-  uint32_t idx; /* the ring's buffer index */
-} tier_ubuf;
-
-/* Locks: mu guards the store (index, DRAM, slot metadata, the write ring
- * io); rmu guards the read ring rio, its staging, rcctx and the caller
- * ranges (ubuf).  Order: mu before rmu; whoever holds rmu alone (a batch's
- * NVMe reads, run with mu released) never takes mu.  jmu (the job queue)
- * is taken after mu or alone. */
+/* Locks: mu guards the store (index, DRAM, the NVMe tier's calls); the NVMe
+ * tier's read lock guards its read ring.  Order: mu before the read lock;
+ * whoever holds the read lock alone (a batch's NVMe reads, run with mu
+ * released) never takes mu.  jmu (the job queue) is taken after mu or
+ * alone. */
 struct kvp_tier_store {
   kvp_allocator a;
-  pthread_mutex_t mu; /* everything below but the read ring; before jmu; a
+  pthread_mutex_t mu; /* everything below but the job queue; before jmu; a
                        * link's zero-copy load holds it over a kvp_device
                        * scatter: link mu, then mu, then the device's */
   kvp_tier_opts o;
   char *dir;
   /* DRAM */
   tier_dram *dram;
-  uint64_t dram_cap, dram_used, dram_region;
-  kvp_tier_policy *dpol;
+  uint64_t dram_cap, dram_used, dram_region; /* dram_cap: the cascade's */
+  tier_cascade *cas; /* DRAM's policy, its victims' way to NVMe, the gate */
   bool registered; /* dram_register succeeded: unregister at destroy */
-  /* NVMe */
-  tier_io *io;
-  uint32_t qd, qd_max, hdr_bytes;
-  uint8_t *stage;
-  size_t stage_len;
-  uint64_t stage_each;
-  bool fixed_bufs;
-  tier_ubuf *ubuf; /* kvp_tier_register_buffers, sorted by base */
-  uint32_t nubuf;
-  tier_nclass *cls;
-  uint32_t ncls;
-  uint64_t nvme_cap, nvme_alloc, nvme_used;
-  int dirfd;
-  void *cctx; /* EVP_CIPHER_CTX (writes) */
-  /* the read ring (under rmu): NVMe reads run on it without mu */
-  pthread_mutex_t rmu;
-  tier_io *rio;
-  uint8_t *rstage;
-  bool rfixed;
-  bool reads_locked; /* KVP_TIER_OPT_READ_UNLOCKED 0: keep mu during reads */
+  /* NVMe (NULL: none) and the options its calls take */
+  tier_nvme *nv;
+  uint32_t qd, qd_max;
+  uint64_t nvme_cap;   /* KVP_TIER_OPT_NVME_BYTES (the tier's, when there) */
+  bool reads_locked;   /* KVP_TIER_OPT_READ_UNLOCKED 0: keep mu during reads */
   bool no_stage_ahead; /* KVP_TIER_OPT_STAGE_AHEAD 0 */
-  void *rcctx; /* EVP_CIPHER_CTX (read verification) */
-  /* index: (ns, key) -> entry id; open addressing, slot = id + 1 */
-  tier_entry *ents;
-  uint32_t nents, ents_cap, free_head;
-  uint32_t *tab;
-  uint32_t tab_mask, tab_fill;
+  tier_table tbl; /* (ns, key) -> entry */
   tier_ns *nss;
   uint32_t nns;
-  uint64_t epoch;    /* slab header write counter (recovery keeps the max) */
   uint64_t ev_epoch; /* the events' epoch (kvp_tier_epoch): creation time */
   uint64_t seq;      /* the last event's number in ev_epoch */
   kvp_tier_stats st;
   double bw[KVP_TIER_COUNT_];
   double bw_write;     /* NVMe writes, bytes/s (EWMA); 0: none yet */
-  kvp_tier_admit *adm; /* the NVMe admission gate (NULL: no NVMe tier) */
   /* async */
   pthread_mutex_t jmu;
   pthread_cond_t jcv, dcv;
@@ -279,40 +220,7 @@ struct kvp_tier_store {
   bool thr_on, stop;
 };
 
-/* tier_store.c, used by tier_nvme.c (store lock held) */
-void kvp__tier_emit(kvp_tier_store *t, kvp_tier tier, int stored,
-                    const tier_entry *e);
+/* tier_store.c, used by tier_device.c (store lock held) */
 const tier_ns *kvp__tier_ns_find(const kvp_tier_store *t, kvp_key seed);
-uint32_t kvp__tier_entry_new(kvp_tier_store *t, kvp_key ns, kvp_key key);
-uint32_t kvp__tier_entry_find(const kvp_tier_store *t, kvp_key ns, kvp_key key);
-/* Deletes the entry when it is in no tier any more. */
-void kvp__tier_entry_gc(kvp_tier_store *t, uint32_t id);
-void kvp__tier_bw_note(kvp_tier_store *t, kvp_tier tier, uint64_t bytes,
-                       uint64_t ns);
-/* An NVMe block's admission outcome (e->adm): read back or left unread. */
-void kvp__tier_admit_outcome(kvp_tier_store *t, tier_entry *e, bool reused);
-
-/* tier_nvme.c (store lock held) */
-int kvp__tier_nvme_open(kvp_tier_store *t);  /* probe, recover */
-void kvp__tier_nvme_close(kvp_tier_store *t);
-/* Writes entries ids[0..n) (in DRAM) to NVMe; res[i] 0 or error; with
- * durable, fdatasyncs the touched files and fails the batch on error. */
-void kvp__tier_nvme_write(kvp_tier_store *t, const uint32_t *ids, size_t n,
-                          bool durable, int *res);
-/* Reads entries ids[0..n) (on NVMe) into dst[i]; res[i] KVP_TIER_NVME or a
- * miss code (the slot is then dropped, if the entry still owns it).  Called
- * with mu held; RELEASES mu while the I/O and the checks run (the slots are
- * pinned) and retakes it before returning: entries may have been evicted or
- * re-put meanwhile.  A hit is the block's bytes as of the call. */
-void kvp__tier_nvme_read(kvp_tier_store *t, const uint32_t *ids, size_t n,
-                         void *const *dst, int *res);
-/* Frees the entry's slot (zeroing its header when wipe). */
-void kvp__tier_nvme_drop(kvp_tier_store *t, uint32_t id, bool wipe,
-                         bool evicted);
-int kvp__tier_nvme_sync(kvp_tier_store *t);
-/* kvp_tier_register_buffers (n 0: unregister). */
-int kvp__tier_nvme_register(kvp_tier_store *t, const struct iovec *iov,
-                            unsigned n);
-int kvp__tier_nvme_set_policy(kvp_tier_store *t, kvp_tier_policy_kind k);
 
 #endif /* KVP_KVTIER_INTERNAL_H */

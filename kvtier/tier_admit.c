@@ -4,23 +4,24 @@
  * class, reuse count) cell from NVMe outcomes and from ghosts of rejected
  * blocks.  Pure in-memory: no I/O, no clock (kvplane-bench runs it as is).
  * The rule is documented in include/kvplane/tier.h. */
+#include <assert.h>
 #include <math.h>
 #include <stdbool.h>
 #include <string.h>
 
 #include "core_internal.h"
-#include "kvplane/tier.h"
+#include "kvtier_place.h"
 
-#define NCELL (KVP_CLASS_COUNT_ * KVP_TIER_ADMIT_BUCKETS)
+#define NCELL (KVP_CLASS_COUNT_ * TIER_ADMIT_BUCKETS)
 #define GHOST_MAX (UINT32_C(1) << 24)
 
 typedef struct cell {
   double reused, n; /* decayed counts */
 } cell;
 
-struct kvp_tier_admit {
+struct tier_admit {
   kvp_allocator a;
-  kvp_tier_admit_opts o; /* resolved: no zero means-default left */
+  tier_admit_opts o; /* resolved: no zero means-default left */
   cell c[NCELL];
   uint64_t *ghost; /* fingerprint with the low 4 bits = cell + 1; 0 empty */
   uint32_t ghost_mask;
@@ -48,8 +49,8 @@ const char *kvp_tier_admission_name(kvp_tier_admission a) {
 }
 
 /* Fills the defaults of o into r; KVP_EINVAL when o is out of range. */
-static int resolve(const kvp_tier_admit_opts *o, kvp_tier_admit_opts *r) {
-  static const kvp_tier_admit_opts zero;
+static int resolve(const tier_admit_opts *o, tier_admit_opts *r) {
+  static const tier_admit_opts zero;
   *r = o ? *o : zero;
   if ((unsigned)r->mode >= KVP_TIER_ADMIT_COUNT_ || !isfinite(r->write_weight) ||
       r->write_weight < 0 || r->ghost_slots > GHOST_MAX)
@@ -67,12 +68,12 @@ static int resolve(const kvp_tier_admit_opts *o, kvp_tier_admit_opts *r) {
   return 0;
 }
 
-int kvp_tier_admit_create(const kvp_tier_admit_opts *o,
-                          const kvp_allocator *alloc, kvp_tier_admit **out) {
-  kvp_tier_admit_opts r;
+int kvp__tier_admit_create(const tier_admit_opts *o,
+                           const kvp_allocator *alloc, tier_admit **out) {
+  tier_admit_opts r;
   if (out == NULL || resolve(o, &r) < 0)
     return KVP_EINVAL;
-  kvp_tier_admit *a = kvp__calloc(alloc, 1, sizeof *a);
+  tier_admit *a = kvp__calloc(alloc, 1, sizeof *a);
   if (a == NULL)
     return KVP_ENOMEM;
   a->a = kvp__allocator(alloc);
@@ -87,7 +88,7 @@ int kvp_tier_admit_create(const kvp_tier_admit_opts *o,
   return 0;
 }
 
-void kvp_tier_admit_destroy(kvp_tier_admit *a) {
+void kvp__tier_admit_destroy(tier_admit *a) {
   if (a == NULL)
     return;
   kvp__free(&a->a, a->ghost, ((size_t)a->ghost_mask + 1) * sizeof *a->ghost);
@@ -95,8 +96,8 @@ void kvp_tier_admit_destroy(kvp_tier_admit *a) {
   kvp__free(&al, a, sizeof *a);
 }
 
-int kvp_tier_admit_opts_set(kvp_tier_admit *a, const kvp_tier_admit_opts *o) {
-  kvp_tier_admit_opts r;
+int kvp__tier_admit_opts_set(tier_admit *a, const tier_admit_opts *o) {
+  tier_admit_opts r;
   if (a == NULL || resolve(o, &r) < 0)
     return KVP_EINVAL;
   r.ghost_slots = a->o.ghost_slots;
@@ -104,19 +105,23 @@ int kvp_tier_admit_opts_set(kvp_tier_admit *a, const kvp_tier_admit_opts *o) {
   return 0;
 }
 
-void kvp_tier_admit_opts_get(const kvp_tier_admit *a, kvp_tier_admit_opts *o) {
+void kvp__tier_admit_opts_get(const tier_admit *a, tier_admit_opts *o) {
   if (a != NULL && o != NULL)
     *o = a->o;
 }
 
 static int cell_of(kvp_class cls, uint32_t hits) {
   unsigned c = (unsigned)cls < KVP_CLASS_COUNT_ ? (unsigned)cls : 0;
-  unsigned b = hits < KVP_TIER_ADMIT_BUCKETS ? hits : KVP_TIER_ADMIT_BUCKETS - 1;
-  return (int)(c * KVP_TIER_ADMIT_BUCKETS + b);
+  unsigned b = hits < TIER_ADMIT_BUCKETS ? hits : TIER_ADMIT_BUCKETS - 1;
+  return (int)(c * TIER_ADMIT_BUCKETS + b);
 }
 
-int kvp_tier_admit_pays(double p, const kvp_tier_admit_cost *c,
-                        double write_weight) {
+tier_cell kvp__tier_admit_cell(kvp_class cls, uint32_t hits) {
+  return (tier_cell)(cell_of(cls, hits) + 1);
+}
+
+int kvp__tier_admit_pays(double p, const tier_admit_cost *c,
+                         double write_weight) {
   if (c == NULL || !(p > 0))
     return 0;
   double w = write_weight > 0 ? write_weight : 1.0;
@@ -125,8 +130,8 @@ int kvp_tier_admit_pays(double p, const kvp_tier_admit_cost *c,
 
 static double estimate(const cell *c) { return (c->reused + 1) / (c->n + 2); }
 
-int kvp_tier_admit_decide(const kvp_tier_admit *a, kvp_class cls, uint32_t hits,
-                          const kvp_tier_admit_cost *c) {
+int kvp__tier_admit_decide(const tier_admit *a, kvp_class cls, uint32_t hits,
+                           const tier_admit_cost *c) {
   if (a == NULL || a->o.mode == KVP_TIER_ADMIT_ALL)
     return 1;
   const cell *ce = &a->c[cell_of(cls, hits)];
@@ -134,11 +139,11 @@ int kvp_tier_admit_decide(const kvp_tier_admit *a, kvp_class cls, uint32_t hits,
                c->recompute_s > 0 && ce->n >= a->o.min_samples;
   if (!model) /* rule 1: write-through-selective */
     return cls >= KVP_CLASS_SEMI || hits >= a->o.volatile_min_hits;
-  return kvp_tier_admit_pays(estimate(ce), c, a->o.write_weight);
+  return kvp__tier_admit_pays(estimate(ce), c, a->o.write_weight);
 }
 
-double kvp_tier_admit_p(const kvp_tier_admit *a, kvp_class cls, uint32_t hits,
-                        double *outcomes) {
+double kvp__tier_admit_p(const tier_admit *a, kvp_class cls, uint32_t hits,
+                         double *outcomes) {
   if (a == NULL)
     return 0;
   const cell *ce = &a->c[cell_of(cls, hits)];
@@ -147,7 +152,7 @@ double kvp_tier_admit_p(const kvp_tier_admit *a, kvp_class cls, uint32_t hits,
   return estimate(ce);
 }
 
-static void note_cell(kvp_tier_admit *a, int ci, int reused) {
+static void note_cell(tier_admit *a, int ci, int reused) {
   cell *c = &a->c[ci];
   c->n += 1;
   c->reused += reused != 0;
@@ -157,36 +162,42 @@ static void note_cell(kvp_tier_admit *a, int ci, int reused) {
   }
 }
 
-void kvp_tier_admit_note(kvp_tier_admit *a, kvp_class cls, uint32_t hits,
-                         int reused) {
+void kvp__tier_admit_note(tier_admit *a, kvp_class cls, uint32_t hits,
+                          int reused) {
   if (a != NULL)
     note_cell(a, cell_of(cls, hits), reused);
 }
 
+void kvp__tier_admit_note_cell(tier_admit *a, tier_cell tok, bool reused) {
+  assert(tok <= NCELL);
+  if (a != NULL && tok != 0)
+    note_cell(a, tok - 1, reused);
+}
+
 /* Ghost slots hold the fingerprint's high 60 bits and cell + 1 (1..9) in
  * the low 4: a nonzero word is a ghost. */
-static uint32_t ghost_idx(const kvp_tier_admit *a, uint64_t fp) {
+static uint32_t ghost_idx(const tier_admit *a, uint64_t fp) {
   return (uint32_t)((fp * 0x9E3779B97F4A7C15ull) >> 40) & a->ghost_mask;
 }
 
-void kvp_tier_admit_reject(kvp_tier_admit *a, uint64_t fp, kvp_class cls,
-                           uint32_t hits) {
+void kvp__tier_admit_reject(tier_admit *a, uint64_t fp, kvp_class cls,
+                            uint32_t hits) {
   if (a == NULL)
     return;
   uint64_t *g = &a->ghost[ghost_idx(a, fp)];
-  uint64_t v = (fp & ~UINT64_C(15)) | (uint64_t)(cell_of(cls, hits) + 1);
+  uint64_t v = (fp & ~UINT64_C(15)) | kvp__tier_admit_cell(cls, hits);
   if (*g != 0 && *g != v) /* displaced before it came back: not reused */
-    note_cell(a, (int)(*g & 15) - 1, 0);
+    kvp__tier_admit_note_cell(a, (tier_cell)(*g & 15), false);
   *g = v;
 }
 
-int kvp_tier_admit_seen(kvp_tier_admit *a, uint64_t fp) {
+int kvp__tier_admit_seen(tier_admit *a, uint64_t fp) {
   if (a == NULL)
     return 0;
   uint64_t *g = &a->ghost[ghost_idx(a, fp)];
   if (*g == 0 || (*g & ~UINT64_C(15)) != (fp & ~UINT64_C(15)))
     return 0;
-  note_cell(a, (int)(*g & 15) - 1, 1);
+  kvp__tier_admit_note_cell(a, (tier_cell)(*g & 15), true);
   *g = 0;
   return 1;
 }

@@ -103,7 +103,7 @@ static int check_store(kvp_tier_store *t, const kvp_namespace *ns,
   pthread_mutex_lock(&t->mu);
   bool known = kvp__tier_ns_find(t, ns->seed) != NULL;
   uint64_t max = t->o.max_block_bytes ? t->o.max_block_bytes : 4u << 20;
-  bool fits = bb <= t->dram_region && (t->io == NULL || bb <= max);
+  bool fits = bb <= t->dram_region && (t->nv == NULL || bb <= max);
   pthread_mutex_unlock(&t->mu);
   if (!known) {
     KVP_LOGE("kvtier", "link: namespace not registered (kvp_tier_ns_add)");
@@ -305,17 +305,17 @@ static int scatter_sync(kvp_tier_link *l, kvp_stream *s, uint32_t h,
  * multiple of the block size).  Counts the hit as a get does.  t->mu held. */
 static int64_t dram_slot_locked(kvp_tier_link *l, kvp_key key) {
   kvp_tier_store *t = l->t;
-  uint32_t id = kvp__tier_entry_find(t, l->ns.seed, key);
+  uint32_t id = kvp__tier_table_find(&t->tbl, l->ns.seed, key);
   if (id == TIER_NIL)
     return -1;
-  tier_entry *e = &t->ents[id];
+  tier_entry *e = &t->tbl.ents[id];
   if (e->dram == NULL || e->len != l->bb)
     return -1;
   uint64_t off = (uint64_t)((uint8_t *)e->dram - l->dram_base);
   if (off % l->bb != 0 || off / l->bb >= UINT32_MAX || off + l->bb > l->dram_len)
     return -1;
   e->hits++;
-  kvp_tier_policy_touch(t->dpol, id);
+  kvp__tier_policy_touch(kvp__tier_cascade_policy(t->cas, KVP_TIER_DRAM), id);
   t->st.hits[KVP_TIER_DRAM]++;
   return (int64_t)(off / l->bb);
 }

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "core_internal.h"
-#include "kvplane/tier.h"
+#include "kvtier_place.h"
 
 #define NIL UINT32_MAX
 enum { Q_NONE = 0, Q_SMALL = 1, Q_MAIN = 2 };
@@ -23,7 +23,7 @@ typedef struct node {
   uint8_t cls, q, freq, pad_;
 } node;
 
-struct kvp_tier_policy {
+struct tier_policy {
   kvp_allocator a;
   kvp_tier_policy_kind kind;
   node *nodes;
@@ -59,11 +59,11 @@ static void qinit(qlist *q) {
   q->bytes = q->count = 0;
 }
 
-int kvp_tier_policy_create(kvp_tier_policy_kind kind, const kvp_allocator *alloc,
-                           kvp_tier_policy **out) {
+int kvp__tier_policy_create(kvp_tier_policy_kind kind, const kvp_allocator *alloc,
+                            tier_policy **out) {
   if (out == NULL || (unsigned)kind >= KVP_TIER_POLICY_COUNT_)
     return KVP_EINVAL;
-  kvp_tier_policy *p = kvp__calloc(alloc, 1, sizeof *p);
+  tier_policy *p = kvp__calloc(alloc, 1, sizeof *p);
   if (p == NULL)
     return KVP_ENOMEM;
   p->a = kvp__allocator(alloc);
@@ -76,7 +76,7 @@ int kvp_tier_policy_create(kvp_tier_policy_kind kind, const kvp_allocator *alloc
   return 0;
 }
 
-void kvp_tier_policy_destroy(kvp_tier_policy *p) {
+void kvp__tier_policy_destroy(tier_policy *p) {
   if (p == NULL)
     return;
   kvp__free(&p->a, p->nodes, (size_t)p->cap * sizeof(node));
@@ -84,7 +84,7 @@ void kvp_tier_policy_destroy(kvp_tier_policy *p) {
   kvp__free(&p->a, p, sizeof *p);
 }
 
-static int grow(kvp_tier_policy *p, uint32_t id) {
+static int grow(tier_policy *p, uint32_t id) {
   uint32_t ncap = p->cap ? p->cap : 64;
   while (ncap <= id)
     ncap = ncap > UINT32_MAX / 2 ? UINT32_MAX : ncap * 2;
@@ -110,11 +110,11 @@ static int grow(kvp_tier_policy *p, uint32_t id) {
   return 0;
 }
 
-static qlist *qof(kvp_tier_policy *p, const node *n) {
+static qlist *qof(tier_policy *p, const node *n) {
   return n->q == Q_SMALL ? &p->small[n->cls] : &p->main[n->cls];
 }
 
-static void unlink_node(kvp_tier_policy *p, uint32_t id) {
+static void unlink_node(tier_policy *p, uint32_t id) {
   node *n = &p->nodes[id];
   qlist *q = qof(p, n);
   if (n->prev != NIL)
@@ -129,7 +129,7 @@ static void unlink_node(kvp_tier_policy *p, uint32_t id) {
   q->count--;
 }
 
-static void push_head(kvp_tier_policy *p, uint32_t id, uint8_t qk) {
+static void push_head(tier_policy *p, uint32_t id, uint8_t qk) {
   node *n = &p->nodes[id];
   n->q = qk;
   qlist *q = qof(p, n);
@@ -146,8 +146,8 @@ static void push_head(kvp_tier_policy *p, uint32_t id, uint8_t qk) {
 
 static uint64_t fpnz(uint64_t fp) { return fp | 1; }
 
-int kvp_tier_policy_insert(kvp_tier_policy *p, uint32_t id, uint64_t fp,
-                           uint64_t bytes, kvp_class cls) {
+int kvp__tier_policy_insert(tier_policy *p, uint32_t id, uint64_t fp,
+                            uint64_t bytes, kvp_class cls) {
   if (p == NULL || id == NIL || (unsigned)cls >= KVP_CLASS_COUNT_)
     return KVP_EINVAL;
   if (id >= p->cap && grow(p, id) < 0)
@@ -172,7 +172,7 @@ int kvp_tier_policy_insert(kvp_tier_policy *p, uint32_t id, uint64_t fp,
   return 0;
 }
 
-int kvp_tier_policy_touch(kvp_tier_policy *p, uint32_t id) {
+int kvp__tier_policy_touch(tier_policy *p, uint32_t id) {
   if (p == NULL || id >= p->cap || p->nodes[id].q == Q_NONE)
     return KVP_ENOENT;
   node *n = &p->nodes[id];
@@ -185,7 +185,7 @@ int kvp_tier_policy_touch(kvp_tier_policy *p, uint32_t id) {
   return 0;
 }
 
-int kvp_tier_policy_remove(kvp_tier_policy *p, uint32_t id, int evicted) {
+int kvp__tier_policy_remove(tier_policy *p, uint32_t id, int evicted) {
   if (p == NULL || id >= p->cap || p->nodes[id].q == Q_NONE)
     return KVP_ENOENT;
   node *n = &p->nodes[id];
@@ -198,7 +198,7 @@ int kvp_tier_policy_remove(kvp_tier_policy *p, uint32_t id, int evicted) {
   return 0;
 }
 
-static uint32_t s3fifo_victim(kvp_tier_policy *p, int c) {
+static uint32_t s3fifo_victim(tier_policy *p, int c) {
   qlist *s = &p->small[c], *m = &p->main[c];
   for (;;) {
     uint64_t total = s->bytes + m->bytes;
@@ -222,7 +222,7 @@ static uint32_t s3fifo_victim(kvp_tier_policy *p, int c) {
   }
 }
 
-int kvp_tier_policy_victim(kvp_tier_policy *p, uint32_t *id) {
+int kvp__tier_policy_victim(tier_policy *p, uint32_t *id) {
   if (p == NULL || id == NULL)
     return KVP_EINVAL;
   for (int c = 0; c < KVP_CLASS_COUNT_; c++) {
@@ -234,9 +234,9 @@ int kvp_tier_policy_victim(kvp_tier_policy *p, uint32_t *id) {
   return KVP_ENOENT;
 }
 
-uint64_t kvp_tier_policy_bytes(const kvp_tier_policy *p) {
+uint64_t kvp__tier_policy_bytes(const tier_policy *p) {
   return p ? p->bytes : 0;
 }
-uint64_t kvp_tier_policy_count(const kvp_tier_policy *p) {
+uint64_t kvp__tier_policy_count(const tier_policy *p) {
   return p ? p->count : 0;
 }

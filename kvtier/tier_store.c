@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The block store: the (namespace, key) index, the DRAM tier's placement
- * (demote on pressure, promote on hit, idle write-back, stability-aware
- * admission), batch and asynchronous calls, options and stats.  One mutex
- * (mu) guards the store; a batch's NVMe reads release it and run under the
- * read ring's (rmu; order in kvtier_internal.h); the job queue has its own
- * (jmu), always taken after mu or alone. */
+/* The block store: the (namespace, key) index's entries (kvtier_table.h)
+ * and what the tiers' results mean to them -- events, bandwidth notes,
+ * admission outcomes --, the DRAM tier's placement (the cascade decides
+ * demotions; promote on hit, idle write-back), batch and asynchronous calls,
+ * options and stats.  One mutex (mu) guards the store; a batch's NVMe reads
+ * release it and run under the NVMe tier's read lock (kvtier_nvme.h); the
+ * job queue has its own (jmu), always taken after mu or alone. */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -15,101 +16,7 @@
 
 #include "core_internal.h"
 #include "kvtier_internal.h"
-
-/* ---- index ------------------------------------------------------------------*/
-#define TAB_TOMB UINT32_MAX
-
-/* Bucket from the 64-bit fingerprints only (key.lo ^ ns.lo), as an index
- * would keep them: keys that share a fingerprint share a probe sequence and
- * are told apart by the full comparison below. */
-static uint32_t bucket(const kvp_tier_store *t, kvp_key ns, kvp_key key) {
-  uint64_t h = (key.lo ^ ns.lo) * 0x9E3779B97F4A7C15ull;
-  return (uint32_t)(h >> 32) & t->tab_mask;
-}
-
-uint32_t kvp__tier_entry_find(const kvp_tier_store *t, kvp_key ns, kvp_key key) {
-  if (t->tab == NULL)
-    return TIER_NIL;
-  for (uint32_t i = bucket(t, ns, key);; i = (i + 1) & t->tab_mask) {
-    uint32_t v = t->tab[i];
-    if (v == 0)
-      return TIER_NIL;
-    if (v == TAB_TOMB)
-      continue;
-    const tier_entry *e = &t->ents[v - 1];
-    if (kvp_key_eq(e->key, key) && kvp_key_eq(e->ns, ns))
-      return v - 1;
-  }
-}
-
-static void tab_put(kvp_tier_store *t, uint32_t id) {
-  tier_entry *e = &t->ents[id];
-  uint32_t i = bucket(t, e->ns, e->key);
-  while (t->tab[i] != 0 && t->tab[i] != TAB_TOMB)
-    i = (i + 1) & t->tab_mask;
-  if (t->tab[i] == 0)
-    t->tab_fill++;
-  t->tab[i] = id + 1;
-}
-
-static int tab_grow(kvp_tier_store *t) {
-  uint32_t old = t->tab ? t->tab_mask + 1 : 0, n = old ? old * 2 : 1024;
-  uint32_t live = 0;
-  for (uint32_t i = 0; i < t->nents; i++)
-    live += t->ents[i].live;
-  if (old && (uint64_t)live * 4 < old) /* mostly tombstones: rebuild in place */
-    n = old;
-  uint32_t *nt = kvp__calloc(&t->a, n, sizeof *nt);
-  if (nt == NULL)
-    return KVP_ENOMEM;
-  kvp__free(&t->a, t->tab, (size_t)old * sizeof *nt);
-  t->tab = nt;
-  t->tab_mask = n - 1;
-  t->tab_fill = 0;
-  for (uint32_t i = 0; i < t->nents; i++)
-    if (t->ents[i].live)
-      tab_put(t, i);
-  return 0;
-}
-
-uint32_t kvp__tier_entry_new(kvp_tier_store *t, kvp_key ns, kvp_key key) {
-  if (t->tab == NULL || (uint64_t)(t->tab_fill + 1) * 2 > t->tab_mask + 1u)
-    if (tab_grow(t) < 0)
-      return TIER_NIL;
-  uint32_t id = t->free_head;
-  if (id != TIER_NIL) {
-    t->free_head = t->ents[id].next_free;
-  } else {
-    if (t->nents == t->ents_cap) {
-      uint32_t nc = t->ents_cap ? t->ents_cap * 2 : 1024;
-      tier_entry *ne = kvp__realloc(&t->a, t->ents, t->ents_cap * sizeof *ne,
-                                    (size_t)nc * sizeof *ne);
-      if (ne == NULL)
-        return TIER_NIL;
-      t->ents = ne;
-      t->ents_cap = nc;
-    }
-    id = t->nents++;
-  }
-  t->ents[id] = (tier_entry){.ns = ns, .key = key, .nclass = -1, .live = 1,
-                             .pool = TIER_POOL_ARENA, .next_free = TIER_NIL};
-  tab_put(t, id);
-  return id;
-}
-
-void kvp__tier_entry_gc(kvp_tier_store *t, uint32_t id) {
-  tier_entry *e = &t->ents[id];
-  if (!e->live || e->dram != NULL || e->nclass >= 0)
-    return;
-  for (uint32_t i = bucket(t, e->ns, e->key);; i = (i + 1) & t->tab_mask)
-    if (t->tab[i] == id + 1) {
-      t->tab[i] = TAB_TOMB;
-      break;
-    }
-  e->live = 0;
-  e->next_free = t->free_head;
-  t->free_head = id;
-}
+#include "kvtier_nvme.h"
 
 const tier_ns *kvp__tier_ns_find(const kvp_tier_store *t, kvp_key seed) {
   for (uint32_t i = 0; i < t->nns; i++)
@@ -118,7 +25,7 @@ const tier_ns *kvp__tier_ns_find(const kvp_tier_store *t, kvp_key seed) {
   return NULL;
 }
 
-void kvp__tier_emit(kvp_tier_store *t, kvp_tier tier, int stored,
+static void emit(kvp_tier_store *t, kvp_tier tier, int stored,
                     const tier_entry *e) {
   if (t->o.on_event == NULL)
     return;
@@ -147,7 +54,7 @@ static uint64_t epoch_next(void) {
   return e;
 }
 
-void kvp__tier_bw_note(kvp_tier_store *t, kvp_tier tier, uint64_t bytes,
+static void bw_note(kvp_tier_store *t, kvp_tier tier, uint64_t bytes,
                        uint64_t ns) {
   if (ns == 0 || (unsigned)tier >= KVP_TIER_COUNT_)
     return;
@@ -160,8 +67,8 @@ static uint64_t fp_of(kvp_key ns, kvp_key key) { return key.lo ^ ns.lo; }
 
 /* The block's recompute / NVMe read / NVMe write times: measured NVMe
  * bandwidths once there are any, configured ones before. */
-static kvp_tier_admit_cost admit_cost(const kvp_tier_store *t,
-                                      const tier_entry *e) {
+static tier_admit_cost admit_cost(const kvp_tier_store *t,
+                                  const tier_entry *e) {
   const tier_ns *ns = kvp__tier_ns_find(t, e->ns);
   double pre = ns != NULL && ns->prefill_bps > 0 ? ns->prefill_bps
                                                  : t->o.prefill_kv_bytes_per_s;
@@ -172,30 +79,38 @@ static kvp_tier_admit_cost admit_cost(const kvp_tier_store *t,
               : t->o.nvme_write_bytes_per_s > 0 ? t->o.nvme_write_bytes_per_s
                                                 : 1e9;
   double b = (double)e->len;
-  return (kvp_tier_admit_cost){pre > 0 ? b / pre : 0, b / rd, b / wr};
+  return (tier_admit_cost){pre > 0 ? b / pre : 0, b / rd, b / wr};
 }
 
+static tier_admit *gate_of(const kvp_tier_store *t) {
+  return kvp__tier_cascade_gate(t->cas);
+}
+
+/* The idle write-back's question to the gate (demotions ask the cascade). */
 static bool nvme_admits(const kvp_tier_store *t, const tier_entry *e) {
-  if (t->io == NULL)
+  if (t->nv == NULL)
     return false;
-  kvp_tier_admit_cost c = admit_cost(t, e);
-  return kvp_tier_admit_decide(t->adm, (kvp_class)e->cls, e->hits, &c) == 1;
+  tier_admit_cost c = admit_cost(t, e);
+  return kvp__tier_admit_decide(gate_of(t), (kvp_class)e->cls, e->hits, &c) == 1;
+}
+
+static tier_admit_opts admit_opts(const kvp_tier_store *t) {
+  return (tier_admit_opts){.mode = t->o.admission,
+                           .volatile_min_hits = t->o.volatile_nvme_min_hits,
+                           .write_weight = t->o.admit_write_weight,
+                           .min_samples = t->o.admit_min_samples};
 }
 
 static int admit_sync(kvp_tier_store *t) {
-  kvp_tier_admit_opts ao = {.mode = t->o.admission,
-                            .volatile_min_hits = t->o.volatile_nvme_min_hits,
-                            .write_weight = t->o.admit_write_weight,
-                            .min_samples = t->o.admit_min_samples};
-  return t->adm != NULL ? kvp_tier_admit_opts_set(t->adm, &ao) : 0;
+  tier_admit_opts ao = admit_opts(t);
+  return gate_of(t) != NULL ? kvp__tier_admit_opts_set(gate_of(t), &ao) : 0;
 }
 
-void kvp__tier_admit_outcome(kvp_tier_store *t, tier_entry *e, bool reused) {
+/* An NVMe block's admission outcome (e->adm): read back or left unread. */
+static void admit_outcome(kvp_tier_store *t, tier_entry *e, bool reused) {
   if (e->adm == 0)
     return;
-  unsigned cell = e->adm - 1u;
-  kvp_tier_admit_note(t->adm, (kvp_class)(cell / KVP_TIER_ADMIT_BUCKETS),
-                      cell % KVP_TIER_ADMIT_BUCKETS, reused);
+  kvp__tier_admit_note_cell(gate_of(t), e->adm, reused);
   if (reused)
     t->st.admit_reused++;
   else
@@ -205,19 +120,219 @@ void kvp__tier_admit_outcome(kvp_tier_store *t, tier_entry *e, bool reused) {
 
 /* A key this store does not hold was asked for: a rejected block's ghost? */
 static void admit_seen(kvp_tier_store *t, kvp_key ns, kvp_key key) {
-  if (kvp_tier_admit_seen(t->adm, fp_of(ns, key)))
+  if (kvp__tier_admit_seen(gate_of(t), fp_of(ns, key)))
     t->st.admit_ghost_hits++;
+}
+
+/* ---- the NVMe tier's results (kvtier_nvme.h) in the index ---------------------*/
+/* Recovery found a slot: a new entry owns it, unless its block is owned
+ * already (the same block twice: one slot kept). */
+static uint32_t nvme_found(void *arg, const tier_slot_hdr *h, int32_t ci,
+                           uint64_t slot, kvp_class *cls) {
+  kvp_tier_store *t = arg;
+  if (kvp__tier_table_find(&t->tbl, h->ns, h->key) != TIER_NIL) {
+    t->st.recovery_dup_slots++;
+    return TIER_NIL;
+  }
+  uint32_t id = kvp__tier_table_new(&t->tbl, h->ns, h->key);
+  if (id == TIER_NIL)
+    return TIER_NIL;
+  tier_entry *e = &t->tbl.ents[id];
+  e->len = h->len;
+  e->nsum = h->payload_sum;
+  e->nenc = h->flags & TIER_HDR_F_AESGCM ? 1 : 0;
+  e->cls = KVP_CLASS_SEMI; /* admitted to NVMe once: at least reused */
+  e->nclass = ci;
+  e->nslot = slot;
+  t->st.nvme_blocks++;
+  t->st.recovered_slots++;
+  emit(t, KVP_TIER_NVME, 1, e);
+  *cls = (kvp_class)e->cls;
+  return id;
+}
+
+/* Entry id leaves NVMe (its header zeroed first with wipe). */
+static void nvme_drop(kvp_tier_store *t, uint32_t id, bool wipe, bool evicted) {
+  tier_entry *e = &t->tbl.ents[id];
+  if (e->nclass < 0)
+    return;
+  kvp__tier_nvme_free(t->nv, id, e->nclass, e->nslot, wipe, evicted);
+  admit_outcome(t, e, false); /* left unread */
+  e->nclass = -1;
+  t->st.nvme_blocks--;
+  emit(t, KVP_TIER_NVME, 0, e);
+}
+
+/* A slot for a block of len bytes, evicting the entries a full class gives
+ * up.  0 with *ci >= 0, or the error (*ci -1). */
+static int nvme_reserve(kvp_tier_store *t, uint64_t len, int32_t *ci,
+                        uint64_t *slot) {
+  uint32_t v;
+  int rc;
+  while ((rc = kvp__tier_nvme_reserve(t->nv, len, ci, slot, &v)) == 1) {
+    t->st.evictions[KVP_TIER_NVME]++;
+    nvme_drop(t, v, false, true);
+    kvp__tier_table_gc(&t->tbl, v);
+  }
+  if (rc < 0)
+    *ci = -1;
+  return rc;
+}
+
+static tier_nwrite nwrite_of(const kvp_tier_store *t, uint32_t id) {
+  const tier_entry *e = &t->tbl.ents[id];
+  const tier_ns *ns = kvp__tier_ns_find(t, e->ns);
+  return (tier_nwrite){.id = id, .ns = e->ns, .key = e->key, .len = e->len,
+                       .src = e->dram, .cls = (kvp_class)e->cls,
+                       .enc = ns != NULL && ns->enc,
+                       .aes = ns != NULL ? ns->key : NULL, .ci = -1};
+}
+
+/* Block w is on NVMe now: the entry's location, its admission cell. */
+static void nvme_landed(kvp_tier_store *t, const tier_nwrite *w) {
+  tier_entry *e = &t->tbl.ents[w->id];
+  e->nclass = w->ci;
+  e->nslot = w->slot;
+  e->nsum = w->sum;
+  e->nenc = w->nenc;
+  e->adm = kvp__tier_admit_cell((kvp_class)e->cls, e->hits);
+  t->st.nvme_blocks++;
+  emit(t, KVP_TIER_NVME, 1, e);
+}
+
+/* Writes entries ids[0..n) (in DRAM) to NVMe; res[i] 0 or error; with
+ * durable, fdatasyncs the touched files and fails the batch on error. */
+static void nvme_write(kvp_tier_store *t, const uint32_t *ids, size_t n,
+                       bool durable, int *res) {
+  if (n == 0)
+    return;
+  tier_nwrite *w = t->nv != NULL ? kvp__calloc(&t->a, n, sizeof *w) : NULL;
+  for (size_t i = 0; i < n; i++)
+    res[i] = t->nv == NULL ? KVP_ENOTSUP : w == NULL ? KVP_ENOMEM : 0;
+  if (res[0] < 0)
+    goto out;
+  for (size_t i = 0; i < n; i++) { /* metadata first: classes and slots */
+    w[i] = nwrite_of(t, ids[i]);
+    w[i].res = nvme_reserve(t, w[i].len, &w[i].ci, &w[i].slot);
+  }
+  tier_nvme_batch b;
+  kvp__tier_nvme_write(t->nv, w, n, t->qd, !t->no_stage_ahead, durable, &b);
+  if (b.bytes > 0 && b.ns > 0) {
+    double bps = (double)b.bytes * 1e9 / (double)b.ns;
+    t->bw_write = t->bw_write == 0 ? bps : 0.75 * t->bw_write + 0.25 * bps;
+  }
+  for (size_t i = 0; i < n; i++) {
+    res[i] = w[i].res;
+    if (w[i].ci >= 0)
+      nvme_landed(t, &w[i]);
+  }
+out:
+  kvp__free(&t->a, w, w != NULL ? n * sizeof *w : 0);
+}
+
+static tier_nread nread_of(const kvp_tier_store *t, uint32_t id, void *dst) {
+  const tier_entry *e = &t->tbl.ents[id];
+  const tier_ns *ns = kvp__tier_ns_find(t, e->ns);
+  tier_nread r = {.ns = e->ns, .key = e->key, .len = e->len, .sum = e->nsum,
+                  .slot = e->nslot, .ci = e->nclass, .ns_ok = ns != NULL,
+                  .ns_enc = ns != NULL && ns->enc, .enc = e->nenc, .dst = dst};
+  if (r.ns_enc)
+    memcpy(r.aes, ns->key, 32);
+  return r;
+}
+
+/* The entry still names the block that was read, in the same slot. */
+static bool still_ours(const kvp_tier_store *t, uint32_t id,
+                       const tier_nread *r) {
+  const tier_entry *e = &t->tbl.ents[id];
+  return id < t->tbl.n && e->live && e->nclass == r->ci &&
+         e->nslot == r->slot && kvp_key_eq(e->key, r->key) &&
+         kvp_key_eq(e->ns, r->ns);
+}
+
+/* mu held: what the reads found, per block: unpins, counts, and drops the
+ * slots that failed their checks (when still the entry's). */
+static void read_finish(kvp_tier_store *t, const uint32_t *ids, size_t n,
+                        const tier_nread *r) {
+  for (size_t i = 0; i < n; i++) {
+    kvp__tier_nvme_unpin(t->nv, r[i].ci, r[i].slot);
+    bool ours = still_ours(t, ids[i], &r[i]);
+    switch (r[i].fail) {
+    case TIER_RF_IO: t->st.io_errors++; break;
+    case TIER_RF_SHORT: t->st.short_io++; break;
+    /* a check that failed because the block was evicted (header wiped)
+     * under the read is a race, not damage: not counted */
+    case TIER_RF_SUM: t->st.checksum_failures += ours; break;
+    case TIER_RF_KEY: t->st.key_mismatch += ours; break;
+    case TIER_RF_AUTH: t->st.auth_failures += ours; break;
+    default: break;
+    }
+    t->st.nvme_read_races += !ours && r[i].fail >= TIER_RF_SUM;
+    if (!ours)
+      continue;
+    if (r[i].fail == TIER_RF_NONE) /* read back: the gate's admission paid */
+      admit_outcome(t, &t->tbl.ents[ids[i]], true);
+    else /* a miss; the slot is not trusted again */
+      nvme_drop(t, ids[i], false, false);
+  }
+}
+
+/* Reads entries ids[0..n) (on NVMe) into dst[i]; res[i] KVP_TIER_NVME or a
+ * miss code (the slot is then dropped, if the entry still owns it).  Called
+ * with mu held; RELEASES mu while the I/O and the checks run (unless
+ * KVP_TIER_OPT_READ_UNLOCKED is 0) and retakes it before returning: entries
+ * may have been evicted or re-put meanwhile. */
+static void nvme_read(kvp_tier_store *t, const uint32_t *ids, size_t n,
+                      void *const *dst, int *res) {
+  tier_nread *r = kvp__calloc(&t->a, n, sizeof *r);
+  tier_nvme_batch b;
+  for (size_t i = 0; r != NULL && i < n; i++)
+    r[i] = nread_of(t, ids[i], dst[i]);
+  if (r == NULL || kvp__tier_nvme_read(t->nv, r, n, t->qd,
+                                       t->reads_locked ? NULL : &t->mu, &b) < 0) {
+    for (size_t i = 0; i < n; i++)
+      res[i] = KVP_ENOENT;
+    goto out;
+  }
+  if (b.bytes > 0)
+    bw_note(t, KVP_TIER_NVME, b.bytes, b.ns);
+  read_finish(t, ids, n, r);
+  for (size_t i = 0; i < n; i++)
+    res[i] = r[i].res;
+out:
+  kvp__free(&t->a, r, r != NULL ? n * sizeof *r : 0);
+}
+
+/* An NVMe owner's fingerprint and class (kvp__tier_nvme_set_policy). */
+static void owner_info(void *arg, uint32_t id, uint64_t *fp, kvp_class *cls) {
+  const tier_entry *e = &((const kvp_tier_store *)arg)->tbl.ents[id];
+  *fp = e->key.lo ^ e->ns.lo;
+  *cls = (kvp_class)e->cls;
 }
 
 /* ---- DRAM placement ----------------------------------------------------------*/
 
+static tier_policy *dram_policy(const kvp_tier_store *t) {
+  return kvp__tier_cascade_policy(t->cas, KVP_TIER_DRAM);
+}
+
 static void dram_release(kvp_tier_store *t, uint32_t id) {
-  tier_entry *e = &t->ents[id];
+  tier_entry *e = &t->tbl.ents[id];
   kvp__tier_dram_free(t->dram, e->dram, e->pool);
   t->dram_used -= e->dram_charge;
   e->dram = NULL;
   t->st.dram_blocks--;
-  kvp__tier_emit(t, KVP_TIER_DRAM, 0, e);
+  emit(t, KVP_TIER_DRAM, 0, e);
+}
+
+/* What the cascade asks about a DRAM victim. */
+static void victim_info(void *arg, uint32_t id, tier_victim *v) {
+  const kvp_tier_store *t = arg;
+  const tier_entry *e = &t->tbl.ents[id];
+  *v = (tier_victim){.fp = fp_of(e->ns, e->key), .cls = (kvp_class)e->cls,
+                     .hits = e->hits, .below = e->nclass >= 0};
+  if (!v->below && t->nv != NULL)
+    v->cost = admit_cost(t, e);
 }
 
 /* Evicts DRAM victims until `need` more bytes fit under the capacity (and,
@@ -227,31 +342,23 @@ static bool dram_evict(kvp_tier_store *t, uint64_t need, bool force) {
   uint32_t ids[256], wr[256];
   int res[256];
   size_t n = 0, nw = 0;
-  uint64_t freed = 0;
-  while (n < 256 && (force || t->dram_used - freed + need > t->dram_cap)) {
-    uint32_t v;
-    if (kvp_tier_policy_victim(t->dpol, &v) < 0)
-      break;
-    kvp_tier_policy_remove(t->dpol, v, 1);
-    tier_entry *e = &t->ents[v];
-    freed += e->dram_charge;
-    ids[n++] = v;
-    if (e->nclass < 0 && t->io != NULL) {
-      if (nvme_admits(t, e)) {
-        wr[nw++] = v;
-        t->st.admit_accepted[e->cls]++;
-      } else {
-        t->st.admit_rejected[e->cls]++;
-        kvp_tier_admit_reject(t->adm, fp_of(e->ns, e->key), (kvp_class)e->cls,
-                              e->hits);
-      }
+  tier_move m;
+  while (n < 256 && kvp__tier_cascade_next(t->cas, KVP_TIER_DRAM, need, force,
+                                            victim_info, t, &m) > 0) {
+    uint8_t cls = t->tbl.ents[m.id].cls;
+    ids[n++] = m.id;
+    if (m.gate == TIER_GATE_ADMIT) {
+      wr[nw++] = m.id;
+      t->st.admit_accepted[cls]++;
+    } else if (m.gate == TIER_GATE_REJECT) {
+      t->st.admit_rejected[cls]++;
     }
     force = false;
   }
   if (nw > 0)
-    kvp__tier_nvme_write(t, wr, nw, false, res);
+    nvme_write(t, wr, nw, false, res);
   for (size_t i = 0, j = 0; i < n; i++) {
-    tier_entry *e = &t->ents[ids[i]];
+    tier_entry *e = &t->tbl.ents[ids[i]];
     if (j < nw && wr[j] == ids[i]) {
       if (res[j++] == 0)
         t->st.demotions++;
@@ -260,14 +367,14 @@ static bool dram_evict(kvp_tier_store *t, uint64_t need, bool force) {
     }
     t->st.evictions[KVP_TIER_DRAM]++;
     dram_release(t, ids[i]);
-    kvp__tier_entry_gc(t, ids[i]);
+    kvp__tier_table_gc(&t->tbl, ids[i]);
   }
   return n > 0;
 }
 
 /* Puts len bytes from src into DRAM for entry id.  0 or KVP_ENOSPC. */
 static int dram_place(kvp_tier_store *t, uint32_t id, const void *src) {
-  tier_entry *e = &t->ents[id];
+  tier_entry *e = &t->tbl.ents[id];
   const tier_ns *ns = kvp__tier_ns_find(t, e->ns);
   if (e->len > t->dram_cap)
     return KVP_ENOSPC;
@@ -281,15 +388,16 @@ static int dram_place(kvp_tier_store *t, uint32_t id, const void *src) {
                                    &pool, &charge)) == NULL)
     if (!dram_evict(t, e->len, true))
       return KVP_ENOSPC;
-  e = &t->ents[id]; /* eviction never moves entries, but keep it obvious */
+  e = &t->tbl.ents[id]; /* eviction never moves entries, but keep it obvious */
   memcpy(p, src, e->len);
   e->dram = p;
   e->pool = pool;
   e->dram_charge = charge;
   t->dram_used += charge;
   t->st.dram_blocks++;
-  kvp_tier_policy_insert(t->dpol, id, e->key.lo ^ e->ns.lo, charge, e->cls);
-  kvp__tier_emit(t, KVP_TIER_DRAM, 1, e);
+  kvp__tier_policy_insert(dram_policy(t), id, e->key.lo ^ e->ns.lo, charge,
+                          e->cls);
+  emit(t, KVP_TIER_DRAM, 1, e);
   return 0;
 }
 
@@ -347,7 +455,18 @@ static int create_dram(kvp_tier_store *t) {
       return rc;
     t->registered = true;
   }
-  return kvp_tier_policy_create(t->o.policy, &t->a, &t->dpol);
+  return 0;
+}
+
+/* DRAM's victims go to NVMe (when there is an NVMe tier: its slab classes
+ * make room for themselves) through the admission gate. */
+static int create_cascade(kvp_tier_store *t) {
+  tier_cascade_opts co = {.with_policy = 1u << KVP_TIER_DRAM,
+                          .gate = t->nv != NULL, .gate_opts = admit_opts(t)};
+  co.policy[KVP_TIER_DRAM] = t->o.policy;
+  co.cap[KVP_TIER_DRAM] = t->dram_cap;
+  co.cap[KVP_TIER_NVME] = t->nv != NULL ? UINT64_MAX : 0;
+  return kvp__tier_cascade_create(&co, &t->a, &t->cas);
 }
 
 int kvp_tier_create(const kvp_tier_opts *opts, const kvp_allocator *alloc,
@@ -362,11 +481,9 @@ int kvp_tier_create(const kvp_tier_opts *opts, const kvp_allocator *alloc,
   t->a = kvp__allocator(alloc);
   t->o = *o;
   t->ev_epoch = epoch_next(); /* before recovery emits its first events */
-  t->free_head = TIER_NIL;
-  t->dirfd = -1;
+  kvp__tier_table_init(&t->tbl, &t->a);
   t->qd_max = t->qd = o->queue_depth ? o->queue_depth : 32;
   pthread_mutex_init(&t->mu, NULL);
-  pthread_mutex_init(&t->rmu, NULL);
   pthread_mutex_init(&t->jmu, NULL);
   pthread_cond_init(&t->jcv, NULL);
   pthread_cond_init(&t->dcv, NULL);
@@ -377,13 +494,14 @@ int kvp_tier_create(const kvp_tier_opts *opts, const kvp_allocator *alloc,
     rc = t->dir == NULL ? KVP_ENOMEM : 0;
     if (rc == 0) {
       memcpy(t->dir, o->nvme_dir, n);
-      rc = kvp__tier_nvme_open(t);
+      rc = kvp__tier_nvme_open(&t->o, t->dir, t->qd_max, &t->a, nvme_found, t,
+                               &t->nv);
+    if (rc == 0)
+      t->nvme_cap = kvp__tier_nvme_cap(t->nv);
     }
-    if (rc == 0)
-      rc = kvp_tier_admit_create(NULL, &t->a, &t->adm);
-    if (rc == 0)
-      rc = admit_sync(t);
   }
+  if (rc == 0)
+    rc = create_cascade(t);
   t->o.nvme_dir = NULL; /* t->dir is the copy */
   if (rc < 0) {
     kvp_tier_destroy(t);
@@ -399,8 +517,7 @@ void kvp_tier_destroy(kvp_tier_store *t) {
   if (t == NULL)
     return;
   stop_worker(t);
-  if (t->dir != NULL || t->io != NULL)
-    kvp__tier_nvme_close(t);
+  kvp__tier_nvme_close(t->nv);
   if (t->dram != NULL) {
     void *base;
     size_t len;
@@ -409,14 +526,11 @@ void kvp_tier_destroy(kvp_tier_store *t) {
       t->o.dram_unregister(t->o.register_opaque, base, len);
   }
   kvp__tier_dram_destroy(t->dram);
-  kvp_tier_policy_destroy(t->dpol);
-  kvp_tier_admit_destroy(t->adm);
-  kvp__free(&t->a, t->ents, t->ents_cap * sizeof *t->ents);
-  kvp__free(&t->a, t->tab, t->tab ? ((size_t)t->tab_mask + 1) * sizeof *t->tab : 0);
+  kvp__tier_cascade_destroy(t->cas);
+  kvp__tier_table_fini(&t->tbl);
   kvp__free(&t->a, t->nss, t->nns * sizeof *t->nss);
   kvp__free(&t->a, t->dir, t->dir ? strlen(t->dir) + 1 : 0);
   pthread_mutex_destroy(&t->mu);
-  pthread_mutex_destroy(&t->rmu);
   pthread_mutex_destroy(&t->jmu);
   pthread_cond_destroy(&t->jcv);
   pthread_cond_destroy(&t->dcv);
@@ -461,38 +575,38 @@ static int put_one(kvp_tier_store *t, const kvp_namespace *ns, kvp_key key,
   if (kvp__tier_ns_find(t, ns->seed) == NULL)
     return KVP_ENOENT;
   bool durable = po && (po->flags & KVP_TIER_PUT_DURABLE);
-  if (len == 0 || data == NULL || (durable && t->io == NULL))
+  if (len == 0 || data == NULL || (durable && t->nv == NULL))
     return len == 0 ? KVP_ERANGE : KVP_EINVAL;
   t->st.puts++;
-  uint32_t id = kvp__tier_entry_find(t, ns->seed, key);
+  uint32_t id = kvp__tier_table_find(&t->tbl, ns->seed, key);
   int rc = 0;
   if (id != TIER_NIL) { /* immutable: the same key is the same block */
     t->st.puts_dup++;
-    tier_entry *e = &t->ents[id];
+    tier_entry *e = &t->tbl.ents[id];
     if (po && po->cls > e->cls && (unsigned)po->cls < KVP_CLASS_COUNT_)
       e->cls = (uint8_t)po->cls;
     if (durable && e->nclass < 0) {
       if (e->dram == NULL)
         return KVP_ESTATE;
-      kvp__tier_nvme_write(t, &id, 1, true, &rc);
+      nvme_write(t, &id, 1, true, &rc);
     } else if (durable) {
-      rc = kvp__tier_nvme_sync(t);
+      rc = kvp__tier_nvme_sync(t->nv, t->qd);
     }
     return rc < 0 ? rc : 1;
   }
   admit_seen(t, ns->seed, key); /* recomputed after a reject? */
-  if ((id = kvp__tier_entry_new(t, ns->seed, key)) == TIER_NIL)
+  if ((id = kvp__tier_table_new(&t->tbl, ns->seed, key)) == TIER_NIL)
     return KVP_ENOMEM;
-  tier_entry *e = &t->ents[id];
+  tier_entry *e = &t->tbl.ents[id];
   e->len = len;
   e->cls = po && (unsigned)po->cls < KVP_CLASS_COUNT_ ? (uint8_t)po->cls : 0;
   if ((rc = dram_place(t, id, data)) < 0) {
     t->st.puts_rejected++;
-    kvp__tier_entry_gc(t, id);
+    kvp__tier_table_gc(&t->tbl, id);
     return rc;
   }
   if (durable) {
-    kvp__tier_nvme_write(t, &id, 1, true, &rc);
+    nvme_write(t, &id, 1, true, &rc);
     if (rc < 0)
       return rc;
   }
@@ -531,19 +645,19 @@ static int nvme_flush(kvp_tier_store *t, const uint32_t *nv, void *const *nvd,
   int nres[256], hits = 0;
   kvp_key kk[256][2];
   for (size_t j = 0; j < k; j++) { /* which block each entry named */
-    kk[j][0] = t->ents[nv[j]].ns;
-    kk[j][1] = t->ents[nv[j]].key;
+    kk[j][0] = t->tbl.ents[nv[j]].ns;
+    kk[j][1] = t->tbl.ents[nv[j]].key;
   }
-  kvp__tier_nvme_read(t, nv, k, nvd, nres); /* releases mu meanwhile */
+  nvme_read(t, nv, k, nvd, nres); /* releases mu meanwhile */
   for (size_t j = 0; j < k; j++) {
-    tier_entry *e = &t->ents[nv[j]];
+    tier_entry *e = &t->tbl.ents[nv[j]];
     bool same = e->live && kvp_key_eq(e->ns, kk[j][0]) &&
                 kvp_key_eq(e->key, kk[j][1]);
     res[nvi[j]] = nres[j];
     if (nres[j] < 0) {
       t->st.misses++;
       if (same)
-        kvp__tier_entry_gc(t, nv[j]);
+        kvp__tier_table_gc(&t->tbl, nv[j]);
       continue;
     }
     t->st.hits[KVP_TIER_NVME]++;
@@ -567,7 +681,7 @@ static int get_many(kvp_tier_store *t, kvp_key seed, const kvp_key *keys,
   int hits = 0;
   bool ns_ok = kvp__tier_ns_find(t, seed) != NULL;
   for (size_t i = 0; i < n; i++) {
-    uint32_t id = ns_ok ? kvp__tier_entry_find(t, seed, keys[i]) : TIER_NIL;
+    uint32_t id = ns_ok ? kvp__tier_table_find(&t->tbl, seed, keys[i]) : TIER_NIL;
     if (id == TIER_NIL) {
       res[i] = KVP_ENOENT;
       t->st.misses++;
@@ -575,7 +689,7 @@ static int get_many(kvp_tier_store *t, kvp_key seed, const kvp_key *keys,
         admit_seen(t, seed, keys[i]);
       continue;
     }
-    tier_entry *e = &t->ents[id];
+    tier_entry *e = &t->tbl.ents[id];
     len[i] = e->len;
     if (cap[i] < e->len) {
       res[i] = KVP_ERANGE;
@@ -585,14 +699,14 @@ static int get_many(kvp_tier_store *t, kvp_key seed, const kvp_key *keys,
     if (e->dram != NULL) {
       uint64_t t0 = kvp_now_ns();
       memcpy(dst[i], e->dram, e->len);
-      kvp__tier_bw_note(t, KVP_TIER_DRAM, e->len, kvp_now_ns() - t0);
-      kvp_tier_policy_touch(t->dpol, id);
+      bw_note(t, KVP_TIER_DRAM, e->len, kvp_now_ns() - t0);
+      kvp__tier_policy_touch(dram_policy(t), id);
       res[i] = KVP_TIER_DRAM;
       t->st.hits[KVP_TIER_DRAM]++;
       hits++;
       continue;
     }
-    kvp_tier_policy_touch(t->cls[e->nclass].pol, id);
+    kvp__tier_nvme_touch(t->nv, e->nclass, id);
     nv[k] = id;
     nvd[k] = dst[i];
     nvi[k++] = i;
@@ -635,9 +749,9 @@ int kvp_tier_contains(kvp_tier_store *t, const kvp_namespace *ns, kvp_key key) {
   if (t == NULL || ns == NULL)
     return KVP_EINVAL;
   pthread_mutex_lock(&t->mu);
-  uint32_t id = kvp__tier_entry_find(t, ns->seed, key);
+  uint32_t id = kvp__tier_table_find(&t->tbl, ns->seed, key);
   int rc = id == TIER_NIL ? KVP_ENOENT
-           : t->ents[id].dram != NULL ? KVP_TIER_DRAM : KVP_TIER_NVME;
+           : t->tbl.ents[id].dram != NULL ? KVP_TIER_DRAM : KVP_TIER_NVME;
   pthread_mutex_unlock(&t->mu);
   return rc;
 }
@@ -646,15 +760,15 @@ int kvp_tier_evict(kvp_tier_store *t, const kvp_namespace *ns, kvp_key key) {
   if (t == NULL || ns == NULL)
     return KVP_EINVAL;
   pthread_mutex_lock(&t->mu);
-  uint32_t id = kvp__tier_entry_find(t, ns->seed, key);
+  uint32_t id = kvp__tier_table_find(&t->tbl, ns->seed, key);
   if (id != TIER_NIL) {
-    tier_entry *e = &t->ents[id];
+    tier_entry *e = &t->tbl.ents[id];
     if (e->dram != NULL) {
-      kvp_tier_policy_remove(t->dpol, id, 0);
+      kvp__tier_policy_remove(dram_policy(t), id, 0);
       dram_release(t, id);
     }
-    kvp__tier_nvme_drop(t, id, true, false);
-    kvp__tier_entry_gc(t, id);
+    nvme_drop(t, id, true, false);
+    kvp__tier_table_gc(&t->tbl, id);
   }
   pthread_mutex_unlock(&t->mu);
   return id != TIER_NIL;
@@ -664,7 +778,7 @@ int kvp_tier_sync(kvp_tier_store *t) {
   if (t == NULL)
     return KVP_EINVAL;
   pthread_mutex_lock(&t->mu);
-  int rc = t->io ? kvp__tier_nvme_sync(t) : 0;
+  int rc = t->nv ? kvp__tier_nvme_sync(t->nv, t->qd) : 0;
   pthread_mutex_unlock(&t->mu);
   return rc;
 }
@@ -674,9 +788,7 @@ int kvp_tier_register_buffers(kvp_tier_store *t, const struct iovec *iov,
   if (t == NULL || (iov == NULL && n > 0))
     return KVP_EINVAL;
   pthread_mutex_lock(&t->mu);
-  pthread_mutex_lock(&t->rmu); /* no read runs: the read ring is idle */
-  int rc = t->io ? kvp__tier_nvme_register(t, iov, n) : 0;
-  pthread_mutex_unlock(&t->rmu);
+  int rc = t->nv ? kvp__tier_nvme_register(t->nv, iov, n) : 0; /* mu -> rmu */
   pthread_mutex_unlock(&t->mu);
   return rc;
 }
@@ -697,19 +809,19 @@ int kvp_tier_idle(kvp_tier_store *t, uint64_t budget) {
    * what the policy offers, so take DRAM blocks not on NVMe, least stable
    * class first, as the policy would */
   for (int c = 0; c < KVP_CLASS_COUNT_ && budget > 0; c++)
-    for (uint32_t i = 0; i < t->nents && n < 256 && budget > 0; i++) {
-      tier_entry *e = &t->ents[i];
+    for (uint32_t i = 0; i < t->tbl.n && n < 256 && budget > 0; i++) {
+      tier_entry *e = &t->tbl.ents[i];
       if (e->live && e->cls == c && e->dram && e->nclass < 0 && nvme_admits(t, e)) {
         ids[n++] = i;
         budget = e->len >= budget ? 0 : budget - e->len;
       }
     }
   if (n > 0)
-    kvp__tier_nvme_write(t, ids, n, false, res);
+    nvme_write(t, ids, n, false, res);
   for (size_t i = 0; i < n; i++)
     if (res[i] == 0) {
       wrote++;
-      t->st.admit_accepted[t->ents[ids[i]].cls]++;
+      t->st.admit_accepted[t->tbl.ents[ids[i]].cls]++;
     }
   pthread_mutex_unlock(&t->mu);
   return wrote;
@@ -743,19 +855,18 @@ int kvp_tier_opt_bounds(kvp_tier_store *t, kvp_tier_opt opt, int64_t *lo,
 }
 
 static int set_policy(kvp_tier_store *t, kvp_tier_policy_kind k) {
-  kvp_tier_policy *np;
-  int rc = kvp_tier_policy_create(k, &t->a, &np);
+  tier_policy *np;
+  int rc = kvp__tier_policy_create(k, &t->a, &np);
   if (rc < 0)
     return rc;
-  for (uint32_t i = 0; i < t->nents; i++) {
-    tier_entry *e = &t->ents[i];
+  for (uint32_t i = 0; i < t->tbl.n; i++) {
+    tier_entry *e = &t->tbl.ents[i];
     if (e->live && e->dram)
-      kvp_tier_policy_insert(np, i, e->key.lo ^ e->ns.lo, e->dram_charge, e->cls);
+      kvp__tier_policy_insert(np, i, e->key.lo ^ e->ns.lo, e->dram_charge, e->cls);
   }
-  kvp_tier_policy_destroy(t->dpol);
-  t->dpol = np;
+  kvp__tier_cascade_set_policy(t->cas, KVP_TIER_DRAM, np);
   t->o.policy = k;
-  return kvp__tier_nvme_set_policy(t, k);
+  return t->nv ? kvp__tier_nvme_set_policy(t->nv, k, owner_info, t) : 0;
 }
 
 int kvp_tier_set(kvp_tier_store *t, kvp_tier_opt opt, int64_t v) {
@@ -769,10 +880,15 @@ int kvp_tier_set(kvp_tier_store *t, kvp_tier_opt opt, int64_t v) {
   switch (opt) {
   case KVP_TIER_OPT_DRAM_BYTES:
     t->dram_cap = (uint64_t)v;
+    kvp__tier_cascade_set_cap(t->cas, KVP_TIER_DRAM, t->dram_cap);
     while (t->dram_used > t->dram_cap && dram_evict(t, 0, false)) {
     }
     break;
-  case KVP_TIER_OPT_NVME_BYTES: t->nvme_cap = (uint64_t)v; break;
+  case KVP_TIER_OPT_NVME_BYTES:
+    t->nvme_cap = (uint64_t)v;
+    if (t->nv != NULL)
+      kvp__tier_nvme_set_cap(t->nv, t->nvme_cap);
+    break;
   case KVP_TIER_OPT_POLICY:
     if ((kvp_tier_policy_kind)v != t->o.policy)
       rc = set_policy(t, (kvp_tier_policy_kind)v);
@@ -836,19 +952,11 @@ int kvp_tier_stats_get(kvp_tier_store *t, kvp_tier_stats *out) {
   pthread_mutex_lock(&t->mu);
   *out = t->st;
   out->dram_used_bytes = t->dram_used;
-  out->nvme_used_bytes = t->nvme_used;
   out->dram_bytes = t->dram_cap;
-  out->nvme_bytes = t->io ? t->nvme_cap : 0;
   out->dram_slot_bytes = kvp__tier_dram_slot_bytes(t->dram);
-  out->io_uring = t->io ? kvp__tier_io_is_uring(t->io) : 0;
-  out->slow_io = t->io ? kvp__tier_io_slow_count(t->io) : 0;
-  if (t->rio != NULL) { /* mu -> rmu: the read ring's counter */
-    pthread_mutex_lock(&t->rmu);
-    out->slow_io += kvp__tier_io_slow_count(t->rio);
-    pthread_mutex_unlock(&t->rmu);
-  }
+  if (t->nv != NULL) /* mu -> rmu */
+    kvp__tier_nvme_stats(t->nv, out);
   out->huge_pages = kvp__tier_dram_huge(t->dram);
-  out->fixed_buffers = t->fixed_bufs;
   pthread_mutex_unlock(&t->mu);
   return 0;
 }
@@ -882,9 +990,9 @@ int kvp_tier_keys_each(kvp_tier_store *t, kvp_tier_resident_fn fn,
     return KVP_EINVAL;
   int rc = 0;
   pthread_mutex_lock(&t->mu);
-  for (uint32_t i = 0; rc == 0 && i < t->nents; i++)
-    if (t->ents[i].live)
-      rc = resident_each(&t->ents[i], fn, opaque);
+  for (uint32_t i = 0; rc == 0 && i < t->tbl.n; i++)
+    if (t->tbl.ents[i].live)
+      rc = resident_each(&t->tbl.ents[i], fn, opaque);
   if (seq != NULL)
     *seq = t->seq;
   pthread_mutex_unlock(&t->mu);
@@ -933,11 +1041,11 @@ static int run_prefetch(kvp_tier_store *t, tier_job *j) {
   int got = 0;
   for (size_t i = 0; i < j->n; i++) {
     pthread_mutex_lock(&t->mu);
-    uint32_t id = kvp__tier_entry_find(t, j->ns.seed, j->keys[i]);
-    bool want = id != TIER_NIL && t->ents[id].dram == NULL &&
-                t->ents[id].nclass >= 0 && !t->o.no_promote;
+    uint32_t id = kvp__tier_table_find(&t->tbl, j->ns.seed, j->keys[i]);
+    bool want = id != TIER_NIL && t->tbl.ents[id].dram == NULL &&
+                t->tbl.ents[id].nclass >= 0 && !t->o.no_promote;
     if (want) { /* read through get_many, which promotes */
-      size_t len = t->ents[id].len, l;
+      size_t len = t->tbl.ents[id].len, l;
       void *buf = kvp__malloc(&t->a, len);
       int r;
       if (buf != NULL) {

@@ -59,5 +59,21 @@ done < <(find core -name '*.[ch]' -print0
          for h in $core_public; do
            [ -f "include/kvplane/$h" ] && printf 'include/kvplane/%s\0' "$h"
          done)
+# The harness (kvplane-bench: bench/harness*) is a client too, except that its
+# simulator links the module internals its CMake target names
+# (bench/CMakeLists.txt, kvp_harness): kvtier's placement header alone.
+harness_internals="kvtier_place.h"
+while IFS= read -r -d '' f; do
+  while IFS= read -r inc; do
+    case "$inc" in
+      kvplane.h|kvplane/*|harness.h) continue ;;
+    esac
+    ok=0
+    for a in $harness_internals; do [ "$inc" = "$a" ] && ok=1; done
+    if [ "$ok" = 0 ]; then
+      echo "$f: includes \"$inc\", not a public header nor one kvp_harness declares"; fail=1
+    fi
+  done < <(sed -nE 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"([^"]+)".*/\1/p' "$f")
+done < <(find bench -name 'harness*.[ch]' -print0 2>/dev/null)
 [ "$fail" = 0 ] && echo "layering ok"
 exit $fail

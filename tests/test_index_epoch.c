@@ -7,6 +7,7 @@
  * poisoned first, so a reclamation too early fails the check (and is a race
  * TSan reports). */
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
@@ -205,6 +206,7 @@ typedef struct sctx {
   _Atomic uint64_t bytes;
   _Atomic(obj *) cur;
   atomic_int stop;
+  atomic_int started; /* readers that have read once */
   atomic_ulong reads;
 } sctx;
 
@@ -224,7 +226,8 @@ static void *reader(void *arg) {
               (unsigned long long)m);
       exit(1);
     }
-    n++;
+    if (n++ == 0)
+      atomic_fetch_add(&s->started, 1);
   }
   atomic_fetch_add(&s->reads, n);
   return NULL;
@@ -247,6 +250,10 @@ TEST(readers_never_see_freed_memory) {
   pthread_t t[NREADERS];
   for (int i = 0; i < NREADERS; i++)
     ASSERT_EQ(pthread_create(&t[i], NULL, reader, &s), 0);
+  /* every reader in its loop before the swaps (on a loaded machine the
+   * writer could otherwise finish before a reader ran) */
+  while (atomic_load(&s.started) < NREADERS)
+    sched_yield();
   for (int i = 0; i < SWAPS; i++) {
     /* release: pairs with the acquire load in reader */
     obj *old =

@@ -892,32 +892,32 @@ TEST(slab_path_named) {
 
 /* ---- policies -----------------------------------------------------------------*/
 TEST(policy_lru) {
-  kvp_tier_policy *p;
-  ASSERT_OK(kvp_tier_policy_create(KVP_TIER_POLICY_LRU, NULL, &p));
+  tier_policy *p;
+  ASSERT_OK(kvp__tier_policy_create(KVP_TIER_POLICY_LRU, NULL, &p));
   for (uint32_t i = 0; i < 5; i++)
-    ASSERT_OK(kvp_tier_policy_insert(p, i, i, 10, KVP_CLASS_VOLATILE));
-  ASSERT_ERR(kvp_tier_policy_insert(p, 2, 2, 10, 0), KVP_EEXIST);
-  ASSERT_OK(kvp_tier_policy_touch(p, 0));
+    ASSERT_OK(kvp__tier_policy_insert(p, i, i, 10, KVP_CLASS_VOLATILE));
+  ASSERT_ERR(kvp__tier_policy_insert(p, 2, 2, 10, 0), KVP_EEXIST);
+  ASSERT_OK(kvp__tier_policy_touch(p, 0));
   uint32_t v;
-  ASSERT_OK(kvp_tier_policy_victim(p, &v));
+  ASSERT_OK(kvp__tier_policy_victim(p, &v));
   ASSERT_EQ(v, 1);
-  ASSERT_OK(kvp_tier_policy_remove(p, 1, 1));
-  ASSERT_OK(kvp_tier_policy_victim(p, &v));
+  ASSERT_OK(kvp__tier_policy_remove(p, 1, 1));
+  ASSERT_OK(kvp__tier_policy_victim(p, &v));
   ASSERT_EQ(v, 2);
-  ASSERT_EQ(kvp_tier_policy_bytes(p), 40);
-  ASSERT_EQ(kvp_tier_policy_count(p), 4);
-  ASSERT_ERR(kvp_tier_policy_touch(p, 1), KVP_ENOENT);
+  ASSERT_EQ(kvp__tier_policy_bytes(p), 40);
+  ASSERT_EQ(kvp__tier_policy_count(p), 4);
+  ASSERT_ERR(kvp__tier_policy_touch(p, 1), KVP_ENOENT);
   /* stability: a stable entry goes after every volatile/semi one */
-  ASSERT_OK(kvp_tier_policy_insert(p, 9, 9, 10, KVP_CLASS_STABLE));
-  ASSERT_OK(kvp_tier_policy_insert(p, 8, 8, 10, KVP_CLASS_SEMI));
+  ASSERT_OK(kvp__tier_policy_insert(p, 9, 9, 10, KVP_CLASS_STABLE));
+  ASSERT_OK(kvp__tier_policy_insert(p, 8, 8, 10, KVP_CLASS_SEMI));
   static const uint32_t order[6] = {2, 3, 4, 0, 8, 9};
   for (int n = 0; n < 6; n++) {
-    ASSERT_OK(kvp_tier_policy_victim(p, &v));
+    ASSERT_OK(kvp__tier_policy_victim(p, &v));
     ASSERT_EQ(v, order[n]);
-    ASSERT_OK(kvp_tier_policy_remove(p, v, 1));
+    ASSERT_OK(kvp__tier_policy_remove(p, v, 1));
   }
-  ASSERT_ERR(kvp_tier_policy_victim(p, &v), KVP_ENOENT);
-  kvp_tier_policy_destroy(p);
+  ASSERT_ERR(kvp__tier_policy_victim(p, &v), KVP_ENOENT);
+  kvp__tier_policy_destroy(p);
   kvp_tier_policy_kind k;
   ASSERT_OK(kvp_tier_policy_parse("s3fifo", &k));
   ASSERT_EQ(k, KVP_TIER_POLICY_S3FIFO);
@@ -928,8 +928,8 @@ TEST(policy_lru) {
 /* Cache simulation: a hot set re-read between one-time scans.  S3-FIFO keeps
  * the hot set through the scans; LRU loses it every scan. */
 static double sim_hit_rate(kvp_tier_policy_kind kind) {
-  kvp_tier_policy *p;
-  ASSERT_OK(kvp_tier_policy_create(kind, NULL, &p));
+  tier_policy *p;
+  ASSERT_OK(kvp__tier_policy_create(kind, NULL, &p));
   enum { CAP = 100, HOT = 60, IDS = 100000 };
   static uint8_t in[IDS];
   memset(in, 0, sizeof in);
@@ -940,35 +940,35 @@ static double sim_hit_rate(kvp_tier_policy_kind kind) {
         refs++;
         if (in[h]) {
           hits++;
-          kvp_tier_policy_touch(p, h);
+          kvp__tier_policy_touch(p, h);
           continue;
         }
-        while (kvp_tier_policy_count(p) >= CAP) {
+        while (kvp__tier_policy_count(p) >= CAP) {
           uint32_t v;
-          ASSERT_OK(kvp_tier_policy_victim(p, &v));
-          ASSERT_OK(kvp_tier_policy_remove(p, v, 1));
+          ASSERT_OK(kvp__tier_policy_victim(p, &v));
+          ASSERT_OK(kvp__tier_policy_remove(p, v, 1));
           in[v] = 0;
         }
-        ASSERT_OK(kvp_tier_policy_insert(p, h, h * 31 + 7, 1, 0));
+        ASSERT_OK(kvp__tier_policy_insert(p, h, h * 31 + 7, 1, 0));
         in[h] = 1;
       }
     for (int s = 0; s < 80; s++) { /* a scan of new ids */
       uint32_t id = (uint32_t)(scan_next++ % IDS);
       if (id < HOT)
         continue;
-      while (kvp_tier_policy_count(p) >= CAP) {
+      while (kvp__tier_policy_count(p) >= CAP) {
         uint32_t v;
-        ASSERT_OK(kvp_tier_policy_victim(p, &v));
-        ASSERT_OK(kvp_tier_policy_remove(p, v, 1));
+        ASSERT_OK(kvp__tier_policy_victim(p, &v));
+        ASSERT_OK(kvp__tier_policy_remove(p, v, 1));
         in[v] = 0;
       }
       if (!in[id]) {
-        ASSERT_OK(kvp_tier_policy_insert(p, id, id * 31 + 7, 1, 0));
+        ASSERT_OK(kvp__tier_policy_insert(p, id, id * 31 + 7, 1, 0));
         in[id] = 1;
       }
     }
   }
-  kvp_tier_policy_destroy(p);
+  kvp__tier_policy_destroy(p);
   return (double)hits / (double)refs;
 }
 

@@ -38,12 +38,12 @@ extern "C" {
 typedef struct kvp_tier_store kvp_tier_store; /* the store (DESIGN: kvp_tier) */
 typedef struct kvp_ticket kvp_ticket;         /* an asynchronous completion */
 
-/* ---- policies (pure in-memory; reusable by simulators) ---------------------
- * Eviction order over ids 0..n chosen by the caller (the store uses its
- * entry ids; kvplane-bench's simulated workers use their own).  Stability
- * aware: every victim comes from the least stable class that has entries
- * (volatile, then semi-stable, then stable), so stable blocks are the last to
- * go.  No I/O, no clock.  Not thread-safe: serialise calls. */
+/* ---- policies and admission: the values kvp_tier_opts names --------------
+ * The eviction policies (over the store's entry ids; stability aware: every
+ * victim comes from the least stable class that has entries -- volatile,
+ * then semi-stable, then stable -- so stable blocks are the last to go) and
+ * the NVMe admission gate are kvtier internals (kvtier/kvtier_place.h),
+ * which kvplane-bench's simulator links. */
 typedef enum kvp_tier_policy_kind {
   /* default: on kvplane-bench's replays of the bundled multi-turn and
    * agentic traces LRU reuses as much or more than S3-FIFO at every DRAM
@@ -53,71 +53,34 @@ typedef enum kvp_tier_policy_kind {
   KVP_TIER_POLICY_COUNT_ = 2
 } kvp_tier_policy_kind;
 
-typedef struct kvp_tier_policy kvp_tier_policy;
-
 /* "s3fifo" | "lru" <-> kind.  parse: 0 or KVP_EINVAL.  name: "unknown" for a
  * bad value. */
 KVP_API int kvp_tier_policy_parse(const char *name, kvp_tier_policy_kind *out);
 KVP_API const char *kvp_tier_policy_name(kvp_tier_policy_kind kind);
-/* Returns 0, KVP_EINVAL (bad kind) or KVP_ENOMEM. */
-KVP_API int kvp_tier_policy_create(kvp_tier_policy_kind kind,
-                                   const kvp_allocator *alloc,
-                                   kvp_tier_policy **out);
-KVP_API void kvp_tier_policy_destroy(kvp_tier_policy *p); /* NULL ok */
-/* Track id (not tracked yet) of `bytes` in class `cls`; `fp` is a
- * fingerprint of the block's key (S3-FIFO's ghost queue remembers recently
- * evicted fingerprints).  Returns 0, KVP_EEXIST, KVP_EINVAL, KVP_ENOMEM. */
-KVP_API int kvp_tier_policy_insert(kvp_tier_policy *p, uint32_t id,
-                                   uint64_t fp, uint64_t bytes, kvp_class cls);
-/* A hit on id.  Returns 0 or KVP_ENOENT. */
-KVP_API int kvp_tier_policy_touch(kvp_tier_policy *p, uint32_t id);
-/* Stop tracking id (evicted or deleted).  `evicted` != 0 records its
- * fingerprint as a ghost.  Returns 0 or KVP_ENOENT. */
-KVP_API int kvp_tier_policy_remove(kvp_tier_policy *p, uint32_t id,
-                                   int evicted);
-/* The id to evict next (still tracked: the caller removes it).  May reorder
- * internal queues (S3-FIFO promotes and ages on the way).  Returns 0 or
- * KVP_ENOENT (empty). */
-KVP_API int kvp_tier_policy_victim(kvp_tier_policy *p, uint32_t *id);
-KVP_API uint64_t kvp_tier_policy_bytes(const kvp_tier_policy *p);
-KVP_API uint64_t kvp_tier_policy_count(const kvp_tier_policy *p);
 
-/* ---- NVMe admission gate (pure in-memory; reusable by simulators) ----------
- * Decides whether a block leaving DRAM (demotion under pressure, or an idle
- * write-back) is written to NVMe: only when its expected reuse pays for the
- * write,
+/* The NVMe admission gate decides whether a block leaving DRAM (demotion
+ * under pressure, or an idle write-back) is written to NVMe: only when its
+ * expected reuse pays for the write,
  *
  *     p_reuse(cls, hits) * (recompute_s - read_s) >= write_weight * write_s
  *
  * recompute_s: the block's prefill time; read_s / write_s: its NVMe read /
  * write time (bytes / bandwidth).  p_reuse is learned online per cell =
- * (stability class, reuses so far: 0, 1, 2 or more) from outcomes:
- * - a block written to NVMe counts 1 when it is read back from NVMe before
- *   it leaves NVMe, 0 when it leaves unread (kvp_tier_admit_note);
- * - a block the gate rejected is remembered by fingerprint (a direct-mapped
- *   ghost table, kvp_tier_admit_reject): it counts 1 when its key is asked
- *   for again while remembered (kvp_tier_admit_seen: a miss, or a put of
- *   that key, i.e. it was recomputed), 0 when a newer reject takes its
- *   place.  So a rejected cell keeps learning and can be admitted later.
- * Counts decay (halved once a cell's count passes `window`); the estimate
- * is (reused + 1) / (outcomes + 2).
- *
- * The exact rule (kvp_tier_admit_decide):
- *  1. recompute_s <= 0 (unknown), or the cell has fewer than `min_samples`
- *     (decayed) outcomes: the rule kvtier always had -- admit semi-stable
- *     and stable blocks, volatile ones only after `volatile_min_hits` reuses
- *     (write-through-selective).  Cold start therefore behaves as before.
- *  2. Otherwise the inequality above, with p_reuse the cell's estimate.
- *     For volatile blocks without a reuse it is the only way in: their cell
- *     learns only from ghosts, so they reach NVMe only once min_samples
- *     rejected volatile blocks showed that enough of them come back.
- * No I/O, no clock.  Not thread-safe: serialise calls. */
-typedef struct kvp_tier_admit kvp_tier_admit;
-
+ * (stability class, reuses so far: 0, 1, 2 or more) from outcomes: a block
+ * written to NVMe counts 1 when it is read back before it leaves NVMe, 0
+ * when it leaves unread; a rejected block is remembered by fingerprint (a
+ * ghost) and counts 1 when its key is asked for again while remembered (a
+ * miss, or a put: it was recomputed), 0 when a newer reject takes its place.
+ * Counts decay (halved past a window of 1024); the estimate is
+ * (reused + 1) / (outcomes + 2).  Until a cell has admit_min_samples
+ * outcomes, or while recompute_s is unknown, the class rule
+ * decides: semi-stable and stable blocks, volatile ones only after
+ * volatile_nvme_min_hits reuses (write-through-selective).  The exact rule
+ * is kvp__tier_admit_decide in kvtier/kvtier_place.h. */
 typedef enum kvp_tier_admission {
-  KVP_TIER_ADMIT_GATE = 0, /* default: kvp_tier_admit_decide */
+  KVP_TIER_ADMIT_GATE = 0, /* default: the gate above */
   KVP_TIER_ADMIT_HITS = 1, /* rule 1 always (semi/stable, volatile after
-                              volatile_min_hits reuses) */
+                              volatile_nvme_min_hits reuses) */
   KVP_TIER_ADMIT_ALL = 2,  /* every block (baseline: no selection) */
   KVP_TIER_ADMIT_COUNT_ = 3
 } kvp_tier_admission;
@@ -126,68 +89,6 @@ typedef enum kvp_tier_admission {
  * "unknown" for a bad value. */
 KVP_API int kvp_tier_admission_parse(const char *name, kvp_tier_admission *out);
 KVP_API const char *kvp_tier_admission_name(kvp_tier_admission a);
-
-/* Zero value = defaults. */
-typedef struct kvp_tier_admit_opts {
-  kvp_tier_admission mode;
-  uint32_t volatile_min_hits; /* rule 1; 0 = 1 */
-  double write_weight;        /* > 0; 0 = 1.0 (NVMe wear and write
-                                 bandwidth weighed against reads) */
-  uint32_t min_samples;       /* outcomes before a cell uses the model;
-                                 0 = 32 */
-  uint32_t window;            /* counts halve past this; 0 = 1024 (>= 2 *
-                                 min_samples) */
-  uint32_t ghost_slots;       /* rejected fingerprints remembered; 0 =
-                                 65536; rounded up to a power of two,
-                                 <= 1 << 24 */
-  uint32_t reserved[7];
-} kvp_tier_admit_opts;
-
-/* One block's costs, in seconds. */
-typedef struct kvp_tier_admit_cost {
-  double recompute_s; /* prefill of the block; <= 0: unknown (rule 1) */
-  double read_s;      /* NVMe read of the block */
-  double write_s;     /* NVMe write of the block */
-} kvp_tier_admit_cost;
-
-#define KVP_TIER_ADMIT_BUCKETS 3 /* reuses 0, 1, 2+ */
-
-/* Returns 0, KVP_EINVAL (bad opts: write_weight < 0 or not finite, mode out
- * of range, window < 2 * min_samples, ghost_slots > 1 << 24) or
- * KVP_ENOMEM. */
-KVP_API int kvp_tier_admit_create(const kvp_tier_admit_opts *o,
-                                  const kvp_allocator *alloc,
-                                  kvp_tier_admit **out);
-KVP_API void kvp_tier_admit_destroy(kvp_tier_admit *a); /* NULL ok */
-/* Changes the options; the learned counts stay (ghost_slots is fixed at
- * create and ignored here).  0 or KVP_EINVAL as for create. */
-KVP_API int kvp_tier_admit_opts_set(kvp_tier_admit *a,
-                                    const kvp_tier_admit_opts *o);
-KVP_API void kvp_tier_admit_opts_get(const kvp_tier_admit *a,
-                                     kvp_tier_admit_opts *o);
-/* The pure inequality: 1 when p * (recompute_s - read_s) >= write_weight *
- * write_s (write_weight <= 0 counts as 1), else 0. */
-KVP_API int kvp_tier_admit_pays(double p, const kvp_tier_admit_cost *c,
-                                double write_weight);
-/* 1 admit, 0 reject, for a block of class cls that was reused `hits` times,
- * under the mode and rule above. */
-KVP_API int kvp_tier_admit_decide(const kvp_tier_admit *a, kvp_class cls,
-                                  uint32_t hits, const kvp_tier_admit_cost *c);
-/* The cell's estimate and its (decayed) outcome count. */
-KVP_API double kvp_tier_admit_p(const kvp_tier_admit *a, kvp_class cls,
-                                uint32_t hits, double *outcomes);
-/* An outcome of a block written to NVMe as (cls, hits): reused != 0 when
- * it was read back from NVMe before it left NVMe. */
-KVP_API void kvp_tier_admit_note(kvp_tier_admit *a, kvp_class cls,
-                                 uint32_t hits, int reused);
-/* A block (fingerprint fp of its key) the gate rejected: remembered; a
- * ghost it displaces counts as not reused. */
-KVP_API void kvp_tier_admit_reject(kvp_tier_admit *a, uint64_t fp,
-                                   kvp_class cls, uint32_t hits);
-/* A key not held was asked for (a miss, or a put of a new block): if fp is
- * a remembered reject, its cell counts a reuse and the ghost is cleared.
- * Returns 1 when it was a ghost, else 0. */
-KVP_API int kvp_tier_admit_seen(kvp_tier_admit *a, uint64_t fp);
 
 /* ---- events (the schema include/kvplane/index.h ingests) -------------------
  * One per block entering or leaving a tier; `seq` numbers this store's
@@ -278,7 +179,7 @@ typedef struct kvp_tier_opts {
   kvp_tier_event_fn on_event; /* NULL = none */
   void *event_opaque;
 
-  /* The NVMe admission gate (kvp_tier_admit_decide above) for blocks
+  /* The NVMe admission gate ("policies and admission" above) for blocks
    * leaving DRAM.  admission: gate (default), hits (the class + reuse rule
    * only) or all.  The gate needs a block's recompute time: len /
    * prefill_kv_bytes_per_s (KV bytes one prefill produces per second =
