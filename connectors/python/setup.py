@@ -97,6 +97,13 @@ class BuildExt(build_ext):
                 raise SystemExit(f"kvplane: {bdir / lib} is missing (build "
                                  "targets kvplane_static kvplane_events_static)")
         cfg = link_config(bdir)
+        # libstdc++ must come before libjemalloc in the extension's NEEDED
+        # list: libzmq (C++) binds operator new/delete in that order, and
+        # jemalloc exports them -- zmq then hands jemalloc memory to glibc's
+        # free() ("free(): invalid pointer" at zmq_bind).  LDFLAGS lands
+        # right after "gcc -shared", ahead of every -l.
+        os.environ["LDFLAGS"] = ("-Wl,--push-state,--no-as-needed -lstdc++ "
+                                 "-Wl,--pop-state " + os.environ.get("LDFLAGS", ""))
         for ext in self.extensions:
             for field, values in cfg.items():
                 setattr(ext, field, list(getattr(ext, field) or []) + values)

@@ -45,6 +45,7 @@ class EventsSubscriber:
 
     def __init__(self, index: Index, sources: Sequence[EventSource],
                  replay_timeout_ms: int = 0, no_initial_replay: bool = False) -> None:
+        self._ev = None
         self._keep: List[Any] = []
         srcs = ffi.new("kvp_events_source[]", len(sources))
         for i, s in enumerate(sources):

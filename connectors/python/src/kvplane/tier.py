@@ -100,6 +100,7 @@ class TierStore:
                  policy: str = "lru", admission: Optional[str] = None,
                  volatile_nvme_min_hits: int = 0, promote: bool = True,
                  on_event: Optional[Callable[[TierEvent], None]] = None) -> None:
+        self._t = None
         keep: list = []
         o = ffi.new("kvp_tier_opts *")
         o.dram_bytes, o.nvme_bytes = dram_bytes, nvme_bytes
