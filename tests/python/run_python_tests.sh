@@ -81,7 +81,7 @@ wheel)
   mkdir -p "$top/wheel-pkg"
   (cd "$pkg" && tar --exclude=./build --exclude=./dist --exclude='*.egg-info' \
      --exclude=__pycache__ -cf - .) | tar -C "$top/wheel-pkg" -xf -
-  KVPLANE_BUILD_DIR=$build KVPLANE_SOURCE_DIR=$src "$venv/bin/python" -m build -q \
+  KVPLANE_BUILD_DIR=$build KVPLANE_SOURCE_DIR=$src "$venv/bin/python" -m build \
     --wheel --no-isolation --outdir "$top/dist" "$top/wheel-pkg" >"$top/wheel.log" 2>&1 ||
     { cat "$top/wheel.log"; exit 1; }
   flock -u 9
