@@ -130,9 +130,14 @@ def test_restart_recovers_durable_blocks(ns, hasher, o_direct_dir):
         assert t.idle(1 << 30) >= 1
         t.sync()
         epoch = t.epoch
-    with kvplane.TierStore(**opts) as t:
+    ix = kvplane.Index(max_workers=1)
+    ix.add_worker(0)
+    with kvplane.TierStore(**opts, on_event=ix.tier_publisher(0)) as t:
         t.add_namespace(ns)
         assert t.epoch > epoch and t.stats().recovered_slots >= 3
+        assert ix.resync_from_store(0, 1, t) >= 3
+        m = ix.query(keys[:3])
+        assert m[0].prefix_blocks == 3 and m[0].tier_blocks[Tier.NVME] == 3
         res, seq = t.residents()
         assert {r.key for r in res if r.tier == Tier.NVME} >= set(keys[:3])
         for i in range(3):

@@ -126,6 +126,22 @@ class Index:
                 lib.kvp_index_src_removed(self._ix, s, int(ev.tier), k, 1)
         return publish
 
+    def resync_from_store(self, worker: int, stream: int, store: Any) -> int:
+        """Rebuild the residency a TierStore publishes as ``stream`` of
+        ``worker`` from what the store holds now (after a restart: its new
+        epoch replaces the old one's DRAM/NVMe residency).  Returns the
+        number of distinct keys resident in those tiers."""
+        items, seq = store.residents()
+        n = len(items)
+        keys = ffi.new("kvp_key[]", max(n, 1))
+        tiers = ffi.new("uint8_t[]", max(n, 1))
+        for i, r in enumerate(items):
+            keys[i].hi, keys[i].lo, tiers[i] = r.key.hi, r.key.lo, int(r.tier)
+        mask = (1 << Tier.DRAM) | (1 << Tier.NVME)
+        return check(lib.kvp_index_src_resync(self._ix, _src(worker, stream, store.epoch, seq),
+                                              mask, keys, tiers, n),
+                     "Index.resync_from_store")
+
     # ---- approximate mode ---------------------------------------------------
     def record_routed(self, worker: int, keys: KeysLike, now_ns: Optional[int] = None) -> int:
         k = as_keys(keys)
