@@ -129,3 +129,18 @@ def test_index_query_and_stats(hasher):
         assert st.workers == 2 and st.events_stale == 1 and st.queries == 2
         with pytest.raises(kvplane.NotFoundError):
             ix.stored(3, 1, keys[:1])
+
+
+def test_library_log_lines_reach_logging(caplog):
+    kvplane.log_to_python()
+    level = kvplane.get_log_level()
+    kvplane.set_log_level(2)
+    try:
+        with caplog.at_level("WARNING", logger="kvplane"):
+            with pytest.raises(kvplane.InvalidArgumentError):
+                kvplane.Router(2, 0)
+        assert any("block_size" in r.getMessage() and r.name.startswith("kvplane.")
+                   for r in caplog.records), caplog.records
+    finally:
+        kvplane.log_to_python(False)
+        kvplane.set_log_level(level)

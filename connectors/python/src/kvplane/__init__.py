@@ -43,6 +43,33 @@ def now_ns() -> int:
     return int(_lib.kvp_now_ns())
 
 
+_PY_LEVELS = {1: 40, 2: 30, 3: 20, 4: 10, 5: 5}
+
+
+@_ffi.def_extern()
+def kvp_py_log_sink(opaque, level, module, msg):  # type: ignore[no-untyped-def]
+    import logging
+    name = _ffi.string(module).decode("utf-8", "replace") if module else "kvplane"
+    logging.getLogger(f"kvplane.{name}").log(
+        _PY_LEVELS.get(int(level), 10), _ffi.string(msg).decode("utf-8", "replace"))
+
+
+def log_to_python(enable: bool = True) -> None:
+    """Send the library's log lines to the ``logging`` module (loggers
+    ``kvplane.<module>``) instead of stderr; False restores stderr.  Set it
+    once at start-up (kvp_log_set_sink is not synchronised with logging
+    threads); the lines still pass the library's level first."""
+    if enable:
+        _lib.kvp_log_set_sink(_lib.kvp_py_log_sink, _ffi.NULL)
+    else:
+        _lib.kvp_log_set_sink(_ffi.NULL, _ffi.NULL)
+
+
+def get_log_level() -> int:
+    """The library's current log level (kvp_log_get_level)."""
+    return int(_lib.kvp_log_get_level())
+
+
 def set_log_level(level: int) -> None:
     """Library log level: 0 off, 1 error, 2 warn (default), 3 info,
     4 debug, 5 trace (kvp_log_set_level; KVP_LOG in the environment)."""
@@ -52,6 +79,7 @@ def set_log_level(level: int) -> None:
 __all__ = [
     "KvplaneError", "InvalidArgumentError", "NotFoundError", "StateError",
     "NoSpaceError", "strerror", "err_name", "id64", "now_ns", "set_log_level",
+    "log_to_python", "get_log_level",
     "Tier", "StabilityClass", "Key", "Keys",
     "Namespace", "HashAlgo", "VllmCompat", "Extras", "MMSpan", "Hasher", "Chain",
     "Role", "SegmentMark", "Stability", "Classification", "Turn", "DriftReport",
