@@ -181,6 +181,14 @@ typedef struct tier_ns {
 typedef struct tier_job tier_job;
 typedef struct tier_nvme tier_nvme; /* kvtier_nvme.h */
 
+/* A DRAM slot whose entry left DRAM while in-place loads still read it:
+ * returned to the region when the last of them unpins it. */
+typedef struct tier_dfree {
+  void *p;
+  uint64_t charge;
+  uint32_t pool, pins;
+} tier_dfree;
+
 /* Locks: mu guards the store (index, DRAM, the NVMe tier's calls); the NVMe
  * tier's read lock guards its read ring.  Order: mu before the read lock;
  * whoever holds the read lock alone (a batch's NVMe reads, run with mu
@@ -209,6 +217,10 @@ struct kvp_tier_store {
   uint32_t nns;
   uint64_t ev_epoch; /* the events' epoch (kvp_tier_epoch): creation time */
   uint64_t seq;      /* the last event's number in ev_epoch */
+  /* pinned DRAM slots: npinned pins outstanding (on entries' dpin or on
+   * dfree); dfree_cap >= npinned, so a release never allocates */
+  uint32_t npinned, ndfree, dfree_cap;
+  tier_dfree *dfree;
   kvp_tier_stats st;
   double bw[KVP_TIER_COUNT_];
   double bw_write;     /* NVMe writes, bytes/s (EWMA); 0: none yet */
@@ -222,5 +234,34 @@ struct kvp_tier_store {
 
 /* tier_store.c, used by tier_device.c (store lock held) */
 const tier_ns *kvp__tier_ns_find(const kvp_tier_store *t, kvp_key seed);
+
+/* In-place loads: pins keep DRAM slots from being reused (an entry that
+ * leaves DRAM meanwhile hands its slot to dfree) while a device reads them
+ * with the store lock released.  pin_room: room for n more pins (false: out
+ * of memory; pin nothing).  unpin takes the pointer the pin was taken on. */
+bool kvp__tier_pin_room(kvp_tier_store *t, uint32_t n);
+void kvp__tier_pin(kvp_tier_store *t, uint32_t id);
+void kvp__tier_unpin(kvp_tier_store *t, uint32_t id, const void *p);
+
+/* Saves straight into DRAM: reserve slots, fill them (a device gather) with
+ * the lock released, commit.  A reserved slot is in no index, policy or
+ * event until commit, so readers never see it and eviction never takes it;
+ * cancel returns it.  res[i] after reserve: 0 reserved (r[i].p), 1 already
+ * stored (put's duplicate rules ran: class, durable), or put's error. */
+typedef struct tier_resv {
+  void *p;
+  uint64_t charge;
+  uint32_t pool;
+} tier_resv;
+void kvp__tier_reserve(kvp_tier_store *t, kvp_key ns, const kvp_key *keys,
+                       size_t n, uint64_t len, const kvp_tier_put_opts *po,
+                       tier_resv *r, int *res);
+/* Publishes the reserved blocks (res[i] 0) as puts of keys[i] would, and
+ * sets res[i] as put's result (1 or an error: the slot is then returned). */
+void kvp__tier_commit(kvp_tier_store *t, kvp_key ns, const kvp_key *keys,
+                      size_t n, uint64_t len, const kvp_tier_put_opts *po,
+                      tier_resv *r, int *res);
+void kvp__tier_cancel(kvp_tier_store *t, tier_resv *r, const int *res,
+                      size_t n);
 
 #endif /* KVP_KVTIER_INTERNAL_H */

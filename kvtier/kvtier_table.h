@@ -30,6 +30,8 @@ typedef struct tier_entry {
   uint32_t hits;
   uint8_t cls, live;
   uint8_t nenc;         /* the NVMe slot is AES-256-GCM */
+  uint16_t dpin;        /* in-place loads reading the DRAM slot (the slot
+                           outlives a release until they are done) */
   tier_cell adm;        /* admission cell at its NVMe write, until its
                            outcome is noted; 0: none (recovered, noted) */
   uint32_t next_free;

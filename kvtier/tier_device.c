@@ -1,11 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* kvtier <-> kernels: the DRAM region registered with a kvp_device, and the
- * worker's save (gather -> staging -> put) and load path between an engine's
- * paged KV cache and the store.  A load scatters DRAM hits straight out of
- * their slots when the region is registered with the link's device (under
- * the store lock: no eviction can free a slot the scatter reads); the rest
- * (NVMe reads, blocks whose slot is not at a block-size multiple of the
- * region) go get -> staging -> scatter. */
+ * worker's save and load path between an engine's paged KV cache and the
+ * store.  When the region is registered with the link's device and the
+ * namespace has fixed-size slots of the layout's block size at block-size
+ * multiples of the region, a save gathers straight into reserved DRAM slots
+ * (reserve -> gather -> commit; kvtier_internal.h) and a load scatters DRAM
+ * hits straight out of their slots, pinned, with the store lock released.
+ * Otherwise a save goes gather -> staging -> put, and a load's other blocks
+ * (NVMe reads, other slots) get -> staging -> scatter. */
 #include <inttypes.h>
 #include <string.h>
 
@@ -59,10 +61,13 @@ struct kvp_tier_link {
   void **ptr;
   size_t *len, *cap;
   uint32_t *ids, *slots;
+  uint32_t *pins;     /* load: the pinned entries' ids */
+  tier_resv *resv;    /* save: the reserved slots */
   int *res;
   uint64_t *seen;     /* load: repeat check over block ids, a bit per block */
-  /* zero-copy loads: the store's DRAM region, registered with dev */
-  bool direct;
+  /* zero-copy loads (and saves: direct_save): the store's DRAM region,
+   * registered with dev */
+  bool direct, direct_save;
   uint8_t *dram_base;
   size_t dram_len;
   uint32_t *gi;       /* per round: entries that take the staged path */
@@ -87,6 +92,8 @@ static void link_free(kvp_tier_link *l) {
   kvp__free(&l->a, l->ids, n * sizeof *l->ids);
   kvp__free(&l->a, l->slots, n * sizeof *l->slots);
   kvp__free(&l->a, l->res, n * sizeof *l->res);
+  kvp__free(&l->a, l->pins, n * sizeof *l->pins);
+  kvp__free(&l->a, l->resv, n * sizeof *l->resv);
   kvp__free(&l->a, l->gi, n * sizeof *l->gi);
   kvp__free(&l->a, l->gkeys, n * sizeof *l->gkeys);
   kvp__free(&l->a, l->gids, n * sizeof *l->gids);
@@ -125,13 +132,15 @@ static int link_alloc(kvp_tier_link *l) {
   l->ids = kvp__calloc(&l->a, n, sizeof *l->ids);
   l->slots = kvp__calloc(&l->a, n, sizeof *l->slots);
   l->res = kvp__calloc(&l->a, n, sizeof *l->res);
+  l->pins = kvp__calloc(&l->a, n, sizeof *l->pins);
+  l->resv = kvp__calloc(&l->a, n, sizeof *l->resv);
   l->seen = kvp__calloc(&l->a, words(l->nblocks), sizeof *l->seen);
   l->gi = kvp__calloc(&l->a, n, sizeof *l->gi);
   l->gkeys = kvp__calloc(&l->a, n, sizeof *l->gkeys);
   l->gids = kvp__calloc(&l->a, n, sizeof *l->gids);
   l->gres = kvp__calloc(&l->a, n, sizeof *l->gres);
   if (!l->ptr || !l->len || !l->cap || !l->ids || !l->slots || !l->res ||
-      !l->seen || !l->gi || !l->gkeys || !l->gids || !l->gres)
+      !l->pins || !l->resv || !l->seen || !l->gi || !l->gkeys || !l->gids || !l->gres)
     return KVP_ENOMEM;
   l->stage_len = (size_t)l->nstage * l->bb;
   void *p = mmap(NULL, l->stage_len, PROT_READ | PROT_WRITE,
@@ -151,6 +160,28 @@ static int link_alloc(kvp_tier_link *l) {
     l->stage = NULL;
   }
   return rc;
+}
+
+/* The store registered its DRAM region with this very device
+ * (kvp_tier_opts_set_device): scatters may read the slots in place; and
+ * when the namespace's fixed-size slots are the layout's blocks, at
+ * block-size multiples of the region (the block size divides the region's
+ * 2 MiB chunks and is a multiple of the slots' 64-byte stride), gathers may
+ * write them in place. */
+static void link_direct(kvp_tier_link *l) {
+  kvp_tier_store *t = l->t;
+  pthread_mutex_lock(&t->mu);
+  l->direct = t->registered && t->o.dram_register == dev_register &&
+              t->o.register_opaque == l->dev;
+  const tier_ns *ns = kvp__tier_ns_find(t, l->ns.seed);
+  l->direct_save = l->direct && ns != NULL && ns->block_bytes == l->bb &&
+                   l->bb % 64 == 0 && (UINT64_C(2) << 20) % l->bb == 0;
+  pthread_mutex_unlock(&t->mu);
+  void *base;
+  if (l->direct && kvp_tier_dram_region(t, &base, &l->dram_len) == 0)
+    l->dram_base = base;
+  else
+    l->direct = l->direct_save = false;
 }
 
 int kvp_tier_link_create(kvp_tier_store *t, kvp_device *dev,
@@ -190,17 +221,7 @@ int kvp_tier_link_create(kvp_tier_store *t, kvp_device *dev,
     link_free(l);
     return rc;
   }
-  /* the store registered its DRAM region with this very device
-   * (kvp_tier_opts_set_device): the scatter may read the slots in place */
-  pthread_mutex_lock(&t->mu);
-  l->direct = t->registered && t->o.dram_register == dev_register &&
-              t->o.register_opaque == dev;
-  pthread_mutex_unlock(&t->mu);
-  void *base;
-  if (l->direct && kvp_tier_dram_region(t, &base, &l->dram_len) == 0)
-    l->dram_base = base;
-  else
-    l->direct = false;
+  link_direct(l);
   *out = l;
   return 0;
 }
@@ -219,10 +240,11 @@ static void fill(int *res, size_t n, int rc) {
     res[i] = rc;
 }
 
-/* One round of a save: ids/keys[0..m), m <= nstage. */
-static int save_round(kvp_tier_link *l, kvp_stream *s, const kvp_key *keys,
-                      const uint32_t *ids, uint32_t m,
-                      const kvp_tier_put_opts *po, int *res) {
+/* One round of a save through the staging buffer: ids/keys[0..m),
+ * m <= nstage. */
+static int save_staged(kvp_tier_link *l, kvp_stream *s, const kvp_key *keys,
+                       const uint32_t *ids, uint32_t m,
+                       const kvp_tier_put_opts *po, int *res) {
   kvp_xfer x = {.layout = l->lay, .block_ids = ids, .n = m,
                 .method = KVP_XFER_AUTO, .staging = l->stage,
                 .staging_bytes = l->stage_len};
@@ -234,8 +256,92 @@ static int save_round(kvp_tier_link *l, kvp_stream *s, const kvp_key *keys,
   l->st.gathers++;
   for (uint32_t i = 0; i < m; i++)
     l->len[i] = l->bb;
-  rc = kvp_tier_put_batch(l->t, &l->ns, keys, m, (const void *const *)l->ptr,
-                          l->len, po, res);
+  return kvp_tier_put_batch(l->t, &l->ns, keys, m, (const void *const *)l->ptr,
+                            l->len, po, res);
+}
+
+/* The region slot (block-size units) of a reserved block, or -1. */
+static int64_t region_slot(const kvp_tier_link *l, const void *p) {
+  uint64_t off = (uint64_t)((const uint8_t *)p - l->dram_base);
+  if (off % l->bb != 0 || off / l->bb >= UINT32_MAX || off + l->bb > l->dram_len)
+    return -1;
+  return (int64_t)(off / l->bb);
+}
+
+/* The reserved blocks of res[0..m) as gather targets l->ids/l->slots[0..*h);
+ * false when a slot is not at a block-size multiple (never, by link_direct's
+ * conditions: then the round is staged). */
+static bool save_targets(kvp_tier_link *l, const uint32_t *ids, uint32_t m,
+                         const int *res, uint32_t *h) {
+  *h = 0;
+  for (uint32_t i = 0; i < m; i++) {
+    if (res[i] != 0)
+      continue;
+    int64_t slot = region_slot(l, l->resv[i].p);
+    if (slot < 0)
+      return false;
+    l->ids[*h] = ids[i];
+    l->slots[(*h)++] = (uint32_t)slot;
+  }
+  return true;
+}
+
+/* One round of a save straight into DRAM: reserve slots (the keys already
+ * stored need no gather), gather into them with the store's lock released,
+ * commit -- or cancel on a failed gather: the reservations go back and
+ * nothing stored before is touched. */
+static int save_direct(kvp_tier_link *l, kvp_stream *s, const kvp_key *keys,
+                       const uint32_t *ids, uint32_t m,
+                       const kvp_tier_put_opts *po, int *res) {
+  kvp_tier_store *t = l->t;
+  uint32_t h = 0;
+  pthread_mutex_lock(&t->mu);
+  kvp__tier_reserve(t, l->ns.seed, keys, m, l->bb, po, l->resv, res);
+  bool ok = save_targets(l, ids, m, res, &h);
+  if (!ok)
+    kvp__tier_cancel(t, l->resv, res, m);
+  pthread_mutex_unlock(&t->mu);
+  if (!ok)
+    return save_staged(l, s, keys, ids, m, po, res);
+  kvp_xfer x = {.layout = l->lay, .block_ids = l->ids, .n = h,
+                .method = KVP_XFER_AUTO, .staging = l->dram_base,
+                .staging_bytes = l->dram_len, .staging_slots = l->slots};
+  int rc = h == 0 ? 0 : kvp_device_gather(l->dev, s, &x);
+  if (rc >= 0 && h > 0)
+    rc = sync_stream(l, s);
+  pthread_mutex_lock(&t->mu);
+  if (rc < 0)
+    kvp__tier_cancel(t, l->resv, res, m);
+  else
+    kvp__tier_commit(t, l->ns.seed, keys, m, l->bb, po, l->resv, res);
+  pthread_mutex_unlock(&t->mu);
+  if (rc < 0)
+    return rc;
+  l->st.gathers += h > 0;
+  l->st.blocks_saved_direct += h;
+  int done = 0;
+  for (uint32_t i = 0; i < m; i++)
+    done += res[i] > 0;
+  return done;
+}
+
+/* Every id of a save in range: checked before any slot is reserved (a
+ * reservation may evict), as the gather would fail on it anyway. */
+static int save_ids_ok(const kvp_tier_link *l, const uint32_t *ids, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (ids[i] >= l->nblocks) {
+      KVP_LOGW("kvtier", "save: block id %" PRIu32 " out of range", ids[i]);
+      return KVP_EINVAL;
+    }
+  return 0;
+}
+
+/* One round of a save: ids/keys[0..m), m <= nstage. */
+static int save_round(kvp_tier_link *l, kvp_stream *s, const kvp_key *keys,
+                      const uint32_t *ids, uint32_t m,
+                      const kvp_tier_put_opts *po, int *res) {
+  int rc = l->direct_save ? save_direct(l, s, keys, ids, m, po, res)
+                          : save_staged(l, s, keys, ids, m, po, res);
   if (rc < 0)
     return rc;
   l->st.blocks_saved += (uint64_t)rc;
@@ -251,8 +357,10 @@ int kvp_tier_save(kvp_tier_link *l, kvp_stream *s, const kvp_key *keys,
     return KVP_EINVAL;
   pthread_mutex_lock(&l->mu);
   l->st.saves++;
-  int done = 0;
-  for (size_t off = 0; off < n; off += l->nstage) {
+  int done = save_ids_ok(l, block_ids, n);
+  if (done < 0)
+    fill(results, n, done);
+  for (size_t off = 0; done >= 0 && off < n; off += l->nstage) {
     uint32_t m = n - off < l->nstage ? (uint32_t)(n - off) : l->nstage;
     int rc = save_round(l, s, keys + off, block_ids + off, m, po,
                         results + off);
@@ -302,30 +410,63 @@ static int scatter_sync(kvp_tier_link *l, kvp_stream *s, uint32_t h,
 
 /* A DRAM hit that can be scattered in place: its slot index in the region
  * (block-size units), or -1 (not in DRAM, another length, a slot not at a
- * multiple of the block size).  Counts the hit as a get does.  t->mu held. */
-static int64_t dram_slot_locked(kvp_tier_link *l, kvp_key key) {
+ * multiple of the block size).  Counts the hit as a get does, and pins the
+ * slot (*id: the entry).  t->mu held, kvp__tier_pin_room done. */
+static int64_t dram_pin_locked(kvp_tier_link *l, kvp_key key, uint32_t *id) {
   kvp_tier_store *t = l->t;
-  uint32_t id = kvp__tier_table_find(&t->tbl, l->ns.seed, key);
-  if (id == TIER_NIL)
+  *id = kvp__tier_table_find(&t->tbl, l->ns.seed, key);
+  if (*id == TIER_NIL)
     return -1;
-  tier_entry *e = &t->tbl.ents[id];
+  tier_entry *e = &t->tbl.ents[*id];
   if (e->dram == NULL || e->len != l->bb)
     return -1;
-  uint64_t off = (uint64_t)((uint8_t *)e->dram - l->dram_base);
-  if (off % l->bb != 0 || off / l->bb >= UINT32_MAX || off + l->bb > l->dram_len)
+  int64_t slot = region_slot(l, e->dram);
+  if (slot < 0)
     return -1;
   e->hits++;
-  kvp__tier_policy_touch(kvp__tier_cascade_policy(t->cas, KVP_TIER_DRAM), id);
+  kvp__tier_policy_touch(kvp__tier_cascade_policy(t->cas, KVP_TIER_DRAM), *id);
   t->st.hits[KVP_TIER_DRAM]++;
-  return (int64_t)(off / l->bb);
+  kvp__tier_pin(t, *id);
+  return slot;
+}
+
+/* Pins the DRAM hits of keys[0..m) (their scatter targets to l->ids/l->slots,
+ * entries to l->pins[0..h)); the others' indices go to l->gi[0..*g). */
+static uint32_t pin_hits(kvp_tier_link *l, const kvp_key *keys,
+                         const uint32_t *ids, uint32_t m, int *res,
+                         uint32_t *g) {
+  kvp_tier_store *t = l->t;
+  uint32_t h = 0;
+  pthread_mutex_lock(&t->mu);
+  bool room = kvp__tier_pin_room(t, m);
+  for (uint32_t i = 0; i < m; i++) {
+    int64_t slot = room ? dram_pin_locked(l, keys[i], &l->pins[h]) : -1;
+    if (slot < 0) {
+      l->gi[(*g)++] = i;
+      continue;
+    }
+    res[i] = KVP_TIER_DRAM;
+    l->ids[h] = ids[i];
+    l->slots[h++] = (uint32_t)slot;
+  }
+  pthread_mutex_unlock(&t->mu);
+  return h;
+}
+
+static void unpin_hits(kvp_tier_link *l, uint32_t h) {
+  kvp_tier_store *t = l->t;
+  pthread_mutex_lock(&t->mu);
+  for (uint32_t j = 0; j < h; j++)
+    kvp__tier_unpin(t, l->pins[j], l->dram_base + (size_t)l->slots[j] * l->bb);
+  pthread_mutex_unlock(&t->mu);
 }
 
 /* The DRAM hits of keys[0..m) scattered straight from their slots, in one
- * scatter under the store lock (no eviction, demotion or overwrite can free
- * a slot while it is read); the stream is drained first so the lock is not
- * held over the engine's earlier work.  The other entries' indices go to
- * l->gi[0..*g).  Returns the number scattered or a negative code (then the
- * hits' results hold it). */
+ * scatter with the store's lock released: the slots are pinned (an entry
+ * evicted meanwhile leaves its slot unreused until the unpin; blocks are
+ * immutable, so the bytes read are the block's).  The stream is drained
+ * first.  The other entries' indices go to l->gi[0..*g).  Returns the number
+ * scattered or a negative code (then the hits' results hold it). */
 static int load_direct(kvp_tier_link *l, kvp_stream *s, const kvp_key *keys,
                        const uint32_t *ids, uint32_t m, int *res,
                        uint32_t *g) {
@@ -336,21 +477,11 @@ static int load_direct(kvp_tier_link *l, kvp_stream *s, const kvp_key *keys,
       l->gi[(*g)++] = i; /* nothing was tried */
     return rc;
   }
-  uint32_t h = 0;
-  pthread_mutex_lock(&l->t->mu);
-  for (uint32_t i = 0; i < m; i++) {
-    int64_t slot = dram_slot_locked(l, keys[i]);
-    if (slot < 0) {
-      l->gi[(*g)++] = i;
-      continue;
-    }
-    res[i] = KVP_TIER_DRAM;
-    l->ids[h] = ids[i];
-    l->slots[h++] = (uint32_t)slot;
-  }
-  if (h > 0)
+  uint32_t h = pin_hits(l, keys, ids, m, res, g);
+  if (h > 0) {
     rc = scatter_sync(l, s, h, l->dram_base, l->dram_len);
-  pthread_mutex_unlock(&l->t->mu);
+    unpin_hits(l, h);
+  }
   if (rc < 0) {
     for (uint32_t i = 0, j = 0; i < m; i++) /* the hits: not in gi */
       if (j < *g && l->gi[j] == i)

@@ -6,6 +6,7 @@
  * options and stats.  One mutex (mu) guards the store; a batch's NVMe reads
  * release it and run under the NVMe tier's read lock (kvtier_nvme.h); the
  * job queue has its own (jmu), always taken after mu or alone. */
+#include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -316,13 +317,68 @@ static tier_policy *dram_policy(const kvp_tier_store *t) {
   return kvp__tier_cascade_policy(t->cas, KVP_TIER_DRAM);
 }
 
+static void dram_free(kvp_tier_store *t, void *p, uint32_t pool,
+                      uint64_t charge) {
+  kvp__tier_dram_free(t->dram, p, pool);
+  t->dram_used -= charge;
+}
+
+/* Entry id leaves DRAM; a slot in-place loads still read goes to dfree
+ * (room is there: dfree_cap >= npinned). */
 static void dram_release(kvp_tier_store *t, uint32_t id) {
   tier_entry *e = &t->tbl.ents[id];
-  kvp__tier_dram_free(t->dram, e->dram, e->pool);
-  t->dram_used -= e->dram_charge;
+  if (e->dpin > 0) {
+    assert(t->ndfree < t->dfree_cap);
+    t->dfree[t->ndfree++] = (tier_dfree){.p = e->dram, .charge = e->dram_charge,
+                                         .pool = e->pool, .pins = e->dpin};
+    e->dpin = 0;
+  } else {
+    dram_free(t, e->dram, e->pool, e->dram_charge);
+  }
   e->dram = NULL;
   t->st.dram_blocks--;
   emit(t, KVP_TIER_DRAM, 0, e);
+}
+
+bool kvp__tier_pin_room(kvp_tier_store *t, uint32_t n) {
+  uint64_t need = (uint64_t)t->npinned + n;
+  if (need <= t->dfree_cap)
+    return true;
+  uint64_t cap = need < 256 ? 256 : need * 2;
+  if (cap > UINT32_MAX)
+    return false;
+  tier_dfree *d = kvp__realloc(&t->a, t->dfree, t->dfree_cap * sizeof *d,
+                               cap * sizeof *d);
+  if (d == NULL)
+    return false;
+  t->dfree = d;
+  t->dfree_cap = (uint32_t)cap;
+  return true;
+}
+
+void kvp__tier_pin(kvp_tier_store *t, uint32_t id) {
+  assert(t->npinned < t->dfree_cap); /* kvp__tier_pin_room first */
+  t->tbl.ents[id].dpin++;
+  t->npinned++;
+}
+
+void kvp__tier_unpin(kvp_tier_store *t, uint32_t id, const void *p) {
+  t->npinned--;
+  tier_entry *e = id < t->tbl.n ? &t->tbl.ents[id] : NULL;
+  if (e != NULL && e->live && e->dram == p && e->dpin > 0) {
+    e->dpin--; /* still the entry's: a deferred slot is never reused */
+    return;
+  }
+  for (uint32_t i = 0; i < t->ndfree; i++)
+    if (t->dfree[i].p == p) {
+      tier_dfree *d = &t->dfree[i];
+      if (--d->pins == 0) {
+        dram_free(t, d->p, d->pool, d->charge);
+        *d = t->dfree[--t->ndfree];
+      }
+      return;
+    }
+  assert(!"unpin of a slot nobody pinned");
 }
 
 /* What the cascade asks about a DRAM victim. */
@@ -372,32 +428,49 @@ static bool dram_evict(kvp_tier_store *t, uint64_t need, bool force) {
   return n > 0;
 }
 
-/* Puts len bytes from src into DRAM for entry id.  0 or KVP_ENOSPC. */
-static int dram_place(kvp_tier_store *t, uint32_t id, const void *src) {
-  tier_entry *e = &t->tbl.ents[id];
-  const tier_ns *ns = kvp__tier_ns_find(t, e->ns);
-  if (e->len > t->dram_cap)
-    return KVP_ENOSPC;
-  while (t->dram_used + e->len > t->dram_cap)
-    if (!dram_evict(t, e->len, false))
+/* A DRAM block of len bytes for namespace nsk (its fixed-size slots when
+ * it has them), evicting to make room, charged to the capacity.  NULL: no
+ * room even after eviction. */
+static void *dram_take(kvp_tier_store *t, kvp_key nsk, uint64_t len,
+                       uint32_t *pool, uint64_t *charge) {
+  const tier_ns *ns = kvp__tier_ns_find(t, nsk);
+  if (len > t->dram_cap)
+    return NULL;
+  while (t->dram_used + len > t->dram_cap)
+    if (!dram_evict(t, len, false))
       break;
   void *p;
-  uint64_t charge = 0;
-  uint32_t pool;
-  while ((p = kvp__tier_dram_alloc(t->dram, e->len, ns ? ns->block_bytes : 0,
-                                   &pool, &charge)) == NULL)
-    if (!dram_evict(t, e->len, true))
-      return KVP_ENOSPC;
-  e = &t->tbl.ents[id]; /* eviction never moves entries, but keep it obvious */
-  memcpy(p, src, e->len);
+  *charge = 0;
+  while ((p = kvp__tier_dram_alloc(t->dram, len, ns ? ns->block_bytes : 0,
+                                   pool, charge)) == NULL)
+    if (!dram_evict(t, len, true))
+      return NULL;
+  t->dram_used += *charge;
+  return p;
+}
+
+/* Entry id's bytes are in DRAM block p (charged): index it there. */
+static void dram_attach(kvp_tier_store *t, uint32_t id, void *p, uint32_t pool,
+                        uint64_t charge) {
+  tier_entry *e = &t->tbl.ents[id];
   e->dram = p;
   e->pool = pool;
   e->dram_charge = charge;
-  t->dram_used += charge;
   t->st.dram_blocks++;
   kvp__tier_policy_insert(dram_policy(t), id, e->key.lo ^ e->ns.lo, charge,
                           e->cls);
   emit(t, KVP_TIER_DRAM, 1, e);
+}
+
+/* Puts len bytes from src into DRAM for entry id.  0 or KVP_ENOSPC. */
+static int dram_place(kvp_tier_store *t, uint32_t id, const void *src) {
+  uint64_t charge, len = t->tbl.ents[id].len;
+  uint32_t pool;
+  void *p = dram_take(t, t->tbl.ents[id].ns, len, &pool, &charge);
+  if (p == NULL)
+    return KVP_ENOSPC;
+  memcpy(p, src, len); /* eviction never moves entries */
+  dram_attach(t, id, p, pool, charge);
   return 0;
 }
 
@@ -528,6 +601,8 @@ void kvp_tier_destroy(kvp_tier_store *t) {
   kvp__tier_dram_destroy(t->dram);
   kvp__tier_cascade_destroy(t->cas);
   kvp__tier_table_fini(&t->tbl);
+  assert(t->npinned == 0 && t->ndfree == 0);
+  kvp__free(&t->a, t->dfree, t->dfree_cap * sizeof *t->dfree);
   kvp__free(&t->a, t->nss, t->nns * sizeof *t->nss);
   kvp__free(&t->a, t->dir, t->dir ? strlen(t->dir) + 1 : 0);
   pthread_mutex_destroy(&t->mu);
@@ -570,47 +645,142 @@ int kvp_tier_ns_add(kvp_tier_store *t, const kvp_namespace *ns,
 }
 
 /* ---- block calls -------------------------------------------------------------*/
-static int put_one(kvp_tier_store *t, const kvp_namespace *ns, kvp_key key,
-                   const void *data, size_t len, const kvp_tier_put_opts *po) {
-  if (kvp__tier_ns_find(t, ns->seed) == NULL)
+/* A put of a key already stored (blocks are immutable: the same key is the
+ * same block): its class may rise; durable writes it through.  1 or the
+ * error. */
+static int put_dup(kvp_tier_store *t, uint32_t id, const kvp_tier_put_opts *po,
+                   bool durable) {
+  int rc = 0;
+  t->st.puts_dup++;
+  tier_entry *e = &t->tbl.ents[id];
+  if (po && po->cls > e->cls && (unsigned)po->cls < KVP_CLASS_COUNT_)
+    e->cls = (uint8_t)po->cls;
+  if (durable && e->nclass < 0) {
+    if (e->dram == NULL)
+      return KVP_ESTATE;
+    nvme_write(t, &id, 1, true, &rc);
+  } else if (durable) {
+    rc = kvp__tier_nvme_sync(t->nv, t->qd);
+  }
+  return rc < 0 ? rc : 1;
+}
+
+/* put's checks before anything is stored: 0, or its error. */
+static int put_check(const kvp_tier_store *t, kvp_key nsk, uint64_t len,
+                     const kvp_tier_put_opts *po) {
+  if (kvp__tier_ns_find(t, nsk) == NULL)
     return KVP_ENOENT;
   bool durable = po && (po->flags & KVP_TIER_PUT_DURABLE);
-  if (len == 0 || data == NULL || (durable && t->nv == NULL))
-    return len == 0 ? KVP_ERANGE : KVP_EINVAL;
-  t->st.puts++;
-  uint32_t id = kvp__tier_table_find(&t->tbl, ns->seed, key);
-  int rc = 0;
-  if (id != TIER_NIL) { /* immutable: the same key is the same block */
-    t->st.puts_dup++;
-    tier_entry *e = &t->tbl.ents[id];
-    if (po && po->cls > e->cls && (unsigned)po->cls < KVP_CLASS_COUNT_)
-      e->cls = (uint8_t)po->cls;
-    if (durable && e->nclass < 0) {
-      if (e->dram == NULL)
-        return KVP_ESTATE;
-      nvme_write(t, &id, 1, true, &rc);
-    } else if (durable) {
-      rc = kvp__tier_nvme_sync(t->nv, t->qd);
-    }
-    return rc < 0 ? rc : 1;
-  }
-  admit_seen(t, ns->seed, key); /* recomputed after a reject? */
-  if ((id = kvp__tier_table_new(&t->tbl, ns->seed, key)) == TIER_NIL)
-    return KVP_ENOMEM;
+  if (len == 0)
+    return KVP_ERANGE;
+  return durable && t->nv == NULL ? KVP_EINVAL : 0;
+}
+
+static bool is_durable(const kvp_tier_put_opts *po) {
+  return po != NULL && (po->flags & KVP_TIER_PUT_DURABLE);
+}
+
+/* A new entry for (nsk, key) of len bytes and po's class; TIER_NIL: out of
+ * memory. */
+static uint32_t entry_new(kvp_tier_store *t, kvp_key nsk, kvp_key key,
+                          uint64_t len, const kvp_tier_put_opts *po) {
+  admit_seen(t, nsk, key); /* recomputed after a reject? */
+  uint32_t id = kvp__tier_table_new(&t->tbl, nsk, key);
+  if (id == TIER_NIL)
+    return id;
   tier_entry *e = &t->tbl.ents[id];
   e->len = len;
   e->cls = po && (unsigned)po->cls < KVP_CLASS_COUNT_ ? (uint8_t)po->cls : 0;
+  return id;
+}
+
+static int put_one(kvp_tier_store *t, const kvp_namespace *ns, kvp_key key,
+                   const void *data, size_t len, const kvp_tier_put_opts *po) {
+  int rc = put_check(t, ns->seed, len, po);
+  if (rc == 0 && data == NULL)
+    rc = KVP_EINVAL;
+  if (rc < 0)
+    return rc;
+  t->st.puts++;
+  uint32_t id = kvp__tier_table_find(&t->tbl, ns->seed, key);
+  if (id != TIER_NIL)
+    return put_dup(t, id, po, is_durable(po));
+  if ((id = entry_new(t, ns->seed, key, len, po)) == TIER_NIL)
+    return KVP_ENOMEM;
   if ((rc = dram_place(t, id, data)) < 0) {
     t->st.puts_rejected++;
     kvp__tier_table_gc(&t->tbl, id);
     return rc;
   }
-  if (durable) {
+  if (is_durable(po)) {
     nvme_write(t, &id, 1, true, &rc);
     if (rc < 0)
       return rc;
   }
   return 1;
+}
+
+/* ---- saves straight into DRAM (kvtier_internal.h) ----------------------------*/
+void kvp__tier_reserve(kvp_tier_store *t, kvp_key ns, const kvp_key *keys,
+                       size_t n, uint64_t len, const kvp_tier_put_opts *po,
+                       tier_resv *r, int *res) {
+  for (size_t i = 0; i < n; i++) {
+    r[i].p = NULL;
+    if ((res[i] = put_check(t, ns, len, po)) < 0)
+      continue;
+    uint32_t id = kvp__tier_table_find(&t->tbl, ns, keys[i]);
+    if (id != TIER_NIL) {
+      t->st.puts++;
+      res[i] = put_dup(t, id, po, is_durable(po));
+      continue;
+    }
+    r[i].p = dram_take(t, ns, len, &r[i].pool, &r[i].charge);
+    if (r[i].p == NULL) {
+      t->st.puts++;
+      t->st.puts_rejected++;
+      res[i] = KVP_ENOSPC;
+    }
+  }
+}
+
+void kvp__tier_cancel(kvp_tier_store *t, tier_resv *r, const int *res,
+                      size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (res[i] == 0 && r[i].p != NULL) {
+      dram_free(t, r[i].p, r[i].pool, r[i].charge);
+      r[i].p = NULL;
+    }
+}
+
+/* One reserved block becomes entry (ns, key): put's result. */
+static int commit_one(kvp_tier_store *t, kvp_key ns, kvp_key key,
+                      uint64_t len, const kvp_tier_put_opts *po,
+                      tier_resv *r) {
+  t->st.puts++;
+  uint32_t id = kvp__tier_table_find(&t->tbl, ns, key);
+  if (id != TIER_NIL) { /* another put of it committed meanwhile */
+    dram_free(t, r->p, r->pool, r->charge);
+    return put_dup(t, id, po, is_durable(po));
+  }
+  if ((id = entry_new(t, ns, key, len, po)) == TIER_NIL) {
+    dram_free(t, r->p, r->pool, r->charge);
+    return KVP_ENOMEM;
+  }
+  dram_attach(t, id, r->p, r->pool, r->charge);
+  int rc = 0;
+  if (is_durable(po))
+    nvme_write(t, &id, 1, true, &rc);
+  return rc < 0 ? rc : 1;
+}
+
+void kvp__tier_commit(kvp_tier_store *t, kvp_key ns, const kvp_key *keys,
+                      size_t n, uint64_t len, const kvp_tier_put_opts *po,
+                      tier_resv *r, int *res) {
+  for (size_t i = 0; i < n; i++)
+    if (res[i] == 0 && r[i].p != NULL) {
+      res[i] = commit_one(t, ns, keys[i], len, po, &r[i]);
+      r[i].p = NULL;
+    }
 }
 
 int kvp_tier_put(kvp_tier_store *t, const kvp_namespace *ns, kvp_key key,

@@ -528,7 +528,9 @@ typedef struct kvp_tier_link_stats {
   uint64_t gathers, scatters;     /* device launches */
   uint64_t blocks_direct;         /* of blocks_loaded: scattered straight
                                      out of their DRAM slots (no staging copy) */
-  uint64_t reserved[6];
+  uint64_t blocks_saved_direct;   /* gathered straight into reserved DRAM
+                                     slots (no staging copy) */
+  uint64_t reserved[5];
 } kvp_tier_link_stats;
 
 /* Links store t, device dev and the engine's layout (made on dev) for the
