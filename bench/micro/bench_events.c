@@ -319,6 +319,44 @@ static int parse(int argc, char **argv, cfg *c) {
   return 0;
 }
 
+typedef struct wire_path {
+  const char *name, *ep;
+  kvp_events_keying k;
+} wire_path;
+
+static const wire_path wire[] = {
+    {"ipc, engine hashes", "ipc:///tmp/kvp-bench-events", KVP_EVENTS_ENGINE_HASH},
+    {"tcp loopback, engine hashes", "tcp://127.0.0.1:*", KVP_EVENTS_ENGINE_HASH},
+    {"ipc, re-keyed (XXH3-128)", "ipc:///tmp/kvp-bench-events-rk", KVP_EVENTS_REKEY},
+    {"tcp loopback, re-keyed", "tcp://127.0.0.1:*", KVP_EVENTS_REKEY}};
+
+/* One path over ZeroMQ, reported; returns 1 when its index differs from
+ * ix0 (the index-only ingest's) or batches were lost. */
+static int measure_wire(const cfg *c, const workload *w, const wire_path *p,
+                        kvp_index *ix0, double floor_rate) {
+  kvp_index *ix;
+  kvp_events_stats st;
+  double cpu, blocks = 2.0 * (double)w->n_keys; /* stored + removed */
+  double t = run_wire(c, w, p->ep, p->k, &ix, &st, &cpu);
+  int bad = 0;
+  if (st.batches != w->n || residencies(ix) != residencies(ix0) ||
+      st.gaps != 0 || st.decode_errors != 0) {
+    fprintf(stderr, "%s: %" PRIu64 " of %zu batches, %" PRIu64
+            " residencies (want %" PRIu64 "), %" PRIu64 " gaps\n",
+            p->name, st.batches, w->n, residencies(ix), residencies(ix0),
+            st.gaps);
+    bad = 1;
+  }
+  row(p->name, blocks, t, floor_rate, cpu);
+  if (p->k == KVP_EVENTS_REKEY)
+    /* the map never shrinks: its size now is its size at the peak, when
+     * every stored block was remembered */
+    printf("%-30s %8.1f map bytes per remembered block at the peak\n", "",
+           (double)st.rekey_bytes / (double)w->n_keys);
+  kvp_index_destroy(ix);
+  return bad;
+}
+
 int main(int argc, char **argv) {
   cfg c = {0};
   if (parse(argc, argv, &c) != 0)
@@ -343,39 +381,9 @@ int main(int argc, char **argv) {
                            "alone)");
   row("index only (floor)", blocks, t_ix, 0, 0);
   row("decode only", blocks, t_dec, floor_rate, 0);
-  static const struct {
-    const char *name, *ep;
-    kvp_events_keying k;
-  } wire[] = {
-      {"ipc, engine hashes", "ipc:///tmp/kvp-bench-events", KVP_EVENTS_ENGINE_HASH},
-      {"tcp loopback, engine hashes", "tcp://127.0.0.1:*", KVP_EVENTS_ENGINE_HASH},
-      {"ipc, re-keyed (XXH3-128)", "ipc:///tmp/kvp-bench-events-rk", KVP_EVENTS_REKEY},
-      {"tcp loopback, re-keyed", "tcp://127.0.0.1:*", KVP_EVENTS_REKEY}};
   int bad = 0;
-  for (size_t i = 0; i < sizeof wire / sizeof *wire; i++) {
-
-    kvp_index *ix;
-    kvp_events_stats st;
-    double cpu;
-    double t = run_wire(&c, &w, wire[i].ep, wire[i].k, &ix, &st, &cpu);
-    if (st.batches != w.n || residencies(ix) != residencies(ix0) ||
-        st.gaps != 0 || st.decode_errors != 0) {
-      fprintf(stderr, "%s: %" PRIu64 " of %zu batches, %" PRIu64
-              " residencies (want %" PRIu64 "), %" PRIu64 " gaps\n",
-              wire[i].name, st.batches, w.n, residencies(ix),
-              residencies(ix0), st.gaps);
-      bad = 1;
-    }
-    char name[64];
-    snprintf(name, sizeof name, "%s", wire[i].name);
-    row(name, blocks, t, floor_rate, cpu);
-    if (wire[i].k == KVP_EVENTS_REKEY)
-      /* the map never shrinks: its size now is its size at the peak, when
-       * every stored block was remembered */
-      printf("%-30s %8.1f map bytes per remembered block at the peak\n", "",
-             (double)st.rekey_bytes / (double)w.n_keys);
-    kvp_index_destroy(ix);
-  }
+  for (size_t i = 0; i < sizeof wire / sizeof *wire; i++)
+    bad |= measure_wire(&c, &w, &wire[i], ix0, floor_rate);
   kvp_index_destroy(ix0);
   for (size_t i = 0; i < w.n; i++)
     free(w.b[i].p);

@@ -331,35 +331,52 @@ static uint8_t *read_buf(const cfg *c, size_t bs) {
   return p;
 }
 
+enum { READ_BUFS = 256 }; /* read buffers (and keys per batch at most) */
+
+/* The read buffers, registered with the store's ring (untimed). */
+static void register_bufs(kvt *k, uint8_t *const *bufs, size_t bs) {
+  struct iovec iov[READ_BUFS];
+  for (int i = 0; i < READ_BUFS; i++)
+    iov[i] = (struct iovec){bufs[i], bs};
+  int rc = kvp_tier_register_buffers(k->t, iov, READ_BUFS);
+  if (rc != READ_BUFS)
+    bench_die("kvp_tier_register_buffers", rc < 0 ? rc : KVP_ENOTSUP);
+}
+
+/* --quick: every block read from NVMe in [from, to) holds its bytes. */
+static void check_reads(const kvp_key *keys, const int *res,
+                        uint8_t *const *bufs, size_t from, size_t to,
+                        size_t bs) {
+  static uint8_t want[2 << 20];
+  for (size_t i = from; i < to; i++) {
+    fill(want, bs, keys[i].lo);
+    if (res[i] == KVP_TIER_NVME && memcmp(want, bufs[i], bs) != 0)
+      bench_die("NVMe get returned wrong bytes", KVP_ECORRUPT);
+  }
+}
+
 /* reg: the read buffers (the engine's staging pool) are registered with
  * the store's ring (kvp_tier_register_buffers) before the timed loop and
  * unregistered after it, untimed: an engine registers its pool once. */
 static result kvt_read(const cfg *c, kvt *k, size_t bs, int qd, int reg) {
-  enum { MAXB = 256 };
   size_t bm = (size_t)c->batch_mult;
-  size_t batch = (size_t)qd * bm < MAXB ? (size_t)qd * bm : MAXB;
-  static uint8_t *bufs[MAXB];
+  size_t batch = (size_t)qd * bm < READ_BUFS ? (size_t)qd * bm : READ_BUFS;
+  static uint8_t *bufs[READ_BUFS];
   static size_t bufs_bs;
   if (bufs_bs < bs) {
-    for (int i = 0; i < MAXB; i++) {
+    for (int i = 0; i < READ_BUFS; i++) {
       free(bufs[i]);
       bufs[i] = read_buf(c, bs);
     }
     bufs_bs = bs;
   }
-  kvp_key keys[MAXB];
-  size_t cap[MAXB], len[MAXB];
-  int res[MAXB];
+  kvp_key keys[READ_BUFS];
+  size_t cap[READ_BUFS], len[READ_BUFS];
+  int res[READ_BUFS];
   for (size_t i = 0; i < batch; i++)
     cap[i] = bs;
-  if (reg) {
-    struct iovec iov[MAXB];
-    for (int i = 0; i < MAXB; i++)
-      iov[i] = (struct iovec){bufs[i], bs};
-    int rc = kvp_tier_register_buffers(k->t, iov, MAXB);
-    if (rc != MAXB)
-      bench_die("kvp_tier_register_buffers", rc < 0 ? rc : KVP_ENOTSUP);
-  }
+  if (reg)
+    register_bufs(k, bufs, bs);
   kvp_tier_stats st;
   kvp_tier_get_stats(k->t, &st);
   uint64_t reg0 = st.nvme_reads_registered;
@@ -384,12 +401,8 @@ static result kvt_read(const cfg *c, kvt *k, size_t bs, int qd, int reg) {
         bench_die("get_async", h);
       ops += (uint64_t)h, misses += hn - (size_t)h;
     }
-    for (size_t i = o; c->quick && h > 0 && i < o + hn; i++) {
-      static uint8_t want[2 << 20];
-      fill(want, bs, keys[i].lo);
-      if (res[i] == KVP_TIER_NVME && memcmp(want, bufs[i], bs) != 0)
-        bench_die("NVMe get returned wrong bytes", KVP_ECORRUPT);
-    }
+    if (c->quick && h > 0)
+      check_reads(keys, res, bufs, o, o + hn, bs);
     if (kvp_now_ns() >= end) {
       if (tk[(s + 1) % nh] == NULL)
         break;
@@ -411,12 +424,8 @@ static result kvt_read(const cfg *c, kvt *k, size_t bs, int qd, int reg) {
       bench_die("get_batch", h);
     ops += (uint64_t)h;
     misses += batch - (size_t)h;
-    for (size_t i = 0; c->quick && i < batch; i++) {
-      static uint8_t want[2 << 20];
-      fill(want, bs, keys[i].lo);
-      if (res[i] == KVP_TIER_NVME && memcmp(want, bufs[i], bs) != 0)
-        bench_die("NVMe get returned wrong bytes", KVP_ECORRUPT);
-    }
+    if (c->quick)
+      check_reads(keys, res, bufs, 0, batch, bs);
   }
   if (misses * 20 > ops + misses)
     fprintf(stderr, "bench_tier: %" PRIu64 " misses of %" PRIu64 " reads (capacity evictions)\n",
