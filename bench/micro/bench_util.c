@@ -206,7 +206,7 @@ kvp_hist *bench_hist(void) {
 }
 
 /* ---- the baseline ---------------------------------------------------------------- */
-static void set_grow(bench_set *s) {
+void bench_set_grow(bench_set *s) {
   bench_set o = *s;
   s->cap = o.cap ? o.cap * 2 : 64;
   s->fp = bench_calloc(s->cap, sizeof *s->fp);
@@ -219,20 +219,6 @@ static void set_grow(bench_set *s) {
     }
   free(o.fp);
   free(o.mask);
-}
-
-void bench_set_update(bench_set *s, uint64_t fp, uint8_t add, uint8_t del) {
-  unsigned load = s->load_pct ? s->load_pct : 75;
-  if ((s->n + 1) * 100 > s->cap * load)
-    set_grow(s);
-  size_t i = bench_set_slot(s, fp);
-  if (s->fp[i] == 0) {
-    if (add == 0)
-      return;
-    s->fp[i] = fp;
-    s->n++;
-  }
-  s->mask[i] = (uint8_t)((s->mask[i] | add) & ~del);
 }
 
 int bench_sets_query(const bench_set *sets, uint32_t nw, const kvp_key *k,

@@ -122,8 +122,26 @@ static inline uint8_t bench_set_get(const bench_set *s, uint64_t fp) {
   return s->fp[i] == fp ? s->mask[i] : 0;
 }
 
-/* mask = (mask | add) & ~del; an absent fp is inserted only when add != 0. */
-void bench_set_update(bench_set *s, uint64_t fp, uint8_t add, uint8_t del);
+/* Doubles the table (n keeps counting the tombstones, which stay behind). */
+void bench_set_grow(bench_set *s);
+
+/* mask = (mask | add) & ~del; an absent fp is inserted only when add != 0.
+ * Inline: the baseline's ingest loop calls it per block, as it did when
+ * each bench had its own copy. */
+static inline void bench_set_update(bench_set *s, uint64_t fp, uint8_t add,
+                                    uint8_t del) {
+  unsigned load = s->load_pct ? s->load_pct : 75;
+  if ((s->n + 1) * 100 > s->cap * load)
+    bench_set_grow(s);
+  size_t i = bench_set_slot(s, fp);
+  if (s->fp[i] == 0) {
+    if (add == 0)
+      return;
+    s->fp[i] = fp;
+    s->n++;
+  }
+  s->mask[i] = (uint8_t)((s->mask[i] | add) & ~del);
+}
 /* Every worker's prefix of k[0..n) (blocks counted by their fastest tier),
  * as kvp_index_query reports it; all_blocks: probe every block of every
  * worker, with no stop at the first miss.  Returns the workers holding a
