@@ -50,14 +50,14 @@ typedef struct cfg {
   uint64_t file_bytes;
   double seconds;
   int cpu;
-  int quick;
+  bool quick;
   int reps;
   size_t only_bs;
   int only_qd;
-  int small_pages; /* read buffers of 4 KiB pages */
-  int batch_mult;  /* keys per get_batch = batch_mult x QD (<= 256) */
-  int async;       /* reads as two kvp_tier_get_async halves in flight */
-  int contention;  /* only the --contention table */
+  bool small_pages; /* read buffers of 4 KiB pages */
+  int batch_mult;   /* keys per get_batch = batch_mult x QD (<= 256) */
+  bool async;       /* reads as two kvp_tier_get_async halves in flight */
+  bool contention;  /* only the --contention table */
 } cfg;
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
@@ -71,7 +71,7 @@ static kvp_namespace bench_ns(void) {
   kvp_namespace ns;
   int rc = kvp_namespace_init(&d, &ns);
   if (rc < 0)
-    die("namespace", rc);
+    bench_die("namespace", rc);
   return ns;
 }
 
@@ -82,9 +82,23 @@ static void fill(uint8_t *b, size_t n, uint64_t k) {
   }
 }
 
-static double secs(uint64_t ns) { return (double)ns / 1e9; }
-
 /* ---- DRAM ----------------------------------------------------------------- */
+static const bench_col dram_cols[] = {{"tier", 0},   {"block", 0},
+                                      {"op", 0},     {"kvtier", 0},
+                                      {"baseline", 0}, {"ratio", 0}};
+static const bench_table dram_table = {BENCH_MARKDOWN, 0, dram_cols, 6};
+
+static void dram_row(size_t bs, const char *op, double gbs, double memcpy_gbs) {
+  bench_row w = bench_row_start(&dram_table);
+  bench_cell(&w, "DRAM");
+  bench_cell(&w, "%7zu KiB", bs >> 10);
+  bench_cell(&w, "%s", op);
+  bench_cell(&w, "%6.2f GB/s", gbs);
+  bench_cell(&w, "memcpy %6.2f GB/s", memcpy_gbs);
+  bench_cell_ratio(&w, gbs, memcpy_gbs, 2, false);
+  bench_row_end(&w, NULL);
+}
+
 static void bench_dram(const cfg *c, size_t bs) {
   kvp_namespace ns = bench_ns();
   uint64_t region = c->quick ? (64u << 20) : (512u << 20);
@@ -93,7 +107,7 @@ static void bench_dram(const cfg *c, size_t bs) {
   kvp_tier_store *t;
   int rc = kvp_tier_create(&o, NULL, &t);
   if (rc < 0)
-    die("kvp_tier_create", rc);
+    bench_die("kvp_tier_create", rc);
   kvp_tier_ns_add(t, &ns, &(kvp_tier_ns_opts){.block_bytes = bs});
   uint8_t *src = aligned_alloc(4096, bs), *dst = aligned_alloc(4096, bs);
   uint8_t **base = malloc(n * sizeof *base);
@@ -105,7 +119,7 @@ static void bench_dram(const cfg *c, size_t bs) {
    * are a warm-up cost, not the steady state measured here. */
   for (size_t i = 0; i < n; i++) {
     if ((rc = kvp_tier_put(t, &ns, (kvp_key){1, i}, src, bs, NULL)) != 1)
-      die("put", rc);
+      bench_die("put", rc);
     memcpy(base[i], src, bs);
   }
   for (size_t i = 0; i < n; i++)
@@ -113,7 +127,7 @@ static void bench_dram(const cfg *c, size_t bs) {
   uint64_t t0 = kvp_now_ns();
   for (size_t i = 0; i < n; i++)
     if ((rc = kvp_tier_put(t, &ns, (kvp_key){1, i}, src, bs, NULL)) != 1)
-      die("put", rc);
+      bench_die("put", rc);
   uint64_t tput = kvp_now_ns() - t0;
   t0 = kvp_now_ns();
   for (size_t i = 0; i < n; i++)
@@ -130,7 +144,7 @@ static void bench_dram(const cfg *c, size_t bs) {
       size_t k = rnd() % n;
       if (pass == 0) {
         if ((rc = kvp_tier_get(t, &ns, (kvp_key){1, k}, dst, bs, &len)) < 0)
-          die("get", rc);
+          bench_die("get", rc);
       } else {
         memcpy(dst, base[k], bs);
       }
@@ -138,13 +152,11 @@ static void bench_dram(const cfg *c, size_t bs) {
     *(pass == 0 ? &tget : &tbase) = kvp_now_ns() - t0;
   }
   if (memcmp(dst, src, bs) != 0)
-    die("get returned wrong bytes", KVP_ECORRUPT);
-  double gput = (double)n * bs / secs(tput) / 1e9, gcpy = (double)n * bs / secs(tcpy) / 1e9;
-  double gget = (double)gets * bs / secs(tget) / 1e9, gbase = (double)gets * bs / secs(tbase) / 1e9;
-  printf("| DRAM | %7zu KiB | put | %6.2f GB/s | memcpy %6.2f GB/s | %4.2fx |\n",
-         bs >> 10, gput, gcpy, gput / gcpy);
-  printf("| DRAM | %7zu KiB | get | %6.2f GB/s | memcpy %6.2f GB/s | %4.2fx |\n",
-         bs >> 10, gget, gbase, gget / gbase);
+    bench_die("get returned wrong bytes", KVP_ECORRUPT);
+  double gput = (double)n * bs / bench_secs(tput) / 1e9, gcpy = (double)n * bs / bench_secs(tcpy) / 1e9;
+  double gget = (double)gets * bs / bench_secs(tget) / 1e9, gbase = (double)gets * bs / bench_secs(tbase) / 1e9;
+  dram_row(bs, "put", gput, gcpy);
+  dram_row(bs, "get", gget, gbase);
   for (size_t i = 0; i < n; i++)
     free(base[i]);
   free(base);
@@ -224,7 +236,7 @@ static result run_posix(const cfg *c, const char *file, size_t bs, int write) {
       break;
     ops++;
   }
-  double s = secs(kvp_now_ns() - t0);
+  double s = bench_secs_since(t0);
   r.iops = (double)ops / s;
   r.bps = r.iops * (double)bs;
   r.ok = ops > 0;
@@ -249,7 +261,7 @@ static kvt kvt_open(const cfg *c, const char *dir, size_t bs, int qd) {
                      .no_promote = 1, .io_backend = KVP_TIER_IO_URING};
   int rc = kvp_tier_create(&o, NULL, &k.t);
   if (rc < 0)
-    die("kvp_tier_create (io_uring, nvme)", rc);
+    bench_die("kvp_tier_create (io_uring, nvme)", rc);
   kvp_tier_ns_add(k.t, &k.ns, &(kvp_tier_ns_opts){.block_bytes = bs});
   k.blocks_cap = c->file_bytes / bs;
   return k;
@@ -274,7 +286,7 @@ static result kvt_write(const cfg *c, kvt *k, size_t bs, uint64_t min_blocks) {
       fill(src, bs, k->next_key);
       int rc = kvp_tier_put(k->t, &k->ns, (kvp_key){2, k->next_key++}, src, bs, &po);
       if (rc != 1)
-        die("put", rc);
+        bench_die("put", rc);
     }
     uint64_t t0 = kvp_now_ns();
     int w = kvp_tier_idle(k->t, round * bs);
@@ -287,13 +299,13 @@ static result kvt_write(const cfg *c, kvt *k, size_t bs, uint64_t min_blocks) {
               " nvme_used %" PRIu64 " of %" PRIu64 ")\n", w, round, st.io_errors,
               st.short_io, st.nvme_blocks, st.dram_blocks, st.nvme_used_bytes,
               st.nvme_bytes);
-      die("idle write-back wrote fewer blocks", w < 0 ? w : KVP_EIO);
+      bench_die("idle write-back wrote fewer blocks", w < 0 ? w : KVP_EIO);
     }
     done += round;
     kvp_tier_set(k->t, KVP_TIER_OPT_DRAM_BYTES, 0); /* on NVMe: no I/O */
     kvp_tier_set(k->t, KVP_TIER_OPT_DRAM_BYTES, (int64_t)dram);
   }
-  result r = {.iops = (double)done / secs(tns), .ok = 1};
+  result r = {.iops = (double)done / bench_secs(tns), .ok = 1};
   r.bps = r.iops * (double)bs;
   return r;
 }
@@ -319,35 +331,52 @@ static uint8_t *read_buf(const cfg *c, size_t bs) {
   return p;
 }
 
+enum { READ_BUFS = 256 }; /* read buffers (and keys per batch at most) */
+
+/* The read buffers, registered with the store's ring (untimed). */
+static void register_bufs(kvt *k, uint8_t *const *bufs, size_t bs) {
+  struct iovec iov[READ_BUFS];
+  for (int i = 0; i < READ_BUFS; i++)
+    iov[i] = (struct iovec){bufs[i], bs};
+  int rc = kvp_tier_register_buffers(k->t, iov, READ_BUFS);
+  if (rc != READ_BUFS)
+    bench_die("kvp_tier_register_buffers", rc < 0 ? rc : KVP_ENOTSUP);
+}
+
+/* --quick: every block read from NVMe in [from, to) holds its bytes. */
+static void check_reads(const kvp_key *keys, const int *res,
+                        uint8_t *const *bufs, size_t from, size_t to,
+                        size_t bs) {
+  static uint8_t want[2 << 20];
+  for (size_t i = from; i < to; i++) {
+    fill(want, bs, keys[i].lo);
+    if (res[i] == KVP_TIER_NVME && memcmp(want, bufs[i], bs) != 0)
+      bench_die("NVMe get returned wrong bytes", KVP_ECORRUPT);
+  }
+}
+
 /* reg: the read buffers (the engine's staging pool) are registered with
  * the store's ring (kvp_tier_register_buffers) before the timed loop and
  * unregistered after it, untimed: an engine registers its pool once. */
 static result kvt_read(const cfg *c, kvt *k, size_t bs, int qd, int reg) {
-  enum { MAXB = 256 };
   size_t bm = (size_t)c->batch_mult;
-  size_t batch = (size_t)qd * bm < MAXB ? (size_t)qd * bm : MAXB;
-  static uint8_t *bufs[MAXB];
+  size_t batch = (size_t)qd * bm < READ_BUFS ? (size_t)qd * bm : READ_BUFS;
+  static uint8_t *bufs[READ_BUFS];
   static size_t bufs_bs;
   if (bufs_bs < bs) {
-    for (int i = 0; i < MAXB; i++) {
+    for (int i = 0; i < READ_BUFS; i++) {
       free(bufs[i]);
       bufs[i] = read_buf(c, bs);
     }
     bufs_bs = bs;
   }
-  kvp_key keys[MAXB];
-  size_t cap[MAXB], len[MAXB];
-  int res[MAXB];
+  kvp_key keys[READ_BUFS];
+  size_t cap[READ_BUFS], len[READ_BUFS];
+  int res[READ_BUFS];
   for (size_t i = 0; i < batch; i++)
     cap[i] = bs;
-  if (reg) {
-    struct iovec iov[MAXB];
-    for (int i = 0; i < MAXB; i++)
-      iov[i] = (struct iovec){bufs[i], bs};
-    int rc = kvp_tier_register_buffers(k->t, iov, MAXB);
-    if (rc != MAXB)
-      die("kvp_tier_register_buffers", rc < 0 ? rc : KVP_ENOTSUP);
-  }
+  if (reg)
+    register_bufs(k, bufs, bs);
   kvp_tier_stats st;
   kvp_tier_stats_get(k->t, &st);
   uint64_t reg0 = st.nvme_reads_registered;
@@ -369,15 +398,11 @@ static result kvt_read(const cfg *c, kvt *k, size_t bs, int qd, int reg) {
       kvp_ticket_free(tk[s]);
       tk[s] = NULL;
       if (h < 0)
-        die("get_async", h);
+        bench_die("get_async", h);
       ops += (uint64_t)h, misses += hn - (size_t)h;
     }
-    for (size_t i = o; c->quick && h > 0 && i < o + hn; i++) {
-      static uint8_t want[2 << 20];
-      fill(want, bs, keys[i].lo);
-      if (res[i] == KVP_TIER_NVME && memcmp(want, bufs[i], bs) != 0)
-        die("NVMe get returned wrong bytes", KVP_ECORRUPT);
-    }
+    if (c->quick && h > 0)
+      check_reads(keys, res, bufs, o, o + hn, bs);
     if (kvp_now_ns() >= end) {
       if (tk[(s + 1) % nh] == NULL)
         break;
@@ -390,33 +415,29 @@ static result kvt_read(const cfg *c, kvt *k, size_t bs, int qd, int reg) {
                                   (void *const *)bufs + o, cap + o, len + o,
                                   res + o, &tk[s]);
       if (rc < 0)
-        die("get_async", rc);
+        bench_die("get_async", rc);
       continue;
     }
     h = kvp_tier_get_batch(k->t, &k->ns, keys, batch, (void *const *)bufs,
                            cap, len, res);
     if (h < 0)
-      die("get_batch", h);
+      bench_die("get_batch", h);
     ops += (uint64_t)h;
     misses += batch - (size_t)h;
-    for (size_t i = 0; c->quick && i < batch; i++) {
-      static uint8_t want[2 << 20];
-      fill(want, bs, keys[i].lo);
-      if (res[i] == KVP_TIER_NVME && memcmp(want, bufs[i], bs) != 0)
-        die("NVMe get returned wrong bytes", KVP_ECORRUPT);
-    }
+    if (c->quick)
+      check_reads(keys, res, bufs, 0, batch, bs);
   }
   if (misses * 20 > ops + misses)
     fprintf(stderr, "bench_tier: %" PRIu64 " misses of %" PRIu64 " reads (capacity evictions)\n",
             misses, ops + misses);
-  double s = secs(kvp_now_ns() - t0);
+  double s = bench_secs_since(t0);
   result r = {.iops = (double)ops / s, .ok = ops > 0, .cpu = (cpu_secs() - c0) / s};
   r.bps = r.iops * (double)bs;
   kvp_tier_stats_get(k->t, &st);
   if (reg && st.nvme_reads_registered - reg0 < ops) /* every hit: fixed */
-    die("registered reads were not all fixed-buffer reads", KVP_EINVAL);
+    bench_die("registered reads were not all fixed-buffer reads", KVP_EINVAL);
   if (!reg && st.nvme_reads_registered != reg0)
-    die("unregistered reads used fixed buffers", KVP_EINVAL);
+    bench_die("unregistered reads used fixed buffers", KVP_EINVAL);
   if (reg)
     kvp_tier_unregister_buffers(k->t);
   return r;
@@ -427,32 +448,46 @@ static void best(result *b, result r) {
     *b = r;
 }
 
+static const bench_col nvme_cols[] = {
+    {"NVMe op", 0}, {"block", 0}, {"QD", 0}, {"kvtier (payload)", 0},
+    {"fio io_uring", 0}, {"kvtier/fio", 0}, {"fio on kvtier's slab file", 0},
+    {"kvtier/fio-slab", 0}, {"pread/pwrite loop", 0}, {"kvtier/loop", 0},
+    {"kvtier, registered buffers", 0}, {"registered/fio", 0}};
+static const bench_table nvme_table = {BENCH_MARKDOWN, 0, nvme_cols, 12};
+
+/* a measured rate, or `none` when the run did not happen */
+static void cell_mbs(bench_row *w, result r, const char *none) {
+  if (r.ok)
+    bench_cell(w, "%7.0f MB/s", r.bps / 1e6);
+  else
+    bench_cell(w, "%s", none);
+}
+
 static void row(const char *what, size_t bs, int qd, result kv, result fio,
                 result px, result slab, result kreg) {
-  char fs[64] = "n/a", ps[64] = "-", fr[16] = "-", pr[16] = "-";
-  char ss[64] = "-", sr[16] = "-", rs[64] = "-", rr[16] = "-";
-  if (kreg.ok) {
-    snprintf(rs, sizeof rs, "%7.0f MB/s %3.0f%% cpu", kreg.bps / 1e6, kreg.cpu * 100);
-    if (fio.ok)
-      snprintf(rr, sizeof rr, "%4.2fx", kreg.bps / fio.bps);
-  }
-  if (slab.ok) {
-    snprintf(ss, sizeof ss, "%7.0f MB/s", slab.bps / 1e6);
-    snprintf(sr, sizeof sr, "%4.2fx", kv.bps / slab.bps);
-  }
-  if (fio.ok) {
-    snprintf(fs, sizeof fs, "%7.0f MB/s %7.0f IOPS", fio.bps / 1e6, fio.iops);
-    snprintf(fr, sizeof fr, "%4.2fx", kv.bps / fio.bps);
-  }
-  if (px.ok) {
-    snprintf(ps, sizeof ps, "%7.0f MB/s", px.bps / 1e6);
-    snprintf(pr, sizeof pr, "%4.2fx", kv.bps / px.bps);
-  }
   char cpu[16] = "";
   if (kv.cpu > 0)
     snprintf(cpu, sizeof cpu, " %3.0f%% cpu", kv.cpu * 100);
-  printf("| NVMe %-5s | %5zu KiB | %2d | %7.0f MB/s %7.0f IOPS%s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
-         what, bs >> 10, qd, kv.bps / 1e6, kv.iops, cpu, fs, fr, ss, sr, ps, pr, rs, rr);
+  bench_row w = bench_row_start(&nvme_table);
+  bench_cell(&w, "NVMe %-5s", what);
+  bench_cell(&w, "%5zu KiB", bs >> 10);
+  bench_cell(&w, "%2d", qd);
+  bench_cell(&w, "%7.0f MB/s %7.0f IOPS%s", kv.bps / 1e6, kv.iops, cpu);
+  if (fio.ok)
+    bench_cell(&w, "%7.0f MB/s %7.0f IOPS", fio.bps / 1e6, fio.iops);
+  else
+    bench_cell(&w, "n/a");
+  bench_cell_ratio(&w, kv.bps, fio.ok ? fio.bps : 0, 2, false);
+  cell_mbs(&w, slab, "-");
+  bench_cell_ratio(&w, kv.bps, slab.ok ? slab.bps : 0, 2, false);
+  cell_mbs(&w, px, "-");
+  bench_cell_ratio(&w, kv.bps, px.ok ? px.bps : 0, 2, false);
+  if (kreg.ok)
+    bench_cell(&w, "%7.0f MB/s %3.0f%% cpu", kreg.bps / 1e6, kreg.cpu * 100);
+  else
+    bench_cell(&w, "-");
+  bench_cell_ratio(&w, kreg.bps, kreg.ok && fio.ok ? fio.bps : 0, 2, false);
+  bench_row_end(&w, NULL);
   fflush(stdout);
 }
 
@@ -472,7 +507,7 @@ static void bench_nvme(const cfg *c, size_t bs, const int *qds, int nqd,
       kvp_tier_stats st;
       kvp_tier_stats_get(k.t, &st);
       if (!st.io_uring)
-        die("io_uring unavailable", KVP_ENOTSUP);
+        bench_die("io_uring unavailable", KVP_ENOTSUP);
     }
     /* fill the slab file once, untimed: the first write into fallocated
      * space also converts its extents; the timed pass rewrites slots */
@@ -489,7 +524,7 @@ static void bench_nvme(const cfg *c, size_t bs, const int *qds, int nqd,
     for (int rep = 0; rep < c->reps; rep++) {
       best(&kw, kvt_write(c, &k, bs, 0));
       if (kvp_tier_set(k.t, KVP_TIER_OPT_STAGE_AHEAD, 0) < 0)
-        die("KVP_TIER_OPT_STAGE_AHEAD", KVP_EINVAL);
+        bench_die("KVP_TIER_OPT_STAGE_AHEAD", KVP_EINVAL);
       best(&kw0, kvt_write(c, &k, bs, 0));
       kvp_tier_set(k.t, KVP_TIER_OPT_STAGE_AHEAD, 1);
       if (have_fio)
@@ -571,7 +606,7 @@ static kvp_key hot_key(uint64_t i) { return (kvp_key){0x407, i}; }
 static void *cont_reader(void *p) {
   cont *c = p;
   if (c->cpu >= 0)
-    pin_cpu(c->cpu);
+    bench_pin_cpu(c->cpu);
   enum { MAXB = 64 };
   void *dst[MAXB];
   size_t cap[MAXB], len[MAXB];
@@ -580,7 +615,7 @@ static void *cont_reader(void *p) {
   uint8_t *bufs = mmap(NULL, (size_t)MAXB * c->bs, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (bufs == MAP_FAILED)
-    die("mmap", KVP_ENOMEM);
+    bench_die("mmap", KVP_ENOMEM);
   memset(bufs, 1, (size_t)MAXB * c->bs); /* faulted in, untimed */
   uint64_t s = 0x1234567;
   while (!c->stop) {
@@ -592,7 +627,7 @@ static void *cont_reader(void *p) {
     }
     int n = kvp_tier_get_batch(c->t, c->ns, keys, c->batch, dst, cap, len, res);
     if (n < 0)
-      die("get_batch", n);
+      bench_die("get_batch", n);
     c->blocks += (uint64_t)n;
     if (c->gap_us)
       usleep(c->gap_us);
@@ -608,16 +643,14 @@ typedef struct cont_res {
 static cont_res cont_run(const cfg *cf, cont *c, uint32_t nhot, int locked) {
   int rc = kvp_tier_set(c->t, KVP_TIER_OPT_READ_UNLOCKED, !locked);
   if (rc < 0)
-    die("KVP_TIER_OPT_READ_UNLOCKED", rc);
-  kvp_hist *h;
-  if ((rc = kvp_hist_create(NULL, &h)) < 0)
-    die("hist", rc);
+    bench_die("KVP_TIER_OPT_READ_UNLOCKED", rc);
+  kvp_hist *h = bench_hist();
   static _Alignas(4096) uint8_t out[64 << 10];
   c->stop = 0;
   c->blocks = 0;
   pthread_t th;
   if (pthread_create(&th, NULL, cont_reader, c) != 0)
-    die("pthread_create", KVP_ENOMEM);
+    bench_die("pthread_create", KVP_ENOMEM);
   usleep(20000); /* the batch thread is reading */
   uint64_t t0 = kvp_now_ns(), end = t0 + (uint64_t)(cf->seconds * 1e9), n = 0;
   uint64_t s = 0x9876543, now = t0;
@@ -628,7 +661,7 @@ static cont_res cont_run(const cfg *cf, cont *c, uint32_t nhot, int locked) {
     rc = kvp_tier_get(c->t, c->ns, hot_key((s >> 33) % nhot), out, sizeof out, &len);
     now = kvp_now_ns();
     if (rc != KVP_TIER_DRAM)
-      die("DRAM get", rc < 0 ? rc : KVP_ESTATE);
+      bench_die("DRAM get", rc < 0 ? rc : KVP_ESTATE);
     kvp_hist_record(h, now - a); /* ns */
     n++;
   }
@@ -638,9 +671,50 @@ static cont_res cont_run(const cfg *cf, cont *c, uint32_t nhot, int locked) {
   kvp_hist_summary sm;
   kvp_hist_summarize(h, &sm);
   kvp_hist_destroy(h);
-  double dt = secs(now - t0);
+  double dt = bench_secs(now - t0);
   return (cont_res){(double)n / dt, (double)sm.p99 / 1e3, (double)sm.max / 1e3,
                     (double)blocks0 / dt};
+}
+
+static void report_contention(const cfg *cf, int cpu2, const uint32_t gaps[2],
+                              cont_res best[2][2]) {
+  static const bench_col cols[] = {
+      {"batches", 0},      {"NVMe reads", 0},   {"DRAM gets/s", 0},
+      {"DRAM get p99", 0}, {"DRAM get max", 0}, {"NVMe blocks/s (batch thread)", 0}};
+  static const bench_table table = {BENCH_MARKDOWN, 0, cols, 6};
+  static const char *const names[2] = {"release the store lock (now)",
+                                       "hold the store lock (before)"};
+  printf("\nContention: DRAM kvp_tier_get (64 KiB) on cpu %d while another thread "
+         "(cpu %d) runs kvp_tier_get_batch of 32 x 256 KiB NVMe-only blocks "
+         "(QD 8), best of %d x %.1f s\n\n",
+         cf->cpu, cpu2, cf->reps, cf->seconds);
+  bench_table_head(&table, NULL);
+  for (int g = 0; g < 2; g++) {
+    char gap[32];
+    if (gaps[g])
+      snprintf(gap, sizeof gap, "%u ms apart", gaps[g] / 1000);
+    else
+      snprintf(gap, sizeof gap, "back to back");
+    const cont_res *bb = best[g];
+    for (int l = 1; l >= 0; l--) {
+      bench_row w = bench_row_start(&table);
+      bench_cell(&w, "%s", gap);
+      bench_cell(&w, "%s", names[l]);
+      bench_cell(&w, "%.0f", bb[l].gets_s);
+      bench_cell(&w, "%.1f us", bb[l].p99_us);
+      bench_cell(&w, "%.1f us", bb[l].max_us);
+      bench_cell(&w, "%.0f", bb[l].nvme_s);
+      bench_row_end(&w, NULL);
+    }
+    bench_row w = bench_row_start(&table);
+    bench_cell(&w, "%s", gap);
+    bench_cell(&w, "ratio now/before");
+    bench_cell(&w, "%.3gx", bb[0].gets_s / bb[1].gets_s);
+    bench_cell(&w, "%.3gx", bb[0].p99_us / (bb[1].p99_us > 0 ? bb[1].p99_us : 1));
+    bench_cell(&w, "%.3gx", bb[0].max_us / (bb[1].max_us > 0 ? bb[1].max_us : 1));
+    bench_cell_ratio(&w, bb[0].nvme_s, bb[1].nvme_s, 2, false);
+    bench_row_end(&w, NULL);
+  }
 }
 
 static void bench_contention(const cfg *cf) {
@@ -655,23 +729,23 @@ static void bench_contention(const cfg *cf) {
   kvp_tier_store *t;
   int rc = kvp_tier_create(&o, NULL, &t);
   if (rc < 0)
-    die("kvp_tier_create", rc);
+    bench_die("kvp_tier_create", rc);
   kvp_namespace ns = bench_ns();
   if ((rc = kvp_tier_ns_add(t, &ns, NULL)) < 0)
-    die("ns_add", rc);
+    bench_die("ns_add", rc);
   uint8_t *b = malloc(bs);
   kvp_tier_put_opts stable = {.cls = KVP_CLASS_STABLE}; /* admitted */
   for (uint32_t i = 0; i < ncold; i++) { /* pressure demotes them */
     fill(b, bs, i);
     if ((rc = kvp_tier_put(t, &ns, cold_key(i), b, bs, &stable)) < 0)
-      die("put", rc);
+      bench_die("put", rc);
   }
   kvp_tier_set(t, KVP_TIER_OPT_DRAM_BYTES, 0); /* the rest too: NVMe only */
   kvp_tier_set(t, KVP_TIER_OPT_DRAM_BYTES, 64u << 20);
   for (uint32_t i = 0; i < nhot; i++) { /* 64 x 64 KiB in DRAM */
     fill(b, 64u << 10, i);
     if ((rc = kvp_tier_put(t, &ns, hot_key(i), b, 64u << 10, NULL)) < 0)
-      die("put", rc);
+      bench_die("put", rc);
   }
   free(b);
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
@@ -690,29 +764,8 @@ static void bench_contention(const cfg *cf) {
   kvp_tier_stats st;
   kvp_tier_stats_get(t, &st);
   if (st.hits[KVP_TIER_NVME] == 0 || st.promotions != 0)
-    die("contention: the batch thread did not read NVMe-only blocks", KVP_ESTATE);
-  printf("\nContention: DRAM kvp_tier_get (64 KiB) on cpu %d while another thread "
-         "(cpu %d) runs kvp_tier_get_batch of 32 x 256 KiB NVMe-only blocks "
-         "(QD 8), best of %d x %.1f s\n\n",
-         cf->cpu, c.cpu, cf->reps, cf->seconds);
-  printf("| batches | NVMe reads | DRAM gets/s | DRAM get p99 | DRAM get max | NVMe blocks/s (batch thread) |\n"
-         "|---|---|---|---|---|---|\n");
-  static const char *const names[2] = {"release the store lock (now)",
-                                       "hold the store lock (before)"};
-  for (int g = 0; g < 2; g++) {
-    char gap[32];
-    snprintf(gap, sizeof gap, gaps[g] ? "%u ms apart" : "back to back",
-             gaps[g] / 1000);
-    const cont_res *bb = best[g];
-    for (int l = 1; l >= 0; l--)
-      printf("| %s | %s | %.0f | %.1f us | %.1f us | %.0f |\n", gap, names[l],
-             bb[l].gets_s, bb[l].p99_us, bb[l].max_us, bb[l].nvme_s);
-    printf("| %s | ratio now/before | %.3gx | %.3gx | %.3gx | %.2fx |\n", gap,
-           bb[0].gets_s / bb[1].gets_s,
-           bb[0].p99_us / (bb[1].p99_us > 0 ? bb[1].p99_us : 1),
-           bb[0].max_us / (bb[1].max_us > 0 ? bb[1].max_us : 1),
-           bb[0].nvme_s / bb[1].nvme_s);
-  }
+    bench_die("contention: the batch thread did not read NVMe-only blocks", KVP_ESTATE);
+  report_contention(cf, c.cpu, gaps, best);
   kvp_tier_destroy(t);
   DIR *d = opendir(dir); /* the slab files */
   struct dirent *de;
@@ -727,47 +780,58 @@ static void bench_contention(const cfg *cf) {
   rmdir(dir);
 }
 
+static int parse(int argc, char **argv, cfg *c) {
+  uint64_t file_mb = 1024, bs_kib = 0;
+  *c = (cfg){.dir = "bench-tier-data", .seconds = 1, .cpu = 0, .reps = 2,
+             .batch_mult = 16};
+  bench_opt t[] = {
+      BENCH_OPT("dir", BENCH_STR, &c->dir, "D", "directory of the data files"),
+      BENCH_OPT("file-mb", BENCH_U64, &file_mb, "N", "file size, MiB"),
+      BENCH_OPT("seconds", BENCH_DOUBLE, &c->seconds, "S", "seconds per cell"),
+      BENCH_OPT("cpu", BENCH_INT, &c->cpu, "C|-1",
+                "pin to this CPU (-1: unpinned)"),
+      BENCH_OPT("reps", BENCH_INT, &c->reps, "R",
+                "alternations of kvtier and its baselines (best kept)"),
+      BENCH_OPT("bs", BENCH_U64, &bs_kib, "KiB",
+                "only this block size (16, 256, 2048; 0: all)"),
+      BENCH_OPT("qd", BENCH_INT, &c->only_qd, "N",
+                "only this queue depth (0: 1, 8, 32)"),
+      BENCH_OPT("batch", BENCH_INT, &c->batch_mult, "M",
+                "M x QD keys per kvp_tier_get_batch (<= 256 keys)"),
+      BENCH_OPT("async", BENCH_FLAG, &c->async, NULL,
+                "reads as two kvp_tier_get_async halves in flight"),
+      BENCH_OPT("small-pages", BENCH_FLAG, &c->small_pages, NULL,
+                "read buffers of 4 KiB pages (default: 2 MiB THP)"),
+      BENCH_OPT("contention", BENCH_FLAG, &c->contention, NULL,
+                "only the table of DRAM gets while another thread reads NVMe"),
+      BENCH_OPT("quick", BENCH_FLAG, &c->quick, NULL,
+                "32 MiB file, 0.2 s cells, 1 rep, no fio; checks that every "
+                "NVMe read returns the bytes written"),
+      BENCH_OPT_END};
+  if (bench_parse("bench_tier",
+                  "kvtier's DRAM path against memcpy, its NVMe path against "
+                  "fio and a pread/pwrite\nloop.  Options given explicitly "
+                  "win over --quick's.\n",
+                  t, argc, argv) < 0)
+    return -1;
+  c->file_bytes = file_mb << 20;
+  c->only_bs = (size_t)bs_kib << 10;
+  c->batch_mult = c->batch_mult > 0 ? c->batch_mult : 1;
+  c->reps = c->reps > 0 ? c->reps : 1;
+  if (c->quick && !bench_given(t, "file-mb"))
+    c->file_bytes = 32u << 20;
+  if (c->quick && !bench_given(t, "seconds"))
+    c->seconds = 0.2;
+  if (c->quick && !bench_given(t, "reps"))
+    c->reps = 1;
+  return 0;
+}
+
 int main(int argc, char **argv) {
-  bench_name = "bench_tier";
-  cfg c = {.dir = "bench-tier-data", .file_bytes = 1024ull << 20,
-           .seconds = 1, .cpu = 0, .reps = 2, .batch_mult = 16};
-  for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--dir") && i + 1 < argc)
-      c.dir = argv[++i];
-    else if (!strcmp(argv[i], "--file-mb") && i + 1 < argc)
-      c.file_bytes = strtoull(argv[++i], NULL, 10) << 20;
-    else if (!strcmp(argv[i], "--seconds") && i + 1 < argc)
-      c.seconds = atof(argv[++i]);
-    else if (!strcmp(argv[i], "--cpu") && i + 1 < argc)
-      c.cpu = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--bs") && i + 1 < argc)
-      c.only_bs = strtoull(argv[++i], NULL, 10) << 10;
-    else if (!strcmp(argv[i], "--qd") && i + 1 < argc)
-      c.only_qd = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--batch") && i + 1 < argc)
-      c.batch_mult = atoi(argv[++i]) > 0 ? atoi(argv[i]) : 1;
-    else if (!strcmp(argv[i], "--async"))
-      c.async = 1;
-    else if (!strcmp(argv[i], "--small-pages"))
-      c.small_pages = 1;
-    else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-      c.reps = atoi(argv[++i]) > 0 ? atoi(argv[i]) : 1;
-    else if (!strcmp(argv[i], "--quick"))
-      c.quick = 1;
-    else if (!strcmp(argv[i], "--contention"))
-      c.contention = 1;
-    else {
-      fprintf(stderr, "usage: bench_tier [--dir D] [--file-mb N] [--seconds S] "
-                      "[--cpu C|-1] [--reps R] [--bs KiB] [--qd N] [--batch M] [--async] [--small-pages] [--contention] [--quick]\n");
-      return 2;
-    }
-  }
-  if (c.quick) {
-    c.file_bytes = 32u << 20;
-    c.seconds = 0.2;
-    c.reps = 1;
-  }
-  pin_cpu(c.cpu);
+  cfg c;
+  if (parse(argc, argv, &c) < 0)
+    return 2;
+  bench_pin_cpu(c.cpu);
   mkdir(c.dir, 0700);
   if (c.contention) {
     bench_contention(&c);
@@ -780,14 +844,14 @@ int main(int argc, char **argv) {
          c.dir, c.file_bytes >> 20, c.reps, c.seconds, c.cpu,
          c.small_pages ? "4 KiB pages" : "2 MiB-aligned THP", c.batch_mult,
          have_fio ? "" : c.quick ? " (quick: fio skipped)" : " (fio not found)");
-  printf("| tier | block | op | kvtier | baseline | ratio |\n|---|---|---|---|---|---|\n");
+  bench_table_head(&dram_table, NULL);
   static const size_t sizes[] = {16u << 10, 256u << 10, 2u << 20};
   int nsizes = c.quick ? 2 : 3;
   for (int s = 0; s < nsizes; s++)
     if (!c.only_bs || c.only_bs == sizes[s])
       bench_dram(&c, sizes[s]);
-  printf("\n| NVMe op | block | QD | kvtier (payload) | fio io_uring | kvtier/fio | fio on kvtier's slab file | kvtier/fio-slab | pread/pwrite loop | kvtier/loop | kvtier, registered buffers | registered/fio |\n"
-         "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  printf("\n");
+  bench_table_head(&nvme_table, NULL);
   static const int qds[] = {1, 8, 32};
   for (int s = 0; s < nsizes; s++)
     if (!c.only_bs || c.only_bs == sizes[s])

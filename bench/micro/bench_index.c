@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_util.h"
 #include "index_internal.h"
 #include "kvplane.h"
 
@@ -160,103 +161,32 @@ static void unbuild(workload *w) {
   free(w->keys);
 }
 
-/* ---- the baseline: per-worker hash sets, a scan over workers
- * ------------------ */
-
-typedef struct bset {
-  uint64_t *fp;
-  uint8_t *mask;
-  size_t cap, n;
-} bset;
+/* ---- the baseline: per-worker hash sets, a scan over workers ------------ */
 
 typedef struct baseline {
-  bset *w;
+  bench_set *w;
   uint32_t nw;
 } baseline;
 
-static size_t bs_find(const bset *b, uint64_t fp) {
-  size_t i = (size_t)(mix(fp) & (b->cap - 1));
-  while (b->fp[i] != 0 && b->fp[i] != fp)
-    i = (i + 1) & (b->cap - 1);
-  return i;
-}
-
-static uint8_t bs_get(const bset *b, uint64_t fp) {
-  if (b->cap == 0)
-    return 0;
-  size_t i = bs_find(b, fp);
-  return b->fp[i] == fp ? b->mask[i] : 0;
-}
-
-static void bs_grow(bset *b) {
-  bset o = *b;
-  b->cap = o.cap ? o.cap * 2 : 64;
-  b->fp = calloc(b->cap, sizeof *b->fp);
-  b->mask = calloc(b->cap, 1);
-  for (size_t i = 0; i < o.cap; i++)
-    if (o.fp[i] != 0 && o.mask[i] != 0) {
-      size_t j = bs_find(b, o.fp[i]);
-      b->fp[j] = o.fp[i];
-      b->mask[j] = o.mask[i];
-    }
-  free(o.fp);
-  free(o.mask);
-}
-
-/* Removed keys keep their slot with mask 0 (a tombstone, reused on store). */
-static void bs_update(bset *b, uint64_t fp, uint8_t add, uint8_t del) {
-  if ((b->n + 1) * 4 > b->cap * 3)
-    bs_grow(b);
-  size_t i = bs_find(b, fp);
-  if (b->fp[i] == 0) {
-    if (add == 0)
-      return;
-    b->fp[i] = fp;
-    b->n++;
-  }
-  b->mask[i] = (uint8_t)((b->mask[i] | add) & ~del);
-}
-
 static void bl_event(baseline *bl, const event *e, const kvp_key *keys,
                      bool remove) {
-  bset *b = &bl->w[e->worker];
+  bench_set *b = &bl->w[e->worker];
   for (uint32_t i = 0; i < e->n; i++)
-    bs_update(b, keys[e->off + i].lo, remove ? 0 : (uint8_t)(1u << e->tier),
-              remove ? (uint8_t)(1u << e->tier) : 0);
+    bench_set_update(b, bench_fp(keys[e->off + i]),
+                     remove ? 0 : (uint8_t)(1u << e->tier),
+                     remove ? (uint8_t)(1u << e->tier) : 0);
 }
 
 static int bl_query(const baseline *bl, const kvp_key *k, size_t n,
                     kvp_index_match *out, size_t cap) {
-  int found = 0;
-  for (uint32_t w = 0; w < bl->nw; w++) {
-    kvp_index_match m = {.worker = w};
-    for (size_t i = 0; i < n; i++) {
-      uint8_t mk = bs_get(&bl->w[w], k[i].lo);
-      if (mk == 0)
-        break;
-      m.prefix_blocks++;
-      m.tier_blocks[__builtin_ctz(mk)]++;
-    }
-    if (m.prefix_blocks > 0 && (size_t)found < cap)
-      out[found] = m;
-    found += m.prefix_blocks > 0;
-  }
-  return found;
+  return bench_sets_query(bl->w, bl->nw, k, n, false, out, cap);
 }
 
 static uint64_t bl_bytes(const baseline *bl) {
-  uint64_t b = bl->nw * sizeof(bset);
+  uint64_t b = bl->nw * sizeof(bench_set);
   for (uint32_t w = 0; w < bl->nw; w++)
     b += bl->w[w].cap * 9;
   return b;
-}
-
-static void bl_free(baseline *bl) {
-  for (uint32_t w = 0; w < bl->nw; w++) {
-    free(bl->w[w].fp);
-    free(bl->w[w].mask);
-  }
-  free(bl->w);
 }
 
 /* ---- measurements
@@ -325,60 +255,83 @@ typedef struct result {
   uint64_t residencies, keys;
 } result;
 
-/* Times c->queries lookups with the index's current query plan, then checks
- * up to c->base_queries of its answers against the baseline (timed when
- * hb != NULL: the baseline's latency). */
+/* One plan's lookups: the query chain k, answered by the index into mi and
+ * by the baseline into mb. */
+typedef struct lookup {
+  kvp_index *ix;
+  const baseline *bl;
+  const workload *w;
+  const cfg *c;
+  kvp_key *k;
+  kvp_index_match *mi, *mb;
+  int nb;
+  qres *r;
+  uint64_t start; /* of the baseline's loop */
+} lookup;
+
+static void lk_prep(void *ctx, int rep) {
+  lookup *l = ctx;
+  (void)rep;
+  make_query(l->w, l->c, l->k);
+}
+
+static void lk_index(void *ctx, int rep) {
+  lookup *l = ctx;
+  (void)rep;
+  if (kvp_index_query(l->ix, l->k, l->c->chain, 0, l->mi, l->c->workers) < 0)
+    exit(1);
+}
+
+static void lk_base(void *ctx, int rep) {
+  lookup *l = ctx;
+  (void)rep;
+  l->nb = bl_query(l->bl, l->k, l->c->chain, l->mb, l->c->workers);
+}
+
+/* The index's answer to the same chain, compared; stops at the budget. */
+static bool lk_compare(void *ctx, int rep) {
+  lookup *l = ctx;
+  (void)rep;
+  int ni = kvp_index_query(l->ix, l->k, l->c->chain, 0, l->mi, l->c->workers);
+  l->r->agree += same(l->mi, ni, l->mb, l->nb);
+  l->r->compared++;
+  return (double)(kvp_now_ns() - l->start) <= l->c->base_seconds * 1e9;
+}
+
+/* Times c->queries lookups with the index's current query plan (the first
+ * tenth more warms up), then checks up to c->base_queries of its answers
+ * against the baseline (timed when hb != NULL: the baseline's latency). */
 static void lookups(kvp_index *ix, const baseline *bl, const workload *w,
                     const cfg *c, qres *r, kvp_hist *hb) {
-  kvp_key *k = malloc(c->chain * sizeof *k);
-  kvp_index_match *mi = malloc(c->workers * sizeof *mi);
-  kvp_index_match *mb = malloc(c->workers * sizeof *mb);
-  kvp_hist *hi = NULL;
-  if (!k || !mi || !mb || kvp_hist_create(NULL, &hi))
+  lookup l = {ix, bl, w, c, malloc(c->chain * sizeof *l.k),
+              malloc(c->workers * sizeof *l.mi),
+              malloc(c->workers * sizeof *l.mb), 0, r, 0};
+  kvp_hist *hi = bench_hist();
+  if (!l.k || !l.mi || !l.mb)
     exit(1);
   kvp_index_stats s0, s1;
   kvp_index_stats_get(ix, &s0);
-  for (uint32_t q = 0; q < c->queries + c->queries / 10; q++) {
-    make_query(w, c, k);
-    uint64_t t0 = kvp_now_ns();
-    int n = kvp_index_query(ix, k, c->chain, 0, mi, c->workers);
-    uint64_t t1 = kvp_now_ns();
-    if (n < 0)
-      exit(1);
-    if (q >= c->queries / 10) /* the first tenth warms up */
-      kvp_hist_record(hi, t1 - t0);
-  }
+  bench_fn fi = {.prep = lk_prep, .run = lk_index, .ctx = &l};
+  bench_loop(&fi, (int)(c->queries / 10), (int)c->queries, hi);
   kvp_index_stats_get(ix, &s1);
   r->blocks_per_query = (double)(s1.query_blocks - s0.query_blocks) /
                         (double)(s1.queries - s0.queries);
   r->violations = s1.closure_violations - s0.closure_violations;
-  uint64_t start = kvp_now_ns();
-  for (uint32_t q = 0; q < c->base_queries; q++) {
-    make_query(w, c, k);
-    uint64_t t0 = kvp_now_ns();
-    int nb = bl_query(bl, k, c->chain, mb, c->workers);
-    uint64_t t1 = kvp_now_ns();
-    if (hb != NULL)
-      kvp_hist_record(hb, t1 - t0);
-    int ni = kvp_index_query(ix, k, c->chain, 0, mi, c->workers);
-    r->agree += same(mi, ni, mb, nb);
-    r->compared++;
-    if ((double)(t1 - start) > c->base_seconds * 1e9)
-      break;
-  }
+  l.start = kvp_now_ns();
+  bench_fn fb = {.prep = lk_prep, .run = lk_base, .after = lk_compare,
+                 .ctx = &l};
+  bench_loop(&fb, 0, (int)c->base_queries, hb);
   kvp_hist_summarize(hi, &r->q);
   kvp_hist_destroy(hi);
-  free(k);
-  free(mi);
-  free(mb);
+  free(l.k);
+  free(l.mi);
+  free(l.mb);
 }
 
 /* Both query plans on the same index (bisection only where it applies). */
 static void lookups_all(kvp_index *ix, const baseline *bl, const workload *w,
                         const cfg *c, result *r) {
-  kvp_hist *hb = NULL;
-  if (kvp_hist_create(NULL, &hb))
-    exit(1);
+  kvp_hist *hb = bench_hist();
   kvp__index_set_prefix_closed(ix, false);
   lookups(ix, bl, w, c, &r->walk, hb);
   kvp_hist_summarize(hb, &r->q_bl);
@@ -394,7 +347,7 @@ static void lookups_all(kvp_index *ix, const baseline *bl, const workload *w,
 static uint64_t digests_agree(kvp_index *ix, const baseline *bl) {
   uint64_t bad = 0;
   for (uint32_t w = 0; w < bl->nw; w++) {
-    const bset *b = &bl->w[w];
+    const bench_set *b = &bl->w[w];
     kvp_key *keys = malloc((b->n * 4 + 1) * sizeof *keys);
     uint8_t *tiers = malloc(b->n * 4 + 1);
     size_t n = 0;
@@ -473,7 +426,7 @@ static int run_cfg(const cfg *c, result *r, bool quick) {
   kvp_index *ix = NULL;
   if (kvp_index_create(&o, NULL, &ix) < 0)
     return 1;
-  baseline bl = {calloc(c->workers, sizeof(bset)), c->workers};
+  baseline bl = {bench_calloc(c->workers, sizeof(bench_set)), c->workers};
   uint64_t *seq = calloc(c->workers, sizeof *seq);
   for (uint32_t i = 0; i < c->workers; i++)
     kvp_index_worker_add(ix, i);
@@ -501,7 +454,7 @@ static int run_cfg(const cfg *c, result *r, bool quick) {
     bad |= kvp__index_verify(ix) != 0;
   }
   kvp_index_destroy(ix);
-  bl_free(&bl);
+  bench_sets_free(bl.w, bl.nw);
   free(seq);
   unbuild(&w);
   return bad;
@@ -542,41 +495,67 @@ static uint64_t peak_rss_kib(void) {
 
 static const char *met(bool ok) { return ok ? "MET" : "NOT MET"; }
 
+static const bench_col cols[] = {
+    {"", 22}, {"index", 12}, {"baseline", 12}, {"ratio", 9}};
+static const bench_table table = {BENCH_TEXT, 2, cols, 4};
+
+/* label, index, baseline, index / baseline; the text after it */
+static void row(const char *label, int digits, double ix, double bl,
+                const char *tail) {
+  bench_row w = bench_row_start(&table);
+  bench_cell(&w, "%s", label);
+  bench_cell(&w, "%.*f", digits, ix);
+  bench_cell(&w, "%.*f", digits, bl);
+  bench_cell_ratio(&w, ix, bl, 2, false);
+  bench_row_end(&w, tail);
+}
+
+/* One query plan's latencies (and the baseline's) as ratios. */
+static void report_lookups(const cfg *c, const result *r, const qres *q,
+                           const char *pname) {
+  static const char *const names[3] = {"p50, us", "p99, us", "p99.9, us"};
+  uint64_t ix[3] = {q->q.p50, q->q.p99, q->q.p999};
+  uint64_t bl[3] = {r->q_bl.p50, r->q_bl.p99, r->q_bl.p999};
+  for (int i = 0; i < 3; i++) {
+    char name[64], tail[64] = " faster";
+    snprintf(name, sizeof name, "%s %s", pname, names[i]);
+    if (i == 1 && c->workers == 64)
+      snprintf(tail, sizeof tail, " faster   target <= 10 us: %s",
+               met(ix[i] <= 10000));
+    bench_row w = bench_row_start(&table);
+    bench_cell(&w, "%s", name);
+    bench_cell(&w, "%.2f", (double)ix[i] / 1e3);
+    bench_cell(&w, "%.1f", (double)bl[i] / 1e3);
+    bench_cell_ratio(&w, (double)bl[i], (double)(ix[i] ? ix[i] : 1), 1, false);
+    bench_row_end(&w, tail);
+  }
+  char tail[256];
+  snprintf(tail, sizeof tail, " blocks read per query; %" PRIu64 " index, %"
+           PRIu64 " baseline queries; answers agree on %" PRIu64 "/%" PRIu64
+           "; contract violations seen %" PRIu64, q->q.count, r->q_bl.count,
+           q->agree, q->compared, q->violations);
+  bench_row w = bench_row_start(&table);
+  bench_cell(&w, "%s", pname);
+  bench_cell(&w, "%.1f", q->blocks_per_query);
+  bench_row_end(&w, tail);
+}
+
 static void report(const cfg *c, const result *r, double floor_ns) {
   printf("\n%u workers, %" PRIu64 " residencies, %" PRIu64 " keys, %u-block "
          "chains\n",
          c->workers, r->residencies, r->keys, c->chain);
-  printf("  %-22s %12s %12s %9s\n", "", "index", "baseline", "ratio");
-  printf("  %-22s %12.2f %12.2f %8.2fx\n", "ingest from empty, M/s",
-         r->warm_ix / 1e6, r->warm_bl / 1e6, r->warm_ix / r->warm_bl);
-  printf("  %-22s %12.2f %12.2f %8.2fx   target >= 10 M/s per core: %s\n",
-         "ingest steady, M/s", r->churn_ix / 1e6, r->churn_bl / 1e6,
-         r->churn_ix / r->churn_bl, met(r->churn_ix >= 10e6));
-  printf("  %-22s %12.1f %12.1f %8.2fx   target <= 24: %s\n",
-         "bytes per residency", r->bpr_ix, r->bpr_bl, r->bpr_ix / r->bpr_bl,
-         met(r->bpr_ix <= 24.0));
-  const char *names[3] = {"p50, us", "p99, us", "p99.9, us"};
-  const qres *plans[2] = {&r->walk, &r->bisect};
-  const char *pname[2] = {"lookup, walk", "lookup, bisect"};
-  for (int pl = 0; pl < (c->workers <= 64 ? 2 : 1); pl++) {
-    const qres *q = plans[pl];
-    uint64_t ix[3] = {q->q.p50, q->q.p99, q->q.p999};
-    uint64_t bl[3] = {r->q_bl.p50, r->q_bl.p99, r->q_bl.p999};
-    for (int i = 0; i < 3; i++) {
-      char name[64];
-      snprintf(name, sizeof name, "%s %s", pname[pl], names[i]);
-      printf("  %-22s %12.2f %12.1f %8.1fx faster", name, (double)ix[i] / 1e3,
-             (double)bl[i] / 1e3, (double)bl[i] / (double)(ix[i] ? ix[i] : 1));
-      if (i == 1 && c->workers == 64)
-        printf("   target <= 10 us: %s", met(ix[i] <= 10000));
-      printf("\n");
-    }
-    printf("  %-22s %12.1f blocks read per query; %" PRIu64 " index, %" PRIu64
-           " baseline queries; answers agree on %" PRIu64 "/%" PRIu64
-           "; contract violations seen %" PRIu64 "\n",
-           pname[pl], q->blocks_per_query, q->q.count, r->q_bl.count,
-           q->agree, q->compared, q->violations);
-  }
+  bench_table_head(&table, NULL);
+  char tail[64];
+  row("ingest from empty, M/s", 2, r->warm_ix / 1e6, r->warm_bl / 1e6,
+      NULL);
+  snprintf(tail, sizeof tail, "   target >= 10 M/s per core: %s",
+           met(r->churn_ix >= 10e6));
+  row("ingest steady, M/s", 2, r->churn_ix / 1e6, r->churn_bl / 1e6, tail);
+  snprintf(tail, sizeof tail, "   target <= 24: %s", met(r->bpr_ix <= 24.0));
+  row("bytes per residency", 1, r->bpr_ix, r->bpr_bl, tail);
+  report_lookups(c, r, &r->walk, "lookup, walk");
+  if (c->workers <= 64)
+    report_lookups(c, r, &r->bisect, "lookup, bisect");
   if (floor_ns > 0)
     printf("  memory floor here: %.1f ns per random line (prefetched), so a "
            "walk reading one line per block needs >= %.1f us for %u blocks, "
@@ -589,16 +568,19 @@ static void report(const cfg *c, const result *r, double floor_ns) {
 int main(int argc, char **argv) {
   bool quick = false;
   uint32_t only = 0; /* run only the configuration with this many workers */
-  for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--quick") == 0) {
-      quick = true;
-    } else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
-      only = (uint32_t)strtoul(argv[++i], NULL, 10);
-    } else {
-      fprintf(stderr, "usage: bench_index [--quick] [--only WORKERS]\n");
-      return 2;
-    }
-  }
+  bench_opt opts[] = {
+      BENCH_OPT("quick", BENCH_FLAG, &quick, NULL,
+                "small sizes (64 and 300 workers, 200,000 residencies); "
+                "checks only agreement (answers, digests, invariants)"),
+      BENCH_OPT("only", BENCH_U32, &only, "WORKERS",
+                "run only the configuration with this many workers (0: all)"),
+      BENCH_OPT_END};
+  if (bench_parse("bench_index",
+                  "The locality index (ingest, bytes per residency, lookups "
+                  "of 2,048-block chains\nat 10M residencies over 64 and "
+                  "1,024 workers) against per-worker hash sets.\n",
+                  opts, argc, argv) < 0)
+    return 2;
   cfg full[2] = {{64, 10000000, 1000000, 2048, 20000, 3000, 4.0},
                  {1024, 10000000, 1000000, 2048, 5000, 1000, 6.0}};
   cfg small[2] = {{64, 200000, 40000, 512, 300, 300, 60.0},

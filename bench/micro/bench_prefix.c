@@ -4,10 +4,8 @@
  * implementation and vLLM's own Python hashing, measured in the same run and
  * printed as ratios (absolute times on shared machines drift; ratios hold). */
 #include <errno.h>
-#include <getopt.h>
 #include <inttypes.h>
 #include <openssl/evp.h>
-#include <sched.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,19 +45,10 @@ static uint64_t next_rand(void) {
 }
 
 /* Median of `reps` timed runs of fn(arg) after reps/10+1 warm-ups, in ns. */
-typedef void (*run_fn)(void *arg);
-static double median_ns(run_fn fn, void *arg, int reps) {
-  kvp_hist *h = NULL;
-  int rc = kvp_hist_create(NULL, &h);
-  if (rc < 0)
-    die("histogram", rc);
-  for (int i = 0; i < reps / 10 + 1; i++)
-    fn(arg);
-  for (int i = 0; i < reps; i++) {
-    uint64_t t0 = kvp_now_ns();
-    fn(arg);
-    kvp_hist_record(h, kvp_now_ns() - t0);
-  }
+static double median_ns(void (*fn)(void *arg, int rep), void *arg, int reps) {
+  kvp_hist *h = bench_hist();
+  bench_fn f = {.run = fn, .ctx = arg};
+  bench_loop(&f, reps / 10 + 1, reps, h);
   double m = (double)kvp_hist_quantile(h, 0.5);
   kvp_hist_destroy(h);
   return m;
@@ -82,12 +71,13 @@ typedef struct hash_job {
   size_t max_tokens;
 } hash_job;
 
-static void run_kvplane(void *arg) {
+static void run_kvplane(void *arg, int rep) {
   hash_job *j = arg;
+  (void)rep;
   size_t tail;
   int rc = kvp_hasher_hash(j->h, j->tokens, j->n, NULL, j->keys, j->cap, &tail);
   if (rc < 0)
-    die("kvp_hasher_hash", rc);
+    bench_die("kvp_hasher_hash", rc);
 }
 
 /* Hashing and classification timed separately but interleaved rep by rep,
@@ -96,39 +86,50 @@ typedef struct split_times {
   double hash_ns, classify_ns;
 } split_times;
 
-static split_times time_classify(hash_job *j, int reps) {
-  kvp_hist *hh = NULL, *hc = NULL;
-  int rc = kvp_hist_create(NULL, &hh);
-  if (rc < 0 || (rc = kvp_hist_create(NULL, &hc)) < 0)
-    die("histogram", rc);
-  uint64_t blocks = 0;
-  for (int i = -(reps / 10 + 1); i < reps; i++) {
-    j->next(j, i);
-    size_t tail;
-    uint64_t t0 = kvp_now_ns();
-    int nb = kvp_hasher_hash(j->h, j->tokens, j->n, NULL, j->keys, j->cap, &tail);
-    uint64_t t1 = kvp_now_ns();
-    if (nb < 0)
-      die("kvp_hasher_hash", nb);
-    kvp_classification c;
-    rc = kvp_stability_observe(j->stab, j->session, j->keys, (size_t)nb,
-                               kvp_hasher_block_size(j->h), tail, j->marks,
-                               j->n_marks, &c);
-    uint64_t t2 = kvp_now_ns();
-    if (rc < 0)
-      die("kvp_stability_observe", rc);
-    if (i >= 0) { /* negative i: warm-up */
-      kvp_hist_record(hh, t1 - t0);
-      kvp_hist_record(hc, t2 - t1);
-      blocks += (uint64_t)nb;
-    }
+typedef struct classify_job {
+  hash_job *j;
+  kvp_hist *hh, *hc;
+  uint64_t blocks;
+} classify_job;
+
+static void classify_next(void *arg, int rep) {
+  classify_job *c = arg;
+  c->j->next(c->j, rep);
+}
+
+static void classify_one(void *arg, int rep) {
+  classify_job *c = arg;
+  hash_job *j = c->j;
+  size_t tail;
+  uint64_t t0 = kvp_now_ns();
+  int nb = kvp_hasher_hash(j->h, j->tokens, j->n, NULL, j->keys, j->cap, &tail);
+  uint64_t t1 = kvp_now_ns();
+  if (nb < 0)
+    bench_die("kvp_hasher_hash", nb);
+  kvp_classification cl;
+  int rc = kvp_stability_observe(j->stab, j->session, j->keys, (size_t)nb,
+                                 kvp_hasher_block_size(j->h), tail, j->marks,
+                                 j->n_marks, &cl);
+  uint64_t t2 = kvp_now_ns();
+  if (rc < 0)
+    bench_die("kvp_stability_observe", rc);
+  if (rep >= 0) { /* negative rep: warm-up */
+    kvp_hist_record(c->hh, t1 - t0);
+    kvp_hist_record(c->hc, t2 - t1);
+    c->blocks += (uint64_t)nb;
   }
+}
+
+static split_times time_classify(hash_job *j, int reps) {
+  classify_job c = {j, bench_hist(), bench_hist(), 0};
+  bench_fn f = {.prep = classify_next, .run = classify_one, .ctx = &c};
+  bench_loop(&f, reps / 10 + 1, reps, NULL); /* classify_one records */
   /* medians per request, scaled to the mean request size */
-  double per = (double)blocks / (double)reps;
-  split_times t = {(double)kvp_hist_quantile(hh, 0.5) / per,
-                   (double)kvp_hist_quantile(hc, 0.5) / per};
-  kvp_hist_destroy(hh);
-  kvp_hist_destroy(hc);
+  double per = (double)c.blocks / (double)reps;
+  split_times t = {(double)kvp_hist_quantile(c.hh, 0.5) / per,
+                   (double)kvp_hist_quantile(c.hc, 0.5) / per};
+  kvp_hist_destroy(c.hh);
+  kvp_hist_destroy(c.hc);
   return t;
 }
 
@@ -266,8 +267,9 @@ static void ref_cbor(ref_job *j) {
   }
 }
 
-static void run_ref(void *arg) {
+static void run_ref(void *arg, int rep) {
   ref_job *j = arg;
+  (void)rep;
   if (j->algo == KVP_HASH_XXH3_128 || j->algo == KVP_HASH_SHA256)
     ref_native(j);
   else
@@ -318,45 +320,44 @@ static double run_python(const opts *o, kvp_hash_algo algo, const char *tokfile,
 }
 
 /* ---- driver ---------------------------------------------------------------- */
-static void usage(FILE *f) {
-  fprintf(f,
-          "usage: bench_prefix [--tokens N] [--block-size N] [--reps N]\n"
-          "                    [--py-reps N] [--cpu N|-1] [--seed S] [--no-python] [--quick]\n"
-          "Hashes one N-token prompt (default 32768, block 16) with every algorithm,\n"
-          "against a straightforward reference and vLLM's Python hashing, and\n"
-          "measures segmentation + classification on top. --quick: few reps, checks\n"
-          "only that all implementations agree (exit 1 if not).\n");
-}
-
 static int parse(int argc, char **argv, opts *o) {
-  static const struct option lo[] = {
-      {"tokens", required_argument, 0, 't'}, {"block-size", required_argument, 0, 'b'},
-      {"reps", required_argument, 0, 'r'},   {"py-reps", required_argument, 0, 'p'},
-      {"cpu", required_argument, 0, 'c'},    {"seed", required_argument, 0, 's'},
-      {"no-python", no_argument, 0, 'n'},    {"quick", no_argument, 0, 'q'},
-      {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
+  _Static_assert(sizeof o->tokens == sizeof(uint64_t), "--tokens is a U64");
   *o = (opts){32768, 16, 300, 5, 0, false, true, "0"};
-  for (int c; (c = getopt_long(argc, argv, "", lo, NULL)) != -1;) {
-    switch (c) {
-    case 't': o->tokens = strtoull(optarg, NULL, 10); break;
-    case 'b': o->block_size = (uint32_t)strtoul(optarg, NULL, 10); break;
-    case 'r': o->reps = atoi(optarg); break;
-    case 'p': o->py_reps = atoi(optarg); break;
-    case 'c': o->cpu = atoi(optarg); break;
-    case 's': o->seed = optarg; break;
-    case 'n': o->python = false; break;
-    case 'q': o->quick = true; break;
-    case 'h': usage(stdout); exit(0);
-    default: usage(stderr); return -1;
-    }
-  }
+  bool no_python = false;
+  bench_opt t[] = {
+      BENCH_OPT("tokens", BENCH_U64, &o->tokens, "N", "prompt length"),
+      BENCH_OPT("block-size", BENCH_U32, &o->block_size, "N",
+                "tokens per block"),
+      BENCH_OPT("reps", BENCH_INT, &o->reps, "N", "timed runs (median)"),
+      BENCH_OPT("py-reps", BENCH_INT, &o->py_reps, "N",
+                "runs of vLLM's Python hashing"),
+      BENCH_OPT("cpu", BENCH_INT, &o->cpu, "N|-1",
+                "pin to this CPU (-1: unpinned)"),
+      BENCH_OPT("seed", BENCH_STR, &o->seed, "S",
+                "PYTHONHASHSEED of the vLLM modes' NONE_HASH"),
+      BENCH_OPT("no-python", BENCH_FLAG, &no_python, NULL,
+                "skip vLLM's Python reference"),
+      BENCH_OPT("quick", BENCH_FLAG, &o->quick, NULL,
+                "3 reps, 1 Python rep; checks only that all implementations "
+                "agree (exit 1 if not)"),
+      BENCH_OPT_END};
+  if (bench_parse("bench_prefix",
+                  "Hashes one N-token prompt with every algorithm, against a "
+                  "straightforward\nreference and vLLM's Python hashing, and "
+                  "measures segmentation +\nclassification on top.  Options "
+                  "given explicitly win over --quick's.\n",
+                  t, argc, argv) < 0)
+    return -1;
+  o->python = !no_python;
   if (o->tokens == 0 || o->tokens > (1u << 26) || o->block_size == 0 ||
       o->block_size > KVP_BLOCK_SIZE_MAX || o->reps <= 0 || o->py_reps <= 0) {
     fprintf(stderr, "bench_prefix: bad sizes (tokens 1..2^26, block 1..4096, reps > 0)\n");
     return -1;
   }
-  if (o->quick)
-    o->reps = 3, o->py_reps = 1;
+  if (o->quick && !bench_given(t, "reps"))
+    o->reps = 3;
+  if (o->quick && !bench_given(t, "py-reps"))
+    o->py_reps = 1;
   return 0;
 }
 
@@ -368,7 +369,7 @@ static kvp_hasher *make_hasher(const opts *o, kvp_hash_algo algo, kvp_namespace 
   kvp_hasher *h = NULL;
   int rc = kvp_namespace_init(&d, ns);
   if (rc < 0 || (rc = kvp_hasher_create(ns, &ho, NULL, &h)) < 0)
-    die("hasher", rc);
+    bench_die("hasher", rc);
   return h;
 }
 
@@ -379,27 +380,169 @@ static bool keys_equal(const kvp_key *a, const kvp_key *b, size_t n) {
   return true;
 }
 
-int main(int argc, char **argv) {
-  bench_name = "bench_prefix";
-  opts o;
-  if (parse(argc, argv, &o) < 0)
-    return 2;
-  pin_cpu(o.cpu);
-  size_t nb = o.tokens / o.block_size;
-  uint32_t *tokens = malloc(o.tokens * sizeof *tokens);
-  kvp_key *keys = calloc(nb + 1, sizeof *keys), *ref_keys = calloc(nb + 1, sizeof *keys);
-  if (!tokens || !keys || !ref_keys)
-    die("malloc", KVP_ENOMEM);
-  for (size_t i = 0; i < o.tokens; i++)
+/* ---- workload: one random prompt, also written out for the Python run ---- */
+static uint32_t *make_tokens(const opts *o, char *tokfile) {
+  uint32_t *tokens = malloc(o->tokens * sizeof *tokens);
+  if (tokens == NULL)
+    bench_die("malloc", KVP_ENOMEM);
+  for (size_t i = 0; i < o->tokens; i++)
     tokens[i] = (uint32_t)(next_rand() % 128256); /* Llama-3 vocabulary */
-  char tokfile[] = "/tmp/kvp_bench_tokens_XXXXXX";
   int fd = mkstemp(tokfile);
   FILE *tf = fd >= 0 ? fdopen(fd, "w") : NULL;
   if (tf == NULL)
-    die("temp file", -errno);
-  for (size_t i = 0; i < o.tokens; i++)
+    bench_die("temp file", -errno);
+  for (size_t i = 0; i < o->tokens; i++)
     fprintf(tf, "%u ", tokens[i]);
   fclose(tf);
+  return tokens;
+}
+
+/* ---- measure + report: every algorithm against its references ------------ */
+static const bench_col algo_cols[] = {
+    {"algorithm", 12}, {"ns/block", 10},      {"GB/s", 9}, {"ref ns/blk", 12},
+    {"vs ref", 9},     {"vLLM py ns/blk", 14}, {"vs py", 10}};
+static const bench_table algo_table = {BENCH_TEXT, 0, algo_cols, 7};
+
+typedef struct algo_run {
+  const opts *o;
+  const uint32_t *tokens;
+  kvp_key *keys, *ref_keys;
+  size_t nb;
+  const char *tokfile; /* NULL: no Python run */
+} algo_run;
+
+static void measure_algo(const algo_run *ar, kvp_hash_algo a, result *x) {
+  kvp_namespace ns;
+  kvp_hasher *h = make_hasher(ar->o, a, &ns);
+  hash_job j = {.h = h, .tokens = ar->tokens, .n = ar->o->tokens,
+                .keys = ar->keys, .cap = ar->nb};
+  ref_job r = {.algo = a, .tokens = ar->tokens, .n = ar->o->tokens,
+               .bs = ar->o->block_size, .seed = ns.seed, .keys = ar->ref_keys};
+  if (a >= KVP_HASH_SHA256_CBOR)
+    none_hash(a, ar->o->seed, r.none);
+  int ref_reps = ar->o->quick ? 1 : ar->o->reps / 10 + 1;
+  x->ns_block = median_ns(run_kvplane, &j, ar->o->reps) / (double)ar->nb;
+  x->ref_ns_block = median_ns(run_ref, &r, ref_reps) / (double)ar->nb;
+  x->ref_match = keys_equal(ar->keys, ar->ref_keys, ar->nb);
+  x->py_ns_block = -1;
+  x->py_match = true;
+  x->py_note = NULL;
+  if (ar->tokfile != NULL && a >= KVP_HASH_SHA256_CBOR) {
+    uint64_t ext = 0;
+    x->py_ns_block = run_python(ar->o, a, ar->tokfile, &ext, &x->py_note);
+    x->py_match = x->py_ns_block < 0 ||
+                  (ar->nb > 0 && ext == ar->keys[ar->nb - 1].lo);
+  }
+  kvp_hasher_destroy(h);
+}
+
+static void report_algo(const algo_run *ar, kvp_hash_algo a, const result *x) {
+  double bytes = (double)ar->o->tokens * 4.0;
+  bench_row r = bench_row_start(&algo_table);
+  bench_cell(&r, "%s", kvp_hash_algo_name(a));
+  bench_cell(&r, "%.1f", x->ns_block);
+  bench_cell(&r, "%.2f", bytes / (x->ns_block * (double)ar->nb));
+  bench_cell(&r, "%.1f", x->ref_ns_block);
+  bench_cell_ratio(&r, x->ref_ns_block, x->ns_block, 1, false);
+  if (x->py_ns_block > 0) {
+    bench_cell(&r, "%.0f", x->py_ns_block);
+    bench_cell_ratio(&r, x->py_ns_block, x->ns_block, 1, false);
+  } else {
+    bench_cell(&r, "-");
+    bench_cell(&r, "-");
+  }
+  char tail[64];
+  snprintf(tail, sizeof tail, "%s%s",
+           x->ref_match ? "" : "  KEYS DIFFER FROM REFERENCE",
+           x->py_match ? "" : "  KEYS DIFFER FROM vLLM PYTHON");
+  bench_row_end(&r, tail);
+}
+
+/* ---- measure + report: segmentation + classification --------------------- */
+enum { SC_LEARN, SC_MARKS, SC_MULTI, SC_COLD, SC_N };
+
+/* On top of XXH3 hashing: learned only, with caller marks laid out like an
+ * agentic prompt, multi-turn, cold. */
+static void measure_classify(const opts *o, const uint32_t *tokens,
+                             kvp_key *keys, size_t nb, split_times *t) {
+  kvp_namespace ns;
+  kvp_hasher *h = make_hasher(o, KVP_HASH_XXH3_128, &ns);
+  kvp_stability *st = NULL;
+  int rc = kvp_stability_create(NULL, NULL, &st);
+  if (rc < 0)
+    bench_die("kvp_stability_create", rc);
+  uint32_t q = (uint32_t)(o->tokens / 16);
+  kvp_segment_mark marks[] = {
+      {0, q, KVP_ROLE_SYSTEM, KVP_CLASS_AUTO, {0}},
+      {q, q, KVP_ROLE_TOOLS, KVP_CLASS_AUTO, {0}},
+      {2 * q, 4 * q, KVP_ROLE_DOCUMENTS, KVP_CLASS_AUTO, {0}},
+      {6 * q, 8 * q, KVP_ROLE_HISTORY, KVP_CLASS_AUTO, {0}},
+      {14 * q, 2 * q, KVP_ROLE_USER, KVP_CLASS_AUTO, {0}}};
+  uint32_t *scratch = malloc(o->tokens * sizeof *scratch);
+  if (scratch == NULL)
+    bench_die("malloc", KVP_ENOMEM);
+  hash_job j = {.h = h, .tokens = tokens, .n = o->tokens, .keys = keys,
+                .cap = nb, .stab = st, .next = next_resend, .scratch = scratch,
+                .max_tokens = o->tokens};
+  t[SC_LEARN] = time_classify(&j, o->reps);
+  j.marks = marks;
+  j.n_marks = sizeof marks / sizeof marks[0];
+  t[SC_MARKS] = time_classify(&j, o->reps);
+  j.marks = NULL;
+  j.n_marks = 0;
+  j.next = next_multiturn;
+  t[SC_MULTI] = time_classify(&j, o->reps);
+  j.next = next_cold;
+  t[SC_COLD] = time_classify(&j, o->quick ? o->reps : o->reps / 3 + 1);
+  free(scratch);
+  kvp_stability_destroy(st);
+  kvp_hasher_destroy(h);
+}
+
+static void report_classify(const split_times *t) {
+  static const bench_col cols[] = {
+      {"scenario", 34}, {"hash", 7}, {"classify", 9}, {"overhead", 9}};
+  static const bench_table table = {BENCH_TEXT, 2, cols, 4};
+  static const char *const names[SC_N] = {
+      "re-sent prompt, learned", "re-sent prompt, with 5 marks",
+      "multi-turn (+512 tokens a turn)", "cold (every block a first sighting)"};
+  printf("\nsegmentation + classification, timed interleaved with xxh3_128 hashing\n"
+         "(ns per block; %% = classification time over hashing time):\n");
+  bench_table_head(&table, NULL);
+  for (int i = 0; i < SC_N; i++) {
+    bench_row r = bench_row_start(&table);
+    bench_cell(&r, "%s", names[i]);
+    bench_cell(&r, "%.2f", t[i].hash_ns);
+    bench_cell(&r, "%.2f", t[i].classify_ns);
+    bench_cell(&r, "%.1f%%", 100.0 * t[i].classify_ns / t[i].hash_ns);
+    bench_row_end(&r, NULL);
+  }
+}
+
+static void report_targets(const result *res, const split_times *t) {
+  double learn_ovh = t[SC_LEARN].classify_ns / t[SC_LEARN].hash_ns;
+  double multi_ovh = t[SC_MULTI].classify_ns / t[SC_MULTI].hash_ns;
+  printf("\ntargets: xxh3_128 <= 10 ns/block: %s; sha256_cbor >= 15x vLLM Python: %s; "
+         "classification <= +20%%: %s\n",
+         res[0].ns_block <= 10.0 ? "met" : "MISSED",
+         res[2].py_ns_block < 0 ? "not measured"
+         : res[2].py_ns_block / res[2].ns_block >= 15.0 ? "met" : "MISSED",
+         learn_ovh <= 0.20 && multi_ovh <= 0.20 ? "met (re-sent and multi-turn; "
+                                                  "cold first sightings are not)"
+                                                : "MISSED");
+}
+
+int main(int argc, char **argv) {
+  opts o;
+  if (parse(argc, argv, &o) < 0)
+    return 2;
+  bench_pin_cpu(o.cpu);
+  size_t nb = o.tokens / o.block_size;
+  char tokfile[] = "/tmp/kvp_bench_tokens_XXXXXX";
+  uint32_t *tokens = make_tokens(&o, tokfile);
+  kvp_key *keys = calloc(nb + 1, sizeof *keys), *ref_keys = calloc(nb + 1, sizeof *keys);
+  if (!keys || !ref_keys)
+    bench_die("malloc", KVP_ENOMEM);
   bool py = o.python && python_ok();
   if (o.python && !py)
     fprintf(stderr, "bench_prefix: vLLM Python reference skipped: /usr/bin/python3 "
@@ -407,105 +550,21 @@ int main(int argc, char **argv) {
 
   printf("kvplane bench_prefix: %zu tokens, block %u (%zu blocks), median of %d reps, "
          "CPU %d\n\n", o.tokens, o.block_size, nb, o.reps, o.cpu);
-  printf("%-12s %10s %9s %12s %9s %14s %10s\n", "algorithm", "ns/block", "GB/s",
-         "ref ns/blk", "vs ref", "vLLM py ns/blk", "vs py");
+  bench_table_head(&algo_table, NULL);
+  algo_run ar = {&o, tokens, keys, ref_keys, nb, py ? tokfile : NULL};
   result res[ALGOS];
   bool all_ok = true;
-  double bytes = (double)o.tokens * 4.0;
   for (int a = 0; a < ALGOS; a++) {
-    kvp_namespace ns;
-    kvp_hasher *h = make_hasher(&o, (kvp_hash_algo)a, &ns);
-    hash_job j = {.h = h, .tokens = tokens, .n = o.tokens, .keys = keys, .cap = nb};
-    ref_job r = {.algo = (kvp_hash_algo)a, .tokens = tokens, .n = o.tokens,
-                 .bs = o.block_size, .seed = ns.seed, .keys = ref_keys};
-    if (a >= KVP_HASH_SHA256_CBOR)
-      none_hash((kvp_hash_algo)a, o.seed, r.none);
-    result *x = &res[a];
-    x->ns_block = median_ns(run_kvplane, &j, o.reps) / (double)nb;
-    x->ref_ns_block = median_ns(run_ref, &r, o.quick ? 1 : o.reps / 10 + 1) / (double)nb;
-    x->ref_match = keys_equal(keys, ref_keys, nb);
-    x->py_ns_block = -1;
-    x->py_match = true;
-    x->py_note = NULL;
-    if (py && a >= KVP_HASH_SHA256_CBOR) {
-      uint64_t ext = 0;
-      x->py_ns_block = run_python(&o, (kvp_hash_algo)a, tokfile, &ext, &x->py_note);
-      x->py_match = x->py_ns_block < 0 || (nb > 0 && ext == keys[nb - 1].lo);
-    }
-    all_ok = all_ok && x->ref_match && x->py_match;
-    char py_ns[32] = "-", py_ratio[32] = "-";
-    if (x->py_ns_block > 0) {
-      snprintf(py_ns, sizeof py_ns, "%.0f", x->py_ns_block);
-      snprintf(py_ratio, sizeof py_ratio, "%.1fx", x->py_ns_block / x->ns_block);
-    }
-    printf("%-12s %10.1f %9.2f %12.1f %8.1fx %14s %10s%s%s\n",
-           kvp_hash_algo_name((kvp_hash_algo)a), x->ns_block,
-           bytes / (x->ns_block * (double)nb), x->ref_ns_block,
-           x->ref_ns_block / x->ns_block, py_ns, py_ratio,
-           x->ref_match ? "" : "  KEYS DIFFER FROM REFERENCE",
-           x->py_match ? "" : "  KEYS DIFFER FROM vLLM PYTHON");
-    kvp_hasher_destroy(h);
+    measure_algo(&ar, (kvp_hash_algo)a, &res[a]);
+    report_algo(&ar, (kvp_hash_algo)a, &res[a]);
+    all_ok = all_ok && res[a].ref_match && res[a].py_match;
   }
   unlink(tokfile);
-
-  /* Segmentation + classification on top of XXH3 hashing: learned only, and
-   * with caller marks laid out like an agentic prompt. */
-  kvp_namespace ns;
-  kvp_hasher *h = make_hasher(&o, KVP_HASH_XXH3_128, &ns);
-  kvp_stability *st = NULL;
-  int rc = kvp_stability_create(NULL, NULL, &st);
-  if (rc < 0)
-    die("kvp_stability_create", rc);
-  uint32_t q = (uint32_t)(o.tokens / 16);
-  kvp_segment_mark marks[] = {
-      {0, q, KVP_ROLE_SYSTEM, KVP_CLASS_AUTO, {0}},
-      {q, q, KVP_ROLE_TOOLS, KVP_CLASS_AUTO, {0}},
-      {2 * q, 4 * q, KVP_ROLE_DOCUMENTS, KVP_CLASS_AUTO, {0}},
-      {6 * q, 8 * q, KVP_ROLE_HISTORY, KVP_CLASS_AUTO, {0}},
-      {14 * q, 2 * q, KVP_ROLE_USER, KVP_CLASS_AUTO, {0}}};
-  uint32_t *scratch = malloc(o.tokens * sizeof *scratch);
-  if (scratch == NULL)
-    die("malloc", KVP_ENOMEM);
-  hash_job j = {.h = h, .tokens = tokens, .n = o.tokens, .keys = keys, .cap = nb,
-                .stab = st, .next = next_resend, .scratch = scratch,
-                .max_tokens = o.tokens};
-  split_times learn = time_classify(&j, o.reps);
-  j.marks = marks;
-  j.n_marks = sizeof marks / sizeof marks[0];
-  split_times mk = time_classify(&j, o.reps);
-  j.marks = NULL;
-  j.n_marks = 0;
-  j.next = next_multiturn;
-  split_times multi = time_classify(&j, o.reps);
-  j.next = next_cold;
-  split_times cold = time_classify(&j, o.quick ? o.reps : o.reps / 3 + 1);
-  free(scratch);
-  double learn_ovh = learn.classify_ns / learn.hash_ns;
-  double multi_ovh = multi.classify_ns / multi.hash_ns;
-  printf("\nsegmentation + classification, timed interleaved with xxh3_128 hashing\n"
-         "(ns per block; %% = classification time over hashing time):\n");
-  printf("  %-34s %7s %9s %9s\n", "scenario", "hash", "classify", "overhead");
-  printf("  %-34s %7.2f %9.2f %8.1f%%\n", "re-sent prompt, learned",
-         learn.hash_ns, learn.classify_ns, 100.0 * learn_ovh);
-  printf("  %-34s %7.2f %9.2f %8.1f%%\n", "re-sent prompt, with 5 marks", mk.hash_ns,
-         mk.classify_ns, 100.0 * mk.classify_ns / mk.hash_ns);
-  printf("  %-34s %7.2f %9.2f %8.1f%%\n", "multi-turn (+512 tokens a turn)",
-         multi.hash_ns, multi.classify_ns, 100.0 * multi_ovh);
-  printf("  %-34s %7.2f %9.2f %8.1f%%\n", "cold (every block a first sighting)",
-         cold.hash_ns, cold.classify_ns, 100.0 * cold.classify_ns / cold.hash_ns);
-  kvp_stability_destroy(st);
-  kvp_hasher_destroy(h);
-
-  if (!o.quick) {
-    printf("\ntargets: xxh3_128 <= 10 ns/block: %s; sha256_cbor >= 15x vLLM Python: %s; "
-           "classification <= +20%%: %s\n",
-           res[0].ns_block <= 10.0 ? "met" : "MISSED",
-           res[2].py_ns_block < 0 ? "not measured"
-           : res[2].py_ns_block / res[2].ns_block >= 15.0 ? "met" : "MISSED",
-           learn_ovh <= 0.20 && multi_ovh <= 0.20 ? "met (re-sent and multi-turn; "
-                                                    "cold first sightings are not)"
-                                                  : "MISSED");
-  }
+  split_times t[SC_N];
+  measure_classify(&o, tokens, keys, nb, t);
+  report_classify(t);
+  if (!o.quick)
+    report_targets(res, t);
   printf("\nall implementations agree: %s\n", all_ok ? "yes" : "NO");
   free(tokens);
   free(keys);

@@ -20,6 +20,7 @@
 #include <msgpack.h>
 #include <zmq.h>
 
+#include "bench_util.h"
 #include "kvplane.h"
 #include "kvplane/events.h"
 
@@ -50,8 +51,6 @@ static uint64_t rnd(void) {
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return z ^ (z >> 31);
 }
-
-static double now_s(void) { return (double)kvp_now_ns() * 1e-9; }
 
 /* CPU time of the calling thread: the subscriber's own cost, whatever the
  * publisher thread on the other core does. */
@@ -151,7 +150,7 @@ static kvp_index *new_index(void) {
 static double run_index_only(const cfg *c, const workload *w, kvp_index **out) {
   kvp_index *ix = new_index();
   kvp_index_src src = {.worker = 0, .epoch = 1};
-  double t0 = now_s();
+  uint64_t t0 = kvp_now_ns();
   size_t per = c->blocks, nev = w->n_keys / per;
   for (size_t e = 0; e < nev; e++) {
     src.seq++;
@@ -159,13 +158,11 @@ static double run_index_only(const cfg *c, const workload *w, kvp_index **out) {
                              per) < 0)
       exit(1);
   }
-  double t1 = now_s();
   for (size_t e = 0; e < nev; e++) {
     src.seq++;
     (void)kvp_index_src_removed(ix, &src, KVP_TIER_HBM, &w->keys[e * per], per);
   }
-  double t = now_s() - t0;
-  (void)t1;
+  double t = bench_secs_since(t0);
   *out = ix;
   return t;
 }
@@ -173,7 +170,7 @@ static double run_index_only(const cfg *c, const workload *w, kvp_index **out) {
 static double run_decode(const workload *w, size_t *blocks) {
   kvp_kv_decoder *d;
   kvp_kv_decoder_create(NULL, &d);
-  double t0 = now_s();
+  uint64_t t0 = kvp_now_ns();
   size_t n = 0;
   for (size_t i = 0; i < w->n; i++) {
     kvp_kv_batch b;
@@ -182,7 +179,7 @@ static double run_decode(const workload *w, size_t *blocks) {
     for (size_t e = 0; e < b.n_events; e++)
       n += b.events[e].n_hashes;
   }
-  double t = now_s() - t0;
+  double t = bench_secs_since(t0);
   kvp_kv_decoder_destroy(d);
   *blocks = n;
   return t;
@@ -251,7 +248,8 @@ static double run_wire(const cfg *c, const workload *w, const char *ep,
     exit(1);
   for (int i = 0; i < 20; i++)
     (void)kvp_events_poll(ev, 5); /* connected */
-  double t0 = now_s(), c0 = cpu_s();
+  uint64_t t0 = kvp_now_ns();
+  double c0 = cpu_s();
   a.go = 1; /* from here: the publisher sends, this thread receives */
   for (;;) {
     int r = kvp_events_poll(ev, 1000);
@@ -259,7 +257,7 @@ static double run_wire(const cfg *c, const workload *w, const char *ep,
     if (st->batches >= w->n || r == 0)
       break;
   }
-  double t = now_s() - t0;
+  double t = bench_secs_since(t0);
   *cpu = cpu_s() - c0;
   pthread_join(th, NULL);
   kvp_events_destroy(ev);
@@ -277,32 +275,43 @@ static uint64_t residencies(kvp_index *ix) {
   return s.residencies;
 }
 
+static const bench_col cols[] = {{"path", 30}, {"rate", 12}, {"ratio", 8}};
+static const bench_table table = {BENCH_TEXT, 0, cols, 3};
+
 static void row(const char *name, double blocks, double t, double floor_rate,
                 double cpu) {
   double rate = blocks / t;
-  printf("%-30s %8.2f M/s %7.3fx", name, rate / 1e6,
-         floor_rate > 0 ? rate / floor_rate : 1.0);
+  char tail[64] = "";
   if (cpu > 0)
-    printf("   %8.2f M per subscriber CPU-s", blocks / cpu / 1e6);
-  printf("\n");
+    snprintf(tail, sizeof tail, "   %8.2f M per subscriber CPU-s",
+             blocks / cpu / 1e6);
+  bench_row w = bench_row_start(&table);
+  bench_cell(&w, "%s", name);
+  bench_cell(&w, "%.2f M/s", rate / 1e6);
+  bench_cell_ratio(&w, rate, floor_rate > 0 ? floor_rate : rate, 3, false);
+  bench_row_end(&w, tail);
 }
 
 static int parse(int argc, char **argv, cfg *c) {
-  for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--quick") == 0) {
-      c->quick = true, c->batches = 64, c->events = 4, c->blocks = 8;
-    } else if (i + 1 < argc && strcmp(argv[i], "--batches") == 0) {
-      c->batches = strtoull(argv[++i], NULL, 10);
-    } else if (i + 1 < argc && strcmp(argv[i], "--events") == 0) {
-      c->events = strtoull(argv[++i], NULL, 10);
-    } else if (i + 1 < argc && strcmp(argv[i], "--blocks") == 0) {
-      c->blocks = strtoull(argv[++i], NULL, 10);
-    } else {
-      fprintf(stderr, "usage: bench_events [--quick] [--batches N] "
-                      "[--events E] [--blocks B]\n");
-      return 2;
-    }
-  }
+  uint64_t batches = 4000, events = 32, blocks = 16;
+  bench_opt t[] = {
+      BENCH_OPT("quick", BENCH_FLAG, &c->quick, NULL,
+                "64 batches x 4 events x 8 blocks; checks that every path "
+                "ends with the same index"),
+      BENCH_OPT("batches", BENCH_U64, &batches, "N", "msgpack batches"),
+      BENCH_OPT("events", BENCH_U64, &events, "E", "events per batch"),
+      BENCH_OPT("blocks", BENCH_U64, &blocks, "B", "blocks per event"),
+      BENCH_OPT_END};
+  if (bench_parse("bench_events",
+                  "vLLM-shaped KV-event batches decoded and applied to an "
+                  "index, in process and\nover ZeroMQ ipc / tcp loopback, "
+                  "against the index-only ingest of the same keys.\nOptions "
+                  "given explicitly win over --quick's.\n",
+                  t, argc, argv) < 0)
+    return 2;
+  c->batches = c->quick && !bench_given(t, "batches") ? 64 : batches;
+  c->events = c->quick && !bench_given(t, "events") ? 4 : events;
+  c->blocks = c->quick && !bench_given(t, "blocks") ? 8 : blocks;
   if (c->batches == 0 || c->events == 0 || c->blocks == 0) {
     fprintf(stderr, "bench_events: sizes must be >= 1\n");
     return 2;
@@ -310,8 +319,46 @@ static int parse(int argc, char **argv, cfg *c) {
   return 0;
 }
 
+typedef struct wire_path {
+  const char *name, *ep;
+  kvp_events_keying k;
+} wire_path;
+
+static const wire_path wire[] = {
+    {"ipc, engine hashes", "ipc:///tmp/kvp-bench-events", KVP_EVENTS_ENGINE_HASH},
+    {"tcp loopback, engine hashes", "tcp://127.0.0.1:*", KVP_EVENTS_ENGINE_HASH},
+    {"ipc, re-keyed (XXH3-128)", "ipc:///tmp/kvp-bench-events-rk", KVP_EVENTS_REKEY},
+    {"tcp loopback, re-keyed", "tcp://127.0.0.1:*", KVP_EVENTS_REKEY}};
+
+/* One path over ZeroMQ, reported; returns 1 when its index differs from
+ * ix0 (the index-only ingest's) or batches were lost. */
+static int measure_wire(const cfg *c, const workload *w, const wire_path *p,
+                        kvp_index *ix0, double floor_rate) {
+  kvp_index *ix;
+  kvp_events_stats st;
+  double cpu, blocks = 2.0 * (double)w->n_keys; /* stored + removed */
+  double t = run_wire(c, w, p->ep, p->k, &ix, &st, &cpu);
+  int bad = 0;
+  if (st.batches != w->n || residencies(ix) != residencies(ix0) ||
+      st.gaps != 0 || st.decode_errors != 0) {
+    fprintf(stderr, "%s: %" PRIu64 " of %zu batches, %" PRIu64
+            " residencies (want %" PRIu64 "), %" PRIu64 " gaps\n",
+            p->name, st.batches, w->n, residencies(ix), residencies(ix0),
+            st.gaps);
+    bad = 1;
+  }
+  row(p->name, blocks, t, floor_rate, cpu);
+  if (p->k == KVP_EVENTS_REKEY)
+    /* the map never shrinks: its size now is its size at the peak, when
+     * every stored block was remembered */
+    printf("%-30s %8.1f map bytes per remembered block at the peak\n", "",
+           (double)st.rekey_bytes / (double)w->n_keys);
+  kvp_index_destroy(ix);
+  return bad;
+}
+
 int main(int argc, char **argv) {
-  cfg c = {.batches = 4000, .events = 32, .blocks = 16};
+  cfg c = {0};
   if (parse(argc, argv, &c) != 0)
     return 2;
   workload w;
@@ -330,43 +377,13 @@ int main(int argc, char **argv) {
   double t_dec = run_decode(&w, &nb);
   if ((double)nb != blocks)
     return fprintf(stderr, "decode saw %zu blocks\n", nb), 1;
-  printf("%-30s %10s %8s   (block hashes per second; ratio to the index "
-         "alone)\n", "path", "rate", "ratio");
+  bench_table_head(&table, "   (block hashes per second; ratio to the index "
+                           "alone)");
   row("index only (floor)", blocks, t_ix, 0, 0);
   row("decode only", blocks, t_dec, floor_rate, 0);
-  static const struct {
-    const char *name, *ep;
-    kvp_events_keying k;
-  } wire[] = {
-      {"ipc, engine hashes", "ipc:///tmp/kvp-bench-events", KVP_EVENTS_ENGINE_HASH},
-      {"tcp loopback, engine hashes", "tcp://127.0.0.1:*", KVP_EVENTS_ENGINE_HASH},
-      {"ipc, re-keyed (XXH3-128)", "ipc:///tmp/kvp-bench-events-rk", KVP_EVENTS_REKEY},
-      {"tcp loopback, re-keyed", "tcp://127.0.0.1:*", KVP_EVENTS_REKEY}};
   int bad = 0;
-  for (size_t i = 0; i < sizeof wire / sizeof *wire; i++) {
-
-    kvp_index *ix;
-    kvp_events_stats st;
-    double cpu;
-    double t = run_wire(&c, &w, wire[i].ep, wire[i].k, &ix, &st, &cpu);
-    if (st.batches != w.n || residencies(ix) != residencies(ix0) ||
-        st.gaps != 0 || st.decode_errors != 0) {
-      fprintf(stderr, "%s: %" PRIu64 " of %zu batches, %" PRIu64
-              " residencies (want %" PRIu64 "), %" PRIu64 " gaps\n",
-              wire[i].name, st.batches, w.n, residencies(ix),
-              residencies(ix0), st.gaps);
-      bad = 1;
-    }
-    char name[64];
-    snprintf(name, sizeof name, "%s", wire[i].name);
-    row(name, blocks, t, floor_rate, cpu);
-    if (wire[i].k == KVP_EVENTS_REKEY)
-      /* the map never shrinks: its size now is its size at the peak, when
-       * every stored block was remembered */
-      printf("%-30s %8.1f map bytes per remembered block at the peak\n", "",
-             (double)st.rekey_bytes / (double)w.n_keys);
-    kvp_index_destroy(ix);
-  }
+  for (size_t i = 0; i < sizeof wire / sizeof *wire; i++)
+    bad |= measure_wire(&c, &w, &wire[i], ix0, floor_rate);
   kvp_index_destroy(ix0);
   for (size_t i = 0; i < w.n; i++)
     free(w.b[i].p);

@@ -11,7 +11,7 @@
  * host clock.  Every method's staging is compared with the kernel's.
  *
  *   bench_kernels [--pages 8192] [--reps 15] [--warmup 3] [--ctas 16]
- *                 [--threads 512] [--sizes 2,4,16,64,256] [--cpu N]
+ *                 [--threads 512] [--sizes 2,4,16,64,256] [--cpu N] [--help]
  * Needs the CUDA backend (exits 77 saying why without it). */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -516,114 +516,134 @@ static void host_costs(void) {
   free(src), free(pg), free(reg);
 }
 
-int main(int argc, char **argv) {
-  uint32_t pages = 8192, ctas = 16, threads = 512;
-  int cpu = -1;
-  char sizes_arg[128] = "2,4,16,64,256";
-  for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--pages") && i + 1 < argc) pages = (uint32_t)atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--ctas") && i + 1 < argc) ctas = (uint32_t)atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = (uint32_t)atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--cpu") && i + 1 < argc) cpu = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--sizes") && i + 1 < argc) snprintf(sizes_arg, sizeof sizes_arg, "%s", argv[++i]);
-    else {
-      fprintf(stderr, "usage: bench_kernels [--pages N] [--reps N] [--warmup N] "
-                      "[--ctas N] [--threads N] [--sizes 2,4,16,64,256]\n");
-      return 2;
-    }
-  }
-  if (reps < 1 || reps > 200 || warmup < 0 || warmup > 50 || pages < 1) {
+/* ---- driver ------------------------------------------------------------------------------ */
+typedef struct kopts {
+  uint32_t pages, ctas, threads;
+  int cpu;
+  const char *sizes;
+} kopts;
+
+static int parse(int argc, char **argv, kopts *o) {
+  *o = (kopts){.pages = 8192, .ctas = 16, .threads = 512, .cpu = -1,
+               .sizes = "2,4,16,64,256"};
+  bench_opt t[] = {
+      BENCH_OPT("pages", BENCH_U32, &o->pages, "N",
+                "random pages per transfer (of a cache twice as large)"),
+      BENCH_OPT("reps", BENCH_INT, &reps, "N", "timed runs (median), 1..200"),
+      BENCH_OPT("warmup", BENCH_INT, &warmup, "N", "untimed runs first, 0..50"),
+      BENCH_OPT("ctas", BENCH_U32, &o->ctas, "N", "the kernels' CTA budget"),
+      BENCH_OPT("threads", BENCH_U32, &o->threads, "N", "threads per CTA"),
+      BENCH_OPT("sizes", BENCH_STR, &o->sizes, "2,4,16,64,256",
+                "page sizes, KiB"),
+      BENCH_OPT("cpu", BENCH_INT, &o->cpu, "N",
+                "pin to this CPU once the driver's threads exist (-1: no)"),
+      BENCH_OPT_END};
+  if (bench_parse("bench_kernels",
+                  "kvplane's gather/scatter against per-page cuMemcpyAsync, "
+                  "cuMemcpyBatchAsync and\nthe bulk pinned copy.  Needs the "
+                  "CUDA backend (exits 77 saying why without it).\n",
+                  t, argc, argv) < 0)
+    return -1;
+  if (reps < 1 || reps > 200 || warmup < 0 || warmup > 50 || o->pages < 1) {
     fprintf(stderr, "bench_kernels: bad --reps/--warmup/--pages\n");
-    return 2;
+    return -1;
   }
-  bench_name = "bench_kernels";
-  char why[256];
-  if (!kvp_backend_available(KVP_BACKEND_CUDA, why, sizeof why)) {
-    printf("SKIP: bench_kernels needs the CUDA backend: %s\n", why);
-    return 77;
-  }
+  return 0;
+}
+
+/* The device measures its calibration (cache neither read nor written),
+ * then a second device reads that calibration back from a cache file of
+ * its own: both creation times, cached_ms < 0 when not read from it. */
+static kvp_device *device_open(const kopts *o, double *create_ms,
+                               double *cached_ms) {
   kvp_device *dev;
-  /* the device measures (cache neither read nor written), then a second
-   * device reads that calibration back from a cache file of its own */
-  kvp_device_opts o = {.backend = KVP_BACKEND_CUDA, .cta_budget = ctas,
+  kvp_device_opts d = {.backend = KVP_BACKEND_CUDA, .cta_budget = o->ctas,
                        .flags = KVP_DEVICE_NO_CALIBRATION_CACHE};
   uint64_t c0 = kvp_now_ns();
-  CHECK(kvp_device_create(&o, NULL, &dev));
-  double create_ms = (kvp_now_ns() - c0) / 1e6, cached_ms = -1;
-  {
-    char dir[] = "/tmp/kvp-bench-cal-XXXXXX", path[80];
-    if (mkdtemp(dir)) {
-      snprintf(path, sizeof path, "%s/cal.txt", dir);
-      kvp_device_opts oc = {.backend = KVP_BACKEND_CUDA, .cta_budget = ctas,
-                            .calibration_cache = path};
-      kvp_device *d2;
-      CHECK(kvp_device_create(&oc, NULL, &d2)); /* measures, writes */
-      kvp_device_destroy(d2);
-      uint64_t c1 = kvp_now_ns();
-      CHECK(kvp_device_create(&oc, NULL, &d2)); /* reads */
-      cached_ms = (kvp_now_ns() - c1) / 1e6;
-      if (kvp_device_calibration_source(d2) != 2)
-        cached_ms = -1;
-      kvp_device_destroy(d2);
-      unlink(path);
-      rmdir(dir);
-    }
+  CHECK(kvp_device_create(&d, NULL, &dev));
+  *create_ms = (kvp_now_ns() - c0) / 1e6, *cached_ms = -1;
+  char dir[] = "/tmp/kvp-bench-cal-XXXXXX", path[80];
+  if (!mkdtemp(dir))
+    return dev;
+  snprintf(path, sizeof path, "%s/cal.txt", dir);
+  kvp_device_opts oc = {.backend = KVP_BACKEND_CUDA, .cta_budget = o->ctas,
+                        .calibration_cache = path};
+  kvp_device *d2;
+  CHECK(kvp_device_create(&oc, NULL, &d2)); /* measures, writes */
+  kvp_device_destroy(d2);
+  uint64_t c1 = kvp_now_ns();
+  CHECK(kvp_device_create(&oc, NULL, &d2)); /* reads */
+  *cached_ms = (kvp_now_ns() - c1) / 1e6;
+  if (kvp_device_calibration_source(d2) != 2)
+    *cached_ms = -1;
+  kvp_device_destroy(d2);
+  unlink(path);
+  rmdir(dir);
+  return dev;
+}
+
+/* The gate (cuStreamWaitValue32 on a mapped word) and its watchdog. */
+static void gate_open(void) {
+  void *fn = NULL;
+  int status = 0;
+  void *g = NULL;
+  if (cu->cuGetProcAddress("cuStreamWaitValue32", &fn, 12000, 0, &status) ==
+          CUDA_SUCCESS && fn &&
+      cu->cuMemHostAlloc(&g, 64, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP) ==
+          CUDA_SUCCESS &&
+      cu->cuMemHostGetDevicePointer(&gate_dev, g, 0) == CUDA_SUCCESS) {
+    *(void **)&wait_value32 = fn;
+    gate = g;
+    *gate = 0;
+    pthread_t th;
+    if (pthread_create(&th, NULL, watchdog, NULL) == 0)
+      pthread_detach(th);
+    else
+      wait_value32 = NULL;
   }
-  CHECK(kvp_device_set(dev, KVP_DEVOPT_THREADS_PER_CTA, threads));
+}
+
+/* The spin word (cuStreamWriteValue32) and the pinned id buffer of the
+ * submit-conditions lines. */
+static void spin_open(uint32_t pages) {
+  void *fn = NULL, *w = NULL, *pi = NULL;
+  int status = 0;
+  if (cu->cuGetProcAddress("cuStreamWriteValue32", &fn, 12000, 0, &status) ==
+          CUDA_SUCCESS && fn &&
+      cu->cuMemHostAlloc(&w, 64, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP) ==
+          CUDA_SUCCESS &&
+      cu->cuMemHostGetDevicePointer(&spin_word_dev, w, 0) == CUDA_SUCCESS &&
+      cu->cuMemHostAlloc(&pi, (size_t)pages * 4, CU_MEMHOSTALLOC_PORTABLE) ==
+          CUDA_SUCCESS) {
+    *(void **)&write_value32 = fn;
+    spin_word = w;
+    *spin_word = 0;
+    pin_ids = pi;
+  } else {
+    printf("(cuStreamWriteValue32 or pinned memory unavailable: no submit-conditions lines)\n");
+  }
+}
+
+/* The driver API, the bench's stream, events, gate and spin word; returns
+ * kvplane's handle on the stream. */
+static kvp_stream *cuda_open(kvp_device *dev, const kopts *o) {
+  CHECK(kvp_device_set(dev, KVP_DEVOPT_THREADS_PER_CTA, o->threads));
   cu = kvp__cuda_api();
   CUcontext ctx;
-  int sms;
-  kvp__cuda_native(dev, &ctx, NULL, &sms);
-  g_sms = sms;
+  kvp__cuda_native(dev, &ctx, NULL, &g_sms);
   CU(cu->cuCtxSetCurrent(ctx));
   CU(cu->cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
   CU(cu->cuEventCreate(&ev0, 0));
   CU(cu->cuEventCreate(&ev1, 0));
   kvp_stream *kst;
   CHECK(kvp_stream_wrap(dev, st, &kst));
-  {
-    void *fn = NULL;
-    int status = 0;
-    void *g = NULL;
-    if (cu->cuGetProcAddress("cuStreamWaitValue32", &fn, 12000, 0, &status) ==
-            CUDA_SUCCESS && fn &&
-        cu->cuMemHostAlloc(&g, 64, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP) ==
-            CUDA_SUCCESS &&
-        cu->cuMemHostGetDevicePointer(&gate_dev, g, 0) == CUDA_SUCCESS) {
-      *(void **)&wait_value32 = fn;
-      gate = g;
-      *gate = 0;
-      pthread_t th;
-      if (pthread_create(&th, NULL, watchdog, NULL) == 0)
-        pthread_detach(th);
-      else
-        wait_value32 = NULL;
-    }
-  }
-  {
-    void *fn = NULL, *w = NULL, *pi = NULL;
-    int status = 0;
-    if (cu->cuGetProcAddress("cuStreamWriteValue32", &fn, 12000, 0, &status) ==
-            CUDA_SUCCESS && fn &&
-        cu->cuMemHostAlloc(&w, 64, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP) ==
-            CUDA_SUCCESS &&
-        cu->cuMemHostGetDevicePointer(&spin_word_dev, w, 0) == CUDA_SUCCESS &&
-        cu->cuMemHostAlloc(&pi, (size_t)pages * 4, CU_MEMHOSTALLOC_PORTABLE) ==
-            CUDA_SUCCESS) {
-      *(void **)&write_value32 = fn;
-      spin_word = w;
-      *spin_word = 0;
-      pin_ids = pi;
-    } else {
-      printf("(cuStreamWriteValue32 or pinned memory unavailable: no submit-conditions lines)\n");
-    }
-  }
-  /* after the driver's and the watchdog's threads exist: they keep their
-   * own CPUs */
-  pin_cpu(cpu);
-  bool have_batch = cu->cuMemcpyBatchAsync13 || cu->cuMemcpyBatchAsync128;
+  gate_open();
+  spin_open(o->pages);
+  return kst;
+}
+
+static void print_header(kvp_device *dev, const kopts *o, bool have_batch,
+                         double create_ms, double cached_ms) {
   printf("device: %s, driver API %d, cuMemcpyBatchAsync: %s\n",
          kvp_device_name(dev), cu->driver_version,
          have_batch ? (cu->cuMemcpyBatchAsync13 ? "yes (CUDA 13 ABI)" : "yes (12.8 ABI)")
@@ -632,134 +652,202 @@ int main(int argc, char **argv) {
          "the calibration cache: %.1f ms%s\n", create_ms, cached_ms,
          cached_ms < 0 ? " (FAILED: not read from the cache)" : "");
   printf("%u random pages of a %u-page cache; median of %d runs after %d warm-up; "
-         "kernel: %u CTAs x %u threads\n", pages, 2 * pages, reps, warmup, ctas,
-         threads);
+         "kernel: %u CTAs x %u threads\n", o->pages, 2 * o->pages, reps, warmup,
+         o->ctas, o->threads);
   printf("GB/s from CUDA events; 'device': the stream held at a gate until the call "
          "was submitted (%s), so host submit time is apart (last column); 'e2e': "
          "no gate, the device waits for the submission too\n\n",
          wait_value32 ? "cuStreamWaitValue32" : "NOT AVAILABLE: device = e2e here");
+}
 
-  char *save = NULL;
-  for (char *tok = strtok_r(sizes_arg, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-    uint64_t page = (uint64_t)atoi(tok) * 1024;
-    bctx b = {.dev = dev, .kst = kst, .n = pages, .page = page};
-    size_t nb = 2 * (size_t)pages, hbytes = (size_t)pages * page;
-    CU(cu->cuMemAlloc(&b.cache, nb * page));
-    CU(cu->cuMemAlloc(&b.dstage, hbytes));
-    b.host = aligned_alloc(4096, hbytes);
-    unsigned char *ref = malloc(hbytes), *tmp = malloc(nb * page);
-    b.ids = malloc(nb * sizeof *b.ids);
-    b.srcs = malloc(pages * sizeof *b.srcs);
-    b.dsts = malloc(pages * sizeof *b.dsts);
-    b.sizes = malloc(pages * sizeof *b.sizes);
-    if (!b.host || !ref || !tmp || !b.ids || !b.srcs || !b.dsts || !b.sizes) {
-      fprintf(stderr, "bench_kernels: out of host memory\n");
-      return 1;
-    }
-    fill(tmp, nb * page, page);
-    CU(cu->cuMemcpy(b.cache, (CUdeviceptr)(uintptr_t)tmp, nb * page));
-    fill(b.host, hbytes, page + 1);
-    CHECK(kvp_device_host_register(dev, b.host, hbytes));
-    uint64_t rng = page * 7919;
-    for (uint32_t i = 0; i < nb; i++)
-      b.ids[i] = i;
-    for (uint32_t i = (uint32_t)nb - 1; i > 0; i--) {
-      rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-      uint32_t j = (uint32_t)(((rng >> 32) * (i + 1)) >> 32), t = b.ids[i];
-      b.ids[i] = b.ids[j], b.ids[j] = t;
-    }
-    uint32_t *master = malloc(nb * sizeof *master);
-    if (!master) {
-      fprintf(stderr, "bench_kernels: out of host memory\n");
-      return 1;
-    }
-    memcpy(master, b.ids, nb * sizeof *master);
-    ids_live = b.ids, ids_master = master, ids_count = nb;
-    /* one 2-byte-element cross-layer page per block: 2 * bs * 64 * 2 = page */
-    kvp_kv_layout_desc d = {.kind = KVP_LAYOUT_CROSS_LAYER, .num_layers = 1,
-                            .num_blocks = (uint32_t)nb,
-                            .block_size = (uint32_t)(page / 256),
-                            .num_kv_heads = 1, .head_dim = 64, .elem_size = 2,
-                            .base = (void *)(uintptr_t)b.cache};
-    CHECK(kvp_kv_layout_create(dev, &d, &b.lay));
+/* ---- one page size: workload ----------------------------------------------------------- */
+typedef struct sized {
+  bctx b;
+  unsigned char *ref, *tmp; /* the kernel's staging; the whole cache */
+  uint32_t *master;         /* the shuffled ids, restored before each rep */
+  size_t hbytes;
+} sized;
 
-    /* correctness first: every method's D2H bytes equal the kernel's */
-    b.to_host = true;
-    memset(b.host, 0xff, hbytes);
-    op_kernel(&b);
-    CHECK(kvp_stream_synchronize(b.kst));
-    memcpy(ref, b.host, hbytes);
-    for (uint32_t i = 0; i < pages; i++)
-      if (memcmp(ref + (uint64_t)i * page, tmp + (uint64_t)b.ids[i] * page, page)) {
-        fprintf(stderr, "bench_kernels: kernel gathered wrong bytes (page %u)\n", i);
-        return 1;
-      }
-    cross_check(&b, op_per_page, ref, "per-page cuMemcpyAsync");
-    cross_check(&b, op_ours_ce, ref, "kvplane copy engine");
-    if (have_batch)
-      cross_check(&b, op_batch, ref, "cuMemcpyBatchAsync");
-
-    if (page <= 4096)
-      sweep(&b, ctas, threads);
-    submit_breakdown(&b);
-    submit_conditions(&b);
-    printf("| page | dir | kernel GB/s device | kernel GB/s e2e | bulk pinned copy "
-           "GB/s device | kernel / bulk | per-page cuMemcpyAsync GB/s e2e | kernel / "
-           "per-page (e2e) | cuMemcpyBatchAsync GB/s device / e2e | kernel / batch "
-           "device / e2e | kvplane copy-engine path GB/s e2e | host submit us: kernel / "
-           "per-page / batch |\n");
-    printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    for (int dir = 0; dir < 2; dir++) {
-      b.to_host = dir == 0;
-      timing tk = run(op_kernel, &b), tke = run_e2e(op_kernel, &b);
-      timing tp = run_e2e(op_per_page, &b), tc = run_e2e(op_ours_ce, &b);
-      timing tu = run(op_bulk, &b);
-      timing tb = {0, 0, 0}, tbe = {0, 0, 0};
-      if (have_batch)
-        tb = run(op_batch, &b), tbe = run_e2e(op_batch, &b);
-      double gk = gbps(&b, tk), gke = gbps(&b, tke), gu = gbps(&b, tu);
-      double gp = gbps(&b, tp), gc = gbps(&b, tc);
-      printf("| %llu KiB | %s | %.1f | %.1f | %.1f | **%.2fx** | %.2f | **%.1fx** | ",
-             (unsigned long long)page / 1024, b.to_host ? "D2H" : "H2D", gk, gke,
-             gu, gk / gu, gp, gke / gp);
-      if (have_batch)
-        printf("%.1f / %.1f | %.1fx / **%.1fx** | ", gbps(&b, tb), gbps(&b, tbe),
-               gk / gbps(&b, tb), gke / gbps(&b, tbe));
-      else
-        printf("n/a | n/a | ");
-      printf("%.1f | %.1f (p90 %.1f) / %.0f / %.0f |\n", gc, tk.submit_us,
-             tk.submit_p90_us, tp.submit_us, tb.submit_us);
-      fflush(stdout);
-    }
-    /* D2D gather into device staging with the whole GPU vs D2D memcpy */
-    b.d2d = true, b.to_host = true;
-    CHECK(kvp_device_set(dev, KVP_DEVOPT_CTA_BUDGET, 2 * sms));
-    CHECK(kvp_device_set(dev, KVP_DEVOPT_THREADS_PER_CTA, 512));
-    timing tk = run(op_kernel, &b);
-    CU(cu->cuMemcpy((CUdeviceptr)(uintptr_t)ref, b.dstage, hbytes));
-    CU(cu->cuMemcpy((CUdeviceptr)(uintptr_t)tmp, b.cache, nb * page));
-    for (uint32_t i = 0; i < pages; i++)
-      if (memcmp(ref + (uint64_t)i * page, tmp + (uint64_t)b.ids[i] * page, page)) {
-        fprintf(stderr, "bench_kernels: D2D gather moved wrong bytes (page %u)\n", i);
-        return 1;
-      }
-    timing tu = run(op_bulk, &b);
-    timing tke = run_e2e(op_kernel, &b);
-    printf("| %llu KiB | D2D | %.1f | %.1f | %.1f (D2D memcpy) | **%.2fx** | | | | | | %.1f (%d CTAs) |\n",
-           (unsigned long long)page / 1024, gbps(&b, tk), gbps(&b, tke), gbps(&b, tu),
-           gbps(&b, tk) / gbps(&b, tu), tk.submit_us, 2 * sms);
-    CHECK(kvp_device_set(dev, KVP_DEVOPT_CTA_BUDGET, ctas));
-    CHECK(kvp_device_set(dev, KVP_DEVOPT_THREADS_PER_CTA, threads));
-    fflush(stdout);
-    kvp_kv_layout_destroy(b.lay);
-    CHECK(kvp_device_host_unregister(dev, b.host));
-    CU(cu->cuMemFree(b.cache));
-    CU(cu->cuMemFree(b.dstage));
-    ids_live = NULL, ids_master = NULL, ids_count = 0;
-    free(b.host), free(ref), free(tmp), free(b.ids), free(master), free(b.srcs),
-        free(b.dsts), free(b.sizes);
+static void *host_or_die(size_t n) {
+  void *p = malloc(n);
+  if (p == NULL) {
+    fprintf(stderr, "bench_kernels: out of host memory\n");
+    exit(1);
   }
-  host_costs();
+  return p;
+}
+
+/* A 2n-page cache of random bytes on the device, n pages of registered host
+ * staging, a shuffled id list and the layout over the cache. */
+static void sized_open(sized *z, kvp_device *dev, kvp_stream *kst, uint32_t pages,
+                       uint64_t page) {
+  bctx *b = &z->b;
+  *b = (bctx){.dev = dev, .kst = kst, .n = pages, .page = page};
+  size_t nb = 2 * (size_t)pages;
+  z->hbytes = (size_t)pages * page;
+  CU(cu->cuMemAlloc(&b->cache, nb * page));
+  CU(cu->cuMemAlloc(&b->dstage, z->hbytes));
+  b->host = aligned_alloc(4096, z->hbytes);
+  if (b->host == NULL) {
+    fprintf(stderr, "bench_kernels: out of host memory\n");
+    exit(1);
+  }
+  z->ref = host_or_die(z->hbytes), z->tmp = host_or_die(nb * page);
+  b->ids = host_or_die(nb * sizeof *b->ids);
+  b->srcs = host_or_die(pages * sizeof *b->srcs);
+  b->dsts = host_or_die(pages * sizeof *b->dsts);
+  b->sizes = host_or_die(pages * sizeof *b->sizes);
+  fill(z->tmp, nb * page, page);
+  CU(cu->cuMemcpy(b->cache, (CUdeviceptr)(uintptr_t)z->tmp, nb * page));
+  fill(b->host, z->hbytes, page + 1);
+  CHECK(kvp_device_host_register(dev, b->host, z->hbytes));
+  uint64_t rng = page * 7919;
+  for (uint32_t i = 0; i < nb; i++)
+    b->ids[i] = i;
+  for (uint32_t i = (uint32_t)nb - 1; i > 0; i--) {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    uint32_t j = (uint32_t)(((rng >> 32) * (i + 1)) >> 32), t = b->ids[i];
+    b->ids[i] = b->ids[j], b->ids[j] = t;
+  }
+  z->master = host_or_die(nb * sizeof *z->master);
+  memcpy(z->master, b->ids, nb * sizeof *z->master);
+  ids_live = b->ids, ids_master = z->master, ids_count = nb;
+  /* one 2-byte-element cross-layer page per block: 2 * bs * 64 * 2 = page */
+  kvp_kv_layout_desc d = {.kind = KVP_LAYOUT_CROSS_LAYER, .num_layers = 1,
+                          .num_blocks = (uint32_t)nb,
+                          .block_size = (uint32_t)(page / 256),
+                          .num_kv_heads = 1, .head_dim = 64, .elem_size = 2,
+                          .base = (void *)(uintptr_t)b->cache};
+  CHECK(kvp_kv_layout_create(dev, &d, &b->lay));
+}
+
+static void sized_close(sized *z) {
+  bctx *b = &z->b;
+  kvp_kv_layout_destroy(b->lay);
+  CHECK(kvp_device_host_unregister(b->dev, b->host));
+  CU(cu->cuMemFree(b->cache));
+  CU(cu->cuMemFree(b->dstage));
+  ids_live = NULL, ids_master = NULL, ids_count = 0;
+  free(b->host), free(z->ref), free(z->tmp), free(b->ids), free(z->master),
+      free(b->srcs), free(b->dsts), free(b->sizes);
+}
+
+/* Correctness first: the kernel's D2H bytes are the cache's pages, and
+ * every other method's equal the kernel's. */
+static void sized_check(sized *z, bool have_batch) {
+  bctx *b = &z->b;
+  b->to_host = true;
+  memset(b->host, 0xff, z->hbytes);
+  op_kernel(b);
+  CHECK(kvp_stream_synchronize(b->kst));
+  memcpy(z->ref, b->host, z->hbytes);
+  for (uint32_t i = 0; i < b->n; i++)
+    if (memcmp(z->ref + (uint64_t)i * b->page, z->tmp + (uint64_t)b->ids[i] * b->page,
+               b->page)) {
+      fprintf(stderr, "bench_kernels: kernel gathered wrong bytes (page %u)\n", i);
+      exit(1);
+    }
+  cross_check(b, op_per_page, z->ref, "per-page cuMemcpyAsync");
+  cross_check(b, op_ours_ce, z->ref, "kvplane copy engine");
+  if (have_batch)
+    cross_check(b, op_batch, z->ref, "cuMemcpyBatchAsync");
+}
+
+/* ---- one page size: measure + report ----------------------------------------------------- */
+static const bench_col table_cols[] = {
+    {"page", 0}, {"dir", 0}, {"kernel GB/s device", 0}, {"kernel GB/s e2e", 0},
+    {"bulk pinned copy GB/s device", 0}, {"kernel / bulk", 0},
+    {"per-page cuMemcpyAsync GB/s e2e", 0}, {"kernel / per-page (e2e)", 0},
+    {"cuMemcpyBatchAsync GB/s device / e2e", 0},
+    {"kernel / batch device / e2e", 0}, {"kvplane copy-engine path GB/s e2e", 0},
+    {"host submit us: kernel / per-page / batch", 0}};
+static const bench_table table = {BENCH_MARKDOWN, 0, table_cols, 12};
+
+/* Both directions: the kernel (gated and e2e) against per-page copies,
+ * the bulk copy, one batch call and kvplane's copy-engine path. */
+static void measure_dirs(bctx *b, bool have_batch) {
+  bench_table_head(&table, NULL);
+  for (int dir = 0; dir < 2; dir++) {
+    b->to_host = dir == 0;
+    timing tk = run(op_kernel, b), tke = run_e2e(op_kernel, b);
+    timing tp = run_e2e(op_per_page, b), tc = run_e2e(op_ours_ce, b);
+    timing tu = run(op_bulk, b);
+    timing tb = {0, 0, 0}, tbe = {0, 0, 0};
+    if (have_batch)
+      tb = run(op_batch, b), tbe = run_e2e(op_batch, b);
+    double gk = gbps(b, tk), gke = gbps(b, tke), gu = gbps(b, tu);
+    bench_row w = bench_row_start(&table);
+    bench_cell(&w, "%llu KiB", (unsigned long long)b->page / 1024);
+    bench_cell(&w, "%s", b->to_host ? "D2H" : "H2D");
+    bench_cell(&w, "%.1f", gk);
+    bench_cell(&w, "%.1f", gke);
+    bench_cell(&w, "%.1f", gu);
+    bench_cell_ratio(&w, gk, gu, 2, true);
+    bench_cell(&w, "%.2f", gbps(b, tp));
+    bench_cell_ratio(&w, gke, gbps(b, tp), 1, true);
+    if (have_batch) {
+      bench_cell(&w, "%.1f / %.1f", gbps(b, tb), gbps(b, tbe));
+      bench_cell(&w, "%.1fx / **%.1fx**", gk / gbps(b, tb), gke / gbps(b, tbe));
+    } else {
+      bench_cell(&w, "n/a");
+      bench_cell(&w, "n/a");
+    }
+    bench_cell(&w, "%.1f", gbps(b, tc));
+    bench_cell(&w, "%.1f (p90 %.1f) / %.0f / %.0f", tk.submit_us,
+               tk.submit_p90_us, tp.submit_us, tb.submit_us);
+    bench_row_end(&w, NULL);
+    fflush(stdout);
+  }
+}
+
+/* D2D gather into device staging with the whole GPU vs the D2D memcpy. */
+static void measure_d2d(sized *z, const kopts *o) {
+  bctx *b = &z->b;
+  b->d2d = true, b->to_host = true;
+  CHECK(kvp_device_set(b->dev, KVP_DEVOPT_CTA_BUDGET, 2 * g_sms));
+  CHECK(kvp_device_set(b->dev, KVP_DEVOPT_THREADS_PER_CTA, 512));
+  timing tk = run(op_kernel, b);
+  CU(cu->cuMemcpy((CUdeviceptr)(uintptr_t)z->ref, b->dstage, z->hbytes));
+  CU(cu->cuMemcpy((CUdeviceptr)(uintptr_t)z->tmp, b->cache, 2 * (size_t)b->n * b->page));
+  for (uint32_t i = 0; i < b->n; i++)
+    if (memcmp(z->ref + (uint64_t)i * b->page, z->tmp + (uint64_t)b->ids[i] * b->page,
+               b->page)) {
+      fprintf(stderr, "bench_kernels: D2D gather moved wrong bytes (page %u)\n", i);
+      exit(1);
+    }
+  timing tu = run(op_bulk, b);
+  timing tke = run_e2e(op_kernel, b);
+  bench_row w = bench_row_start(&table);
+  bench_cell(&w, "%llu KiB", (unsigned long long)b->page / 1024);
+  bench_cell(&w, "D2D");
+  bench_cell(&w, "%.1f", gbps(b, tk));
+  bench_cell(&w, "%.1f", gbps(b, tke));
+  bench_cell(&w, "%.1f (D2D memcpy)", gbps(b, tu));
+  bench_cell_ratio(&w, gbps(b, tk), gbps(b, tu), 2, true);
+  for (int i = 0; i < 5; i++)
+    bench_cell(&w, "%s", "");
+  bench_cell(&w, "%.1f (%d CTAs)", tk.submit_us, 2 * g_sms);
+  bench_row_end(&w, NULL);
+  CHECK(kvp_device_set(b->dev, KVP_DEVOPT_CTA_BUDGET, o->ctas));
+  CHECK(kvp_device_set(b->dev, KVP_DEVOPT_THREADS_PER_CTA, o->threads));
+  fflush(stdout);
+}
+
+static void run_size(kvp_device *dev, kvp_stream *kst, const kopts *o,
+                     uint64_t page, bool have_batch) {
+  sized z;
+  sized_open(&z, dev, kst, o->pages, page);
+  sized_check(&z, have_batch);
+  if (page <= 4096)
+    sweep(&z.b, o->ctas, o->threads);
+  submit_breakdown(&z.b);
+  submit_conditions(&z.b);
+  measure_dirs(&z.b, have_batch);
+  measure_d2d(&z, o);
+  sized_close(&z);
+}
+
+static void report_crossover(kvp_device *dev) {
   printf("\ncalibrated crossover (kvp_device_bandwidth_get):\n");
   for (uint64_t pg = 4096; pg <= (1u << 20); pg *= 4) {
     kvp_device_bandwidth h, dd;
@@ -772,6 +860,31 @@ int main(int argc, char **argv) {
            dd.kernel_gbps, dd.copy_engine_gbps,
            dd.auto_method == KVP_XFER_KERNEL ? "kernel" : "copy engine");
   }
+}
+
+int main(int argc, char **argv) {
+  kopts o;
+  if (parse(argc, argv, &o) < 0)
+    return 2;
+  char why[256];
+  if (!kvp_backend_available(KVP_BACKEND_CUDA, why, sizeof why)) {
+    printf("SKIP: bench_kernels needs the CUDA backend: %s\n", why);
+    return 77;
+  }
+  double create_ms, cached_ms;
+  kvp_device *dev = device_open(&o, &create_ms, &cached_ms);
+  kvp_stream *kst = cuda_open(dev, &o);
+  /* after the driver's and the watchdog's threads exist: they keep their
+   * own CPUs */
+  bench_pin_cpu(o.cpu);
+  bool have_batch = cu->cuMemcpyBatchAsync13 || cu->cuMemcpyBatchAsync128;
+  print_header(dev, &o, have_batch, create_ms, cached_ms);
+  char sizes[128], *save = NULL;
+  snprintf(sizes, sizeof sizes, "%s", o.sizes);
+  for (char *tok = strtok_r(sizes, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
+    run_size(dev, kst, &o, (uint64_t)atoi(tok) * 1024, have_batch);
+  host_costs();
+  report_crossover(dev);
   kvp_stream_destroy(kst);
   cu->cuEventDestroy(ev0);
   cu->cuEventDestroy(ev1);

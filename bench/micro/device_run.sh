@@ -2,13 +2,13 @@
 # SPDX-License-Identifier: Apache-2.0
 # One call on the GPU machine: the CUDA tests, compute-sanitizer memcheck,
 # the SASS check with that machine's cuobjdump, and bench_kernels.
-#   bench/device_run.sh BIN_DIR OUT_DIR
+#   bench/micro/device_run.sh BIN_DIR OUT_DIR
 # BIN_DIR holds test_kernels, bench_kernels and the cubins built here (the
 # GPU image lacks kvplane's Debian build deps; the binaries need only libc).
 set -u
 bin=$1 out=$2
 mkdir -p "$out"
-src=$(cd "$(dirname "$0")/.." && pwd)
+src=$(cd "$(dirname "$0")/../.." && pwd)
 {
   date -u; nvidia-smi -L; nvidia-smi --query-gpu=driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv
   for t in nvcc cmake cuobjdump nvdisasm compute-sanitizer; do echo "$t: $(command -v $t)"; done
