@@ -212,6 +212,7 @@ struct kvp_tier_store {
   uint64_t nvme_cap;   /* KVP_TIER_OPT_NVME_BYTES (the tier's, when there) */
   bool reads_locked;   /* KVP_TIER_OPT_READ_UNLOCKED 0: keep mu during reads */
   bool no_stage_ahead; /* KVP_TIER_OPT_STAGE_AHEAD 0 */
+  bool scatter_locked; /* KVP_TIER_OPT_LOAD_UNLOCKED 0 */
   tier_table tbl; /* (ns, key) -> entry */
   tier_ns *nss;
   uint32_t nns;

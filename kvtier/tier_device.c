@@ -431,13 +431,16 @@ static int64_t dram_pin_locked(kvp_tier_link *l, kvp_key key, uint32_t *id) {
 }
 
 /* Pins the DRAM hits of keys[0..m) (their scatter targets to l->ids/l->slots,
- * entries to l->pins[0..h)); the others' indices go to l->gi[0..*g). */
+ * entries to l->pins[0..h)); the others' indices go to l->gi[0..*g).
+ * Returns with the store's lock held when *hold (KVP_TIER_OPT_LOAD_UNLOCKED
+ * 0: the scatter runs under it, as before pins). */
 static uint32_t pin_hits(kvp_tier_link *l, const kvp_key *keys,
                          const uint32_t *ids, uint32_t m, int *res,
-                         uint32_t *g) {
+                         uint32_t *g, bool *hold) {
   kvp_tier_store *t = l->t;
   uint32_t h = 0;
   pthread_mutex_lock(&t->mu);
+  *hold = t->scatter_locked;
   bool room = kvp__tier_pin_room(t, m);
   for (uint32_t i = 0; i < m; i++) {
     int64_t slot = room ? dram_pin_locked(l, keys[i], &l->pins[h]) : -1;
@@ -449,13 +452,16 @@ static uint32_t pin_hits(kvp_tier_link *l, const kvp_key *keys,
     l->ids[h] = ids[i];
     l->slots[h++] = (uint32_t)slot;
   }
-  pthread_mutex_unlock(&t->mu);
+  if (!*hold)
+    pthread_mutex_unlock(&t->mu);
   return h;
 }
 
-static void unpin_hits(kvp_tier_link *l, uint32_t h) {
+/* Unpins l->pins[0..h) and releases the store's lock. */
+static void unpin_hits(kvp_tier_link *l, uint32_t h, bool held) {
   kvp_tier_store *t = l->t;
-  pthread_mutex_lock(&t->mu);
+  if (!held)
+    pthread_mutex_lock(&t->mu);
   for (uint32_t j = 0; j < h; j++)
     kvp__tier_unpin(t, l->pins[j], l->dram_base + (size_t)l->slots[j] * l->bb);
   pthread_mutex_unlock(&t->mu);
@@ -477,11 +483,12 @@ static int load_direct(kvp_tier_link *l, kvp_stream *s, const kvp_key *keys,
       l->gi[(*g)++] = i; /* nothing was tried */
     return rc;
   }
-  uint32_t h = pin_hits(l, keys, ids, m, res, g);
-  if (h > 0) {
+  bool held;
+  uint32_t h = pin_hits(l, keys, ids, m, res, g, &held);
+  if (h > 0)
     rc = scatter_sync(l, s, h, l->dram_base, l->dram_len);
-    unpin_hits(l, h);
-  }
+  if (h > 0 || held)
+    unpin_hits(l, h, held);
   if (rc < 0) {
     for (uint32_t i = 0, j = 0; i < m; i++) /* the hits: not in gi */
       if (j < *g && l->gi[j] == i)

@@ -1019,6 +1019,7 @@ int kvp_tier_opt_bounds(kvp_tier_store *t, kvp_tier_opt opt, int64_t *lo,
   case KVP_TIER_OPT_ADMIT_MIN_SAMPLES: *lo = 1; *hi = 512; break;
   case KVP_TIER_OPT_READ_UNLOCKED: *lo = 0; *hi = 1; break;
   case KVP_TIER_OPT_STAGE_AHEAD: *lo = 0; *hi = 1; break;
+  case KVP_TIER_OPT_LOAD_UNLOCKED: *lo = 0; *hi = 1; break;
   default: return KVP_EINVAL;
   }
   return 0;
@@ -1076,6 +1077,7 @@ int kvp_tier_set(kvp_tier_store *t, kvp_tier_opt opt, int64_t v) {
   case KVP_TIER_OPT_ADMIT_MIN_SAMPLES: t->o.admit_min_samples = (uint32_t)v; break;
   case KVP_TIER_OPT_READ_UNLOCKED: t->reads_locked = v == 0; break;
   case KVP_TIER_OPT_STAGE_AHEAD: t->no_stage_ahead = v == 0; break;
+  case KVP_TIER_OPT_LOAD_UNLOCKED: t->scatter_locked = v == 0; break;
   }
   if (rc == 0)
     rc = admit_sync(t);
@@ -1110,6 +1112,7 @@ int kvp_tier_opt_get(kvp_tier_store *t, kvp_tier_opt opt, int64_t *v) {
     break;
   case KVP_TIER_OPT_READ_UNLOCKED: *v = !t->reads_locked; break;
   case KVP_TIER_OPT_STAGE_AHEAD: *v = !t->no_stage_ahead; break;
+  case KVP_TIER_OPT_LOAD_UNLOCKED: *v = !t->scatter_locked; break;
   }
   pthread_mutex_unlock(&t->mu);
   return 0;

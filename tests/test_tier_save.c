@@ -236,6 +236,17 @@ TEST(save_direct) {
   ASSERT_EQ(ls.blocks_saved, 2 * N);
   ASSERT_EQ(ls.blocks_direct, N);
   ASSERT_EQ(ls.gathers, 3);
+  /* the scatter under the store's lock (the way before pins): same bytes */
+  ASSERT_ERR(kvp_tier_set(t, KVP_TIER_OPT_LOAD_UNLOCKED, 2), KVP_ERANGE);
+  ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_LOAD_UNLOCKED, 0));
+  int64_t v;
+  ASSERT_OK(kvp_tier_opt_get(t, KVP_TIER_OPT_LOAD_UNLOCKED, &v));
+  ASSERT_EQ(v, 0);
+  for (uint32_t i = 0; i < N; i++)
+    poison(&c, dst[i]);
+  ASSERT_EQ(kvp_tier_load(l, NULL, keys, dst, N, res), N);
+  for (uint32_t i = 0; i < N; i++)
+    ASSERT_TRUE(block_is(&c, dst[i], src[i], false));
   check_no_leak(t, c.bb);
   kvp_tier_link_destroy(l);
   kvp_tier_destroy(t);

@@ -24,9 +24,11 @@
  * and with the same buffers registered (kvp_tier_register_buffers).
  * --async: each batch is two kvp_tier_get_async calls of half the keys,
  * both kept in flight (one is refilled while the other runs).
- * --contention: only the table of what a caller of DRAM gets sees while
+ * --contention: only the tables of what a caller of DRAM gets sees while
  * another thread's get_batch reads NVMe, with the reads releasing the
- * store's lock and holding it (bench_contention).
+ * store's lock and holding it (bench_contention), and while another
+ * thread's kvp_tier_load scatters DRAM blocks in place, pinned with the lock
+ * released or under it (bench_link_contention).
  */
 #include <dirent.h>
 #include <fcntl.h>
@@ -598,6 +600,12 @@ typedef struct cont {
   uint32_t gap_us; /* pause between batches (0: back to back) */
   _Atomic int stop;
   uint64_t blocks; /* NVMe blocks read by the batch thread */
+  /* what the other thread runs, and the option that says whether it holds
+   * the store's lock: cont_reader + KVP_TIER_OPT_READ_UNLOCKED, or
+   * cont_loader (kvp_tier_load through link) + KVP_TIER_OPT_LOAD_UNLOCKED */
+  void *(*fn)(void *);
+  kvp_tier_opt opt;
+  kvp_tier_link *link;
 } cont;
 
 static kvp_key cold_key(uint64_t i) { return (kvp_key){0xC01D, i}; }
@@ -641,15 +649,15 @@ typedef struct cont_res {
 } cont_res;
 
 static cont_res cont_run(const cfg *cf, cont *c, uint32_t nhot, int locked) {
-  int rc = kvp_tier_set(c->t, KVP_TIER_OPT_READ_UNLOCKED, !locked);
+  int rc = kvp_tier_set(c->t, c->opt, !locked);
   if (rc < 0)
-    bench_die("KVP_TIER_OPT_READ_UNLOCKED", rc);
+    bench_die("kvp_tier_set (lock option)", rc);
   kvp_hist *h = bench_hist();
   static _Alignas(4096) uint8_t out[64 << 10];
   c->stop = 0;
   c->blocks = 0;
   pthread_t th;
-  if (pthread_create(&th, NULL, cont_reader, c) != 0)
+  if (pthread_create(&th, NULL, c->fn, c) != 0)
     bench_die("pthread_create", KVP_ENOMEM);
   usleep(20000); /* the batch thread is reading */
   uint64_t t0 = kvp_now_ns(), end = t0 + (uint64_t)(cf->seconds * 1e9), n = 0;
@@ -676,18 +684,26 @@ static cont_res cont_run(const cfg *cf, cont *c, uint32_t nhot, int locked) {
                     (double)blocks0 / dt};
 }
 
-static void report_contention(const cfg *cf, int cpu2, const uint32_t gaps[2],
-                              cont_res best[2][2]) {
-  static const bench_col cols[] = {
-      {"batches", 0},      {"NVMe reads", 0},   {"DRAM gets/s", 0},
-      {"DRAM get p99", 0}, {"DRAM get max", 0}, {"NVMe blocks/s (batch thread)", 0}};
-  static const bench_table table = {BENCH_MARKDOWN, 0, cols, 6};
+static void report_contention(const cfg *cf, const cont *c,
+                              const uint32_t gaps[2], cont_res best[2][2]) {
+  bool link = c->fn != cont_reader;
+  bench_col cols[] = {
+      {"batches", 0},      {link ? "in-place scatter" : "NVMe reads", 0},
+      {"DRAM gets/s", 0},  {"DRAM get p99", 0}, {"DRAM get max", 0},
+      {link ? "blocks/s loaded (load thread)" : "NVMe blocks/s (batch thread)", 0}};
+  const bench_table table = {BENCH_MARKDOWN, 0, cols, 6};
   static const char *const names[2] = {"release the store lock (now)",
                                        "hold the store lock (before)"};
-  printf("\nContention: DRAM kvp_tier_get (64 KiB) on cpu %d while another thread "
-         "(cpu %d) runs kvp_tier_get_batch of 32 x 256 KiB NVMe-only blocks "
-         "(QD 8), best of %d x %.1f s\n\n",
-         cf->cpu, cpu2, cf->reps, cf->seconds);
+  if (link)
+    printf("\nContention: DRAM kvp_tier_get (64 KiB) on cpu %d while another "
+           "thread (cpu %d) runs kvp_tier_load of %u x %zu KiB DRAM blocks "
+           "(CPU device, in-place scatter), best of %d x %.1f s\n\n",
+           cf->cpu, c->cpu, c->batch, c->bs >> 10, cf->reps, cf->seconds);
+  else
+    printf("\nContention: DRAM kvp_tier_get (64 KiB) on cpu %d while another "
+           "thread (cpu %d) runs kvp_tier_get_batch of 32 x 256 KiB NVMe-only "
+           "blocks (QD 8), best of %d x %.1f s\n\n",
+           cf->cpu, c->cpu, cf->reps, cf->seconds);
   bench_table_head(&table, NULL);
   for (int g = 0; g < 2; g++) {
     char gap[32];
@@ -715,6 +731,123 @@ static void report_contention(const cfg *cf, int cpu2, const uint32_t gaps[2],
     bench_cell_ratio(&w, bb[0].nvme_s, bb[1].nvme_s, 2, false);
     bench_row_end(&w, NULL);
   }
+}
+
+static const uint32_t gaps[2] = {0, 2000};
+
+static int other_cpu(const cfg *cf) {
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  return cf->cpu >= 0 && ncpu > 1 ? (int)((cf->cpu + 1) % ncpu) : -1;
+}
+
+/* Both gaps, lock held and released, alternated --reps times: the best. */
+static void cont_best(const cfg *cf, cont *c, uint32_t nhot,
+                      cont_res best[2][2]) {
+  memset(best, 0, 4 * sizeof best[0][0]);
+  for (int r = 0; r < cf->reps; r++)
+    for (int g = 0; g < 2; g++)
+      for (int locked = 1; locked >= 0; locked--) {
+        c->gap_us = gaps[g];
+        cont_res x = cont_run(cf, c, nhot, locked);
+        if (x.gets_s > best[g][locked].gets_s)
+          best[g][locked] = x;
+      }
+}
+
+/* ---- the same with a link's in-place loads (CPU device) --------------------
+ * The other thread loops kvp_tier_load of `batch` DRAM blocks through a link
+ * whose store's region is registered with the device: each load's scatter
+ * reads the slots in place, pinned with the lock released (now) or under
+ * the store's lock (KVP_TIER_OPT_LOAD_UNLOCKED 0, before). */
+#define LINK_LAYERS 4
+static void *cont_loader(void *p) {
+  cont *c = p;
+  if (c->cpu >= 0)
+    bench_pin_cpu(c->cpu);
+  kvp_key keys[64];
+  uint32_t ids[64];
+  int res[64];
+  for (uint32_t i = 0; i < c->batch; i++)
+    keys[i] = cold_key(i), ids[i] = i;
+  while (!c->stop) {
+    int n = kvp_tier_load(c->link, NULL, keys, ids, c->batch, res);
+    if (n != (int)c->batch)
+      bench_die("kvp_tier_load", n < 0 ? n : KVP_ESTATE);
+    c->blocks += (uint64_t)n;
+    if (c->gap_us)
+      usleep(c->gap_us);
+  }
+  return NULL;
+}
+
+/* A CPU device's paged cache of `nblocks` blocks (LINK_LAYERS layers, K and
+ * V: 8 tensors) of 256 KiB. */
+static kvp_kv_layout *link_cache(kvp_device *dev, uint32_t nblocks,
+                                 void *tens[2 * LINK_LAYERS]) {
+  size_t stride = 16 * 8 * 128 * 2; /* 16 tokens x 8 heads x 128 x bf16 */
+  for (int i = 0; i < 2 * LINK_LAYERS; i++) {
+    int rc = kvp_device_alloc(dev, stride * nblocks, &tens[i]);
+    if (rc < 0)
+      bench_die("kvp_device_alloc", rc);
+    memset(tens[i], 7, stride * nblocks); /* the CPU device: host memory */
+  }
+  kvp_kv_layout_desc d = {.kind = KVP_LAYOUT_VLLM_NHD, .num_layers = LINK_LAYERS,
+                          .num_blocks = nblocks, .block_size = 16,
+                          .num_kv_heads = 8, .head_dim = 128, .elem_size = 2,
+                          .k_layers = tens, .v_layers = tens + LINK_LAYERS};
+  kvp_kv_layout *lay;
+  int rc = kvp_kv_layout_create(dev, &d, &lay);
+  if (rc < 0)
+    bench_die("kvp_kv_layout_create", rc);
+  return lay;
+}
+
+static void bench_link_contention(const cfg *cf) {
+  const uint32_t nblk = 64, nhot = 64;
+  kvp_device *dev;
+  kvp_device_opts dop = {.backend = KVP_BACKEND_CPU,
+                         .flags = KVP_DEVICE_NO_CALIBRATE};
+  int rc = kvp_device_create(&dop, NULL, &dev);
+  if (rc < 0)
+    bench_die("kvp_device_create", rc);
+  void *tens[2 * LINK_LAYERS];
+  kvp_kv_layout *lay = link_cache(dev, nblk, tens);
+  kvp_tier_opts o = {.dram_bytes = 64u << 20};
+  kvp_tier_opts_set_device(&o, dev);
+  kvp_tier_store *t;
+  if ((rc = kvp_tier_create(&o, NULL, &t)) < 0)
+    bench_die("kvp_tier_create", rc);
+  kvp_namespace ns = bench_ns();
+  const size_t bs = 256u << 10;
+  kvp_tier_ns_add(t, &ns, &(kvp_tier_ns_opts){.block_bytes = bs});
+  kvp_tier_link *l;
+  if ((rc = kvp_tier_link_create(t, dev, lay, &ns, NULL, NULL, &l)) < 0)
+    bench_die("kvp_tier_link_create", rc);
+  kvp_key keys[64];
+  uint32_t ids[64];
+  int res[64];
+  for (uint32_t i = 0; i < nblk; i++)
+    keys[i] = cold_key(i), ids[i] = i;
+  if ((rc = kvp_tier_save(l, NULL, keys, ids, nblk, NULL, res)) != (int)nblk)
+    bench_die("kvp_tier_save", rc < 0 ? rc : KVP_ESTATE);
+  uint8_t *b = malloc(64u << 10);
+  for (uint32_t i = 0; i < nhot; i++) { /* 64 x 64 KiB in DRAM */
+    fill(b, 64u << 10, i);
+    if ((rc = kvp_tier_put(t, &ns, hot_key(i), b, 64u << 10, NULL)) < 0)
+      bench_die("put", rc);
+  }
+  free(b);
+  cont c = {.t = t, .ns = &ns, .batch = nblk, .bs = bs, .cpu = other_cpu(cf),
+            .fn = cont_loader, .opt = KVP_TIER_OPT_LOAD_UNLOCKED, .link = l};
+  cont_res best[2][2];
+  cont_best(cf, &c, nhot, best);
+  report_contention(cf, &c, gaps, best);
+  kvp_tier_link_destroy(l);
+  kvp_tier_destroy(t);
+  kvp_kv_layout_destroy(lay);
+  for (int i = 0; i < 2 * LINK_LAYERS; i++)
+    kvp_device_free(dev, tens[i]);
+  kvp_device_destroy(dev);
 }
 
 static void bench_contention(const cfg *cf) {
@@ -748,24 +881,16 @@ static void bench_contention(const cfg *cf) {
       bench_die("put", rc);
   }
   free(b);
-  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
   cont c = {.t = t, .ns = &ns, .ncold = ncold, .batch = 32, .bs = bs,
-            .cpu = cf->cpu >= 0 && ncpu > 1 ? (int)((cf->cpu + 1) % ncpu) : -1};
-  static const uint32_t gaps[2] = {0, 2000};
-  cont_res best[2][2] = {{{0, 0, 0, 0}, {0, 0, 0, 0}}, {{0, 0, 0, 0}, {0, 0, 0, 0}}};
-  for (int r = 0; r < cf->reps; r++)
-    for (int g = 0; g < 2; g++)
-      for (int locked = 1; locked >= 0; locked--) {
-        c.gap_us = gaps[g];
-        cont_res x = cont_run(cf, &c, nhot, locked);
-        if (x.gets_s > best[g][locked].gets_s)
-          best[g][locked] = x;
-      }
+            .cpu = other_cpu(cf), .fn = cont_reader,
+            .opt = KVP_TIER_OPT_READ_UNLOCKED};
+  cont_res best[2][2];
+  cont_best(cf, &c, nhot, best);
   kvp_tier_stats st;
   kvp_tier_stats_get(t, &st);
   if (st.hits[KVP_TIER_NVME] == 0 || st.promotions != 0)
     bench_die("contention: the batch thread did not read NVMe-only blocks", KVP_ESTATE);
-  report_contention(cf, c.cpu, gaps, best);
+  report_contention(cf, &c, gaps, best);
   kvp_tier_destroy(t);
   DIR *d = opendir(dir); /* the slab files */
   struct dirent *de;
@@ -803,7 +928,8 @@ static int parse(int argc, char **argv, cfg *c) {
       BENCH_OPT("small-pages", BENCH_FLAG, &c->small_pages, NULL,
                 "read buffers of 4 KiB pages (default: 2 MiB THP)"),
       BENCH_OPT("contention", BENCH_FLAG, &c->contention, NULL,
-                "only the table of DRAM gets while another thread reads NVMe"),
+                "only the tables of DRAM gets while another thread reads "
+                "NVMe, and while it loads DRAM blocks through a link"),
       BENCH_OPT("quick", BENCH_FLAG, &c->quick, NULL,
                 "32 MiB file, 0.2 s cells, 1 rep, no fio; checks that every "
                 "NVMe read returns the bytes written"),
@@ -835,6 +961,7 @@ int main(int argc, char **argv) {
   mkdir(c.dir, 0700);
   if (c.contention) {
     bench_contention(&c);
+    bench_link_contention(&c);
     rmdir(c.dir);
     return 0;
   }
@@ -857,8 +984,10 @@ int main(int argc, char **argv) {
     if (!c.only_bs || c.only_bs == sizes[s])
       bench_nvme(&c, sizes[s], c.only_qd ? &c.only_qd : qds,
                  c.only_qd ? 1 : c.quick ? 2 : 3, have_fio);
-  if (c.quick) /* keeps the --contention path exercised */
+  if (c.quick) { /* keeps the --contention paths exercised */
     bench_contention(&c);
+    bench_link_contention(&c);
+  }
   char file[512];
   snprintf(file, sizeof file, "%s/fio-%" PRIu64 ".dat", c.dir, c.file_bytes);
   unlink(file);

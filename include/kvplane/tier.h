@@ -369,7 +369,12 @@ typedef enum kvp_tier_opt {
    * overlaps the writes in flight even at queue depth 1; 0: a block is
    * staged only when a queue slot is free, as before (for side-by-side
    * comparisons, bench_tier) */
-  KVP_TIER_OPT_STAGE_AHEAD = 12
+  KVP_TIER_OPT_STAGE_AHEAD = 12,
+  /* 1 (default): a link's in-place load (kvp_tier_load) pins the DRAM slots
+   * it scatters from and runs the scatter without the store's lock; 0: the
+   * scatter holds the lock, as before (for side-by-side comparisons,
+   * bench_tier --contention) */
+  KVP_TIER_OPT_LOAD_UNLOCKED = 13
 } kvp_tier_opt;
 /* Returns 0, KVP_EINVAL (unknown option), KVP_ERANGE (outside bounds). */
 KVP_API int kvp_tier_set(kvp_tier_store *t, kvp_tier_opt opt, int64_t value);
