@@ -72,6 +72,15 @@ void kvp__tier_dram_region(const tier_dram *d, void **base, size_t *len);
 int kvp__tier_dram_huge(const tier_dram *d);
 uint64_t kvp__tier_dram_slot_bytes(const tier_dram *d);
 
+/* ---- the host's default DRAM budget (tier_host.c) ------------------------
+ * claim: this store's share of fraction x avail (bytes), recorded in the
+ * host registry (*registered: release it at destroy).  0, or KVP_ENOSPC
+ * (logged: the budget is taken).  A registry that cannot be opened is
+ * logged and the store sized alone, as before. */
+int kvp__tier_host_claim(double fraction, uint32_t stores, uint64_t avail,
+                         uint64_t *bytes, bool *registered);
+void kvp__tier_host_release(uint64_t bytes);
+
 /* ---- I/O: io_uring or POSIX behind one streaming batch call -------------*/
 enum { TIO_READ = 0, TIO_WRITE = 1, TIO_SYNC = 2 };
 typedef struct tio_op {
@@ -206,6 +215,9 @@ struct kvp_tier_store {
   uint64_t dram_cap, dram_used, dram_region; /* dram_cap: the cascade's */
   tier_cascade *cas; /* DRAM's policy, its victims' way to NVMe, the gate */
   bool registered; /* dram_register succeeded: unregister at destroy */
+  bool host_claimed; /* dram_cap's first value is a claim in the host
+                        registry (tier_host.c): release at destroy */
+  uint64_t host_bytes;
   /* NVMe (NULL: none) and the options its calls take */
   tier_nvme *nv;
   uint32_t qd, qd_max;

@@ -68,7 +68,8 @@ int kvp_tier_opts_from_config(kvp_config *c, kvp_tier_opts *o, char *dir,
   }
   uint64_t dram = o->dram_bytes, nvme = o->nvme_bytes, qd = o->queue_depth,
            maxb = o->max_block_bytes, slow = o->slow_io_us,
-           vmin = o->volatile_nvme_min_hits, amin = o->admit_min_samples;
+           vmin = o->volatile_nvme_min_hits, amin = o->admit_min_samples,
+           hosts = o->host_stores;
   double dfrac = o->dram_fraction, nfrac = o->nvme_fraction,
          aww = o->admit_write_weight, pre = o->prefill_kv_bytes_per_s,
          rbw = o->nvme_read_bytes_per_s, wbw = o->nvme_write_bytes_per_s;
@@ -78,6 +79,7 @@ int kvp_tier_opts_from_config(kvp_config *c, kvp_tier_opts *o, char *dir,
       KVP_CFG_SIZE("dram_bytes", &dram, lo_of(KVP_TIER_OPT_DRAM_BYTES),
                   hi_of(KVP_TIER_OPT_DRAM_BYTES)),
       KVP_CFG_F64("dram_fraction", &dfrac, 0, 0.9),
+      KVP_CFG_U64("host_stores", &hosts, 0, 256),
       KVP_CFG_STR("huge_pages", huge, sizeof huge),
       KVP_CFG_STR("nvme_dir", d, sizeof d),
       KVP_CFG_SIZE("nvme_bytes", &nvme, lo_of(KVP_TIER_OPT_NVME_BYTES),
@@ -130,6 +132,7 @@ int kvp_tier_opts_from_config(kvp_config *c, kvp_tier_opts *o, char *dir,
     return rc;
   o->dram_bytes = dram;
   o->dram_fraction = dfrac;
+  o->host_stores = (uint32_t)hosts;
   o->huge_pages = (kvp_tier_huge)hk;
   if (d[0] != '\0') {
     memcpy(dir, d, strlen(d) + 1);

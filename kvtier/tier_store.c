@@ -495,7 +495,8 @@ static int check_opts(const kvp_tier_opts *o) {
       (unsigned)o->huge_pages > KVP_TIER_HUGE_NONE || o->no_promote > 1 ||
       o->max_block_bytes > (UINT64_C(256) << 20) ||
       (unsigned)o->admission >= KVP_TIER_ADMIT_COUNT_ ||
-      o->admit_min_samples > 512 || !(o->admit_write_weight >= 0) ||
+      o->admit_min_samples > 512 || o->host_stores > 256 ||
+      !(o->admit_write_weight >= 0) ||
       !(o->prefill_kv_bytes_per_s >= 0) || !(o->nvme_read_bytes_per_s >= 0) ||
       !(o->nvme_write_bytes_per_s >= 0) || isinf(o->admit_write_weight) ||
       isinf(o->prefill_kv_bytes_per_s) || isinf(o->nvme_read_bytes_per_s) ||
@@ -508,11 +509,16 @@ static int check_opts(const kvp_tier_opts *o) {
 
 static int create_dram(kvp_tier_store *t) {
   uint64_t bytes = t->o.dram_bytes;
-  if (bytes == 0) {
+  int rc;
+  if (bytes == 0) { /* a share of the host's budget */
     double f = t->o.dram_fraction > 0 ? t->o.dram_fraction : 0.25;
-    bytes = (uint64_t)(f * (double)mem_available());
+    rc = kvp__tier_host_claim(f, t->o.host_stores, mem_available(), &bytes,
+                              &t->host_claimed);
+    if (rc < 0)
+      return rc;
+    t->host_bytes = bytes;
   }
-  int rc = kvp__tier_dram_create(bytes, t->o.huge_pages, &t->a, &t->dram);
+  rc = kvp__tier_dram_create(bytes, t->o.huge_pages, &t->a, &t->dram);
   if (rc < 0) {
     KVP_LOGE("kvtier", "DRAM region of %" PRIu64 " bytes: %s", bytes,
              kvp_strerror(rc));
@@ -599,6 +605,8 @@ void kvp_tier_destroy(kvp_tier_store *t) {
       t->o.dram_unregister(t->o.register_opaque, base, len);
   }
   kvp__tier_dram_destroy(t->dram);
+  if (t->host_claimed)
+    kvp__tier_host_release(t->host_bytes);
   kvp__tier_cascade_destroy(t->cas);
   kvp__tier_table_fini(&t->tbl);
   assert(t->npinned == 0 && t->ndfree == 0);

@@ -139,8 +139,9 @@ typedef enum kvp_tier_huge {
 
 /* Zero value = defaults. */
 typedef struct kvp_tier_opts {
-  /* DRAM tier.  dram_bytes 0: dram_fraction of MemAvailable (read from
-   * /proc/meminfo at create), fraction 0 = 0.25. */
+  /* DRAM tier.  dram_bytes 0: a share of dram_fraction of MemAvailable
+   * (read from /proc/meminfo), fraction 0 = 0.25, shared by the host's
+   * default-sized stores (host_stores below). */
   uint64_t dram_bytes;
   double dram_fraction;
   kvp_tier_huge huge_pages;
@@ -196,7 +197,17 @@ typedef struct kvp_tier_opts {
   double prefill_kv_bytes_per_s;
   double nvme_read_bytes_per_s;
   double nvme_write_bytes_per_s;
-  uint32_t reserved[6];
+  /* Default-sized DRAM tiers (dram_bytes 0) share one budget per host:
+   * dram_fraction of MemAvailable when the first of them opened, kept in a
+   * registry file (KVP_TIER_HOST_REGISTRY, default
+   * /dev/shm/kvplane-tier-dram; "" = no sharing, each store takes its
+   * fraction as before) with the live stores' claims; a dead process's claim
+   * is dropped at the next create.  Each store takes budget / host_stores
+   * (0 = 1: the first store takes it all), or what is left when that is at
+   * least half of it; otherwise kvp_tier_create fails with KVP_ENOSPC and
+   * logs who holds the budget.  Stores given dram_bytes are not counted. */
+  uint32_t host_stores;
+  uint32_t reserved[5];
 } kvp_tier_opts;
 
 /* Per namespace: block_bytes > 0 gives the namespace fixed-size DRAM slots
@@ -388,7 +399,7 @@ KVP_API int kvp_tier_opt_bounds(kvp_tier_store *t, kvp_tier_opt opt,
 
 /* ---- the YAML config's `tiers:` section (include/kvplane/config.h) ---------
  * Binds section `tiers` to *o, key by key (README, "The KV block store":
- * dram_bytes, dram_fraction, huge_pages auto|thp|none, nvme_dir (one path;
+ * dram_bytes, dram_fraction, host_stores, huge_pages auto|thp|none, nvme_dir (one path;
  * a list is refused), nvme_bytes, nvme_fraction, queue_depth,
  * max_block_bytes (the three byte sizes take units: 64G, 512MiB, 1T; see
  * kvp_config_parse_size), io_backend auto|uring|posix, slow_io_us, policy
