@@ -188,11 +188,13 @@ TEST(tiers_good) {
                 "  nvme_bytes: 4096000\n  nvme_fraction: 0.5\n"
                 "  queue_depth: 64\n  max_block_bytes: 2097152\n"
                 "  io_backend: posix\n  slow_io_us: 5000\n  policy: lru\n"
-                "  volatile_nvme_min_hits: 2\n  promote: off\n",
+                "  volatile_nvme_min_hits: 2\n  promote: off\n"
+                "  host_stores: 4\n",
                 &o, dir, sizeof dir, err, sizeof err);
   if (n < 0)
     fprintf(stderr, "%s\n", err);
-  ASSERT_EQ(n, 13);
+  ASSERT_EQ(n, 14);
+  ASSERT_EQ(o.host_stores, 4u);
   ASSERT_EQ(o.dram_bytes, 1073741824u);
   ASSERT_DOUBLE_NEAR(o.dram_fraction, 0.1, 1e-12);
   ASSERT_EQ((int)o.huge_pages, (int)KVP_TIER_HUGE_THP);
