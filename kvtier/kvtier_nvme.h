@@ -118,6 +118,11 @@ void kvp__tier_nvme_unpin(tier_nvme *nv, int32_t ci, uint64_t slot);
  * evicted: its policy keeps a ghost). */
 void kvp__tier_nvme_free(tier_nvme *nv, uint32_t id, int32_t ci, uint64_t slot,
                          bool wipe, bool evicted);
+/* A read of class ci's slot found damage (fail: TIER_RF_SUM, _KEY or
+ * _AUTH): counted and logged (once per slab file, with its path); the
+ * caller then frees the slot with wipe. */
+void kvp__tier_nvme_damaged(tier_nvme *nv, int32_t ci, uint64_t slot,
+                            int fail);
 /* A hit on entry id in class ci (its policy). */
 void kvp__tier_nvme_touch(tier_nvme *nv, int32_t ci, uint32_t id);
 /* fdatasync every slab file.  0 or the error. */

@@ -52,6 +52,7 @@ typedef struct tier_nclass { /* one slab file per payload size class */
   uint16_t *pins;
   uint8_t *zombie;
   tier_policy *pol;
+  bool damage_logged; /* this file's first damage was logged */
 } tier_nclass;
 
 typedef struct tier_ubuf { /* a registered caller range (piece <= 1 GiB) */
@@ -689,6 +690,45 @@ void kvp__tier_nvme_free(tier_nvme *nv, uint32_t id, int32_t ci, uint64_t slot,
   slot_release(nv, c, slot);
 }
 
+/* Logs class c's first damage (what, at slot), once per slab file. */
+static void damage_log(tier_nvme *nv, tier_nclass *c, uint64_t slot,
+                       const char *what) {
+  if (c->damage_logged)
+    return;
+  c->damage_logged = true;
+  KVP_LOGW("kvtier", "%s/kvtier-%" PRIu64 ".slab: slot %" PRIu64 " %s; "
+           "its header is zeroed (a miss, never wrong bytes; later damage in "
+           "this file is counted in kvp_tier_stats, not logged)", nv->dir,
+           c->cap, slot, what);
+}
+
+void kvp__tier_nvme_damaged(tier_nvme *nv, int32_t ci, uint64_t slot,
+                            int fail) {
+  static const char *const what[] = {
+      [TIER_RF_SUM] = "failed its checksum",
+      [TIER_RF_KEY] = "holds another block than the index says",
+      [TIER_RF_AUTH] = "failed its AES-GCM tag (tampered, or the namespace's "
+                       "key changed)"};
+  assert(fail >= TIER_RF_SUM && fail <= TIER_RF_AUTH);
+  damage_log(nv, &nv->cls[ci], slot, what[fail]);
+  nv->st.slots_wiped++;
+}
+
+/* Zeroes the headers of class c's slots[0..n) (damaged, found by
+ * recovery). */
+static void wipe_slots(tier_nvme *nv, tier_nclass *c, const uint64_t *slots,
+                       size_t n, tio_op *ops) {
+  for (size_t i = 0; i < n; i++)
+    ops[i] = op_of(TIO_WRITE, c, slots[i], nv->hdr_bytes);
+  tio_pool pool = pool_of(nv);
+  kvp__tier_io_run(nv->io, ops, n, nv->qd_max, &pool, zprep, NULL, nv);
+  for (size_t i = 0; i < n; i++)
+    if (ops[i].res == (int)nv->hdr_bytes)
+      nv->st.slots_wiped++;
+    else
+      nv->st.io_errors++;
+}
+
 void kvp__tier_nvme_touch(tier_nvme *nv, int32_t ci, uint32_t id) {
   kvp__tier_policy_touch(nv->cls[ci].pol, id);
 }
@@ -700,13 +740,31 @@ typedef struct scanctx {
   uint64_t base;
   tier_nvme_found_fn fn;
   void *arg;
+  uint64_t *bad; /* slots to wipe (this chunk's) */
+  size_t nbad;
 } scanctx;
 
-static void recover_slot(scanctx *s, uint64_t slot, const tier_slot_hdr *h) {
+/* A slot whose header is damaged: counted, logged once per file, wiped
+ * after the chunk -- unless it is a newer format's (not ours to judge). */
+static void recover_bad(scanctx *s, uint64_t slot, const uint8_t *hb) {
+  tier_nvme *nv = s->nv;
+  uint32_t magic;
+  uint16_t ver;
+  memcpy(&magic, hb, 4); /* little-endian hosts only (the format's order) */
+  memcpy(&ver, hb + 4, 2);
+  nv->st.recovery_bad_slots++;
+  if (magic == TIER_HDR_MAGIC && ver > TIER_HDR_VERSION)
+    return;
+  damage_log(nv, &nv->cls[s->ci], slot, "has a damaged header (recovery)");
+  s->bad[s->nbad++] = slot;
+}
+
+static void recover_slot(scanctx *s, uint64_t slot, const tier_slot_hdr *h,
+                         const uint8_t *hb) {
   tier_nvme *nv = s->nv;
   tier_nclass *c = &nv->cls[s->ci];
   if (kvp__tier_class_bytes(h->len) != c->cap) {
-    nv->st.recovery_bad_slots++;
+    recover_bad(s, slot, hb);
     return;
   }
   if (h->epoch > nv->epoch)
@@ -726,10 +784,31 @@ static void sdone(void *arg, size_t i, tio_op *op) {
   if (op->res != (int)op->len) {
     s->nv->st.io_errors++;
   } else if (kvp__tier_hdr_decode(op->buf, TIER_HDR_BYTES, &h) == 0) {
-    recover_slot(s, s->base + i, &h);
+    recover_slot(s, s->base + i, &h, op->buf);
   } else if (((uint8_t *)op->buf)[0] != 0) {
-    s->nv->st.recovery_bad_slots++; /* not a wiped or never-written slot */
+    recover_bad(s, s->base + i, op->buf); /* not wiped or never written */
   }
+}
+
+/* A file whose size is not a whole number of slots was cut short: a last
+ * slot whose header is intact is a lost block (counted, logged); the cut
+ * tail is dropped, so the next open does not count it again. */
+static void recover_tail(tier_nvme *nv, tier_nclass *c, uint64_t slots,
+                         uint64_t size) {
+  if (size % c->slot_bytes == 0)
+    return;
+  tio_op op = op_of(TIO_READ, c, slots, nv->hdr_bytes);
+  tio_pool pool = pool_of(nv);
+  kvp__tier_io_run(nv->io, &op, 1, 1, &pool, NULL, NULL, NULL);
+  tier_slot_hdr h;
+  bool lost = op.res == (int)nv->hdr_bytes &&
+              kvp__tier_hdr_decode(op.buf, TIER_HDR_BYTES, &h) == 0;
+  nv->st.recovery_truncated_blocks += lost;
+  KVP_LOGW("kvtier", "%s/kvtier-%" PRIu64 ".slab: truncated (%" PRIu64
+           " bytes past its last whole slot%s); the tail is dropped", nv->dir,
+           c->cap, size % c->slot_bytes, lost ? ": 1 block lost" : "");
+  if (ftruncate(c->fd, (off_t)(slots * c->slot_bytes)) != 0)
+    nv->st.io_errors++;
 }
 
 static int recover_class(tier_nvme *nv, int32_t ci, tier_nvme_found_fn fn,
@@ -739,23 +818,29 @@ static int recover_class(tier_nvme *nv, int32_t ci, tier_nvme_found_fn fn,
   if (fstat(c->fd, &sb) != 0)
     return -errno;
   uint64_t slots = (uint64_t)sb.st_size / c->slot_bytes;
+  recover_tail(nv, c, slots, (uint64_t)sb.st_size);
   c->nslots = 0;
   int rc = class_grow(nv, c, slots); /* adopts the existing slots */
   if (rc < 0 || slots == 0)
     return rc;
   enum { CHUNK = 1024 };
   tio_op *ops = kvp__calloc(&nv->a, CHUNK, sizeof *ops);
-  if (ops == NULL)
-    return KVP_ENOMEM;
+  uint64_t *bad = kvp__calloc(&nv->a, CHUNK, sizeof *bad);
+  if (ops == NULL || bad == NULL)
+    rc = KVP_ENOMEM;
   tio_pool pool = pool_of(nv);
-  for (uint64_t at = 0; at < slots; at += CHUNK) {
+  for (uint64_t at = 0; rc == 0 && at < slots; at += CHUNK) {
     size_t n = slots - at < CHUNK ? (size_t)(slots - at) : CHUNK;
     for (size_t i = 0; i < n; i++)
       ops[i] = op_of(TIO_READ, c, at + i, nv->hdr_bytes);
-    scanctx sc = {nv, ci, at, fn, arg};
+    scanctx sc = {nv, ci, at, fn, arg, bad, 0};
     kvp__tier_io_run(nv->io, ops, n, nv->qd_max, &pool, NULL, sdone, &sc);
+    wipe_slots(nv, &nv->cls[ci], bad, sc.nbad, ops);
   }
-  kvp__free(&nv->a, ops, CHUNK * sizeof *ops);
+  kvp__free(&nv->a, ops, ops ? CHUNK * sizeof *ops : 0);
+  kvp__free(&nv->a, bad, bad ? CHUNK * sizeof *bad : 0);
+  if (rc < 0)
+    return rc;
   c = &nv->cls[ci];
   c->nfree = 0; /* rebuild the free stack from the owners */
   for (uint64_t s = slots; s-- > 0;)
@@ -972,6 +1057,8 @@ void kvp__tier_nvme_stats(tier_nvme *nv, kvp_tier_stats *out) {
   out->io_errors += s->io_errors;
   out->short_io += s->short_io;
   out->recovery_bad_slots += s->recovery_bad_slots;
+  out->slots_wiped += s->slots_wiped;
+  out->recovery_truncated_blocks += s->recovery_truncated_blocks;
   out->nvme_used_bytes = nv->used;
   out->nvme_bytes = nv->cap;
   out->io_uring = kvp__tier_io_is_uring(nv->io);

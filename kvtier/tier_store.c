@@ -271,10 +271,13 @@ static void read_finish(kvp_tier_store *t, const uint32_t *ids, size_t n,
     t->st.nvme_read_races += !ours && r[i].fail >= TIER_RF_SUM;
     if (!ours)
       continue;
+    bool damage = r[i].fail >= TIER_RF_SUM;
+    if (damage) /* logged once per file, counted; wiped by the drop */
+      kvp__tier_nvme_damaged(t->nv, r[i].ci, r[i].slot, r[i].fail);
     if (r[i].fail == TIER_RF_NONE) /* read back: the gate's admission paid */
       admit_outcome(t, &t->tbl.ents[ids[i]], true);
-    else /* a miss; the slot is not trusted again */
-      nvme_drop(t, ids[i], false, false);
+    else /* a miss; the slot is not trusted again (nor after a restart) */
+      nvme_drop(t, ids[i], damage, false);
   }
 }
 

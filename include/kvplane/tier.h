@@ -449,6 +449,14 @@ typedef struct kvp_tier_stats {
    * as damage above.  Plaintext reads check the payload only, which a
    * pinned slot keeps: for them this stays 0. */
   uint64_t nvme_read_races;
+  /* Damage made visible (each file's first is logged at warn level with its
+   * path): slots whose header was zeroed because they failed a read's check
+   * (checksum, key, GCM tag) or recovery found a header that does not
+   * decode, so they do not fail again after a restart; and blocks lost to a
+   * truncated slab file (a last slot cut short, its header intact; the cut
+   * part is dropped from the file).  A file cut exactly at a slot boundary
+   * leaves nothing to count. */
+  uint64_t slots_wiped, recovery_truncated_blocks;
 } kvp_tier_stats;
 /* Thread-safe snapshot.  Returns 0 or KVP_EINVAL. */
 KVP_API int kvp_tier_stats_get(kvp_tier_store *t, kvp_tier_stats *out);
