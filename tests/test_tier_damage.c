@@ -7,6 +7,7 @@
  * and drops the tail.  The stats as Prometheus text (kvp_tier_prometheus).
  * Both I/O backends. */
 #include <fcntl.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -80,6 +81,46 @@ static kvp_tier_stats stats(kvp_tier_store *t) {
   return st;
 }
 
+/* What damage() left, as Prometheus text. */
+static void prom_check(kvp_tier_store *t) {
+  static char text[32768];
+  size_t need = 0;
+  ASSERT_ERR(kvp_tier_prometheus(t, text, 64, &need), KVP_ENOSPC);
+  ASSERT_GT(need, 64);
+  ASSERT_EQ(strlen(text), 63);
+  ASSERT_OK(kvp_tier_prometheus(t, text, sizeof text, &need));
+  ASSERT_EQ(strlen(text), need);
+  static const char *const want[] = {
+      "\nkvplane_tier_slots_wiped_total 3\n",
+      "\nkvplane_tier_checksum_failures_total 2\n",
+      "\nkvplane_tier_recovery_bad_slots_total 1\n",
+      "\nkvplane_tier_recovery_truncated_blocks_total 0\n",
+      "\nkvplane_tier_hits_total{tier=\"nvme\"} 1\n",
+      "\nkvplane_tier_hits_total{tier=\"dram\"} 0\n",
+      "\nkvplane_tier_admit_accepted_total{class=\"stable\"} 0\n",
+      "\n# TYPE kvplane_tier_slots_wiped_total counter\n",
+      "\n# TYPE kvplane_tier_nvme_blocks gauge\n",
+      "\nkvplane_tier_nvme_blocks 1\n",
+      "\nkvplane_tier_read_bandwidth_bytes_per_second{tier=\"nvme\"} "};
+  for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+    if (strstr(text, want[i]) == NULL) {
+      fprintf(stderr, "missing: %s\n%s", want[i], text);
+      ASSERT_TRUE(false);
+    }
+  /* every sample line: a kvplane_tier_ name, a space, a number */
+  for (char *l = strtok(text, "\n"); l != NULL; l = strtok(NULL, "\n"))
+    if (l[0] != '#') {
+      ASSERT_EQ(strncmp(l, "kvplane_tier_", 13), 0);
+      char *sp = strrchr(l, ' ');
+      ASSERT_NOT_NULL(sp);
+      char *end;
+      strtod(sp + 1, &end);
+      ASSERT_TRUE(*end == '\0' && end > sp + 1);
+    }
+  ASSERT_ERR(kvp_tier_prometheus(NULL, text, sizeof text, NULL), KVP_EINVAL);
+  ASSERT_ERR(kvp_tier_prometheus(t, NULL, 5, NULL), KVP_EINVAL);
+}
+
 static void damage(kvp_tier_io_backend be) {
   char dir[256];
   tt_mkdir(dir, sizeof dir);
@@ -103,6 +144,7 @@ static void damage(kvp_tier_io_backend be) {
   ASSERT_EQ(st.checksum_failures, 2);
   ASSERT_EQ(st.slots_wiped, 3);
   ASSERT_EQ(n_warn_file, 1); /* once per file */
+  prom_check(t);
   kvp_tier_destroy(t);
   /* restart: the wiped slots are gone for good, nothing fails again */
   n_warn_file = 0;

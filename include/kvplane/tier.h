@@ -30,6 +30,7 @@
 #include "kvplane/config.h"
 #include "kvplane/device.h"
 #include "kvplane/prefix.h"
+#include "kvplane/text.h" /* kvp_write_fn (kvp_tier_prometheus_write) */
 
 #ifdef __cplusplus
 extern "C" {
@@ -460,6 +461,22 @@ typedef struct kvp_tier_stats {
 } kvp_tier_stats;
 /* Thread-safe snapshot.  Returns 0 or KVP_EINVAL. */
 KVP_API int kvp_tier_stats_get(kvp_tier_store *t, kvp_tier_stats *out);
+
+/* The stats as Prometheus text exposition format 0.0.4, families
+ * kvplane_tier_* (counters *_total, gauges; a `tier` label dram|nvme or a
+ * `class` label volatile|semi|stable on the per-tier and per-class fields;
+ * read bandwidths from kvp_tier_bandwidth), to serve beside
+ * kvp_ledger_prometheus.  Takes one snapshot (kvp_tier_stats_get), then
+ * writes with the store's lock released.  Returns 0, KVP_EINVAL or the
+ * writer's error.  Thread-safe. */
+KVP_API int kvp_tier_prometheus_write(kvp_tier_store *t, kvp_write_fn fn,
+                                      void *opaque);
+/* The same into buf, snprintf-like (at most cap-1 bytes and a NUL when
+ * cap > 0; buf may be NULL when cap is 0); *needed (may be NULL) gets the
+ * full length without the NUL.  0, KVP_ENOSPC (truncated: grow past
+ * *needed), KVP_EINVAL. */
+KVP_API int kvp_tier_prometheus(kvp_tier_store *t, char *buf, size_t cap,
+                                size_t *needed);
 
 /* The epoch this store's events carry (see kvp_tier_event).  0 for NULL. */
 KVP_API uint64_t kvp_tier_epoch(const kvp_tier_store *t);
