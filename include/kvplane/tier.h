@@ -509,17 +509,30 @@ KVP_API int kvp_tier_dram_region(kvp_tier_store *t, void **base, size_t *len);
  * The worker's save/load path between the engine's paged KV cache (HBM, or
  * any memory a kvp_device reaches) and this store:
  *
- *   save: kvp_device_gather of the blocks (all layers, one launch per
- *         staging round) into a staging buffer registered with the device,
- *         then kvp_tier_put_batch of each staged block under its key;
+ *   save: when the store's region is registered with the link's device
+ *         and the namespace has fixed-size slots of the layout's block_bytes
+ *         (a size that divides 2 MiB, a multiple of 64), one DRAM slot is
+ *         reserved per new key under the store's lock (keys already stored
+ *         are put's duplicates and are not gathered), the blocks are
+ *         gathered straight into their slots (one launch per round) with
+ *         the lock released, and committed: a reserved slot is in no index,
+ *         policy or event until its commit (readers miss it, eviction
+ *         cannot take it), and a failed gather returns every reservation of
+ *         the round, storing nothing (stats blocks_saved_direct).
+ *         Otherwise kvp_device_gather into a staging buffer registered with
+ *         the device, then kvp_tier_put_batch of each staged block.  DRAM
+ *         holds plaintext either way; an encrypted namespace's blocks are
+ *         encrypted when they are written to NVMe (demotion, write-back,
+ *         durable puts), as for kvp_tier_put;
  *   load: blocks in DRAM are scattered straight out of their DRAM slots
  *         when the store's region is registered with the link's device
  *         (kvp_tier_opts_set_device with that device) and the slot sits at
  *         a multiple of block_bytes from the region's start (fixed-size
  *         slots of a block size that divides 2 MiB): one scatter per round,
- *         run under the store's lock so no eviction can free a slot while
- *         the device reads it (the link's stream is drained first, so the
- *         lock is held for this scatter only; stats blocks_direct).  Other
+ *         run with the store's lock released -- the slots are pinned, so an
+ *         eviction meanwhile leaves its slot unreused until the scatter is
+ *         done (KVP_TIER_OPT_LOAD_UNLOCKED 0: under the lock, as before;
+ *         stats blocks_direct).  Other
  *         blocks go through kvp_tier_get_batch into the staging buffer
  *         (DRAM copies, NVMe reads in one batch, every read verified: see
  *         the top of this file), then kvp_device_scatter of the HITS ONLY.
@@ -530,10 +543,8 @@ KVP_API int kvp_tier_dram_region(kvp_tier_store *t, void **base, size_t *len);
  * A staged block is the layout's block_bytes (kvp_kv_layout_info), chunks
  * in the engine's own layout and dtype, so the namespace must name that
  * layout (kvp_namespace_desc.kv_layout): a block saved from one layout is
- * never scattered into another.  Saves copy through the staging buffer (a
- * gather straight into DRAM slots would need slots reserved before the
- * put: not done); the DRAM region registration below keeps the region
- * pinned for the device and io_uring. */
+ * never scattered into another.  The DRAM region registration below keeps
+ * the region pinned for the device and io_uring. */
 
 /* Fills o->dram_register / dram_unregister / register_opaque so that
  * kvp_tier_create(o) registers the whole DRAM region with dev
@@ -598,9 +609,10 @@ KVP_API void kvp_tier_link_destroy(kvp_tier_link *l);
  * the store (the cache may then be overwritten).  results[i] is the put's
  * result (1 stored or already present, or an error: the block was not
  * saved).  Returns the number stored, or a negative code for the whole call
- * (KVP_EINVAL: NULL, n > 0 without arrays; a gather's KVP_EINVAL/KVP_ERANGE
- * for a block id out of range, KVP_EGPU): the rounds before the failing one
- * are stored and their results set, the rest of results[] holds the code.
+ * (KVP_EINVAL: NULL, n > 0 without arrays, a block id out of range -- checked
+ * before anything is reserved or stored; a gather's KVP_EGPU): the rounds
+ * before the failing one are stored and their results set, the rest of
+ * results[] holds the code.
  * Thread-safe (calls on one link are serialised; use one link per thread
  * for parallel transfers). */
 KVP_API int kvp_tier_save(kvp_tier_link *l, kvp_stream *s,
