@@ -10,8 +10,9 @@ cache, each time into *different* block ids after the cache was poisoned with
 NaN, and generation continues from each:
   1. the kernels alone: kvp_device_gather into registered host memory (all
      layers, one launch), kvp_device_scatter back;
-  2. kvtier from DRAM: kvp_tier_save (gathers into the store's DRAM tier,
-     keyed by the prompt's chained block keys), kvp_tier_load (scatters
+  2. kvtier from DRAM: kvp_tier_save (gathers straight into reserved slots of
+     the store's DRAM tier, keyed by the prompt's chained block keys),
+     kvp_tier_load (scatters
      straight out of the DRAM slots: the region is registered with the
      device);
   3. kvtier from NVMe: the DRAM blocks written back to slab files
@@ -122,7 +123,7 @@ class LinkStats(C.Structure):
                 ("blocks_save_failed", C.c_uint64), ("blocks_loaded", C.c_uint64),
                 ("blocks_missed", C.c_uint64), ("wrong_length", C.c_uint64),
                 ("gathers", C.c_uint64), ("scatters", C.c_uint64), ("blocks_direct", C.c_uint64),
-                ("reserved", C.c_uint64 * 6)]
+                ("blocks_saved_direct", C.c_uint64), ("reserved", C.c_uint64 * 5)]
 
 
 assert C.sizeof(DeviceOpts) == 48 and C.sizeof(LayoutDesc) == 104 and C.sizeof(Xfer) == 80
@@ -412,6 +413,8 @@ def run_tier_ways(kvp, dev, lay, stream, model, cache, tokens, table_a, table_b,
         t_save, n = wall_ms(lambda: L.kvp_tier_save(tier.l, stream, keys, ids_a, nprompt,
                                                     C.byref(PutOpts(cls=KVP_CLASS_STABLE)), res))
         assert n == nprompt and all(r == 1 for r in res), f"kvp_tier_save stored {n} of {nprompt}"
+        saved_direct = tier.stats().blocks_saved_direct  # gathered into the DRAM slots
+        assert saved_direct == nprompt, f"{saved_direct} of {nprompt} saved in place"
         loads = []
         for _ in range(3):  # the third is timed; each into poisoned blocks
             poison(cache)
