@@ -365,6 +365,74 @@ int kvp_tier_keys_each(kvp_tier_store *t, kvp_tier_resident_fn fn,
                        void *opaque, uint64_t *seq);
 double kvp_tier_bandwidth(kvp_tier_store *t, kvp_tier tier);
 
+/* ---- device.h ---- */
+typedef enum kvp_backend { KVP_BACKEND_CPU, KVP_BACKEND_CUDA, KVP_BACKEND_HIP,
+  ... } kvp_backend;
+const char *kvp_backend_name(kvp_backend b);
+int kvp_backend_available(kvp_backend b, char *why, size_t why_cap);
+typedef struct kvp_device kvp_device;
+typedef struct kvp_device_opts { kvp_backend backend; int32_t ordinal;
+  uint32_t cta_budget; uint32_t flags; ...; } kvp_device_opts;
+#define KVP_DEVICE_NO_CALIBRATE ...
+int kvp_device_create(const kvp_device_opts *opts, const kvp_allocator *alloc,
+                      kvp_device **out);
+void kvp_device_destroy(kvp_device *dev);
+kvp_backend kvp_device_backend(const kvp_device *dev);
+const char *kvp_device_name(const kvp_device *dev);
+int kvp_device_native_error(const kvp_device *dev, const char **name);
+int kvp_device_host_register(kvp_device *dev, void *ptr, size_t bytes);
+int kvp_device_host_unregister(kvp_device *dev, void *ptr);
+int kvp_device_synchronize(kvp_device *dev);
+typedef struct kvp_stream kvp_stream;
+int kvp_stream_wrap(kvp_device *dev, void *native, kvp_stream **out);
+void kvp_stream_destroy(kvp_stream *s);
+int kvp_stream_synchronize(kvp_stream *s);
+typedef enum kvp_layout_kind { KVP_LAYOUT_VLLM_NHD, KVP_LAYOUT_VLLM_NHD_KV,
+  KVP_LAYOUT_VLLM_HND, KVP_LAYOUT_VLLM_HND_KV, KVP_LAYOUT_CROSS_LAYER,
+  KVP_LAYOUT_MLA, ... } kvp_layout_kind;
+typedef struct kvp_kv_layout_desc { kvp_layout_kind kind; uint32_t num_layers;
+  uint32_t num_blocks; uint32_t block_size; uint32_t num_kv_heads;
+  uint32_t head_dim; uint32_t elem_size; void *const *k_layers;
+  void *const *v_layers; void *base; ...; } kvp_kv_layout_desc;
+typedef struct kvp_kv_layout kvp_kv_layout;
+int kvp_kv_layout_create(kvp_device *dev, const kvp_kv_layout_desc *desc,
+                         kvp_kv_layout **out);
+void kvp_kv_layout_destroy(kvp_kv_layout *l);
+typedef struct kvp_kv_layout_info { uint64_t block_bytes; uint64_t chunk_bytes;
+  uint64_t block_stride; uint32_t n_chunks; uint32_t num_blocks;
+  uint32_t vector_bytes; ...; } kvp_kv_layout_info;
+int kvp_kv_layout_info_get(const kvp_kv_layout *l, kvp_kv_layout_info *out);
+typedef enum kvp_xfer_method { KVP_XFER_AUTO, KVP_XFER_KERNEL,
+  KVP_XFER_COPY_ENGINE, ... } kvp_xfer_method;
+#define KVP_XFER_IDS_UNIQUE ...
+typedef struct kvp_xfer { const kvp_kv_layout *layout;
+  const uint32_t *block_ids; uint32_t n; uint32_t method; void *staging;
+  uint64_t staging_bytes; const uint32_t *staging_slots; uint32_t flags;
+  ...; } kvp_xfer;
+int kvp_device_gather(kvp_device *dev, kvp_stream *s, const kvp_xfer *x);
+int kvp_device_scatter(kvp_device *dev, kvp_stream *s, const kvp_xfer *x);
+/* ---- tier.h: the device link ---- */
+int kvp_tier_opts_set_device(kvp_tier_opts *o, kvp_device *dev);
+typedef struct kvp_tier_link kvp_tier_link;
+typedef struct kvp_tier_link_opts { uint32_t staging_blocks; ...; }
+  kvp_tier_link_opts;
+typedef struct kvp_tier_link_stats { uint64_t saves; uint64_t loads;
+  uint64_t blocks_saved; uint64_t blocks_save_failed; uint64_t blocks_loaded;
+  uint64_t blocks_missed; uint64_t wrong_length; uint64_t gathers;
+  uint64_t scatters; uint64_t blocks_direct; uint64_t blocks_saved_direct;
+  ...; } kvp_tier_link_stats;
+int kvp_tier_link_create(kvp_tier_store *t, kvp_device *dev,
+                         const kvp_kv_layout *layout, const kvp_namespace *ns,
+                         const kvp_tier_link_opts *o, const kvp_allocator *alloc,
+                         kvp_tier_link **out);
+void kvp_tier_link_destroy(kvp_tier_link *l);
+int kvp_tier_save(kvp_tier_link *l, kvp_stream *s, const kvp_key *keys,
+                  const uint32_t *block_ids, size_t n,
+                  const kvp_tier_put_opts *po, int *results);
+int kvp_tier_load(kvp_tier_link *l, kvp_stream *s, const kvp_key *keys,
+                  const uint32_t *block_ids, size_t n, int *results);
+int kvp_tier_link_stats_get(kvp_tier_link *l, kvp_tier_link_stats *out);
+
 /* ---- events.h (libkvplane-events) ---- */
 typedef enum kvp_events_keying { KVP_EVENTS_REKEY, KVP_EVENTS_ENGINE_HASH,
   ... } kvp_events_keying;

@@ -34,6 +34,8 @@ from .prefix import (Chain, Classification, DriftReport, Extras, HashAlgo, Hashe
 from .router import (Candidate, Decision, GpuSpec, ModelSpec, Policy, Router,
                      WorkerLoad, WorkerMatch)
 from .tier import Resident, TierEvent, TierStats, TierStore
+from .device import (Device, KvLayout, LayoutInfo, Stream, TierLink, TierLinkStats,
+                     backend_available)
 
 __version__ = _ffi.string(_lib.kvp_version()).decode()
 
@@ -90,4 +92,6 @@ __all__ = [
     "Ledger", "Record", "Totals", "MissCause", "explain", "receipt_json",
     "TierStore", "TierEvent", "TierStats", "Resident",
     "EventsSubscriber", "EventSource",
+    "Device", "Stream", "KvLayout", "LayoutInfo", "TierLink", "TierLinkStats",
+    "backend_available",
 ]

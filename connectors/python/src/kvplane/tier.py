@@ -6,6 +6,7 @@ copies or does I/O).  Buffers go in and out through the buffer protocol
 without copies on the Python side."""
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
@@ -93,14 +94,19 @@ class TierStore:
     called under the store's lock for every block entering or leaving a
     tier: it must not call back into the store (Index.tier_publisher()
     gives one that feeds an Index).  An exception it raises is re-raised
-    by the store call that triggered it."""
+    by the store call that triggered it.  ``device`` (a kvplane.Device)
+    registers the DRAM region with it, so TierLinks on that device move
+    blocks straight between the engine's cache and the DRAM slots; the
+    store keeps the device alive and closes before it."""
 
     def __init__(self, dram_bytes: int = 0, nvme_dir: Optional[str] = None,
                  nvme_bytes: int = 0, io_backend: str = "auto",
                  policy: str = "lru", admission: Optional[str] = None,
                  volatile_nvme_min_hits: int = 0, promote: bool = True,
-                 on_event: Optional[Callable[[TierEvent], None]] = None) -> None:
+                 on_event: Optional[Callable[[TierEvent], None]] = None,
+                 device: Any = None) -> None:
         self._t = None
+        self._links: "weakref.WeakSet[Any]" = weakref.WeakSet()
         keep: list = []
         o = ffi.new("kvp_tier_opts *")
         o.dram_bytes, o.nvme_bytes = dram_bytes, nvme_bytes
@@ -119,10 +125,14 @@ class TierStore:
         self._handle = ffi.new_handle(self)
         if on_event is not None:
             o.on_event, o.event_opaque = lib.kvp_py_tier_event, self._handle
+        if device is not None:  # its DRAM region registered with the device
+            check(lib.kvp_tier_opts_set_device(o, device._live()), "TierStore(device)")
         out = ffi.new("kvp_tier_store **")
         check(lib.kvp_tier_create(o, ffi.NULL, out), "TierStore")
         self._t = out[0]
-        self.nvme_dir = nvme_dir
+        self.nvme_dir, self.device = nvme_dir, device
+        if device is not None:
+            device._children.add(self)
 
     def _raise_event_errors(self) -> None:
         if self._event_errors:
@@ -292,7 +302,9 @@ class TierStore:
 
     def close(self) -> None:
         """Destroy the store (does NOT sync: call sync() first for
-        durability).  Idempotent."""
+        durability).  Closes its TierLinks first.  Idempotent."""
+        for link in list(self._links):
+            link.close()
         if self._t is not None:
             lib.kvp_tier_destroy(self._t)
             self._t = None
