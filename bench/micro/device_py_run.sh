@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# The Python package's GPU end-to-end test (tests/e2e/llama_reuse.py) on the
+# GPU machine, which has PyTorch + CUDA but neither a package registry nor
+# kvplane's build dependencies.  Prepare on a build host with
+# bench/micro/device_py_prep.sh, carry its pyrun/ and wheels/ (and, only
+# when the device's Python lacks numpy, wheels-np/cp3XX), then:
+#   bench/micro/device_py_run.sh [PREP_DIR]        (default build-dev)
+# A venv with --system-site-packages (the device's torch stays) gets
+# transformers' wheels and the kvplane wheel offline; the wheel's Debian
+# libraries come from PREP_DIR/pyrun/lib (those the machine has are used
+# instead).  Logs under $OUT (env.txt, pip.txt, llama_reuse.txt).
+# Exit: llama_reuse.py's (0 pass, 1 fail, 77 skip), 2 set-up failed.
+set -u
+cd "$(dirname "$0")/../.."
+P=$(cd "${1:-build-dev}" && pwd) O=${OUT:-/tmp/out} V=${VENV:-/tmp/kvp-pyrun-venv}
+mkdir -p "$O"
+py=$(command -v python3) || { echo "no python3"; exit 2; }
+{ date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  "$py" -c 'import sys, platform; print(sys.version); print(platform.libc_ver())'
+  "$py" -c 'import torch; print("torch", torch.__version__, torch.version.cuda, torch.cuda.is_available())'
+  "$py" -c 'import numpy; print("numpy", numpy.__version__)'
+  echo "carried: $(ls "$P/pyrun" "$P/pyrun/lib" | tr '\n' ' ')"
+  git log -1 --oneline 2>/dev/null; } > "$O/env.txt" 2>&1
+cat "$O/env.txt"
+
+L=$(mktemp -d)  # the carried libraries the machine lacks
+for l in "$P"/pyrun/lib/*; do
+  n=$(basename "$l"); ldconfig -p | grep -q "^[[:space:]]$n " || cp "$l" "$L/"
+done
+echo "libraries from the carry: $(ls "$L" | tr '\n' ' ')"
+
+find_links=(--find-links "$P/wheels")
+for d in "$P"/wheels-np/cp3*; do [ -d "$d" ] && find_links+=(--find-links "$d"); done
+setup() {
+  rm -rf "$V"
+  if "$py" -m venv --system-site-packages "$V"; then pip=("$V/bin/python" -m pip)
+  else  # no ensurepip: an empty venv filled by the system pip (>= 22.3)
+    "$py" -m venv --system-site-packages --without-pip "$V" || return 1
+    pip=("$py" -m pip --python "$V/bin/python")
+  fi
+  "${pip[@]}" install --disable-pip-version-check --no-index "${find_links[@]}" \
+    transformers==4.46.3 && "${pip[@]}" install --disable-pip-version-check --no-index \
+    "${find_links[@]}" "$P"/pyrun/kvplane-*.whl
+}
+setup > "$O/pip.txt" 2>&1 || { tail -20 "$O/pip.txt"; echo "set-up failed (pip.txt)"; exit 2; }
+tail -2 "$O/pip.txt"
+
+# Debian's libjemalloc has initial-exec TLS: room for it (docs/python.md)
+export GLIBC_TUNABLES=glibc.rtld.optional_static_tls=8192
+export LD_LIBRARY_PATH=$L${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} KVP_LOG=warn
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONDONTWRITEBYTECODE=1
+timeout 300 "$V/bin/python" tests/e2e/llama_reuse.py > "$O/llama_reuse.txt" 2>&1
+rc=$?
+cat "$O/llama_reuse.txt"
+echo "llama_reuse rc=$rc"
+rm -rf "$L"
+exit $rc
