@@ -234,3 +234,41 @@ def test_device_close_closes_children(hasher):
     assert lay._l is None
     with pytest.raises(ValueError, match="closed"):
         lay.gather([0], np.zeros((1, 1 << 20), np.uint8))
+
+
+def test_finalization_order_is_safe(hasher):
+    """Collected in a cycle, a store may be finalized before its link (the
+    links' weak set is already cleared): its handle then waits for the link."""
+    dev = kvplane.Device("cpu")
+    k, v = paged_cache()
+    lay = kvplane.KvLayout(dev, k, v)
+    ns = kvplane.Namespace("m", BS, kv_layout="vllm-nhd:fp16")
+    store = kvplane.TierStore(dram_bytes=16 << 20, device=dev)
+    store.add_namespace(ns, block_bytes=lay.block_bytes)
+    link = kvplane.TierLink(store, dev, lay, ns)
+    store._links.clear()
+    dev._children.clear()                                # as in a collected cycle
+    store.close(), lay.close(), dev.close()
+    assert store._owner.ptr is not None and dev._owner.ptr is not None
+    keys = kvplane.Hasher(ns).hash(range(BS))
+    assert link.save(keys, [0]) == [1]                   # everything still alive
+    link.close()
+    assert store._owner.ptr is None and lay._owner.ptr is None
+    assert dev._owner.ptr is None
+
+
+def test_cycle_collected(hasher):
+    import gc
+    dev = kvplane.Device("cpu")
+    k, v = paged_cache()
+    lay = kvplane.KvLayout(dev, k, v)
+    ns = kvplane.Namespace("m", BS, kv_layout="vllm-nhd:fp16")
+    store = kvplane.TierStore(dram_bytes=16 << 20, device=dev)
+    store.add_namespace(ns, block_bytes=lay.block_bytes)
+    link = kvplane.TierLink(store, dev, lay, ns)
+    cycle = [dev, lay, store, link]
+    cycle.append(cycle)
+    owners = [o._owner for o in cycle[:4]]
+    del dev, lay, store, link, cycle
+    gc.collect()
+    assert all(o.ptr is None for o in owners)

@@ -326,3 +326,32 @@ def _tensor_buffer(t: Any) -> tuple:
         raise ValueError("tensor is not contiguous")
     nbytes = t.nbytes if hasattr(t, "nbytes") else t.numel() * t.element_size()
     return ffi.cast("void *", t.data_ptr()), int(nbytes), t
+
+
+class Owner:
+    """A C handle whose destroy waits for the handles that depend on it.
+
+    Objects collected together (a reference cycle) are finalized in no
+    particular order: a TierStore may be finalized before the TierLink
+    that points into it.  Each object therefore frees its handle through an
+    Owner (no finalizer of its own): close() marks it, and it is destroyed
+    once it is closed and every dependent Owner has been destroyed."""
+
+    def __init__(self, ptr: Any, destroy: Any, parents: Sequence["Owner"] = ()) -> None:
+        self.ptr, self._destroy, self.parents = ptr, destroy, list(parents)
+        self.deps, self.closing = 0, False
+        for p in self.parents:
+            p.deps += 1
+
+    def close(self) -> None:
+        self.closing = True
+        self._maybe_free()
+
+    def _maybe_free(self) -> None:
+        if not self.closing or self.deps or self.ptr is None:
+            return
+        ptr, self.ptr = self.ptr, None
+        self._destroy(ptr)
+        for p in self.parents:
+            p.deps -= 1
+            p._maybe_free()

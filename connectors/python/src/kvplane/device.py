@@ -12,12 +12,13 @@ backend or host memory registered with the device) or as anything with
 Python, before the C call; the GIL is released during every C call."""
 from __future__ import annotations
 
+import functools
 import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ._kvplane import ffi, lib
-from ._util import (ClassLike, KeysLike, StabilityClass, Tier, as_keys, check,
+from ._util import (ClassLike, KeysLike, Owner, StabilityClass, Tier, as_keys, check,
                     class_of, error, read_buffer, write_buffer)
 from .index import struct_fields
 from .prefix import Namespace
@@ -44,6 +45,13 @@ def backend_available(backend: str) -> Tuple[bool, str]:
     why = ffi.new("char[256]")
     ok = lib.kvp_backend_available(_backend(backend), why, 256)
     return bool(ok), ffi.string(why).decode("utf-8", "replace")
+
+
+def _device_destroy(registered: Dict[int, Any], d: Any) -> None:
+    for key in list(registered):
+        lib.kvp_device_host_unregister(d, ffi.cast("void *", key))
+    registered.clear()
+    lib.kvp_device_destroy(d)
 
 
 def _backend(name: str) -> int:
@@ -120,6 +128,7 @@ class Device:
         out = ffi.new("kvp_device **")
         check(lib.kvp_device_create(o, ffi.NULL, out), f"Device({backend!r})")
         self._d = out[0]
+        self._owner = Owner(self._d, functools.partial(_device_destroy, self._registered))
         self.backend = backend
 
     def _live(self) -> Any:
@@ -174,11 +183,8 @@ class Device:
         for order in (TierLink, TierStore, KvLayout, Stream):
             for c in [c for c in self._children if isinstance(c, order)]:
                 c.close()
-        for key in list(self._registered):
-            lib.kvp_device_host_unregister(self._d, ffi.cast("void *", key))
-        self._registered.clear()
-        lib.kvp_device_destroy(self._d)
         self._d = None
+        self._owner.close()  # unregisters the host buffers, destroys
 
     def __del__(self) -> None:
         self.close()
@@ -199,6 +205,7 @@ class Stream:
         h = ffi.cast("void *", native or 0)
         dev._check(lib.kvp_stream_wrap(dev._live(), h, out), "Device.stream")
         self._s = out[0]
+        self._owner = Owner(self._s, lib.kvp_stream_destroy, [dev._owner])
         dev._children.add(self)
 
     def synchronize(self) -> None:
@@ -206,8 +213,8 @@ class Stream:
 
     def close(self) -> None:
         if self._s is not None:
-            lib.kvp_stream_destroy(self._s)
             self._s = None
+            self._owner.close()
 
     def __del__(self) -> None:
         self.close()
@@ -329,6 +336,7 @@ class KvLayout:
         dev._check(lib.kvp_kv_layout_create(dev._live(), desc, out),
                    f"KvLayout({_kind_name(code)})")
         self._l = out[0]
+        self._owner = Owner(self._l, lib.kvp_kv_layout_destroy, [dev._owner])
 
     def _live(self) -> Any:
         if self._l is None:
@@ -411,8 +419,8 @@ class KvLayout:
 
     def close(self) -> None:
         if self._l is not None:
-            lib.kvp_kv_layout_destroy(self._l)
             self._l = None
+            self._owner.close()
 
     def __del__(self) -> None:
         self.close()
@@ -456,6 +464,8 @@ class TierLink:
                                                layout._live(), ns._ns, o, ffi.NULL, out),
                       "TierLink")
         self._k = out[0]
+        self._owner = Owner(self._k, lib.kvp_tier_link_destroy,
+                            [store._owner, device._owner, layout._owner])
         self.store, self.device, self.layout, self.ns = store, device, layout, ns
         device._children.add(self)
         store._links.add(self)
@@ -504,8 +514,8 @@ class TierLink:
 
     def close(self) -> None:
         if self._k is not None:
-            lib.kvp_tier_link_destroy(self._k)
             self._k = None
+            self._owner.close()
 
     def __del__(self) -> None:
         self.close()

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 from ._kvplane import ffi, lib
-from ._util import (ClassLike, Key, KeysLike, StabilityClass, Tier, as_keys, check,
+from ._util import (ClassLike, Key, KeysLike, Owner, StabilityClass, Tier, as_keys, check,
                     class_of, error, cstr, key_struct, read_buffer, write_buffer)
 from .index import struct_fields
 from .prefix import Namespace
@@ -130,6 +130,8 @@ class TierStore:
         out = ffi.new("kvp_tier_store **")
         check(lib.kvp_tier_create(o, ffi.NULL, out), "TierStore")
         self._t = out[0]
+        self._owner = Owner(self._t, lib.kvp_tier_destroy,
+                            [device._owner] if device is not None else [])
         self.nvme_dir, self.device = nvme_dir, device
         if device is not None:
             device._children.add(self)
@@ -306,8 +308,8 @@ class TierStore:
         for link in list(self._links):
             link.close()
         if self._t is not None:
-            lib.kvp_tier_destroy(self._t)
             self._t = None
+            self._owner.close()  # destroyed once its links are
 
     def __del__(self) -> None:
         self.close()
