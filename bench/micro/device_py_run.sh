@@ -12,7 +12,7 @@
 # instead).  Logs under $OUT (env.txt, pip.txt, llama_reuse.txt).
 # Exit: llama_reuse.py's (0 pass, 1 fail, 77 skip), 2 set-up failed.
 set -u
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 2
 P=$(cd "${1:-build-dev}" && pwd) O=${OUT:-/tmp/out} V=${VENV:-/tmp/kvp-pyrun-venv}
 mkdir -p "$O"
 py=$(command -v python3) || { echo "no python3"; exit 2; }
