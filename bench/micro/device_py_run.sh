@@ -6,8 +6,8 @@
 # bench/micro/device_py_prep.sh, carry its pyrun/ and wheels/ (and, only
 # when the device's Python lacks numpy, wheels-np/cp3XX), then:
 #   bench/micro/device_py_run.sh [PREP_DIR]        (default build-dev)
-# A venv with --system-site-packages (the device's torch stays) gets
-# transformers' wheels and the kvplane wheel offline; the wheel's Debian
+# transformers' wheels and the kvplane wheel are installed offline with
+# pip --target (the device's torch and numpy stay); the wheel's Debian
 # libraries come from PREP_DIR/pyrun/lib (those the machine has are used
 # instead).  Logs under $OUT (env.txt, pip.txt, llama_reuse.txt).
 # Exit: llama_reuse.py's (0 pass, 1 fail, 77 skip), 2 set-up failed.
@@ -32,16 +32,14 @@ echo "libraries from the carry: $(ls "$L" | tr '\n' ' ')"
 
 find_links=(--find-links "$P/wheels")
 for d in "$P"/wheels-np/cp3*; do [ -d "$d" ] && find_links+=(--find-links "$d"); done
+# Installed with --target beside the system site-packages, not into a venv:
+# the machine's torch may live where a venv does not look (a user site, a
+# PYTHONPATH); its numpy stays the one torch was built with.
 setup() {
   rm -rf "$V"
-  if "$py" -m venv --system-site-packages "$V"; then pip=("$V/bin/python" -m pip)
-  else  # no ensurepip: an empty venv filled by the system pip (>= 22.3)
-    "$py" -m venv --system-site-packages --without-pip "$V" || return 1
-    pip=("$py" -m pip --python "$V/bin/python")
-  fi
-  "${pip[@]}" install --disable-pip-version-check --no-index "${find_links[@]}" \
-    transformers==4.46.3 && "${pip[@]}" install --disable-pip-version-check --no-index \
-    "${find_links[@]}" "$P"/pyrun/kvplane-*.whl
+  "$py" -m pip install --disable-pip-version-check --no-index "${find_links[@]}" \
+    --target "$V" transformers==4.46.3 "$P"/pyrun/kvplane-*.whl || return 1
+  if "$py" -c 'import numpy' 2>/dev/null; then rm -rf "$V"/numpy "$V"/numpy-* "$V"/numpy.libs; fi
 }
 setup > "$O/pip.txt" 2>&1 || { tail -20 "$O/pip.txt"; echo "set-up failed (pip.txt)"; exit 2; }
 tail -2 "$O/pip.txt"
@@ -50,7 +48,7 @@ tail -2 "$O/pip.txt"
 export GLIBC_TUNABLES=glibc.rtld.optional_static_tls=8192
 export LD_LIBRARY_PATH=$L${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} KVP_LOG=warn
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONDONTWRITEBYTECODE=1
-timeout 300 "$V/bin/python" tests/e2e/llama_reuse.py > "$O/llama_reuse.txt" 2>&1
+PYTHONPATH=$V${PYTHONPATH:+:$PYTHONPATH} timeout 300 "$py" tests/e2e/llama_reuse.py > "$O/llama_reuse.txt" 2>&1
 rc=$?
 cat "$O/llama_reuse.txt"
 echo "llama_reuse rc=$rc"
