@@ -15,10 +15,12 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
@@ -611,6 +613,23 @@ static json_t *server_info(const eworker *x) {
                    "system_env", "emulator", "kvplane-bench engine");
 }
 
+/* GET /kvplane/cache (the emulator's own, for tests): the block hashes each
+ * tier holds, by vLLM medium name, as the KV events describe them. */
+static json_t *cache_json(const eworker *x) {
+  json_t *o = json_object();
+  for (int k = 0; k < 3 && o; k++)
+    json_object_set_new(o, medium_of(k), json_array());
+  for (uint32_t v = 0; o && v < x->c.n_nodes; v++) {
+    const bh_cache_node *n = &x->c.nodes[v];
+    if (bh_cache_find(&x->c, n->key) != v)
+      continue; /* a free slot */
+    json_array_append_new(json_object_get(o, medium_of(n->tier)),
+                          json_integer((json_int_t)n->key.lo));
+  }
+  return json_pack("{s:o, s:I}", "resident", o, "batches",
+                   (json_int_t)bh_kvpub_batches(x->pub));
+}
+
 static json_t *models_json(const engine *e) {
   return json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:s, s:n, s:I, s:[]}]}",
                    "object", "list", "data", "id", e->o.model, "object",
@@ -637,6 +656,8 @@ static void do_get(eworker *x, struct evhttp_request *hr, const char *path) {
     reply_obj(hr, 200, models_json(x->e));
   } else if (strcmp(path, "/metrics") == 0) {
     do_metrics(x, hr);
+  } else if (strcmp(path, "/kvplane/cache") == 0) {
+    reply_obj(hr, 200, cache_json(x));
   } else if (strcmp(path, "/server_info") == 0) {
     reply_obj(hr, 200, server_info(x));
   } else {
@@ -644,11 +665,24 @@ static void do_get(eworker *x, struct evhttp_request *hr, const char *path) {
   }
 }
 
+/* Every connection: TCP_NODELAY, or the SSE headers and the first chunk
+ * (two small writes) wait out the client's delayed ACK (~40 ms) -- a TTFT
+ * no engine has. */
+static void no_delay(struct evhttp_request *hr) {
+  struct evhttp_connection *c = evhttp_request_get_connection(hr);
+  struct bufferevent *bev = c ? evhttp_connection_get_bufferevent(c) : NULL;
+  int one = 1;
+  if (bev)
+    setsockopt(bufferevent_getfd(bev), IPPROTO_TCP, TCP_NODELAY, &one,
+               sizeof one);
+}
+
 static void on_http(struct evhttp_request *hr, void *arg) {
   eworker *x = arg;
   const struct evhttp_uri *u = evhttp_request_get_evhttp_uri(hr);
   const char *path = u ? evhttp_uri_get_path(u) : NULL;
   enum evhttp_cmd_type cmd = evhttp_request_get_command(hr);
+  no_delay(hr);
   if (path == NULL) {
     reply_json(hr, 404, "{\"detail\":\"Not Found\"}");
     return;
