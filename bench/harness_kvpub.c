@@ -110,6 +110,16 @@ void bh_kvpub_destroy(bh_kvpub *p) {
   free(p);
 }
 
+/* msgspec sizes a struct's map header by the fields the struct declares, not
+ * by those written: BlockStored declares 16 (+ the tag), so its header is a
+ * map16 even for 9 entries; BlockRemoved's (7) is a fixmap.  The same
+ * headers keep the bytes vLLM's (tests/interop/test_live_engine.py). */
+static void pack_struct(bh_kvpub *p, unsigned fields) {
+  unsigned char h[3] = {0xde, (unsigned char)(fields >> 8),
+                        (unsigned char)fields};
+  msgpack_sbuffer_write(&p->ev, (const char *)h, sizeof h);
+}
+
 static void pack_hashes(msgpack_packer *pk, const uint64_t *h, size_t n) {
   msgpack_pack_array(pk, n);
   for (size_t i = 0; i < n; i++)
@@ -120,7 +130,7 @@ int bh_kvpub_stored(bh_kvpub *p, const uint64_t *hashes, size_t n,
                     const uint64_t *parent, const uint32_t *tokens,
                     uint32_t block_size, const char *medium) {
   msgpack_packer *pk = &p->pk;
-  msgpack_pack_map(pk, 9);
+  pack_struct(p, 9);
   pack_str(pk, "type");
   pack_str(pk, "BlockStored");
   pack_str(pk, "block_hashes");
