@@ -64,6 +64,13 @@ typedef struct ereq {
   struct event *tm;      /* one timer, re-armed for each phase */
   event_callback_fn phase;
   double decode_s;     /* real seconds */
+  /* the schedule, real monotonic seconds: when the request reached the
+   * worker (before its body was parsed), and when its prefill ends / its
+   * decode began on the emulated GPU -- timers aim at these, so the
+   * emulator's own CPU work (JSON, hashing, events) overlaps the GPU time
+   * as vLLM's API server process does, instead of adding to it */
+  double t_arrive, t_prefill_end, t_decode_start;
+  uint32_t chunk_no;
   uint32_t chunks_left;
   uint64_t id;
   long created;
@@ -83,6 +90,7 @@ typedef struct eworker {
   ereq *q_head, *q_tail;
   uint32_t q_len;
   ereq *cur; /* in prefill */
+  double gpu_free; /* real time the last prefill ended (the schedule) */
   uint32_t decoding;
   uint64_t decode_tokens;
   /* run of new blocks being published as one BlockStored */
@@ -365,9 +373,12 @@ static void on_timer(evutil_socket_t fd, short ev, void *arg) {
   r->phase(fd, ev, arg);
 }
 
-/* Runs fn(r) real_s seconds from now (the request's one timer). */
-static void arm(ereq *r, double real_s, event_callback_fn fn) {
+static double mono_s(void) { return (double)kvp_now_ns() / 1e9; }
+
+/* Runs fn(r) at real time `at` (now if past; the request's one timer). */
+static void arm(ereq *r, double at, event_callback_fn fn) {
   struct timeval tv;
+  double real_s = at - mono_s();
   if (!(real_s > 0))
     real_s = 0;
   tv.tv_sec = (time_t)real_s;
@@ -392,7 +403,9 @@ static void on_decode_tick(evutil_socket_t fd, short ev, void *arg) {
     r->sent += step;
   if (r->chunks_left > 1) {
     r->chunks_left--;
-    arm(r, r->decode_s / STREAM_CHUNKS, on_decode_tick);
+    r->chunk_no++;
+    arm(r, r->t_decode_start + r->chunk_no * r->decode_s / STREAM_CHUNKS,
+        on_decode_tick);
     return;
   }
   if (r->hr && r->a.stream)
@@ -429,7 +442,10 @@ static void on_prefill_done(evutil_socket_t fd, short ev, void *arg) {
   else
     r->sent = 1;
   r->chunks_left = r->a.max_tokens > 1 ? STREAM_CHUNKS : 1;
-  arm(r, r->a.max_tokens > 1 ? r->decode_s / STREAM_CHUNKS : 0,
+  r->t_decode_start = r->t_prefill_end;
+  r->chunk_no = 1;
+  arm(r, r->t_decode_start +
+             (r->a.max_tokens > 1 ? r->decode_s / STREAM_CHUNKS : 0),
       on_decode_tick);
   try_start(x);
 }
@@ -465,7 +481,9 @@ static void start_prefill(eworker *x, ereq *r) {
   double dur = bh_timing_load_s(&e->tm, cnt) +
                bh_timing_prefill_s(&e->tm, r->cached, r->a.n_tokens);
   x->cur = r;
-  arm(r, dur / e->o.time_scale, on_prefill_done);
+  double start = r->t_arrive > x->gpu_free ? r->t_arrive : x->gpu_free;
+  r->t_prefill_end = x->gpu_free = start + dur / e->o.time_scale;
+  arm(r, r->t_prefill_end, on_prefill_done);
 }
 
 static void try_start(eworker *x) {
@@ -480,7 +498,8 @@ static void try_start(eworker *x) {
   }
 }
 
-static int admit(eworker *x, struct evhttp_request *hr, bh_api_req *a) {
+static int admit(eworker *x, struct evhttp_request *hr, bh_api_req *a,
+                 double t_arrive) {
   engine *e = x->e;
   ereq *r = calloc(1, sizeof *r);
   if (r == NULL)
@@ -488,6 +507,7 @@ static int admit(eworker *x, struct evhttp_request *hr, bh_api_req *a) {
   r->e = e;
   r->w = x->id;
   r->hr = hr;
+  r->t_arrive = t_arrive;
   r->a = *a;
   memset(a, 0, sizeof *a);
   r->id = ++e->next_id ^ ((uint64_t)x->id << 48);
@@ -531,7 +551,8 @@ static json_t *render_one(const engine *e, const bh_api_req *a) {
                    "model", e->o.model, "stream", a->stream);
 }
 
-static void do_post(eworker *x, struct evhttp_request *hr, bh_api_kind k) {
+static void do_post(eworker *x, struct evhttp_request *hr, bh_api_kind k,
+                    double t_arrive) {
   struct evbuffer *in = evhttp_request_get_input_buffer(hr);
   size_t len = evbuffer_get_length(in);
   const char *body = (const char *)evbuffer_pullup(in, -1);
@@ -544,7 +565,7 @@ static void do_post(eworker *x, struct evhttp_request *hr, bh_api_kind k) {
     return;
   }
   if (k == BH_API_COMPLETIONS || k == BH_API_CHAT) {
-    if (admit(x, hr, &a) < 0) {
+    if (admit(x, hr, &a, t_arrive) < 0) {
       bh_api_err oom = {500, "InternalServerError", "", "out of memory"};
       reply_err(hr, &oom);
     }
@@ -678,6 +699,7 @@ static void no_delay(struct evhttp_request *hr) {
 }
 
 static void on_http(struct evhttp_request *hr, void *arg) {
+  double t0 = mono_s(); /* the body is in: the request has arrived */
   eworker *x = arg;
   const struct evhttp_uri *u = evhttp_request_get_evhttp_uri(hr);
   const char *path = u ? evhttp_uri_get_path(u) : NULL;
@@ -691,7 +713,7 @@ static void on_http(struct evhttp_request *hr, void *arg) {
     if (strcmp(path, posts[i].path) != 0)
       continue;
     if (cmd == EVHTTP_REQ_POST)
-      do_post(x, hr, posts[i].kind);
+      do_post(x, hr, posts[i].kind, t0);
     else
       reply_json(hr, 405, "{\"detail\":\"Method Not Allowed\"}");
     return;

@@ -13,7 +13,7 @@
   3. `kvplane-bench live --direct` on a generated agentic trace against two
      workers: no errors, cached tokens > 0, hit rate within HIT_TOL of the
      offline simulator's for the same cluster (the gap is printed); TTFT
-     within a sanity bound of the simulator's (the engine runs its model).
+     p50 and p95 within 2x of the simulator's (the engine runs its model).
 
 usage: test_live.py BENCH KVPLANE_CLI
 """
@@ -287,12 +287,13 @@ def test_live():
            live["ttft_s"]["p50"], off["ttft_s"]["p50"],
            live["ttft_s"]["p95"], off["ttft_s"]["p95"]))
     check(abs(gap) <= HIT_TOL, "hit rate gap %.4f" % gap)
-    # TTFT: the engine runs the simulator's model, plus real HTTP/JSON work
-    # and timer jitter multiplied by the time scale on a shared host: only a
-    # sanity bound here (the measured gap is printed; docs/live.md).
-    check(live["ttft_s"]["p50"] >= 0.8 * off["ttft_s"]["p50"] and
-          live["ttft_s"]["p95"] <= 4 * off["ttft_s"]["p95"],
-          "TTFT far from the simulator's model")
+    # TTFT: the engine runs the simulator's model on a real clock (timer
+    # jitter and HTTP multiplied by the time scale, on a shared host): a
+    # bound of 2x either way here; the gap is printed (docs/live.md has
+    # measurements within 15%).
+    for q in ("p50", "p95"):
+        ratio = live["ttft_s"][q] / off["ttft_s"][q]
+        check(0.5 <= ratio <= 2, "TTFT %s live/offline %.2f" % (q, ratio))
     for name in ("report.html", "results.csv"):
         check(os.path.getsize(os.path.join(out, name)) > 0, name)
 
