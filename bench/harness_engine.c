@@ -384,6 +384,10 @@ static void arm(ereq *r, double at, event_callback_fn fn) {
   tv.tv_sec = (time_t)real_s;
   tv.tv_usec = (suseconds_t)((real_s - (double)tv.tv_sec) * 1e6);
   r->phase = fn;
+  /* libevent times a timer from the loop's cached clock, read before this
+   * callback began its work (JSON, hashing): refresh it, or the timer
+   * fires that much early */
+  event_base_update_cache_time(r->e->base);
   if (r->tm == NULL)
     r->tm = evtimer_new(r->e->base, on_timer, r);
   if (r->tm)

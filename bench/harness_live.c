@@ -81,6 +81,8 @@ typedef struct live {
   kvp_hist *ttft;
   uint64_t errors, retries, ok;
   uint64_t cached_tokens;
+  double lag_sum, lag_max; /* open loop: send time past the trace's, real s */
+  char *model_json; /* "\"model\":\"NAME\"" (escaped) or NULL */
 } live;
 
 static double now_s(void) { return (double)kvp_now_ns() / 1e9; }
@@ -97,27 +99,42 @@ static uint32_t synth(uint64_t seed, uint64_t j, uint32_t vocab) {
   return 256 + (uint32_t)(mix(seed + j * 0x9E3779B97F4A7C15ull) % (vocab - 256));
 }
 
+/* Decimal digits of v at p; returns the end. */
+static char *put_u32(char *p, uint32_t v) {
+  char tmp[10];
+  int n = 0;
+  do
+    tmp[n++] = (char)('0' + v % 10);
+  while ((v /= 10) != 0);
+  while (n > 0)
+    *p++ = tmp[--n];
+  return p;
+}
+
+/* The request body, written directly (a JSON tree of ~100k ids costs the
+ * open loop more than the send; arrivals must leave on time). */
 static char *prompt_body(const live *L, uint32_t i) {
   const bh_req *q = &L->t->reqs[i];
   const kvp_key *keys = L->t->keys + q->key_off;
   uint32_t bs = L->t->block_size;
-  json_t *ids = json_array();
-  for (uint64_t p = 0; p < q->in_tokens && ids; p++) {
-    uint64_t b = p / bs;
+  const char *model = L->model_json ? L->model_json : "";
+  size_t cap = 256 + strlen(model) + (size_t)q->in_tokens * 11;
+  char *s = malloc(cap), *p = s;
+  if (s == NULL)
+    return NULL;
+  p += sprintf(p, "{%s%s\"prompt\":[", model, model[0] ? "," : "");
+  for (uint64_t k = 0; k < q->in_tokens; k++) {
+    uint64_t b = k / bs;
     uint32_t tok = b < q->n_blocks
-                       ? synth(keys[b].lo ^ mix(keys[b].hi), p % bs, L->o.vocab)
-                       : synth(mix(0x7461696cull + q->seq), p, L->o.vocab);
-    json_array_append_new(ids, json_integer(tok));
+                       ? synth(keys[b].lo ^ mix(keys[b].hi), k % bs, L->o.vocab)
+                       : synth(mix(0x7461696cull + q->seq), k, L->o.vocab);
+    if (k > 0)
+      *p++ = ',';
+    p = put_u32(p, tok);
   }
-  uint32_t out = q->out_tokens ? q->out_tokens : 1;
-  json_t *o = json_pack("{s:o, s:I, s:b, s:{s:b}, s:b, s:f}", "prompt", ids,
-                        "max_tokens", (json_int_t)out, "stream", 1,
-                        "stream_options", "include_usage", 1, "ignore_eos", 1,
-                        "temperature", 0.0);
-  if (o && L->o.model)
-    json_object_set_new(o, "model", json_string(L->o.model));
-  char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
-  json_decref(o);
+  sprintf(p, "],\"max_tokens\":%u,\"stream\":true,\"stream_options\":"
+          "{\"include_usage\":true},\"ignore_eos\":true,\"temperature\":0}",
+          q->out_tokens ? q->out_tokens : 1);
   return s;
 }
 
@@ -357,12 +374,17 @@ static void pump(live *L) {
     return;
   }
   double t = now_s() - L->t0, f = L->o.speed * L->o.time_scale;
-  while (L->next < n && L->t->reqs[L->next].t / f <= t)
+  while (L->next < n && L->t->reqs[L->next].t / f <= t) {
+    double lag = now_s() - L->t0 - L->t->reqs[L->next].t / f;
+    L->lag_sum += lag;
+    L->lag_max = fmax(L->lag_max, lag);
     send_req(L, (uint32_t)L->next++, 0);
+  }
   if (L->next < n) {
     double wait = L->t->reqs[L->next].t / f - t;
     struct timeval tv = {(time_t)wait,
                          (suseconds_t)((wait - floor(wait)) * 1e6)};
+    event_base_update_cache_time(L->base); /* timers start from it */
     evtimer_add(L->tick, &tv);
   }
 }
@@ -514,6 +536,18 @@ static int live_setup(live *L) {
                       ":PORT)\n", L->o.targets[k]);
       return KVP_EINVAL;
     }
+  if (L->o.model) {
+    json_t *m = json_pack("{s:s}", "model", L->o.model);
+    char *d = m ? json_dumps(m, JSON_COMPACT) : NULL; /* {"model":"..."} */
+    json_decref(m);
+    if (d == NULL)
+      return KVP_ENOMEM;
+    d[strlen(d) - 1] = '\0';
+    L->model_json = strdup(d + 1);
+    free(d);
+    if (L->model_json == NULL)
+      return KVP_ENOMEM;
+  }
   L->tick = evtimer_new(L->base, on_tick, L);
   int rc = kvp_ledger_create(NULL, NULL, &L->led);
   if (rc >= 0)
@@ -533,6 +567,7 @@ static void live_teardown(live *L) {
   if (L->base)
     event_base_free(L->base);
   kvp_ledger_destroy(L->led);
+  free(L->model_json);
 }
 
 /* The live outcome as a bh_result (ttft histogram handed over). */
@@ -626,9 +661,14 @@ static int live_report(live *L, bh_trace *t, double wall) {
                 .n_res = n};
   if (!L->o.quiet) {
     bh_report_table(stdout, &run);
-    printf("live: %llu ok, %llu errors, %llu retries, %.1f s wall\n",
+    printf("live: %llu ok, %llu errors, %llu retries, %.1f s wall",
            (unsigned long long)L->ok, (unsigned long long)L->errors,
            (unsigned long long)L->retries, wall);
+    if (!L->o.closed_loop) /* how late requests left, in trace seconds */
+      printf("; sent late by %.1f ms mean, %.1f ms max (trace time)",
+             1e3 * L->lag_sum / (double)t->n_reqs * L->o.time_scale,
+             1e3 * L->lag_max * L->o.time_scale);
+    printf("\n");
   }
   if (rc >= 0)
     rc = write_reports(&L->o, &run);

@@ -9,7 +9,8 @@
      error body and the worker keeps serving;
   2. its KV events, read by kvplane's own subscriber (`kvplane events tail`,
      live from the start and by replay afterwards), give an index equal to
-     what the worker's cache holds, evictions included;
+     what the worker's cache holds, HBM and DRAM, evictions and demotions
+     included;
   3. `kvplane-bench live --direct` on a generated agentic trace against two
      workers: no errors, cached tokens > 0, hit rate within HIT_TOL of the
      offline simulator's for the same cluster (the gap is printed); TTFT
@@ -242,19 +243,23 @@ def test_events(w, u):
     replayed = tail(w, replay=True)  # afterwards: everything by replay
     code, _, raw = http(u + "/kvplane/cache")
     cache = json.loads(raw)["resident"]
-    want = sorted(h & (2 ** 64 - 1) for h in cache["GPU"])
-    check(len(want) == 64, "the worker's HBM is full: %d" % len(want))
+    want = {m: sorted(h & (2 ** 64 - 1) for h in cache[m])
+            for m in ("GPU", "CPU")}
+    check(len(want["GPU"]) == 64 and len(want["CPU"]) > 0,
+          "the worker's HBM is full and DRAM used: %r" %
+          {m: len(v) for m, v in want.items()})
     for name, p in (("live", live), ("replay", replayed)):
         res, evs, stats = tail_result(p)
-        got = sorted(res.get("GPU", []))
-        check(got == want, "%s index != worker cache (%d vs %d blocks)" %
-              (name, len(got), len(want)))
+        for m in ("GPU", "CPU"):
+            got = sorted(res.get(m, []))
+            check(got == want[m], "%s index != worker cache, %s (%d vs %d "
+                  "blocks)" % (name, m, len(got), len(want[m])))
         check(any(e["type"] == "BlockRemoved" for e in evs),
               name + ": no eviction seen")
         check(stats["decode_errors"] == 0 and stats["unknown_fields"] == 0,
               name + ": %r" % stats)
-        print("events %s: %d events, %d blocks resident, stats ok" %
-              (name, len(evs), len(got)))
+        print("events %s: %d events, %d + %d blocks resident, stats ok" %
+              (name, len(evs), len(want["GPU"]), len(want["CPU"])))
 
 
 # ---- 3. live --direct against the offline simulator --------------------------
@@ -299,8 +304,10 @@ def test_live():
 
 
 def main():
+    # 64 HBM blocks, ~23 DRAM blocks (2 MiB each): evictions and demotions
     eng, info = start_engine("api", "--workers", "2", "--block-size", "16",
-                             "--hbm-blocks", "64", "--time-scale", "1000")
+                             "--hbm-blocks", "64", "--dram-gb", "0.05",
+                             "--time-scale", "1000")
     w0 = info["workers"][0]
     test_endpoints(w0["url"], info["model"], info["block_size"])
     test_bad_input(w0["url"])
