@@ -33,6 +33,7 @@
 #include "harness_live.h"
 
 #define MAX_TARGETS 256
+#define BUCKETS 48 /* time-series points, as the simulator's default */
 
 typedef struct live_opts {
   const char *targets[MAX_TARGETS];
@@ -83,7 +84,21 @@ typedef struct live {
   uint64_t cached_tokens;
   double lag_sum, lag_max; /* open loop: send time past the trace's, real s */
   char *model_json; /* "\"model\":\"NAME\"" (escaped) or NULL */
+  /* hit rate over time, bucketed as the simulator buckets (by arrival in
+   * trace time, or by order in a closed loop) */
+  double s_prompt[BUCKETS], s_reused[BUCKETS];
 } live;
+
+/* The simulator's bucket_of: trace arrival / the last arrival, or the
+ * request's rank when the loop is closed. */
+static uint32_t bucket_of(const live *L, uint32_t i) {
+  const bh_trace *t = L->t;
+  double span = t->n_reqs ? t->reqs[t->n_reqs - 1].t : 0;
+  double f = !L->o.closed_loop && span > 0 ? t->reqs[i].t / span
+                                           : (double)i / (double)t->n_reqs;
+  uint32_t b = (uint32_t)(f * BUCKETS);
+  return b < BUCKETS ? b : BUCKETS - 1;
+}
 
 static double now_s(void) { return (double)kvp_now_ns() / 1e9; }
 
@@ -184,6 +199,8 @@ static void record(live *L, lreq *r, json_t *usage) {
   kvp_ledger_add(L->led, &rec);
   kvp_hist_record(L->ttft, (uint64_t)(r->ttft * L->o.time_scale * 1e6 + 0.5));
   L->tg[r->tgt].assigned += prompt - cached;
+  L->s_prompt[bucket_of(L, r->i)] += (double)prompt;
+  L->s_reused[bucket_of(L, r->i)] += (double)cached;
   L->cached_tokens += cached;
   L->ok++;
 }
@@ -573,7 +590,9 @@ static void live_teardown(live *L) {
 /* The live outcome as a bh_result (ttft histogram handed over). */
 static void to_result(live *L, bh_result *r, double wall) {
   memset(r, 0, sizeof *r);
-  r->policy = KVP_POLICY_ROUND_ROBIN;
+  /* not a simulated policy: the report plots tier occupancy (unknown live)
+   * of the offline row instead */
+  r->policy = BH_POLICY_COUNT;
   snprintf(r->name, sizeof r->name, "%s", L->o.direct ? "live_direct"
                                                       : "live_target");
   kvp_ledger_global_totals(L->led, &r->tot);
@@ -590,18 +609,22 @@ static void to_result(live *L, bh_result *r, double wall) {
   r->imbalance = L->o.direct && sum > 0 ? mx / (sum / L->o.n_targets) : NAN;
   r->sim_seconds = wall;
   r->wall_seconds = wall;
-  r->series.n = 1; /* no time series live: one bucket */
-  r->series.hit = calloc(1, sizeof(double));
+  bh_series *se = &r->series; /* hit rate by bucket; occupancy unknown */
+  se->n = BUCKETS;
+  se->hit = calloc(BUCKETS, sizeof(double));
   for (int k = 0; k < 3; k++)
-    r->series.occ[k] = calloc(1, sizeof(double));
-  if (r->series.hit)
-    r->series.hit[0] = r->tot.prompt_tokens
-                           ? (double)r->tot.reused_tokens / r->tot.prompt_tokens
-                           : NAN;
-  for (int k = 0; k < 3; k++)
-    if (r->series.occ[k])
-      r->series.occ[k][0] = NAN;
-  r->series.t_end = wall;
+    se->occ[k] = calloc(BUCKETS, sizeof(double));
+  for (uint32_t b = 0; b < BUCKETS; b++) {
+    if (se->hit)
+      se->hit[b] = L->s_prompt[b] > 0 ? L->s_reused[b] / L->s_prompt[b] : NAN;
+    for (int k = 0; k < 3; k++)
+      if (se->occ[k])
+        se->occ[k][b] = NAN;
+  }
+  const bh_trace *t = L->t;
+  se->t_end = L->o.closed_loop || t->n_reqs == 0
+                  ? 0
+                  : t->reqs[t->n_reqs - 1].t / L->o.speed;
 }
 
 /* The offline simulator on the same trace: round robin over as many
