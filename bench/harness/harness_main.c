@@ -4,7 +4,9 @@
  *   kvplane-bench run [options] TRACE...      (the default command)
  *   kvplane-bench convert [options] IN OUT    (to kvplane's JSONL format)
  *   kvplane-bench gen [options] OUT           (synthetic agentic trace)
- *   kvplane-bench sweep [options] TRACE       (one or two parameters) */
+ *   kvplane-bench sweep [options] TRACE       (one or two parameters)
+ *   kvplane-bench engine [options]            (emulated vLLM workers)
+ *   kvplane-bench live [options] TRACE...     (the trace over HTTP) */
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -15,6 +17,7 @@
 #include <zstd.h>
 
 #include "harness.h"
+#include "harness_live.h"
 #include "kvplane/config.h"
 
 typedef struct cli {
@@ -38,6 +41,10 @@ static void usage(FILE *f) {
   fputs(
       "usage: kvplane-bench [run] [options] TRACE...\n"
       "       kvplane-bench convert [--format F] IN OUT[.zst]\n"
+      "       kvplane-bench engine [--workers N] [--time-scale X] ...  (emulated\n"
+      "                         vLLM workers; engine --help, docs/live.md)\n"
+      "       kvplane-bench live --target URL [--direct] ... TRACE...  (the trace\n"
+      "                         as HTTP traffic; live --help)\n"
       "       kvplane-bench gen [--seed N] [--sessions N] [--tenants N] "
       "[--turns N]\n"
       "                         [--drift P] [--subagents P] OUT|-\n"
@@ -939,6 +946,10 @@ static int cmd_sweep(cli *c, const char **pos, int n_pos) {
 int main(int argc, char **argv) {
   cli c;
   cli_defaults(&c);
+  if (argc > 1 && !strcmp(argv[1], "engine"))
+    return bh_engine_main(argc - 1, argv + 1);
+  if (argc > 1 && !strcmp(argv[1], "live"))
+    return bh_live_main(argc - 1, argv + 1);
   const char *cmd = "run";
   int first = 1;
   if (argc > 1 && argv[1][0] != '-' &&

@@ -22,6 +22,7 @@
 #include <xxhash.h>
 
 #include "harness.h"
+#include "harness_cache.h"
 
 #define NONE UINT32_MAX
 
@@ -102,203 +103,7 @@ int bh_cluster_resolve(bh_cluster *c, uint32_t block_size) {
   return 0;
 }
 
-/* ---- per-worker block cache ---------------------------------------------- */
-typedef struct node {
-  kvp_key key;
-  uint32_t next; /* free list */
-  uint8_t tier;
-  uint8_t cls;  /* kvp_class: the most stable any request saw it as */
-  uint8_t hits; /* reuses since it last entered its tier (saturates at 3) */
-  uint8_t reuses; /* reuses since it was first cached (saturates at 255) */
-  uint8_t adm;    /* NVMe admission cell + 1 while on NVMe, else 0 */
-} node;
-
-/* Node ids are the cascade's ids.  cas NULL: no placement (the infinite
- * bound's cache, which never evicts). */
-typedef struct cache {
-  uint32_t *tab; /* open addressing: node index + 1; 0 = empty */
-  size_t mask, used;
-  node *nodes;
-  uint32_t n_nodes, cap_nodes, free_list;
-  tier_cascade *cas; /* policies per tier, the NVMe gate (or none: every
-                        demotion is written) */
-  bool classes; /* stability-aware: insert with the block's class */
-  uint64_t count[3], cap[3];
-} cache;
-
-static tier_policy *pol_of(const cache *c, int k) {
-  return c->cas != NULL ? kvp__tier_cascade_policy(c->cas, k) : NULL;
-}
-
-static tier_admit *gate_of(const cache *c) {
-  return c->cas != NULL ? kvp__tier_cascade_gate(c->cas) : NULL;
-}
-
-static int cache_init(cache *c, const bh_cluster *cl, bool policies) {
-  memset(c, 0, sizeof *c);
-  c->mask = 1023;
-  c->tab = calloc(c->mask + 1, sizeof *c->tab);
-  c->free_list = NONE;
-  c->classes = !cl->tier_no_classes;
-  c->cap[0] = cl->hbm_blocks;
-  c->cap[1] = cl->dram_blocks;
-  c->cap[2] = cl->nvme_blocks;
-  if (!policies)
-    c->cap[0] = UINT64_MAX, c->cap[1] = c->cap[2] = 0;
-  if (policies) {
-    tier_cascade_opts co = {.with_policy = 7,
-                            .gate = cl->nvme_admit_on && c->cap[2] > 0,
-                            .gate_opts = cl->nvme_admit};
-    for (int k = 0; k < 3; k++) {
-      co.policy[k] = cl->tier_policy[k];
-      co.cap[k] = c->cap[k];
-    }
-    if (co.gate_opts.ghost_slots == 0) /* about as many rejects as NVMe holds */
-      co.gate_opts.ghost_slots =
-          c->cap[2] < (1u << 20) ? (uint32_t)c->cap[2] : 1u << 20;
-    int rc = kvp__tier_cascade_create(&co, NULL, &c->cas);
-    if (rc < 0)
-      return rc;
-  }
-  return c->tab ? 0 : KVP_ENOMEM;
-}
-
-static void cache_free(cache *c) {
-  free(c->tab);
-  free(c->nodes);
-  kvp__tier_cascade_destroy(c->cas);
-}
-
-static size_t slot_of(const cache *c, uint64_t fp) {
-  return (size_t)(fp * 0x9E3779B97F4A7C15ull >> 20) & c->mask;
-}
-
-static uint32_t cache_find(const cache *c, kvp_key k) {
-  for (size_t i = slot_of(c, k.lo);; i = (i + 1) & c->mask) {
-    uint32_t v = c->tab[i];
-    if (v == 0)
-      return NONE;
-    if (kvp_key_eq(c->nodes[v - 1].key, k))
-      return v - 1;
-  }
-}
-
-static int tab_grow(cache *c) {
-  size_t nm = c->mask * 2 + 1;
-  uint32_t *nt = calloc(nm + 1, sizeof *nt);
-  if (nt == NULL)
-    return KVP_ENOMEM;
-  for (size_t i = 0; i <= c->mask; i++) {
-    uint32_t v = c->tab[i];
-    if (v == 0)
-      continue;
-    size_t j = (size_t)(c->nodes[v - 1].key.lo * 0x9E3779B97F4A7C15ull >> 20) & nm;
-    while (nt[j] != 0)
-      j = (j + 1) & nm;
-    nt[j] = v;
-  }
-  free(c->tab);
-  c->tab = nt;
-  c->mask = nm;
-  return 0;
-}
-
-/* Backward-shift deletion (linear probing). */
-static void tab_del(cache *c, uint32_t idx) {
-  size_t i = slot_of(c, c->nodes[idx].key.lo);
-  while (c->tab[i] != idx + 1)
-    i = (i + 1) & c->mask;
-  for (size_t j = i;;) {
-    j = (j + 1) & c->mask;
-    uint32_t v = c->tab[j];
-    if (v == 0)
-      break;
-    size_t home = slot_of(c, c->nodes[v - 1].key.lo);
-    /* move v into the hole at i if its home is not in (i, j] */
-    if ((j > i && (home <= i || home > j)) || (j < i && home <= i && home > j)) {
-      c->tab[i] = v;
-      i = j;
-    }
-  }
-  c->tab[i] = 0;
-  c->used--;
-}
-
-/* Takes x off its tier, moved up by a hit or re-filed (a victim of the
- * cascade is already off its tier's policy: only its count goes). */
-static void tier_remove(cache *c, uint32_t x) {
-  node *n = &c->nodes[x];
-  int k = n->tier;
-  if (pol_of(c, k) != NULL) {
-    int rc = kvp__tier_policy_remove(pol_of(c, k), x, 0);
-    assert(rc == 0);
-    (void)rc;
-  }
-  c->count[k]--;
-}
-
-/* Puts x into tier k (newest).  The reuses it had since it last entered a
- * tier travel with it as policy touches: in this exclusive hierarchy a
- * block leaves DRAM/NVMe when it is hit, so this is how the lower tiers
- * learn about its reuse (an inclusive store like kvtier sees those hits
- * directly).  A touch right after an insert changes nothing for LRU. */
-static kvp_class node_class(const cache *c, const node *n) {
-  return c->classes ? (kvp_class)n->cls : KVP_CLASS_VOLATILE;
-}
-
-static int tier_insert(cache *c, uint32_t x, int k) {
-  node *n = &c->nodes[x];
-  n->tier = (uint8_t)k;
-  tier_policy *p = pol_of(c, k);
-  if (p != NULL) {
-    int rc = kvp__tier_policy_insert(p, x, n->key.lo, 1, node_class(c, n));
-    if (rc < 0)
-      return rc;
-    for (uint8_t h = 0; h < n->hits; h++)
-      kvp__tier_policy_touch(p, x);
-  }
-  n->hits = 0;
-  c->count[k]++;
-  return 0;
-}
-
-static int node_new(cache *c, kvp_key k, uint32_t *out) {
-  uint32_t x;
-  if (c->free_list != NONE) {
-    x = c->free_list;
-    c->free_list = c->nodes[x].next;
-  } else {
-    if (c->n_nodes == c->cap_nodes) {
-      uint32_t nc = c->cap_nodes ? c->cap_nodes * 2 : 1024;
-      node *nn = realloc(c->nodes, (size_t)nc * sizeof *nn);
-      if (nn == NULL)
-        return KVP_ENOMEM;
-      c->nodes = nn;
-      c->cap_nodes = nc;
-    }
-    x = c->n_nodes++;
-  }
-  if ((c->used + 1) * 4 > (c->mask + 1) * 3 && tab_grow(c) < 0)
-    return KVP_ENOMEM;
-  c->nodes[x].key = k;
-  c->nodes[x].cls = KVP_CLASS_VOLATILE;
-  c->nodes[x].hits = 0;
-  c->nodes[x].reuses = 0;
-  c->nodes[x].adm = 0;
-  size_t i = slot_of(c, k.lo);
-  while (c->tab[i] != 0)
-    i = (i + 1) & c->mask;
-  c->tab[i] = x + 1;
-  c->used++;
-  *out = x;
-  return 0;
-}
-
-static void node_del(cache *c, uint32_t x) {
-  tab_del(c, x);
-  c->nodes[x].next = c->free_list;
-  c->free_list = x;
-}
+typedef bh_cache cache;
 
 /* ---- the simulation ---------------------------------------------------------- */
 enum { EV_ARRIVE, EV_PREFILL_DONE, EV_DECODE_DONE, EV_DELIVER };
@@ -354,7 +159,8 @@ struct sim {
   uint64_t order;
   uint64_t rng;
   double now;
-  double kvb;     /* KV bytes per token */
+  bh_timing tm;   /* the engine model (harness_cache.c) */
+  double kvb;     /* KV bytes per token (tm.kvb) */
   double flops_s; /* FLOP/s achieved in prefill */
   uint32_t bs;
   tier_admit_cost adm_cost; /* one block's, for the NVMe gate */
@@ -523,136 +329,22 @@ static int publish(struct sim *s, uint32_t w, int tier, bool stored,
   return rc < 0 ? rc : publish_now(s, w, tier, stored, NULL, k, 1);
 }
 
-/* ---- placement: kvtier's cascade, demotion down the tiers ------------------- */
-typedef struct victim_ctx {
-  const struct sim *s;
-  const cache *c;
-} victim_ctx;
-
-/* What the cascade asks about victim v (this hierarchy is exclusive: a
- * victim is never in the next tier already). */
-static void node_victim(void *arg, uint32_t v, tier_victim *out) {
-  const victim_ctx *vc = arg;
-  const node *n = &vc->c->nodes[v];
-  *out = (tier_victim){.fp = n->key.lo, .cls = node_class(vc->c, n),
-                       .hits = n->reuses, .cost = vc->s->adm_cost};
-}
-
-/* Block x leaves NVMe: read back (reused) or evicted unread. */
-static void nvme_outcome(cache *c, uint32_t x, bool reused) {
-  node *n = &c->nodes[x];
-  kvp__tier_admit_note_cell(gate_of(c), n->adm, reused);
-  n->adm = 0;
-}
-
-/* Victim m.id went where the cascade sent it (room was made there). */
-static int land(struct sim *s, uint32_t w, cache *c, const tier_move *m) {
-  kvp_key key = c->nodes[m->id].key;
-  int rc;
-  c->count[m->from]--; /* off its tier's policy already */
-  if ((rc = publish(s, w, m->from, false, &key)) < 0)
-    return rc;
-  if (m->to < 0) {
-    node_del(c, m->id);
-    s->res->evicted_blocks++;
-    return 0;
-  }
-  if ((rc = tier_insert(c, m->id, m->to)) < 0)
-    return rc;
-  s->res->demoted_bytes[m->to] += (uint64_t)(s->kvb * s->bs);
-  return publish(s, w, m->to, true, &key);
-}
-
-/* Makes room for one more block in tier k of worker w's cache. */
-static int make_room(struct sim *s, uint32_t w, cache *c, int k) {
-  victim_ctx vc = {s, c};
-  tier_move m;
-  int rc;
-  while (kvp__tier_cascade_next(c->cas, k, 1, false, node_victim, &vc, &m) > 0) {
-    if (m.gate == TIER_GATE_ADMIT) { /* its cell, for the outcome */
-      c->nodes[m.id].adm = m.cell;
-      s->res->nvme_admitted++;
-    } else if (m.gate == TIER_GATE_REJECT) { /* remembered as a ghost */
-      s->res->nvme_rejected++;
-    }
-    if (m.to < 0 && k == KVP_TIER_NVME)
-      nvme_outcome(c, m.id, false);
-    if (m.to >= 0 && (rc = make_room(s, w, c, m.to)) < 0)
-      return rc;
-    if ((rc = land(s, w, c, &m)) < 0)
-      return rc;
-  }
-  return 0;
-}
-
-/* A cached block seen again as class cls: the most stable view wins (the
- * classifier learns, so a system prompt's first request saw it volatile).
- * Re-filed in its tier's queues of that class, as the newest entry. */
-static int reclassify(cache *c, uint32_t x, kvp_class cls) {
-  node *n = &c->nodes[x];
-  if (!c->classes || cls <= (kvp_class)n->cls)
-    return 0;
-  int k = n->tier;
-  uint8_t hits = n->hits;
-  tier_remove(c, x);
-  n->cls = (uint8_t)cls;
-  n->hits = 0;
-  int rc = tier_insert(c, x, k);
-  n->hits = hits;
-  return rc;
+/* The cache's residency changes, as events (a pending run first). */
+static int cache_publish(void *ctx, uint32_t w, int tier, bool stored,
+                         const kvp_key *key) {
+  return publish(ctx, w, tier, stored, key);
 }
 
 /* Block now in HBM (loaded, recomputed or new), of class cls for the
- * request at hand.  *fresh: it was not cached. */
+ * request at hand; a new block extends the worker's pending stored run
+ * (one event per run of new blocks).  *fresh: it was not cached. */
 static int to_hbm(struct sim *s, uint32_t w, cache *c, kvp_key key,
                   const kvp_key *parent, kvp_class cls, bool *fresh) {
-  uint32_t x = cache_find(c, key);
-  int rc;
-  *fresh = false;
-  if (x != NONE && c->nodes[x].reuses < 255)
-    c->nodes[x].reuses++;
-  if (x != NONE && c->nodes[x].tier == KVP_TIER_HBM) {
-    if (pol_of(c, KVP_TIER_HBM) == NULL)
-      return 0;
-    if (c->nodes[x].hits < 3)
-      c->nodes[x].hits++;
-    if ((rc = reclassify(c, x, cls)) < 0)
-      return rc;
-    return kvp__tier_policy_touch(pol_of(c, KVP_TIER_HBM), x);
-  }
-  if (x != NONE) {
-    /* off its tier first, so making room below cannot pick it as a victim
-     * (the cascade may evict the last tier's victim) */
-    int from = c->nodes[x].tier;
-    if (from == KVP_TIER_NVME)
-      nvme_outcome(c, x, true);
-    tier_remove(c, x);
-    if ((rc = publish(s, w, from, false, &key)) < 0 ||
-        (rc = make_room(s, w, c, KVP_TIER_HBM)) < 0)
-      return rc;
-    node *n = &c->nodes[x];
-    if (c->classes && cls > (kvp_class)n->cls)
-      n->cls = (uint8_t)cls;
-    n->hits = 1; /* this reuse: HBM's policy sees it as a touch */
-    if ((rc = tier_insert(c, x, KVP_TIER_HBM)) < 0)
-      return rc;
-    n->hits = 1; /* ... and travels down with it when it is demoted */
-    return publish(s, w, KVP_TIER_HBM, true, &key);
-  }
-  if ((rc = make_room(s, w, c, KVP_TIER_HBM)) < 0)
+  int rc = bh_cache_to_hbm(c, key, cls, fresh);
+  if (rc < 0 || !*fresh || s->infinite)
     return rc;
-  kvp__tier_admit_seen(gate_of(c), key.lo); /* recomputed after a reject? */
-  if ((rc = node_new(c, key, &x)) < 0)
-    return rc;
-  c->nodes[x].cls = (uint8_t)(c->classes ? cls : KVP_CLASS_VOLATILE);
-  if ((rc = tier_insert(c, x, KVP_TIER_HBM)) < 0)
-    return rc;
-  *fresh = true;
-  if (s->infinite)
-    return 0;
   if ((rc = seen_add(s, key.lo)) < 0)
     return rc;
-  /* extend the pending stored run: one event per run of new blocks */
   worker *wk = &s->w[w];
   if (wk->run_n == 0) {
     wk->run_has_parent = parent != NULL;
@@ -680,16 +372,11 @@ static kvp_class blk_class(const bh_req *q, uint64_t j) {
 
 /* ---- engine timing -------------------------------------------------------------- */
 static double load_s(const struct sim *s, const uint64_t blocks[3]) {
-  double t = 0;
-  for (int k = 1; k < 3; k++) /* HBM hits are read in place */
-    if (blocks[k] > 0)
-      t += (double)blocks[k] * s->bs * s->kvb / s->cl.gpu.bw[k] +
-           s->cl.gpu.latency_s[k];
-  return t;
+  return bh_timing_load_s(&s->tm, blocks);
 }
 
 static double prefill_s(const struct sim *s, uint64_t from, uint64_t to) {
-  return kvp_model_prefill_flops(&s->cl.model, from, to) / s->flops_s;
+  return bh_timing_prefill_s(&s->tm, from, to);
 }
 
 static cache *cache_of(struct sim *s, uint32_t w) {
@@ -743,24 +430,13 @@ static int start_prefill(struct sim *s, uint32_t w) {
       s->tiers[j] = KVP_TIER_HBM;
   } else {
     for (; m < n; m++) {
-      uint32_t v = cache_find(c, keys[m]);
+      uint32_t v = bh_cache_find(c, keys[m]);
       if (v == NONE)
         break;
       s->tiers[m] = c->nodes[v].tier;
     }
     /* payoff cut: the prefix whose load + the rest's prefill is cheapest */
-    uint64_t cnt[3] = {0, 0, 0};
-    double best = prefill_s(s, 0, q->in_tokens);
-    for (uint64_t j = 0; j < m; j++) {
-      cnt[s->tiers[j]]++;
-      if (j + 1 < m && s->tiers[j + 1] == s->tiers[j])
-        continue;
-      double cost = load_s(s, cnt) + prefill_s(s, (j + 1) * bs, q->in_tokens);
-      if (cost <= best) {
-        best = cost;
-        cut = j + 1;
-      }
-    }
+    cut = bh_timing_cut(&s->tm, s->tiers, m, q->in_tokens);
   }
   kvp_ledger_record *r = &x->rec;
   memset(r, 0, sizeof *r);
@@ -793,7 +469,7 @@ static int start_prefill(struct sim *s, uint32_t w) {
       if (v == w)
         continue;
       uint64_t j = m;
-      while (j < n && cache_find(&s->w[v].c, keys[j]) != NONE)
+      while (j < n && bh_cache_find(&s->w[v].c, keys[j]) != NONE)
         j++;
       if (j > other)
         other = j;
@@ -852,15 +528,8 @@ static int start_prefill(struct sim *s, uint32_t w) {
 
 static double decode_s(const struct sim *s, const worker *x,
                        const bh_req *q) {
-  double batch = x->decoding + 1.0;
-  if (batch > s->cl.max_batch)
-    batch = s->cl.max_batch;
-  double weights = 2.0 * (s->cl.model.params > 0 ? s->cl.model.params : 8.03e9);
-  double kv = (double)(x->decode_tokens + q->in_tokens) * s->kvb;
-  double step = s->cl.decode_base_s + (weights + kv) / s->cl.hbm_bw;
-  /* beyond the batch limit, requests share steps */
-  double share = (x->decoding + 1.0) / batch;
-  return (double)q->out_tokens * step * share;
+  return bh_timing_decode_s(&s->tm, x->decoding, x->decode_tokens,
+                            q->in_tokens, q->out_tokens);
 }
 
 static int prefill_done(struct sim *s, uint32_t w, uint32_t i) {
@@ -985,15 +654,15 @@ static int arrive(struct sim *s, uint32_t i) {
   if (s->infinite) { /* everything sent before is cached, at once */
     const kvp_key *keys = s->t->keys + q->key_off;
     uint32_t m = 0;
-    while (m < q->n_blocks && cache_find(&s->inf, keys[m]) != NONE)
+    while (m < q->n_blocks && bh_cache_find(&s->inf, keys[m]) != NONE)
       m++;
     s->inf_reuse[i] = m;
     s->est_uncached[i] = q->in_tokens - (uint64_t)m * s->bs;
     for (uint32_t j = m; j < q->n_blocks; j++) {
       uint32_t x;
-      if (node_new(&s->inf, keys[j], &x) < 0)
+      if (bh_cache_node_new(&s->inf, keys[j], &x) < 0)
         return KVP_ENOMEM;
-      if (tier_insert(&s->inf, x, KVP_TIER_HBM) < 0)
+      if (bh_cache_tier_insert(&s->inf, x, KVP_TIER_HBM) < 0)
         return KVP_ENOMEM;
     }
   }
@@ -1061,15 +730,8 @@ static int sim_setup(struct sim *s, const bh_trace *t, const bh_sim_opts *o,
     snprintf(err, cap, "router options rejected: %s", kvp_strerror(rc));
     return rc;
   }
-  /* the resolved GPU spec (defaults filled) drives the engine model too */
-  for (int k = 0; k < KVP_TIER_COUNT_; k++)
-    s->cl.gpu.bw[k] = kvp_router_bandwidth(s->rt, (kvp_tier)k);
-  if (s->cl.gpu.latency_s[1] == 0)
-    s->cl.gpu.latency_s[1] = 10e-6;
-  if (s->cl.gpu.latency_s[2] == 0)
-    s->cl.gpu.latency_s[2] = 100e-6;
-  s->flops_s = (s->cl.gpu.flops > 0 ? s->cl.gpu.flops : 989e12) *
-               (s->cl.gpu.efficiency > 0 ? s->cl.gpu.efficiency : 0.5);
+  bh_timing_setup(&s->tm, &s->cl, s->bs, s->rt);
+  s->flops_s = s->tm.flops_s;
   { /* the NVMe gate's per-block costs */
     double blk = s->kvb * s->bs, mean = 0;
     if (t->n_reqs > 0)
@@ -1110,11 +772,17 @@ static int sim_setup(struct sim *s, const bh_trace *t, const bh_sim_opts *o,
   for (uint32_t v = 0; v < s->nw; v++) {
     s->w[v].cur = NONE;
     if ((rc = kvp_index_worker_add(s->ix, v)) < 0 ||
-        (rc = cache_init(&s->w[v].c, &s->cl, true)) < 0)
+        (rc = bh_cache_init(&s->w[v].c, &s->cl, true)) < 0)
       return rc;
+    bh_cache *c = &s->w[v].c;
+    c->adm_cost = s->adm_cost;
+    c->block_bytes = (uint64_t)(s->kvb * s->bs);
+    c->publish = cache_publish;
+    c->publish_ctx = s;
+    c->publish_id = v;
   }
   if (s->infinite &&
-      (rc = cache_init(&s->inf, &s->cl, false)) < 0)
+      (rc = bh_cache_init(&s->inf, &s->cl, false)) < 0)
     return rc;
   bh_series *se = &r->series;
   se->n = o->buckets ? o->buckets : 48;
@@ -1140,12 +808,12 @@ static void sim_teardown(struct sim *s) {
   }
   free(s->heap);
   for (uint32_t v = 0; s->w && v < s->nw; v++) {
-    cache_free(&s->w[v].c);
+    bh_cache_free(&s->w[v].c);
     free(s->w[v].q);
     free(s->w[v].run);
   }
   if (s->infinite)
-    cache_free(&s->inf);
+    bh_cache_free(&s->inf);
   free(s->w);
   free(s->req_worker);
   free(s->inf_reuse);
@@ -1215,6 +883,12 @@ static void summarize(struct sim *s) {
   r->ttft_p95_s = (double)kvp_hist_quantile(r->ttft_us, 0.95) / 1e6;
   double mx = 0, sum = 0;
   for (uint32_t v = 0; v < s->nw; v++) {
+    const bh_cache_stats *st = &s->w[v].c.st;
+    for (int k = 0; k < 3; k++)
+      r->demoted_bytes[k] += st->demoted_bytes[k];
+    r->evicted_blocks += st->evicted_blocks;
+    r->nvme_admitted += st->nvme_admitted;
+    r->nvme_rejected += st->nvme_rejected;
     sum += (double)s->w[v].assigned;
     if ((double)s->w[v].assigned > mx)
       mx = (double)s->w[v].assigned;

@@ -1,0 +1,65 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The OpenAI API as vLLM 0.33 serves it, for the emulated workers
+ * (harness_engine.c): request parsing and validation, the deterministic
+ * byte-level tokenizer, the fixed chat template and OpenAI error bodies.
+ * No I/O here: the request parser is a pure function (tests/fuzz/fuzz_api.c).
+ *
+ * Tokenizer: token id = byte value (0..255) of the UTF-8 text; ids up to
+ * the vocabulary size are accepted in token-id prompts; they detokenize to
+ * the byte when printable ASCII or newline, else to "<|id|>" (the text is
+ * always valid UTF-8).  Chat template (fixed, ChatML-like):
+ *   for each message: "<|" role "|>\n" content "\n"; then "<|assistant|>\n". */
+#ifndef KVP_BENCH_HARNESS_API_H
+#define KVP_BENCH_HARNESS_API_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum bh_api_kind {
+  BH_API_COMPLETIONS = 0, /* POST /v1/completions */
+  BH_API_CHAT,            /* POST /v1/chat/completions */
+  BH_API_COMPLETIONS_RENDER, /* POST /v1/completions/render */
+  BH_API_CHAT_RENDER,     /* POST /v1/chat/completions/render */
+  BH_API_TOKENIZE,        /* POST /tokenize (prompt or messages) */
+  BH_API_KIND_COUNT_
+} bh_api_kind;
+
+typedef struct bh_api_cfg {
+  const char *model;      /* the served model name */
+  uint32_t vocab;         /* token ids must be below (>= 256) */
+  uint32_t max_model_len; /* prompt + max_tokens must fit */
+} bh_api_cfg;
+
+typedef struct bh_api_req {
+  bh_api_kind kind;
+  uint32_t *tokens; /* malloc'd prompt token ids */
+  size_t n_tokens;
+  uint32_t max_tokens;  /* completion tokens to generate (ignore_eos) */
+  bool stream, include_usage;
+  bool max_tokens_set;
+  char request_id[96]; /* "request_id" field when given, else "" */
+} bh_api_req;
+
+typedef struct bh_api_err {
+  int status;        /* 400, 404 */
+  char type[32];     /* "BadRequestError", "NotFoundError" */
+  char param[32];    /* "" = null */
+  char message[320];
+} bh_api_err;
+
+/* Parses and validates one request body.  Returns 0 (out filled; free with
+ * bh_api_req_free) or -1 with *err filled (out empty).  Never reads past
+ * body[len); any bytes are safe. */
+int bh_api_parse(const bh_api_cfg *cfg, bh_api_kind kind, const char *body,
+                 size_t len, bh_api_req *out, bh_api_err *err);
+void bh_api_req_free(bh_api_req *r);
+/* The vLLM 0.33 error body {"error": {"message", "type", "param", "code"}},
+ * malloc'd NUL-terminated JSON (NULL on ENOMEM). */
+char *bh_api_error_json(const bh_api_err *e);
+/* Detokenizes ids[0..n) into a malloc'd NUL-terminated string. */
+char *bh_api_detok(const uint32_t *ids, size_t n);
+/* The i-th generated token (deterministic: lowercase letters and spaces). */
+uint32_t bh_api_gen_token(uint64_t seed, uint32_t i);
+
+#endif /* KVP_BENCH_HARNESS_API_H */

@@ -1,0 +1,379 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* One worker's HBM / DRAM / NVMe block cache and the engine timing model
+ * (harness_cache.h), shared by the simulator and the emulated engines. */
+#include <assert.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness_cache.h"
+
+#define NONE BH_NONE
+typedef bh_cache cache;
+typedef bh_cache_node node;
+
+
+static tier_policy *pol_of(const cache *c, int k) {
+  return c->cas != NULL ? kvp__tier_cascade_policy(c->cas, k) : NULL;
+}
+
+static tier_admit *gate_of(const cache *c) {
+  return c->cas != NULL ? kvp__tier_cascade_gate(c->cas) : NULL;
+}
+
+int bh_cache_init(cache *c, const bh_cluster *cl, bool policies) {
+  memset(c, 0, sizeof *c);
+  c->mask = 1023;
+  c->tab = calloc(c->mask + 1, sizeof *c->tab);
+  c->free_list = NONE;
+  c->classes = !cl->tier_no_classes;
+  c->cap[0] = cl->hbm_blocks;
+  c->cap[1] = cl->dram_blocks;
+  c->cap[2] = cl->nvme_blocks;
+  if (!policies)
+    c->cap[0] = UINT64_MAX, c->cap[1] = c->cap[2] = 0;
+  if (policies) {
+    tier_cascade_opts co = {.with_policy = 7,
+                            .gate = cl->nvme_admit_on && c->cap[2] > 0,
+                            .gate_opts = cl->nvme_admit};
+    for (int k = 0; k < 3; k++) {
+      co.policy[k] = cl->tier_policy[k];
+      co.cap[k] = c->cap[k];
+    }
+    if (co.gate_opts.ghost_slots == 0) /* about as many rejects as NVMe holds */
+      co.gate_opts.ghost_slots =
+          c->cap[2] < (1u << 20) ? (uint32_t)c->cap[2] : 1u << 20;
+    int rc = kvp__tier_cascade_create(&co, NULL, &c->cas);
+    if (rc < 0)
+      return rc;
+  }
+  return c->tab ? 0 : KVP_ENOMEM;
+}
+
+void bh_cache_free(cache *c) {
+  free(c->tab);
+  free(c->nodes);
+  kvp__tier_cascade_destroy(c->cas);
+}
+
+static size_t slot_of(const cache *c, uint64_t fp) {
+  return (size_t)(fp * 0x9E3779B97F4A7C15ull >> 20) & c->mask;
+}
+
+uint32_t bh_cache_find(const cache *c, kvp_key k) {
+  for (size_t i = slot_of(c, k.lo);; i = (i + 1) & c->mask) {
+    uint32_t v = c->tab[i];
+    if (v == 0)
+      return NONE;
+    if (kvp_key_eq(c->nodes[v - 1].key, k))
+      return v - 1;
+  }
+}
+
+static int tab_grow(cache *c) {
+  size_t nm = c->mask * 2 + 1;
+  uint32_t *nt = calloc(nm + 1, sizeof *nt);
+  if (nt == NULL)
+    return KVP_ENOMEM;
+  for (size_t i = 0; i <= c->mask; i++) {
+    uint32_t v = c->tab[i];
+    if (v == 0)
+      continue;
+    size_t j = (size_t)(c->nodes[v - 1].key.lo * 0x9E3779B97F4A7C15ull >> 20) & nm;
+    while (nt[j] != 0)
+      j = (j + 1) & nm;
+    nt[j] = v;
+  }
+  free(c->tab);
+  c->tab = nt;
+  c->mask = nm;
+  return 0;
+}
+
+/* Backward-shift deletion (linear probing). */
+static void tab_del(cache *c, uint32_t idx) {
+  size_t i = slot_of(c, c->nodes[idx].key.lo);
+  while (c->tab[i] != idx + 1)
+    i = (i + 1) & c->mask;
+  for (size_t j = i;;) {
+    j = (j + 1) & c->mask;
+    uint32_t v = c->tab[j];
+    if (v == 0)
+      break;
+    size_t home = slot_of(c, c->nodes[v - 1].key.lo);
+    /* move v into the hole at i if its home is not in (i, j] */
+    if ((j > i && (home <= i || home > j)) || (j < i && home <= i && home > j)) {
+      c->tab[i] = v;
+      i = j;
+    }
+  }
+  c->tab[i] = 0;
+  c->used--;
+}
+
+/* Takes x off its tier, moved up by a hit or re-filed (a victim of the
+ * cascade is already off its tier's policy: only its count goes). */
+static void tier_remove(cache *c, uint32_t x) {
+  node *n = &c->nodes[x];
+  int k = n->tier;
+  if (pol_of(c, k) != NULL) {
+    int rc = kvp__tier_policy_remove(pol_of(c, k), x, 0);
+    assert(rc == 0);
+    (void)rc;
+  }
+  c->count[k]--;
+}
+
+static kvp_class node_class(const cache *c, const node *n) {
+  return c->classes ? (kvp_class)n->cls : KVP_CLASS_VOLATILE;
+}
+
+/* Puts x into tier k (newest).  The reuses it had since it last entered a
+ * tier travel with it as policy touches: in this exclusive hierarchy a
+ * block leaves DRAM/NVMe when it is hit, so this is how the lower tiers
+ * learn about its reuse (an inclusive store like kvtier sees those hits
+ * directly).  A touch right after an insert changes nothing for LRU. */
+int bh_cache_tier_insert(cache *c, uint32_t x, int k) {
+  node *n = &c->nodes[x];
+  n->tier = (uint8_t)k;
+  tier_policy *p = pol_of(c, k);
+  if (p != NULL) {
+    int rc = kvp__tier_policy_insert(p, x, n->key.lo, 1, node_class(c, n));
+    if (rc < 0)
+      return rc;
+    for (uint8_t h = 0; h < n->hits; h++)
+      kvp__tier_policy_touch(p, x);
+  }
+  n->hits = 0;
+  c->count[k]++;
+  return 0;
+}
+
+int bh_cache_node_new(cache *c, kvp_key k, uint32_t *out) {
+  uint32_t x;
+  if (c->free_list != NONE) {
+    x = c->free_list;
+    c->free_list = c->nodes[x].next;
+  } else {
+    if (c->n_nodes == c->cap_nodes) {
+      uint32_t nc = c->cap_nodes ? c->cap_nodes * 2 : 1024;
+      node *nn = realloc(c->nodes, (size_t)nc * sizeof *nn);
+      if (nn == NULL)
+        return KVP_ENOMEM;
+      c->nodes = nn;
+      c->cap_nodes = nc;
+    }
+    x = c->n_nodes++;
+  }
+  if ((c->used + 1) * 4 > (c->mask + 1) * 3 && tab_grow(c) < 0)
+    return KVP_ENOMEM;
+  c->nodes[x].key = k;
+  c->nodes[x].cls = KVP_CLASS_VOLATILE;
+  c->nodes[x].hits = 0;
+  c->nodes[x].reuses = 0;
+  c->nodes[x].adm = 0;
+  size_t i = slot_of(c, k.lo);
+  while (c->tab[i] != 0)
+    i = (i + 1) & c->mask;
+  c->tab[i] = x + 1;
+  c->used++;
+  *out = x;
+  return 0;
+}
+
+static void node_del(cache *c, uint32_t x) {
+  tab_del(c, x);
+  c->nodes[x].next = c->free_list;
+  c->free_list = x;
+}
+
+static int publish(cache *c, int tier, bool stored, const kvp_key *key) {
+  return c->publish ? c->publish(c->publish_ctx, c->publish_id, tier, stored, key)
+                    : 0;
+}
+
+/* ---- placement: kvtier's cascade, demotion down the tiers ------------------- */
+/* What the cascade asks about victim v (this hierarchy is exclusive: a
+ * victim is never in the next tier already). */
+static void node_victim(void *arg, uint32_t v, tier_victim *out) {
+  const cache *c = arg;
+  const node *n = &c->nodes[v];
+  *out = (tier_victim){.fp = n->key.lo, .cls = node_class(c, n),
+                       .hits = n->reuses, .cost = c->adm_cost};
+}
+
+/* Block x leaves NVMe: read back (reused) or evicted unread. */
+static void nvme_outcome(cache *c, uint32_t x, bool reused) {
+  node *n = &c->nodes[x];
+  kvp__tier_admit_note_cell(gate_of(c), n->adm, reused);
+  n->adm = 0;
+}
+
+/* Victim m->id went where the cascade sent it (room was made there). */
+static int land(cache *c, const tier_move *m) {
+  kvp_key key = c->nodes[m->id].key;
+  int rc;
+  c->count[m->from]--; /* off its tier's policy already */
+  if ((rc = publish(c, m->from, false, &key)) < 0)
+    return rc;
+  if (m->to < 0) {
+    node_del(c, m->id);
+    c->st.evicted_blocks++;
+    return 0;
+  }
+  if ((rc = bh_cache_tier_insert(c, m->id, m->to)) < 0)
+    return rc;
+  c->st.demoted_bytes[m->to] += c->block_bytes;
+  return publish(c, m->to, true, &key);
+}
+
+/* Makes room for one more block in tier k. */
+static int make_room(cache *c, int k) {
+  tier_move m;
+  int rc;
+  while (kvp__tier_cascade_next(c->cas, k, 1, false, node_victim, c, &m) > 0) {
+    if (m.gate == TIER_GATE_ADMIT) { /* its cell, for the outcome */
+      c->nodes[m.id].adm = m.cell;
+      c->st.nvme_admitted++;
+    } else if (m.gate == TIER_GATE_REJECT) { /* remembered as a ghost */
+      c->st.nvme_rejected++;
+    }
+    if (m.to < 0 && k == KVP_TIER_NVME)
+      nvme_outcome(c, m.id, false);
+    if (m.to >= 0 && (rc = make_room(c, m.to)) < 0)
+      return rc;
+    if ((rc = land(c, &m)) < 0)
+      return rc;
+  }
+  return 0;
+}
+
+/* A cached block seen again as class cls: the most stable view wins (the
+ * classifier learns, so a system prompt's first request saw it volatile).
+ * Re-filed in its tier's queues of that class, as the newest entry. */
+static int reclassify(cache *c, uint32_t x, kvp_class cls) {
+  node *n = &c->nodes[x];
+  if (!c->classes || cls <= (kvp_class)n->cls)
+    return 0;
+  int k = n->tier;
+  uint8_t hits = n->hits;
+  tier_remove(c, x);
+  n->cls = (uint8_t)cls;
+  n->hits = 0;
+  int rc = bh_cache_tier_insert(c, x, k);
+  n->hits = hits;
+  return rc;
+}
+
+/* Block x, cached below HBM, hit: moved up into HBM. */
+static int promote(cache *c, uint32_t x, kvp_key key, kvp_class cls) {
+  /* off its tier first, so making room below cannot pick it as a victim
+   * (the cascade may evict the last tier's victim) */
+  int from = c->nodes[x].tier, rc;
+  if (from == KVP_TIER_NVME)
+    nvme_outcome(c, x, true);
+  tier_remove(c, x);
+  if ((rc = publish(c, from, false, &key)) < 0 ||
+      (rc = make_room(c, KVP_TIER_HBM)) < 0)
+    return rc;
+  node *n = &c->nodes[x];
+  if (c->classes && cls > (kvp_class)n->cls)
+    n->cls = (uint8_t)cls;
+  n->hits = 1; /* this reuse: HBM's policy sees it as a touch */
+  if ((rc = bh_cache_tier_insert(c, x, KVP_TIER_HBM)) < 0)
+    return rc;
+  n->hits = 1; /* ... and travels down with it when it is demoted */
+  return publish(c, KVP_TIER_HBM, true, &key);
+}
+
+/* Block now in HBM (loaded, recomputed or new), of class cls for the
+ * request at hand.  *fresh: it was not cached. */
+int bh_cache_to_hbm(cache *c, kvp_key key, kvp_class cls, bool *fresh) {
+  uint32_t x = bh_cache_find(c, key);
+  int rc;
+  *fresh = false;
+  if (x != NONE && c->nodes[x].reuses < 255)
+    c->nodes[x].reuses++;
+  if (x != NONE && c->nodes[x].tier == KVP_TIER_HBM) {
+    if (pol_of(c, KVP_TIER_HBM) == NULL)
+      return 0;
+    if (c->nodes[x].hits < 3)
+      c->nodes[x].hits++;
+    if ((rc = reclassify(c, x, cls)) < 0)
+      return rc;
+    return kvp__tier_policy_touch(pol_of(c, KVP_TIER_HBM), x);
+  }
+  if (x != NONE)
+    return promote(c, x, key, cls);
+  if ((rc = make_room(c, KVP_TIER_HBM)) < 0)
+    return rc;
+  kvp__tier_admit_seen(gate_of(c), key.lo); /* recomputed after a reject? */
+  if ((rc = bh_cache_node_new(c, key, &x)) < 0)
+    return rc;
+  c->nodes[x].cls = (uint8_t)(c->classes ? cls : KVP_CLASS_VOLATILE);
+  if ((rc = bh_cache_tier_insert(c, x, KVP_TIER_HBM)) < 0)
+    return rc;
+  *fresh = true;
+  return 0;
+}
+
+/* ---- engine timing -------------------------------------------------------------- */
+void bh_timing_setup(bh_timing *t, bh_cluster *cl, uint32_t block_size,
+                     const kvp_router *rt) {
+  /* the resolved GPU spec (defaults filled) drives the engine model too */
+  for (int k = 0; k < KVP_TIER_COUNT_; k++)
+    cl->gpu.bw[k] = kvp_router_bandwidth(rt, (kvp_tier)k);
+  if (cl->gpu.latency_s[1] == 0)
+    cl->gpu.latency_s[1] = 10e-6;
+  if (cl->gpu.latency_s[2] == 0)
+    cl->gpu.latency_s[2] = 100e-6;
+  t->cl = *cl;
+  t->bs = block_size;
+  t->kvb = kvp_model_kv_bytes_per_token(&cl->model);
+  t->flops_s = (cl->gpu.flops > 0 ? cl->gpu.flops : 989e12) *
+               (cl->gpu.efficiency > 0 ? cl->gpu.efficiency : 0.5);
+}
+
+double bh_timing_load_s(const bh_timing *t, const uint64_t blocks[3]) {
+  double s = 0;
+  for (int k = 1; k < 3; k++) /* HBM hits are read in place */
+    if (blocks[k] > 0)
+      s += (double)blocks[k] * t->bs * t->kvb / t->cl.gpu.bw[k] +
+           t->cl.gpu.latency_s[k];
+  return s;
+}
+
+double bh_timing_prefill_s(const bh_timing *t, uint64_t from, uint64_t to) {
+  return kvp_model_prefill_flops(&t->cl.model, from, to) / t->flops_s;
+}
+
+double bh_timing_decode_s(const bh_timing *t, uint32_t decoding,
+                          uint64_t decode_tokens, uint64_t in_tokens,
+                          uint32_t out_tokens) {
+  double batch = decoding + 1.0;
+  if (batch > t->cl.max_batch)
+    batch = t->cl.max_batch;
+  double weights = 2.0 * (t->cl.model.params > 0 ? t->cl.model.params : 8.03e9);
+  double kv = (double)(decode_tokens + in_tokens) * t->kvb;
+  double step = t->cl.decode_base_s + (weights + kv) / t->cl.hbm_bw;
+  /* beyond the batch limit, requests share steps */
+  double share = (decoding + 1.0) / batch;
+  return (double)out_tokens * step * share;
+}
+
+uint64_t bh_timing_cut(const bh_timing *t, const uint8_t *tiers, uint64_t m,
+                       uint64_t in_tokens) {
+  uint64_t cnt[3] = {0, 0, 0}, cut = 0;
+  double best = bh_timing_prefill_s(t, 0, in_tokens);
+  for (uint64_t j = 0; j < m; j++) {
+    cnt[tiers[j]]++;
+    if (j + 1 < m && tiers[j + 1] == tiers[j])
+      continue;
+    double cost = bh_timing_load_s(t, cnt) +
+                  bh_timing_prefill_s(t, (j + 1) * t->bs, in_tokens);
+    if (cost <= best) {
+      best = cost;
+      cut = j + 1;
+    }
+  }
+  return cut;
+}

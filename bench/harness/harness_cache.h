@@ -1,0 +1,104 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* One worker's KV block cache and the engine timing model, shared by the
+ * offline simulator (harness_sim.c) and the emulated vLLM workers
+ * (harness_engine.c): the same placement and the same arithmetic, so a live
+ * replay and the simulator differ only in what the wire adds.
+ *
+ * The cache: HBM / DRAM / NVMe placed by kvtier's own cascade (a policy
+ * per tier, demotion down the tiers, the NVMe admission gate optional).
+ * Every change of residency is reported through the
+ * publish hook (the simulator feeds its index, the engine its ZMQ stream).
+ * Not thread-safe: one cache per worker, used by one thread. */
+#ifndef KVP_BENCH_HARNESS_CACHE_H
+#define KVP_BENCH_HARNESS_CACHE_H
+
+#include "harness.h"
+#include "kvtier_place.h"
+
+#define BH_NONE UINT32_MAX
+
+/* Called for every residency change of `key` in tier `tier` (stored or
+ * removed); `id` is the cache's publish_id.  A negative return aborts the
+ * operation and is passed up. */
+typedef int (*bh_cache_publish_fn)(void *ctx, uint32_t id, int tier,
+                                   bool stored, const kvp_key *key);
+
+typedef struct bh_cache_node {
+  kvp_key key;
+  uint32_t next; /* free list */
+  uint8_t tier;
+  uint8_t cls;  /* kvp_class: the most stable any request saw it as */
+  uint8_t hits; /* reuses since it last entered its tier (saturates at 3) */
+  uint8_t reuses; /* reuses since it was first cached (saturates at 255) */
+  uint8_t adm;    /* NVMe admission cell + 1 while on NVMe, else 0 */
+} bh_cache_node;
+
+typedef struct bh_cache_stats {
+  uint64_t demoted_bytes[3]; /* bytes written into each tier by demotion */
+  uint64_t evicted_blocks;
+  uint64_t nvme_admitted, nvme_rejected;
+} bh_cache_stats;
+
+/* Node ids are the policies' ids.  pol[k] NULL: no policy (the infinite
+ * bound's cache, which never evicts). */
+typedef struct bh_cache {
+  uint32_t *tab; /* open addressing: node index + 1; 0 = empty */
+  size_t mask, used;
+  bh_cache_node *nodes;
+  uint32_t n_nodes, cap_nodes, free_list;
+  tier_cascade *cas; /* kvtier's placement: a policy per tier and the NVMe
+                        gate (or none: every demotion is written); NULL: no
+                        placement (the infinite bound's cache) */
+  bool classes; /* stability-aware: insert with the block's class */
+  uint64_t count[3], cap[3];
+  tier_admit_cost adm_cost;     /* one block's costs, for the gate */
+  uint64_t block_bytes;         /* KV bytes of one block (demoted_bytes) */
+  bh_cache_publish_fn publish;  /* NULL: nothing published */
+  void *publish_ctx;
+  uint32_t publish_id;
+  bh_cache_stats st;
+} bh_cache;
+
+/* policies false: one unbounded HBM tier without a policy.  The caller sets
+ * adm_cost, block_bytes and the publish hook after init.  Returns 0 or
+ * KVP_ENOMEM / a kvtier error. */
+int bh_cache_init(bh_cache *c, const bh_cluster *cl, bool policies);
+void bh_cache_free(bh_cache *c);
+/* Node of key k, or BH_NONE. */
+uint32_t bh_cache_find(const bh_cache *c, kvp_key k);
+/* A new node for k (not yet on a tier: bh_cache_tier_insert next). */
+int bh_cache_node_new(bh_cache *c, kvp_key k, uint32_t *out);
+int bh_cache_tier_insert(bh_cache *c, uint32_t x, int k);
+/* Block key now in HBM (hit there, loaded from below, or new), seen as
+ * class cls by the request at hand; *fresh: it was not cached (the caller
+ * publishes its store, batched into runs as engines do). */
+int bh_cache_to_hbm(bh_cache *c, kvp_key key, kvp_class cls, bool *fresh);
+
+/* ---- the engine timing model ------------------------------------------------ */
+typedef struct bh_timing {
+  bh_cluster cl;  /* resolved: bandwidths, latencies filled */
+  double kvb;     /* KV bytes per token */
+  double flops_s; /* FLOP/s achieved in prefill */
+  uint32_t bs;    /* block size, tokens */
+} bh_timing;
+
+/* From a resolved cluster (bh_cluster_resolve) and the router that reads the
+ * same spec (its defaults for the tier bandwidths).  Writes the filled-in
+ * GPU spec back into *cl too. */
+void bh_timing_setup(bh_timing *t, bh_cluster *cl, uint32_t block_size,
+                     const kvp_router *rt);
+/* Seconds to load blocks[k] blocks from tier k (HBM hits are read in place). */
+double bh_timing_load_s(const bh_timing *t, const uint64_t blocks[3]);
+/* Seconds to prefill tokens [from, to) of a prompt. */
+double bh_timing_prefill_s(const bh_timing *t, uint64_t from, uint64_t to);
+/* Seconds to decode out_tokens for a prompt of in_tokens joining a batch of
+ * `decoding` requests holding decode_tokens KV tokens. */
+double bh_timing_decode_s(const bh_timing *t, uint32_t decoding,
+                          uint64_t decode_tokens, uint64_t in_tokens,
+                          uint32_t out_tokens);
+/* The payoff cut: of the m matched blocks (tiers[j] = tier of block j), the
+ * prefix whose load plus the rest's prefill is cheapest. */
+uint64_t bh_timing_cut(const bh_timing *t, const uint8_t *tiers, uint64_t m,
+                       uint64_t in_tokens);
+
+#endif /* KVP_BENCH_HARNESS_CACHE_H */

@@ -1,0 +1,1037 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* `kvplane-bench engine`: N emulated vLLM 0.33 workers in one process, each
+ * on its own loopback HTTP port (libevent evhttp) with its own KV-event
+ * publisher (harness_kvpub.c).  Behind the API: the simulator's block cache
+ * and timing model (harness_cache.c) -- a FIFO queue, one prefill at a time,
+ * decode under continuous batching up to --max-num-seqs, TTFT = queue +
+ * prefill of the uncached tokens + tier load time, all divided by
+ * --time-scale.  One thread, one event loop; see docs/live.md. */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <jansson.h>
+#include <zmq.h>
+
+#include "harness_api.h"
+#include "harness_cache.h"
+#include "harness_kvpub.h"
+#include "harness_live.h"
+
+#define STREAM_CHUNKS 8 /* decode is streamed in at most this many chunks */
+
+typedef struct eng_opts {
+  uint32_t workers;
+  const char *host;
+  uint32_t port, kv_port; /* first port of each range; 0 = ephemeral */
+  const char *model;
+  uint32_t block_size;
+  double time_scale;
+  uint32_t max_num_seqs;
+  uint32_t vocab, max_model_len;
+  const char *hash_seed; /* PYTHONHASHSEED; NULL = unset */
+  const char *kv_topic;
+  const char *ready_file;
+  bh_cluster cl;
+} eng_opts;
+
+struct engine;
+
+typedef struct ereq {
+  struct ereq *next; /* queue */
+  struct engine *e;
+  uint32_t w;
+  struct evhttp_request *hr; /* NULL once the client went away */
+  bh_api_req a;
+  kvp_key *keys;
+  uint32_t n_blocks, cut;
+  uint64_t cached;     /* prompt tokens served from cache */
+  uint32_t sent;       /* completion tokens sent */
+  struct event *tm;      /* one timer, re-armed for each phase */
+  event_callback_fn phase;
+  double decode_s;     /* real seconds */
+  /* the schedule, real monotonic seconds: when the request reached the
+   * worker (before its body was parsed), and when its prefill ends / its
+   * decode began on the emulated GPU -- timers aim at these, so the
+   * emulator's own CPU work (JSON, hashing, events) overlaps the GPU time
+   * as vLLM's API server process does, instead of adding to it */
+  double t_arrive, t_prefill_end, t_decode_start;
+  uint32_t chunk_no;
+  uint32_t chunks_left;
+  uint64_t id;
+  long created;
+  bool started_reply;
+} ereq;
+
+typedef struct eworker {
+  struct engine *e;
+  uint32_t id;
+  struct evhttp *http;
+  uint32_t port;
+  char url[96], kv_ep[128], replay_ep[128];
+  bh_cache c;
+  uint32_t *ntok; /* tokens of cached node x: ntok[x * bs ..] */
+  uint32_t ntok_cap;
+  bh_kvpub *pub;
+  ereq *q_head, *q_tail;
+  uint32_t q_len;
+  ereq *cur; /* in prefill */
+  double gpu_free; /* real time the last prefill ended (the schedule) */
+  uint32_t decoding;
+  uint64_t decode_tokens;
+  /* run of new blocks being published as one BlockStored */
+  uint64_t *run;
+  uint32_t run_n, run_cap;
+  uint64_t run_parent;
+  bool run_has_parent;
+  uint32_t *run_tok;
+  /* counters (GET /metrics) */
+  uint64_t queries, hits, prompt_tokens, gen_tokens, done, failed;
+} eworker;
+
+typedef struct engine {
+  eng_opts o;
+  struct event_base *base;
+  void *zctx;
+  eworker *w;
+  kvp_hasher *hasher;
+  kvp_router *rt; /* only for the resolved GPU spec (bh_timing_setup) */
+  bh_timing tm;
+  bh_api_cfg api;
+  uint64_t next_id;
+  struct event *svc, *sig_int, *sig_term;
+} engine;
+
+/* ---- residency events ---------------------------------------------------- */
+static const char *medium_of(int tier) {
+  return tier == KVP_TIER_HBM ? "GPU" : tier == KVP_TIER_DRAM ? "CPU"
+                                                              : "STORAGE";
+}
+
+static int ntok_fit(eworker *x) {
+  if (x->c.cap_nodes <= x->ntok_cap)
+    return 0;
+  size_t bs = x->e->o.block_size;
+  uint32_t *n = realloc(x->ntok, (size_t)x->c.cap_nodes * bs * sizeof *n);
+  if (n == NULL)
+    return KVP_ENOMEM;
+  x->ntok = n;
+  x->ntok_cap = x->c.cap_nodes;
+  return 0;
+}
+
+static int run_flush(eworker *x) {
+  if (x->run_n == 0)
+    return 0;
+  int rc = bh_kvpub_stored(x->pub, x->run, x->run_n,
+                           x->run_has_parent ? &x->run_parent : NULL,
+                           x->run_tok, x->e->o.block_size, "GPU");
+  x->run_n = 0;
+  return rc;
+}
+
+/* The cache's hook: demotions, promotions, evictions (one block each). */
+static int on_residency(void *ctx, uint32_t id, int tier, bool stored,
+                        const kvp_key *key) {
+  engine *e = ctx;
+  eworker *x = &e->w[id];
+  int rc = run_flush(x);
+  if (rc < 0)
+    return rc;
+  if (!stored)
+    return bh_kvpub_removed(x->pub, &key->lo, 1, medium_of(tier));
+  uint32_t v = bh_cache_find(&x->c, *key);
+  if (v == BH_NONE || v >= x->ntok_cap)
+    return 0;
+  return bh_kvpub_stored(x->pub, &key->lo, 1, NULL,
+                         x->ntok + (size_t)v * e->o.block_size,
+                         e->o.block_size, medium_of(tier));
+}
+
+static int run_add(eworker *x, const ereq *r, uint32_t j) {
+  uint32_t bs = x->e->o.block_size;
+  if (x->run_n == x->run_cap) {
+    uint32_t nc = x->run_cap ? x->run_cap * 2 : 64;
+    uint64_t *nr = realloc(x->run, nc * sizeof *nr);
+    if (nr == NULL)
+      return KVP_ENOMEM;
+    x->run = nr;
+    uint32_t *nt = realloc(x->run_tok, (size_t)nc * bs * sizeof *nt);
+    if (nt == NULL)
+      return KVP_ENOMEM;
+    x->run_tok = nt;
+    x->run_cap = nc;
+  }
+  if (x->run_n == 0) {
+    x->run_has_parent = j > 0;
+    x->run_parent = j > 0 ? r->keys[j - 1].lo : 0;
+  }
+  memcpy(x->run_tok + (size_t)x->run_n * bs, r->a.tokens + (size_t)j * bs,
+         bs * sizeof(uint32_t));
+  x->run[x->run_n++] = r->keys[j].lo;
+  return 0;
+}
+
+/* Block j of r into HBM; a new block joins the pending stored run. */
+static int block_to_hbm(eworker *x, const ereq *r, uint32_t j) {
+  bool fresh;
+  int rc = bh_cache_to_hbm(&x->c, r->keys[j], KVP_CLASS_VOLATILE, &fresh);
+  if (rc < 0 || !fresh)
+    return rc;
+  if ((rc = ntok_fit(x)) < 0)
+    return rc;
+  uint32_t v = bh_cache_find(&x->c, r->keys[j]);
+  uint32_t bs = x->e->o.block_size;
+  memcpy(x->ntok + (size_t)v * bs, r->a.tokens + (size_t)j * bs,
+         bs * sizeof(uint32_t));
+  return run_add(x, r, j);
+}
+
+/* ---- HTTP replies ---------------------------------------------------------- */
+static void reply_json(struct evhttp_request *hr, int code, const char *body) {
+  struct evbuffer *b = evbuffer_new();
+  if (b == NULL)
+    return;
+  evbuffer_add(b, body, strlen(body));
+  evhttp_add_header(evhttp_request_get_output_headers(hr), "Content-Type",
+                    "application/json");
+  evhttp_send_reply(hr, code, code == 200 ? "OK" : "Error", b);
+  evbuffer_free(b);
+}
+
+static void reply_obj(struct evhttp_request *hr, int code, json_t *o) {
+  char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+  if (s == NULL)
+    reply_json(hr, 500, "{\"error\":{\"message\":\"out of memory\","
+               "\"type\":\"InternalServerError\",\"param\":null,\"code\":500}}");
+  else
+    reply_json(hr, code, s);
+  free(s);
+  json_decref(o);
+}
+
+static void reply_err(struct evhttp_request *hr, const bh_api_err *er) {
+  char *s = bh_api_error_json(er);
+  reply_json(hr, er->status, s ? s : "{}");
+  free(s);
+}
+
+static json_t *usage_json(const ereq *r) {
+  uint64_t p = r->a.n_tokens, c = r->a.max_tokens;
+  return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)p,
+                   "total_tokens", (json_int_t)(p + c), "completion_tokens",
+                   (json_int_t)c, "prompt_tokens_details", "cached_tokens",
+                   (json_int_t)r->cached);
+}
+
+static bool is_chat(const ereq *r) { return r->a.kind == BH_API_CHAT; }
+
+static char *gen_text(const ereq *r, uint32_t from, uint32_t to) {
+  uint32_t ids[256], n = 0;
+  char *out = calloc(1, 1);
+  for (uint32_t i = from; i < to && out; i++) {
+    ids[n++] = bh_api_gen_token(r->id, i);
+    if (n == 256 || i + 1 == to) {
+      char *piece = bh_api_detok(ids, n), *cat = NULL;
+      if (piece && asprintf(&cat, "%s%s", out, piece) < 0)
+        cat = NULL;
+      free(piece);
+      free(out);
+      out = cat;
+      n = 0;
+    }
+  }
+  return out;
+}
+
+static json_t *envelope(const ereq *r, const char *object) {
+  char id[48];
+  snprintf(id, sizeof id, "%s-%016llx", is_chat(r) ? "chatcmpl" : "cmpl",
+           (unsigned long long)r->id);
+  return json_pack("{s:s, s:s, s:I, s:s}", "id", id, "object", object,
+                   "created", (json_int_t)r->created, "model",
+                   r->e->o.model);
+}
+
+/* One choice of a stream chunk or of the whole response. */
+static json_t *choice(const ereq *r, const char *text, bool last, bool whole,
+                      bool first) {
+  json_t *fin = last ? json_string("length") : json_null();
+  if (!is_chat(r))
+    return json_pack("{s:i, s:s, s:n, s:o, s:n}", "index", 0, "text", text,
+                     "logprobs", "finish_reason", fin, "stop_reason");
+  json_t *msg = first ? json_pack("{s:s, s:s}", "role", "assistant",
+                                  "content", text)
+                      : json_pack("{s:s}", "content", text);
+  return json_pack("{s:i, s:o, s:n, s:o, s:n}", "index", 0,
+                   whole ? "message" : "delta", msg, "logprobs",
+                   "finish_reason", fin, "stop_reason");
+}
+
+static void send_whole(ereq *r) {
+  char *text = gen_text(r, 0, r->a.max_tokens);
+  json_t *o = envelope(r, is_chat(r) ? "chat.completion" : "text_completion");
+  json_object_set_new(o, "choices",
+                      json_pack("[o]", choice(r, text ? text : "", true,
+                                              true, true)));
+  json_object_set_new(o, "usage", usage_json(r));
+  reply_obj(r->hr, 200, o);
+  free(text);
+}
+
+static void sse(struct evhttp_request *hr, json_t *o) {
+  char *s = json_dumps(o, JSON_COMPACT);
+  struct evbuffer *b = evbuffer_new();
+  if (s && b) {
+    evbuffer_add_printf(b, "data: %s\n\n", s);
+    evhttp_send_reply_chunk(hr, b);
+  }
+  free(s);
+  if (b)
+    evbuffer_free(b);
+  json_decref(o);
+}
+
+/* Stream tokens [r->sent, upto) as one chunk. */
+static void send_chunk(ereq *r, uint32_t upto) {
+  if (!r->started_reply) {
+    struct evkeyvalq *h = evhttp_request_get_output_headers(r->hr);
+    evhttp_add_header(h, "Content-Type", "text/event-stream; charset=utf-8");
+    evhttp_add_header(h, "Cache-Control", "no-cache");
+    evhttp_send_reply_start(r->hr, 200, "OK");
+    r->started_reply = true;
+  }
+  char *text = gen_text(r, r->sent, upto);
+  bool first = r->sent == 0, last = upto == r->a.max_tokens;
+  json_t *o = envelope(r, is_chat(r) ? "chat.completion.chunk"
+                                     : "text_completion");
+  json_object_set_new(o, "choices",
+                      json_pack("[o]", choice(r, text ? text : "", last,
+                                              false, first)));
+  sse(r->hr, o);
+  free(text);
+  r->sent = upto;
+}
+
+static void stream_end(ereq *r) {
+  if (r->a.include_usage) {
+    json_t *o = envelope(r, is_chat(r) ? "chat.completion.chunk"
+                                       : "text_completion");
+    json_object_set_new(o, "choices", json_array());
+    json_object_set_new(o, "usage", usage_json(r));
+    sse(r->hr, o);
+  }
+  struct evbuffer *b = evbuffer_new();
+  if (b) {
+    evbuffer_add_printf(b, "data: [DONE]\n\n");
+    evhttp_send_reply_chunk(r->hr, b);
+    evbuffer_free(b);
+  }
+  evhttp_send_reply_end(r->hr);
+}
+
+/* ---- the scheduler ------------------------------------------------------------ */
+static void try_start(eworker *x);
+
+static void ereq_free(ereq *r) {
+  if (r == NULL)
+    return;
+  if (r->tm)
+    event_free(r->tm);
+  free(r->keys);
+  bh_api_req_free(&r->a);
+  free(r);
+}
+
+static void on_client_gone(struct evhttp_connection *c, void *arg) {
+  (void)c;
+  ((ereq *)arg)->hr = NULL; /* finish the work, send nothing */
+}
+
+static void detach(ereq *r) {
+  if (r->hr)
+    evhttp_connection_set_closecb(evhttp_request_get_connection(r->hr), NULL,
+                                  NULL);
+}
+
+static void on_timer(evutil_socket_t fd, short ev, void *arg) {
+  ereq *r = arg;
+  r->phase(fd, ev, arg);
+}
+
+static double mono_s(void) { return (double)kvp_now_ns() / 1e9; }
+
+/* Runs fn(r) at real time `at` (now if past; the request's one timer). */
+static void arm(ereq *r, double at, event_callback_fn fn) {
+  struct timeval tv;
+  double real_s = at - mono_s();
+  if (!(real_s > 0))
+    real_s = 0;
+  tv.tv_sec = (time_t)real_s;
+  tv.tv_usec = (suseconds_t)((real_s - (double)tv.tv_sec) * 1e6);
+  r->phase = fn;
+  /* libevent times a timer from the loop's cached clock, read before this
+   * callback began its work (JSON, hashing): refresh it, or the timer
+   * fires that much early */
+  event_base_update_cache_time(r->e->base);
+  if (r->tm == NULL)
+    r->tm = evtimer_new(r->e->base, on_timer, r);
+  if (r->tm)
+    evtimer_add(r->tm, &tv);
+}
+
+static void on_decode_tick(evutil_socket_t fd, short ev, void *arg) {
+  (void)fd, (void)ev;
+  ereq *r = arg;
+  eworker *x = &r->e->w[r->w];
+  uint32_t left = r->a.max_tokens - r->sent;
+  uint32_t step = r->chunks_left ? (left + r->chunks_left - 1) / r->chunks_left
+                                 : left;
+  if (r->hr && r->a.stream && step > 0)
+    send_chunk(r, r->sent + step);
+  else
+    r->sent += step;
+  if (r->chunks_left > 1) {
+    r->chunks_left--;
+    r->chunk_no++;
+    arm(r, r->t_decode_start + r->chunk_no * r->decode_s / STREAM_CHUNKS,
+        on_decode_tick);
+    return;
+  }
+  if (r->hr && r->a.stream)
+    stream_end(r);
+  else if (r->hr)
+    send_whole(r);
+  detach(r);
+  x->decoding--;
+  x->decode_tokens -= r->a.n_tokens;
+  x->gen_tokens += r->a.max_tokens;
+  x->done++;
+  ereq_free(r);
+  try_start(x);
+}
+
+static void on_prefill_done(evutil_socket_t fd, short ev, void *arg) {
+  (void)fd, (void)ev;
+  ereq *r = arg;
+  eworker *x = &r->e->w[r->w];
+  int rc = 0;
+  for (uint32_t j = r->cut; j < r->n_blocks && rc == 0; j++)
+    rc = block_to_hbm(x, r, j);
+  if (rc == 0)
+    rc = run_flush(x);
+  bh_kvpub_flush(x->pub);
+  x->cur = NULL;
+  double d = bh_timing_decode_s(&r->e->tm, x->decoding, x->decode_tokens,
+                                r->a.n_tokens, r->a.max_tokens);
+  x->decoding++;
+  x->decode_tokens += r->a.n_tokens;
+  r->decode_s = d / r->e->o.time_scale;
+  if (r->hr && r->a.stream)
+    send_chunk(r, 1); /* the first token comes with the prefill */
+  else
+    r->sent = 1;
+  r->chunks_left = r->a.max_tokens > 1 ? STREAM_CHUNKS : 1;
+  r->t_decode_start = r->t_prefill_end;
+  r->chunk_no = 1;
+  arm(r, r->t_decode_start +
+             (r->a.max_tokens > 1 ? r->decode_s / STREAM_CHUNKS : 0),
+      on_decode_tick);
+  try_start(x);
+}
+
+/* Prefill start: what this worker holds decides the reuse (the simulator's
+ * start_prefill, without its index and ledger). */
+static void start_prefill(eworker *x, ereq *r) {
+  engine *e = x->e;
+  uint8_t *tiers = calloc(r->n_blocks ? r->n_blocks : 1, 1);
+  uint32_t m = 0;
+  for (; tiers && m < r->n_blocks; m++) { /* no memory: a miss */
+    uint32_t v = bh_cache_find(&x->c, r->keys[m]);
+    if (v == BH_NONE)
+      break;
+    tiers[m] = x->c.nodes[v].tier;
+  }
+  r->cut = tiers ? (uint32_t)bh_timing_cut(&e->tm, tiers, m, r->a.n_tokens)
+                : 0;
+  uint64_t cnt[3] = {0, 0, 0};
+  for (uint32_t j = 0; j < r->cut; j++)
+    cnt[tiers[j]]++;
+  free(tiers);
+  r->cached = (uint64_t)r->cut * e->o.block_size;
+  x->queries += r->a.n_tokens;
+  x->hits += r->cached;
+  x->prompt_tokens += r->a.n_tokens;
+  int rc = 0;
+  for (uint32_t j = 0; j < r->cut && rc == 0; j++)
+    rc = block_to_hbm(x, r, j);
+  if (rc == 0)
+    run_flush(x);
+  bh_kvpub_flush(x->pub);
+  double dur = bh_timing_load_s(&e->tm, cnt) +
+               bh_timing_prefill_s(&e->tm, r->cached, r->a.n_tokens);
+  x->cur = r;
+  double start = r->t_arrive > x->gpu_free ? r->t_arrive : x->gpu_free;
+  r->t_prefill_end = x->gpu_free = start + dur / e->o.time_scale;
+  arm(r, r->t_prefill_end, on_prefill_done);
+}
+
+static void try_start(eworker *x) {
+  while (x->cur == NULL && x->q_head != NULL &&
+         x->decoding < x->e->o.max_num_seqs) {
+    ereq *r = x->q_head;
+    x->q_head = r->next;
+    if (x->q_head == NULL)
+      x->q_tail = NULL;
+    x->q_len--;
+    start_prefill(x, r);
+  }
+}
+
+static int admit(eworker *x, struct evhttp_request *hr, bh_api_req *a,
+                 double t_arrive) {
+  engine *e = x->e;
+  ereq *r = calloc(1, sizeof *r);
+  if (r == NULL)
+    return KVP_ENOMEM;
+  r->e = e;
+  r->w = x->id;
+  r->hr = hr;
+  r->t_arrive = t_arrive;
+  r->a = *a;
+  memset(a, 0, sizeof *a);
+  r->id = ++e->next_id ^ ((uint64_t)x->id << 48);
+  r->created = (long)time(NULL);
+  size_t nb = r->a.n_tokens / e->o.block_size;
+  r->keys = malloc((nb ? nb : 1) * sizeof *r->keys);
+  int n = r->keys ? kvp_hasher_hash(e->hasher, r->a.tokens, r->a.n_tokens,
+                                    NULL, r->keys, nb, NULL)
+                  : KVP_ENOMEM;
+  if (n < 0) {
+    ereq_free(r);
+    return n;
+  }
+  r->n_blocks = (uint32_t)n;
+  evhttp_connection_set_closecb(evhttp_request_get_connection(hr),
+                                on_client_gone, r);
+  if (x->q_tail)
+    x->q_tail->next = r;
+  else
+    x->q_head = r;
+  x->q_tail = r;
+  x->q_len++;
+  try_start(x);
+  return 0;
+}
+
+/* ---- endpoints -------------------------------------------------------------- */
+static json_t *ids_json(const uint32_t *t, size_t n) {
+  json_t *a = json_array();
+  for (size_t i = 0; i < n && a; i++)
+    json_array_append_new(a, json_integer(t[i]));
+  return a;
+}
+
+static json_t *render_one(const engine *e, const bh_api_req *a) {
+  char rid[sizeof a->request_id];
+  snprintf(rid, sizeof rid, "%s", a->request_id[0] ? a->request_id : "render");
+  return json_pack("{s:s, s:o, s:{s:I}, s:s, s:b}", "request_id", rid,
+                   "token_ids", ids_json(a->tokens, a->n_tokens),
+                   "sampling_params", "max_tokens", (json_int_t)a->max_tokens,
+                   "model", e->o.model, "stream", a->stream);
+}
+
+static void do_post(eworker *x, struct evhttp_request *hr, bh_api_kind k,
+                    double t_arrive) {
+  struct evbuffer *in = evhttp_request_get_input_buffer(hr);
+  size_t len = evbuffer_get_length(in);
+  const char *body = (const char *)evbuffer_pullup(in, -1);
+  bh_api_req a;
+  bh_api_err er;
+  if (bh_api_parse(&x->e->api, k, body ? body : "", body ? len : 0, &a,
+                   &er) < 0) {
+    x->failed++;
+    reply_err(hr, &er);
+    return;
+  }
+  if (k == BH_API_COMPLETIONS || k == BH_API_CHAT) {
+    if (admit(x, hr, &a, t_arrive) < 0) {
+      bh_api_err oom = {500, "InternalServerError", "", "out of memory"};
+      reply_err(hr, &oom);
+    }
+    bh_api_req_free(&a);
+    return;
+  }
+  json_t *o;
+  if (k == BH_API_TOKENIZE)
+    o = json_pack("{s:I, s:I, s:o, s:n}", "count", (json_int_t)a.n_tokens,
+                  "max_model_len", (json_int_t)x->e->o.max_model_len,
+                  "tokens", ids_json(a.tokens, a.n_tokens), "token_strs");
+  else if (k == BH_API_COMPLETIONS_RENDER)
+    o = json_pack("[o]", render_one(x->e, &a));
+  else
+    o = render_one(x->e, &a);
+  reply_obj(hr, 200, o);
+  bh_api_req_free(&a);
+}
+
+static void metric(struct evbuffer *b, const char *name, const char *type,
+                   const char *model, double v) {
+  const char *suffix = strcmp(type, "counter") == 0 ? "_total" : "";
+  evbuffer_add_printf(b, "# TYPE %s%s %s\n%s%s{model_name=\"%s\"} %.17g\n",
+                      name, suffix, type, name, suffix, model, v);
+}
+
+static void do_metrics(eworker *x, struct evhttp_request *hr) {
+  struct evbuffer *b = evbuffer_new();
+  if (b == NULL)
+    return;
+  const char *m = x->e->o.model;
+  double use = x->c.cap[0] ? (double)x->c.count[0] / (double)x->c.cap[0] : 0;
+  metric(b, "vllm:num_requests_running", "gauge", m,
+         x->decoding + (x->cur != NULL));
+  metric(b, "vllm:num_requests_waiting", "gauge", m, x->q_len);
+  metric(b, "vllm:kv_cache_usage_perc", "gauge", m, use);
+  metric(b, "vllm:prefix_cache_queries", "counter", m, (double)x->queries);
+  metric(b, "vllm:prefix_cache_hits", "counter", m, (double)x->hits);
+  metric(b, "vllm:prompt_tokens", "counter", m, (double)x->prompt_tokens);
+  metric(b, "vllm:generation_tokens", "counter", m, (double)x->gen_tokens);
+  metric(b, "vllm:request_success", "counter", m, (double)x->done);
+  evhttp_add_header(evhttp_request_get_output_headers(hr), "Content-Type",
+                    "text/plain; version=0.0.4; charset=utf-8");
+  evhttp_send_reply(hr, 200, "OK", b);
+  evbuffer_free(b);
+}
+
+/* What a router needs to hash requests as this worker does (vLLM 0.33's
+ * GET /server_info, --config-format json; vllm-router's kv_aware reads
+ * block size, hash algorithm and PYTHONHASHSEED). */
+static json_t *server_info(const eworker *x) {
+  const eng_opts *o = &x->e->o;
+  json_t *cfg = json_pack(
+      "{s:{s:s, s:I}, s:{s:I, s:b, s:s}, s:{s:b, s:s, s:s, s:s, s:s}}",
+      "model_config", "model", o->model, "max_model_len",
+      (json_int_t)o->max_model_len, "cache_config", "block_size",
+      (json_int_t)o->block_size, "enable_prefix_caching", 1,
+      "prefix_caching_hash_algo", "sha256_cbor", "kv_events_config",
+      "enable_kv_cache_events", 1, "publisher", "zmq", "endpoint", x->kv_ep,
+      "replay_endpoint", x->replay_ep, "topic", o->kv_topic);
+  json_t *env = json_pack("{s:s, s:o}", "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES",
+                          "1", "PYTHONHASHSEED",
+                          o->hash_seed ? json_string(o->hash_seed)
+                                       : json_null());
+  return json_pack("{s:o, s:o, s:{s:s}}", "vllm_config", cfg, "vllm_env", env,
+                   "system_env", "emulator", "kvplane-bench engine");
+}
+
+/* GET /kvplane/cache (the emulator's own, for tests): the block hashes each
+ * tier holds, by vLLM medium name, as the KV events describe them. */
+static json_t *cache_json(const eworker *x) {
+  json_t *o = json_object();
+  for (int k = 0; k < 3 && o; k++)
+    json_object_set_new(o, medium_of(k), json_array());
+  for (uint32_t v = 0; o && v < x->c.n_nodes; v++) {
+    const bh_cache_node *n = &x->c.nodes[v];
+    if (bh_cache_find(&x->c, n->key) != v)
+      continue; /* a free slot */
+    json_array_append_new(json_object_get(o, medium_of(n->tier)),
+                          json_integer((json_int_t)n->key.lo));
+  }
+  return json_pack("{s:o, s:I}", "resident", o, "batches",
+                   (json_int_t)bh_kvpub_batches(x->pub));
+}
+
+static json_t *models_json(const engine *e) {
+  return json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:s, s:n, s:I, s:[]}]}",
+                   "object", "list", "data", "id", e->o.model, "object",
+                   "model", "created", (json_int_t)time(NULL), "owned_by",
+                   "vllm", "root", e->o.model, "parent", "max_model_len",
+                   (json_int_t)e->o.max_model_len, "permission");
+}
+
+static const struct {
+  const char *path;
+  bh_api_kind kind;
+} posts[] = {
+    {"/v1/completions", BH_API_COMPLETIONS},
+    {"/v1/chat/completions", BH_API_CHAT},
+    {"/v1/completions/render", BH_API_COMPLETIONS_RENDER},
+    {"/v1/chat/completions/render", BH_API_CHAT_RENDER},
+    {"/tokenize", BH_API_TOKENIZE},
+};
+
+static void do_get(eworker *x, struct evhttp_request *hr, const char *path) {
+  if (strcmp(path, "/health") == 0) {
+    evhttp_send_reply(hr, 200, "OK", NULL);
+  } else if (strcmp(path, "/v1/models") == 0) {
+    reply_obj(hr, 200, models_json(x->e));
+  } else if (strcmp(path, "/metrics") == 0) {
+    do_metrics(x, hr);
+  } else if (strcmp(path, "/kvplane/cache") == 0) {
+    reply_obj(hr, 200, cache_json(x));
+  } else if (strcmp(path, "/server_info") == 0) {
+    reply_obj(hr, 200, server_info(x));
+  } else {
+    reply_json(hr, 404, "{\"detail\":\"Not Found\"}");
+  }
+}
+
+/* Every connection: TCP_NODELAY, or the SSE headers and the first chunk
+ * (two small writes) wait out the client's delayed ACK (~40 ms) -- a TTFT
+ * no engine has. */
+static void no_delay(struct evhttp_request *hr) {
+  struct evhttp_connection *c = evhttp_request_get_connection(hr);
+  struct bufferevent *bev = c ? evhttp_connection_get_bufferevent(c) : NULL;
+  int one = 1;
+  if (bev)
+    setsockopt(bufferevent_getfd(bev), IPPROTO_TCP, TCP_NODELAY, &one,
+               sizeof one);
+}
+
+static void on_http(struct evhttp_request *hr, void *arg) {
+  double t0 = mono_s(); /* the body is in: the request has arrived */
+  eworker *x = arg;
+  const struct evhttp_uri *u = evhttp_request_get_evhttp_uri(hr);
+  const char *path = u ? evhttp_uri_get_path(u) : NULL;
+  enum evhttp_cmd_type cmd = evhttp_request_get_command(hr);
+  no_delay(hr);
+  if (path == NULL) {
+    reply_json(hr, 404, "{\"detail\":\"Not Found\"}");
+    return;
+  }
+  for (size_t i = 0; i < sizeof posts / sizeof *posts; i++) {
+    if (strcmp(path, posts[i].path) != 0)
+      continue;
+    if (cmd == EVHTTP_REQ_POST)
+      do_post(x, hr, posts[i].kind, t0);
+    else
+      reply_json(hr, 405, "{\"detail\":\"Method Not Allowed\"}");
+    return;
+  }
+  if (cmd == EVHTTP_REQ_GET)
+    do_get(x, hr, path);
+  else
+    reply_json(hr, strcmp(path, "/health") && strcmp(path, "/v1/models") &&
+                           strcmp(path, "/metrics")
+                       ? 404
+                       : 405,
+               "{\"detail\":\"Not Found\"}");
+}
+
+/* ---- setup ------------------------------------------------------------------- */
+static void on_service(evutil_socket_t fd, short ev, void *arg) {
+  (void)fd, (void)ev;
+  engine *e = arg;
+  for (uint32_t v = 0; v < e->o.workers; v++)
+    bh_kvpub_service(e->w[v].pub);
+}
+
+static void on_signal(evutil_socket_t fd, short ev, void *arg) {
+  (void)fd, (void)ev;
+  event_base_loopexit(((engine *)arg)->base, NULL);
+}
+
+static int bind_http(engine *e, eworker *x) {
+  x->http = evhttp_new(e->base);
+  if (x->http == NULL)
+    return KVP_ENOMEM;
+  evhttp_set_max_body_size(x->http, 64 << 20);
+  evhttp_set_allowed_methods(x->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST |
+                                          EVHTTP_REQ_PUT | EVHTTP_REQ_DELETE |
+                                          EVHTTP_REQ_HEAD);
+  evhttp_set_gencb(x->http, on_http, x);
+  uint32_t port = e->o.port ? e->o.port + x->id : 0;
+  struct evhttp_bound_socket *bs =
+      evhttp_bind_socket_with_handle(x->http, e->o.host, (uint16_t)port);
+  if (bs == NULL) {
+    fprintf(stderr, "kvplane-bench engine: cannot bind %s:%u\n", e->o.host,
+            port);
+    return KVP_EIO;
+  }
+  struct sockaddr_storage ss;
+  socklen_t sl = sizeof ss;
+  getsockname(evhttp_bound_socket_get_fd(bs), (struct sockaddr *)&ss, &sl);
+  x->port = ntohs(ss.ss_family == AF_INET6
+                      ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                      : ((struct sockaddr_in *)&ss)->sin_port);
+  snprintf(x->url, sizeof x->url, "http://%s:%u", e->o.host, x->port);
+  return 0;
+}
+
+static int bind_events(engine *e, eworker *x) {
+  char ep[160], rep[160];
+  uint32_t p = e->o.kv_port ? e->o.kv_port + 2 * x->id : 0;
+  snprintf(ep, sizeof ep, "tcp://%s:%u", e->o.host, p);
+  snprintf(rep, sizeof rep, "tcp://%s:%u", e->o.host, p ? p + 1 : 0);
+  int rc = bh_kvpub_create(e->zctx, ep, rep, e->o.kv_topic, 0, &x->pub,
+                           x->kv_ep, x->replay_ep, sizeof x->kv_ep);
+  if (rc < 0)
+    fprintf(stderr, "kvplane-bench engine: KV events: %s\n", x->kv_ep);
+  return rc;
+}
+
+static int worker_init(engine *e, uint32_t v) {
+  eworker *x = &e->w[v];
+  x->e = e;
+  x->id = v;
+  int rc = bh_cache_init(&x->c, &e->o.cl, true);
+  if (rc < 0)
+    return rc;
+  x->c.block_bytes = (uint64_t)(e->tm.kvb * e->o.block_size);
+  x->c.adm_cost.recompute_s = bh_timing_prefill_s(&e->tm, 0, e->o.block_size);
+  x->c.adm_cost.read_s = x->c.block_bytes / e->tm.cl.gpu.bw[2];
+  x->c.adm_cost.write_s = x->c.adm_cost.read_s;
+  x->c.publish = on_residency;
+  x->c.publish_ctx = e;
+  x->c.publish_id = v;
+  if ((rc = bind_http(e, x)) < 0 || (rc = bind_events(e, x)) < 0)
+    return rc;
+  return 0;
+}
+
+static int make_hasher(engine *e) {
+  kvp_namespace_desc d = {.model_id = e->o.model,
+                         .block_size = e->o.block_size};
+  kvp_namespace ns;
+  kvp_hasher_opts ho = {.algo = KVP_HASH_SHA256_CBOR,
+                        .python_hash_seed = e->o.hash_seed,
+                        .vllm_compat = KVP_VLLM_COMPAT_0_33};
+  int rc = kvp_namespace_init(&d, &ns);
+  return rc < 0 ? rc : kvp_hasher_create(&ns, &ho, NULL, &e->hasher);
+}
+
+static int engine_setup(engine *e) {
+  bh_cluster *cl = &e->o.cl;
+  cl->workers = e->o.workers;
+  cl->tier_no_classes = true; /* no stability classifier on the wire */
+  int rc = bh_cluster_resolve(cl, e->o.block_size);
+  if (rc < 0) {
+    fprintf(stderr, "kvplane-bench engine: bad cluster (workers 1..4096, "
+                    "HBM >= one block)\n");
+    return rc;
+  }
+  bh_sim_opts so = {.cl = *cl, .policy = KVP_POLICY_ROUND_ROBIN};
+  kvp_router_opts ro;
+  bh_sim_router_opts(&so, e->o.block_size, &ro);
+  if ((rc = kvp_router_create(&ro, NULL, &e->rt)) < 0 ||
+      (rc = make_hasher(e)) < 0)
+    return rc;
+  bh_timing_setup(&e->tm, cl, e->o.block_size, e->rt);
+  e->api = (bh_api_cfg){e->o.model, e->o.vocab, e->o.max_model_len};
+  e->base = event_base_new();
+  e->zctx = zmq_ctx_new();
+  e->w = calloc(e->o.workers, sizeof *e->w);
+  if (e->base == NULL || e->zctx == NULL || e->w == NULL)
+    return KVP_ENOMEM;
+  for (uint32_t v = 0; v < e->o.workers; v++)
+    if ((rc = worker_init(e, v)) < 0)
+      return rc;
+  struct timeval svc = {0, 5000};
+  e->svc = event_new(e->base, -1, EV_PERSIST, on_service, e);
+  e->sig_int = evsignal_new(e->base, SIGINT, on_signal, e);
+  e->sig_term = evsignal_new(e->base, SIGTERM, on_signal, e);
+  if (e->svc == NULL || e->sig_int == NULL || e->sig_term == NULL)
+    return KVP_ENOMEM;
+  event_add(e->svc, &svc);
+  event_add(e->sig_int, NULL);
+  event_add(e->sig_term, NULL);
+  return 0;
+}
+
+static void engine_teardown(engine *e) {
+  for (uint32_t v = 0; e->w && v < e->o.workers; v++) {
+    eworker *x = &e->w[v];
+    for (ereq *r = x->q_head, *n; r; r = n) {
+      n = r->next;
+      ereq_free(r);
+    }
+    if (x->http)
+      evhttp_free(x->http);
+    bh_kvpub_destroy(x->pub);
+    bh_cache_free(&x->c);
+    free(x->ntok);
+    free(x->run);
+    free(x->run_tok);
+  }
+  free(e->w);
+  if (e->svc)
+    event_free(e->svc);
+  if (e->sig_int)
+    event_free(e->sig_int);
+  if (e->sig_term)
+    event_free(e->sig_term);
+  if (e->zctx)
+    zmq_ctx_term(e->zctx);
+  if (e->base)
+    event_base_free(e->base);
+  kvp_hasher_destroy(e->hasher);
+  kvp_router_destroy(e->rt);
+}
+
+/* One line per worker on stdout and, with --ready-file, the same as JSON
+ * (written to a temporary name, then renamed: readers never see half). */
+static int announce(const engine *e) {
+  json_t *ws = json_array();
+  for (uint32_t v = 0; v < e->o.workers; v++) {
+    const eworker *x = &e->w[v];
+    printf("worker %u %s kv_events %s replay %s\n", v, x->url, x->kv_ep,
+           x->replay_ep);
+    json_array_append_new(ws, json_pack("{s:s, s:s, s:s}", "url", x->url,
+                                        "kv_events", x->kv_ep, "kv_replay",
+                                        x->replay_ep));
+  }
+  fflush(stdout);
+  json_t *o = json_pack("{s:o, s:s, s:I, s:s, s:o, s:s, s:f}", "workers", ws,
+                        "model", e->o.model, "block_size",
+                        (json_int_t)e->o.block_size, "hash_algo",
+                        "sha256_cbor", "python_hash_seed",
+                        e->o.hash_seed ? json_string(e->o.hash_seed)
+                                       : json_null(),
+                        "kv_topic", e->o.kv_topic, "time_scale",
+                        e->o.time_scale);
+  int rc = 0;
+  if (e->o.ready_file && o) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", e->o.ready_file);
+    rc = json_dump_file(o, tmp, JSON_INDENT(1)) == 0 &&
+                 rename(tmp, e->o.ready_file) == 0
+             ? 0
+             : -errno;
+  }
+  json_decref(o);
+  return rc;
+}
+
+static void engine_usage(FILE *f) {
+  fputs("usage: kvplane-bench engine [--workers N] [--host H] [--port P]\n"
+        "         [--kv-port P] [--model NAME] [--block-size N]\n"
+        "         [--time-scale X] [--max-num-seqs N] [--max-model-len N]\n"
+        "         [--hbm-gb X | --hbm-blocks N] [--dram-gb X] [--nvme-gb X]\n"
+        "         [--python-hash-seed S] [--kv-topic T] [--ready-file F]\n"
+        "N emulated vLLM 0.33 workers on loopback (docs/live.md).  Worker i\n"
+        "serves HTTP on P+i (0: ephemeral, the default) and publishes KV\n"
+        "events on tcp KV-port + 2i (replay ROUTER on + 2i + 1).\n", f);
+}
+
+static int parse_u32(const char *s, uint32_t *out) {
+  char *end;
+  errno = 0;
+  unsigned long v = strtoul(s, &end, 10);
+  if (errno || end == s || *end || v > UINT32_MAX)
+    return -1;
+  *out = (uint32_t)v;
+  return 0;
+}
+
+static int parse_pos(const char *s, double *out) {
+  char *end;
+  double v = strtod(s, &end);
+  if (end == s || *end || !(v >= 0) || !isfinite(v))
+    return -1;
+  *out = v;
+  return 0;
+}
+
+static int engine_opt(eng_opts *o, int c, const char *v) {
+  uint64_t blocks = 0;
+  uint32_t u = 0;
+  switch (c) {
+  case 'w': return parse_u32(v, &o->workers);
+  case 'H': o->host = v; return 0;
+  case 'p': return parse_u32(v, &o->port);
+  case 'k': return parse_u32(v, &o->kv_port);
+  case 'm': o->model = v; return 0;
+  case 'b': return parse_u32(v, &o->block_size);
+  case 't': return parse_pos(v, &o->time_scale);
+  case 'n': return parse_u32(v, &o->max_num_seqs);
+  case 'L': return parse_u32(v, &o->max_model_len);
+  case 'g': return parse_pos(v, &o->cl.hbm_gb);
+  case 'B': if (parse_u32(v, &u) < 0) return -1;
+            blocks = u; o->cl.hbm_blocks = blocks; return 0;
+  case 'd': return parse_pos(v, &o->cl.dram_gb);
+  case 'e': return parse_pos(v, &o->cl.nvme_gb);
+  case 's': o->hash_seed = v; return 0;
+  case 'T': o->kv_topic = v; return 0;
+  case 'r': o->ready_file = v; return 0;
+  default: return -1;
+  }
+}
+
+static int engine_args(eng_opts *o, int argc, char **argv) {
+  static const struct option lo[] = {
+      {"workers", 1, 0, 'w'},      {"host", 1, 0, 'H'},
+      {"port", 1, 0, 'p'},         {"kv-port", 1, 0, 'k'},
+      {"model", 1, 0, 'm'},        {"block-size", 1, 0, 'b'},
+      {"time-scale", 1, 0, 't'},   {"max-num-seqs", 1, 0, 'n'},
+      {"max-model-len", 1, 0, 'L'}, {"hbm-gb", 1, 0, 'g'},
+      {"hbm-blocks", 1, 0, 'B'},   {"dram-gb", 1, 0, 'd'},
+      {"nvme-gb", 1, 0, 'e'},      {"python-hash-seed", 1, 0, 's'},
+      {"kv-topic", 1, 0, 'T'},     {"ready-file", 1, 0, 'r'},
+      {"help", 0, 0, 'h'},         {0, 0, 0, 0}};
+  int c;
+  optind = 1;
+  while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+    if (c == 'h') {
+      engine_usage(stdout);
+      return 1;
+    }
+    if (c == '?' || engine_opt(o, c, optarg) < 0) {
+      if (c != '?')
+        fprintf(stderr, "kvplane-bench engine: bad value '%s'\n", optarg);
+      engine_usage(stderr);
+      return -1;
+    }
+  }
+  if (optind < argc || o->workers == 0 || o->workers > 256 ||
+      o->block_size == 0 || o->block_size > KVP_BLOCK_SIZE_MAX ||
+      !(o->time_scale > 0) || o->vocab < 256 || o->max_num_seqs == 0) {
+    fprintf(stderr, "kvplane-bench engine: bad arguments (workers 1..256, "
+                    "block size 1..%u, time scale > 0)\n", KVP_BLOCK_SIZE_MAX);
+    return -1;
+  }
+  return 0;
+}
+
+int bh_engine_main(int argc, char **argv) {
+  engine e;
+  memset(&e, 0, sizeof e);
+  eng_opts *o = &e.o;
+  bh_cluster_defaults(&o->cl);
+  o->cl.dram_gb = o->cl.nvme_gb = 0; /* vLLM alone: HBM only */
+  o->workers = 2;
+  o->host = "127.0.0.1";
+  o->model = "kvplane-emulated";
+  o->block_size = 16;
+  o->time_scale = 1;
+  o->max_num_seqs = 256;
+  o->vocab = 128256;
+  o->max_model_len = 131072;
+  o->kv_topic = "";
+  int rc = engine_args(o, argc, argv);
+  if (rc != 0)
+    return rc > 0 ? 0 : 2;
+  signal(SIGPIPE, SIG_IGN);
+  rc = engine_setup(&e);
+  if (rc >= 0)
+    rc = announce(&e);
+  if (rc >= 0)
+    rc = event_base_dispatch(e.base) < 0 ? KVP_EIO : 0;
+  else
+    fprintf(stderr, "kvplane-bench engine: %s\n", kvp_strerror(rc));
+  engine_teardown(&e);
+  return rc < 0 ? 1 : 0;
+}

@@ -1,0 +1,59 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* libFuzzer target: the emulated vLLM workers' OpenAI request parser
+ * (bench/harness_api.c) on arbitrary bytes.  The first byte picks the
+ * endpoint, the rest is the body.  Checks what the engine relies on: a
+ * request that parses has a non-empty prompt of in-vocabulary ids and fits
+ * the context; a rejection is 400/404 with a message and a JSON error body
+ * that parses back with the same code. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "harness_api.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static const bh_api_cfg cfg = {"m", 1000, 4096};
+
+static void check_ok(const bh_api_req *r, bh_api_kind k) {
+  if (r->n_tokens == 0 || r->tokens == NULL || r->max_tokens == 0)
+    abort();
+  for (size_t i = 0; i < r->n_tokens; i++)
+    if (r->tokens[i] >= cfg.vocab)
+      abort();
+  if (k != BH_API_TOKENIZE &&
+      (uint64_t)r->n_tokens + r->max_tokens > cfg.max_model_len)
+    abort();
+  if (r->include_usage && !r->stream)
+    abort();
+}
+
+static void check_err(const bh_api_err *e) {
+  if ((e->status != 400 && e->status != 404) || e->message[0] == '\0')
+    abort();
+  char *s = bh_api_error_json(e);
+  if (s == NULL)
+    return; /* out of memory */
+  json_t *o = json_loads(s, 0, NULL);
+  json_t *code = json_object_get(json_object_get(o, "error"), "code");
+  if (!json_is_integer(code) || json_integer_value(code) != e->status)
+    abort();
+  json_decref(o);
+  free(s);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  if (size == 0 || size > (1u << 20))
+    return 0;
+  bh_api_kind k = (bh_api_kind)(data[0] % BH_API_KIND_COUNT_);
+  bh_api_req r;
+  bh_api_err e;
+  if (bh_api_parse(&cfg, k, (const char *)data + 1, size - 1, &r, &e) == 0)
+    check_ok(&r, k);
+  else
+    check_err(&e);
+  bh_api_req_free(&r);
+  return 0;
+}

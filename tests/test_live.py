@@ -1,0 +1,322 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""kvplane-bench engine + live, end to end on loopback (issue 15), stdlib only.
+
+  1. every endpoint of an emulated worker answers as vLLM 0.33 does: models,
+     health, completions and chat (stream and not: SSE framing, [DONE], usage
+     with cached_tokens), tokenize, both render endpoints, metrics,
+     server_info; bad input gets 400 (404 for an unknown model) with an OpenAI
+     error body and the worker keeps serving;
+  2. its KV events, read by kvplane's own subscriber (`kvplane events tail`,
+     live from the start and by replay afterwards), give an index equal to
+     what the worker's cache holds, HBM and DRAM, evictions and demotions
+     included;
+  3. `kvplane-bench live --direct` on a generated agentic trace against two
+     workers: no errors, cached tokens > 0, hit rate within HIT_TOL of the
+     offline simulator's for the same cluster (the gap is printed); TTFT
+     p50 and p95 within 2x of the simulator's (the engine runs its model).
+
+usage: test_live.py BENCH KVPLANE_CLI
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+HIT_TOL = 0.02  # live vs offline hit rate, absolute (2 points)
+BENCH, CLI = sys.argv[1], sys.argv[2]
+TMP = tempfile.mkdtemp(prefix="kvp-live-")
+procs = []
+
+
+def fail(msg):
+    print("FAIL:", msg)
+    for p in procs:
+        p.kill()
+    sys.exit(1)
+
+
+def check(cond, msg):
+    if not cond:
+        fail(msg)
+
+
+def start_engine(name, *args):
+    ready = os.path.join(TMP, name + ".json")
+    p = subprocess.Popen([BENCH, "engine", "--ready-file", ready, *args],
+                         stdout=subprocess.DEVNULL)
+    procs.append(p)
+    for _ in range(200):
+        if os.path.exists(ready):
+            with open(ready) as f:
+                return p, json.load(f)
+        check(p.poll() is None, "engine exited: %s" % (args,))
+        time.sleep(0.02)
+    fail("engine never became ready")
+
+
+def stop(p):
+    p.terminate()
+    check(p.wait(10) == 0, "engine did not exit cleanly on SIGTERM")
+
+
+def http(url, body=None, method=None):
+    data = None if body is None else (
+        body if isinstance(body, bytes) else json.dumps(body).encode())
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.headers.get("Content-Type", ""), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("Content-Type", ""), e.read()
+
+
+def post(url, body):
+    code, _, raw = http(url, body)
+    return code, json.loads(raw)
+
+
+def sse_events(raw):
+    text = raw.decode()
+    check(text.endswith("data: [DONE]\n\n"), "stream must end with [DONE]")
+    frames = text.split("\n\n")[:-1]
+    check(all(f.startswith("data: ") for f in frames), "SSE framing")
+    return [json.loads(f[6:]) for f in frames[:-1]]
+
+
+def check_error(code, body, want, what):
+    check(code == want, "%s: HTTP %d, want %d" % (what, code, want))
+    e = body.get("error", {})
+    check(isinstance(e.get("message"), str) and e["message"], what + ": message")
+    check(e.get("code") == want and "type" in e and "param" in e,
+          what + ": error body %r" % body)
+
+
+# ---- 1. endpoints -------------------------------------------------------------
+def test_endpoints(u, model, bs):
+    code, _, raw = http(u + "/health")
+    check(code == 200, "health")
+    code, _, raw = http(u + "/v1/models")
+    models = json.loads(raw)
+    check(code == 200 and models["data"][0]["id"] == model, "models")
+    prompt = "The quick brown fox jumps over the lazy dog. " * 4  # 180 bytes
+    n_full = len(prompt) // bs * bs
+    code, r1 = post(u + "/v1/completions", {"prompt": prompt, "max_tokens": 7})
+    check(code == 200 and r1["object"] == "text_completion", "completion")
+    check(len(r1["choices"][0]["text"]) == 7, "7 byte tokens of text")
+    use = r1["usage"]
+    check(use["prompt_tokens"] == len(prompt) and use["completion_tokens"] == 7
+          and use["total_tokens"] == len(prompt) + 7, "usage %r" % use)
+    check(use["prompt_tokens_details"]["cached_tokens"] == 0, "cold cache")
+    code, r2 = post(u + "/v1/completions", {"prompt": prompt, "max_tokens": 3,
+                                             "model": model})
+    check(r2["usage"]["prompt_tokens_details"]["cached_tokens"] == n_full,
+          "warm cache: %r, want %d" % (r2["usage"], n_full))
+    # streaming, token-id prompt
+    ids = list(range(1000, 1000 + 3 * bs + 5))
+    code, ctype, raw = http(u + "/v1/completions", {
+        "prompt": ids, "max_tokens": 20, "stream": True,
+        "stream_options": {"include_usage": True}})
+    check(code == 200 and ctype.startswith("text/event-stream"), "stream type")
+    ev = sse_events(raw)
+    text = "".join(e["choices"][0]["text"] for e in ev if e["choices"])
+    check(len(text) == 20, "streamed 20 tokens, got %r" % text)
+    check(ev[-1]["choices"] == [] and ev[-1]["usage"]["prompt_tokens"] ==
+          len(ids), "usage chunk last")
+    check([e["choices"][0]["finish_reason"] for e in ev if e["choices"]][-1]
+          == "length", "finish_reason")
+    # chat
+    msgs = [{"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    code, c1 = post(u + "/v1/chat/completions", {"messages": msgs,
+                                                  "max_tokens": 4})
+    check(code == 200 and c1["object"] == "chat.completion" and
+          c1["choices"][0]["message"]["role"] == "assistant", "chat")
+    code, _, raw = http(u + "/v1/chat/completions", {
+        "messages": msgs, "max_tokens": 4, "stream": True})
+    ev = sse_events(raw)
+    check(ev[0]["object"] == "chat.completion.chunk" and
+          ev[0]["choices"][0]["delta"]["role"] == "assistant", "chat stream")
+    check(all("usage" not in e for e in ev), "no usage without include_usage")
+    # tokenize and render agree with the usage counts
+    code, t = post(u + "/tokenize", {"prompt": prompt})
+    check(code == 200 and t["count"] == len(prompt) and
+          t["tokens"][:3] == [84, 104, 101], "tokenize")
+    code, t2 = post(u + "/tokenize", {"messages": msgs})
+    check(t2["count"] == c1["usage"]["prompt_tokens"], "chat template count")
+    code, rc = post(u + "/v1/completions/render", {"prompt": prompt,
+                                                    "max_tokens": 9})
+    check(code == 200 and isinstance(rc, list) and
+          rc[0]["token_ids"] == t["tokens"] and
+          rc[0]["sampling_params"]["max_tokens"] == 9, "completions render")
+    code, rch = post(u + "/v1/chat/completions/render", {"messages": msgs})
+    check(code == 200 and rch["token_ids"] == t2["tokens"], "chat render")
+    # metrics and server info
+    code, _, raw = http(u + "/metrics")
+    m = {}
+    for line in raw.decode().splitlines():
+        if line and not line.startswith("#"):
+            k, v = line.rsplit(" ", 1)
+            m[k.split("{")[0]] = float(v)
+    for k in ("vllm:num_requests_running", "vllm:num_requests_waiting",
+              "vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total",
+              "vllm:prefix_cache_hits_total"):
+        check(k in m, "metric " + k)
+    check(m["vllm:prefix_cache_hits_total"] >= n_full and
+          0 < m["vllm:kv_cache_usage_perc"] <= 1, "metric values %r" % m)
+    code, _, raw = http(u + "/server_info")
+    cc = json.loads(raw)["vllm_config"]["cache_config"]
+    check(cc["block_size"] == bs and
+          cc["prefix_caching_hash_algo"] == "sha256_cbor", "server_info")
+
+
+BAD = [  # (body, status, what)
+    (b"{\"prompt\": [1, 2,", 400, "truncated JSON"),
+    (b"[1, 2, 3]", 400, "not an object"),
+    (b"\xff\xfe", 400, "not UTF-8"),
+    ({"prompt": ""}, 400, "empty prompt"),
+    ({"prompt": [1, -2]}, 400, "negative token id"),
+    ({"prompt": [10 ** 9]}, 400, "token id out of vocabulary"),
+    ({"prompt": [1.5]}, 400, "float token id"),
+    ({"prompt": {"a": 1}}, 400, "prompt of the wrong type"),
+    ({"prompt": ["a", "b"]}, 400, "batched prompts"),
+    ({"prompt": "x", "max_tokens": 0}, 400, "max_tokens 0"),
+    ({"prompt": "x", "max_tokens": "9"}, 400, "max_tokens a string"),
+    ({"prompt": "x", "max_tokens": 10 ** 7}, 400, "past the context length"),
+    ({"prompt": "x", "stream_options": {"include_usage": True}}, 400,
+     "stream_options without stream"),
+    ({"prompt": "x", "stream": "yes"}, 400, "stream not a boolean"),
+    ({"prompt": "x", "n": 2}, 400, "n > 1"),
+    ({"prompt": "x", "model": "nope"}, 404, "unknown model"),
+]
+
+
+def test_bad_input(u):
+    for body, want, what in BAD:
+        code, _, raw = http(u + "/v1/completions", body)
+        check_error(code, json.loads(raw), want, what)
+    for body, what in (({"messages": []}, "no messages"),
+                       ({"messages": [{"content": "x"}]}, "no role"),
+                       ({"messages": [{"role": "user", "content": 5}]},
+                        "content a number"),
+                       ({"prompt": "x"}, "chat without messages")):
+        code, _, raw = http(u + "/v1/chat/completions", body)
+        check_error(code, json.loads(raw), 400, what)
+    code, _, _ = http(u + "/v1/nothing-here")
+    check(code == 404, "unknown path")
+    code, _, _ = http(u + "/v1/completions", method="GET")
+    check(code == 405, "GET on a POST endpoint")
+    code, _, _ = http(u + "/health")
+    check(code == 200, "still serving after bad input")
+
+
+# ---- 2. KV events --------------------------------------------------------------
+def tail(worker, replay):
+    args = [CLI, "events", "tail", "--index", "--json", "--idle-ms", "1500"]
+    if replay:
+        args += ["--replay", worker["kv_replay"]]
+    return subprocess.Popen(args + [worker["kv_events"]],
+                            stdout=subprocess.PIPE, text=True)
+
+
+def tail_result(p):
+    out, _ = p.communicate(timeout=30)
+    lines = [json.loads(x) for x in out.splitlines() if x.strip()]
+    res = [x for x in lines if "resident" in x][-1]["resident"]
+    evs = [x for x in lines if "type" in x]
+    stats = lines[-1]["stats"]
+    return res, evs, stats
+
+
+def test_events(w, u):
+    live = tail(w, replay=False)  # before any traffic: the PUB path
+    time.sleep(0.4)               # ZeroMQ's slow joiner
+    for i in range(40):           # 64-block HBM: evictions
+        ids = [7] * 48 + [100 + i % 13] * 16 + list(range(i * 50, i * 50 + 40))
+        code, _ = post(u + "/v1/completions", {"prompt": ids, "max_tokens": 2})
+        check(code == 200, "traffic")
+    replayed = tail(w, replay=True)  # afterwards: everything by replay
+    code, _, raw = http(u + "/kvplane/cache")
+    cache = json.loads(raw)["resident"]
+    want = {m: sorted(h & (2 ** 64 - 1) for h in cache[m])
+            for m in ("GPU", "CPU")}
+    check(len(want["GPU"]) == 64 and len(want["CPU"]) > 0,
+          "the worker's HBM is full and DRAM used: %r" %
+          {m: len(v) for m, v in want.items()})
+    for name, p in (("live", live), ("replay", replayed)):
+        res, evs, stats = tail_result(p)
+        for m in ("GPU", "CPU"):
+            got = sorted(res.get(m, []))
+            check(got == want[m], "%s index != worker cache, %s (%d vs %d "
+                  "blocks)" % (name, m, len(got), len(want[m])))
+        check(any(e["type"] == "BlockRemoved" for e in evs),
+              name + ": no eviction seen")
+        check(stats["decode_errors"] == 0 and stats["unknown_fields"] == 0,
+              name + ": %r" % stats)
+        print("events %s: %d events, %d + %d blocks resident, stats ok" %
+              (name, len(evs), len(want["GPU"]), len(want["CPU"])))
+
+
+# ---- 3. live --direct against the offline simulator --------------------------
+def test_live():
+    trace = os.path.join(TMP, "gen.jsonl")
+    subprocess.run([BENCH, "gen", "--seed", "3", "--sessions", "6",
+                    "--tenants", "2", "--turns", "6", trace], check=True,
+                   stdout=subprocess.DEVNULL)
+    eng, info = start_engine("live", "--workers", "2", "--block-size", "64",
+                             "--time-scale", "10")
+    out = os.path.join(TMP, "rep")
+    r = subprocess.run([BENCH, "live", "--direct", "--engine-file",
+                        os.path.join(TMP, "live.json"), "--time-scale", "10",
+                        "--compare-offline", "--no-progress", "--out", out,
+                        trace], capture_output=True, text=True, timeout=120)
+    print(r.stdout)
+    check(r.returncode == 0, "live failed (%d): %s" % (r.returncode, r.stderr))
+    stop(eng)
+    with open(os.path.join(out, "results.json")) as f:
+        pol = json.load(f)["runs"][0]["policies"]
+    live, off = pol[0], pol[1]
+    check(live["policy"] == "live_direct" and off["policy"] == "offline_rr",
+          "rows")
+    check(live["requests"] == off["requests"] > 0, "every request answered")
+    check(live["reused_tokens"] > 0, "cached tokens on a trace with reuse")
+    gap = live["hit_rate"] - off["hit_rate"]
+    print("hit rate live %.4f offline %.4f gap %+.4f (tolerance %.2f); "
+          "TTFT p50 live %.3f s offline %.3f s, p95 %.3f / %.3f s" %
+          (live["hit_rate"], off["hit_rate"], gap, HIT_TOL,
+           live["ttft_s"]["p50"], off["ttft_s"]["p50"],
+           live["ttft_s"]["p95"], off["ttft_s"]["p95"]))
+    check(abs(gap) <= HIT_TOL, "hit rate gap %.4f" % gap)
+    # TTFT: the engine runs the simulator's model on a real clock (timer
+    # jitter and HTTP multiplied by the time scale, on a shared host): a
+    # bound of 2x either way here; the gap is printed (docs/live.md has
+    # measurements within 15%).
+    for q in ("p50", "p95"):
+        ratio = live["ttft_s"][q] / off["ttft_s"][q]
+        check(0.5 <= ratio <= 2, "TTFT %s live/offline %.2f" % (q, ratio))
+    for name in ("report.html", "results.csv"):
+        check(os.path.getsize(os.path.join(out, name)) > 0, name)
+
+
+def main():
+    # 64 HBM blocks, ~23 DRAM blocks (2 MiB each): evictions and demotions
+    eng, info = start_engine("api", "--workers", "2", "--block-size", "16",
+                             "--hbm-blocks", "64", "--dram-gb", "0.05",
+                             "--time-scale", "1000")
+    w0 = info["workers"][0]
+    test_endpoints(w0["url"], info["model"], info["block_size"])
+    test_bad_input(w0["url"])
+    w1 = info["workers"][1]  # a fresh cache: every event since seq 0
+    test_events(w1, w1["url"])
+    stop(eng)
+    test_live()
+    print("PASS")
+
+
+if __name__ == "__main__":
+    main()
