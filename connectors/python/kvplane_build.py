@@ -413,6 +413,14 @@ int kvp_device_gather(kvp_device *dev, kvp_stream *s, const kvp_xfer *x);
 int kvp_device_scatter(kvp_device *dev, kvp_stream *s, const kvp_xfer *x);
 /* ---- tier.h: the device link ---- */
 int kvp_tier_opts_set_device(kvp_tier_opts *o, kvp_device *dev);
+/* ---- config.h + tier.h: the YAML `tiers:` section ---- */
+typedef struct kvp_config kvp_config;
+int kvp_config_load_mem(const void *data, size_t size, const char *name,
+                        const kvp_allocator *alloc, kvp_config **out,
+                        char *err, size_t cap);
+void kvp_config_destroy(kvp_config *c);
+int kvp_tier_opts_from_config(kvp_config *c, kvp_tier_opts *o, char *dir,
+                              size_t dir_cap, char *err, size_t cap);
 typedef struct kvp_tier_link kvp_tier_link;
 typedef struct kvp_tier_link_opts { uint32_t staging_blocks; ...; }
   kvp_tier_link_opts;

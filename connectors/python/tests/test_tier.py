@@ -156,3 +156,35 @@ def test_dram_only_store_forgets_on_restart(ns, hasher):
     with kvplane.TierStore(dram_bytes=16 * MiB) as t:
         t.add_namespace(ns)
         assert t.get(ns, keys[0]) is None
+
+
+def test_from_config_yaml_tiers_section(ns, hasher, o_direct_dir):
+    """TierStore.from_config binds the YAML `tiers:` section (sizes with
+    suffixes, nvme_dir, queue_depth) and refuses an unknown key by name."""
+    keys, data = blocks(hasher, 2, size=8192)
+    yaml = (f"tiers:\n  dram_bytes: 32M\n  nvme_dir: {o_direct_dir}\n"
+            f"  nvme_bytes: 64M\n  queue_depth: 8\n  promote: false\n")
+    with kvplane.TierStore.from_config(yaml) as t:
+        st = t.stats()
+        assert (st.dram_bytes, st.nvme_bytes) == (32_000_000, 64_000_000)  # SI
+        assert t.nvme_dir == str(o_direct_dir)
+        t.add_namespace(ns)
+        t.put(ns, keys[0], data[0], cls="stable", durable=True)
+        t.sync()
+    with kvplane.TierStore.from_config(yaml) as t:  # the same files again
+        t.add_namespace(ns)
+        assert t.stats().recovered_slots >= 1
+        assert t.get(ns, keys[0]) == data[0].tobytes()
+        assert t.contains(ns, keys[0]) == Tier.NVME  # promote: false
+    with pytest.raises(kvplane.InvalidArgumentError, match="dram_byte"):
+        kvplane.TierStore.from_config("tiers:\n  dram_byte: 32M\n")
+    with pytest.raises(kvplane.InvalidArgumentError, match="queue_depth"):
+        kvplane.TierStore.from_config("tiers:\n  queue_depth: 100000\n")
+
+
+def test_queue_depth_keyword(ns, hasher):
+    with kvplane.TierStore(dram_bytes=8 * MiB, queue_depth=4) as t:
+        t.add_namespace(ns)
+        assert t.stats().dram_bytes == 8 * MiB
+    with pytest.raises(kvplane.InvalidArgumentError):
+        kvplane.TierStore(dram_bytes=8 * MiB, queue_depth=5000)

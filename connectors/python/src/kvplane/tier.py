@@ -97,14 +97,16 @@ class TierStore:
     by the store call that triggered it.  ``device`` (a kvplane.Device)
     registers the DRAM region with it, so TierLinks on that device move
     blocks straight between the engine's cache and the DRAM slots; the
-    store keeps the device alive and closes before it."""
+    store keeps the device alive and closes before it.  ``queue_depth``:
+    NVMe I/Os in flight (0: 32).  ``TierStore.from_config(yaml)`` takes the
+    YAML ``tiers:`` section instead."""
 
     def __init__(self, dram_bytes: int = 0, nvme_dir: Optional[str] = None,
                  nvme_bytes: int = 0, io_backend: str = "auto",
                  policy: str = "lru", admission: Optional[str] = None,
                  volatile_nvme_min_hits: int = 0, promote: bool = True,
                  on_event: Optional[Callable[[TierEvent], None]] = None,
-                 device: Any = None) -> None:
+                 device: Any = None, queue_depth: int = 0) -> None:
         self._t = None
         self._links: "weakref.WeakSet[Any]" = weakref.WeakSet()
         keep: list = []
@@ -120,6 +122,36 @@ class TierStore:
             check(lib.kvp_tier_admission_parse(admission.encode(), ak), "admission")
             o.admission = ak[0]
         o.volatile_nvme_min_hits, o.no_promote = volatile_nvme_min_hits, int(not promote)
+        o.queue_depth = queue_depth
+        self._open(o, on_event, device)
+
+    @classmethod
+    def from_config(cls, yaml: str, device: Any = None,
+                    on_event: Optional[Callable[[TierEvent], None]] = None) -> "TierStore":
+        """A store configured by the ``tiers:`` section of a kvplane YAML
+        config (kvp_tier_opts_from_config: the keys and ranges of
+        docs/config.md; an unknown key or a bad value raises
+        InvalidArgumentError naming it).  ``device``/``on_event`` as in
+        the constructor."""
+        t = cls.__new__(cls)
+        t._t = None
+        t._links = weakref.WeakSet()
+        data, err = yaml.encode(), ffi.new("char[512]")
+        cfg = ffi.new("kvp_config **")
+        rc = lib.kvp_config_load_mem(data, len(data), b"TierStore.from_config",
+                                     ffi.NULL, cfg, err, 512)
+        check(rc, f"TierStore.from_config: {ffi.string(err).decode()}")
+        o, t._dir = ffi.new("kvp_tier_opts *"), ffi.new("char[4096]")
+        try:
+            rc = lib.kvp_tier_opts_from_config(cfg[0], o, t._dir, 4096, err, 512)
+        finally:
+            lib.kvp_config_destroy(cfg[0])
+        check(rc, f"TierStore.from_config: {ffi.string(err).decode()}")
+        t._open(o, on_event, device)
+        return t
+
+    def _open(self, o: Any, on_event: Optional[Callable[[TierEvent], None]],
+              device: Any) -> None:
         self._on_event = on_event
         self._event_errors: List[BaseException] = []
         self._handle = ffi.new_handle(self)
@@ -132,6 +164,7 @@ class TierStore:
         self._t = out[0]
         self._owner = Owner(self._t, lib.kvp_tier_destroy,
                             [device._owner] if device is not None else [])
+        nvme_dir = ffi.string(o.nvme_dir).decode() if o.nvme_dir != ffi.NULL else None
         self.nvme_dir, self.device = nvme_dir, device
         if device is not None:
             device._children.add(self)
