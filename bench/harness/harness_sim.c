@@ -115,8 +115,17 @@ typedef struct node {
 
 /* Node ids are the cascade's ids.  cas NULL: no placement (the infinite
  * bound's cache, which never evicts). */
+/* A slot of the open-addressing table: the node and its key's home hash, so
+ * probing, growing and deleting compare and move slots without touching the
+ * nodes (one cache line per probe run instead of a random node read per
+ * step: what keeps large clusters' replays from being memory bound). */
+typedef struct slot {
+  uint32_t idx; /* node index + 1; 0 = empty */
+  uint32_t h;   /* hash32 of the key: home = h & mask (tables < 2^32) */
+} slot;
+
 typedef struct cache {
-  uint32_t *tab; /* open addressing: node index + 1; 0 = empty */
+  slot *tab; /* open addressing, linear probing */
   size_t mask, used;
   node *nodes;
   uint32_t n_nodes, cap_nodes, free_list;
@@ -169,31 +178,34 @@ static void cache_free(cache *c) {
   kvp__tier_cascade_destroy(c->cas);
 }
 
-static size_t slot_of(const cache *c, uint64_t fp) {
-  return (size_t)(fp * 0x9E3779B97F4A7C15ull >> 20) & c->mask;
+static uint32_t hash32(uint64_t fp) {
+  return (uint32_t)(fp * 0x9E3779B97F4A7C15ull >> 20);
 }
 
 static uint32_t cache_find(const cache *c, kvp_key k) {
-  for (size_t i = slot_of(c, k.lo);; i = (i + 1) & c->mask) {
-    uint32_t v = c->tab[i];
-    if (v == 0)
+  uint32_t h = hash32(k.lo);
+  for (size_t i = h & c->mask;; i = (i + 1) & c->mask) {
+    slot v = c->tab[i];
+    if (v.idx == 0)
       return NONE;
-    if (kvp_key_eq(c->nodes[v - 1].key, k))
-      return v - 1;
+    if (v.h == h && kvp_key_eq(c->nodes[v.idx - 1].key, k))
+      return v.idx - 1;
   }
 }
 
 static int tab_grow(cache *c) {
   size_t nm = c->mask * 2 + 1;
-  uint32_t *nt = calloc(nm + 1, sizeof *nt);
+  if (nm > UINT32_MAX)
+    return KVP_ENOMEM;
+  slot *nt = calloc(nm + 1, sizeof *nt);
   if (nt == NULL)
     return KVP_ENOMEM;
   for (size_t i = 0; i <= c->mask; i++) {
-    uint32_t v = c->tab[i];
-    if (v == 0)
+    slot v = c->tab[i];
+    if (v.idx == 0)
       continue;
-    size_t j = (size_t)(c->nodes[v - 1].key.lo * 0x9E3779B97F4A7C15ull >> 20) & nm;
-    while (nt[j] != 0)
+    size_t j = v.h & nm;
+    while (nt[j].idx != 0)
       j = (j + 1) & nm;
     nt[j] = v;
   }
@@ -205,22 +217,22 @@ static int tab_grow(cache *c) {
 
 /* Backward-shift deletion (linear probing). */
 static void tab_del(cache *c, uint32_t idx) {
-  size_t i = slot_of(c, c->nodes[idx].key.lo);
-  while (c->tab[i] != idx + 1)
+  size_t i = hash32(c->nodes[idx].key.lo) & c->mask;
+  while (c->tab[i].idx != idx + 1)
     i = (i + 1) & c->mask;
   for (size_t j = i;;) {
     j = (j + 1) & c->mask;
-    uint32_t v = c->tab[j];
-    if (v == 0)
+    slot v = c->tab[j];
+    if (v.idx == 0)
       break;
-    size_t home = slot_of(c, c->nodes[v - 1].key.lo);
+    size_t home = v.h & c->mask;
     /* move v into the hole at i if its home is not in (i, j] */
     if ((j > i && (home <= i || home > j)) || (j < i && home <= i && home > j)) {
       c->tab[i] = v;
       i = j;
     }
   }
-  c->tab[i] = 0;
+  c->tab[i] = (slot){0, 0};
   c->used--;
 }
 
@@ -285,10 +297,11 @@ static int node_new(cache *c, kvp_key k, uint32_t *out) {
   c->nodes[x].hits = 0;
   c->nodes[x].reuses = 0;
   c->nodes[x].adm = 0;
-  size_t i = slot_of(c, k.lo);
-  while (c->tab[i] != 0)
+  uint32_t h = hash32(k.lo);
+  size_t i = h & c->mask;
+  while (c->tab[i].idx != 0)
     i = (i + 1) & c->mask;
-  c->tab[i] = x + 1;
+  c->tab[i] = (slot){x + 1, h};
   c->used++;
   *out = x;
   return 0;
@@ -324,6 +337,8 @@ typedef struct worker {
   cache c;
   uint32_t *q; /* FIFO of request indices */
   size_t q_head, q_len, q_cap;
+  uint64_t q_uncached; /* sum of est_uncached over q (the infinite bound's
+                          routing key, kept rather than summed per arrival) */
   uint32_t cur; /* request in prefill, or NONE */
   uint64_t seq; /* last event sequence number */
   uint32_t decoding;
@@ -732,6 +747,7 @@ static int start_prefill(struct sim *s, uint32_t w) {
   uint32_t i = x->q[x->q_head];
   x->q_head = (x->q_head + 1) % x->q_cap;
   x->q_len--;
+  x->q_uncached -= s->est_uncached[i];
   x->cur = i;
   const bh_req *q = &s->t->reqs[i];
   const kvp_key *keys = s->t->keys + q->key_off;
@@ -944,9 +960,7 @@ static int route(struct sim *s, uint32_t i, uint32_t *out) {
     uint32_t best = 0;
     uint64_t bl = UINT64_MAX;
     for (uint32_t v = 0; v < s->nw; v++) {
-      uint64_t l = 0;
-      for (size_t k = 0; k < s->w[v].q_len; k++)
-        l += s->est_uncached[s->w[v].q[(s->w[v].q_head + k) % s->w[v].q_cap]];
+      uint64_t l = s->w[v].q_uncached;
       if (l < bl) {
         bl = l;
         best = v;
@@ -1017,6 +1031,7 @@ static int arrive(struct sim *s, uint32_t i) {
   }
   x->q[(x->q_head + x->q_len) % x->q_cap] = i;
   x->q_len++;
+  x->q_uncached += s->est_uncached[i];
   s->req_worker[i] = w;
   rc = start_prefill(s, w);
   set_load(s, w);
