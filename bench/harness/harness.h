@@ -221,6 +221,27 @@ int bh_sim_run(const bh_trace *t, const bh_sim_opts *o, bh_result *r,
                char *err, size_t cap);
 void bh_result_free(bh_result *r);
 
+/* ---- offered load (harness_load.c) -------------------------------------- */
+#define BH_LOAD_WINDOW_S 10.0 /* offered load per 10 s: the TTFT time scale */
+
+typedef struct bh_load {
+  double span_s;        /* first to last arrival, at the replay speed */
+  double window_s;      /* BH_LOAD_WINDOW_S (wider past a million windows) */
+  double prefill_gpu_s; /* prefill left by an ideal shared cache (every
+                           token after the longest prefix sent before) */
+  double busy;          /* GPUs that work keeps busy: per-window prefill
+                           GPU-s / window_s, mean weighted by window work */
+  uint32_t workers;     /* ceil(busy / util), clamped to 1..4096 */
+} bh_load;
+
+/* The trace's offered prefill load on cl's model and GPU (the simulator's
+ * timing) and the workers that carry it at utilisation util in (0, 1]:
+ * `kvplane-bench --workers auto`.  Prefill is the engine's serial resource
+ * (decode is batched beside it), so busy is about the least cluster any
+ * policy needs where the work is; bursts inside a window still queue. */
+int bh_load_estimate(const bh_trace *t, const bh_cluster *cl, double speed,
+                     double util, bh_load *out);
+
 /* ---- reports ------------------------------------------------------------ */
 typedef struct bh_run {
   const char *label;      /* "mooncake", "agentic", ... */
