@@ -740,6 +740,35 @@ static uint32_t bucket_of(const struct sim *s, uint32_t i) {
   return b < n ? b : n - 1;
 }
 
+/* Whether worker v holds keys[from..to) (any tier). */
+static bool holds_all(const struct sim *s, uint32_t v, const kvp_key *keys,
+                      uint64_t from, uint64_t to) {
+  for (uint64_t j = from; j < to; j++)
+    if (cache_find(&s->w[v].c, keys[j]) == NONE)
+      return false;
+  return true;
+}
+
+/* The furthest end of a run keys[m..end) that one worker other than w holds
+ * (m if none): the "on another worker" miss cause.  A worker can only beat
+ * the best end so far by holding the block at it, so that one probe rules
+ * most workers out and the rest of the run is read only for candidates:
+ * per request O(workers + run) probes, not O(workers x run). */
+static uint64_t run_elsewhere(const struct sim *s, uint32_t w,
+                              const kvp_key *keys, uint64_t m, uint64_t n) {
+  uint64_t best = m;
+  for (uint32_t v = 0; v < s->nw && best < n; v++) {
+    if (v == w || cache_find(&s->w[v].c, keys[best]) == NONE ||
+        !holds_all(s, v, keys, m, best))
+      continue;
+    uint64_t j = best + 1;
+    while (j < n && cache_find(&s->w[v].c, keys[j]) != NONE)
+      j++;
+    best = j;
+  }
+  return best;
+}
+
 static int start_prefill(struct sim *s, uint32_t w) {
   worker *x = &s->w[w];
   if (x->cur != NONE || x->q_len == 0)
@@ -803,17 +832,7 @@ static int start_prefill(struct sim *s, uint32_t w) {
   /* why the rest was recomputed */
   r->miss_tokens[KVP_MISS_PARTIAL_BLOCK] = q->in_tokens - n * bs;
   r->miss_tokens[KVP_MISS_NOT_WORTH_LOADING] = (m - cut) * bs;
-  uint64_t other = m;
-  if (!s->infinite)
-    for (uint32_t v = 0; v < s->nw; v++) {
-      if (v == w)
-        continue;
-      uint64_t j = m;
-      while (j < n && cache_find(&s->w[v].c, keys[j]) != NONE)
-        j++;
-      if (j > other)
-        other = j;
-    }
+  uint64_t other = s->infinite ? m : run_elsewhere(s, w, keys, m, n);
   uint64_t ev_end = other;
   if (!s->infinite)
     while (ev_end < n && seen_has(s, keys[ev_end].lo))
