@@ -187,9 +187,13 @@ void bh_cluster_from_router(bh_cluster *c, const kvp_router_opts *ro);
 void bh_sim_router_opts(const bh_sim_opts *o, uint32_t block_size,
                         kvp_router_opts *out);
 
+/* Per bucket of 1/n of the requests, in arrival order. */
 typedef struct bh_series {
   uint32_t n;
-  double t_end;          /* simulated seconds of the last bucket's end */
+  double t_end;          /* simulated seconds of the last arrival (0: closed
+                            loop, no arrival times) */
+  double *t;             /* simulated seconds of the latest arrival among
+                            each bucket's requests */
   double *hit;           /* reused / prompt tokens per bucket (NaN: none) */
   double *occ[3];        /* HBM/DRAM/NVMe blocks in use (all workers) /
                             capacity, at each bucket's end */
@@ -251,11 +255,22 @@ typedef struct bh_run {
   size_t n_res;
 } bh_run;
 
+/* The terminal table: a compact one (under 120 columns) by default;
+ * BH_TABLE_WIDE every column (the layout before the compact one). */
+#define BH_TABLE_WIDE 1u
 void bh_report_table(FILE *f, const bh_run *run);
+void bh_report_table_opts(FILE *f, const bh_run *run, unsigned flags);
+/* The policy a report is about (kvplane_cost if present, else the first
+ * that is not a bound) and its best peer (lowest TTFT p95 among the other
+ * real policies); indices into run->res, or -1. */
+int bh_report_focus(const bh_run *run, int *peer);
 int bh_report_csv(FILE *f, const bh_run *runs, size_t n, bool header);
 int bh_report_json(FILE *f, const bh_run *runs, size_t n);
-/* One self-contained HTML file: per run a summary table and three inline
- * SVG plots (hit rate over time, TTFT CDF, tier occupancy). */
+/* One self-contained HTML file (inline SVG, no scripts): per run what was
+ * simulated, a verdict (the focus policy against its best peer and the
+ * bounds), the table with a glossary, and four plots: where the prompt
+ * tokens went, hit rate over the replay, TTFT CCDF (log-log), tier
+ * occupancy of the focus policy.  Any run's results: offline or live. */
 int bh_report_html(FILE *f, const bh_run *runs, size_t n);
 /* A sweep: avoided GPU-seconds and TTFT p95 (with the bound) against the
  * first parameter, one line per value of the second. */

@@ -29,7 +29,7 @@ typedef struct cli {
   double auto_util; /* --workers auto[:U]: target utilisation; 0 = off */
   uint64_t seed;
   const char *out_dir;
-  bool quiet, progress;
+  bool quiet, progress, wide;
   /* sweep */
   const char *param[2];
   double ttft_p95_max;
@@ -88,7 +88,9 @@ static void usage(FILE *f) {
       "  --limit N            read at most N requests per trace\n"
       "  --out DIR            report.html, results.csv, results.json "
       "(default kvplane-bench-report)\n"
-      "  --quiet              no table; --no-progress: no progress bar\n",
+      "  --quiet              no table; --no-progress: no progress bar\n"
+      "  --wide               every column in the table (default: a compact "
+      "one)\n",
       f);
 }
 
@@ -454,6 +456,8 @@ static int parse_opts(cli *c, int argc, char **argv, const char **pos,
       c->out_dir = v;
     } else if (!strcmp(a, "--quiet")) {
       c->quiet = true;
+    } else if (!strcmp(a, "--wide")) {
+      c->wide = true;
     } else if (!strcmp(a, "--no-progress")) {
       c->progress = false;
     } else if (!strcmp(a, "--param")) {
@@ -639,7 +643,7 @@ static int cmd_run(cli *c, const char **pos, int n_pos) {
         runs[i].n_res++;
     }
     if (!c->quiet)
-      bh_report_table(stdout, &runs[i]);
+      bh_report_table_opts(stdout, &runs[i], c->wide ? BH_TABLE_WIDE : 0);
     fflush(stdout);
   }
   if (rc >= 0)

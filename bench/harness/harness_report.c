@@ -33,25 +33,46 @@ static double sim_rps(const bh_result *r) {
   return r->wall_seconds > 0 ? (double)r->requests / r->wall_seconds : 0;
 }
 
-void bh_report_table(FILE *f, const bh_run *run) {
+int bh_report_focus(const bh_run *run, int *peer) {
+  int focus = -1;
+  *peer = -1;
+  for (size_t i = 0; i < run->n_res; i++)
+    if (run->res[i].policy == KVP_POLICY_KVPLANE_COST)
+      focus = (int)i;
+  for (size_t i = 0; i < run->n_res && focus < 0; i++)
+    if (run->res[i].policy < KVP_POLICY_COUNT_)
+      focus = (int)i;
+  for (size_t i = 0; i < run->n_res; i++) {
+    const bh_result *r = &run->res[i];
+    if ((int)i == focus || r->policy >= KVP_POLICY_COUNT_)
+      continue;
+    if (*peer < 0 || r->ttft_p95_s < run->res[*peer].ttft_p95_s)
+      *peer = (int)i;
+  }
+  return focus;
+}
+
+static void table_head(FILE *f, const bh_run *run) {
   const bh_trace *t = run->trace;
-  fprintf(f,
-          "\n%s: %zu requests, %.1fM prompt tokens, block %u tokens, %u "
-          "workers (HBM %llu / DRAM %llu / NVMe %llu blocks each)%s\n",
+  fprintf(f, "\n%s: %zu requests, %.1fM prompt tokens, block %u tokens\n",
           run->label, t->n_reqs, (double)bh_trace_prompt_tokens(t) / 1e6,
-          t->block_size, run->cl->workers,
-          (unsigned long long)run->cl->hbm_blocks,
+          t->block_size);
+  fprintf(f, "cluster: %u workers, each HBM %llu / DRAM %llu / NVMe %llu "
+             "blocks; placement %s/%s/%s, %s\n",
+          run->cl->workers, (unsigned long long)run->cl->hbm_blocks,
           (unsigned long long)run->cl->dram_blocks,
           (unsigned long long)run->cl->nvme_blocks,
-          t->records_bad ? "" : "");
-  fprintf(f, "placement (kvtier policies): HBM %s, DRAM %s, NVMe %s, %s\n",
           kvp_tier_policy_name(run->cl->tier_policy[KVP_TIER_HBM]),
           kvp_tier_policy_name(run->cl->tier_policy[KVP_TIER_DRAM]),
           kvp_tier_policy_name(run->cl->tier_policy[KVP_TIER_NVME]),
           run->cl->tier_no_classes ? "stability-blind" : "stability aware");
   if (t->records_bad)
-    fprintf(f, "  %llu malformed records skipped (first: %s)\n",
+    fprintf(f, "  %llu malformed records skipped (first: %.80s)\n",
             (unsigned long long)t->records_bad, t->first_error);
+}
+
+/* Every column, as the table was before the compact default. */
+static void table_wide(FILE *f, const bh_run *run) {
   fprintf(f, "%-19s %6s %6s %6s %6s %7s %6s %6s %9s %8s %6s %9s %9s %9s %8s "
              "%-17s %9s\n",
           "policy", "hit%", "hbm%", "dram%", "nvme%", "stable%", "semi%",
@@ -76,6 +97,61 @@ void bh_report_table(FILE *f, const bh_run *run) {
             quant_ms(r, 0.99), gb, kvp_miss_cause_name(top_cause(x)),
             sim_rps(r));
   }
+}
+
+/* A duration in 8 columns: ms below 10 s, then s, then h. */
+static const char *dur(char *buf, size_t cap, double ms) {
+  if (!isfinite(ms))
+    snprintf(buf, cap, "%8s", "-");
+  else if (ms < 1e4)
+    snprintf(buf, cap, "%6.0fms", ms);
+  else if (ms < 3.6e6)
+    snprintf(buf, cap, "%7.1fs", ms / 1e3);
+  else
+    snprintf(buf, cap, "%7.1fh", ms / 3.6e6);
+  return buf;
+}
+
+/* Under 120 columns: the columns a verdict needs (docs/harness.md). */
+static void table_compact(FILE *f, const bh_run *run) {
+  fprintf(f, "%-18s %6s %6s %6s %7s %6s %9s %5s %8s %8s %8s %-15s %9s\n",
+          "policy", "hit%", "hbm%", "lower%", "stable%", "semi%", "avoid_s",
+          "imbal", "ttft_p50", "ttft_p95", "ttft_p99", "top_miss",
+          "sim_req/s");
+  for (size_t i = 0; i < run->n_res; i++) {
+    const bh_result *r = &run->res[i];
+    const kvp_ledger_totals *x = &r->tot;
+    char d[3][16];
+    fprintf(f,
+            "%-18.18s %6.2f %6.2f %6.2f %7.2f %6.2f %9.0f %5.2f %s %s %s "
+            "%-15.15s %9.0f\n",
+            r->name, pct(x->reused_tokens, x->prompt_tokens),
+            pct(x->reused_by_tier[0], x->prompt_tokens),
+            pct(x->reused_by_tier[1] + x->reused_by_tier[2], x->prompt_tokens),
+            100 * kvp_ledger_hit_rate(x, KVP_CLASS_STABLE),
+            100 * kvp_ledger_hit_rate(x, KVP_CLASS_SEMI),
+            x->avoided_gpu_seconds, r->imbalance,
+            dur(d[0], sizeof d[0], quant_ms(r, 0.5)),
+            dur(d[1], sizeof d[1], quant_ms(r, 0.95)),
+            dur(d[2], sizeof d[2], quant_ms(r, 0.99)),
+            kvp_miss_cause_name(top_cause(x)), sim_rps(r));
+  }
+  fputs("hit%: reused / prompt tokens; hbm%, lower%: reused from HBM, from "
+        "DRAM+NVMe; stable%, semi%: hit rate\nof those segment classes; "
+        "avoid_s: prefill GPU-s avoided; imbal: max/mean prefill per worker; "
+        "--wide: all\n", f);
+}
+
+void bh_report_table(FILE *f, const bh_run *run) {
+  bh_report_table_opts(f, run, 0);
+}
+
+void bh_report_table_opts(FILE *f, const bh_run *run, unsigned flags) {
+  table_head(f, run);
+  if (flags & BH_TABLE_WIDE)
+    table_wide(f, run);
+  else
+    table_compact(f, run);
   if (!run->cl->nvme_admit_on)
     return;
   fprintf(f, "NVMe admission %s (write weight %g): blocks demoted into NVMe\n",

@@ -730,13 +730,12 @@ static void set_load(struct sim *s, uint32_t w) {
 
 /* Prefill start: what this worker actually holds decides the reuse (the
  * engine's own prefix match; loading only what pays off). */
-/* Time-series bucket of request i: by arrival time (open loop) or by
- * arrival order (closed loop, whose span is unknown beforehand). */
+/* Time-series bucket of request i: by arrival order, so each bucket holds
+ * as many requests (a trace busy for an hour and idle for days still has a
+ * point per 1/n of its work, and no empty buckets); series.t says when. */
 static uint32_t bucket_of(const struct sim *s, uint32_t i) {
   uint32_t n = s->res->series.n;
-  double f = s->t_span > 0 ? s->arrive[i] / s->t_span
-                           : (double)i / (double)s->t->n_reqs;
-  uint32_t b = (uint32_t)(f * n);
+  uint32_t b = (uint32_t)((double)i / (double)s->t->n_reqs * n);
   return b < n ? b : n - 1;
 }
 
@@ -881,6 +880,8 @@ static int start_prefill(struct sim *s, uint32_t w) {
   /* time series: by arrival bucket */
   uint32_t b = bucket_of(s, i);
   s->s_prompt[b] += (double)q->in_tokens;
+  if (s->arrive[i] > s->res->series.t[b])
+    s->res->series.t[b] = s->arrive[i];
   s->s_reused[b] += (double)r->reused_tokens;
   return ev_push(s, s->now + dur, EV_PREFILL_DONE, w, i, NULL);
 }
@@ -1153,11 +1154,12 @@ static int sim_setup(struct sim *s, const bh_trace *t, const bh_sim_opts *o,
   bh_series *se = &r->series;
   se->n = o->buckets ? o->buckets : 48;
   se->hit = calloc(se->n, sizeof *se->hit);
+  se->t = calloc(se->n, sizeof *se->t);
   s->s_prompt = calloc(se->n, sizeof *s->s_prompt);
   s->s_reused = calloc(se->n, sizeof *s->s_reused);
   for (int k = 0; k < 3; k++)
     se->occ[k] = calloc(se->n, sizeof *se->occ[k]);
-  if (se->hit == NULL || s->s_prompt == NULL || s->s_reused == NULL ||
+  if (se->hit == NULL || se->t == NULL || s->s_prompt == NULL || s->s_reused == NULL ||
       se->occ[0] == NULL || se->occ[1] == NULL || se->occ[2] == NULL)
     return KVP_ENOMEM;
   double speed = o->speed > 0 ? o->speed : 1.0;
@@ -1298,6 +1300,7 @@ void bh_result_free(bh_result *r) {
     return;
   kvp_hist_destroy(r->ttft_us);
   free(r->series.hit);
+  free(r->series.t);
   for (int k = 0; k < 3; k++)
     free(r->series.occ[k]);
   memset(r, 0, sizeof *r);
