@@ -193,6 +193,16 @@ static uint32_t cache_find(const cache *c, kvp_key k) {
   }
 }
 
+/* Loads the slot key k hashes to, ahead of a cache_find of it: a request's
+ * blocks are looked up in a loop whose keys are known in advance, so the
+ * probes' cache misses overlap instead of queueing one after another. */
+#define PREFETCH_AHEAD 8
+static void cache_prefetch(const cache *c, const kvp_key *keys, uint64_t j,
+                           uint64_t n) {
+  if (j + PREFETCH_AHEAD < n)
+    __builtin_prefetch(&c->tab[hash32(keys[j + PREFETCH_AHEAD].lo) & c->mask]);
+}
+
 static int tab_grow(cache *c) {
   size_t nm = c->mask * 2 + 1;
   if (nm > UINT32_MAX)
@@ -787,6 +797,7 @@ static int start_prefill(struct sim *s, uint32_t w) {
       s->tiers[j] = KVP_TIER_HBM;
   } else {
     for (; m < n; m++) {
+      cache_prefetch(c, keys, m, n);
       uint32_t v = cache_find(c, keys[m]);
       if (v == NONE)
         break;
@@ -910,9 +921,11 @@ static int prefill_done(struct sim *s, uint32_t w, uint32_t i) {
   kvp_hist_record(s->res->ttft_us, (uint64_t)(ttft * 1e6 + 0.5));
   /* the engine keeps every full block of the prompt (HBM, most recent) */
   uint64_t from = x->rec.reused_tokens / s->bs;
-  for (uint64_t j = from; j < q->n_blocks && rc == 0 && !s->infinite; j++)
+  for (uint64_t j = from; j < q->n_blocks && rc == 0 && !s->infinite; j++) {
+    cache_prefetch(c, keys, j, q->n_blocks);
     rc = to_hbm(s, w, c, keys[j], j ? &keys[j - 1] : NULL, blk_class(q, j),
                 &fresh);
+  }
   if (rc == 0)
     rc = flush_run(s, w);
   if (rc < 0)
@@ -1019,7 +1032,9 @@ static int arrive(struct sim *s, uint32_t i) {
   if (s->infinite) { /* everything sent before is cached, at once */
     const kvp_key *keys = s->t->keys + q->key_off;
     uint32_t m = 0;
-    while (m < q->n_blocks && cache_find(&s->inf, keys[m]) != NONE)
+    while (m < q->n_blocks &&
+           (cache_prefetch(&s->inf, keys, m, q->n_blocks),
+            cache_find(&s->inf, keys[m]) != NONE))
       m++;
     s->inf_reuse[i] = m;
     s->est_uncached[i] = q->in_tokens - (uint64_t)m * s->bs;
