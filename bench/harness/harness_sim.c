@@ -199,8 +199,15 @@ static uint32_t cache_find(const cache *c, kvp_key k) {
 #define PREFETCH_AHEAD 8
 static void cache_prefetch(const cache *c, const kvp_key *keys, uint64_t j,
                            uint64_t n) {
-  if (j + PREFETCH_AHEAD < n)
-    __builtin_prefetch(&c->tab[hash32(keys[j + PREFETCH_AHEAD].lo) & c->mask]);
+  if (j + 2 * PREFETCH_AHEAD < n) /* first the slot ... */
+    __builtin_prefetch(
+        &c->tab[hash32(keys[j + 2 * PREFETCH_AHEAD].lo) & c->mask]);
+  if (j + PREFETCH_AHEAD < n) { /* ... then, its line loaded, the node */
+    uint32_t h = hash32(keys[j + PREFETCH_AHEAD].lo);
+    slot v = c->tab[h & c->mask];
+    if (v.idx != 0 && v.h == h)
+      __builtin_prefetch(&c->nodes[v.idx - 1]);
+  }
 }
 
 static int tab_grow(cache *c) {
