@@ -155,7 +155,7 @@ static int run_factor(const opts *o, uint32_t k, double *rps, double *all) {
     rps[p] = (double)r.requests / r.wall_seconds;
     req += (double)r.requests;
     wall += r.wall_seconds;
-    printf(" %12.0f", rps[p]);
+    printf(" %13.0f", rps[p]);
     fflush(stdout);
     bh_result_free(&r);
   }
@@ -172,7 +172,7 @@ int main(int argc, char **argv) {
          o.trace, o.factor[o.n_factors - 1], o.workers ? "fixed" : "auto");
   printf("%7s %9s %7s", "factor", "requests", "workers");
   for (size_t p = 0; p < o.n_policies; p++)
-    printf(" %12.12s", bh_policy_name(o.policy[p]));
+    printf(" %13.13s", bh_policy_name(o.policy[p]));
   printf(" %12s %9s\n", "all", "slowdown");
   double base[BH_POLICY_COUNT], base_all = 0, worst = 0;
   for (size_t f = 0; f < o.n_factors; f++) {
