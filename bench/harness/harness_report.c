@@ -727,7 +727,8 @@ static void svg_bars(FILE *f, const bh_run *run, int focus) {
 }
 
 static void html_table(FILE *f, const bh_run *run, int focus) {
-  fputs("<table><tr><th>policy</th><th>hit %</th><th>HBM %</th>"
+  fputs("<div class=\"wide\"><table><tr><th>policy</th><th>hit %</th>"
+        "<th>HBM %</th>"
         "<th>DRAM %</th><th>NVMe %</th><th>stable %</th><th>semi %</th>"
         "<th>volatile %</th><th>avoided tokens</th><th>avoided GPU-s</th>"
         "<th>imbalance</th><th>TTFT p50</th><th>p95</th>"
@@ -759,7 +760,7 @@ static void html_table(FILE *f, const bh_run *run, int focus) {
             (double)(r->demoted_bytes[1] + r->demoted_bytes[2]) / 1e9,
             kvp_miss_cause_name(top_cause(x)));
   }
-  fputs("</table>\n", f);
+  fputs("</table></div>\n", f);
 }
 
 static const char glossary[] =
@@ -914,7 +915,7 @@ int bh_report_html(FILE *f, const bh_run *runs, size_t n) {
         "body{font-family:sans-serif;margin:2em;max-width:1200px}\n"
         "table{border-collapse:collapse;font-size:12px;margin:0.5em 0}\n"
         "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}\n"
-        "td{white-space:nowrap}\n"
+        "td{white-space:nowrap}\n.wide{overflow-x:auto}\n"
         "td:first-child,th:first-child{text-align:left}\n"
         "tr.focus td{background:#fdecea;font-weight:bold}\n"
         ".verdict{border-left:4px solid #d62728;background:#fafafa;"
