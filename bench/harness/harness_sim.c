@@ -330,6 +330,61 @@ static void node_del(cache *c, uint32_t x) {
   c->free_list = x;
 }
 
+/* ---- the infinite bound's keys --------------------------------------------------
+ * Membership only (it never evicts), so the keys live in the table itself:
+ * one cache line per lookup in a set that grows with the trace. */
+typedef struct keyset {
+  kvp_key *v; /* {0, 0} = empty; the key {0, 0} itself is has_zero */
+  size_t mask, n;
+  bool has_zero;
+} keyset;
+
+static bool key_zero(kvp_key k) { return k.lo == 0 && k.hi == 0; }
+
+static size_t key_home(kvp_key k, size_t mask) {
+  return (size_t)(k.lo * 0x9E3779B97F4A7C15ull >> 17) & mask;
+}
+
+static bool keyset_has(const keyset *ks, kvp_key k) {
+  if (key_zero(k) || ks->v == NULL)
+    return key_zero(k) && ks->has_zero;
+  for (size_t i = key_home(k, ks->mask);; i = (i + 1) & ks->mask) {
+    if (kvp_key_eq(ks->v[i], k))
+      return true;
+    if (key_zero(ks->v[i]))
+      return false;
+  }
+}
+
+static void keyset_put(kvp_key *v, size_t mask, kvp_key k) {
+  size_t i = key_home(k, mask);
+  while (!key_zero(v[i]) && !kvp_key_eq(v[i], k))
+    i = (i + 1) & mask;
+  v[i] = k;
+}
+
+static int keyset_add(keyset *ks, kvp_key k) {
+  if (key_zero(k)) {
+    ks->has_zero = true;
+    return 0;
+  }
+  if ((ks->n + 1) * 2 > ks->mask + 1) {
+    size_t nm = ks->mask ? ks->mask * 2 + 1 : 4095;
+    kvp_key *nv = calloc(nm + 1, sizeof *nv);
+    if (nv == NULL)
+      return KVP_ENOMEM;
+    for (size_t i = 0; ks->v != NULL && i <= ks->mask; i++)
+      if (!key_zero(ks->v[i]))
+        keyset_put(nv, nm, ks->v[i]);
+    free(ks->v);
+    ks->v = nv;
+    ks->mask = nm;
+  }
+  keyset_put(ks->v, ks->mask, k);
+  ks->n++;
+  return 0;
+}
+
 /* ---- the simulation ---------------------------------------------------------- */
 enum { EV_ARRIVE, EV_PREFILL_DONE, EV_DECODE_DONE, EV_DELIVER };
 
@@ -379,7 +434,8 @@ struct sim {
   kvp_ledger *led;
   worker *w;
   uint32_t nw;
-  cache inf; /* BH_POLICY_INFINITE: the one shared cache */
+  cache inf; /* BH_POLICY_INFINITE: the one shared cache (its counts) */
+  keyset inf_keys; /* ... and what it holds: every key sent so far */
   bool infinite;
   ev *heap;
   size_t heap_n, heap_cap;
@@ -1039,19 +1095,20 @@ static int arrive(struct sim *s, uint32_t i) {
   if (s->infinite) { /* everything sent before is cached, at once */
     const kvp_key *keys = s->t->keys + q->key_off;
     uint32_t m = 0;
-    while (m < q->n_blocks &&
-           (cache_prefetch(&s->inf, keys, m, q->n_blocks),
-            cache_find(&s->inf, keys[m]) != NONE))
-      m++;
+    const keyset *ks = &s->inf_keys;
+    for (; m < q->n_blocks; m++) {
+      if (m + PREFETCH_AHEAD < q->n_blocks && ks->v != NULL)
+        __builtin_prefetch(&ks->v[key_home(keys[m + PREFETCH_AHEAD], ks->mask)]);
+      if (!keyset_has(ks, keys[m]))
+        break;
+    }
     s->inf_reuse[i] = m;
     s->est_uncached[i] = q->in_tokens - (uint64_t)m * s->bs;
-    for (uint32_t j = m; j < q->n_blocks; j++) {
-      uint32_t x;
-      if (node_new(&s->inf, keys[j], &x) < 0)
+    /* chained keys: none after the first new one was sent before */
+    for (uint32_t j = m; j < q->n_blocks; j++)
+      if (keyset_add(&s->inf_keys, keys[j]) < 0)
         return KVP_ENOMEM;
-      if (tier_insert(&s->inf, x, KVP_TIER_HBM) < 0)
-        return KVP_ENOMEM;
-    }
+    s->inf.count[KVP_TIER_HBM] += q->n_blocks - m;
   }
   sample_occupancy(s, bucket_of(s, i));
   uint32_t w;
@@ -1204,6 +1261,7 @@ static void sim_teardown(struct sim *s) {
   }
   if (s->infinite)
     cache_free(&s->inf);
+  free(s->inf_keys.v);
   free(s->w);
   free(s->req_worker);
   free(s->inf_reuse);
