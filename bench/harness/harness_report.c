@@ -549,8 +549,8 @@ static void fmt_progress(char *buf, size_t cap, double x, const void *ctx) {
   if (b >= se->n)
     b = se->n - 1;
   char t[32];
-  fmt_secs(t, sizeof t, se->t[b]);
-  if (se->t_end > 0 && x > 0)
+  fmt_secs(t, sizeof t, se->t != NULL ? se->t[b] : NAN);
+  if (se->t != NULL && se->t_end > 0 && x > 0) /* t: a live run may lack it */
     snprintf(buf, cap, "%.0f%% (%s)", x, t);
   else
     snprintf(buf, cap, "%.0f%%", x);
