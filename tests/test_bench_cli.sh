@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # kvplane-bench end to end: every policy on slices of both bundled traces;
-# the HTML report is well-formed XML with one section per trace and three
-# SVG plots per section; JSON and CSV parse; the shipped config reproduces
+# the HTML report is well-formed XML with one section per trace, the setup,
+# a verdict, a glossary and four SVG plots per section (no line across a
+# gap); the compact table fits 120 columns, --wide has every column; JSON and CSV parse; the shipped config reproduces
 # the embedded defaults; bad configs fail with file:line; convert keeps the
 # results; gen and sweep run.  Usage: test_bench_cli.sh BENCH SHARED SRC
 set -euo pipefail
@@ -17,6 +18,16 @@ fail() { echo "FAIL: $*"; exit 1; }
 
 "$bench" run --no-progress --limit 1500 --out "$tmp/r1" "$moon" "$agent" > "$tmp/out1"
 grep -q "HTML report: .*report.html" "$tmp/out1" || fail "no report path printed"
+awk '!/^(HTML report|CSV):/ && length($0) > 120 { print; exit 1 }' "$tmp/out1" || fail "the default table is wider than 120 columns"
+"$bench" run --wide --no-progress --limit 300 --policies kvplane_cost --out "$tmp/w" "$moon" > "$tmp/outw"
+grep -q "avoidedM  avoid_s" "$tmp/outw" || fail "--wide lacks the full columns"
+# --workers auto sizes the cluster to the offered load and says so
+"$bench" run --no-progress --limit 1500 --workers auto --policies kvplane_cost \
+  --out "$tmp/wa" "$moon" > "$tmp/owa" 2>&1
+grep -q "GPUs busy where the work is (per 10 s); --workers auto at 70%: [0-9]" "$tmp/owa" ||
+  fail "--workers auto: $(cat "$tmp/owa")"
+refuse_auto=$("$bench" run --workers auto:2 "$moon" 2>&1 || true)
+echo "$refuse_auto" | grep -q "auto or auto:U" || fail "--workers auto:2 accepted"
 for p in round_robin least_loaded prefix_greedy sglang_cache_aware \
          llmd_weighted dynamo_cost kvplane_cost random infinite; do
   [ "$(grep -c "^$p " "$tmp/out1")" = 2 ] || fail "policy $p not in both tables"
@@ -30,13 +41,23 @@ secs = root.findall(".//section")
 assert len(secs) == 2, len(secs)
 for s in secs:
     svgs = s.findall(ns + "svg")
-    assert len(svgs) == 3, len(svgs)
+    assert len(svgs) == 4, len(svgs)
     titles = [v.find(ns + "title").text for v in svgs]
-    assert titles[0].startswith("Prefix hit rate over time"), titles
-    assert titles[1].startswith("TTFT CDF"), titles
-    assert titles[2].startswith("Tier occupancy"), titles
-    for v in svgs:
-        assert len(v.findall(ns + "polyline")) >= 3
+    assert titles[0].startswith("Where the prompt tokens went"), titles
+    assert titles[1].startswith("Prefix hit rate over the replay"), titles
+    assert titles[2].startswith("TTFT tail"), titles
+    assert titles[3].startswith("Tier occupancy, kvplane_cost"), titles
+    assert len(svgs[0].findall(ns + "rect[@class='bar']")) >= 9
+    for v in svgs[1:]:
+        paths = v.findall(ns + "path[@class='series']")
+        assert len(paths) >= 3, len(paths)
+        for pth in paths:   # every segment starts with M: gaps are not bridged
+            segs = pth.get("d").split()
+            assert not segs or segs[0].startswith("M"), segs[:2]
+    text = "".join(s.itertext())
+    for w in ("Model", "GPU", "Cluster", "Best peer by TTFT p95",
+              "What the columns mean", "avoid_s", "stable %"):
+        assert w in text, w
 html = open(d + "/report.html").read()
 assert "http" not in html.replace("http://www.w3.org/2000/svg", ""), "external link"
 assert "<script" not in html
@@ -194,8 +215,8 @@ import sys, xml.etree.ElementTree as ET
 ns = "{http://www.w3.org/2000/svg}"
 svgs = ET.parse(sys.argv[1]).getroot().findall(".//" + ns + "svg")
 assert len(svgs) == 2, len(svgs)
-assert len(svgs[0].findall(ns + "polyline")) == 2   # one line per workers value
-assert len(svgs[1].findall(ns + "polyline")) == 3   # ... and the p95 bound
+assert len(svgs[0].findall(ns + "path[@class='series']")) == 2   # one line per workers value
+assert len(svgs[1].findall(ns + "path[@class='series']")) == 3   # ... and the p95 bound
 PY
 # NVMe admission (kvtier's gate): the class + reuse rule writes less to NVMe
 # than writing every demotion; bad modes fail with file:line

@@ -83,6 +83,8 @@ TEST(mooncake_bad_records) {
       "[1, 2, 3]",
       "{\"timestamp\": 0, \"input_length\": 10, \"outp",  /* truncated */
       "not json at all",
+      "{\"timestamp\": 0, \"input_length\": 10000000, \"output_length\": 1, "
+      "\"hash_ids\": [1, 2]}", /* 2 ids for 10M tokens (19531 blocks) */
       "{\"timestamp\": 0, \"input_length\": 99999999999999, "
       "\"output_length\": 1, \"hash_ids\": []}",
   };
@@ -108,6 +110,26 @@ TEST(mooncake_bad_records) {
     ASSERT_EQ(t.n_reqs, 1u); /* stopped at line 2 */
     bh_trace_free(&t);
   }
+}
+
+/* Ids must cover the prompt's full blocks in Mooncake (and Bailian): the
+ * rest would replay as never-cached prefill (TTFTs in hours). */
+TEST(mooncake_ids_cover_prompt) {
+  const char *text =
+      "{\"timestamp\": 0, \"input_length\": 1100, \"output_length\": 1, "
+      "\"hash_ids\": [1, 2]}\n" /* floor(1100 / 512) = 2: fine */
+      "{\"timestamp\": 1, \"input_length\": 10000000, \"output_length\": 1, "
+      "\"hash_ids\": [1, 2]}\n";
+  bh_trace t;
+  char err[512];
+  ASSERT_OK(read_str(text, strlen(text), BH_FMT_MOONCAKE, &quiet_skip, &t, err,
+                     sizeof err));
+  ASSERT_EQ(t.n_reqs, 1u);
+  ASSERT_EQ(t.records_bad, 1u);
+  ASSERT_TRUE(strstr(t.first_error, "mem:2: 2 hash_ids for 10000000 tokens: "
+                                    "fewer than floor(tokens / 512) = 19531") ==
+              t.first_error);
+  bh_trace_free(&t);
 }
 
 /* zstd is read transparently; a cut frame is an error, never a short read. */
@@ -394,6 +416,7 @@ TEST(generator) {
 }
 
 TEST_MAIN(TEST_ENTRY(mooncake_good), TEST_ENTRY(mooncake_bad_records),
+          TEST_ENTRY(mooncake_ids_cover_prompt),
           TEST_ENTRY(zstd_transparent_and_truncated),
           TEST_ENTRY(agentic_sessions), TEST_ENTRY(agentic_bad),
           TEST_ENTRY(bailian_sessions), TEST_ENTRY(kvplane_format_roundtrip),

@@ -187,9 +187,13 @@ void bh_cluster_from_router(bh_cluster *c, const kvp_router_opts *ro);
 void bh_sim_router_opts(const bh_sim_opts *o, uint32_t block_size,
                         kvp_router_opts *out);
 
+/* Per bucket of 1/n of the requests, in arrival order. */
 typedef struct bh_series {
   uint32_t n;
-  double t_end;          /* simulated seconds of the last bucket's end */
+  double t_end;          /* simulated seconds of the last arrival (0: closed
+                            loop, no arrival times) */
+  double *t;             /* simulated seconds of the latest arrival among
+                            each bucket's requests */
   double *hit;           /* reused / prompt tokens per bucket (NaN: none) */
   double *occ[3];        /* HBM/DRAM/NVMe blocks in use (all workers) /
                             capacity, at each bucket's end */
@@ -221,6 +225,27 @@ int bh_sim_run(const bh_trace *t, const bh_sim_opts *o, bh_result *r,
                char *err, size_t cap);
 void bh_result_free(bh_result *r);
 
+/* ---- offered load (harness_load.c) -------------------------------------- */
+#define BH_LOAD_WINDOW_S 10.0 /* offered load per 10 s: the TTFT time scale */
+
+typedef struct bh_load {
+  double span_s;        /* first to last arrival, at the replay speed */
+  double window_s;      /* BH_LOAD_WINDOW_S (wider past a million windows) */
+  double prefill_gpu_s; /* prefill left by an ideal shared cache (every
+                           token after the longest prefix sent before) */
+  double busy;          /* GPUs that work keeps busy: per-window prefill
+                           GPU-s / window_s, mean weighted by window work */
+  uint32_t workers;     /* ceil(busy / util), clamped to 1..4096 */
+} bh_load;
+
+/* The trace's offered prefill load on cl's model and GPU (the simulator's
+ * timing) and the workers that carry it at utilisation util in (0, 1]:
+ * `kvplane-bench --workers auto`.  Prefill is the engine's serial resource
+ * (decode is batched beside it), so busy is about the least cluster any
+ * policy needs where the work is; bursts inside a window still queue. */
+int bh_load_estimate(const bh_trace *t, const bh_cluster *cl, double speed,
+                     double util, bh_load *out);
+
 /* ---- reports ------------------------------------------------------------ */
 typedef struct bh_run {
   const char *label;      /* "mooncake", "agentic", ... */
@@ -230,11 +255,22 @@ typedef struct bh_run {
   size_t n_res;
 } bh_run;
 
+/* The terminal table: a compact one (under 120 columns) by default;
+ * BH_TABLE_WIDE every column (the layout before the compact one). */
+#define BH_TABLE_WIDE 1u
 void bh_report_table(FILE *f, const bh_run *run);
+void bh_report_table_opts(FILE *f, const bh_run *run, unsigned flags);
+/* The policy a report is about (kvplane_cost if present, else the first
+ * that is not a bound) and its best peer (lowest TTFT p95 among the other
+ * real policies); indices into run->res, or -1. */
+int bh_report_focus(const bh_run *run, int *peer);
 int bh_report_csv(FILE *f, const bh_run *runs, size_t n, bool header);
 int bh_report_json(FILE *f, const bh_run *runs, size_t n);
-/* One self-contained HTML file: per run a summary table and three inline
- * SVG plots (hit rate over time, TTFT CDF, tier occupancy). */
+/* One self-contained HTML file (inline SVG, no scripts): per run what was
+ * simulated, a verdict (the focus policy against its best peer and the
+ * bounds), the table with a glossary, and four plots: where the prompt
+ * tokens went, hit rate over the replay, TTFT CCDF (log-log), tier
+ * occupancy of the focus policy.  Any run's results: offline or live. */
 int bh_report_html(FILE *f, const bh_run *runs, size_t n);
 /* A sweep: avoided GPU-seconds and TTFT p95 (with the bound) against the
  * first parameter, one line per value of the second. */

@@ -55,31 +55,32 @@ void bh_cache_free(cache *c) {
   kvp__tier_cascade_destroy(c->cas);
 }
 
-static size_t slot_of(const cache *c, uint64_t fp) {
-  return (size_t)(fp * 0x9E3779B97F4A7C15ull >> 20) & c->mask;
-}
+typedef bh_cache_slot slot;
 
 uint32_t bh_cache_find(const cache *c, kvp_key k) {
-  for (size_t i = slot_of(c, k.lo);; i = (i + 1) & c->mask) {
-    uint32_t v = c->tab[i];
-    if (v == 0)
+  uint32_t h = bh_cache_hash32(k.lo);
+  for (size_t i = h & c->mask;; i = (i + 1) & c->mask) {
+    slot v = c->tab[i];
+    if (v.idx == 0)
       return NONE;
-    if (kvp_key_eq(c->nodes[v - 1].key, k))
-      return v - 1;
+    if (v.h == h && kvp_key_eq(c->nodes[v.idx - 1].key, k))
+      return v.idx - 1;
   }
 }
 
 static int tab_grow(cache *c) {
   size_t nm = c->mask * 2 + 1;
-  uint32_t *nt = calloc(nm + 1, sizeof *nt);
+  if (nm > UINT32_MAX)
+    return KVP_ENOMEM;
+  slot *nt = calloc(nm + 1, sizeof *nt);
   if (nt == NULL)
     return KVP_ENOMEM;
   for (size_t i = 0; i <= c->mask; i++) {
-    uint32_t v = c->tab[i];
-    if (v == 0)
+    slot v = c->tab[i];
+    if (v.idx == 0)
       continue;
-    size_t j = (size_t)(c->nodes[v - 1].key.lo * 0x9E3779B97F4A7C15ull >> 20) & nm;
-    while (nt[j] != 0)
+    size_t j = v.h & nm;
+    while (nt[j].idx != 0)
       j = (j + 1) & nm;
     nt[j] = v;
   }
@@ -91,22 +92,22 @@ static int tab_grow(cache *c) {
 
 /* Backward-shift deletion (linear probing). */
 static void tab_del(cache *c, uint32_t idx) {
-  size_t i = slot_of(c, c->nodes[idx].key.lo);
-  while (c->tab[i] != idx + 1)
+  size_t i = bh_cache_hash32(c->nodes[idx].key.lo) & c->mask;
+  while (c->tab[i].idx != idx + 1)
     i = (i + 1) & c->mask;
   for (size_t j = i;;) {
     j = (j + 1) & c->mask;
-    uint32_t v = c->tab[j];
-    if (v == 0)
+    slot v = c->tab[j];
+    if (v.idx == 0)
       break;
-    size_t home = slot_of(c, c->nodes[v - 1].key.lo);
+    size_t home = v.h & c->mask;
     /* move v into the hole at i if its home is not in (i, j] */
     if ((j > i && (home <= i || home > j)) || (j < i && home <= i && home > j)) {
       c->tab[i] = v;
       i = j;
     }
   }
-  c->tab[i] = 0;
+  c->tab[i] = (slot){0, 0};
   c->used--;
 }
 
@@ -171,10 +172,11 @@ int bh_cache_node_new(cache *c, kvp_key k, uint32_t *out) {
   c->nodes[x].hits = 0;
   c->nodes[x].reuses = 0;
   c->nodes[x].adm = 0;
-  size_t i = slot_of(c, k.lo);
-  while (c->tab[i] != 0)
+  uint32_t h = bh_cache_hash32(k.lo);
+  size_t i = h & c->mask;
+  while (c->tab[i].idx != 0)
     i = (i + 1) & c->mask;
-  c->tab[i] = x + 1;
+  c->tab[i] = (slot){x + 1, h};
   c->used++;
   *out = x;
   return 0;

@@ -41,8 +41,17 @@ typedef struct bh_cache_stats {
 
 /* Node ids are the policies' ids.  pol[k] NULL: no policy (the infinite
  * bound's cache, which never evicts). */
+/* A slot of the open-addressing table: the node and its key's home hash, so
+ * probing, growing and deleting compare and move slots without touching the
+ * nodes (one cache line per probe run instead of a random node read per
+ * step: what keeps large clusters' replays from being memory bound). */
+typedef struct bh_cache_slot {
+  uint32_t idx; /* node index + 1; 0 = empty */
+  uint32_t h;   /* bh_cache_hash32 of the key: home = h & mask (< 2^32) */
+} bh_cache_slot;
+
 typedef struct bh_cache {
-  uint32_t *tab; /* open addressing: node index + 1; 0 = empty */
+  bh_cache_slot *tab; /* open addressing, linear probing */
   size_t mask, used;
   bh_cache_node *nodes;
   uint32_t n_nodes, cap_nodes, free_list;
@@ -66,6 +75,28 @@ int bh_cache_init(bh_cache *c, const bh_cluster *cl, bool policies);
 void bh_cache_free(bh_cache *c);
 /* Node of key k, or BH_NONE. */
 uint32_t bh_cache_find(const bh_cache *c, kvp_key k);
+
+static inline uint32_t bh_cache_hash32(uint64_t fp) {
+  return (uint32_t)(fp * 0x9E3779B97F4A7C15ull >> 20);
+}
+
+/* Loads, ahead of bh_cache_find(keys[j]), the slot of keys[j + 2A] and,
+ * its line already in, the node of keys[j + A]: a request's blocks are
+ * looked up in a loop whose keys are known in advance, so the probes' cache
+ * misses overlap instead of queueing one after another. */
+#define BH_PREFETCH_AHEAD 8
+static inline void bh_cache_prefetch(const bh_cache *c, const kvp_key *keys,
+                                     uint64_t j, uint64_t n) {
+  if (j + 2 * BH_PREFETCH_AHEAD < n) /* first the slot ... */
+    __builtin_prefetch(
+        &c->tab[bh_cache_hash32(keys[j + 2 * BH_PREFETCH_AHEAD].lo) & c->mask]);
+  if (j + BH_PREFETCH_AHEAD < n) { /* ... then the node */
+    uint32_t h = bh_cache_hash32(keys[j + BH_PREFETCH_AHEAD].lo);
+    bh_cache_slot v = c->tab[h & c->mask];
+    if (v.idx != 0 && v.h == h)
+      __builtin_prefetch(&c->nodes[v.idx - 1]);
+  }
+}
 /* A new node for k (not yet on a tier: bh_cache_tier_insert next). */
 int bh_cache_node_new(bh_cache *c, kvp_key k, uint32_t *out);
 int bh_cache_tier_insert(bh_cache *c, uint32_t x, int k);

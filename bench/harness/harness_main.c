@@ -29,9 +29,10 @@ typedef struct cli {
   bh_read_opts ro;
   double speed, drop, delay;
   uint32_t closed_loop;
+  double auto_util; /* --workers auto[:U]: target utilisation; 0 = off */
   uint64_t seed;
   const char *out_dir;
-  bool quiet, progress;
+  bool quiet, progress, wide;
   /* sweep */
   const char *param[2];
   double ttft_p95_max;
@@ -68,6 +69,9 @@ static void usage(FILE *f) {
       "infinite\n"
       "  --workers N --hbm-gb X --dram-gb X --nvme-gb X   cluster (per "
       "worker)\n"
+      "  --workers auto[:U]   size the cluster to the trace's offered prefill "
+      "load at\n"
+      "                       utilisation U (default 0.7; docs/harness.md)\n"
       "  --tier-policy P      DRAM and NVMe placement: lru|s3fifo (kvtier's "
       "policies;\n"
       "                       default lru); --hbm-policy, --dram-policy, "
@@ -91,7 +95,9 @@ static void usage(FILE *f) {
       "  --limit N            read at most N requests per trace\n"
       "  --out DIR            report.html, results.csv, results.json "
       "(default kvplane-bench-report)\n"
-      "  --quiet              no table; --no-progress: no progress bar\n",
+      "  --quiet              no table; --no-progress: no progress bar\n"
+      "  --wide               every column in the table (default: a compact "
+      "one)\n",
       f);
 }
 
@@ -344,6 +350,21 @@ static int load_config(cli *c, const char *path) {
   return rc < 0 ? rc : apply_replay(c, path, &rk);
 }
 
+/* --workers N | auto | auto:U. */
+static bool parse_workers(cli *c, const char *v) {
+  uint64_t u;
+  if (strncmp(v, "auto", 4) == 0) {
+    c->auto_util = 0.7;
+    return v[4] == '\0' ||
+           (v[4] == ':' && parse_double(v + 5, 1e-3, 1, &c->auto_util));
+  }
+  if (!parse_u64(v, 4096, &u) || u == 0)
+    return false;
+  c->cl.workers = (uint32_t)u;
+  c->auto_util = 0;
+  return true;
+}
+
 /* Parses options; positional arguments are collected into pos. */
 static int parse_opts(cli *c, int argc, char **argv, const char **pos,
                       int *n_pos) {
@@ -378,9 +399,9 @@ static int parse_opts(cli *c, int argc, char **argv, const char **pos,
         return 2;
     } else if (!strcmp(a, "--workers")) {
       NEED();
-      if (!parse_u64(v, 4096, &u) || u == 0)
-        return die_usage("--workers: 1..4096", v);
-      c->cl.workers = (uint32_t)u;
+      if (!parse_workers(c, v))
+        return die_usage("--workers: 1..4096, auto or auto:U (0 < U <= 1)",
+                         v);
     } else if (!strcmp(a, "--hbm-gb") || !strcmp(a, "--dram-gb") ||
                !strcmp(a, "--nvme-gb")) {
       NEED();
@@ -442,6 +463,8 @@ static int parse_opts(cli *c, int argc, char **argv, const char **pos,
       c->out_dir = v;
     } else if (!strcmp(a, "--quiet")) {
       c->quiet = true;
+    } else if (!strcmp(a, "--wide")) {
+      c->wide = true;
     } else if (!strcmp(a, "--no-progress")) {
       c->progress = false;
     } else if (!strcmp(a, "--param")) {
@@ -513,6 +536,33 @@ static int load_trace(const cli *c, const char *path, bh_trace *t) {
   return 0;
 }
 
+/* --workers auto: the trace's offered load decides cl->workers. */
+static int auto_workers(const cli *c, const char *path, const bh_trace *t,
+                        bh_cluster *cl) {
+  if (c->auto_util <= 0)
+    return 0;
+  if (c->closed_loop) {
+    fprintf(stderr, "kvplane-bench: --workers auto sizes to arrival times; "
+                    "not with --closed-loop\n");
+    return KVP_EINVAL;
+  }
+  bh_load l;
+  int rc = bh_load_estimate(t, cl, c->speed, c->auto_util, &l);
+  if (rc < 0) {
+    fprintf(stderr, "kvplane-bench: %s: offered load: %s\n", path,
+            kvp_strerror(rc));
+    return rc;
+  }
+  cl->workers = l.workers;
+  if (!c->quiet)
+    fprintf(stderr, "kvplane-bench: %s: offered prefill %.0f GPU-s over "
+                    "%.0f s, %.2f GPUs busy where the work is (per %.0f s); "
+                    "--workers auto at %.0f%%: %u\n",
+            path, l.prefill_gpu_s, l.span_s, l.busy, l.window_s,
+            100 * c->auto_util, l.workers);
+  return 0;
+}
+
 static bh_sim_opts sim_opts(const cli *c, int policy) {
   bh_sim_opts o = {.cl = c->cl,
                    .policy = policy,
@@ -578,6 +628,8 @@ static int cmd_run(cli *c, const char **pos, int n_pos) {
     if ((rc = load_trace(c, pos[i], &traces[i])) < 0)
       break;
     cls[i] = c->cl;
+    if ((rc = auto_workers(c, pos[i], &traces[i], &cls[i])) < 0)
+      break;
     bh_cluster_resolve(&cls[i], traces[i].block_size);
     runs[i] = (bh_run){base_label(pos[i], labels[i], sizeof labels[i]),
                        &traces[i], &cls[i],
@@ -588,6 +640,7 @@ static int cmd_run(cli *c, const char **pos, int n_pos) {
     }
     for (size_t p = 0; p < c->n_policies && rc >= 0; p++) {
       bh_sim_opts o = sim_opts(c, c->policies[p]);
+      o.cl.workers = cls[i].workers; /* --workers auto */
       char err[512];
       rc = bh_sim_run(&traces[i], &o, &runs[i].res[p], err, sizeof err);
       if (rc < 0)
@@ -597,7 +650,7 @@ static int cmd_run(cli *c, const char **pos, int n_pos) {
         runs[i].n_res++;
     }
     if (!c->quiet)
-      bh_report_table(stdout, &runs[i]);
+      bh_report_table_opts(stdout, &runs[i], c->wide ? BH_TABLE_WIDE : 0);
     fflush(stdout);
   }
   if (rc >= 0)
@@ -853,6 +906,10 @@ static int cmd_sweep(cli *c, const char **pos, int n_pos) {
   bh_trace t;
   if (load_trace(c, pos[0], &t) < 0)
     return 1;
+  if (auto_workers(c, pos[0], &t, &c->cl) < 0) {
+    bh_trace_free(&t);
+    return 1;
+  }
   int policy = c->n_policies == BH_POLICY_COUNT || c->n_policies == 9
                    ? KVP_POLICY_KVPLANE_COST
                    : c->policies[0];

@@ -104,6 +104,62 @@ int bh_cluster_resolve(bh_cluster *c, uint32_t block_size) {
 }
 
 typedef bh_cache cache;
+#define PREFETCH_AHEAD BH_PREFETCH_AHEAD
+
+/* ---- the infinite bound's keys --------------------------------------------------
+ * Membership only (it never evicts), so the keys live in the table itself:
+ * one cache line per lookup in a set that grows with the trace. */
+typedef struct keyset {
+  kvp_key *v; /* {0, 0} = empty; the key {0, 0} itself is has_zero */
+  size_t mask, n;
+  bool has_zero;
+} keyset;
+
+static bool key_zero(kvp_key k) { return k.lo == 0 && k.hi == 0; }
+
+static size_t key_home(kvp_key k, size_t mask) {
+  return (size_t)(k.lo * 0x9E3779B97F4A7C15ull >> 17) & mask;
+}
+
+static bool keyset_has(const keyset *ks, kvp_key k) {
+  if (key_zero(k) || ks->v == NULL)
+    return key_zero(k) && ks->has_zero;
+  for (size_t i = key_home(k, ks->mask);; i = (i + 1) & ks->mask) {
+    if (kvp_key_eq(ks->v[i], k))
+      return true;
+    if (key_zero(ks->v[i]))
+      return false;
+  }
+}
+
+static void keyset_put(kvp_key *v, size_t mask, kvp_key k) {
+  size_t i = key_home(k, mask);
+  while (!key_zero(v[i]) && !kvp_key_eq(v[i], k))
+    i = (i + 1) & mask;
+  v[i] = k;
+}
+
+static int keyset_add(keyset *ks, kvp_key k) {
+  if (key_zero(k)) {
+    ks->has_zero = true;
+    return 0;
+  }
+  if ((ks->n + 1) * 2 > ks->mask + 1) {
+    size_t nm = ks->mask ? ks->mask * 2 + 1 : 4095;
+    kvp_key *nv = calloc(nm + 1, sizeof *nv);
+    if (nv == NULL)
+      return KVP_ENOMEM;
+    for (size_t i = 0; ks->v != NULL && i <= ks->mask; i++)
+      if (!key_zero(ks->v[i]))
+        keyset_put(nv, nm, ks->v[i]);
+    free(ks->v);
+    ks->v = nv;
+    ks->mask = nm;
+  }
+  keyset_put(ks->v, ks->mask, k);
+  ks->n++;
+  return 0;
+}
 
 /* ---- the simulation ---------------------------------------------------------- */
 enum { EV_ARRIVE, EV_PREFILL_DONE, EV_DECODE_DONE, EV_DELIVER };
@@ -129,6 +185,8 @@ typedef struct worker {
   cache c;
   uint32_t *q; /* FIFO of request indices */
   size_t q_head, q_len, q_cap;
+  uint64_t q_uncached; /* sum of est_uncached over q (the infinite bound's
+                          routing key, kept rather than summed per arrival) */
   uint32_t cur; /* request in prefill, or NONE */
   uint64_t seq; /* last event sequence number */
   uint32_t decoding;
@@ -152,7 +210,8 @@ struct sim {
   kvp_ledger *led;
   worker *w;
   uint32_t nw;
-  cache inf; /* BH_POLICY_INFINITE: the one shared cache */
+  cache inf; /* BH_POLICY_INFINITE: the one shared cache (its counts) */
+  keyset inf_keys; /* ... and what it holds: every key sent so far */
   bool infinite;
   ev *heap;
   size_t heap_n, heap_cap;
@@ -402,14 +461,42 @@ static void set_load(struct sim *s, uint32_t w) {
 
 /* Prefill start: what this worker actually holds decides the reuse (the
  * engine's own prefix match; loading only what pays off). */
-/* Time-series bucket of request i: by arrival time (open loop) or by
- * arrival order (closed loop, whose span is unknown beforehand). */
+/* Time-series bucket of request i: by arrival order, so each bucket holds
+ * as many requests (a trace busy for an hour and idle for days still has a
+ * point per 1/n of its work, and no empty buckets); series.t says when. */
 static uint32_t bucket_of(const struct sim *s, uint32_t i) {
   uint32_t n = s->res->series.n;
-  double f = s->t_span > 0 ? s->arrive[i] / s->t_span
-                           : (double)i / (double)s->t->n_reqs;
-  uint32_t b = (uint32_t)(f * n);
+  uint32_t b = (uint32_t)((double)i / (double)s->t->n_reqs * n);
   return b < n ? b : n - 1;
+}
+
+/* Whether worker v holds keys[from..to) (any tier). */
+static bool holds_all(const struct sim *s, uint32_t v, const kvp_key *keys,
+                      uint64_t from, uint64_t to) {
+  for (uint64_t j = from; j < to; j++)
+    if (bh_cache_find(&s->w[v].c, keys[j]) == NONE)
+      return false;
+  return true;
+}
+
+/* The furthest end of a run keys[m..end) that one worker other than w holds
+ * (m if none): the "on another worker" miss cause.  A worker can only beat
+ * the best end so far by holding the block at it, so that one probe rules
+ * most workers out and the rest of the run is read only for candidates:
+ * per request O(workers + run) probes, not O(workers x run). */
+static uint64_t run_elsewhere(const struct sim *s, uint32_t w,
+                              const kvp_key *keys, uint64_t m, uint64_t n) {
+  uint64_t best = m;
+  for (uint32_t v = 0; v < s->nw && best < n; v++) {
+    if (v == w || bh_cache_find(&s->w[v].c, keys[best]) == NONE ||
+        !holds_all(s, v, keys, m, best))
+      continue;
+    uint64_t j = best + 1;
+    while (j < n && bh_cache_find(&s->w[v].c, keys[j]) != NONE)
+      j++;
+    best = j;
+  }
+  return best;
 }
 
 static int start_prefill(struct sim *s, uint32_t w) {
@@ -419,6 +506,7 @@ static int start_prefill(struct sim *s, uint32_t w) {
   uint32_t i = x->q[x->q_head];
   x->q_head = (x->q_head + 1) % x->q_cap;
   x->q_len--;
+  x->q_uncached -= s->est_uncached[i];
   x->cur = i;
   const bh_req *q = &s->t->reqs[i];
   const kvp_key *keys = s->t->keys + q->key_off;
@@ -430,6 +518,7 @@ static int start_prefill(struct sim *s, uint32_t w) {
       s->tiers[j] = KVP_TIER_HBM;
   } else {
     for (; m < n; m++) {
+      bh_cache_prefetch(c, keys, m, n);
       uint32_t v = bh_cache_find(c, keys[m]);
       if (v == NONE)
         break;
@@ -463,17 +552,7 @@ static int start_prefill(struct sim *s, uint32_t w) {
   /* why the rest was recomputed */
   r->miss_tokens[KVP_MISS_PARTIAL_BLOCK] = q->in_tokens - n * bs;
   r->miss_tokens[KVP_MISS_NOT_WORTH_LOADING] = (m - cut) * bs;
-  uint64_t other = m;
-  if (!s->infinite)
-    for (uint32_t v = 0; v < s->nw; v++) {
-      if (v == w)
-        continue;
-      uint64_t j = m;
-      while (j < n && bh_cache_find(&s->w[v].c, keys[j]) != NONE)
-        j++;
-      if (j > other)
-        other = j;
-    }
+  uint64_t other = s->infinite ? m : run_elsewhere(s, w, keys, m, n);
   uint64_t ev_end = other;
   if (!s->infinite)
     while (ev_end < n && seen_has(s, keys[ev_end].lo))
@@ -522,6 +601,8 @@ static int start_prefill(struct sim *s, uint32_t w) {
   /* time series: by arrival bucket */
   uint32_t b = bucket_of(s, i);
   s->s_prompt[b] += (double)q->in_tokens;
+  if (s->arrive[i] > s->res->series.t[b])
+    s->res->series.t[b] = s->arrive[i];
   s->s_reused[b] += (double)r->reused_tokens;
   return ev_push(s, s->now + dur, EV_PREFILL_DONE, w, i, NULL);
 }
@@ -543,9 +624,11 @@ static int prefill_done(struct sim *s, uint32_t w, uint32_t i) {
   kvp_hist_record(s->res->ttft_us, (uint64_t)(ttft * 1e6 + 0.5));
   /* the engine keeps every full block of the prompt (HBM, most recent) */
   uint64_t from = x->rec.reused_tokens / s->bs;
-  for (uint64_t j = from; j < q->n_blocks && rc == 0 && !s->infinite; j++)
+  for (uint64_t j = from; j < q->n_blocks && rc == 0 && !s->infinite; j++) {
+    bh_cache_prefetch(c, keys, j, q->n_blocks);
     rc = to_hbm(s, w, c, keys[j], j ? &keys[j - 1] : NULL, blk_class(q, j),
                 &fresh);
+  }
   if (rc == 0)
     rc = flush_run(s, w);
   if (rc < 0)
@@ -613,9 +696,7 @@ static int route(struct sim *s, uint32_t i, uint32_t *out) {
     uint32_t best = 0;
     uint64_t bl = UINT64_MAX;
     for (uint32_t v = 0; v < s->nw; v++) {
-      uint64_t l = 0;
-      for (size_t k = 0; k < s->w[v].q_len; k++)
-        l += s->est_uncached[s->w[v].q[(s->w[v].q_head + k) % s->w[v].q_cap]];
+      uint64_t l = s->w[v].q_uncached;
       if (l < bl) {
         bl = l;
         best = v;
@@ -654,17 +735,20 @@ static int arrive(struct sim *s, uint32_t i) {
   if (s->infinite) { /* everything sent before is cached, at once */
     const kvp_key *keys = s->t->keys + q->key_off;
     uint32_t m = 0;
-    while (m < q->n_blocks && bh_cache_find(&s->inf, keys[m]) != NONE)
-      m++;
+    const keyset *ks = &s->inf_keys;
+    for (; m < q->n_blocks; m++) {
+      if (m + PREFETCH_AHEAD < q->n_blocks && ks->v != NULL)
+        __builtin_prefetch(&ks->v[key_home(keys[m + PREFETCH_AHEAD], ks->mask)]);
+      if (!keyset_has(ks, keys[m]))
+        break;
+    }
     s->inf_reuse[i] = m;
     s->est_uncached[i] = q->in_tokens - (uint64_t)m * s->bs;
-    for (uint32_t j = m; j < q->n_blocks; j++) {
-      uint32_t x;
-      if (bh_cache_node_new(&s->inf, keys[j], &x) < 0)
+    /* chained keys: none after the first new one was sent before */
+    for (uint32_t j = m; j < q->n_blocks; j++)
+      if (keyset_add(&s->inf_keys, keys[j]) < 0)
         return KVP_ENOMEM;
-      if (bh_cache_tier_insert(&s->inf, x, KVP_TIER_HBM) < 0)
-        return KVP_ENOMEM;
-    }
+    s->inf.count[KVP_TIER_HBM] += q->n_blocks - m;
   }
   sample_occupancy(s, bucket_of(s, i));
   uint32_t w;
@@ -686,6 +770,7 @@ static int arrive(struct sim *s, uint32_t i) {
   }
   x->q[(x->q_head + x->q_len) % x->q_cap] = i;
   x->q_len++;
+  x->q_uncached += s->est_uncached[i];
   s->req_worker[i] = w;
   rc = start_prefill(s, w);
   set_load(s, w);
@@ -787,11 +872,12 @@ static int sim_setup(struct sim *s, const bh_trace *t, const bh_sim_opts *o,
   bh_series *se = &r->series;
   se->n = o->buckets ? o->buckets : 48;
   se->hit = calloc(se->n, sizeof *se->hit);
+  se->t = calloc(se->n, sizeof *se->t);
   s->s_prompt = calloc(se->n, sizeof *s->s_prompt);
   s->s_reused = calloc(se->n, sizeof *s->s_reused);
   for (int k = 0; k < 3; k++)
     se->occ[k] = calloc(se->n, sizeof *se->occ[k]);
-  if (se->hit == NULL || s->s_prompt == NULL || s->s_reused == NULL ||
+  if (se->hit == NULL || se->t == NULL || s->s_prompt == NULL || s->s_reused == NULL ||
       se->occ[0] == NULL || se->occ[1] == NULL || se->occ[2] == NULL)
     return KVP_ENOMEM;
   double speed = o->speed > 0 ? o->speed : 1.0;
@@ -814,6 +900,7 @@ static void sim_teardown(struct sim *s) {
   }
   if (s->infinite)
     bh_cache_free(&s->inf);
+  free(s->inf_keys.v);
   free(s->w);
   free(s->req_worker);
   free(s->inf_reuse);
@@ -938,6 +1025,7 @@ void bh_result_free(bh_result *r) {
     return;
   kvp_hist_destroy(r->ttft_us);
   free(r->series.hit);
+  free(r->series.t);
   for (int k = 0; k < 3; k++)
     free(r->series.occ[k]);
   memset(r, 0, sizeof *r);

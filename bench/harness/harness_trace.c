@@ -299,16 +299,28 @@ static int set_block_size(rd *r, uint64_t bs) {
   return 0;
 }
 
-/* Number of full blocks to key: ids beyond ceil(in/bs) are an error. */
-static long key_blocks(rd *r, uint64_t in, long n_ids, char *why, size_t cap) {
+/* Number of full blocks to key: ids beyond ceil(in/bs) are an error; with
+ * `cover` (Mooncake, Bailian: one id per block of the whole prompt) so are
+ * fewer ids than the prompt's full blocks, which would replay tokens no id
+ * describes as never-cached prefill (2 ids for 10M tokens: TTFTs in hours). */
+static long key_blocks(rd *r, uint64_t in, long n_ids, bool cover, char *why,
+                       size_t cap) {
   uint64_t bs = r->t->block_size;
+  uint64_t full = in / bs;
   if ((uint64_t)n_ids > (in + bs - 1) / bs) {
     snprintf(why, cap,
              "%ld hash_ids for %llu tokens: more than ceil(tokens / %llu)",
              n_ids, (unsigned long long)in, (unsigned long long)bs);
     return -1;
   }
-  uint64_t full = in / bs;
+  if (cover && (uint64_t)n_ids < full) {
+    snprintf(why, cap,
+             "%ld hash_ids for %llu tokens: fewer than floor(tokens / %llu) "
+             "= %llu (the ids must cover the prompt)",
+             n_ids, (unsigned long long)in, (unsigned long long)bs,
+             (unsigned long long)full);
+    return -1;
+  }
   return (long)((uint64_t)n_ids < full ? (uint64_t)n_ids : full);
 }
 
@@ -349,7 +361,7 @@ static int mooncake_record(rd *r, json_t *o, char *why, size_t cap) {
       !need_uint(o, "output_length", MAX_OUT, &out, why, cap))
     return -1;
   long n = get_ids(r, o, why, cap);
-  if (n < 0 || (n = key_blocks(r, in, n, why, cap)) < 0)
+  if (n < 0 || (n = key_blocks(r, in, n, true, why, cap)) < 0)
     return -1;
   bh_req q = {.t = ts / 1000.0, .in_tokens = in, .out_tokens = (uint32_t)out};
   return bh_trace_add(r->t, &q, r->ids, (size_t)n, NULL, 0) < 0 ? -2 : 0;
@@ -423,7 +435,7 @@ static int bailian_record(rd *r, json_t *o, chat_map *m, char *why,
     return -1;
   }
   long n = get_ids(r, o, why, cap);
-  if (n < 0 || (n = key_blocks(r, in, n, why, cap)) < 0)
+  if (n < 0 || (n = key_blocks(r, in, n, true, why, cap)) < 0)
     return -1;
   uint32_t session = 0;
   json_int_t parent = json_integer_value(pj);
@@ -555,7 +567,7 @@ static int kvplane_record(rd *r, json_t *o, char *why, size_t cap) {
   if (get_marks(o, in, mk, &nm, why, cap) < 0)
     return -1;
   long n = get_ids(r, o, why, cap);
-  if (n < 0 || (n = key_blocks(r, in, n, why, cap)) < 0)
+  if (n < 0 || (n = key_blocks(r, in, n, false, why, cap)) < 0)
     return -1;
   q.t = ts;
   q.think_s = think;
@@ -666,7 +678,7 @@ static int ag_turn(rd *r, const ag_ctx *c, json_t *o, double t0,
       get_num(o, "think_time", MAX_TIME_S, &think, why, cap) < 0)
     return -1;
   long n = get_ids(r, o, why, cap);
-  if (n < 0 || (n = key_blocks(r, in, n, why, cap)) < 0)
+  if (n < 0 || (n = key_blocks(r, in, n, false, why, cap)) < 0)
     return -1;
   uint64_t bs = r->t->block_size, shared = (sys + tools) / bs;
   uint64_t kind_tag = (XXH3_64bits(kind, strlen(kind)) & 0x3fffff) << 40;

@@ -1,0 +1,200 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* bench_harness_scale: kvplane-bench run's simulated requests/s as a trace
+ * grows.  Factor k reads the trace k times, each copy's sessions relabelled
+ * (copy c of session S is "S#c"; agentic copies get their own id space per
+ * session file, the shared system+tools prefix stays shared), and sizes the
+ * cluster with --workers auto (or a fixed count), so the load per worker
+ * stays that of the original.  Prints each policy's simulated requests/s
+ * (simulation wall time only, not reading) and the slowdown against 1x,
+ * measured in the same run:
+ *   bench_harness_scale [--factors 1,2,5,10,20] [--policies LIST]
+ *                       [--workers N|auto[:U]] [--check X] [TRACE]
+ * TRACE defaults to $KVP_SHARED_DIR/traces/cc_agentic.  --check X: exit 1
+ * if any factor is more than X times slower than 1x (all policies). */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+#define MAX_F 16
+
+typedef struct opts {
+  uint32_t factor[MAX_F];
+  size_t n_factors;
+  int policy[BH_POLICY_COUNT];
+  size_t n_policies;
+  uint32_t workers; /* 0 = auto */
+  double util, check;
+  const char *trace;
+} opts;
+
+static int parse_list(const char *s, opts *o, bool policies) {
+  char buf[512];
+  snprintf(buf, sizeof buf, "%s", s);
+  size_t *n = policies ? &o->n_policies : &o->n_factors;
+  *n = 0;
+  for (char *sv = NULL, *t = strtok_r(buf, ",", &sv); t;
+       t = strtok_r(NULL, ",", &sv)) {
+    if (*n == (policies ? (size_t)BH_POLICY_COUNT : MAX_F))
+      return -1;
+    if (policies && bh_policy_parse(t, &o->policy[*n]) < 0)
+      return -1;
+    if (!policies) {
+      char *e;
+      unsigned long v = strtoul(t, &e, 10);
+      if (*e || v == 0 || v > 1000)
+        return -1;
+      o->factor[*n] = (uint32_t)v;
+    }
+    (*n)++;
+  }
+  return *n > 0 ? 0 : -1;
+}
+
+static int parse(int argc, char **argv, opts *o) {
+  static char def[4096];
+  *o = (opts){.factor = {1, 2, 5, 10, 20}, .n_factors = 5,
+              .policy = {KVP_POLICY_ROUND_ROBIN, KVP_POLICY_KVPLANE_COST,
+                         BH_POLICY_INFINITE},
+              .n_policies = 3, .util = 0.7};
+  const char *sh = getenv("KVP_SHARED_DIR");
+  snprintf(def, sizeof def, "%s/traces/cc_agentic", sh ? sh : "../shared");
+  o->trace = def;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
+    int rc = 0;
+    if (a[0] != '-') {
+      o->trace = a;
+      continue;
+    }
+    i++;
+    if (!strcmp(a, "--factors"))
+      rc = parse_list(v, o, false);
+    else if (!strcmp(a, "--policies"))
+      rc = parse_list(v, o, true);
+    else if (!strcmp(a, "--check"))
+      rc = (o->check = strtod(v, NULL)) > 0 ? 0 : -1;
+    else if (!strcmp(a, "--workers") && !strncmp(v, "auto", 4))
+      rc = v[4] == ':' ? ((o->util = strtod(v + 5, NULL)) > 0 && o->util <= 1
+                              ? 0 : -1)
+                       : v[4] ? -1 : 0;
+    else if (!strcmp(a, "--workers"))
+      rc = (o->workers = (uint32_t)strtoul(v, NULL, 10)) > 0 ? 0 : -1;
+    else
+      rc = -1;
+    if (rc < 0) {
+      fprintf(stderr, "usage: bench_harness_scale [--factors 1,2,5,10,20] "
+                      "[--policies LIST] [--workers N|auto[:U]] [--check X] "
+                      "[TRACE]\nbad option: %s %s\n", a, v);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+/* Copy c's sessions renamed "S#c" (one new name per old one). */
+static int relabel(bh_trace *t, size_t from, uint32_t c) {
+  size_t n0 = t->n_names; /* the reads' names; renamed ones come after */
+  uint32_t *map = calloc(n0 + 1, sizeof *map);
+  if (map == NULL)
+    return KVP_ENOMEM;
+  int rc = 0;
+  for (size_t i = from; i < t->n_reqs && rc >= 0; i++) {
+    uint32_t s = t->reqs[i].session;
+    if (s == 0 || s >= n0)
+      continue;
+    if (map[s] == 0) {
+      char name[512];
+      snprintf(name, sizeof name, "%s#%u", t->names[s], c);
+      rc = bh_trace_name(t, name, &map[s]);
+    }
+    t->reqs[i].session = map[s];
+  }
+  free(map);
+  return rc;
+}
+
+static int read_scaled(const opts *o, uint32_t k, bh_trace *t) {
+  bh_read_opts ro = {.quiet = true};
+  char err[512];
+  bh_trace_init(t);
+  for (uint32_t c = 0; c < k; c++) {
+    size_t from = t->n_reqs;
+    int rc = bh_read_path(o->trace, BH_FMT_AUTO, &ro, t, err, sizeof err);
+    if (rc >= 0 && c > 0)
+      rc = relabel(t, from, c);
+    if (rc < 0) {
+      fprintf(stderr, "bench_harness_scale: %s: %s\n", o->trace, err);
+      return rc;
+    }
+  }
+  return bh_trace_finish(t);
+}
+
+/* One factor: simulated requests/s per policy into rps[], all into *all. */
+static int run_factor(const opts *o, uint32_t k, double *rps, double *all) {
+  bh_trace t;
+  int rc = read_scaled(o, k, &t);
+  bh_sim_opts so = {.seed = 1};
+  bh_cluster_defaults(&so.cl);
+  bh_load l = {.workers = o->workers};
+  if (rc >= 0 && o->workers == 0)
+    rc = bh_load_estimate(&t, &so.cl, 1.0, o->util, &l);
+  so.cl.workers = l.workers;
+  double req = 0, wall = 0;
+  printf("%6ux %9zu %7u", k, t.n_reqs, so.cl.workers);
+  for (size_t p = 0; p < o->n_policies && rc >= 0; p++) {
+    bh_result r;
+    char err[512];
+    so.policy = o->policy[p];
+    if ((rc = bh_sim_run(&t, &so, &r, err, sizeof err)) < 0) {
+      fprintf(stderr, "bench_harness_scale: %s\n", err);
+      break;
+    }
+    rps[p] = (double)r.requests / r.wall_seconds;
+    req += (double)r.requests;
+    wall += r.wall_seconds;
+    printf(" %13.0f", rps[p]);
+    fflush(stdout);
+    bh_result_free(&r);
+  }
+  *all = wall > 0 ? req / wall : 0;
+  bh_trace_free(&t);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  opts o;
+  if (parse(argc, argv, &o) < 0)
+    return 2;
+  printf("simulated requests/s of %s replayed at 1x..%ux (workers %s)\n",
+         o.trace, o.factor[o.n_factors - 1], o.workers ? "fixed" : "auto");
+  printf("%7s %9s %7s", "factor", "requests", "workers");
+  for (size_t p = 0; p < o.n_policies; p++)
+    printf(" %13.13s", bh_policy_name(o.policy[p]));
+  printf(" %12s %9s\n", "all", "slowdown");
+  double base[BH_POLICY_COUNT], base_all = 0, worst = 0;
+  for (size_t f = 0; f < o.n_factors; f++) {
+    double rps[BH_POLICY_COUNT], all;
+    if (run_factor(&o, o.factor[f], rps, &all) < 0)
+      return 1;
+    if (f == 0) {
+      memcpy(base, rps, sizeof base);
+      base_all = all;
+    }
+    double slow = all > 0 ? base_all / all : 0;
+    printf(" %12.0f %8.2fx  (per policy:", all, slow);
+    for (size_t p = 0; p < o.n_policies; p++)
+      printf(" %.2fx", rps[p] > 0 ? base[p] / rps[p] : 0);
+    printf(")\n");
+    if (slow > worst)
+      worst = slow;
+  }
+  printf("largest slowdown against %ux: %.2fx\n", o.factor[0], worst);
+  if (o.check > 0 && worst > o.check) {
+    printf("FAIL: more than %.2fx\n", o.check);
+    return 1;
+  }
+  return 0;
+}
