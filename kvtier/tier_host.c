@@ -90,10 +90,12 @@ static int reg_write(int fd, const reg *r) {
   return 0;
 }
 
+/* Saturating: the file is anyone's to write, and a sum that wrapped would
+ * hand out memory that live stores hold. */
 static uint64_t reg_used(const reg *r) {
   uint64_t u = 0;
   for (uint32_t i = 0; i < r->n; i++)
-    u += r->e[i].bytes;
+    u = r->e[i].bytes > UINT64_MAX - u ? UINT64_MAX : u + r->e[i].bytes;
   return u;
 }
 

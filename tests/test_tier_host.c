@@ -134,4 +134,37 @@ TEST(across_processes) {
   unlink(g_reg);
 }
 
-TEST_MAIN(TEST_ENTRY(one_process), TEST_ENTRY(across_processes))
+static void reg_put(const char *text) {
+  FILE *f = fopen(g_reg, "w");
+  ASSERT_NOT_NULL(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+/* The registry is a file anyone on the host may write: one that does not
+ * parse is taken as empty (the store opens and rewrites it), dead and
+ * non-positive pids are dropped, and claims whose sum would wrap refuse
+ * rather than hand out memory that live stores hold. */
+TEST(bad_registry) {
+  kvp_tier_store *t;
+  reg_fresh();
+  reg_put("garbage\n\x01\x02 not a registry\n");
+  ASSERT_OK(open_default(1, &t));
+  ASSERT_GT(reg_budget(), 0); /* rewritten */
+  kvp_tier_destroy(t);
+  char buf[256];
+  snprintf(buf, sizeof buf, "kvtier-host %" PRIu64 "\n0 1\n-5 1\n%ld 1\nxx yy\n",
+           (uint64_t)1 << 40, (long)INT32_MAX); /* no such live pids */
+  reg_put(buf);
+  ASSERT_OK(open_default(1, &t)); /* nothing live: the whole share */
+  ASSERT_EQ(dram_of(t), reg_budget());
+  kvp_tier_destroy(t);
+  snprintf(buf, sizeof buf, "kvtier-host %" PRIu64 "\n1 %" PRIu64 "\n1 %" PRIu64 "\n",
+           (uint64_t)1 << 40, UINT64_MAX, (uint64_t)4096); /* pid 1 lives */
+  reg_put(buf);
+  ASSERT_ERR(open_default(1, &t), KVP_ENOSPC);
+  unlink(g_reg);
+}
+
+TEST_MAIN(TEST_ENTRY(one_process), TEST_ENTRY(across_processes),
+          TEST_ENTRY(bad_registry))
