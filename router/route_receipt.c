@@ -250,6 +250,10 @@ static const char *const reason_names[KVP_REASON_COUNT_] = {
     "cost",        "affinity",     "guard",  "tie",   "only",
     "round_robin", "least_loaded", "prefix", "score", "sampled"};
 
+const char *kvp_reason_name(kvp_reason r) {
+  return (unsigned)r < KVP_REASON_COUNT_ ? reason_names[r] : "unknown";
+}
+
 static void json_key(kvp_text *b, const char *key) {
   kvp_text_puts(b, ",\""), kvp_text_puts(b, key), kvp_text_puts(b, "\":");
 }

@@ -327,6 +327,11 @@ typedef enum kvp_reason {
   KVP_REASON_COUNT_
 } kvp_reason;
 
+/* The reason's name as receipts write it ("cost", "affinity", "guard",
+ * "tie", "only", "round_robin", "least_loaded", "prefix", "score",
+ * "sampled"); "unknown" outside the enum.  Never NULL. */
+KVP_API const char *kvp_reason_name(kvp_reason r);
+
 #define KVP_CAND_GUARDED 0x1u   /* excluded by the load guard */
 #define KVP_CAND_UNCERTAIN 0x2u /* its match was predicted, not reported */
 #define KVP_CAND_AFFINE 0x4u    /* the session's last worker */

@@ -1,0 +1,170 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* kvplane-routerd internals: one libevent loop (one thread) runs the front
+ * door, the upstream connections, the workers' KV-event subscribers (their
+ * ZeroMQ fds), the /metrics scrapes, the admin and indexer listeners.  The
+ * library objects (index, router, ledger, hashers) are used from that
+ * thread only, so nothing here locks. */
+#ifndef KVP_ROUTERD_H
+#define KVP_ROUTERD_H
+
+#include <event2/event.h>
+#include <event2/http.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kvplane.h"
+#include "kvplane/events.h"
+#include "rd_req.h"
+
+#define RD_URL_MAX 256
+#define RD_WORKERS_MAX 256
+#define RD_EV_FDS 4
+
+/* ---- configuration (rd_config.c) ---------------------------------------- */
+typedef struct rd_cfg {
+  char listen[RD_URL_MAX];         /* host:port of the front door */
+  char admin_listen[RD_URL_MAX];   /* "" = no admin listener */
+  char admin_token[RD_URL_MAX];    /* "" = no bearer token asked */
+  char indexer_listen[RD_URL_MAX]; /* "" = no KV-indexer service */
+  char receipts[RD_URL_MAX];       /* "" none, "-" stdout, else a file */
+  char tenant_header[64];          /* maps to the namespace salt */
+  char session_header[64];
+  char model_id[RD_URL_MAX];       /* the namespace */
+  char hash_algo[32];              /* native: xxh3_128 / sha256 */
+  uint64_t max_workers;            /* worker slots (index, router) */
+  uint64_t max_body, max_headers;  /* bytes */
+  uint64_t retries;                /* other workers tried before failing */
+  uint64_t breaker_failures;       /* consecutive failures that open it */
+  uint64_t stream_buffer;          /* client bytes queued before upstream
+                                      reads pause (backpressure) */
+  bool render;                     /* ask the worker's render endpoint */
+  bool engine_hash;                /* events keyed by the engine's hashes */
+  double connect_timeout_s, request_timeout_s, client_timeout_s;
+  double scrape_interval_s, breaker_cooldown_s, drain_timeout_s;
+  double approx_ttl_s;             /* routed records (text mode, no events) */
+  /* workers: parallel lists joined with ',' ("-" = none) */
+  char urls[8192], kv_events[8192], kv_replay[8192];
+  kvp_router_opts ropts;
+  char policy[64];
+  char path[RD_URL_MAX]; /* the file, for SIGHUP */
+} rd_cfg;
+
+/* Loads and validates path (YAML) into *c.  Returns 0 or -1 with
+ * "file:line: ..." in err. */
+int rd_cfg_load(const char *path, rd_cfg *c, char *err, size_t cap);
+/* host:port -> parts; 0 or -1 */
+int rd_split_hostport(const char *s, char *host, size_t cap, uint16_t *port);
+
+/* ---- workers (rd_workers.c) --------------------------------------------- */
+typedef enum rd_wstate {
+  RD_W_FREE = 0, /* slot unused */
+  RD_W_UP,       /* serving */
+  RD_W_DOWN,     /* circuit open: not routed until a probe succeeds */
+  RD_W_DRAINING  /* no new requests; removed when idle if `removing` */
+} rd_wstate;
+
+typedef struct rd_server rd_server;
+
+typedef struct rd_worker {
+  rd_server *s;
+  uint32_t id;
+  rd_wstate state;
+  bool removing;
+  char url[RD_URL_MAX], host[RD_URL_MAX];
+  uint16_t port;
+  char kv_events[RD_URL_MAX], kv_replay[RD_URL_MAX]; /* "" = none */
+  kvp_events *ev;
+  struct event *ev_fd[RD_EV_FDS];
+  int n_ev_fd;
+  struct evhttp_connection **idle; /* keep-alive pool */
+  size_t n_idle, cap_idle;
+  struct evhttp_connection *probe; /* /metrics scrape */
+  bool probe_busy;
+  uint32_t fails;          /* consecutive */
+  double open_until;       /* circuit breaker */
+  uint64_t inflight;       /* requests relaying now */
+  char *models;            /* its /v1/models "data" (JSON array), or NULL */
+  kvp_worker_load load;
+  /* counters */
+  uint64_t requests, ok, retried_away, errors[4]; /* rd_err_reason */
+  uint64_t scrapes, scrape_fail;
+} rd_worker;
+
+typedef enum rd_err_reason {
+  RD_ERR_CONNECT = 0, /* no connection / reset before the reply */
+  RD_ERR_5XX = 1,     /* 5xx before the first byte */
+  RD_ERR_MIDSTREAM = 2,
+  RD_ERR_TIMEOUT = 3
+} rd_err_reason;
+
+/* ---- the server ---------------------------------------------------------- */
+struct rd_server {
+  rd_cfg cfg;
+  struct event_base *base;
+  struct evhttp *http, *admin, *indexer_http;
+  struct evhttp_bound_socket *http_sock;
+  struct event *sig_term, *sig_int, *sig_hup, *tick;
+  kvp_namespace ns, text_ns;
+  kvp_hasher *hasher, *text_hasher;
+  kvp_index *ix;
+  kvp_router *router;
+  kvp_ledger *ledger;
+  rd_worker *w; /* cfg.max_workers slots */
+  uint32_t n_w;
+  uint32_t rr;  /* render / fallback round robin */
+  FILE *receipts;
+  bool draining;
+  double drain_deadline;
+  uint64_t inflight, next_id;
+  kvp_hist *h_render, *h_route; /* ns */
+  /* counters */
+  uint64_t requests, bad_requests, no_worker, retries, client_cancels;
+  uint64_t render_calls, render_fail, text_mode, token_mode;
+  uint64_t reasons[KVP_REASON_COUNT_];
+  uint64_t predicted_cached, reported_cached, reported_n;
+  uint64_t tenant_salted;
+  struct rd_indexer *indexer;
+};
+
+double rd_now(void); /* monotonic seconds */
+
+int rd_workers_init(rd_server *s);
+void rd_workers_fini(rd_server *s);
+/* Adds a worker (url, optional event endpoints).  Returns its id or -1 with
+ * err (duplicate url, no free slot, bad url, events refused). */
+int rd_worker_add(rd_server *s, const char *url, const char *kv_events,
+                  const char *kv_replay, char *err, size_t cap);
+rd_worker *rd_worker_find(rd_server *s, const char *url);
+/* Drains (no new requests) and, with remove, frees the slot once idle. */
+void rd_worker_drain(rd_worker *w, bool remove);
+void rd_worker_undrain(rd_worker *w);
+bool rd_worker_routable(const rd_worker *w);
+/* Connection from the keep-alive pool (or a new one); put it back when the
+ * request ended cleanly, free it otherwise. */
+struct evhttp_connection *rd_conn_get(rd_worker *w);
+void rd_conn_put(rd_worker *w, struct evhttp_connection *c);
+/* A request to w failed (reason) or succeeded: the circuit breaker. */
+void rd_worker_failed(rd_worker *w, rd_err_reason why);
+void rd_worker_ok(rd_worker *w);
+void rd_workers_tick(rd_server *s); /* scrapes, breaker, removals */
+/* Router-facing state after a change (online/offline flags + load). */
+void rd_worker_sync(rd_worker *w);
+
+/* ---- the front door (rd_proxy.c) ---------------------------------------- */
+void rd_on_http(struct evhttp_request *hr, void *arg);
+void rd_reply_error(struct evhttp_request *hr, int status, const char *param,
+                    const char *msg);
+
+/* ---- admin (rd_admin.c), metrics (rd_metrics.c) ------------------------- */
+void rd_on_admin(struct evhttp_request *hr, void *arg);
+void rd_metrics_write(rd_server *s, struct evbuffer *b);
+/* SIGHUP: the config's workers list applied (added / drained-removed) */
+int rd_reload(rd_server *s);
+int rd_apply_workers(rd_server *s, const rd_cfg *c);
+
+/* ---- indexer service (rd_indexer.c) ------------------------------------- */
+struct rd_indexer;
+int rd_indexer_start(rd_server *s, const char *listen, char *err, size_t cap);
+void rd_indexer_stop(rd_server *s);
+
+#endif

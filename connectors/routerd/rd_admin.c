@@ -1,0 +1,180 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* kvplane-routerd admin listener (loopback by default, optional bearer
+ * token) and SIGHUP reload: add, remove and drain workers while serving.
+ *   GET    /admin/workers                     the workers and their state
+ *   POST   /admin/workers   {"url", "kv_events"?, "kv_replay"?}   add one
+ *   DELETE /admin/workers?url=U               drain, then remove when idle
+ *   POST   /admin/workers/drain?url=U         no new requests
+ *   POST   /admin/workers/undrain?url=U       serve again */
+#include "rd.h"
+
+#include <event2/buffer.h>
+#include <event2/keyvalq_struct.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const state_names[] = {"free", "up", "down", "draining"};
+
+static void reply(struct evhttp_request *hr, int code, json_t *o) {
+  char *j = o ? json_dumps(o, JSON_COMPACT) : NULL;
+  json_decref(o);
+  struct evbuffer *b = evbuffer_new();
+  if (b && j)
+    evbuffer_add(b, j, strlen(j));
+  evhttp_add_header(evhttp_request_get_output_headers(hr), "Content-Type",
+                    "application/json");
+  evhttp_send_reply(hr, code, code < 300 ? "OK" : "Error", b);
+  free(j);
+  if (b)
+    evbuffer_free(b);
+}
+
+static void list(rd_server *s, struct evhttp_request *hr) {
+  json_t *a = json_array();
+  for (uint32_t i = 0; i < s->n_w; i++) {
+    const rd_worker *w = &s->w[i];
+    if (w->state == RD_W_FREE)
+      continue;
+    json_array_append_new(a, json_pack(
+        "{s:i, s:s, s:s, s:s, s:s, s:b, s:I, s:I, s:I, s:i, s:i, s:f}", "id",
+        (int)w->id, "url", w->url, "state", state_names[w->state], "kv_events",
+        w->kv_events, "kv_replay", w->kv_replay, "removing", w->removing,
+        "inflight", (json_int_t)w->inflight, "requests", (json_int_t)w->requests,
+        "failures", (json_int_t)w->fails, "running",
+        (int)w->load.running_requests, "waiting", (int)w->load.queued_requests,
+        "kv_usage", w->load.kv_util));
+  }
+  reply(hr, 200, json_pack("{s:o}", "workers", a));
+}
+
+static void add(rd_server *s, struct evhttp_request *hr) {
+  struct evbuffer *in = evhttp_request_get_input_buffer(hr);
+  json_t *o = json_loadb((const char *)evbuffer_pullup(in, -1),
+                         evbuffer_get_length(in), 0, NULL);
+  const char *url = json_string_value(json_object_get(o, "url"));
+  const char *ev = json_string_value(json_object_get(o, "kv_events"));
+  const char *rp = json_string_value(json_object_get(o, "kv_replay"));
+  char err[512];
+  int id = -1;
+  if (url == NULL)
+    snprintf(err, sizeof err, "expected {\"url\": ..., \"kv_events\"?: ..., "
+             "\"kv_replay\"?: ...}");
+  else
+    id = rd_worker_add(s, url, ev, rp, err, sizeof err);
+  if (id >= 0)
+    reply(hr, 201, json_pack("{s:i, s:s}", "id", id, "url", url));
+  else
+    reply(hr, 400, json_pack("{s:{s:s}}", "error", "message", err));
+  json_decref(o);
+}
+
+static rd_worker *by_query(rd_server *s, struct evhttp_request *hr) {
+  struct evkeyvalq q;
+  const char *uri = evhttp_request_get_uri(hr), *qs = strchr(uri, '?');
+  rd_worker *w = NULL;
+  if (qs && evhttp_parse_query_str(qs + 1, &q) == 0) {
+    const char *url = evhttp_find_header(&q, "url");
+    w = url ? rd_worker_find(s, url) : NULL;
+    evhttp_clear_headers(&q);
+  }
+  return w;
+}
+
+static bool authorized(rd_server *s, struct evhttp_request *hr) {
+  if (*s->cfg.admin_token == '\0')
+    return true;
+  const char *a = evhttp_find_header(evhttp_request_get_input_headers(hr),
+                                     "Authorization");
+  size_t n = strlen(s->cfg.admin_token);
+  return a && strncmp(a, "Bearer ", 7) == 0 && strlen(a + 7) == n &&
+         memcmp(a + 7, s->cfg.admin_token, n) == 0;
+}
+
+void rd_on_admin(struct evhttp_request *hr, void *arg) {
+  rd_server *s = arg;
+  const char *uri = evhttp_request_get_uri(hr);
+  size_t plen = strcspn(uri, "?");
+  enum evhttp_cmd_type m = evhttp_request_get_command(hr);
+  if (!authorized(s, hr)) {
+    reply(hr, 401, json_pack("{s:{s:s}}", "error", "message",
+                             "missing or wrong bearer token"));
+    return;
+  }
+  bool workers = plen == 14 && strncmp(uri, "/admin/workers", 14) == 0;
+  bool drain = strncmp(uri, "/admin/workers/drain", plen) == 0 && plen == 20;
+  bool undrain = strncmp(uri, "/admin/workers/undrain", plen) == 0 && plen == 22;
+  rd_worker *w;
+  if (workers && m == EVHTTP_REQ_GET)
+    list(s, hr);
+  else if (workers && m == EVHTTP_REQ_POST)
+    add(s, hr);
+  else if ((workers && m == EVHTTP_REQ_DELETE) || drain || undrain) {
+    if ((w = by_query(s, hr)) == NULL) {
+      reply(hr, 404, json_pack("{s:{s:s}}", "error", "message",
+                               "no worker with that ?url="));
+      return;
+    }
+    if (undrain)
+      rd_worker_undrain(w);
+    else
+      rd_worker_drain(w, !drain);
+    reply(hr, 202, json_pack("{s:s, s:s}", "url", w->url, "state",
+                             state_names[w->state]));
+  } else
+    reply(hr, 404, json_pack("{s:{s:s}}", "error", "message",
+                             "no such admin endpoint"));
+}
+
+/* ---- SIGHUP: the config's worker list is the truth ---------------------- */
+static const char *item(const char *list, size_t i, char *buf, size_t cap) {
+  const char *p = list;
+  for (size_t k = 0; k < i && p; k++)
+    p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL;
+  if (p == NULL || *list == '\0')
+    return "";
+  size_t n = strcspn(p, ",");
+  snprintf(buf, cap, "%.*s", (int)(n < cap ? n : cap - 1), p);
+  return buf;
+}
+
+int rd_apply_workers(rd_server *s, const rd_cfg *c) {
+  char u[RD_URL_MAX], e[RD_URL_MAX], r[RD_URL_MAX], err[512];
+  int bad = 0;
+  for (uint32_t i = 0; i < s->n_w; i++) { /* gone from the list: removed */
+    rd_worker *w = &s->w[i];
+    bool keep = false;
+    for (size_t k = 0; w->state != RD_W_FREE && *item(c->urls, k, u, sizeof u); k++)
+      keep = keep || strcmp(u, w->url) == 0;
+    if (w->state != RD_W_FREE && !keep)
+      rd_worker_drain(w, true);
+  }
+  for (size_t k = 0; *item(c->urls, k, u, sizeof u); k++) {
+    if (rd_worker_find(s, u))
+      continue;
+    if (rd_worker_add(s, u, item(c->kv_events, k, e, sizeof e),
+                      item(c->kv_replay, k, r, sizeof r), err, sizeof err) < 0) {
+      kvp_log(KVP_LOG_ERROR, "routerd", "%s", err);
+      bad++;
+    }
+  }
+  return bad ? -1 : 0;
+}
+
+int rd_reload(rd_server *s) {
+  rd_cfg *c = malloc(sizeof *c);
+  char err[512];
+  if (c == NULL)
+    return -1;
+  int rc = rd_cfg_load(s->cfg.path, c, err, sizeof err);
+  if (rc < 0)
+    kvp_log(KVP_LOG_ERROR, "routerd", "reload refused, keeping the running "
+            "config: %s", err);
+  else {
+    rc = rd_apply_workers(s, c);
+    kvp_log(KVP_LOG_WARN, "routerd", "reloaded %s: workers applied (other "
+            "settings take a restart)", s->cfg.path);
+  }
+  free(c);
+  return rc;
+}

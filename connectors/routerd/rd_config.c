@@ -1,0 +1,176 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* kvplane-routerd configuration: one YAML file.  The daemon binds
+ * `routerd:`, `workers:` and `namespace:`; the router module binds `model:`,
+ * `gpu:` and `routing:` itself (kvp_router_opts_from_config), so a routing
+ * section tuned offline with kvplane-bench is taken as is. */
+#include "rd.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void defaults(rd_cfg *c) {
+  memset(c, 0, sizeof *c);
+  snprintf(c->listen, sizeof c->listen, "127.0.0.1:8000");
+  snprintf(c->tenant_header, sizeof c->tenant_header, "x-tenant-id");
+  snprintf(c->session_header, sizeof c->session_header, "x-session-id");
+  snprintf(c->model_id, sizeof c->model_id, "default");
+  snprintf(c->hash_algo, sizeof c->hash_algo, "xxh3_128");
+  snprintf(c->policy, sizeof c->policy, "kvplane_cost");
+  c->max_workers = 64;
+  c->max_body = 64u << 20;
+  c->max_headers = 64u << 10;
+  c->retries = 2;
+  c->breaker_failures = 3;
+  c->stream_buffer = 1u << 20;
+  c->render = true;
+  c->connect_timeout_s = 2;
+  c->request_timeout_s = 600;
+  c->client_timeout_s = 30;
+  c->scrape_interval_s = 0.25;
+  c->breaker_cooldown_s = 5;
+  c->drain_timeout_s = 30;
+  c->approx_ttl_s = 120;
+  c->ropts.block_size = 16;
+}
+
+static int bind_own(kvp_config *k, rd_cfg *c, char *err, size_t cap) {
+  const kvp_config_field rf[] = {
+      KVP_CFG_STR("listen", c->listen, sizeof c->listen),
+      KVP_CFG_STR("admin_listen", c->admin_listen, sizeof c->admin_listen),
+      KVP_CFG_STR("admin_token", c->admin_token, sizeof c->admin_token),
+      KVP_CFG_STR("indexer_listen", c->indexer_listen, sizeof c->indexer_listen),
+      KVP_CFG_STR("receipts", c->receipts, sizeof c->receipts),
+      KVP_CFG_STR("tenant_header", c->tenant_header, sizeof c->tenant_header),
+      KVP_CFG_STR("session_header", c->session_header, sizeof c->session_header),
+      KVP_CFG_STR("policy", c->policy, sizeof c->policy),
+      KVP_CFG_U64("max_workers", &c->max_workers, 1, RD_WORKERS_MAX),
+      KVP_CFG_SIZE("max_body", &c->max_body, 1024, 1u << 30),
+      KVP_CFG_SIZE("max_headers", &c->max_headers, 1024, 1u << 24),
+      KVP_CFG_U64("retries", &c->retries, 0, 16),
+      KVP_CFG_U64("breaker_failures", &c->breaker_failures, 1, 1000),
+      KVP_CFG_SIZE("stream_buffer", &c->stream_buffer, 4096, 1u << 30),
+      KVP_CFG_BOOL("render", &c->render),
+      KVP_CFG_DURATION("connect_timeout", &c->connect_timeout_s, 0.001, 600, 1),
+      KVP_CFG_DURATION("request_timeout", &c->request_timeout_s, 0.001, 86400, 1),
+      KVP_CFG_DURATION("client_timeout", &c->client_timeout_s, 0.001, 3600, 1),
+      KVP_CFG_DURATION("scrape_interval", &c->scrape_interval_s, 0.01, 3600, 1),
+      KVP_CFG_DURATION("breaker_cooldown", &c->breaker_cooldown_s, 0.01, 3600, 1),
+      KVP_CFG_DURATION("drain_timeout", &c->drain_timeout_s, 0, 3600, 1),
+      KVP_CFG_DURATION("approx_ttl", &c->approx_ttl_s, 0.001, 86400, 1),
+  };
+  const kvp_config_field wf[] = {
+      KVP_CFG_LIST("urls", c->urls, sizeof c->urls, 0, RD_WORKERS_MAX),
+      KVP_CFG_LIST("kv_events", c->kv_events, sizeof c->kv_events, 0, RD_WORKERS_MAX),
+      KVP_CFG_LIST("kv_replay", c->kv_replay, sizeof c->kv_replay, 0, RD_WORKERS_MAX),
+  };
+  const kvp_config_field nf[] = {
+      KVP_CFG_STR("model_id", c->model_id, sizeof c->model_id),
+      KVP_CFG_STR("hash", c->hash_algo, sizeof c->hash_algo),
+      KVP_CFG_BOOL("engine_hash", &c->engine_hash),
+  };
+  const kvp_config_section secs[] = {{"routerd", rf, sizeof rf / sizeof *rf},
+                                     {"workers", wf, sizeof wf / sizeof *wf},
+                                     {"namespace", nf, sizeof nf / sizeof *nf}};
+  for (size_t i = 0; i < 3; i++)
+    if (kvp_config_bind(k, &secs[i], err, cap) < 0)
+      return -1;
+  return 0;
+}
+
+static size_t count_items(const char *list) {
+  if (*list == '\0')
+    return 0;
+  size_t n = 1;
+  for (; *list; list++)
+    n += *list == ',';
+  return n;
+}
+
+static int where(kvp_config *k, const char *sec, const char *key, char *err,
+                 size_t cap, const char *msg) {
+  const char *name = "config";
+  int line = kvp_config_key_line(k, sec, key, &name);
+  snprintf(err, cap, "%s:%d: %s.%s: %s", name, line > 0 ? line : 0, sec, key,
+           msg);
+  return -1;
+}
+
+static int check(kvp_config *k, rd_cfg *c, char *err, size_t cap) {
+  char host[RD_URL_MAX];
+  uint16_t port;
+  kvp_policy p;
+  kvp_hash_algo a;
+  size_t nu = count_items(c->urls);
+  if (rd_split_hostport(c->listen, host, sizeof host, &port) < 0)
+    return where(k, "routerd", "listen", err, cap, "expected host:port");
+  if (kvp_policy_parse(c->policy, &p) < 0)
+    return where(k, "routerd", "policy", err, cap, "unknown policy (kvplane_"
+                 "cost, round_robin, least_loaded, prefix_greedy, sglang_cache"
+                 "_aware, llmd_weighted, dynamo_cost)");
+  c->ropts.policy = p;
+  if (kvp_hash_algo_parse(c->hash_algo, &a) < 0 ||
+      (a != KVP_HASH_XXH3_128 && a != KVP_HASH_SHA256))
+    return where(k, "namespace", "hash", err, cap,
+                 "expected xxh3_128 or sha256 (kvplane's native keys)");
+  if (nu > c->max_workers)
+    return where(k, "workers", "urls", err, cap, "more workers than "
+                 "routerd.max_workers");
+  if (*c->kv_events && count_items(c->kv_events) != nu)
+    return where(k, "workers", "kv_events", err, cap,
+                 "one entry per url expected ('-' for none)");
+  if (*c->kv_replay && count_items(c->kv_replay) != nu)
+    return where(k, "workers", "kv_replay", err, cap,
+                 "one entry per url expected ('-' for none)");
+  return 0;
+}
+
+/* a routing.policies list (kvplane-bench's, several to compare): its first
+ * one routes, unless routerd.policy names one */
+static int take_policies(kvp_config *k, rd_cfg *c, const char *pols,
+                         char *err, size_t cap) {
+  if (*pols == '\0' || kvp_config_key_line(k, "routerd", "policy", NULL) > 0)
+    return 0;
+  size_t n = strcspn(pols, ",");
+  if (n >= sizeof c->policy)
+    return where(k, "routing", "policies", err, cap, "policy name too long");
+  memcpy(c->policy, pols, n);
+  c->policy[n] = '\0';
+  return 0;
+}
+
+int rd_cfg_load(const char *path, rd_cfg *c, char *err, size_t cap) {
+  kvp_config *k = NULL;
+  defaults(c);
+  snprintf(c->path, sizeof c->path, "%s", path);
+  if (kvp_config_load_file(path, NULL, &k, err, cap) < 0)
+    return -1;
+  int rc = -1;
+  char pols[512] = "";
+  if (bind_own(k, c, err, cap) < 0 ||
+      kvp_router_opts_from_config(k, &c->ropts, pols, sizeof pols, err,
+                                  cap) < 0 ||
+      take_policies(k, c, pols, err, cap) < 0 ||
+      kvp_config_check_unbound(k, NULL, 0, err, cap) < 0 ||
+      check(k, c, err, cap) < 0)
+    goto out;
+  c->ropts.n_workers = (uint32_t)c->max_workers;
+  rc = 0;
+out:
+  kvp_config_destroy(k);
+  return rc;
+}
+
+int rd_split_hostport(const char *s, char *host, size_t cap, uint16_t *port) {
+  const char *colon = strrchr(s, ':');
+  if (colon == NULL || colon == s || (size_t)(colon - s) >= cap)
+    return -1;
+  char *end;
+  long v = strtol(colon + 1, &end, 10);
+  if (*end != '\0' || end == colon + 1 || v < 0 || v > 65535)
+    return -1;
+  memcpy(host, s, (size_t)(colon - s));
+  host[colon - s] = '\0';
+  *port = (uint16_t)v;
+  return 0;
+}

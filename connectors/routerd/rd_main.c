@@ -1,0 +1,229 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* kvplane-routerd: the KV-aware router daemon (docs/routerd.md).
+ *   kvplane-routerd --config FILE [--check-config] [--log LEVEL]
+ * SIGHUP re-reads the worker list; SIGTERM / SIGINT drain in-flight
+ * requests (up to routerd.drain_timeout) and exit. */
+#include "rd.h"
+
+#include <errno.h>
+#include <event2/buffer.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static struct timeval tv_of(double s) {
+  struct timeval tv = {(time_t)s, (suseconds_t)((s - (double)(time_t)s) * 1e6)};
+  return tv;
+}
+
+static int make_hashers(rd_server *s) {
+  const rd_cfg *c = &s->cfg;
+  kvp_hash_algo a;
+  kvp_hash_algo_parse(c->hash_algo, &a);
+  kvp_namespace_desc d = {.model_id = c->model_id,
+                          .block_size = c->ropts.block_size};
+  char text_model[RD_URL_MAX + 8];
+  snprintf(text_model, sizeof text_model, "%s#text", c->model_id);
+  kvp_namespace_desc t = {.model_id = text_model,
+                          .block_size = 4 * c->ropts.block_size};
+  kvp_hasher_opts ho = {.algo = a};
+  if (kvp_namespace_init(&d, &s->ns) < 0 ||
+      kvp_namespace_init(&t, &s->text_ns) < 0 ||
+      kvp_hasher_create(&s->ns, &ho, NULL, &s->hasher) < 0 ||
+      kvp_hasher_create(&s->text_ns, &ho, NULL, &s->text_hasher) < 0)
+    return -1;
+  return 0;
+}
+
+static int make_core(rd_server *s) {
+  kvp_index_opts io = {.max_workers = (uint32_t)s->cfg.max_workers,
+                       .approx_ttl_ns = (uint64_t)(s->cfg.approx_ttl_s * 1e9)};
+  if (make_hashers(s) < 0 || kvp_index_create(&io, NULL, &s->ix) < 0 ||
+      kvp_router_create(&s->cfg.ropts, NULL, &s->router) < 0 ||
+      kvp_ledger_create(NULL, NULL, &s->ledger) < 0 ||
+      kvp_hist_create(NULL, &s->h_render) < 0 ||
+      kvp_hist_create(NULL, &s->h_route) < 0 || rd_workers_init(s) < 0)
+    return -1;
+  return 0;
+}
+
+static struct evhttp *listen_on(rd_server *s, const char *hp,
+                                void (*cb)(struct evhttp_request *, void *),
+                                struct evhttp_bound_socket **sock) {
+  char host[RD_URL_MAX];
+  uint16_t port;
+  struct evhttp *h = evhttp_new(s->base);
+  if (h == NULL || rd_split_hostport(hp, host, sizeof host, &port) < 0)
+    goto fail;
+  evhttp_set_max_body_size(h, (ev_ssize_t)s->cfg.max_body);
+  evhttp_set_max_headers_size(h, (ev_ssize_t)s->cfg.max_headers);
+  struct timeval tv = tv_of(s->cfg.client_timeout_s);
+  evhttp_set_timeout_tv(h, &tv);
+  evhttp_set_allowed_methods(h, EVHTTP_REQ_GET | EVHTTP_REQ_POST |
+                                    EVHTTP_REQ_DELETE);
+  evhttp_set_gencb(h, cb, s);
+  struct evhttp_bound_socket *b = evhttp_bind_socket_with_handle(h, host, port);
+  if (b == NULL) {
+    fprintf(stderr, "kvplane-routerd: cannot listen on %s: %s\n", hp,
+            strerror(errno));
+    goto fail;
+  }
+  if (sock)
+    *sock = b;
+  return h;
+fail:
+  if (h)
+    evhttp_free(h);
+  return NULL;
+}
+
+static void on_tick(evutil_socket_t fd, short what, void *arg) {
+  (void)fd, (void)what;
+  rd_server *s = arg;
+  rd_workers_tick(s);
+  kvp_index_expire(s->ix, kvp_now_ns());
+  if (s->draining && (s->inflight == 0 || rd_now() >= s->drain_deadline)) {
+    if (s->inflight)
+      kvp_log(KVP_LOG_WARN, "routerd", "drain timeout: %llu requests cut",
+              (unsigned long long)s->inflight);
+    event_base_loopbreak(s->base);
+  }
+}
+
+static void on_signal(evutil_socket_t sig, short what, void *arg) {
+  (void)what;
+  rd_server *s = arg;
+  if (sig == SIGHUP) {
+    rd_reload(s);
+    return;
+  }
+  if (s->draining) /* a second signal: now */
+    event_base_loopbreak(s->base);
+  s->draining = true;
+  s->drain_deadline = rd_now() + s->cfg.drain_timeout_s;
+  if (s->http_sock) { /* no new connections; open ones finish */
+    evhttp_del_accept_socket(s->http, s->http_sock);
+    s->http_sock = NULL;
+  }
+  kvp_log(KVP_LOG_WARN, "routerd", "draining %llu in-flight requests",
+          (unsigned long long)s->inflight);
+}
+
+static int open_receipts(rd_server *s) {
+  if (*s->cfg.receipts == '\0')
+    return 0;
+  s->receipts = strcmp(s->cfg.receipts, "-") == 0
+                    ? stdout
+                    : fopen(s->cfg.receipts, "a");
+  if (s->receipts == NULL)
+    fprintf(stderr, "kvplane-routerd: receipts %s: %s\n", s->cfg.receipts,
+            strerror(errno));
+  return s->receipts ? 0 : -1;
+}
+
+static int start(rd_server *s) {
+  struct event *ev[4];
+  int sigs[3] = {SIGTERM, SIGINT, SIGHUP};
+  if ((s->base = event_base_new()) == NULL || make_core(s) < 0 ||
+      open_receipts(s) < 0 ||
+      (s->http = listen_on(s, s->cfg.listen, rd_on_http, &s->http_sock)) == NULL)
+    return -1;
+  if (*s->cfg.admin_listen &&
+      (s->admin = listen_on(s, s->cfg.admin_listen, rd_on_admin, NULL)) == NULL)
+    return -1;
+  char err[512];
+  if (*s->cfg.indexer_listen &&
+      rd_indexer_start(s, s->cfg.indexer_listen, err, sizeof err) < 0) {
+    fprintf(stderr, "kvplane-routerd: indexer: %s\n", err);
+    return -1;
+  }
+  for (int i = 0; i < 3; i++)
+    if ((ev[i] = evsignal_new(s->base, sigs[i], on_signal, s)) == NULL ||
+        event_add(ev[i], NULL) < 0)
+      return -1;
+  s->sig_term = ev[0], s->sig_int = ev[1], s->sig_hup = ev[2];
+  struct timeval tv = tv_of(s->cfg.scrape_interval_s);
+  s->tick = event_new(s->base, -1, EV_PERSIST, on_tick, s);
+  if (s->tick == NULL || event_add(s->tick, &tv) < 0)
+    return -1;
+  return rd_apply_workers(s, &s->cfg);
+}
+
+static void stop(rd_server *s) {
+  rd_indexer_stop(s);
+  rd_workers_fini(s);
+  struct event *evs[] = {s->sig_term, s->sig_int, s->sig_hup, s->tick};
+  for (size_t i = 0; i < 4; i++)
+    if (evs[i])
+      event_free(evs[i]);
+  if (s->http)
+    evhttp_free(s->http);
+  if (s->admin)
+    evhttp_free(s->admin);
+  if (s->base)
+    event_base_free(s->base);
+  if (s->receipts && s->receipts != stdout)
+    fclose(s->receipts);
+  kvp_router_destroy(s->router);
+  kvp_index_destroy(s->ix);
+  kvp_ledger_destroy(s->ledger);
+  kvp_hasher_destroy(s->hasher);
+  kvp_hasher_destroy(s->text_hasher);
+  kvp_hist_destroy(s->h_render);
+  kvp_hist_destroy(s->h_route);
+}
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: kvplane-routerd --config FILE [--check-config] "
+             "[--log off|error|warn|info|debug]\n"
+             "  the KV-aware OpenAI router in front of vLLM workers "
+             "(docs/routerd.md)\n");
+}
+
+int main(int argc, char **argv) {
+  static const struct option lo[] = {{"config", 1, 0, 'c'},
+                                     {"check-config", 0, 0, 'k'},
+                                     {"log", 1, 0, 'l'},
+                                     {"help", 0, 0, 'h'},
+                                     {0, 0, 0, 0}};
+  const char *cfg = NULL;
+  bool check = false;
+  int o;
+  while ((o = getopt_long(argc, argv, "c:kl:h", lo, NULL)) != -1) {
+    if (o == 'c')
+      cfg = optarg;
+    else if (o == 'k')
+      check = true;
+    else if (o == 'l')
+      setenv("KVP_LOG", optarg, 1);
+    else
+      return usage(o == 'h' ? stdout : stderr), o == 'h' ? 0 : 2;
+  }
+  if (cfg == NULL || optind != argc)
+    return usage(stderr), 2;
+  signal(SIGPIPE, SIG_IGN);
+  rd_server *s = calloc(1, sizeof *s);
+  char err[1024];
+  if (s == NULL || rd_cfg_load(cfg, &s->cfg, err, sizeof err) < 0) {
+    fprintf(stderr, "kvplane-routerd: %s\n", s ? err : "out of memory");
+    free(s);
+    return 2;
+  }
+  if (check) {
+    printf("kvplane-routerd: %s: ok (policy %s, block size %u)\n", cfg,
+           s->cfg.policy, s->cfg.ropts.block_size);
+    free(s);
+    return 0;
+  }
+  int rc = start(s) < 0 ? 1 : 0;
+  if (rc == 0) {
+    fprintf(stderr, "kvplane-routerd: listening on %s (policy %s)\n",
+            s->cfg.listen, s->cfg.policy);
+    event_base_dispatch(s->base);
+  }
+  stop(s);
+  free(s);
+  return rc;
+}

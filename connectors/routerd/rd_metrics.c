@@ -1,0 +1,123 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* kvplane-routerd /metrics: Prometheus text 0.0.4.  The router's own
+ * counters, per-worker load and errors, the KV-event subscribers' counters
+ * and the ledger's per-tenant reuse and avoided prefill. */
+#include "rd.h"
+
+#include <event2/buffer.h>
+#include <stdlib.h>
+
+static const char *const state_names[] = {"free", "up", "down", "draining"};
+static const char *const err_names[] = {"connect", "5xx", "midstream",
+                                        "timeout"};
+
+static void counter(struct evbuffer *b, const char *name, const char *help,
+                    uint64_t v) {
+  evbuffer_add_printf(b, "# HELP kvplane_routerd_%s %s\n# TYPE kvplane_routerd_%s "
+                      "counter\nkvplane_routerd_%s %llu\n", name, help, name,
+                      name, (unsigned long long)v);
+}
+
+static void hist(struct evbuffer *b, const char *name, const char *help,
+                 const kvp_hist *h) {
+  kvp_hist_summary m;
+  kvp_hist_summarize(h, &m);
+  evbuffer_add_printf(b, "# HELP kvplane_routerd_%s %s\n# TYPE kvplane_routerd_%s "
+                      "summary\n", name, help, name);
+  const double q[] = {0.5, 0.99};
+  const uint64_t v[] = {m.p50, m.p99};
+  for (int i = 0; i < 2; i++)
+    evbuffer_add_printf(b, "kvplane_routerd_%s{quantile=\"%g\"} %.9f\n", name,
+                        q[i], (double)v[i] * 1e-9);
+  evbuffer_add_printf(b, "kvplane_routerd_%s_sum %.9f\nkvplane_routerd_%s_count "
+                      "%llu\n", name, m.mean * (double)m.count * 1e-9, name,
+                      (unsigned long long)m.count);
+}
+
+static void workers(rd_server *s, struct evbuffer *b) {
+  evbuffer_add_printf(b, "# TYPE kvplane_routerd_worker_requests_total counter\n"
+                      "# TYPE kvplane_routerd_worker_errors_total counter\n"
+                      "# TYPE kvplane_routerd_worker_inflight gauge\n"
+                      "# TYPE kvplane_routerd_worker_up gauge\n"
+                      "# TYPE kvplane_routerd_worker_load gauge\n");
+  for (uint32_t i = 0; i < s->n_w; i++) {
+    const rd_worker *w = &s->w[i];
+    if (w->state == RD_W_FREE)
+      continue;
+    const char *u = w->url;
+    uint64_t rq = 0, tok = 0;
+    kvp_router_inflight(s->router, w->id, &rq, &tok, NULL);
+    evbuffer_add_printf(b,
+        "kvplane_routerd_worker_requests_total{worker=\"%s\",result=\"ok\"} %llu\n"
+        "kvplane_routerd_worker_requests_total{worker=\"%s\",result=\"sent\"} %llu\n"
+        "kvplane_routerd_worker_up{worker=\"%s\",state=\"%s\"} %d\n"
+        "kvplane_routerd_worker_inflight{worker=\"%s\"} %llu\n"
+        "kvplane_routerd_worker_load{worker=\"%s\",what=\"running\"} %u\n"
+        "kvplane_routerd_worker_load{worker=\"%s\",what=\"waiting\"} %u\n"
+        "kvplane_routerd_worker_load{worker=\"%s\",what=\"kv_usage\"} %g\n"
+        "kvplane_routerd_worker_load{worker=\"%s\",what=\"prefill_tokens_in_flight\"} %llu\n",
+        u, (unsigned long long)w->ok, u, (unsigned long long)w->requests, u,
+        state_names[w->state], rd_worker_routable(w), u,
+        (unsigned long long)w->inflight, u, w->load.running_requests, u,
+        w->load.queued_requests, u, w->load.kv_util, u,
+        (unsigned long long)tok);
+    for (int e = 0; e < 4; e++)
+      evbuffer_add_printf(b, "kvplane_routerd_worker_errors_total{worker=\"%s\","
+                          "reason=\"%s\"} %llu\n", u, err_names[e],
+                          (unsigned long long)w->errors[e]);
+  }
+}
+
+static void events(rd_server *s, struct evbuffer *b) {
+  for (uint32_t i = 0; i < s->n_w; i++) {
+    if (s->w[i].ev == NULL)
+      continue;
+    int n = kvp_events_prometheus(s->w[i].ev, NULL, 0);
+    char *t = n > 0 ? malloc((size_t)n + 1) : NULL;
+    if (t && kvp_events_prometheus(s->w[i].ev, t, (size_t)n + 1) == n)
+      evbuffer_add(b, t, (size_t)n);
+    free(t);
+  }
+}
+
+static int ev_write(void *opaque, const char *d, size_t n) {
+  return evbuffer_add(opaque, d, n) == 0 ? 0 : -1;
+}
+
+void rd_metrics_write(rd_server *s, struct evbuffer *b) {
+  counter(b, "requests_total", "generation requests received", s->requests);
+  counter(b, "bad_requests_total", "requests rejected as malformed (400)",
+          s->bad_requests);
+  counter(b, "no_worker_total", "requests failed: no worker could take them",
+          s->no_worker);
+  counter(b, "retries_total", "attempts on a next-best worker", s->retries);
+  counter(b, "client_cancels_total", "clients gone before the end",
+          s->client_cancels);
+  counter(b, "render_calls_total", "render calls to a worker", s->render_calls);
+  counter(b, "render_failures_total", "render calls that gave no token ids "
+          "(approximate text mode)", s->render_fail);
+  counter(b, "token_mode_total", "requests routed on token ids", s->token_mode);
+  counter(b, "text_mode_total", "requests routed on approximate text chunks",
+          s->text_mode);
+  counter(b, "tenant_salted_total", "requests given their tenant's salt",
+          s->tenant_salted);
+  counter(b, "predicted_cached_tokens_total", "prefix tokens the router "
+          "expected the worker to reuse", s->predicted_cached);
+  counter(b, "reported_cached_tokens_total", "cached tokens the workers "
+          "reported (usage.prompt_tokens_details)", s->reported_cached);
+  counter(b, "reported_responses_total", "responses that reported cached "
+          "tokens", s->reported_n);
+  evbuffer_add_printf(b, "# TYPE kvplane_routerd_decisions_total counter\n");
+  for (int r = 0; r < KVP_REASON_COUNT_; r++)
+    evbuffer_add_printf(b, "kvplane_routerd_decisions_total{reason=\"%s\"} %llu\n",
+                        kvp_reason_name((kvp_reason)r),
+                        (unsigned long long)s->reasons[r]);
+  evbuffer_add_printf(b, "# TYPE kvplane_routerd_inflight gauge\n"
+                      "kvplane_routerd_inflight %llu\n",
+                      (unsigned long long)s->inflight);
+  hist(b, "render_seconds", "render call time", s->h_render);
+  hist(b, "route_seconds", "hash + index + decision time", s->h_route);
+  workers(s, b);
+  events(s, b);
+  kvp_ledger_prometheus_write(s->ledger, ev_write, b);
+}

@@ -1,0 +1,724 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* kvplane-routerd front door: an OpenAI request is parsed (rd_req.c), its
+ * token ids found (as sent, the worker's render endpoint, or approximate
+ * character chunks), hashed into block keys, routed (kvp_router_route over
+ * the index the KV events feed) and relayed to the chosen worker with its
+ * body unchanged (a tenant's cache_salt aside).  Connect errors and 5xx
+ * before the first byte go to the next-best worker; after it, the stream
+ * ends with an error event. */
+#include "rd.h"
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/keyvalq_struct.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct rd_call {
+  rd_server *s;
+  struct evhttp_request *hr; /* the client's; NULL once it is gone */
+  rd_req q;
+  char *body; /* forwarded */
+  size_t body_len;
+  char path[64];
+  char tenant[RD_REQ_ID_MAX], session[RD_REQ_ID_MAX], salt[3 * RD_REQ_ID_MAX];
+  char auth[1024];
+  bool text_mode, completed, started, paused, done;
+  kvp_key *keys;
+  size_t n_keys;
+  kvp_decision d;
+  uint32_t tried[RD_WORKERS_MAX / 32];
+  uint32_t attempts;
+  rd_worker *w; /* current upstream */
+  struct evhttp_connection *uc;
+  struct evhttp_request *ur;
+  int code;
+  enum evhttp_request_error uerr;
+  bool uerr_set;
+  struct evbuffer *held; /* a 5xx body kept while a retry is possible */
+  char tail[256];        /* last relayed bytes: usage.cached_tokens */
+  size_t tail_len;
+  double t0, t_first, t_render;
+} rd_call;
+
+static void try_next(rd_call *c);
+
+void rd_reply_error(struct evhttp_request *hr, int status, const char *param,
+                    const char *msg) {
+  struct evbuffer *b = evbuffer_new();
+  char *j = rd_error_json(status, param, msg);
+  if (b && j)
+    evbuffer_add(b, j, strlen(j));
+  evhttp_add_header(evhttp_request_get_output_headers(hr), "Content-Type",
+                    "application/json");
+  evhttp_send_reply(hr, status, status < 500 ? "Bad Request" : "Error", b);
+  free(j);
+  if (b)
+    evbuffer_free(b);
+}
+
+/* ---- lifetime ---------------------------------------------------------------- */
+static void call_free(rd_call *c);
+static void upstream_end(rd_call *c);
+
+/* The client hung up while its request waited on a worker (render or the
+ * request itself): cancelling resets that connection, so the worker sees
+ * the disconnect and aborts the request, as vLLM does. */
+static void on_client_gone(struct evhttp_connection *cn, void *arg) {
+  (void)cn;
+  rd_call *c = arg;
+  c->hr = NULL;
+  c->s->client_cancels++;
+  if (c->ur == NULL)
+    return;
+  evhttp_cancel_request(c->ur);
+  upstream_end(c);
+  call_free(c);
+}
+
+static void call_free(rd_call *c) {
+  if (!c->completed && c->d.worker != KVP_WORKER_NONE && c->attempts > 0)
+    kvp_router_complete(c->s->router, c->d.worker, c->d.request_id);
+  if (c->held)
+    evbuffer_free(c->held);
+  rd_req_free(&c->q);
+  free(c->body);
+  free(c->keys);
+  free(c);
+}
+
+static void finish_client(rd_call *c, int status, const char *msg) {
+  if (c->hr && !c->started)
+    rd_reply_error(c->hr, status, "", msg);
+  else if (c->hr && c->started) {
+    if (c->q.stream) { /* the stream ends with an error event */
+      struct evbuffer *b = evbuffer_new();
+      char *j = rd_error_json(status, "", msg);
+      if (b && j) {
+        evbuffer_add_printf(b, "data: %s\n\n", j);
+        evhttp_send_reply_chunk(c->hr, b);
+      }
+      free(j);
+      if (b)
+        evbuffer_free(b);
+    }
+    evhttp_send_reply_end(c->hr);
+  }
+  c->hr = NULL;
+}
+
+/* ---- receipts and the ledger ---------------------------------------------------- */
+static uint64_t scan_cached(const char *t, size_t n, bool *found) {
+  static const char key[] = "\"cached_tokens\":";
+  const char *last = NULL;
+  for (const char *p = t; (p = memmem(p, (size_t)(t + n - p), key,
+                                      sizeof key - 1)) != NULL;
+       p++)
+    last = p;
+  if (last == NULL)
+    return 0;
+  const char *v = last + sizeof key - 1;
+  while (v < t + n && *v == ' ')
+    v++;
+  uint64_t x = 0;
+  bool digit = false;
+  for (; v < t + n && *v >= '0' && *v <= '9'; v++, digit = true)
+    x = x * 10 + (uint64_t)(*v - '0');
+  *found = digit;
+  return x;
+}
+
+static void keep_tail(rd_call *c, struct evbuffer *b) {
+  size_t n = evbuffer_get_length(b), keep = sizeof c->tail;
+  if (n >= keep) {
+    struct evbuffer_ptr p;
+    evbuffer_ptr_set(b, &p, n - keep, EVBUFFER_PTR_SET);
+    evbuffer_copyout_from(b, &p, c->tail, keep);
+    c->tail_len = keep;
+    return;
+  }
+  size_t drop = c->tail_len + n > keep ? c->tail_len + n - keep : 0;
+  memmove(c->tail, c->tail + drop, c->tail_len - drop);
+  c->tail_len -= drop;
+  evbuffer_copyout(b, c->tail + c->tail_len, n);
+  c->tail_len += n;
+}
+
+static void account(rd_call *c) {
+  rd_server *s = c->s;
+  bool found = false;
+  uint64_t rep = scan_cached(c->tail, c->tail_len, &found);
+  s->predicted_cached += c->d.avoided_tokens;
+  if (found) {
+    s->reported_cached += rep;
+    s->reported_n++;
+  }
+  kvp_route_names nm = {.tenant = *c->tenant ? c->tenant : NULL,
+                        .session = *c->session ? c->session : NULL};
+  kvp_ledger_add_decision(s->ledger, &c->d, &nm);
+  if (s->receipts == NULL)
+    return;
+  char rec[8192];
+  int n = kvp_router_receipt_json(&c->d, &nm, rec, sizeof rec);
+  if (n < 0 || (size_t)n >= sizeof rec)
+    return;
+  char repd[24] = "null";
+  if (found)
+    snprintf(repd, sizeof repd, "%llu", (unsigned long long)rep);
+  fprintf(s->receipts,
+          "{\"worker\":\"%s\",\"status\":%d,\"attempts\":%u,\"mode\":\"%s\","
+          "\"reported_cached_tokens\":%s,\"first_byte_s\":%.6f,"
+          "\"receipt\":%s}\n",
+          c->w ? c->w->url : "", c->code, c->attempts,
+          c->text_mode ? "text" : "tokens", repd,
+          c->t_first > 0 ? c->t_first - c->t0 : 0, rec);
+  if (s->receipts == stdout)
+    fflush(stdout);
+}
+
+/* ---- the upstream request ------------------------------------------------------- */
+static void detach(rd_call *c) {
+  if (c->hr)
+    evhttp_connection_set_closecb(evhttp_request_get_connection(c->hr), NULL,
+                                  NULL);
+}
+
+static void complete_once(rd_call *c) {
+  if (!c->completed && c->attempts > 0 && c->d.worker != KVP_WORKER_NONE)
+    kvp_router_complete(c->s->router, c->d.worker, c->d.request_id);
+  c->completed = true;
+}
+
+static void upstream_end(rd_call *c) {
+  if (c->w) {
+    c->w->inflight--;
+    c->s->inflight--;
+    if (c->uc)
+      rd_conn_put(c->w, c->uc);
+  }
+  c->uc = NULL;
+  c->ur = NULL;
+}
+
+static void end_call(rd_call *c, int status, const char *msg) {
+  detach(c);
+  finish_client(c, status, msg);
+  call_free(c);
+}
+
+static void on_client_drained(struct evhttp_connection *cn, void *arg) {
+  (void)cn;
+  rd_call *c = arg;
+  if (c->paused && c->uc)
+    bufferevent_enable(evhttp_connection_get_bufferevent(c->uc), EV_READ);
+  c->paused = false;
+}
+
+static void relay(rd_call *c, struct evbuffer *in) {
+  if (evbuffer_get_length(in) == 0)
+    return;
+  if (c->t_first == 0) {
+    c->t_first = rd_now();
+    complete_once(c); /* the first byte: its prefill is over */
+  }
+  keep_tail(c, in);
+  struct bufferevent *cb =
+      evhttp_connection_get_bufferevent(evhttp_request_get_connection(c->hr));
+  if (evbuffer_get_length(bufferevent_get_output(cb)) > c->s->cfg.stream_buffer &&
+      c->uc) { /* backpressure: stop reading the worker until it drains */
+    bufferevent_disable(evhttp_connection_get_bufferevent(c->uc), EV_READ);
+    c->paused = true;
+    evhttp_send_reply_chunk_with_cb(c->hr, in, on_client_drained, c);
+  } else
+    evhttp_send_reply_chunk(c->hr, in);
+}
+
+static bool can_retry(const rd_call *c) {
+  return c->attempts <= c->s->cfg.retries;
+}
+
+static int on_up_header(struct evhttp_request *ur, void *arg) {
+  rd_call *c = arg;
+  c->code = evhttp_request_get_response_code(ur);
+  if (c->code >= 500 && can_retry(c)) {
+    c->held = c->held ? c->held : evbuffer_new();
+    return 0;
+  }
+  if (c->hr == NULL)
+    return -1;
+  struct evkeyvalq *oh = evhttp_request_get_output_headers(c->hr);
+  const char *ct = evhttp_find_header(evhttp_request_get_input_headers(ur),
+                                      "Content-Type");
+  char num[32];
+  evhttp_add_header(oh, "Content-Type", ct ? ct : "application/json");
+  evhttp_add_header(oh, "x-kvplane-worker", c->w->url);
+  snprintf(num, sizeof num, "%llu", (unsigned long long)c->d.avoided_tokens);
+  evhttp_add_header(oh, "x-kvplane-cached-tokens", num);
+  evhttp_add_header(oh, "x-kvplane-reason",
+                    c->attempts > 1 ? "retry"
+                                    : kvp_reason_name((kvp_reason)c->d.reason));
+  evhttp_send_reply_start(c->hr, c->code,
+                          evhttp_request_get_response_code_line(ur));
+  c->started = true;
+  return 0;
+}
+
+static void on_up_chunk(struct evhttp_request *ur, void *arg) {
+  rd_call *c = arg;
+  struct evbuffer *in = evhttp_request_get_input_buffer(ur);
+  if (c->held)
+    evbuffer_add_buffer(c->held, in);
+  else if (c->hr && c->started)
+    relay(c, in);
+  else
+    evbuffer_drain(in, evbuffer_get_length(in));
+}
+
+static void on_up_error(enum evhttp_request_error e, void *arg) {
+  rd_call *c = arg;
+  c->uerr = e;
+  c->uerr_set = true;
+}
+
+static void up_failed(rd_call *c, rd_err_reason why) {
+  rd_worker *w = c->w;
+  rd_worker_failed(w, why);
+  w->retried_away += !c->started;
+  upstream_end(c);
+  if (c->started)
+    end_call(c, 502, "the worker failed after the reply began");
+  else
+    try_next(c);
+}
+
+static void relay_held(rd_call *c) {
+  struct evbuffer *b = c->held;
+  c->held = NULL;
+  detach(c);
+  evhttp_add_header(evhttp_request_get_output_headers(c->hr), "Content-Type",
+                    "application/json");
+  evhttp_add_header(evhttp_request_get_output_headers(c->hr),
+                    "x-kvplane-worker", c->w->url);
+  evhttp_send_reply(c->hr, c->code, "Error", b);
+  evbuffer_free(b);
+  c->hr = NULL;
+}
+
+static void on_up_done(struct evhttp_request *ur, void *arg) {
+  rd_call *c = arg;
+  rd_worker *w = c->w;
+  bool ok = ur != NULL && c->code > 0 && !c->uerr_set;
+  if (!ok) {
+    up_failed(c, c->uerr_set && c->uerr == EVREQ_HTTP_TIMEOUT ? RD_ERR_TIMEOUT
+                                                             : RD_ERR_CONNECT);
+    return;
+  }
+  if (c->held && can_retry(c)) { /* 5xx before the first byte */
+    evbuffer_free(c->held);
+    c->held = NULL;
+    up_failed(c, RD_ERR_5XX);
+    return;
+  }
+  if (c->held) {
+    if (c->hr)
+      relay_held(c);
+    w->errors[RD_ERR_5XX]++;
+  } else if (c->hr) {
+    relay(c, evhttp_request_get_input_buffer(ur));
+    detach(c);
+    evhttp_send_reply_end(c->hr);
+    c->hr = NULL;
+  }
+  if (c->code < 500) {
+    rd_worker_ok(w);
+    w->ok++;
+  }
+  account(c);
+  upstream_end(c);
+  call_free(c);
+}
+
+static int start_upstream(rd_call *c, rd_worker *w) {
+  c->w = w;
+  c->attempts++;
+  c->tried[w->id / 32] |= 1u << (w->id % 32);
+  c->code = 0;
+  c->uerr_set = false;
+  c->uc = rd_conn_get(w);
+  c->ur = c->uc ? evhttp_request_new(on_up_done, c) : NULL;
+  if (c->ur == NULL)
+    return -1;
+  evhttp_request_set_header_cb(c->ur, on_up_header);
+  evhttp_request_set_chunked_cb(c->ur, on_up_chunk);
+  evhttp_request_set_error_cb(c->ur, on_up_error);
+  struct evkeyvalq *h = evhttp_request_get_output_headers(c->ur);
+  evhttp_add_header(h, "Host", w->host);
+  evhttp_add_header(h, "Content-Type", "application/json");
+  if (*c->auth)
+    evhttp_add_header(h, "Authorization", c->auth);
+  evbuffer_add(evhttp_request_get_output_buffer(c->ur), c->body, c->body_len);
+  w->inflight++;
+  w->requests++;
+  c->s->inflight++;
+  if (evhttp_make_request(c->uc, c->ur, EVHTTP_REQ_POST, c->path) < 0) {
+    c->ur = NULL; /* freed by libevent */
+    upstream_end(c);
+    return -1;
+  }
+  return 0;
+}
+
+static rd_worker *next_worker(rd_call *c) {
+  rd_server *s = c->s;
+  for (uint32_t i = 0; i < c->d.n_top; i++) {
+    uint32_t id = c->d.top[i].worker;
+    if (id < s->n_w && !(c->tried[id / 32] & (1u << (id % 32))) &&
+        rd_worker_routable(&s->w[id]))
+      return &s->w[id];
+  }
+  for (uint32_t k = 0; k < s->n_w; k++) {
+    uint32_t id = (s->rr + k) % s->n_w;
+    if (!(c->tried[id / 32] & (1u << (id % 32))) && rd_worker_routable(&s->w[id]))
+      return &s->w[id];
+  }
+  return NULL;
+}
+
+static void try_next(rd_call *c) {
+  if (c->attempts > 0)
+    complete_once(c);
+  while (c->attempts <= c->s->cfg.retries) {
+    rd_worker *w = next_worker(c);
+    if (w == NULL)
+      break;
+    c->s->retries += c->attempts > 0;
+    if (start_upstream(c, w) == 0)
+      return;
+    rd_worker_failed(w, RD_ERR_CONNECT);
+  }
+  c->s->no_worker++;
+  end_call(c, 503, "no worker could take the request");
+}
+
+/* ---- routing ---------------------------------------------------------------- */
+static int hash_into(rd_call *c, kvp_hasher *h, const uint32_t *t, size_t n) {
+  size_t bs = kvp_hasher_block_size(h), nb = n / bs;
+  c->keys = malloc((nb ? nb : 1) * sizeof *c->keys);
+  if (c->keys == NULL)
+    return -1;
+  kvp_extras ex = {.cache_salt = *c->salt ? c->salt : NULL};
+  int rc = kvp_hasher_hash(h, t, n, &ex, c->keys, nb, NULL);
+  c->n_keys = rc > 0 ? (size_t)rc : 0;
+  return rc < 0 ? -1 : 0;
+}
+
+/* Text mode: the prompt's bytes are the "tokens" of a separate namespace
+ * whose blocks hold 4 x block_size characters (~4 characters per token),
+ * so a text block weighs as much as a token block in the cost model. */
+#define RD_TEXT_HASH_MAX ((size_t)4 << 20)
+
+static int hash_text(rd_call *c, uint64_t *prompt_tokens) {
+  size_t n = c->q.text_len < RD_TEXT_HASH_MAX ? c->q.text_len : RD_TEXT_HASH_MAX;
+  uint32_t *t = malloc((n ? n : 1) * sizeof *t);
+  if (t == NULL)
+    return -1;
+  for (size_t i = 0; i < n; i++)
+    t[i] = (unsigned char)c->q.text[i];
+  int rc = hash_into(c, c->s->text_hasher, t, n);
+  free(t);
+  uint64_t bs = c->s->cfg.ropts.block_size, est = c->q.text_len / 4;
+  *prompt_tokens = est > c->n_keys * bs ? est : c->n_keys * bs;
+  return rc;
+}
+
+static void route(rd_call *c) {
+  rd_server *s = c->s;
+  uint64_t prompt = c->q.n_tokens, t0 = kvp_now_ns();
+  int rc = c->text_mode ? hash_text(c, &prompt)
+                        : hash_into(c, s->hasher, c->q.tokens, c->q.n_tokens);
+  if (rc < 0) {
+    end_call(c, 500, "could not hash the prompt");
+    return;
+  }
+  s->text_mode += c->text_mode;
+  s->token_mode += !c->text_mode;
+  kvp_route_request rq = {
+      .keys = c->keys,
+      .n_blocks = c->n_keys,
+      .prompt_tokens = prompt,
+      .session_id = *c->session ? kvp_id64(c->session) : 0,
+      .request_id = ++s->next_id,
+      .tenant = *c->tenant ? kvp_id64(c->tenant) : 0,
+      .block_size = c->text_mode ? 0 : s->cfg.ropts.block_size};
+  rc = kvp_router_route(s->router, s->ix, &rq, t0, &c->d);
+  kvp_hist_record(s->h_route, kvp_now_ns() - t0);
+  if (rc < 0) {
+    s->no_worker++;
+    end_call(c, rc == KVP_ESTATE ? 503 : 500,
+             rc == KVP_ESTATE ? "no worker is available"
+                              : "routing failed (see the log)");
+    return;
+  }
+  s->reasons[c->d.reason % KVP_REASON_COUNT_]++;
+  rd_worker *w = &s->w[c->d.worker];
+  if (c->text_mode || *w->kv_events == '\0') /* approximate residency */
+    kvp_index_record_routed(s->ix, w->id, c->keys, c->n_keys, t0);
+  s->rr = w->id + 1;
+  try_next(c);
+}
+
+/* ---- render: the worker applies the chat template and tokenizes -------------- */
+static int take_render_ids(rd_call *c, json_t *o) {
+  json_t *r = json_is_array(o) ? json_array_get(o, 0) : o;
+  json_t *ids = json_object_get(r, "token_ids");
+  size_t n = json_array_size(ids);
+  if (!json_is_array(ids))
+    return -1;
+  c->q.tokens = malloc((n ? n : 1) * sizeof *c->q.tokens);
+  if (c->q.tokens == NULL)
+    return -1;
+  for (size_t i = 0; i < n; i++) {
+    json_t *v = json_array_get(ids, i);
+    if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+        json_integer_value(v) > INT32_MAX)
+      return -1;
+    c->q.tokens[i] = (uint32_t)json_integer_value(v);
+  }
+  c->q.n_tokens = n;
+  return 0;
+}
+
+static void on_render(struct evhttp_request *ur, void *arg) {
+  rd_call *c = arg;
+  rd_server *s = c->s;
+  int code = ur ? evhttp_request_get_response_code(ur) : 0;
+  struct evbuffer *in = ur ? evhttp_request_get_input_buffer(ur) : NULL;
+  kvp_hist_record(s->h_render, (uint64_t)((rd_now() - c->t_render) * 1e9));
+  if (code == 400 && c->hr) { /* the request itself is bad: say so */
+    struct evbuffer *b = evbuffer_new();
+    evbuffer_add_buffer(b, in);
+    detach(c);
+    evhttp_add_header(evhttp_request_get_output_headers(c->hr),
+                      "Content-Type", "application/json");
+    evhttp_send_reply(c->hr, 400, "Bad Request", b);
+    evbuffer_free(b);
+    c->hr = NULL;
+    s->bad_requests++;
+    upstream_end(c);
+    call_free(c);
+    return;
+  }
+  json_t *o = code == 200 ? json_loadb((const char *)evbuffer_pullup(in, -1),
+                                       evbuffer_get_length(in), 0, NULL)
+                          : NULL;
+  c->text_mode = o == NULL || take_render_ids(c, o) < 0;
+  s->render_fail += c->text_mode;
+  json_decref(o);
+  if (code == 0)
+    rd_worker_failed(c->w, RD_ERR_CONNECT);
+  upstream_end(c);
+  c->w = NULL;
+  route(c);
+}
+
+static void render(rd_call *c) {
+  rd_server *s = c->s;
+  rd_worker *w = NULL;
+  for (uint32_t k = 0; k < s->n_w && w == NULL; k++) {
+    rd_worker *x = &s->w[(s->rr + k) % s->n_w];
+    w = rd_worker_routable(x) ? x : NULL;
+  }
+  s->rr++;
+  char path[80];
+  snprintf(path, sizeof path, "%s/render", c->path);
+  c->w = w;
+  c->uc = w ? rd_conn_get(w) : NULL;
+  c->ur = c->uc ? evhttp_request_new(on_render, c) : NULL;
+  if (c->ur == NULL) {
+    c->text_mode = true;
+    if (c->uc)
+      rd_conn_put(w, c->uc);
+    c->uc = NULL;
+    c->w = NULL;
+    route(c);
+    return;
+  }
+  s->render_calls++;
+  c->t_render = rd_now();
+  w->inflight++;
+  s->inflight++;
+  struct evkeyvalq *h = evhttp_request_get_output_headers(c->ur);
+  evhttp_add_header(h, "Host", w->host);
+  evhttp_add_header(h, "Content-Type", "application/json");
+  evbuffer_add(evhttp_request_get_output_buffer(c->ur), c->body, c->body_len);
+  if (evhttp_make_request(c->uc, c->ur, EVHTTP_REQ_POST, path) < 0) {
+    c->ur = NULL;
+    upstream_end(c);
+    c->w = NULL;
+    c->text_mode = true;
+    route(c);
+  }
+}
+
+/* ---- the front door ------------------------------------------------------------- */
+static void copy_header(struct evhttp_request *hr, const char *name, char *dst,
+                        size_t cap) {
+  const char *v = name && *name
+                      ? evhttp_find_header(evhttp_request_get_input_headers(hr), name)
+                      : NULL;
+  snprintf(dst, cap, "%s", v ? v : "");
+}
+
+/* A tenant's requests carry the namespace salt to the engine too (vLLM's
+ * cache_salt), so neither the engine's cache nor the index can match one
+ * tenant's blocks for another's prompt. */
+static int set_body(rd_call *c, const char *body, size_t len) {
+  if (*c->tenant) {
+    snprintf(c->salt, sizeof c->salt, "kvplane-tenant:%s%s%s", c->tenant,
+             *c->q.cache_salt ? "|" : "", c->q.cache_salt);
+    c->body = rd_req_with_salt(body, len, c->salt, &c->body_len);
+    c->s->tenant_salted++;
+    return c->body ? 0 : -1;
+  }
+  snprintf(c->salt, sizeof c->salt, "%s", c->q.cache_salt);
+  c->body = malloc(len ? len : 1);
+  if (c->body == NULL)
+    return -1;
+  memcpy(c->body, body, len);
+  c->body_len = len;
+  return 0;
+}
+
+static void on_generate(rd_server *s, struct evhttp_request *hr, rd_kind kind,
+                        const char *path) {
+  struct evbuffer *in = evhttp_request_get_input_buffer(hr);
+  size_t len = evbuffer_get_length(in);
+  const char *body = len ? (const char *)evbuffer_pullup(in, -1) : "";
+  rd_call *c = calloc(1, sizeof *c);
+  rd_req_err er;
+  if (c == NULL) {
+    rd_reply_error(hr, 500, "", "out of memory");
+    return;
+  }
+  c->s = s;
+  c->t0 = rd_now();
+  c->d.worker = KVP_WORKER_NONE;
+  snprintf(c->path, sizeof c->path, "%s", path);
+  s->requests++;
+  if (rd_req_parse(kind, body, len, &c->q, &er) < 0) {
+    s->bad_requests++;
+    rd_reply_error(hr, er.status, er.param, er.message);
+    free(c);
+    return;
+  }
+  copy_header(hr, s->cfg.tenant_header, c->tenant, sizeof c->tenant);
+  copy_header(hr, s->cfg.session_header, c->session, sizeof c->session);
+  copy_header(hr, "Authorization", c->auth, sizeof c->auth);
+  if (*c->session == '\0')
+    snprintf(c->session, sizeof c->session, "%s", c->q.user);
+  if (set_body(c, body, len) < 0) {
+    rd_reply_error(hr, 500, "", "out of memory");
+    call_free(c);
+    return;
+  }
+  c->hr = hr;
+  evhttp_connection_set_closecb(evhttp_request_get_connection(hr),
+                                on_client_gone, c);
+  if (c->q.tokens)
+    route(c);
+  else if (s->cfg.render)
+    render(c);
+  else {
+    c->text_mode = true;
+    route(c);
+  }
+}
+
+static void reply_json(struct evhttp_request *hr, int code, const char *j) {
+  struct evbuffer *b = evbuffer_new();
+  if (b)
+    evbuffer_add(b, j, strlen(j));
+  evhttp_add_header(evhttp_request_get_output_headers(hr), "Content-Type",
+                    "application/json");
+  evhttp_send_reply(hr, code, code == 200 ? "OK" : "Error", b);
+  if (b)
+    evbuffer_free(b);
+}
+
+/* every serving worker's models, merged by id */
+static void on_models(rd_server *s, struct evhttp_request *hr) {
+  json_t *all = json_array(), *seen = json_object();
+  for (uint32_t i = 0; i < s->n_w; i++) {
+    json_t *d = s->w[i].models && rd_worker_routable(&s->w[i])
+                    ? json_loads(s->w[i].models, 0, NULL)
+                    : NULL;
+    size_t k;
+    json_t *m;
+    json_array_foreach(d, k, m) {
+      const char *id = json_string_value(json_object_get(m, "id"));
+      if (id && !json_object_get(seen, id)) {
+        json_object_set_new(seen, id, json_true());
+        json_array_append(all, m);
+      }
+    }
+    json_decref(d);
+  }
+  json_t *o = json_pack("{s:s, s:o}", "object", "list", "data", all);
+  char *j = o ? json_dumps(o, JSON_COMPACT) : NULL;
+  if (j)
+    reply_json(hr, 200, j);
+  else
+    rd_reply_error(hr, 500, "", "out of memory");
+  free(j);
+  json_decref(o);
+  json_decref(seen);
+}
+
+static void on_health(rd_server *s, struct evhttp_request *hr) {
+  uint32_t up = 0;
+  for (uint32_t i = 0; i < s->n_w; i++)
+    up += rd_worker_routable(&s->w[i]);
+  if (up > 0 && !s->draining)
+    reply_json(hr, 200, "{\"status\":\"ok\"}");
+  else
+    rd_reply_error(hr, 503, "", s->draining ? "draining" : "no worker is up");
+}
+
+static void on_metrics(rd_server *s, struct evhttp_request *hr) {
+  struct evbuffer *b = evbuffer_new();
+  if (b == NULL)
+    return;
+  rd_metrics_write(s, b);
+  evhttp_add_header(evhttp_request_get_output_headers(hr), "Content-Type",
+                    "text/plain; version=0.0.4");
+  evhttp_send_reply(hr, 200, "OK", b);
+  evbuffer_free(b);
+}
+
+void rd_on_http(struct evhttp_request *hr, void *arg) {
+  rd_server *s = arg;
+  const char *uri = evhttp_request_get_uri(hr);
+  size_t plen = strcspn(uri, "?");
+  enum evhttp_cmd_type m = evhttp_request_get_command(hr);
+  char path[64];
+  snprintf(path, sizeof path, "%.*s", (int)(plen < 63 ? plen : 63), uri);
+  bool post = m == EVHTTP_REQ_POST, get = m == EVHTTP_REQ_GET;
+  if (post && (!strcmp(path, "/v1/completions") ||
+               !strcmp(path, "/v1/chat/completions"))) {
+    if (s->draining)
+      rd_reply_error(hr, 503, "", "the router is shutting down");
+    else
+      on_generate(s, hr, path[4] == 'c' && path[5] == 'h' ? RD_CHAT
+                                                          : RD_COMPLETIONS,
+                  path);
+  } else if (get && !strcmp(path, "/v1/models"))
+    on_models(s, hr);
+  else if (get && !strcmp(path, "/health"))
+    on_health(s, hr);
+  else if (get && !strcmp(path, "/metrics"))
+    on_metrics(s, hr);
+  else
+    rd_reply_error(hr, 404, "", "no such endpoint");
+}

@@ -1,0 +1,212 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* kvplane-routerd request parsing (jansson): the prompt's token ids, the text
+ * for approximate mode, and the fields that steer routing. */
+#include "rd_req.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int fail(rd_req_err *e, const char *param, const char *msg) {
+  e->status = 400;
+  snprintf(e->param, sizeof e->param, "%s", param);
+  snprintf(e->message, sizeof e->message, "%s", msg);
+  return -1;
+}
+
+static int copy_str(json_t *o, const char *key, char *dst, size_t cap,
+                    rd_req_err *e) {
+  json_t *v = json_object_get(o, key);
+  if (v == NULL || json_is_null(v))
+    return 0;
+  if (!json_is_string(v))
+    return fail(e, key, "must be a string");
+  if (json_string_length(v) >= cap)
+    return fail(e, key, "is too long");
+  memcpy(dst, json_string_value(v), json_string_length(v) + 1);
+  if (strlen(dst) != json_string_length(v))
+    return fail(e, key, "contains a NUL character");
+  return 0;
+}
+
+/* [ids] -> tokens; 1 when a token array, 0 when not one, -1 on error */
+static int take_ids(json_t *a, rd_req *r, rd_req_err *e) {
+  size_t n = json_array_size(a);
+  if (n == 0 || !json_is_integer(json_array_get(a, 0)))
+    return 0;
+  r->tokens = malloc(n * sizeof *r->tokens);
+  if (r->tokens == NULL)
+    return fail(e, "prompt", "out of memory");
+  for (size_t i = 0; i < n; i++) {
+    json_t *v = json_array_get(a, i);
+    json_int_t t = json_is_integer(v) ? json_integer_value(v) : -1;
+    if (t < 0 || t > (json_int_t)INT32_MAX)
+      return fail(e, "prompt", "token ids must be integers in [0, 2^31)");
+    r->tokens[i] = (uint32_t)t;
+  }
+  r->n_tokens = n;
+  return 1;
+}
+
+static int set_text(rd_req *r, const char *s, size_t n, rd_req_err *e) {
+  if (n > RD_REQ_TEXT_MAX)
+    return fail(e, "prompt", "prompt text is too long");
+  r->text = malloc(n + 1);
+  if (r->text == NULL)
+    return fail(e, "prompt", "out of memory");
+  memcpy(r->text, s, n);
+  r->text[n] = '\0';
+  r->text_len = n;
+  return 0;
+}
+
+static int parse_prompt(json_t *p, rd_req *r, rd_req_err *e) {
+  if (json_is_string(p))
+    return set_text(r, json_string_value(p), json_string_length(p), e);
+  if (!json_is_array(p) || json_array_size(p) == 0)
+    return fail(e, "prompt", "must be a string, a list of token ids, or a "
+                             "non-empty list of either");
+  int rc = take_ids(p, r, e);
+  if (rc != 0)
+    return rc < 0 ? -1 : 0;
+  json_t *first = json_array_get(p, 0); /* a batch: the first one routes */
+  if (json_is_string(first))
+    return set_text(r, json_string_value(first), json_string_length(first), e);
+  if (json_is_array(first) && (rc = take_ids(first, r, e)) != 0)
+    return rc < 0 ? -1 : 0;
+  return fail(e, "prompt", "must be a string, a list of token ids, or a "
+                           "non-empty list of either");
+}
+
+/* roles and contents joined ("role\ncontent\n"); list contents: text parts */
+static int append(char **buf, size_t *len, size_t *cap, const char *s,
+                  size_t n) {
+  if (*len + n + 2 > RD_REQ_TEXT_MAX)
+    return -1;
+  if (*len + n + 2 > *cap) {
+    size_t nc = (*len + n + 2) * 2;
+    char *nb = realloc(*buf, nc);
+    if (nb == NULL)
+      return -1;
+    *buf = nb;
+    *cap = nc;
+  }
+  memcpy(*buf + *len, s, n);
+  *len += n;
+  (*buf)[(*len)++] = '\n';
+  (*buf)[*len] = '\0';
+  return 0;
+}
+
+static int append_content(char **b, size_t *len, size_t *cap, json_t *c) {
+  if (json_is_string(c))
+    return append(b, len, cap, json_string_value(c), json_string_length(c));
+  size_t i;
+  json_t *part;
+  json_array_foreach(c, i, part) {
+    json_t *t = json_object_get(part, "text");
+    if (json_is_string(t) &&
+        append(b, len, cap, json_string_value(t), json_string_length(t)) < 0)
+      return -1;
+  }
+  return 0;
+}
+
+static int parse_messages(json_t *m, rd_req *r, rd_req_err *e) {
+  if (!json_is_array(m) || json_array_size(m) == 0)
+    return fail(e, "messages", "must be a non-empty list of messages");
+  char *b = NULL;
+  size_t len = 0, cap = 0, i;
+  json_t *msg;
+  json_array_foreach(m, i, msg) {
+    json_t *role = json_object_get(msg, "role"),
+           *c = json_object_get(msg, "content");
+    if (!json_is_object(msg) || !json_is_string(role))
+      return free(b), fail(e, "messages", "each message needs a string role");
+    if (c != NULL && !json_is_null(c) && !json_is_string(c) && !json_is_array(c))
+      return free(b), fail(e, "messages", "content must be a string or a list");
+    if (append(&b, &len, &cap, json_string_value(role),
+               json_string_length(role)) < 0 ||
+        (json_is_null(c) || c == NULL ? 0 : append_content(&b, &len, &cap, c)) < 0)
+      return free(b), fail(e, "messages", "messages are too long");
+  }
+  r->text = b;
+  r->text_len = len;
+  return 0;
+}
+
+static int parse_obj(json_t *o, rd_kind kind, rd_req *r, rd_req_err *e) {
+  json_t *s = json_object_get(o, "stream");
+  if (s != NULL && !json_is_null(s) && !json_is_boolean(s))
+    return fail(e, "stream", "must be a boolean");
+  r->stream = json_is_true(s);
+  if (copy_str(o, "model", r->model, sizeof r->model, e) < 0 ||
+      copy_str(o, "user", r->user, sizeof r->user, e) < 0 ||
+      copy_str(o, "cache_salt", r->cache_salt, sizeof r->cache_salt, e) < 0 ||
+      copy_str(o, "request_id", r->request_id, sizeof r->request_id, e) < 0)
+    return -1;
+  if (kind == RD_CHAT)
+    return parse_messages(json_object_get(o, "messages"), r, e);
+  json_t *p = json_object_get(o, "prompt");
+  if (p == NULL)
+    return fail(e, "prompt", "is required");
+  return parse_prompt(p, r, e);
+}
+
+int rd_req_parse(rd_kind kind, const char *body, size_t len, rd_req *out,
+                 rd_req_err *err) {
+  memset(out, 0, sizeof *out);
+  out->kind = kind;
+  json_error_t je;
+  json_t *o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+  if (o == NULL || !json_is_object(o)) {
+    json_decref(o);
+    char m[200];
+    snprintf(m, sizeof m, "the body is not a JSON object (%s)",
+             o ? "another JSON value" : je.text);
+    return fail(err, "", m);
+  }
+  int rc = parse_obj(o, kind, out, err);
+  json_decref(o);
+  if (rc < 0)
+    rd_req_free(out);
+  return rc;
+}
+
+void rd_req_free(rd_req *r) {
+  free(r->tokens);
+  free(r->text);
+  r->tokens = NULL;
+  r->text = NULL;
+  r->n_tokens = r->text_len = 0;
+}
+
+char *rd_req_with_salt(const char *body, size_t len, const char *salt,
+                       size_t *out_len) {
+  json_t *o = json_loadb(body, len, 0, NULL);
+  char *s = NULL;
+  if (json_is_object(o) &&
+      json_object_set_new(o, "cache_salt", json_string(salt)) == 0)
+    s = json_dumps(o, JSON_COMPACT);
+  json_decref(o);
+  if (s != NULL)
+    *out_len = strlen(s);
+  return s;
+}
+
+char *rd_error_json(int status, const char *param, const char *message) {
+  const char *type = status == 404   ? "NotFoundError"
+                     : status == 400 ? "BadRequestError"
+                     : status == 413 ? "RequestTooLargeError"
+                     : status == 401 ? "AuthenticationError"
+                     : status < 500  ? "BadRequestError"
+                                     : "ServiceUnavailableError";
+  json_t *o = json_pack("{s:{s:s, s:s, s:o, s:i}}", "error", "message",
+                        message, "type", type, "param",
+                        param && *param ? json_string(param) : json_null(),
+                        "code", status);
+  char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+  json_decref(o);
+  return s;
+}

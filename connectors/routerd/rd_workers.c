@@ -1,0 +1,361 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* kvplane-routerd workers: slots shared with the index and the router, the
+ * keep-alive pools, the KV-event subscribers (ZeroMQ fds on the loop), the
+ * /metrics scrape that is also the health check, and the circuit breaker. */
+#include "rd.h"
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/keyvalq_struct.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define POOL_MAX 64
+
+double rd_now(void) { return (double)kvp_now_ns() * 1e-9; }
+
+bool rd_worker_routable(const rd_worker *w) {
+  return w->state == RD_W_UP;
+}
+
+void rd_worker_sync(rd_worker *w) {
+  kvp_worker_load l = w->load;
+  l.flags = rd_worker_routable(w) ? 0 : KVP_WORKER_OFFLINE;
+  kvp_router_set_load(w->s->router, w->id, &l);
+}
+
+int rd_workers_init(rd_server *s) {
+  s->n_w = (uint32_t)s->cfg.max_workers;
+  s->w = calloc(s->n_w, sizeof *s->w);
+  if (s->w == NULL)
+    return -1;
+  for (uint32_t i = 0; i < s->n_w; i++) {
+    s->w[i].s = s;
+    s->w[i].id = i;
+    rd_worker_sync(&s->w[i]);
+  }
+  return 0;
+}
+
+rd_worker *rd_worker_find(rd_server *s, const char *url) {
+  for (uint32_t i = 0; i < s->n_w; i++)
+    if (s->w[i].state != RD_W_FREE && strcmp(s->w[i].url, url) == 0)
+      return &s->w[i];
+  return NULL;
+}
+
+static void on_events(evutil_socket_t fd, short what, void *arg) {
+  (void)fd, (void)what;
+  rd_worker *w = arg;
+  while (kvp_events_poll(w->ev, 0) > 0) {
+  }
+}
+
+static int parse_url(rd_worker *w, const char *url, char *err, size_t cap) {
+  struct evhttp_uri *u = evhttp_uri_parse(url);
+  const char *scheme = u ? evhttp_uri_get_scheme(u) : NULL;
+  const char *host = u ? evhttp_uri_get_host(u) : NULL;
+  int port = u ? evhttp_uri_get_port(u) : -1;
+  int rc = -1;
+  if (scheme == NULL || strcmp(scheme, "http") != 0 || host == NULL ||
+      *host == '\0' || strlen(host) >= sizeof w->host)
+    snprintf(err, cap, "worker url '%s': expected http://host[:port]", url);
+  else {
+    snprintf(w->host, sizeof w->host, "%s", host);
+    w->port = (uint16_t)(port < 0 ? 80 : port);
+    rc = 0;
+  }
+  if (u)
+    evhttp_uri_free(u);
+  return rc;
+}
+
+static int open_events(rd_worker *w, char *err, size_t cap) {
+  rd_server *s = w->s;
+  kvp_events_source src = {
+      .endpoint = w->kv_events,
+      .replay_endpoint = *w->kv_replay ? w->kv_replay : NULL,
+      .worker = w->id,
+      .keying = s->cfg.engine_hash ? KVP_EVENTS_ENGINE_HASH : KVP_EVENTS_REKEY,
+      .ns = &s->ns,
+      .hasher = {.algo = kvp_hasher_algo(s->hasher)}};
+  if (kvp_events_create(s->ix, &src, 1, NULL, NULL, &w->ev) < 0) {
+    snprintf(err, cap, "worker %s: KV events %s refused (see the log)", w->url,
+             w->kv_events);
+    return -1;
+  }
+  int fds[RD_EV_FDS];
+  int n = kvp_events_fds(w->ev, fds, RD_EV_FDS);
+  for (int i = 0; i < n && i < RD_EV_FDS; i++) {
+    w->ev_fd[i] = event_new(s->base, fds[i], EV_READ | EV_PERSIST, on_events, w);
+    if (w->ev_fd[i] == NULL || event_add(w->ev_fd[i], NULL) < 0) {
+      snprintf(err, cap, "worker %s: cannot watch its event fds", w->url);
+      return -1;
+    }
+    w->n_ev_fd = i + 1;
+  }
+  on_events(-1, 0, w); /* starts the initial replay */
+  return 0;
+}
+
+static void worker_free(rd_worker *w) {
+  for (int i = 0; i < w->n_ev_fd; i++)
+    event_free(w->ev_fd[i]);
+  kvp_events_destroy(w->ev);
+  for (size_t i = 0; i < w->n_idle; i++)
+    evhttp_connection_free(w->idle[i]);
+  free(w->idle);
+  if (w->probe)
+    evhttp_connection_free(w->probe);
+  free(w->models);
+  rd_server *s = w->s;
+  uint32_t id = w->id;
+  if (w->state != RD_W_FREE)
+    kvp_index_worker_remove(s->ix, id);
+  memset(w, 0, sizeof *w);
+  w->s = s;
+  w->id = id;
+  rd_worker_sync(w);
+}
+
+static const char *opt(const char *v) {
+  return v && *v && strcmp(v, "-") != 0 ? v : "";
+}
+
+int rd_worker_add(rd_server *s, const char *url, const char *kv_events,
+                  const char *kv_replay, char *err, size_t cap) {
+  if (rd_worker_find(s, url)) {
+    snprintf(err, cap, "worker %s is already registered", url);
+    return -1;
+  }
+  rd_worker *w = NULL;
+  for (uint32_t i = 0; i < s->n_w && w == NULL; i++)
+    w = s->w[i].state == RD_W_FREE ? &s->w[i] : NULL;
+  if (w == NULL) {
+    snprintf(err, cap, "no free worker slot (routerd.max_workers = %u)", s->n_w);
+    return -1;
+  }
+  if (strlen(url) >= sizeof w->url || strlen(opt(kv_events)) >= RD_URL_MAX ||
+      strlen(opt(kv_replay)) >= RD_URL_MAX) {
+    snprintf(err, cap, "worker %.64s...: url or endpoint too long", url);
+    return -1;
+  }
+  if (parse_url(w, url, err, cap) < 0)
+    return -1;
+  snprintf(w->url, sizeof w->url, "%s", url);
+  snprintf(w->kv_events, sizeof w->kv_events, "%s", opt(kv_events));
+  snprintf(w->kv_replay, sizeof w->kv_replay, "%s", opt(kv_replay));
+  if (kvp_index_worker_add(s->ix, w->id) < 0) {
+    snprintf(err, cap, "index refused worker slot %u", w->id);
+    return -1;
+  }
+  w->state = RD_W_UP;
+  if (*w->kv_events && open_events(w, err, cap) < 0) {
+    worker_free(w);
+    return -1;
+  }
+  rd_worker_sync(w);
+  kvp_log(KVP_LOG_INFO, "routerd", "worker %u: %s (events: %s)", w->id, url,
+          *w->kv_events ? w->kv_events : "none, approximate residency");
+  return (int)w->id;
+}
+
+void rd_worker_drain(rd_worker *w, bool remove) {
+  if (w->state == RD_W_FREE)
+    return;
+  w->state = RD_W_DRAINING;
+  w->removing = w->removing || remove;
+  rd_worker_sync(w);
+}
+
+void rd_worker_undrain(rd_worker *w) {
+  if (w->state == RD_W_DRAINING && !w->removing) {
+    w->state = RD_W_UP;
+    w->fails = 0;
+    rd_worker_sync(w);
+  }
+}
+
+struct evhttp_connection *rd_conn_get(rd_worker *w) {
+  if (w->n_idle > 0)
+    return w->idle[--w->n_idle];
+  struct evhttp_connection *c =
+      evhttp_connection_base_new(w->s->base, NULL, w->host, w->port);
+  if (c == NULL)
+    return NULL;
+  struct timeval tv = {(time_t)w->s->cfg.request_timeout_s,
+                       (suseconds_t)((w->s->cfg.request_timeout_s -
+                                      (double)(time_t)w->s->cfg.request_timeout_s) * 1e6)};
+  evhttp_connection_set_timeout_tv(c, &tv);
+  evhttp_connection_set_retries(c, 0);
+  return c;
+}
+
+void rd_conn_put(rd_worker *w, struct evhttp_connection *c) {
+  if (w->n_idle == w->cap_idle && w->cap_idle < POOL_MAX) {
+    size_t nc = w->cap_idle ? 2 * w->cap_idle : 8;
+    struct evhttp_connection **ni = realloc(w->idle, nc * sizeof *ni);
+    if (ni) {
+      w->idle = ni;
+      w->cap_idle = nc;
+    }
+  }
+  if (w->n_idle < w->cap_idle && w->state != RD_W_FREE)
+    w->idle[w->n_idle++] = c;
+  else
+    evhttp_connection_free(c);
+}
+
+void rd_worker_failed(rd_worker *w, rd_err_reason why) {
+  w->errors[why]++;
+  if (++w->fails < w->s->cfg.breaker_failures || w->state != RD_W_UP)
+    return;
+  w->state = RD_W_DOWN;
+  w->open_until = rd_now() + w->s->cfg.breaker_cooldown_s;
+  for (size_t i = 0; i < w->n_idle; i++) /* they point at a dead peer */
+    evhttp_connection_free(w->idle[i]);
+  w->n_idle = 0;
+  rd_worker_sync(w);
+  kvp_log(KVP_LOG_WARN, "routerd", "worker %s: circuit open after %u "
+          "failures", w->url, w->fails);
+}
+
+void rd_worker_ok(rd_worker *w) {
+  w->fails = 0;
+  if (w->state == RD_W_DOWN && rd_now() >= w->open_until) {
+    w->state = RD_W_UP;
+    rd_worker_sync(w);
+    kvp_log(KVP_LOG_WARN, "routerd", "worker %s: back up", w->url);
+  }
+}
+
+void rd_workers_fini(rd_server *s) {
+  for (uint32_t i = 0; s->w && i < s->n_w; i++)
+    if (s->w[i].state != RD_W_FREE || s->w[i].probe)
+      worker_free(&s->w[i]);
+  free(s->w);
+  s->w = NULL;
+}
+
+/* ---- scrape: vLLM's /metrics (load) and /v1/models ------------------------ */
+
+/* Sums the samples of metric `name` (any labels) in Prometheus text. */
+static double prom_sum(const char *text, size_t len, const char *name,
+                       bool *found) {
+  size_t nl = strlen(name);
+  double sum = 0;
+  for (const char *p = text, *end = text + len; p < end;) {
+    const char *eol = memchr(p, '\n', (size_t)(end - p));
+    const char *le = eol ? eol : end;
+    if ((size_t)(le - p) > nl && memcmp(p, name, nl) == 0 &&
+        (p[nl] == '{' || p[nl] == ' ')) {
+      const char *v = memrchr(p, ' ', (size_t)(le - p));
+      char num[64];
+      size_t n = v ? (size_t)(le - v - 1) : 0;
+      if (n > 0 && n < sizeof num) {
+        memcpy(num, v + 1, n);
+        num[n] = '\0';
+        char *e;
+        double d = strtod(num, &e);
+        if (e != num && d == d) {
+          sum += d;
+          *found = true;
+        }
+      }
+    }
+    p = le + 1;
+  }
+  return sum;
+}
+
+static uint32_t clamp_u32(double v) {
+  return v <= 0 ? 0 : v >= 4e9 ? 4000000000u : (uint32_t)v;
+}
+
+static void apply_metrics(rd_worker *w, const char *t, size_t n) {
+  bool f1 = false, f2 = false, f3 = false;
+  double run = prom_sum(t, n, "vllm:num_requests_running", &f1);
+  double wait = prom_sum(t, n, "vllm:num_requests_waiting", &f2);
+  double use = prom_sum(t, n, "vllm:kv_cache_usage_perc", &f3);
+  w->load.running_requests = f1 ? clamp_u32(run) : 0;
+  w->load.queued_requests = f2 ? clamp_u32(wait) : 0;
+  w->load.kv_util = !f3 || use < 0 ? 0 : use > 1 ? 1 : use;
+  rd_worker_sync(w);
+}
+
+static void on_models(struct evhttp_request *hr, void *arg) {
+  rd_worker *w = arg;
+  w->probe_busy = false;
+  if (hr == NULL || evhttp_request_get_response_code(hr) != 200)
+    return;
+  struct evbuffer *in = evhttp_request_get_input_buffer(hr);
+  json_t *o = json_loadb((const char *)evbuffer_pullup(in, -1),
+                         evbuffer_get_length(in), 0, NULL);
+  json_t *d = json_object_get(o, "data");
+  if (json_is_array(d)) {
+    free(w->models);
+    w->models = json_dumps(d, JSON_COMPACT);
+  }
+  json_decref(o);
+}
+
+static bool probe_get(rd_worker *w, const char *path,
+                      void (*cb)(struct evhttp_request *, void *)) {
+  if (w->probe == NULL) {
+    w->probe = evhttp_connection_base_new(w->s->base, NULL, w->host, w->port);
+    if (w->probe == NULL)
+      return false;
+    double t = w->s->cfg.connect_timeout_s;
+    struct timeval tv = {(time_t)t, (suseconds_t)((t - (double)(time_t)t) * 1e6)};
+    evhttp_connection_set_timeout_tv(w->probe, &tv);
+  }
+  struct evhttp_request *r = evhttp_request_new(cb, w);
+  if (r == NULL)
+    return false;
+  evhttp_add_header(evhttp_request_get_output_headers(r), "Host", w->host);
+  if (evhttp_make_request(w->probe, r, EVHTTP_REQ_GET, path) < 0)
+    return false; /* r was freed by libevent */
+  w->probe_busy = true;
+  return true;
+}
+
+static void on_scrape(struct evhttp_request *hr, void *arg) {
+  rd_worker *w = arg;
+  w->probe_busy = false;
+  if (w->state == RD_W_FREE)
+    return;
+  w->scrapes++;
+  if (hr == NULL || evhttp_request_get_response_code(hr) != 200) {
+    w->scrape_fail++;
+    rd_worker_failed(w, RD_ERR_CONNECT);
+    return;
+  }
+  struct evbuffer *in = evhttp_request_get_input_buffer(hr);
+  apply_metrics(w, (const char *)evbuffer_pullup(in, -1),
+                evbuffer_get_length(in));
+  rd_worker_ok(w);
+  if (w->models == NULL)
+    probe_get(w, "/v1/models", on_models);
+}
+
+void rd_workers_tick(rd_server *s) {
+  for (uint32_t i = 0; i < s->n_w; i++) {
+    rd_worker *w = &s->w[i];
+    if (w->state == RD_W_FREE)
+      continue;
+    if (w->ev)
+      on_events(-1, 0, w);
+    if (w->removing && w->inflight == 0 && !w->probe_busy) {
+      kvp_log(KVP_LOG_WARN, "routerd", "worker %s removed", w->url);
+      worker_free(w);
+      continue;
+    }
+    if (!w->probe_busy && !probe_get(w, "/metrics", on_scrape)) {
+      w->scrape_fail++;
+      rd_worker_failed(w, RD_ERR_CONNECT);
+    }
+  }
+}
