@@ -117,10 +117,14 @@ static int open_receipts(rd_server *s) {
   s->receipts = strcmp(s->cfg.receipts, "-") == 0
                     ? stdout
                     : fopen(s->cfg.receipts, "a");
-  if (s->receipts == NULL)
+  if (s->receipts == NULL) {
     fprintf(stderr, "kvplane-routerd: receipts %s: %s\n", s->cfg.receipts,
             strerror(errno));
-  return s->receipts ? 0 : -1;
+    return -1;
+  }
+  /* whole lines only: a reader tailing the file never sees half a receipt */
+  setvbuf(s->receipts, NULL, _IOLBF, 1 << 16);
+  return 0;
 }
 
 static int start(rd_server *s) {

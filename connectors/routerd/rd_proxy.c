@@ -174,8 +174,6 @@ static void account(rd_call *c) {
           c->w ? c->w->url : "", c->code, c->attempts,
           c->text_mode ? "text" : "tokens", repd,
           c->t_first > 0 ? c->t_first - c->t0 : 0, rec);
-  if (s->receipts == stdout)
-    fflush(stdout);
 }
 
 /* ---- the upstream request ------------------------------------------------------- */

@@ -1,0 +1,263 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""kvplane-routerd end to end, as a user runs it: emulated vLLM workers
+(kvplane-bench engine, two processes so one can be killed), the daemon with
+their KV-event endpoints, and the `openai` SDK (PyPI, pinned) as the client.
+
+  test_routerd.py KVPLANE_BENCH KVPLANE_ROUTERD WORK_DIR
+
+Checks: stream and non-stream completions and chat; multi-turn sessions land
+where their KV is (the workers' own cached_tokens); a tenant's prompt never
+matches another tenant's blocks; x-kvplane-* headers and receipts; 400s with
+OpenAI error bodies; admin drain/undrain/add; a worker killed mid-run fails
+no request that had not started streaming; SIGTERM drains, then exits 0."""
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import openai
+
+B, RD, W = sys.argv[1], sys.argv[2], sys.argv[3]
+os.makedirs(W, exist_ok=True)
+MODEL = "kvplane-emulated"
+BS = 16
+procs = []
+failures = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    if not cond:
+        failures.append(what)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def engine(name, n):
+    ready = os.path.join(W, name + ".json")
+    if os.path.exists(ready):
+        os.unlink(ready)
+    log = open(os.path.join(W, name + ".log"), "w")
+    p = subprocess.Popen([B, "engine", "--workers", str(n), "--block-size",
+                          str(BS), "--time-scale", "20", "--ready-file", ready],
+                         stdout=log, stderr=subprocess.STDOUT)
+    procs.append(p)
+    for _ in range(200):
+        if os.path.exists(ready) and os.path.getsize(ready) > 0:
+            return p, json.load(open(ready))["workers"]
+        time.sleep(0.05)
+    raise SystemExit("engine %s did not start" % name)
+
+
+def http(method, url, body=None, headers=None):
+    req = urllib.request.Request(url, method=method, headers=headers or {},
+                                 data=json.dumps(body).encode() if body else None)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def wait_http(url, timeout=10):
+    t = time.time() + timeout
+    while time.time() < t:
+        try:
+            urllib.request.urlopen(url, timeout=1)
+            return True
+        except Exception:
+            time.sleep(0.05)
+    return False
+
+
+ea, wa = engine("engine_a", 2)
+eb, wb = engine("engine_b", 1)
+workers = wa + wb
+port, admin = free_port(), free_port()
+receipts = os.path.join(W, "receipts.jsonl")
+if os.path.exists(receipts):
+    os.unlink(receipts)
+cfg = os.path.join(W, "routerd.yaml")
+with open(cfg, "w") as f:
+    f.write(f"""routerd:
+  listen: 127.0.0.1:{port}
+  admin_listen: 127.0.0.1:{admin}
+  receipts: {receipts}
+  scrape_interval: 50ms
+  breaker_failures: 2
+  breaker_cooldown: 60s
+  retries: 2
+workers:
+  urls: [{", ".join(w["url"] for w in workers)}]
+  kv_events: [{", ".join(w["kv_events"] for w in workers)}]
+  kv_replay: [{", ".join(w["kv_replay"] for w in workers)}]
+model:
+  block_size: {BS}
+""")
+chk = subprocess.run([RD, "--config", cfg, "--check-config"], capture_output=True, text=True)
+check(chk.returncode == 0, "--check-config accepts the config: " + chk.stdout.strip())
+rlog = open(os.path.join(W, "routerd.log"), "w")
+rd = subprocess.Popen([RD, "--config", cfg, "--log", "info"], stdout=rlog,
+                      stderr=subprocess.STDOUT)
+procs.append(rd)
+base = f"http://127.0.0.1:{port}"
+check(wait_http(base + "/health"), "the router answers /health")
+client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0)
+
+# ---- the API, through the SDK -------------------------------------------------
+models = client.models.list()
+check([m.id for m in models.data] == [MODEL], "/v1/models merged: %s" % [m.id for m in models.data])
+prompt = [random.Random(1).randrange(1, 255) for _ in range(100)]
+r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4)
+check(r.usage.prompt_tokens == 100 and len(r.choices[0].text) > 0, "completion (token ids)")
+chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, stream=True,
+                                        stream_options={"include_usage": True}))
+check(len(chunks) >= 2 and chunks[-1].usage is not None and
+      chunks[-1].usage.prompt_tokens_details.cached_tokens >= 96,
+      "streamed completion lands on the worker holding its prefix (cached %s)" %
+      (chunks[-1].usage.prompt_tokens_details.cached_tokens if chunks[-1].usage else None))
+msgs = [{"role": "system", "content": "You are terse. " * 8},
+        {"role": "user", "content": "hello"}]
+c = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=3)
+check(c.choices[0].message.content is not None and c.usage.prompt_tokens > 0, "chat (render endpoint)")
+sc = list(client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=3, stream=True,
+                                         stream_options={"include_usage": True}))
+check(sc[-1].usage is not None and sc[-1].usage.prompt_tokens_details.cached_tokens > 0,
+      "streamed chat reuses the rendered prefix")
+try:
+    client.completions.create(model=MODEL, prompt=[1, -5], max_tokens=1)
+    check(False, "negative token id rejected")
+except openai.BadRequestError as e:
+    check(e.status_code == 400 and "token ids" in str(e), "negative token id -> 400 (%s)" % e.body)
+code, body = http("POST", base + "/v1/completions", None)
+check(code == 400 and json.loads(body)["error"]["code"] == 400, "empty body -> 400 OpenAI error")
+code, _ = http("GET", base + "/v1/nothing")
+check(code == 404, "unknown path -> 404")
+
+# ---- sessions: each turn lands where the session's KV is ------------------------
+rng = random.Random(7)
+ideal = got = 0
+for s in range(6):
+    hist = [rng.randrange(1, 255) for _ in range(64 + 16 * s)]
+    for turn in range(4):
+        raw = client.completions.with_raw_response.create(
+            model=MODEL, prompt=hist, max_tokens=2, extra_headers={"x-session-id": "s%d" % s})
+        resp = raw.parse()
+        cached = resp.usage.prompt_tokens_details.cached_tokens
+        if turn > 0:
+            ideal += prev_blocks * BS
+            got += min(cached, prev_blocks * BS)
+        check(raw.headers.get("x-kvplane-worker", "").startswith("http://"),
+              "session s%d turn %d: routed to %s, cached %d (router predicted %s)" % (
+                  s, turn, raw.headers.get("x-kvplane-worker"), cached,
+                  raw.headers.get("x-kvplane-cached-tokens")))
+        prev_blocks = len(hist) // BS
+        hist = hist + [rng.randrange(1, 255) for _ in range(40)]
+check(got >= 0.95 * ideal, "sessions reuse %d of %d prefix tokens on the workers" % (got, ideal))
+
+# ---- tenants: one tenant's prompt never matches another's blocks ---------------
+tp = [rng.randrange(1, 255) for _ in range(96)]
+def tenant_call(t):
+    raw = client.completions.with_raw_response.create(
+        model=MODEL, prompt=tp, max_tokens=1, extra_headers={"x-tenant-id": t})
+    return raw.parse().usage.prompt_tokens_details.cached_tokens, int(raw.headers["x-kvplane-cached-tokens"])
+a1 = tenant_call("acme")
+time.sleep(0.1)  # the events reach the router
+a2 = tenant_call("acme")
+b1 = tenant_call("globex")
+check(a2[0] >= 80 and a2[1] >= 80, "tenant acme's second call hits (worker %d, router %d)" % a2)
+check(b1 == (0, 0), "tenant globex matches none of acme's blocks (worker %d, router %d)" % b1)
+
+# ---- admin: drain, undrain ------------------------------------------------------
+abase = f"http://127.0.0.1:{admin}"
+code, body = http("GET", abase + "/admin/workers")
+check(code == 200 and len(json.loads(body)["workers"]) == 3, "admin lists 3 workers")
+target = workers[0]["url"]
+code, _ = http("POST", abase + "/admin/workers/drain?url=" + target)
+seen = set()
+for i in range(12):
+    raw = client.completions.with_raw_response.create(model=MODEL, prompt=[i + 1] * 40, max_tokens=1)
+    seen.add(raw.headers["x-kvplane-worker"])
+check(code == 202 and target not in seen, "a drained worker gets no new requests (%s)" % sorted(seen))
+code, _ = http("POST", abase + "/admin/workers/undrain?url=" + target)
+check(code == 202, "undrain")
+code, _ = http("POST", abase + "/admin/workers", {"url": "ftp://x"})
+check(code == 400, "admin refuses a bad worker url")
+
+# ---- kill a worker mid-run: nothing fails that had not started streaming ---------
+results = []
+lock = threading.Lock()
+def load(k):
+    r2 = random.Random(k)
+    for i in range(8):
+        p = [r2.randrange(1, 255) for _ in range(48)]
+        try:
+            resp = client.completions.create(model=MODEL, prompt=p, max_tokens=150)
+            ok = resp.usage.completion_tokens == 150
+        except Exception as e:  # noqa: BLE001 -- every failure counts
+            ok = False
+        with lock:
+            results.append(ok)
+ths = [threading.Thread(target=load, args=(k,)) for k in range(6)]
+for t in ths:
+    t.start()
+time.sleep(0.3)
+eb.kill()  # worker 3 dies with requests in flight
+for t in ths:
+    t.join()
+check(len(results) == 48 and all(results),
+      "worker killed mid-run: %d of %d non-streamed requests succeeded" % (sum(results), len(results)))
+time.sleep(0.3)
+code, body = http("GET", abase + "/admin/workers")
+states = {w["url"]: w["state"] for w in json.loads(body)["workers"]}
+check(states.get(wb[0]["url"]) == "down", "the dead worker's circuit is open: %s" % states.get(wb[0]["url"]))
+
+# ---- metrics and receipts -----------------------------------------------------
+code, m = http("GET", base + "/metrics")
+need = ["kvplane_routerd_requests_total", "kvplane_routerd_retries_total",
+        "kvplane_routerd_decisions_total{reason=\"cost\"}", "kvplane_routerd_worker_errors_total",
+        "kvplane_routerd_reported_cached_tokens_total", "kvplane_events_batches_total",
+        "kvplane_routerd_render_seconds"]
+check(code == 200 and all(n in m for n in need), "/metrics carries " + ", ".join(need))
+retries = [l for l in m.splitlines() if l.startswith("kvplane_routerd_retries_total ")]
+check(retries and int(retries[0].split()[1]) > 0, "retries were counted: %s" % retries)
+lines = open(receipts).read().splitlines()
+recs = [json.loads(l) for l in lines]
+check(len(recs) > 40 and all("receipt" in r and "worker" in r for r in recs),
+      "one JSON receipt per request (%d)" % len(recs))
+
+# ---- SIGTERM drains ---------------------------------------------------------------
+slow = {}
+def slow_call():
+    try:
+        slow["r"] = client.completions.create(model=MODEL, prompt=[5] * 32, max_tokens=600)
+    except Exception as e:  # noqa: BLE001
+        slow["e"] = e
+th = threading.Thread(target=slow_call)
+th.start()
+time.sleep(0.3)
+rd.send_signal(signal.SIGTERM)
+th.join()
+rc = rd.wait(timeout=30)
+check("r" in slow and slow["r"].usage.completion_tokens == 600 and rc == 0,
+      "SIGTERM: the in-flight request finished (%s), then exit %d" % (slow.get("e", "ok"), rc))
+
+for p in procs:
+    if p.poll() is None:
+        p.kill()
+        p.wait()
+print("test_routerd: %s (%d failed)" % ("FAIL" if failures else "ok", len(failures)))
+sys.exit(1 if failures else 0)
