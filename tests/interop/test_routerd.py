@@ -100,6 +100,9 @@ with open(cfg, "w") as f:
   breaker_failures: 2
   breaker_cooldown: 60s
   retries: 2
+  client_timeout: 1s
+  max_body: 1M
+  max_headers: 8K
 workers:
   urls: [{", ".join(w["url"] for w in workers)}]
   kv_events: [{", ".join(w["kv_events"] for w in workers)}]
@@ -146,6 +149,27 @@ code, body = http("POST", base + "/v1/completions", None)
 check(code == 400 and json.loads(body)["error"]["code"] == 400, "empty body -> 400 OpenAI error")
 code, _ = http("GET", base + "/v1/nothing")
 check(code == 404, "unknown path -> 404")
+
+# ---- hardening: limits and slow clients ------------------------------------------
+big = socket.create_connection(("127.0.0.1", port))
+big.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (2 << 20))
+big.settimeout(5)
+status = big.recv(200).split(b"\r\n")[0]
+big.close()
+check(b" 413 " in status, "a body over max_body is refused before it is read: %s" % status)
+code, body = http("GET", base + "/health", headers={"X-Big": "y" * 20000})
+check(code in (400, 413, 431), "headers over max_headers -> %d" % code)
+sl = socket.create_connection(("127.0.0.1", port))
+sl.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le")
+t0 = time.time()
+sl.settimeout(5)
+try:
+    gone = sl.recv(100) == b""
+except (ConnectionResetError, socket.timeout):
+    gone = True
+check(gone and time.time() - t0 < 4, "a slowloris client is cut after client_timeout (%.1fs)" % (time.time() - t0))
+sl.close()
+check(wait_http(base + "/health"), "still serving after the abuse")
 
 # ---- sessions: each turn lands where the session's KV is ------------------------
 rng = random.Random(7)
@@ -196,6 +220,38 @@ code, _ = http("POST", abase + "/admin/workers/undrain?url=" + target)
 check(code == 202, "undrain")
 code, _ = http("POST", abase + "/admin/workers", {"url": "ftp://x"})
 check(code == 400, "admin refuses a bad worker url")
+
+# ---- approximate mode: no events, no render: text chunks + routed records ------
+port2 = free_port()
+cfg2 = os.path.join(W, "routerd-approx.yaml")
+with open(cfg2, "w") as f:
+    f.write(f"""routerd:
+  listen: 127.0.0.1:{port2}
+  render: false
+  approx_ttl: 60s
+workers:
+  urls: [{", ".join(w["url"] for w in workers)}]
+model:
+  block_size: {BS}
+""")
+rd2 = subprocess.Popen([RD, "--config", cfg2], stdout=rlog, stderr=subprocess.STDOUT)
+procs.append(rd2)
+check(wait_http(f"http://127.0.0.1:{port2}/health"), "approximate-mode router up")
+c2 = openai.OpenAI(base_url=f"http://127.0.0.1:{port2}/v1", api_key="none", max_retries=0)
+long_sys = {"role": "system", "content": "Answer in French. " * 30}
+where, cached = [], []
+for i in range(4):
+    raw = c2.chat.completions.with_raw_response.create(
+        model=MODEL, max_tokens=1,
+        messages=[long_sys, {"role": "user", "content": "question %d" % i}])
+    where.append(raw.headers["x-kvplane-worker"])
+    cached.append(raw.parse().usage.prompt_tokens_details.cached_tokens)
+check(len(set(where)) == 1 and min(cached[1:]) > 400,
+      "text mode: a shared system prompt stays on one worker (%s, cached %s)" % (where, cached))
+code, m2 = http("GET", f"http://127.0.0.1:{port2}/metrics")
+check("kvplane_routerd_text_mode_total 4" in m2, "text-mode requests counted")
+rd2.terminate()
+rd2.wait()
 
 # ---- kill a worker mid-run: nothing fails that had not started streaming ---------
 results = []

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# kvplane-routerd --check-config: the example config passes; broken configs
+# fail with exit 2 and "file:line: section.key: ..." naming what is wrong.
+#   tests/test_routerd_config.sh KVPLANE_ROUTERD EXAMPLE_YAML WORK_DIR
+set -u
+RD=$1 EX=$2 W=$3
+mkdir -p "$W"
+fail=0
+out=$("$RD" --config "$EX" --check-config 2>&1)
+if [ $? -eq 0 ]; then echo "ok   example config: $out"; else echo "FAIL example config: $out"; fail=1; fi
+
+# bad NAME YAML EXPECTED: --check-config must exit 2 and print EXPECTED
+bad() {
+  printf '%b' "$2" > "$W/$1.yaml"
+  out=$("$RD" --config "$W/$1.yaml" --check-config 2>&1); rc=$?
+  if [ $rc -eq 2 ] && grep -qF -- "$3" <<< "$out"; then echo "ok   $1: $out"
+  else echo "FAIL $1 (rc $rc, want '$3'): $out"; fail=1; fi
+}
+bad unknown_key    'routerd:\n  listen: 127.0.0.1:1\n  lisen: x\n' "$W/unknown_key.yaml:3: unknown key 'lisen' in section 'routerd'"
+bad bad_policy     'routerd:\n  policy: fastest\n' "bad_policy.yaml:2: routerd.policy: unknown policy"
+bad bad_listen     'routerd:\n  listen: nowhere\n' "bad_listen.yaml:2: routerd.listen: expected host:port"
+bad events_count   'workers:\n  urls: [http://a:1, http://b:2]\n  kv_events: [tcp://a:5]\n' "events_count.yaml:3: workers.kv_events: one entry per url"
+bad bad_retries    'routerd:\n  retries: 99\n' "bad_retries.yaml:2: routerd.retries"
+bad bad_duration   'routerd:\n  client_timeout: soon\n' "bad_duration.yaml:2: routerd.client_timeout"
+bad bad_section    'routerz:\n  listen: 127.0.0.1:1\n' "unknown section 'routerz'"
+bad bad_hash       'namespace:\n  hash: md5\n' "bad_hash.yaml:2: namespace.hash: expected xxh3_128 or sha256"
+bad bad_block      'model:\n  block_size: 0\n' "bad_block.yaml:2: model.block_size"
+bad too_many       'routerd:\n  max_workers: 1\nworkers:\n  urls: [http://a:1, http://b:2]\n' "workers.urls: more workers than routerd.max_workers"
+bad not_yaml       'routerd: [\n' "not_yaml.yaml:"
+printf 'routerd:\n  listen: 127.0.0.1:0\nworkers:\n  urls: [ftp://a:1]\n' > "$W/bad_url.yaml"
+out=$("$RD" --config "$W/bad_url.yaml" 2>&1); rc=$?
+if [ $rc -eq 1 ] && grep -qF "expected http://host[:port]" <<< "$out"; then echo "ok   bad worker url at start: $out"
+else echo "FAIL bad worker url (rc $rc): $out"; fail=1; fi
+out=$("$RD" --config "$W/missing.yaml" --check-config 2>&1); rc=$?
+if [ $rc -eq 2 ] && grep -q "missing.yaml" <<< "$out"; then echo "ok   missing file: $out"
+else echo "FAIL missing file (rc $rc): $out"; fail=1; fi
+exit $fail
