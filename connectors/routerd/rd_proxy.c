@@ -237,15 +237,18 @@ static bool can_retry(const rd_call *c) {
   return c->attempts <= c->s->cfg.retries;
 }
 
+/* The reply to the client starts with the worker's first body byte, not
+ * its headers: a worker that dies after sending headers but before any
+ * token (vLLM's streaming replies send them at once) is still retried. */
 static int on_up_header(struct evhttp_request *ur, void *arg) {
   rd_call *c = arg;
   c->code = evhttp_request_get_response_code(ur);
-  if (c->code >= 500 && can_retry(c)) {
+  if (c->code >= 500 && can_retry(c))
     c->held = c->held ? c->held : evbuffer_new();
-    return 0;
-  }
-  if (c->hr == NULL)
-    return -1;
+  return c->hr ? 0 : -1;
+}
+
+static void start_reply(rd_call *c, struct evhttp_request *ur) {
   struct evkeyvalq *oh = evhttp_request_get_output_headers(c->hr);
   const char *ct = evhttp_find_header(evhttp_request_get_input_headers(ur),
                                       "Content-Type");
@@ -260,7 +263,6 @@ static int on_up_header(struct evhttp_request *ur, void *arg) {
   evhttp_send_reply_start(c->hr, c->code,
                           evhttp_request_get_response_code_line(ur));
   c->started = true;
-  return 0;
 }
 
 static void on_up_chunk(struct evhttp_request *ur, void *arg) {
@@ -268,9 +270,11 @@ static void on_up_chunk(struct evhttp_request *ur, void *arg) {
   struct evbuffer *in = evhttp_request_get_input_buffer(ur);
   if (c->held)
     evbuffer_add_buffer(c->held, in);
-  else if (c->hr && c->started)
+  else if (c->hr && evbuffer_get_length(in) > 0) {
+    if (!c->started)
+      start_reply(c, ur);
     relay(c, in);
-  else
+  } else
     evbuffer_drain(in, evbuffer_get_length(in));
 }
 
@@ -324,6 +328,8 @@ static void on_up_done(struct evhttp_request *ur, void *arg) {
       relay_held(c);
     w->errors[RD_ERR_5XX]++;
   } else if (c->hr) {
+    if (!c->started)
+      start_reply(c, ur);
     relay(c, evhttp_request_get_input_buffer(ur));
     detach(c);
     evhttp_send_reply_end(c->hr);

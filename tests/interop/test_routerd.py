@@ -267,7 +267,22 @@ def load(k):
             ok = False
         with lock:
             results.append(ok)
+streams = []
+def load_stream(k):
+    r2 = random.Random(100 + k)
+    for i in range(6):
+        p = [r2.randrange(1, 255) for _ in range(48)]
+        got = 0
+        try:
+            for ch in client.completions.create(model=MODEL, prompt=p, max_tokens=150, stream=True):
+                got += 1
+            ok = True
+        except Exception:  # noqa: BLE001
+            ok = False
+        with lock:
+            streams.append((ok, got))
 ths = [threading.Thread(target=load, args=(k,)) for k in range(6)]
+ths += [threading.Thread(target=load_stream, args=(k,)) for k in range(3)]
 for t in ths:
     t.start()
 time.sleep(0.3)
@@ -276,6 +291,9 @@ for t in ths:
     t.join()
 check(len(results) == 48 and all(results),
       "worker killed mid-run: %d of %d non-streamed requests succeeded" % (sum(results), len(results)))
+check(len(streams) == 18 and all(ok or got > 0 for ok, got in streams),
+      "worker killed mid-run: no stream failed before its first token (%d failed after it)" %
+      sum(1 for ok, got in streams if not ok))
 time.sleep(0.3)
 code, body = http("GET", abase + "/admin/workers")
 states = {w["url"]: w["state"] for w in json.loads(body)["workers"]}
