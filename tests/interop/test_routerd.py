@@ -221,6 +221,27 @@ check(code == 202, "undrain")
 code, _ = http("POST", abase + "/admin/workers", {"url": "ftp://x"})
 check(code == 400, "admin refuses a bad worker url")
 
+# ---- a client that hangs up mid-stream cancels its upstream request ------------
+st = client.completions.create(model=MODEL, prompt=[9] * 40, max_tokens=3000, stream=True)
+for i, ch in enumerate(st):
+    if i == 2:
+        break
+st.close()
+def metric(text, name):
+    for l in text.splitlines():
+        if l.startswith(name + " "):
+            return float(l.split()[1])
+    return None
+t_end = time.time() + 3
+while time.time() < t_end:
+    _, m = http("GET", base + "/metrics")
+    if metric(m, "kvplane_routerd_inflight") == 0:
+        break
+    time.sleep(0.05)
+check(metric(m, "kvplane_routerd_client_cancels_total") >= 1 and metric(m, "kvplane_routerd_inflight") == 0,
+      "a client gone mid-stream cancels upstream (cancels %s, in flight %s)" % (
+          metric(m, "kvplane_routerd_client_cancels_total"), metric(m, "kvplane_routerd_inflight")))
+
 # ---- approximate mode: no events, no render: text chunks + routed records ------
 port2 = free_port()
 cfg2 = os.path.join(W, "routerd-approx.yaml")
