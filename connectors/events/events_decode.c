@@ -171,6 +171,12 @@ int kvp__mp_check(const uint8_t *p, size_t len) {
   return off == len ? 0 : KVP_ECORRUPT;
 }
 
+int kvp_msgpack_check(const void *payload, size_t len) {
+  if (payload == NULL && len > 0)
+    return KVP_EINVAL;
+  return kvp__mp_check(payload, len);
+}
+
 /* ---- small readers ------------------------------------------------------------ */
 
 #define BAD(d, reason) ((d)->why = (reason), KVP_ECORRUPT)

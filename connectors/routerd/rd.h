@@ -46,6 +46,11 @@ typedef struct rd_cfg {
   char urls[8192], kv_events[8192], kv_replay[8192];
   kvp_router_opts ropts;
   char policy[64];
+  /* replicas: */
+  char nats_url[RD_URL_MAX];       /* "" = one replica, no sync */
+  char subject_prefix[128];
+  uint64_t replica_id;             /* 0 = the process id */
+  double snapshot_interval_s, peer_timeout_s;
   char path[RD_URL_MAX]; /* the file, for SIGHUP */
 } rd_cfg;
 
@@ -124,6 +129,8 @@ struct rd_server {
   uint64_t predicted_cached, reported_cached, reported_n;
   uint64_t tenant_salted;
   struct rd_indexer *indexer;
+  struct rd_sync *sync;         /* NULL: one replica */
+  uint64_t *peer_req, *peer_tok; /* per slot: the peers' in-flight load */
 };
 
 double rd_now(void); /* monotonic seconds */
@@ -161,6 +168,18 @@ void rd_metrics_write(rd_server *s, struct evbuffer *b);
 /* SIGHUP: the config's workers list applied (added / drained-removed) */
 int rd_reload(rd_server *s);
 int rd_apply_workers(rd_server *s, const rd_cfg *c);
+
+/* ---- replicas (rd_sync.c) ------------------------------------------------ */
+typedef struct rd_sync rd_sync;
+int rd_sync_start(rd_server *s, char *err, size_t cap);
+void rd_sync_stop(rd_server *s);
+/* this replica routed d to w (keys: approximate residency it creates, may
+ * be NULL/0) / its request's prefill is over */
+void rd_sync_decision(rd_server *s, const rd_worker *w, const kvp_decision *d,
+                      const kvp_key *keys, size_t n_keys);
+void rd_sync_complete(rd_server *s, const rd_worker *w, uint64_t request_id,
+                      uint64_t tokens);
+void rd_sync_metrics(rd_server *s, struct evbuffer *b);
 
 /* ---- indexer service (rd_indexer.c) ------------------------------------- */
 struct rd_indexer;

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static void defaults(rd_cfg *c) {
   memset(c, 0, sizeof *c);
@@ -32,6 +33,9 @@ static void defaults(rd_cfg *c) {
   c->drain_timeout_s = 30;
   c->approx_ttl_s = 120;
   c->ropts.block_size = 16;
+  snprintf(c->subject_prefix, sizeof c->subject_prefix, "kvplane.routerd");
+  c->snapshot_interval_s = 0.1;
+  c->peer_timeout_s = 1;
 }
 
 static int bind_own(kvp_config *k, rd_cfg *c, char *err, size_t cap) {
@@ -69,10 +73,18 @@ static int bind_own(kvp_config *k, rd_cfg *c, char *err, size_t cap) {
       KVP_CFG_STR("hash", c->hash_algo, sizeof c->hash_algo),
       KVP_CFG_BOOL("engine_hash", &c->engine_hash),
   };
+  const kvp_config_field pf[] = {
+      KVP_CFG_STR("nats_url", c->nats_url, sizeof c->nats_url),
+      KVP_CFG_STR("subject_prefix", c->subject_prefix, sizeof c->subject_prefix),
+      KVP_CFG_U64("replica_id", &c->replica_id, 0, UINT32_MAX),
+      KVP_CFG_DURATION("snapshot_interval", &c->snapshot_interval_s, 0.001, 60, 1),
+      KVP_CFG_DURATION("peer_timeout", &c->peer_timeout_s, 0.01, 3600, 1),
+  };
   const kvp_config_section secs[] = {{"routerd", rf, sizeof rf / sizeof *rf},
                                      {"workers", wf, sizeof wf / sizeof *wf},
-                                     {"namespace", nf, sizeof nf / sizeof *nf}};
-  for (size_t i = 0; i < 3; i++)
+                                     {"namespace", nf, sizeof nf / sizeof *nf},
+                                     {"replicas", pf, sizeof pf / sizeof *pf}};
+  for (size_t i = 0; i < 4; i++)
     if (kvp_config_bind(k, &secs[i], err, cap) < 0)
       return -1;
   return 0;
@@ -155,6 +167,8 @@ int rd_cfg_load(const char *path, rd_cfg *c, char *err, size_t cap) {
       check(k, c, err, cap) < 0)
     goto out;
   c->ropts.n_workers = (uint32_t)c->max_workers;
+  c->ropts.replica_id = c->replica_id ? (uint32_t)c->replica_id
+                                      : (uint32_t)getpid();
   rc = 0;
 out:
   kvp_config_destroy(k);

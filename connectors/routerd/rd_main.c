@@ -143,6 +143,10 @@ static int start(rd_server *s) {
     fprintf(stderr, "kvplane-routerd: indexer: %s\n", err);
     return -1;
   }
+  if (*s->cfg.nats_url && rd_sync_start(s, err, sizeof err) < 0) {
+    fprintf(stderr, "kvplane-routerd: replicas: %s\n", err);
+    return -1;
+  }
   for (int i = 0; i < 3; i++)
     if ((ev[i] = evsignal_new(s->base, sigs[i], on_signal, s)) == NULL ||
         event_add(ev[i], NULL) < 0)
@@ -156,6 +160,7 @@ static int start(rd_server *s) {
 }
 
 static void stop(rd_server *s) {
+  rd_sync_stop(s);
   rd_indexer_stop(s);
   rd_workers_fini(s);
   struct event *evs[] = {s->sig_term, s->sig_int, s->sig_hup, s->tick};

@@ -118,6 +118,7 @@ void rd_metrics_write(rd_server *s, struct evbuffer *b) {
   hist(b, "render_seconds", "render call time", s->h_render);
   hist(b, "route_seconds", "hash + index + decision time", s->h_route);
   workers(s, b);
+  rd_sync_metrics(s, b);
   events(s, b);
   kvp_ledger_prometheus_write(s->ledger, ev_write, b);
 }

@@ -78,9 +78,10 @@ static void on_client_gone(struct evhttp_connection *cn, void *arg) {
   call_free(c);
 }
 
+static void complete_once(rd_call *c);
+
 static void call_free(rd_call *c) {
-  if (!c->completed && c->d.worker != KVP_WORKER_NONE && c->attempts > 0)
-    kvp_router_complete(c->s->router, c->d.worker, c->d.request_id);
+  complete_once(c);
   if (c->held)
     evbuffer_free(c->held);
   rd_req_free(&c->q);
@@ -184,8 +185,11 @@ static void detach(rd_call *c) {
 }
 
 static void complete_once(rd_call *c) {
-  if (!c->completed && c->attempts > 0 && c->d.worker != KVP_WORKER_NONE)
+  if (!c->completed && c->attempts > 0 && c->d.worker != KVP_WORKER_NONE) {
     kvp_router_complete(c->s->router, c->d.worker, c->d.request_id);
+    rd_sync_complete(c->s, &c->s->w[c->d.worker], c->d.request_id,
+                     c->d.uncached_tokens);
+  }
   c->completed = true;
 }
 
@@ -467,8 +471,10 @@ static void route(rd_call *c) {
   }
   s->reasons[c->d.reason % KVP_REASON_COUNT_]++;
   rd_worker *w = &s->w[c->d.worker];
-  if (c->text_mode || *w->kv_events == '\0') /* approximate residency */
+  bool approx = c->text_mode || *w->kv_events == '\0';
+  if (approx) /* approximate residency, shared with the other replicas */
     kvp_index_record_routed(s->ix, w->id, c->keys, c->n_keys, t0);
+  rd_sync_decision(s, w, &c->d, approx ? c->keys : NULL, approx ? c->n_keys : 0);
   s->rr = w->id + 1;
   try_next(c);
 }

@@ -24,6 +24,13 @@ bool rd_worker_routable(const rd_worker *w) {
 void rd_worker_sync(rd_worker *w) {
   kvp_worker_load l = w->load;
   l.flags = rd_worker_routable(w) ? 0 : KVP_WORKER_OFFLINE;
+  if (w->s->peer_req) { /* the other replicas' in flight counts as queued */
+    uint64_t q = l.queued_requests + w->s->peer_req[w->id];
+    l.queued_requests = q > UINT32_MAX ? UINT32_MAX : (uint32_t)q;
+    l.prefill_tokens += w->s->peer_tok[w->id];
+    if (l.prefill_tokens > KVP_ROUTE_COUNT_MAX)
+      l.prefill_tokens = KVP_ROUTE_COUNT_MAX;
+  }
   kvp_router_set_load(w->s->router, w->id, &l);
 }
 

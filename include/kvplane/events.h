@@ -130,6 +130,14 @@ KVP_API int kvp_kv_decode(kvp_kv_decoder *d, const void *payload, size_t len,
  * the engines' hashes.  Returns 0 or KVP_EINVAL. */
 KVP_API int kvp_kv_decoder_skip_tokens(kvp_kv_decoder *d, int skip);
 
+/* Is payload[0..len) exactly one msgpack value whose every declared string,
+ * binary and container size fits in the bytes that remain?  The check the
+ * decoder makes before it unpacks: msgpack-c sizes its allocations from the
+ * declared counts, so a few hostile bytes could ask for gigabytes.  For any
+ * msgpack reader of outside bytes (kvplane-routerd's replica messages).
+ * Returns 0 or KVP_ECORRUPT (KVP_EINVAL for NULL with len > 0). */
+KVP_API int kvp_msgpack_check(const void *payload, size_t len);
+
 /* ---- the subscriber ---------------------------------------------------------- */
 
 typedef enum kvp_events_keying {

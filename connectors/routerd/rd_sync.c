@@ -1,0 +1,434 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* kvplane-routerd replicas: what only one replica knows -- its routing
+ * decisions (with the approximate residency they create), its in-flight
+ * load per worker, its completions -- published on NATS core subjects and
+ * applied by its peers, so any replica's decision sees the whole fleet's
+ * in-flight load within a bounded lag (docs/routerd.md#replicas).  The KV
+ * events themselves reach every replica directly (ZeroMQ) or from
+ * JetStream (`kvplane events relay`).
+ *
+ * libnats delivers messages on its own threads: the callback only queues
+ * them (mutex) and wakes the loop through an eventfd; everything else runs
+ * on the loop thread, like the rest of the daemon.  NATS down: replicas
+ * route on local state (peers' contributions expire after peer_timeout),
+ * counted and visible; libnats reconnects forever and snapshots resync. */
+#include "rd.h"
+#include "rd_sync_msg.h"
+
+#include <event2/buffer.h>
+#include <nats/nats.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#define PEERS_MAX 64
+#define QUEUE_MAX 65536
+
+typedef struct peer {
+  uint32_t replica;
+  bool used;
+  double last_seen;
+  uint64_t *req, *tok; /* per worker slot */
+} peer;
+
+struct rd_sync {
+  rd_server *s;
+  natsOptions *opts;
+  natsConnection *nc;
+  natsSubscription *sub;
+  pthread_mutex_t mu; /* guards q, qn (callback thread <-> loop) */
+  natsMsg **q;
+  size_t qn;
+  int efd;
+  struct event *ev_q, *ev_snap;
+  atomic_int connected;
+  atomic_ullong disconnects, reconnects, queue_drops;
+  peer peers[PEERS_MAX];
+  char subj[3][160];
+  uint64_t pub[4], recv[4], pub_fail, skipped_down, malformed, newer,
+      unknown_worker, own;
+  kvp_hist *lag; /* ns */
+};
+
+static uint64_t wall_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- libnats threads ---------------------------------------------------------- */
+static void on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *m,
+                   void *arg) {
+  (void)nc, (void)sub;
+  rd_sync *y = arg;
+  pthread_mutex_lock(&y->mu);
+  bool wake = y->qn == 0, kept = y->qn < QUEUE_MAX;
+  if (kept)
+    y->q[y->qn++] = m;
+  pthread_mutex_unlock(&y->mu);
+  if (!kept) {
+    atomic_fetch_add_explicit(&y->queue_drops, 1, memory_order_relaxed);
+    natsMsg_Destroy(m);
+  }
+  uint64_t one = 1;
+  if (wake && write(y->efd, &one, sizeof one) < 0) {
+    /* the counter is saturated: the loop is already woken */
+  }
+}
+
+static void on_disconnected(natsConnection *nc, void *arg) {
+  (void)nc;
+  rd_sync *y = arg;
+  atomic_store_explicit(&y->connected, 0, memory_order_relaxed);
+  atomic_fetch_add_explicit(&y->disconnects, 1, memory_order_relaxed);
+}
+
+static void on_reconnected(natsConnection *nc, void *arg) {
+  (void)nc;
+  rd_sync *y = arg;
+  atomic_store_explicit(&y->connected, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&y->reconnects, 1, memory_order_relaxed);
+}
+
+/* ---- peers' state ---------------------------------------------------------------- */
+static void resum(rd_sync *y, uint32_t slot) {
+  rd_server *s = y->s;
+  uint64_t r = 0, t = 0;
+  for (int i = 0; i < PEERS_MAX; i++)
+    if (y->peers[i].used) {
+      r += y->peers[i].req[slot];
+      t += y->peers[i].tok[slot];
+    }
+  s->peer_req[slot] = r;
+  s->peer_tok[slot] = t;
+  rd_worker_sync(&s->w[slot]);
+}
+
+static void peer_zero(rd_sync *y, peer *p) {
+  memset(p->req, 0, y->s->n_w * sizeof *p->req);
+  memset(p->tok, 0, y->s->n_w * sizeof *p->tok);
+}
+
+static peer *peer_get(rd_sync *y, uint32_t replica) {
+  peer *free_p = NULL;
+  for (int i = 0; i < PEERS_MAX; i++) {
+    if (y->peers[i].used && y->peers[i].replica == replica)
+      return &y->peers[i];
+    if (!y->peers[i].used && free_p == NULL)
+      free_p = &y->peers[i];
+  }
+  if (free_p) {
+    free_p->used = true;
+    free_p->replica = replica;
+    peer_zero(y, free_p);
+    kvp_log(KVP_LOG_INFO, "routerd", "replica %u joined", replica);
+  }
+  return free_p;
+}
+
+static void apply_delta(rd_sync *y, peer *p, const rd_sync_msg *m) {
+  rd_worker *w = rd_worker_find(y->s, m->url);
+  if (w == NULL) {
+    y->unknown_worker++;
+    return;
+  }
+  uint32_t i = w->id;
+  if (m->type == RD_SYNC_DECISION) {
+    p->req[i]++;
+    p->tok[i] += m->tokens;
+    if (m->n_keys)
+      kvp_index_record_routed(y->s->ix, i, m->keys, m->n_keys, kvp_now_ns());
+  } else {
+    p->req[i] -= p->req[i] > 0;
+    p->tok[i] -= p->tok[i] > m->tokens ? m->tokens : p->tok[i];
+  }
+  resum(y, i);
+}
+
+static void apply_snapshot(rd_sync *y, peer *p, const rd_sync_msg *m) {
+  peer_zero(y, p);
+  for (size_t k = 0; k < m->n_loads; k++) {
+    rd_worker *w = rd_worker_find(y->s, m->loads[k].url);
+    if (w == NULL) {
+      y->unknown_worker++;
+      continue;
+    }
+    p->req[w->id] = m->loads[k].requests;
+    p->tok[w->id] = m->loads[k].tokens;
+  }
+  for (uint32_t i = 0; i < y->s->n_w; i++)
+    resum(y, i);
+}
+
+static void handle(rd_sync *y, natsMsg *nm) {
+  rd_sync_msg m;
+  int rc = rd_sync_decode(natsMsg_GetData(nm), (size_t)natsMsg_GetDataLength(nm), &m);
+  if (rc != 0) {
+    rc < 0 ? y->malformed++ : y->newer++;
+    return;
+  }
+  if (m.replica == y->s->cfg.ropts.replica_id) {
+    y->own++;
+  } else {
+    peer *p = peer_get(y, m.replica);
+    uint64_t now = wall_ns();
+    y->recv[m.type]++;
+    kvp_hist_record(y->lag, now > m.wall_ns ? now - m.wall_ns : 0);
+    if (p) {
+      p->last_seen = rd_now();
+      if (m.type == RD_SYNC_SNAPSHOT)
+        apply_snapshot(y, p, &m);
+      else
+        apply_delta(y, p, &m);
+    }
+  }
+  rd_sync_msg_free(&m);
+}
+
+static void on_queue(evutil_socket_t fd, short what, void *arg) {
+  (void)what;
+  rd_sync *y = arg;
+  uint64_t v;
+  if (read(fd, &v, sizeof v) < 0) {
+    /* EAGAIN: woken already */
+  }
+  for (;;) {
+    natsMsg *batch[256];
+    size_t n = 0;
+    pthread_mutex_lock(&y->mu);
+    n = y->qn < 256 ? y->qn : 256;
+    memcpy(batch, y->q, n * sizeof *batch);
+    memmove(y->q, y->q + n, (y->qn - n) * sizeof *y->q);
+    y->qn -= n;
+    pthread_mutex_unlock(&y->mu);
+    if (n == 0)
+      return;
+    for (size_t i = 0; i < n; i++) {
+      handle(y, batch[i]);
+      natsMsg_Destroy(batch[i]);
+    }
+  }
+}
+
+/* ---- publishing --------------------------------------------------------------- */
+static void publish(rd_sync *y, const rd_sync_msg *m) {
+  if (!atomic_load_explicit(&y->connected, memory_order_relaxed)) {
+    y->skipped_down++; /* a delta would arrive stale: snapshots resync */
+    return;
+  }
+  char *b = NULL;
+  size_t n = 0;
+  if (rd_sync_encode(m, &b, &n) < 0 ||
+      natsConnection_Publish(y->nc, y->subj[m->type - 1], b, (int)n) != NATS_OK)
+    y->pub_fail++;
+  else
+    y->pub[m->type]++;
+  free(b);
+}
+
+void rd_sync_decision(rd_server *s, const rd_worker *w, const kvp_decision *d,
+                      const kvp_key *keys, size_t n_keys) {
+  if (s->sync == NULL)
+    return;
+  rd_sync_msg m = {.type = RD_SYNC_DECISION,
+                   .replica = s->cfg.ropts.replica_id,
+                   .wall_ns = wall_ns(),
+                   .request_id = d->request_id,
+                   .tokens = d->uncached_tokens,
+                   .keys = (kvp_key *)keys,
+                   .n_keys = n_keys < RD_SYNC_KEYS_MAX ? n_keys : RD_SYNC_KEYS_MAX};
+  snprintf(m.url, sizeof m.url, "%s", w->url);
+  publish(s->sync, &m);
+}
+
+void rd_sync_complete(rd_server *s, const rd_worker *w, uint64_t request_id,
+                      uint64_t tokens) {
+  if (s->sync == NULL)
+    return;
+  rd_sync_msg m = {.type = RD_SYNC_COMPLETE,
+                   .replica = s->cfg.ropts.replica_id,
+                   .wall_ns = wall_ns(),
+                   .request_id = request_id,
+                   .tokens = tokens};
+  snprintf(m.url, sizeof m.url, "%s", w->url);
+  publish(s->sync, &m);
+}
+
+/* Every snapshot_interval: this replica's in-flight per worker (the
+ * deltas' correction), and peers not heard for peer_timeout expire. */
+static void on_snapshot(evutil_socket_t fd, short what, void *arg) {
+  (void)fd, (void)what;
+  rd_sync *y = arg;
+  rd_server *s = y->s;
+  rd_sync_load *l = calloc(s->n_w ? s->n_w : 1, sizeof *l);
+  rd_sync_msg m = {.type = RD_SYNC_SNAPSHOT,
+                   .replica = s->cfg.ropts.replica_id,
+                   .wall_ns = wall_ns(),
+                   .loads = l};
+  for (uint32_t i = 0; l && i < s->n_w; i++) {
+    if (s->w[i].state == RD_W_FREE)
+      continue;
+    snprintf(l[m.n_loads].url, RD_SYNC_URL_MAX, "%s", s->w[i].url);
+    kvp_router_inflight(s->router, i, &l[m.n_loads].requests,
+                        &l[m.n_loads].tokens, NULL);
+    m.n_loads++;
+  }
+  if (l)
+    publish(y, &m);
+  free(l);
+  double now = rd_now();
+  for (int i = 0; i < PEERS_MAX; i++) {
+    peer *p = &y->peers[i];
+    if (p->used && now - p->last_seen > s->cfg.peer_timeout_s) {
+      kvp_log(KVP_LOG_WARN, "routerd", "replica %u silent for %.1f s: its "
+              "load no longer counts", p->replica, now - p->last_seen);
+      p->used = false;
+      peer_zero(y, p);
+      for (uint32_t k = 0; k < s->n_w; k++)
+        resum(y, k);
+    }
+  }
+}
+
+/* ---- set-up ------------------------------------------------------------------- */
+static int nats_fail(char *err, size_t cap, const char *what, natsStatus st) {
+  snprintf(err, cap, "NATS %s: %s", what, natsStatus_GetText(st));
+  return -1;
+}
+
+static int connect_nats(rd_sync *y, char *err, size_t cap) {
+  natsStatus st;
+  if ((st = natsOptions_Create(&y->opts)) != NATS_OK ||
+      (st = natsOptions_SetURL(y->opts, y->s->cfg.nats_url)) != NATS_OK ||
+      (st = natsOptions_SetMaxReconnect(y->opts, -1)) != NATS_OK ||
+      (st = natsOptions_SetReconnectWait(y->opts, 250)) != NATS_OK ||
+      (st = natsOptions_SetRetryOnFailedConnect(y->opts, true, NULL, NULL)) != NATS_OK ||
+      (st = natsOptions_SetDisconnectedCB(y->opts, on_disconnected, y)) != NATS_OK ||
+      (st = natsOptions_SetReconnectedCB(y->opts, on_reconnected, y)) != NATS_OK ||
+      (st = natsOptions_SetName(y->opts, "kvplane-routerd")) != NATS_OK)
+    return nats_fail(err, cap, "options", st);
+  st = natsConnection_Connect(&y->nc, y->opts);
+  if (st != NATS_OK && st != NATS_NOT_YET_CONNECTED)
+    return nats_fail(err, cap, y->s->cfg.nats_url, st);
+  atomic_store(&y->connected, st == NATS_OK);
+  if (st == NATS_NOT_YET_CONNECTED)
+    kvp_log(KVP_LOG_WARN, "routerd", "NATS %s not reachable yet: routing on "
+            "local state until it is", y->s->cfg.nats_url);
+  char wild[176];
+  snprintf(wild, sizeof wild, "%s.*", y->s->cfg.subject_prefix);
+  if ((st = natsConnection_Subscribe(&y->sub, y->nc, wild, on_msg, y)) != NATS_OK ||
+      (st = natsSubscription_SetPendingLimits(y->sub, -1, -1)) != NATS_OK)
+    return nats_fail(err, cap, "subscribe", st);
+  return 0;
+}
+
+int rd_sync_start(rd_server *s, char *err, size_t cap) {
+  rd_sync *y = calloc(1, sizeof *y);
+  if (y == NULL || (s->peer_req = calloc(s->n_w, sizeof *s->peer_req)) == NULL ||
+      (s->peer_tok = calloc(s->n_w, sizeof *s->peer_tok)) == NULL)
+    return snprintf(err, cap, "out of memory"), free(y), -1;
+  s->sync = y;
+  y->s = s;
+  y->efd = -1;
+  pthread_mutex_init(&y->mu, NULL);
+  const char *sfx[3] = {"decision", "complete", "snapshot"};
+  for (int i = 0; i < 3; i++)
+    snprintf(y->subj[i], sizeof y->subj[i], "%s.%s", s->cfg.subject_prefix, sfx[i]);
+  for (int i = 0; i < PEERS_MAX; i++) {
+    y->peers[i].req = calloc(s->n_w, sizeof(uint64_t));
+    y->peers[i].tok = calloc(s->n_w, sizeof(uint64_t));
+    if (!y->peers[i].req || !y->peers[i].tok)
+      return snprintf(err, cap, "out of memory"), -1;
+  }
+  struct timeval tv = {(time_t)s->cfg.snapshot_interval_s,
+                       (suseconds_t)((s->cfg.snapshot_interval_s -
+                                      (double)(time_t)s->cfg.snapshot_interval_s) * 1e6)};
+  if ((y->q = malloc(QUEUE_MAX * sizeof *y->q)) == NULL ||
+      kvp_hist_create(NULL, &y->lag) < 0 ||
+      (y->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0 ||
+      (y->ev_q = event_new(s->base, y->efd, EV_READ | EV_PERSIST, on_queue, y)) == NULL ||
+      event_add(y->ev_q, NULL) < 0 ||
+      (y->ev_snap = event_new(s->base, -1, EV_PERSIST, on_snapshot, y)) == NULL ||
+      event_add(y->ev_snap, &tv) < 0)
+    return snprintf(err, cap, "sync set-up failed"), -1;
+  return connect_nats(y, err, cap);
+}
+
+void rd_sync_stop(rd_server *s) {
+  rd_sync *y = s->sync;
+  if (y == NULL)
+    return;
+  if (y->sub) {
+    natsSubscription_Unsubscribe(y->sub);
+    natsSubscription_Destroy(y->sub);
+  }
+  if (y->nc) {
+    natsConnection_Close(y->nc);
+    natsConnection_Destroy(y->nc);
+  }
+  natsOptions_Destroy(y->opts);
+  for (size_t i = 0; i < y->qn; i++)
+    natsMsg_Destroy(y->q[i]);
+  free(y->q);
+  if (y->ev_q)
+    event_free(y->ev_q);
+  if (y->ev_snap)
+    event_free(y->ev_snap);
+  if (y->efd >= 0)
+    close(y->efd);
+  for (int i = 0; i < PEERS_MAX; i++)
+    free(y->peers[i].req), free(y->peers[i].tok);
+  kvp_hist_destroy(y->lag);
+  pthread_mutex_destroy(&y->mu);
+  free(y);
+  s->sync = NULL;
+  free(s->peer_req);
+  free(s->peer_tok);
+  s->peer_req = s->peer_tok = NULL;
+}
+
+void rd_sync_metrics(rd_server *s, struct evbuffer *b) {
+  rd_sync *y = s->sync;
+  if (y == NULL)
+    return;
+  int peers = 0;
+  for (int i = 0; i < PEERS_MAX; i++)
+    peers += y->peers[i].used;
+  kvp_hist_summary h;
+  kvp_hist_summarize(y->lag, &h);
+  const char *t[4] = {"", "decision", "complete", "snapshot"};
+  evbuffer_add_printf(b, "# TYPE kvplane_routerd_sync_connected gauge\n"
+      "kvplane_routerd_sync_connected %d\n# TYPE kvplane_routerd_sync_peers gauge\n"
+      "kvplane_routerd_sync_peers %d\n# TYPE kvplane_routerd_sync_published_total counter\n"
+      "# TYPE kvplane_routerd_sync_received_total counter\n",
+      atomic_load(&y->connected), peers);
+  for (int i = 1; i < 4; i++)
+    evbuffer_add_printf(b, "kvplane_routerd_sync_published_total{type=\"%s\"} %llu\n"
+                        "kvplane_routerd_sync_received_total{type=\"%s\"} %llu\n",
+                        t[i], (unsigned long long)y->pub[i], t[i],
+                        (unsigned long long)y->recv[i]);
+  evbuffer_add_printf(b, "# TYPE kvplane_routerd_sync_errors_total counter\n"
+      "kvplane_routerd_sync_errors_total{reason=\"publish\"} %llu\n"
+      "kvplane_routerd_sync_errors_total{reason=\"skipped_while_down\"} %llu\n"
+      "kvplane_routerd_sync_errors_total{reason=\"malformed\"} %llu\n"
+      "kvplane_routerd_sync_errors_total{reason=\"newer_version\"} %llu\n"
+      "kvplane_routerd_sync_errors_total{reason=\"unknown_worker\"} %llu\n"
+      "kvplane_routerd_sync_errors_total{reason=\"queue_full\"} %llu\n"
+      "# TYPE kvplane_routerd_sync_disconnects_total counter\n"
+      "kvplane_routerd_sync_disconnects_total %llu\n"
+      "# TYPE kvplane_routerd_sync_lag_seconds summary\n"
+      "kvplane_routerd_sync_lag_seconds{quantile=\"0.5\"} %.9f\n"
+      "kvplane_routerd_sync_lag_seconds{quantile=\"0.99\"} %.9f\n"
+      "kvplane_routerd_sync_lag_seconds_count %llu\n",
+      (unsigned long long)y->pub_fail, (unsigned long long)y->skipped_down,
+      (unsigned long long)y->malformed, (unsigned long long)y->newer,
+      (unsigned long long)y->unknown_worker,
+      (unsigned long long)atomic_load(&y->queue_drops),
+      (unsigned long long)atomic_load(&y->disconnects), (double)h.p50 * 1e-9,
+      (double)h.p99 * 1e-9, (unsigned long long)h.count);
+}
