@@ -78,6 +78,12 @@ typedef struct rd_worker {
   char url[RD_URL_MAX], host[RD_URL_MAX];
   uint16_t port;
   char kv_events[RD_URL_MAX], kv_replay[RD_URL_MAX]; /* "" = none */
+  /* the indexer API's name for it (rd_indexer.c): instance_id ("" = none:
+   * the url names it) and dp_rank; index_only: registered there without a
+   * url -- indexed from its events, never routed nor scraped */
+  char instance[RD_REQ_ID_MAX];
+  bool instance_int, index_only;
+  uint32_t dp_rank;
   kvp_events *ev;
   struct event *ev_fd[RD_EV_FDS];
   int n_ev_fd;
@@ -141,10 +147,18 @@ void rd_workers_fini(rd_server *s);
  * err (duplicate url, no free slot, bad url, events refused). */
 int rd_worker_add(rd_server *s, const char *url, const char *kv_events,
                   const char *kv_replay, char *err, size_t cap);
+/* An index-only worker (rd_indexer.c): `name` (unique, kept as its url)
+ * identifies it; its events feed the index; it is never routed nor scraped.
+ * Returns its id or -1 with err. */
+int rd_worker_add_indexed(rd_server *s, const char *name, const char *kv_events,
+                          const char *kv_replay, char *err, size_t cap);
 rd_worker *rd_worker_find(rd_server *s, const char *url);
 /* Drains (no new requests) and, with remove, frees the slot once idle. */
 void rd_worker_drain(rd_worker *w, bool remove);
 void rd_worker_undrain(rd_worker *w);
+/* A worker drained for removal is freed now if idle; returns whether it
+ * was (rd_workers_tick does it for the others). */
+bool rd_worker_reap(rd_worker *w);
 bool rd_worker_routable(const rd_worker *w);
 /* Connection from the keep-alive pool (or a new one); put it back when the
  * request ended cleanly, free it otherwise. */
@@ -156,6 +170,12 @@ void rd_worker_ok(rd_worker *w);
 void rd_workers_tick(rd_server *s); /* scrapes, breaker, removals */
 /* Router-facing state after a change (online/offline flags + load). */
 void rd_worker_sync(rd_worker *w);
+
+/* An evhttp listener on host:port on s's loop with the front door's limits
+ * (body, headers, client timeout); NULL (logged) on failure. */
+struct evhttp *rd_listen(rd_server *s, const char *hostport,
+                         void (*cb)(struct evhttp_request *, void *),
+                         struct evhttp_bound_socket **sock);
 
 /* ---- the front door (rd_proxy.c) ---------------------------------------- */
 void rd_on_http(struct evhttp_request *hr, void *arg);

@@ -49,9 +49,9 @@ static int make_core(rd_server *s) {
   return 0;
 }
 
-static struct evhttp *listen_on(rd_server *s, const char *hp,
-                                void (*cb)(struct evhttp_request *, void *),
-                                struct evhttp_bound_socket **sock) {
+struct evhttp *rd_listen(rd_server *s, const char *hp,
+                         void (*cb)(struct evhttp_request *, void *),
+                         struct evhttp_bound_socket **sock) {
   char host[RD_URL_MAX];
   uint16_t port;
   struct evhttp *h = evhttp_new(s->base);
@@ -132,10 +132,10 @@ static int start(rd_server *s) {
   int sigs[3] = {SIGTERM, SIGINT, SIGHUP};
   if ((s->base = event_base_new()) == NULL || make_core(s) < 0 ||
       open_receipts(s) < 0 ||
-      (s->http = listen_on(s, s->cfg.listen, rd_on_http, &s->http_sock)) == NULL)
+      (s->http = rd_listen(s, s->cfg.listen, rd_on_http, &s->http_sock)) == NULL)
     return -1;
   if (*s->cfg.admin_listen &&
-      (s->admin = listen_on(s, s->cfg.admin_listen, rd_on_admin, NULL)) == NULL)
+      (s->admin = rd_listen(s, s->cfg.admin_listen, rd_on_admin, NULL)) == NULL)
     return -1;
   char err[512];
   if (*s->cfg.indexer_listen &&

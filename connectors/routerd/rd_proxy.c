@@ -7,6 +7,7 @@
  * before the first byte go to the next-best worker; after it, the stream
  * ends with an error event. */
 #include "rd.h"
+#include "rd_idx_req.h"
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -585,14 +586,12 @@ static void copy_header(struct evhttp_request *hr, const char *name, char *dst,
  * cache_salt), so neither the engine's cache nor the index can match one
  * tenant's blocks for another's prompt. */
 static int set_body(rd_call *c, const char *body, size_t len) {
+  rd_salt_for(c->tenant, c->q.cache_salt, c->salt, sizeof c->salt);
   if (*c->tenant) {
-    snprintf(c->salt, sizeof c->salt, "kvplane-tenant:%s%s%s", c->tenant,
-             *c->q.cache_salt ? "|" : "", c->q.cache_salt);
     c->body = rd_req_with_salt(body, len, c->salt, &c->body_len);
     c->s->tenant_salted++;
     return c->body ? 0 : -1;
   }
-  snprintf(c->salt, sizeof c->salt, "%s", c->q.cache_salt);
   c->body = malloc(len ? len : 1);
   if (c->body == NULL)
     return -1;

@@ -18,7 +18,7 @@
 double rd_now(void) { return (double)kvp_now_ns() * 1e-9; }
 
 bool rd_worker_routable(const rd_worker *w) {
-  return w->state == RD_W_UP;
+  return w->state == RD_W_UP && !w->index_only;
 }
 
 void rd_worker_sync(rd_worker *w) {
@@ -132,8 +132,8 @@ static const char *opt(const char *v) {
   return v && *v && strcmp(v, "-") != 0 ? v : "";
 }
 
-int rd_worker_add(rd_server *s, const char *url, const char *kv_events,
-                  const char *kv_replay, char *err, size_t cap) {
+static int add(rd_server *s, const char *url, const char *kv_events,
+               const char *kv_replay, bool index_only, char *err, size_t cap) {
   if (rd_worker_find(s, url)) {
     snprintf(err, cap, "worker %s is already registered", url);
     return -1;
@@ -150,8 +150,9 @@ int rd_worker_add(rd_server *s, const char *url, const char *kv_events,
     snprintf(err, cap, "worker %.64s...: url or endpoint too long", url);
     return -1;
   }
-  if (parse_url(w, url, err, cap) < 0)
+  if (!index_only && parse_url(w, url, err, cap) < 0)
     return -1;
+  w->index_only = index_only;
   snprintf(w->url, sizeof w->url, "%s", url);
   snprintf(w->kv_events, sizeof w->kv_events, "%s", opt(kv_events));
   snprintf(w->kv_replay, sizeof w->kv_replay, "%s", opt(kv_replay));
@@ -168,6 +169,24 @@ int rd_worker_add(rd_server *s, const char *url, const char *kv_events,
   kvp_log(KVP_LOG_INFO, "routerd", "worker %u: %s (events: %s)", w->id, url,
           *w->kv_events ? w->kv_events : "none, approximate residency");
   return (int)w->id;
+}
+
+int rd_worker_add(rd_server *s, const char *url, const char *kv_events,
+                  const char *kv_replay, char *err, size_t cap) {
+  return add(s, url, kv_events, kv_replay, false, err, cap);
+}
+
+int rd_worker_add_indexed(rd_server *s, const char *name, const char *kv_events,
+                          const char *kv_replay, char *err, size_t cap) {
+  return add(s, name, kv_events, kv_replay, true, err, cap);
+}
+
+bool rd_worker_reap(rd_worker *w) {
+  if (w->state == RD_W_FREE || !w->removing || w->inflight || w->probe_busy)
+    return false;
+  kvp_log(KVP_LOG_WARN, "routerd", "worker %s removed", w->url);
+  worker_free(w);
+  return true;
 }
 
 void rd_worker_drain(rd_worker *w, bool remove) {
@@ -355,11 +374,8 @@ void rd_workers_tick(rd_server *s) {
       continue;
     if (w->ev)
       on_events(-1, 0, w);
-    if (w->removing && w->inflight == 0 && !w->probe_busy) {
-      kvp_log(KVP_LOG_WARN, "routerd", "worker %s removed", w->url);
-      worker_free(w);
+    if (rd_worker_reap(w) || w->index_only)
       continue;
-    }
     if (!w->probe_busy && !probe_get(w, "/metrics", on_scrape)) {
       w->scrape_fail++;
       rd_worker_failed(w, RD_ERR_CONNECT);
