@@ -473,6 +473,15 @@ static uint32_t session_worker(kvp_router *r, uint64_t id) {
   return s && s->id == id ? s->worker : KVP_WORKER_NONE;
 }
 
+int kvp_router_session_set(kvp_router *r, uint64_t session_id,
+                           uint32_t worker) {
+  if (r == NULL || session_id == 0 || worker >= r->n)
+    return KVP_EINVAL;
+  kvp__session *s = session_slot(r, session_id);
+  s->id = session_id, s->worker = worker;
+  return 0;
+}
+
 /* ---- one decision -------------------------------------------------------- */
 typedef struct route_ctx {
   const kvp_route_request *req;

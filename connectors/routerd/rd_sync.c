@@ -143,6 +143,8 @@ static void apply_delta(rd_sync *y, peer *p, const rd_sync_msg *m) {
     p->tok[i] += m->tokens;
     if (m->n_keys)
       kvp_index_record_routed(y->s->ix, i, m->keys, m->n_keys, kvp_now_ns());
+    if (m->session_id) /* the session's next turn here keeps its worker */
+      kvp_router_session_set(y->s->router, m->session_id, i);
   } else {
     p->req[i] -= p->req[i] > 0;
     p->tok[i] -= p->tok[i] > m->tokens ? m->tokens : p->tok[i];
@@ -240,6 +242,7 @@ void rd_sync_decision(rd_server *s, const rd_worker *w, const kvp_decision *d,
                    .wall_ns = wall_ns(),
                    .request_id = d->request_id,
                    .tokens = d->uncached_tokens,
+                   .session_id = d->session_id,
                    .keys = (kvp_key *)keys,
                    .n_keys = n_keys < RD_SYNC_KEYS_MAX ? n_keys : RD_SYNC_KEYS_MAX};
   snprintf(m.url, sizeof m.url, "%s", w->url);
@@ -310,6 +313,7 @@ static int connect_nats(rd_sync *y, char *err, size_t cap) {
       (st = natsOptions_SetRetryOnFailedConnect(y->opts, true, NULL, NULL)) != NATS_OK ||
       (st = natsOptions_SetDisconnectedCB(y->opts, on_disconnected, y)) != NATS_OK ||
       (st = natsOptions_SetReconnectedCB(y->opts, on_reconnected, y)) != NATS_OK ||
+      (st = natsOptions_SetSendAsap(y->opts, true)) != NATS_OK || /* lag: no batching */
       (st = natsOptions_SetName(y->opts, "kvplane-routerd")) != NATS_OK)
     return nats_fail(err, cap, "options", st);
   st = natsConnection_Connect(&y->nc, y->opts);

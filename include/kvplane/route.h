@@ -434,6 +434,14 @@ KVP_API int kvp_router_route(kvp_router *r, kvp_index *ix,
 KVP_API int kvp_router_complete(kvp_router *r, uint32_t worker,
                                 uint64_t request_id);
 
+/* Remember that session `session_id`'s last worker is `worker`, as a routed
+ * request does: another router replica routed it there (the affinity rule
+ * then applies to the session's next request here too).  A collision in the
+ * session table forgets the older session, as routing does.  Returns 0 or
+ * KVP_EINVAL (NULL r, session 0, worker out of range). */
+KVP_API int kvp_router_session_set(kvp_router *r, uint64_t session_id,
+                                   uint32_t worker);
+
 /* In-flight figures the router tracks for `worker` (any out pointer may be
  * NULL).  Returns 0 or KVP_EINVAL. */
 KVP_API int kvp_router_inflight(const kvp_router *r, uint32_t worker,

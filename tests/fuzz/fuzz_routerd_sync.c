@@ -15,6 +15,7 @@ static void same(const rd_sync_msg *a, const rd_sync_msg *b) {
   if (a->type != b->type || a->replica != b->replica ||
       a->wall_ns != b->wall_ns || strcmp(a->url, b->url) != 0 ||
       a->request_id != b->request_id || a->tokens != b->tokens ||
+      a->session_id != b->session_id ||
       a->n_keys != b->n_keys || a->n_loads != b->n_loads)
     abort();
   if (a->n_keys && memcmp(a->keys, b->keys, a->n_keys * sizeof *a->keys))
