@@ -394,7 +394,7 @@ static void start_target(bench *B, target *t) {
   }
   size_t n = strlen(t->note);
   if (t->kind != T_ROUTERD)
-    snprintf(t->note + n, sizeof t->note - n, ", %d threads",
+    snprintf(t->note + n, sizeof t->note - n, ", %d thread(s)",
              threads_of(t->pid));
 }
 
@@ -486,6 +486,10 @@ static void print_table(const bench *B) {
   for (int t = 0; t < T_N; t++)
     if (B->o.want[t] && !B->tg[t].up)
       printf("%-16s %s\n", k_tname[t], B->tg[t].note);
+  for (size_t i = 0; i < B->n_rows; i++) /* what the errors were */
+    if (B->rows[i].r.first_error[0])
+      printf("  %s %s: %.100s\n", k_tname[B->rows[i].t],
+             k_pname[B->rows[i].p], B->rows[i].r.first_error);
 }
 
 static void print_notes(const bench *B) {
@@ -541,7 +545,9 @@ static void print_targets(const bench *B) {
       snprintf(s, sizeof s, "throughput >= vllm-router's, %s at %s (%.0f vs "
                "%.0f/s)", k_pname[p], rl, a ? a->r.achieved : NAN,
                v ? v->r.achieved : NAN);
-      verdict(s, !a || !v ? -1 : a->r.achieved >= 0.99 * v->r.achieved);
+      verdict(s, !a || !v || (a->r.ok == 0 && v->r.ok == 0)
+                     ? -1 /* neither answered in time: nothing compared */
+                     : a->r.achieved >= 0.99 * v->r.achieved);
     }
 }
 
