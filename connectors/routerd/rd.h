@@ -164,6 +164,8 @@ bool rd_worker_routable(const rd_worker *w);
  * request ended cleanly, free it otherwise. */
 struct evhttp_connection *rd_conn_get(rd_worker *w);
 void rd_conn_put(rd_worker *w, struct evhttp_connection *c);
+/* TCP_NODELAY on c's socket; after each evhttp_make_request on c */
+void rd_conn_nodelay(struct evhttp_connection *c);
 /* A request to w failed (reason) or succeeded: the circuit breaker. */
 void rd_worker_failed(rd_worker *w, rd_err_reason why);
 void rd_worker_ok(rd_worker *w);

@@ -376,6 +376,7 @@ static int start_upstream(rd_call *c, rd_worker *w) {
     upstream_end(c);
     return -1;
   }
+  rd_conn_nodelay(c->uc);
   return 0;
 }
 
@@ -570,7 +571,8 @@ static void render(rd_call *c) {
     c->w = NULL;
     c->text_mode = true;
     route(c);
-  }
+  } else
+    rd_conn_nodelay(c->uc);
 }
 
 /* ---- the front door ------------------------------------------------------------- */

@@ -1,0 +1,177 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* kvplane-routerd's request parser (connectors/routerd/rd_req.c): the
+ * token-id fast path (a top-level "prompt": [ids] read from the bytes, the
+ * rest through jansson) must read what jansson reads and reject what
+ * jansson rejects -- fixed cases, seeded random bodies and mutations of
+ * them, each checked against jansson's own view of the body. */
+#include <jansson.h>
+
+#include "rd_req.h"
+#include "test_harness.h"
+
+static int parse(const char *body, rd_req *r, rd_req_err *e) {
+  return rd_req_parse(RD_COMPLETIONS, body, strlen(body), r, e);
+}
+
+static void expect_ids(const char *body, const uint32_t *ids, size_t n) {
+  rd_req r;
+  rd_req_err e;
+  ASSERT_OK(parse(body, &r, &e));
+  ASSERT_EQ(r.n_tokens, n);
+  ASSERT_NOT_NULL(r.tokens);
+  ASSERT_MEM_EQ(r.tokens, ids, n * sizeof *ids);
+  rd_req_free(&r);
+}
+
+static void expect_reject(const char *body, const char *param) {
+  rd_req r;
+  rd_req_err e = {0};
+  ASSERT_EQ(parse(body, &r, &e), -1);
+  ASSERT_EQ(e.status, 400);
+  ASSERT_NULL(r.tokens);
+  if (param)
+    ASSERT_STR_EQ(e.param, param);
+}
+
+TEST(fast_path_reads_ids) {
+  static const uint32_t a[] = {1, 2, 3}, big[] = {0, 2147483647};
+  static const uint32_t seven[] = {7, 8}, batch[] = {1, 2};
+  expect_ids("{\"prompt\":[1,2,3]}", a, 3);
+  expect_ids(" {\n \"model\" : \"m\" ,\t\"prompt\" : [ 1 ,2 , 3 ] , "
+             "\"max_tokens\":1}\r\n", a, 3);
+  expect_ids("{\"prompt\":[0,2147483647]}", big, 2);
+  /* "prompt" inside a string or a nested object is not the prompt */
+  expect_ids("{\"a\":\"\\\"prompt\\\":[5]\",\"x\":{\"prompt\":[5]},"
+             "\"l\":[{\"prompt\":[5]}],\"prompt\":[7,8]}", seven, 2);
+  expect_ids("{\"prompt\":[[1,2],[3]]}", batch, 2); /* a batch: jansson's */
+  rd_req r;
+  rd_req_err e;
+  ASSERT_OK(parse("{\"stream\":true,\"model\":\"m1\",\"user\":\"u\","
+                  "\"prompt\":[4],\"cache_salt\":\"s\"}", &r, &e));
+  ASSERT_TRUE(r.stream);
+  ASSERT_STR_EQ(r.model, "m1");
+  ASSERT_STR_EQ(r.user, "u");
+  ASSERT_STR_EQ(r.cache_salt, "s");
+  ASSERT_EQ(r.n_tokens, 1u);
+  rd_req_free(&r);
+}
+
+TEST(fast_path_rejects_as_jansson) {
+  expect_reject("{\"prompt\":[1,2],\"prompt\":[3]}", NULL); /* duplicate */
+  expect_reject("{\"prompt\":[1,-2]}", "prompt");
+  expect_reject("{\"prompt\":[2147483648]}", "prompt");
+  expect_reject("{\"prompt\":[1.0]}", "prompt");
+  expect_reject("{\"prompt\":[1e2]}", "prompt");
+  expect_reject("{\"prompt\":[]}", "prompt");
+  expect_reject("{\"prompt\":[01,2]}", NULL);  /* not JSON */
+  expect_reject("{\"prompt\":[1,]}", NULL);
+  expect_reject("{\"prompt\":[1,2]", NULL);
+  expect_reject("{\"prompt\":[1,2]}x", NULL);
+  expect_reject("{\"a\":tru,\"prompt\":[1]}", NULL);
+  expect_reject("{\"prompt\":[1],\"stream\":\"yes\"}", "stream");
+  expect_reject("{\"x\":{\"prompt\":[5]}}", "prompt"); /* none at the top */
+}
+
+/* ---- random bodies against jansson ----------------------------------------- */
+static const char *const k_noise[] = {
+    "\"prompt\"", "\"\\\"prompt\\\":[1]\"", "{\"prompt\":[9,9]}", "[1,[2,{}]]",
+    "\"a\\\\\"", "null", "true", "-1.5e3", "{}", "[]", "\"\\u0041}\""};
+
+static size_t put_ws(char *p) {
+  static const char ws[] = " \t\n\r";
+  size_t n = kvt_rand_below(3);
+  for (size_t i = 0; i < n; i++)
+    p[i] = ws[kvt_rand_below(4)];
+  return n;
+}
+
+/* a body with noise fields around a token-id prompt, random whitespace */
+static size_t gen_body(char *b, uint32_t *ids, size_t *n_ids) {
+  size_t n = 0, fields = kvt_rand_below(4), at = kvt_rand_below(fields + 1);
+  n += put_ws(b + n);
+  b[n++] = '{';
+  for (size_t f = 0; f <= fields; f++) {
+    n += put_ws(b + n);
+    if (f == at) {
+      n += (size_t)sprintf(b + n, "\"prompt\"%s:[", kvt_rand_below(2) ? " " : "");
+      *n_ids = 1 + kvt_rand_below(40);
+      for (size_t i = 0; i < *n_ids; i++) {
+        ids[i] = (uint32_t)kvt_rand_below(kvt_rand_below(2) ? 10 : 1u << 31);
+        n += put_ws(b + n);
+        n += (size_t)sprintf(b + n, "%s%u", i ? "," : "", ids[i]);
+      }
+      n += put_ws(b + n);
+      b[n++] = ']';
+    } else
+      n += (size_t)sprintf(b + n, "\"k%zu\":%s", f,
+                           k_noise[kvt_rand_below(sizeof k_noise / sizeof *k_noise)]);
+    n += put_ws(b + n);
+    b[n++] = f < fields ? ',' : '}';
+  }
+  b[n] = '\0';
+  return n;
+}
+
+/* jansson's view: the top-level prompt's ids, or -1 when the body is not a
+ * JSON object with such a prompt */
+static int reference(const char *b, size_t n, uint32_t *ids, size_t *n_ids) {
+  json_t *o = json_loadb(b, n, JSON_REJECT_DUPLICATES, NULL);
+  json_t *p = json_object_get(o, "prompt");
+  int rc = json_is_object(o) && json_is_array(p) && json_array_size(p) > 0 ? 0 : -1;
+  for (size_t i = 0; rc == 0 && i < json_array_size(p); i++) {
+    json_t *v = json_array_get(p, i);
+    if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+        json_integer_value(v) > INT32_MAX)
+      rc = -1;
+    else
+      ids[i] = (uint32_t)json_integer_value(v);
+  }
+  *n_ids = rc == 0 ? json_array_size(p) : 0;
+  json_decref(o);
+  return rc;
+}
+
+static void check_against_jansson(const char *b, size_t n) {
+  uint32_t want[256];
+  size_t n_want = 0;
+  rd_req r;
+  rd_req_err e;
+  int ref = reference(b, n, want, &n_want);
+  int rc = rd_req_parse(RD_COMPLETIONS, b, n, &r, &e);
+  if (ref < 0) { /* jansson rejects it, or its prompt is no id list */
+    ASSERT_TRUE(rc < 0 || r.tokens == NULL);
+  } else {
+    ASSERT_OK(rc);
+    ASSERT_EQ(r.n_tokens, n_want);
+    ASSERT_MEM_EQ(r.tokens, want, n_want * sizeof *want);
+  }
+  if (rc == 0)
+    rd_req_free(&r);
+}
+
+TEST(random_bodies_match_jansson) {
+  static char b[8192];
+  uint32_t ids[64];
+  size_t n_ids = 0, took = 0;
+  for (int it = 0; it < 20000; it++) {
+    size_t n = gen_body(b, ids, &n_ids);
+    uint32_t want[256];
+    size_t n_want;
+    took += reference(b, n, want, &n_want) == 0;
+    check_against_jansson(b, n);
+    for (int m = 0; m < 4; m++) { /* one byte changed, or the body cut */
+      char save = b[0];
+      size_t at = kvt_rand_below(n);
+      static const char alpha[] = "{}[],:\" \\0123-.e";
+      save = b[at];
+      b[at] = alpha[kvt_rand_below(sizeof alpha - 1)];
+      check_against_jansson(b, n);
+      check_against_jansson(b, at);
+      b[at] = save;
+    }
+  }
+  ASSERT_GT(took, 19000u); /* the generator makes valid bodies */
+}
+
+TEST_MAIN(TEST_ENTRY(fast_path_reads_ids), TEST_ENTRY(fast_path_rejects_as_jansson),
+          TEST_ENTRY(random_bodies_match_jansson))
