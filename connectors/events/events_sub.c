@@ -392,6 +392,12 @@ static void on_live(kvp_events *ev, source *s, uint64_t seq, zmq_msg_t *m) {
   pend_push(ev, s, seq, m);
 }
 
+size_t kvp__ev_source_count(const kvp_events *ev) { return ev->n_src; }
+
+bool kvp__ev_source_external(const kvp_events *ev, uint32_t source_id) {
+  return source_id < ev->n_src && ev->src[source_id].d.endpoint == NULL;
+}
+
 int kvp_events_feed(kvp_events *ev, uint32_t source_id, uint64_t seq,
                     const void *payload, size_t len) {
   if (ev == NULL || (payload == NULL && len > 0))
