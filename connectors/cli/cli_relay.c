@@ -470,6 +470,10 @@ static void fetch_replay(relay *r, rworker *w, uint64_t from, uint64_t until) {
       w->have = true;
     }
     close_frames(f);
+    if (ok && seq == UINT64_MAX && !w->have) {
+      w->have = true; /* nothing buffered: from here on, a gap is a gap */
+      w->next = from;
+    }
     if (!ok || seq == UINT64_MAX) {
       w->replay_failures += !ok;
       return;

@@ -127,6 +127,14 @@ static void on_disconnected(natsConnection *nc, void *closure) {
   add(&((kvp_events_js *)closure)->disconnects, 1);
 }
 
+static void on_connected(natsConnection *nc, void *closure) {
+  kvp_events_js *js = closure;
+  (void)nc;
+  pthread_mutex_lock(&js->mu); /* subscribe now */
+  pthread_cond_signal(&js->cv_keeper);
+  pthread_mutex_unlock(&js->mu);
+}
+
 static void on_reconnected(natsConnection *nc, void *closure) {
   kvp_events_js *js = closure;
   (void)nc;
@@ -320,7 +328,8 @@ static int connect_nats(kvp_events_js *js, const char *url) {
   if (st == NATS_OK)
     st = natsOptions_SetTimeout(js->opts, 1000);
   if (st == NATS_OK)
-    st = natsOptions_SetRetryOnFailedConnect(js->opts, true, NULL, NULL);
+    /* with a callback, the first connect retries in the background */
+    st = natsOptions_SetRetryOnFailedConnect(js->opts, true, on_connected, js);
   if (st == NATS_OK)
     st = natsOptions_SetDisconnectedCB(js->opts, on_disconnected, js);
   if (st == NATS_OK)
