@@ -181,8 +181,9 @@ static void be8(uint64_t v, uint8_t out[8]) {
     out[i] = (uint8_t)(v >> (56 - 8 * i));
 }
 
-/* One vLLM-shaped batch: [ts, [events...]], 1-3 events. */
-static void engine_publish(engine *e) {
+/* One vLLM-shaped batch: [ts, [events...]], 1-3 events; kept for replay,
+ * and sent live unless `hidden` (a batch lost on the wire). */
+static void engine_send(engine *e, bool hidden) {
   ASSERT_LT(e->n, (uint64_t)MAXB);
   msgpack_sbuffer sb;
   msgpack_packer p;
@@ -199,9 +200,11 @@ static void engine_publish(engine *e) {
       pack_stored(e, &p);
   uint8_t s[8];
   be8(e->n, s);
-  zmq_send(e->pub, "", 0, ZMQ_SNDMORE);
-  zmq_send(e->pub, s, 8, ZMQ_SNDMORE);
-  zmq_send(e->pub, sb.data, sb.size, 0);
+  if (!hidden) {
+    zmq_send(e->pub, "", 0, ZMQ_SNDMORE);
+    zmq_send(e->pub, s, 8, ZMQ_SNDMORE);
+    zmq_send(e->pub, sb.data, sb.size, 0);
+  }
   e->data[e->n] = sb.data; /* kept for replay */
   e->len[e->n++] = sb.size;
   msgpack_sbuffer_release(&sb);
@@ -238,6 +241,8 @@ static void engine_serve(engine *e) {
       return;
   }
 }
+
+static void engine_publish(engine *e) { engine_send(e, false); }
 
 static void engine_close(engine *e) {
   zmq_close(e->pub);
@@ -436,6 +441,15 @@ static void run(void) {
   pid_t rc = relay_start(out_c);
   catch_up(&r1);
   same_index(&r1);
+  /* batches lost on the wire: the relay asks the engine's replay socket */
+  for (int k = 0; k < 3; k++)
+    for (int i = 0; i < WORKERS; i++) {
+      engine_send(&eng[i], true);
+      engine_publish(&eng[i]);
+    }
+  catch_up(&live);
+  catch_up(&r1);
+  same_index(&r1);
   /* NATS restarts mid-stream (file storage): the reader resumes */
   (void)stop(nats);
   wait_connected(&r1, 0);
@@ -470,6 +484,8 @@ static void run(void) {
   ASSERT_NOT_NULL(strstr(prom, "kvplane_events_js_connected 1\n"));
   ASSERT_EQ(stop(rc), 0);
   ASSERT_EQ(relay_stat(out_c, "lost"), 0u);
+  ASSERT_EQ(relay_stat(out_c, "gaps"), 3u * WORKERS);
+  ASSERT_EQ(relay_stat(out_c, "batches_missed"), 3u * WORKERS);
   n_readers = 0;
   side_close(&r2);
   side_close(&r1);
