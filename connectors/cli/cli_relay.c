@@ -517,7 +517,7 @@ static void drain(relay *r, rworker *w) {
 }
 
 static int open_worker(relay *r, rworker *w) {
-  int zero = 0, hwm = 1000000;
+  int zero = 0, hwm = 100000; /* as kvp_events' SUB sockets */
   size_t len = strlen(r->o->prefix) + strlen(w->name) + 2;
   w->subject = malloc(len);
   if (w->subject == NULL)

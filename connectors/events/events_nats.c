@@ -44,6 +44,7 @@ typedef struct qent {
 
 struct kvp_events_js {
   kvp_events *ev;
+  const kvp_allocator *a; /* ev's: every allocation here goes through it */
   natsOptions *opts;
   natsConnection *nc;
   jsCtx *jc;
@@ -62,9 +63,9 @@ struct kvp_events_js {
   _Atomic uint64_t subscribed;
 };
 
-static char *str_dup(const char *s) {
+static char *str_dup(const kvp_allocator *a, const char *s) {
   size_t n = strlen(s) + 1;
-  char *c = malloc(n);
+  char *c = kvp__ev_alloc(a, n);
   if (c != NULL)
     memcpy(c, s, n);
   return c;
@@ -353,7 +354,7 @@ static int connect_nats(kvp_events_js *js, const char *url) {
 
 static int make_sources(kvp_events_js *js, const char *prefix,
                         const char *const *names) {
-  js->src = calloc(js->n, sizeof *js->src);
+  js->src = kvp__ev_calloc(js->a, js->n, sizeof *js->src);
   if (js->src == NULL)
     return KVP_ENOMEM;
   for (size_t i = 0; i < js->n; i++) {
@@ -362,7 +363,7 @@ static int make_sources(kvp_events_js *js, const char *prefix,
     s->idx = (uint32_t)i;
     atomic_init(&s->last_stream_seq, 0);
     size_t len = strlen(prefix) + strlen(names[i]) + 2;
-    if ((s->subject = malloc(len)) == NULL)
+    if ((s->subject = kvp__ev_alloc(js->a, len)) == NULL)
       return KVP_ENOMEM;
     snprintf(s->subject, len, "%s.%s", prefix, names[i]);
   }
@@ -403,7 +404,7 @@ static int sync_init(kvp_events_js *js) {
   pthread_cond_init(&js->cv_keeper, &ca);
   pthread_cond_init(&js->cv_done, &ca);
   pthread_condattr_destroy(&ca);
-  js->q = calloc(QUEUE_CAP, sizeof *js->q);
+  js->q = kvp__ev_calloc(js->a, QUEUE_CAP, sizeof *js->q);
   return js->q != NULL ? 0 : KVP_ENOMEM;
 }
 
@@ -420,15 +421,17 @@ int kvp_events_js_create(kvp_events *ev, const kvp_events_js_opts *o,
   int rc = check_args(ev, names, n, prefix);
   if (rc < 0)
     return rc;
-  kvp_events_js *js = calloc(1, sizeof *js);
+  const kvp_allocator *a = kvp__ev_allocator(ev);
+  kvp_events_js *js = kvp__ev_calloc(a, 1, sizeof *js);
   if (js == NULL)
     return KVP_ENOMEM;
   js->ev = ev;
+  js->a = a;
   js->n = n;
   if ((rc = sync_init(js)) < 0 ||
       (rc = make_sources(js, prefix, names)) < 0)
     goto fail;
-  js->stream = str_dup(d.stream ? d.stream : "KVPLANE_EVENTS");
+  js->stream = str_dup(a, d.stream ? d.stream : "KVPLANE_EVENTS");
   if (js->stream == NULL) {
     rc = KVP_ENOMEM;
     goto fail;
@@ -487,16 +490,18 @@ void kvp_events_js_destroy(kvp_events_js *js) {
     js->q_head = (js->q_head + 1) % QUEUE_CAP;
   }
   for (size_t i = 0; js->src != NULL && i < js->n; i++)
-    free(js->src[i].subject);
-  free(js->src);
-  free(js->q);
-  free(js->stream);
+    if (js->src[i].subject != NULL)
+      kvp__ev_free(js->a, js->src[i].subject, strlen(js->src[i].subject) + 1);
+  kvp__ev_free(js->a, js->src, js->n * sizeof *js->src);
+  kvp__ev_free(js->a, js->q, QUEUE_CAP * sizeof *js->q);
+  if (js->stream != NULL)
+    kvp__ev_free(js->a, js->stream, strlen(js->stream) + 1);
   pthread_cond_destroy(&js->cv_data);
   pthread_cond_destroy(&js->cv_room);
   pthread_cond_destroy(&js->cv_keeper);
   pthread_cond_destroy(&js->cv_done);
   pthread_mutex_destroy(&js->mu);
-  free(js);
+  kvp__ev_free(js->a, js, sizeof *js);
 }
 
 /* ---- stats ------------------------------------------------------------------------ */

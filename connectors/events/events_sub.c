@@ -394,6 +394,8 @@ static void on_live(kvp_events *ev, source *s, uint64_t seq, zmq_msg_t *m) {
 
 size_t kvp__ev_source_count(const kvp_events *ev) { return ev->n_src; }
 
+const kvp_allocator *kvp__ev_allocator(const kvp_events *ev) { return ev->ap; }
+
 bool kvp__ev_source_external(const kvp_events *ev, uint32_t source_id) {
   return source_id < ev->n_src && ev->src[source_id].d.endpoint == NULL;
 }
