@@ -408,21 +408,18 @@ static void wait_connected(const side *s, int want) {
   ASSERT_EQ(kvp_events_js_connected(s->js), want);
 }
 
-static void run(void) {
-  char out_a[256], out_b[256], out_c[256];
-  snprintf(out_a, sizeof out_a, "%s/relay-a.json", dir);
-  snprintf(out_b, sizeof out_b, "%s/relay-b.json", dir);
-  snprintf(out_c, sizeof out_c, "%s/relay-c.json", dir);
-  pid_t nats = nats_start();
-  side_open(&live, false);
-  /* two relays on the same engines: the stream's dedup keeps one copy */
+static char out_a[256], out_b[256], out_c[256];
+static pid_t nats;
+static side r1, r2;
+
+/* Two relays on the same engines: the stream's dedup keeps one copy; a
+ * reader that starts after the batches were relayed rebuilds the index. */
+static void stage_dedup(void) {
   pid_t ra = relay_start(out_a), rb = relay_start(out_b);
   pump(700); /* SUBs connect; the relays' start-up replays answered */
   publish_all(300);
   catch_up(&live);
   pump(500); /* the relays publish and get their acks */
-  /* a reader that starts after the batches were relayed */
-  side r1;
   side_open(&r1, true);
   readers[n_readers++] = &r1;
   catch_up(&r1);
@@ -435,13 +432,16 @@ static void run(void) {
   ASSERT_EQ(relayed, 2 * published());
   ASSERT_EQ(relay_stat(out_a, "duplicates") + relay_stat(out_b, "duplicates"),
             published());
-  /* no relay while the engines go on; a new one fills in from replay */
+}
+
+/* No relay while the engines go on; a new one fills in from their replay
+ * sockets, at start and for batches lost on the wire.  Returns its pid. */
+static pid_t stage_relay_restart(void) {
   publish_all(50);
   catch_up(&live);
   pid_t rc = relay_start(out_c);
   catch_up(&r1);
   same_index(&r1);
-  /* batches lost on the wire: the relay asks the engine's replay socket */
   for (int k = 0; k < 3; k++)
     for (int i = 0; i < WORKERS; i++) {
       engine_send(&eng[i], true);
@@ -450,10 +450,15 @@ static void run(void) {
   catch_up(&live);
   catch_up(&r1);
   same_index(&r1);
-  /* NATS restarts mid-stream (file storage): the reader resumes */
+  return rc;
+}
+
+/* NATS restarts mid-stream (file storage): the relay holds what comes
+ * meanwhile, the reader resumes. */
+static void stage_nats_restart(void) {
   (void)stop(nats);
   wait_connected(&r1, 0);
-  publish_all(50); /* the relay holds these until NATS is back */
+  publish_all(50);
   catch_up(&live);
   pump(300);
   nats = nats_start();
@@ -463,25 +468,41 @@ static void run(void) {
   kvp_events_js_stats st = js_stats(&r1);
   ASSERT_GE(st.disconnects, 1u);
   ASSERT_GE(st.reconnects, 1u);
-  /* malformed messages: counted and skipped, by this reader and a late one */
-  publish_malformed();
-  for (int i = 0; i < 500 && js_stats(&r1).bad_messages < 2; i++)
+}
+
+static void wait_bad(const side *s, uint64_t n) {
+  for (int i = 0; i < 500 && js_stats(s).bad_messages < n; i++)
     pump(10);
-  ASSERT_EQ(js_stats(&r1).bad_messages, 2u);
+  ASSERT_EQ(js_stats(s).bad_messages, n);
+}
+
+/* Malformed messages: counted and skipped, by this reader and a late one. */
+static void stage_malformed(void) {
+  publish_malformed();
+  wait_bad(&r1, 2);
   same_index(&r1);
-  side r2;
   side_open(&r2, true);
   readers[n_readers++] = &r2;
   catch_up(&r2);
-  for (int i = 0; i < 500 && js_stats(&r2).bad_messages < 2; i++)
-    pump(10);
+  wait_bad(&r2, 2);
   same_index(&r2);
-  ASSERT_EQ(js_stats(&r2).bad_messages, 2u);
   ASSERT_EQ(js_stats(&r2).fed, published());
   char prom[4096];
   ASSERT_GT(kvp_events_js_prometheus(r2.js, prom, sizeof prom), 0);
   ASSERT_NOT_NULL(strstr(prom, "kvplane_events_js_bad_messages_total 2\n"));
   ASSERT_NOT_NULL(strstr(prom, "kvplane_events_js_connected 1\n"));
+}
+
+static void run(void) {
+  snprintf(out_a, sizeof out_a, "%s/relay-a.json", dir);
+  snprintf(out_b, sizeof out_b, "%s/relay-b.json", dir);
+  snprintf(out_c, sizeof out_c, "%s/relay-c.json", dir);
+  nats = nats_start();
+  side_open(&live, false);
+  stage_dedup();
+  pid_t rc = stage_relay_restart();
+  stage_nats_restart();
+  stage_malformed();
   ASSERT_EQ(stop(rc), 0);
   ASSERT_EQ(relay_stat(out_c, "lost"), 0u);
   ASSERT_EQ(relay_stat(out_c, "gaps"), 3u * WORKERS);
