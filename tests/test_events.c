@@ -931,6 +931,153 @@ static void test_idle_probe(void) {
   fx_close(&f);
 }
 
+/* ---- external sources (kvp_events_feed) ------------------------------------------ */
+
+/* The same batches to a ZeroMQ source (worker 0, no replay socket) and to an
+ * external one (worker 1) fed by hand: equal stats, equal index digests. */
+typedef struct feed_fx {
+  tpub t;
+  kvp_index *ix;
+  kvp_events *ev;
+} feed_fx;
+
+static void ff_send(feed_fx *f, uint64_t seq, const void *p, size_t n) {
+  tp_send(&f->t, seq, p, n, true);
+  ASSERT_OK(kvp_events_feed(f->ev, 1, seq, p, n));
+  for (int i = 0; i < 300; i++) {
+    kvp_events_stats a, b;
+    ASSERT_OK(kvp_events_poll(f->ev, 2));
+    ASSERT_OK(kvp_events_stats_get(f->ev, 0, &a));
+    ASSERT_OK(kvp_events_stats_get(f->ev, 1, &b));
+    if (a.batches + a.duplicates + a.decode_errors ==
+        b.batches + b.duplicates + b.decode_errors)
+      return;
+  }
+  ASSERT_TRUE(false); /* the ZeroMQ source never caught up */
+}
+
+static void ff_stored(feed_fx *f, uint64_t seq, const uint64_t *h, size_t n,
+                      const uint64_t *parent) {
+  pk k;
+  pk_init(&k);
+  batch(&k, 1, -1);
+  stored_ev e = {.h = h, .n = n, .parent = parent, .tokens = TOK, .bs = 4,
+                 .medium = "GPU", .group = -1};
+  stored(&k, &e);
+  ff_send(f, seq, k.sb.data, k.sb.size);
+  pk_free(&k);
+}
+
+static void ff_removed(feed_fx *f, uint64_t seq, const uint64_t *h, size_t n) {
+  pk k;
+  pk_init(&k);
+  batch(&k, 1, -1);
+  removed(&k, h, n, "GPU", -1);
+  ff_send(f, seq, k.sb.data, k.sb.size);
+  pk_free(&k);
+}
+
+static void ff_same(feed_fx *f) {
+  kvp_events_stats a, b;
+  ASSERT_OK(kvp_events_stats_get(f->ev, 0, &a));
+  ASSERT_OK(kvp_events_stats_get(f->ev, 1, &b));
+  ASSERT_EQ(a.batches, b.batches);
+  ASSERT_EQ(a.blocks_stored, b.blocks_stored);
+  ASSERT_EQ(a.blocks_removed, b.blocks_removed);
+  ASSERT_EQ(a.gaps, b.gaps);
+  ASSERT_EQ(a.batches_missed, b.batches_missed);
+  ASSERT_EQ(a.residency_drops, b.residency_drops);
+  ASSERT_EQ(a.restarts, b.restarts);
+  ASSERT_EQ(a.duplicates, b.duplicates);
+  ASSERT_EQ(a.decode_errors, b.decode_errors);
+  uint64_t d0, d1;
+  ASSERT_OK(kvp_index_digest(f->ix, 0, &d0));
+  ASSERT_OK(kvp_index_digest(f->ix, 1, &d1));
+  ASSERT_EQ(d0, d1);
+}
+
+static uint32_t held_on(kvp_index *ix, uint32_t w, const uint64_t *h, size_t n) {
+  kvp_key k[16];
+  for (size_t i = 0; i < n; i++)
+    k[i] = (kvp_key){0, h[i]};
+  return prefix_on(ix, k, n, w, KVP_TIER_HBM);
+}
+
+static void test_feed(void) {
+  feed_fx f;
+  memset(&f, 0, sizeof f);
+  tp_open(&f.t, false);
+  ASSERT_OK(kvp_index_create(NULL, NULL, &f.ix));
+  ASSERT_OK(kvp_index_worker_add(f.ix, 0));
+  ASSERT_OK(kvp_index_worker_add(f.ix, 1));
+  kvp_events_source s[2] = {
+      {.endpoint = f.t.ep, .worker = 0, .keying = KVP_EVENTS_ENGINE_HASH},
+      {.endpoint = NULL, .worker = 1, .keying = KVP_EVENTS_ENGINE_HASH}};
+  ASSERT_OK(kvp_events_create(f.ix, s, 2, NULL, NULL, &f.ev));
+  ASSERT_ERR(kvp_events_feed(f.ev, 0, 0, "x", 1), KVP_ERANGE); /* ZeroMQ */
+  ASSERT_ERR(kvp_events_feed(f.ev, 2, 0, "x", 1), KVP_ERANGE);
+  ASSERT_ERR(kvp_events_feed(f.ev, 1, 0, NULL, 1), KVP_EINVAL);
+  ASSERT_ERR(kvp_events_feed(NULL, 1, 0, "x", 1), KVP_EINVAL);
+  pump(f.ev, &f.t, 150); /* the SUB connects */
+  /* in order */
+  ff_stored(&f, 0, H, 2, NULL);
+  ff_stored(&f, 1, &H[2], 1, &H[1]);
+  ASSERT_EQ(held_on(f.ix, 1, H, 3), 3u);
+  ff_same(&f);
+  /* a duplicate: nothing changes */
+  ff_stored(&f, 1, &H[2], 1, &H[1]);
+  ASSERT_EQ(stats(f.ev).duplicates, 2u);
+  ff_removed(&f, 2, &H[2], 1);
+  ASSERT_EQ(held_on(f.ix, 1, H, 3), 2u);
+  ff_same(&f);
+  /* a gap: batch 3 lost, the residency goes, the stream goes on */
+  ff_stored(&f, 4, &H[3], 1, NULL);
+  ASSERT_EQ(held_on(f.ix, 1, H, 2), 0u);
+  ASSERT_EQ(held_on(f.ix, 1, &H[3], 1), 1u);
+  kvp_events_stats b;
+  ASSERT_OK(kvp_events_stats_get(f.ev, 1, &b));
+  ASSERT_EQ(b.gaps, 1u);
+  ASSERT_EQ(b.batches_missed, 1u);
+  ASSERT_EQ(b.residency_drops, 1u);
+  ff_same(&f);
+  /* a malformed payload: counted, a lost batch */
+  ff_send(&f, 5, "\xc1garbage", 8);
+  ASSERT_OK(kvp_events_stats_get(f.ev, 1, &b));
+  ASSERT_EQ(b.decode_errors, 1u);
+  ASSERT_EQ(b.residency_drops, 2u);
+  ASSERT_EQ(held_on(f.ix, 1, &H[3], 1), 0u);
+  ff_stored(&f, 6, H, 2, NULL);
+  ff_same(&f);
+  /* the publisher restarts: seq 0 again, other bytes -> a new epoch */
+  kvp_index_stream_info si0, si1;
+  ASSERT_OK(kvp_index_stream_get(f.ix, 1, 0, &si0));
+  ff_stored(&f, 0, &H[3], 1, NULL);
+  ASSERT_OK(kvp_index_stream_get(f.ix, 1, 0, &si1));
+  ASSERT_GT(si1.epoch, si0.epoch);
+  ASSERT_EQ(held_on(f.ix, 1, H, 2), 0u);
+  ASSERT_EQ(held_on(f.ix, 1, &H[3], 1), 1u);
+  ASSERT_OK(kvp_events_stats_get(f.ev, 1, &b));
+  ASSERT_EQ(b.restarts, 1u);
+  ff_stored(&f, 1, H, 1, &H[3]);
+  ff_same(&f);
+  ASSERT_EQ(b.batches, 6u);
+  char buf[16384];
+  ASSERT_GT(kvp_events_prometheus(f.ev, buf, sizeof buf), 0);
+  ASSERT_NOT_NULL(strstr(buf, "endpoint=\"external:1\""));
+  /* an I/O thread owns the sources: no feeding beside it */
+  kvp_events_destroy(f.ev);
+  ASSERT_OK(kvp_events_create(f.ix, &s[1], 1, NULL, NULL, &f.ev));
+  ASSERT_OK(kvp_events_start(f.ev));
+  ASSERT_ERR(kvp_events_feed(f.ev, 0, 7, "x", 1), KVP_ESTATE);
+  kvp_events_destroy(f.ev);
+  /* an external source has no replay socket */
+  kvp_events_source bad = {.replay_endpoint = "tcp://127.0.0.1:5558",
+                           .keying = KVP_EVENTS_ENGINE_HASH};
+  ASSERT_ERR(kvp_events_create(f.ix, &bad, 1, NULL, NULL, &f.ev), KVP_EINVAL);
+  kvp_index_destroy(f.ix);
+  tp_close(&f.t);
+}
+
 int main(void) {
   test_decode_forms();
   test_decode_digests();
@@ -952,6 +1099,7 @@ int main(void) {
   test_groups();
   test_bad_sources();
   test_thread();
+  test_feed();
   printf("test_events: ok\n");
   return 0;
 }

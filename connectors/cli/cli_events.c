@@ -445,6 +445,8 @@ int kvp_cli_events(int argc, char **argv) {
     fputs(tail_usage, sub ? stdout : stderr);
     return sub ? 0 : EXIT_USAGE;
   }
+  if (strcmp(sub, "relay") == 0)
+    return kvp_cli_relay(argc - 1, argv + 1);
   if (strcmp(sub, "tail") != 0)
     return usage("unknown events command", sub);
   tail_opts o = {0};

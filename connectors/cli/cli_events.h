@@ -5,5 +5,7 @@
 
 /* argv[0] = "events"; returns the exit status. */
 int kvp_cli_events(int argc, char **argv);
+/* `kvplane events relay` (cli_relay.c); argv[0] = "relay". */
+int kvp_cli_relay(int argc, char **argv);
 
 #endif

@@ -117,4 +117,10 @@ void kvp__ev_apply_drop(ev_apply *a);
  * residency on its first event; the map is cleared now). */
 void kvp__ev_apply_new_epoch(ev_apply *a);
 
+/* ---- for the JetStream reader (events_nats.c) ---------------------------- */
+size_t kvp__ev_source_count(const kvp_events *ev);
+/* the allocator ev was created with (NULL: libc) */
+const kvp_allocator *kvp__ev_allocator(const kvp_events *ev);
+bool kvp__ev_source_external(const kvp_events *ev, uint32_t source);
+
 #endif /* KVP_EVENTS_INTERNAL_H */

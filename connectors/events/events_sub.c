@@ -186,8 +186,12 @@ static int open_dealer(kvp_events *ev, source *s) {
 
 static uint64_t now_ns(void) { return kvp_now_ns(); }
 
+static uint64_t hash_bytes(const void *p, size_t n) {
+  return XXH3_64bits(p, n);
+}
+
 static uint64_t hash_of(zmq_msg_t *m) {
-  return XXH3_64bits(zmq_msg_data(m), zmq_msg_size(m));
+  return hash_bytes(zmq_msg_data(m), zmq_msg_size(m));
 }
 
 static bool ring_has(const source *s, uint64_t seq, uint64_t h) {
@@ -200,16 +204,16 @@ static void ring_clear(source *s) {
     s->ring[i] = (dup_ent){UINT64_MAX, 0};
 }
 
-/* Decodes and applies batch `seq` (== s->next); an undecodable batch is a
- * lost batch: the source's residency is dropped. */
-static void apply(kvp_events *ev, source *s, uint64_t seq, zmq_msg_t *m,
-                  bool replayed) {
+/* Decodes and applies batch `seq` (== s->next) of bytes p[0, n); an
+ * undecodable batch is a lost batch: the source's residency is dropped. */
+static void apply_bytes(kvp_events *ev, source *s, uint64_t seq, const void *p,
+                        size_t n, bool replayed) {
   kvp_kv_batch b;
   /* engine hashes need no token ids (the batch callback still sees counts) */
   (void)kvp_kv_decoder_skip_tokens(ev->dec, s->ap.keying == KVP_EVENTS_ENGINE_HASH);
-  int rc = kvp_kv_decode(ev->dec, zmq_msg_data(m), zmq_msg_size(m), &b);
+  int rc = kvp_kv_decode(ev->dec, p, n, &b);
   s->next = seq + 1;
-  s->ring[seq % s->ring_cap] = (dup_ent){seq, hash_of(m)};
+  s->ring[seq % s->ring_cap] = (dup_ent){seq, hash_bytes(p, n)};
   if (rc < 0) {
     ev_add(&s->ctr.decode_errors, 1);
     kvp_log(KVP_LOG_WARN, EV_MOD, "%s: batch %" PRIu64 " undecodable (%s): "
@@ -225,6 +229,11 @@ static void apply(kvp_events *ev, source *s, uint64_t seq, zmq_msg_t *m,
     ev_add(&s->ctr.batches_replayed, 1);
   if (ev->on_batch != NULL)
     ev->on_batch(ev->on_batch_opaque, (uint32_t)(s - ev->src), seq, &b);
+}
+
+static void apply(kvp_events *ev, source *s, uint64_t seq, zmq_msg_t *m,
+                  bool replayed) {
+  apply_bytes(ev, s, seq, zmq_msg_data(m), zmq_msg_size(m), replayed);
 }
 
 /* Batches [next, seq) are gone for good: what they removed may still be in
@@ -326,6 +335,35 @@ static void finish_replay(kvp_events *ev, source *s, bool may_resync) {
   s->n_pending = left;
 }
 
+static void count_gap(source *s, uint64_t seq) {
+  if (seq > s->next) {
+    ev_add(&s->ctr.gaps, 1);
+    ev_add(&s->ctr.batches_missed, seq - s->next);
+  }
+}
+
+/* One live batch of a source without a replay socket (a ZeroMQ one, or an
+ * external one fed by kvp_events_feed): nothing to ask, so it starts where
+ * it joins, a gap is a loss and a regression with other bytes a restart. */
+static void on_live_direct(kvp_events *ev, source *s, uint64_t seq,
+                           const void *p, size_t n) {
+  if (seq == s->next || (!s->have_last && s->next == 0)) {
+    apply_bytes(ev, s, seq, p, n, false);
+    return;
+  }
+  if (seq < s->next && ring_has(s, seq, hash_bytes(p, n))) {
+    ev_add(&s->ctr.duplicates, 1);
+    return;
+  }
+  count_gap(s, seq);
+  if (seq < s->next)
+    restarted(s, "an earlier sequence number with other bytes");
+  else
+    lost_until(s, seq);
+  s->next = seq;
+  apply_bytes(ev, s, seq, p, n, false);
+}
+
 /* One batch from the live stream. */
 static void on_live(kvp_events *ev, source *s, uint64_t seq, zmq_msg_t *m) {
   s->last_heard_ns = now_ns();
@@ -337,29 +375,44 @@ static void on_live(kvp_events *ev, source *s, uint64_t seq, zmq_msg_t *m) {
     pend_push(ev, s, seq, m);
     return;
   }
-  if (seq == s->next || (!s->have_last && s->next == 0 && s->dealer == NULL)) {
-    apply(ev, s, seq, m, false); /* no replay socket: start where we join */
+  if (s->dealer == NULL) {
+    on_live_direct(ev, s, seq, zmq_msg_data(m), zmq_msg_size(m));
+    return;
+  }
+  if (seq == s->next) {
+    apply(ev, s, seq, m, false);
     return;
   }
   if (seq < s->next && ring_has(s, seq, hash_of(m))) {
     ev_add(&s->ctr.duplicates, 1);
     return;
   }
-  if (seq > s->next) {
-    ev_add(&s->ctr.gaps, 1);
-    ev_add(&s->ctr.batches_missed, seq - s->next);
-  }
-  if (s->dealer == NULL) { /* nothing to ask: a regression is a restart */
-    if (seq < s->next)
-      restarted(s, "an earlier sequence number with other bytes");
-    else
-      lost_until(s, seq);
-    s->next = seq;
-    apply(ev, s, seq, m, false);
-    return;
-  }
+  count_gap(s, seq);
   resync(ev, s);
   pend_push(ev, s, seq, m);
+}
+
+size_t kvp__ev_source_count(const kvp_events *ev) { return ev->n_src; }
+
+const kvp_allocator *kvp__ev_allocator(const kvp_events *ev) { return ev->ap; }
+
+bool kvp__ev_source_external(const kvp_events *ev, uint32_t source_id) {
+  return source_id < ev->n_src && ev->src[source_id].d.endpoint == NULL;
+}
+
+int kvp_events_feed(kvp_events *ev, uint32_t source_id, uint64_t seq,
+                    const void *payload, size_t len) {
+  if (ev == NULL || (payload == NULL && len > 0))
+    return KVP_EINVAL;
+  if (source_id >= ev->n_src || ev->src[source_id].d.endpoint != NULL)
+    return KVP_ERANGE; /* out of range, or not an external source */
+  if (ev->mode == 1)
+    return KVP_ESTATE;
+  ev->mode = 2;
+  source *s = &ev->src[source_id];
+  s->last_heard_ns = now_ns();
+  on_live_direct(ev, s, seq, len ? payload : "", len);
+  return 0;
 }
 
 /* One replayed batch (seq != the end marker). */
@@ -680,8 +733,10 @@ int kvp_events_on_batch(kvp_events *ev, kvp_events_batch_fn fn,
 static int check_source(kvp_index *ix, const kvp_events_source *d, size_t i) {
   kvp_index_stream_info si;
   const char *why = NULL;
-  if (d->endpoint == NULL || d->endpoint[0] == 0)
-    why = "endpoint is missing";
+  if (d->endpoint != NULL && d->endpoint[0] == 0)
+    why = "endpoint is empty (NULL makes an external source)";
+  else if (d->endpoint == NULL && d->replay_endpoint != NULL)
+    why = "an external source (endpoint NULL) has no replay_endpoint";
   else if (d->stream >= KVP_INDEX_STREAMS)
     why = "stream is not below KVP_INDEX_STREAMS";
   else if (kvp_index_stream_get(ix, d->worker, d->stream, &si) < 0)
@@ -698,8 +753,39 @@ static int check_source(kvp_index *ix, const kvp_events_source *d, size_t i) {
   if (why == NULL)
     return 0;
   kvp_log(KVP_LOG_ERROR, EV_MOD, "source %zu (%s): %s", i,
-          d->endpoint ? d->endpoint : "?", why);
+          d->endpoint ? d->endpoint : "external", why);
   return KVP_EINVAL;
+}
+
+/* The dedup ring, and the live batches held during a replay (not for an
+ * external source: it never replays). */
+static int ring_init(kvp_events *ev, source *s, bool pending) {
+  size_t pmax = ev->o.pending_max ? ev->o.pending_max : 4096;
+  s->ring_cap = 2 * pmax > DUP_RING_MIN ? 2 * pmax : DUP_RING_MIN;
+  s->ring = kvp__ev_calloc(ev->ap, s->ring_cap, sizeof *s->ring);
+  if (pending)
+    s->pending = kvp__ev_calloc(ev->ap, pmax, sizeof *s->pending);
+  if (s->ring == NULL || (pending && s->pending == NULL))
+    return KVP_ENOMEM;
+  ring_clear(s);
+  return 0;
+}
+
+/* An external source: no sockets; kvp_events_feed brings its batches.  Its
+ * name in logs and metrics is "external:<i>". */
+static int external_init(kvp_events *ev, source *s, size_t i) {
+  char name[32];
+  snprintf(name, sizeof name, "external:%zu", i);
+  s->endpoint = dup_str(ev->ap, name);
+  s->topic = dup_str(ev->ap, "");
+  if (s->endpoint == NULL || s->topic == NULL)
+    return KVP_ENOMEM;
+  s->d.endpoint = s->d.replay_endpoint = NULL;
+  s->d.topic = s->topic;
+  int rc = ring_init(ev, s, false);
+  if (rc < 0)
+    return rc;
+  return kvp__ev_apply_init(&s->ap, ev->ix, ev->ap, &s->d, &s->ctr);
 }
 
 static int source_init(kvp_events *ev, source *s, const kvp_events_source *d,
@@ -709,6 +795,8 @@ static int source_init(kvp_events *ev, source *s, const kvp_events_source *d,
   if (rc < 0)
     return rc;
   s->d = *d;
+  if (d->endpoint == NULL)
+    return external_init(ev, s, i);
   s->endpoint = offset_endpoint(a, d->endpoint, d->dp_rank);
   s->replay_endpoint = d->replay_endpoint
                            ? offset_endpoint(a, d->replay_endpoint, d->dp_rank)
@@ -725,13 +813,8 @@ static int source_init(kvp_events *ev, source *s, const kvp_events_source *d,
   s->d.endpoint = s->endpoint;
   s->d.replay_endpoint = s->replay_endpoint;
   s->d.topic = s->topic;
-  size_t pmax = ev->o.pending_max ? ev->o.pending_max : 4096;
-  s->ring_cap = 2 * pmax > DUP_RING_MIN ? 2 * pmax : DUP_RING_MIN;
-  s->ring = kvp__ev_calloc(a, s->ring_cap, sizeof *s->ring);
-  s->pending = kvp__ev_calloc(a, pmax, sizeof *s->pending);
-  if (s->ring == NULL || s->pending == NULL)
-    return KVP_ENOMEM;
-  ring_clear(s);
+  if ((rc = ring_init(ev, s, true)) < 0)
+    return rc;
   if ((rc = kvp__ev_apply_init(&s->ap, ev->ix, a, d, &s->ctr)) < 0)
     return rc;
   if ((rc = open_sub(ev, s)) < 0)

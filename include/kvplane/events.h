@@ -155,8 +155,12 @@ typedef enum kvp_events_connect {
 } kvp_events_connect;
 
 typedef struct kvp_events_source {
-  const char *endpoint;        /* ZeroMQ endpoint of the PUB stream */
-  const char *replay_endpoint; /* the publisher's ROUTER; NULL = none */
+  /* ZeroMQ endpoint of the PUB stream; NULL = an EXTERNAL source: no
+   * sockets, its batches come from the caller (kvp_events_feed: a relay,
+   * JetStream -- events_nats.h); topic, dp_rank and connect are ignored */
+  const char *endpoint;
+  const char *replay_endpoint; /* the publisher's ROUTER; NULL = none (and
+                                  NULL for an external source) */
   const char *topic;           /* NULL or "" = every topic */
   uint32_t worker;             /* the kvp_index worker it describes */
   uint32_t stream;             /* its kvp_index stream (< KVP_INDEX_STREAMS) */
@@ -206,7 +210,8 @@ typedef void (*kvp_events_batch_fn)(void *opaque, uint32_t source,
  * sources' workers must have been added).  Opens and binds/connects every
  * source's sockets (endpoints copied).  Returns 0, KVP_EINVAL (a field
  * named in the log: endpoint NULL, stream out of range, REKEY without a
- * namespace or with a vLLM algorithm ...), KVP_EIO (ZeroMQ refused an
+ * namespace or with a vLLM algorithm, an external source with a
+ * replay_endpoint ...), KVP_EIO (ZeroMQ refused an
  * endpoint: logged with zmq_strerror), KVP_ENOMEM. */
 KVP_API int kvp_events_create(kvp_index *ix, const kvp_events_source *sources,
                               size_t n_sources, const kvp_events_opts *opts,
@@ -239,6 +244,27 @@ KVP_API int kvp_events_fds(kvp_events *ev, int *fds, size_t cap);
  * forever, 0 = not at all) for the first message.  Returns the number of
  * batches applied (>= 0) or KVP_ESTATE (the I/O thread runs). */
 KVP_API int kvp_events_poll(kvp_events *ev, int timeout_ms);
+
+/* Feeds batch `seq` (bytes payload[0, len), an EventBatch as published) of
+ * EXTERNAL source `source` (endpoint NULL): exactly the live path of a
+ * source without a replay socket.  In order it applies; the first batch a
+ * source sees applies whatever its number (it starts where it joins); a
+ * batch under a passed number with the bytes applied under it is a duplicate
+ * (stats.duplicates; a ring of the last max(8192, 2 * pending_max) batches);
+ * with other bytes the publisher restarted (stats.restarts: a new index
+ * epoch, the old epoch's residency dropped, numbering from seq); a gap
+ * (seq beyond the next) is a loss: stats.gaps and batches_missed count it,
+ * the source's residency is dropped (stats.residency_drops: what the missed
+ * batches removed may still be in the index) and the stream goes on from
+ * seq.  A payload that does not decode is counted (stats.decode_errors) and
+ * is a lost batch (residency dropped).  Then the on_batch callback, as for
+ * a ZeroMQ source.  The payload is read during the call only.  Returns 0
+ * (applied, or dropped as a duplicate: see the stats), KVP_EINVAL (ev NULL,
+ * payload NULL with len > 0), KVP_ERANGE (source out of range or not
+ * external) or KVP_ESTATE (the I/O thread runs).  Not thread-safe: from the
+ * thread that polls (or no poll at all). */
+KVP_API int kvp_events_feed(kvp_events *ev, uint32_t source, uint64_t seq,
+                            const void *payload, size_t len);
 
 typedef struct kvp_events_stats {
   uint64_t batches;      /* applied (live + replayed) */

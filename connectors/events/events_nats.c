@@ -1,0 +1,547 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* KV events read back from NATS JetStream: one ordered push consumer per
+ * worker subject, messages queued by libnats' threads, fed into
+ * kvp_events_feed on the caller's thread; a keeper thread (re)subscribes
+ * while the stream is missing or a subscription died. */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <nats/nats.h>
+
+#include "events_internal.h"
+#include "kvplane/events_nats.h"
+
+#define JS_MOD "events-js"
+#define QUEUE_CAP 65536u   /* messages received, not yet fed */
+#define POLL_BUDGET 1024   /* messages fed per take from the queue */
+#define RETRY_MS 250       /* reconnect and resubscribe period */
+#define HEARTBEAT_NS 1000000000ll /* ordered consumer: a lost one resets */
+
+#define JS_STATS(X)                                                           \
+  X(messages) X(fed) X(bad_messages) X(disconnects) X(reconnects)             \
+  X(subscribes) X(subscribe_errors)
+
+typedef struct js_src {
+  kvp_events_js *js;
+  uint32_t idx;
+  char *subject;
+  natsSubscription *sub;       /* the keeper's (and destroy's, after it) */
+  size_t made, done; /* subscriptions made, and those libnats is done with
+                        (under js->mu) */
+  _Atomic uint64_t last_stream_seq; /* of the last message fed */
+} js_src;
+
+typedef struct qent {
+  natsMsg *m;
+  uint32_t src;
+} qent;
+
+struct kvp_events_js {
+  kvp_events *ev;
+  const kvp_allocator *a; /* ev's: every allocation here goes through it */
+  natsOptions *opts;
+  natsConnection *nc;
+  jsCtx *jc;
+  char *stream;
+  js_src *src;
+  size_t n;
+  pthread_mutex_t mu; /* the queue, stopping, js_src.made/done */
+  pthread_cond_t cv_data, cv_room, cv_keeper, cv_done;
+  qent *q;
+  size_t q_head, q_len;
+  bool stopping, keeper_started;
+  pthread_t keeper;
+#define JS_FIELD_(n) _Atomic uint64_t n;
+  JS_STATS(JS_FIELD_)
+#undef JS_FIELD_
+  _Atomic uint64_t subscribed;
+};
+
+static char *str_dup(const kvp_allocator *a, const char *s) {
+  size_t n = strlen(s) + 1;
+  char *c = kvp__ev_alloc(a, n);
+  if (c != NULL)
+    memcpy(c, s, n);
+  return c;
+}
+
+static void add(_Atomic uint64_t *c, uint64_t v) {
+  atomic_fetch_add_explicit(c, v, memory_order_relaxed);
+}
+
+static uint64_t get(const _Atomic uint64_t *c) {
+  return atomic_load_explicit(c, memory_order_relaxed);
+}
+
+static struct timespec deadline_in(int ms) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  ts.tv_sec += ms / 1000;
+  ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+  if (ts.tv_nsec >= 1000000000L) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000L;
+  }
+  return ts;
+}
+
+/* ---- libnats' threads ----------------------------------------------------------- */
+
+/* A message for source s->idx: queued; a full queue holds this delivery
+ * thread back (and the consumer's flow control with it). */
+static void on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *m,
+                   void *closure) {
+  js_src *s = closure;
+  kvp_events_js *js = s->js;
+  (void)nc, (void)sub;
+  add(&js->messages, 1);
+  pthread_mutex_lock(&js->mu);
+  while (js->q_len == QUEUE_CAP && !js->stopping)
+    pthread_cond_wait(&js->cv_room, &js->mu);
+  if (js->stopping) {
+    pthread_mutex_unlock(&js->mu);
+    natsMsg_Destroy(m);
+    return;
+  }
+  js->q[(js->q_head + js->q_len++) % QUEUE_CAP] = (qent){m, s->idx};
+  pthread_cond_signal(&js->cv_data);
+  pthread_mutex_unlock(&js->mu);
+}
+
+static void on_complete(void *closure) {
+  js_src *s = closure;
+  kvp_events_js *js = s->js;
+  pthread_mutex_lock(&js->mu);
+  s->done++;
+  pthread_cond_broadcast(&js->cv_done);
+  pthread_mutex_unlock(&js->mu);
+}
+
+static void on_disconnected(natsConnection *nc, void *closure) {
+  (void)nc;
+  add(&((kvp_events_js *)closure)->disconnects, 1);
+}
+
+static void on_connected(natsConnection *nc, void *closure) {
+  kvp_events_js *js = closure;
+  (void)nc;
+  pthread_mutex_lock(&js->mu); /* subscribe now */
+  pthread_cond_signal(&js->cv_keeper);
+  pthread_mutex_unlock(&js->mu);
+}
+
+static void on_reconnected(natsConnection *nc, void *closure) {
+  kvp_events_js *js = closure;
+  (void)nc;
+  add(&js->reconnects, 1);
+  pthread_mutex_lock(&js->mu); /* resubscribe what needs it now */
+  pthread_cond_signal(&js->cv_keeper);
+  pthread_mutex_unlock(&js->mu);
+}
+
+/* ---- the keeper: subscriptions ---------------------------------------------------- */
+
+static int connected(const kvp_events_js *js) {
+  return js != NULL && js->nc != NULL &&
+         natsConnection_Status(js->nc) == NATS_CONN_STATUS_CONNECTED;
+}
+
+/* From the stream's first message, or after the last one fed. */
+static void subscribe(kvp_events_js *js, js_src *s) {
+  jsSubOptions so;
+  jsSubOptions_Init(&so);
+  so.Stream = js->stream;
+  so.Ordered = true;
+  so.Config.Heartbeat = HEARTBEAT_NS;
+  uint64_t last = get(&s->last_stream_seq);
+  so.Config.DeliverPolicy = last ? js_DeliverByStartSequence : js_DeliverAll;
+  so.Config.OptStartSeq = last ? last + 1 : 0;
+  jsErrCode jerr = 0;
+  natsSubscription *sub = NULL;
+  natsStatus st = js_Subscribe(&sub, js->jc, s->subject, on_msg, s, NULL, &so,
+                               &jerr);
+  if (st == NATS_OK)
+    st = natsSubscription_SetOnCompleteCB(sub, on_complete, s);
+  if (st != NATS_OK) {
+    if (get(&js->subscribe_errors) % 40 == 0) /* every ~10 s of trying */
+      kvp_log(KVP_LOG_WARN, JS_MOD, "subscribe %s (stream %s): %s (%d)",
+              s->subject, js->stream, natsStatus_GetText(st), (int)jerr);
+    add(&js->subscribe_errors, 1);
+    natsSubscription_Destroy(sub);
+    return;
+  }
+  s->sub = sub;
+  pthread_mutex_lock(&js->mu);
+  s->made++;
+  pthread_mutex_unlock(&js->mu);
+  add(&js->subscribes, 1);
+  add(&js->subscribed, 1);
+}
+
+/* A subscription libnats gave up on (its consumer could not be made
+ * again): dropped here, made again after the last message fed. */
+static void check_sub(kvp_events_js *js, js_src *s) {
+  if (s->sub != NULL && natsSubscription_IsValid(s->sub))
+    return;
+  if (s->sub != NULL) {
+    natsSubscription_Destroy(s->sub);
+    s->sub = NULL;
+    atomic_fetch_sub_explicit(&js->subscribed, 1, memory_order_relaxed);
+  }
+  if (connected(js))
+    subscribe(js, s);
+}
+
+static void *keeper(void *arg) {
+  kvp_events_js *js = arg;
+  pthread_mutex_lock(&js->mu);
+  while (!js->stopping) {
+    pthread_mutex_unlock(&js->mu);
+    for (size_t i = 0; i < js->n; i++)
+      check_sub(js, &js->src[i]);
+    pthread_mutex_lock(&js->mu);
+    struct timespec dl = deadline_in(RETRY_MS);
+    if (!js->stopping)
+      pthread_cond_timedwait(&js->cv_keeper, &js->mu, &dl);
+  }
+  pthread_mutex_unlock(&js->mu);
+  return NULL;
+}
+
+/* ---- polling ---------------------------------------------------------------------- */
+
+/* Strict decimal u64. */
+static bool parse_seq(const char *v, uint64_t *out) {
+  uint64_t x = 0;
+  if (v == NULL || *v == 0)
+    return false;
+  for (; *v; v++) {
+    if (*v < '0' || *v > '9' || x > (UINT64_MAX - (uint64_t)(*v - '0')) / 10)
+      return false;
+    x = x * 10 + (uint64_t)(*v - '0');
+  }
+  *out = x;
+  return true;
+}
+
+static int feed_one(kvp_events_js *js, const qent *e) {
+  js_src *s = &js->src[e->src];
+  jsMsgMetaData *meta = NULL;
+  if (natsMsg_GetMetaData(&meta, e->m) == NATS_OK) {
+    atomic_store_explicit(&s->last_stream_seq, meta->Sequence.Stream,
+                          memory_order_relaxed);
+    jsMsgMetaData_Destroy(meta);
+  }
+  const char *v = NULL;
+  uint64_t seq;
+  if (natsMsgHeader_Get(e->m, "Kvp-Seq", &v) != NATS_OK || !parse_seq(v, &seq)) {
+    add(&js->bad_messages, 1);
+    kvp_log(KVP_LOG_DEBUG, JS_MOD, "%s: message without a valid Kvp-Seq: "
+            "skipped", s->subject);
+    return 0;
+  }
+  int len = natsMsg_GetDataLength(e->m);
+  int rc = kvp_events_feed(js->ev, s->idx, seq, natsMsg_GetData(e->m),
+                           len > 0 ? (size_t)len : 0);
+  if (rc == 0)
+    add(&js->fed, 1);
+  return rc < 0 ? rc : 1;
+}
+
+/* Up to POLL_BUDGET queued messages into `out`, waiting up to timeout_ms for
+ * the first. */
+static size_t take(kvp_events_js *js, qent *out, int timeout_ms) {
+  pthread_mutex_lock(&js->mu);
+  if (js->q_len == 0 && timeout_ms > 0) {
+    struct timespec dl = deadline_in(timeout_ms);
+    while (js->q_len == 0 && !js->stopping &&
+           pthread_cond_timedwait(&js->cv_data, &js->mu, &dl) != ETIMEDOUT)
+      ;
+  }
+  size_t n = 0;
+  for (; n < POLL_BUDGET && js->q_len > 0; n++, js->q_len--) {
+    out[n] = js->q[js->q_head];
+    js->q_head = (js->q_head + 1) % QUEUE_CAP;
+  }
+  if (n > 0)
+    pthread_cond_broadcast(&js->cv_room);
+  pthread_mutex_unlock(&js->mu);
+  return n;
+}
+
+int kvp_events_js_poll(kvp_events_js *js, int timeout_ms) {
+  if (js == NULL)
+    return KVP_EINVAL;
+  qent got[POLL_BUDGET];
+  size_t n = take(js, got, timeout_ms);
+  int fed = 0, err = 0;
+  for (size_t i = 0; i < n; i++) {
+    int rc = err ? 0 : feed_one(js, &got[i]);
+    if (rc < 0)
+      err = rc; /* the caller's mistake (KVP_ESTATE): the rest is dropped */
+    else
+      fed += rc;
+    natsMsg_Destroy(got[i].m);
+  }
+  return err ? err : fed;
+}
+
+int kvp_events_js_connected(const kvp_events_js *js) {
+  return connected(js) ? 1 : 0;
+}
+
+/* ---- create / destroy ------------------------------------------------------------- */
+
+static bool name_ok(const char *s) {
+  if (s == NULL || *s == 0)
+    return false;
+  for (; *s; s++)
+    if (*s == '.' || *s == '*' || *s == '>' || (unsigned char)*s <= ' ' ||
+        *s == 0x7f)
+      return false;
+  return true;
+}
+
+static int nats_err(const char *what, natsStatus st) {
+  kvp_log(KVP_LOG_ERROR, JS_MOD, "%s: %s", what, natsStatus_GetText(st));
+  return st == NATS_INVALID_ARG || st == NATS_ERR ? KVP_EINVAL
+         : st == NATS_NO_MEMORY                   ? KVP_ENOMEM
+                                                  : KVP_EIO;
+}
+
+/* Retries forever (also the first connect), every RETRY_MS. */
+static int connect_nats(kvp_events_js *js, const char *url) {
+  natsStatus st = natsOptions_Create(&js->opts);
+  if (st == NATS_OK)
+    st = natsOptions_SetURL(js->opts, url);
+  if (st == NATS_OK)
+    st = natsOptions_SetName(js->opts, "kvplane-events-js");
+  if (st == NATS_OK)
+    st = natsOptions_SetMaxReconnect(js->opts, -1);
+  if (st == NATS_OK)
+    st = natsOptions_SetReconnectWait(js->opts, RETRY_MS);
+  if (st == NATS_OK)
+    st = natsOptions_SetTimeout(js->opts, 1000);
+  if (st == NATS_OK)
+    /* with a callback, the first connect retries in the background */
+    st = natsOptions_SetRetryOnFailedConnect(js->opts, true, on_connected, js);
+  if (st == NATS_OK)
+    st = natsOptions_SetDisconnectedCB(js->opts, on_disconnected, js);
+  if (st == NATS_OK)
+    st = natsOptions_SetReconnectedCB(js->opts, on_reconnected, js);
+  if (st != NATS_OK)
+    return nats_err("NATS options", st);
+  st = natsConnection_Connect(&js->nc, js->opts);
+  if (st != NATS_OK && st != NATS_NOT_YET_CONNECTED) {
+    kvp_log(KVP_LOG_ERROR, JS_MOD, "connect %s: %s", url, natsStatus_GetText(st));
+    return st == NATS_NO_MEMORY ? KVP_ENOMEM : KVP_EINVAL;
+  }
+  if (st == NATS_NOT_YET_CONNECTED)
+    kvp_log(KVP_LOG_WARN, JS_MOD, "%s unreachable: retrying in the background",
+            url);
+  jsOptions jo;
+  jsOptions_Init(&jo);
+  jo.Wait = 2000;
+  st = natsConnection_JetStream(&js->jc, js->nc, &jo);
+  return st == NATS_OK ? 0 : nats_err("JetStream context", st);
+}
+
+static int make_sources(kvp_events_js *js, const char *prefix,
+                        const char *const *names) {
+  js->src = kvp__ev_calloc(js->a, js->n, sizeof *js->src);
+  if (js->src == NULL)
+    return KVP_ENOMEM;
+  for (size_t i = 0; i < js->n; i++) {
+    js_src *s = &js->src[i];
+    s->js = js;
+    s->idx = (uint32_t)i;
+    atomic_init(&s->last_stream_seq, 0);
+    size_t len = strlen(prefix) + strlen(names[i]) + 2;
+    if ((s->subject = kvp__ev_alloc(js->a, len)) == NULL)
+      return KVP_ENOMEM;
+    snprintf(s->subject, len, "%s.%s", prefix, names[i]);
+  }
+  return 0;
+}
+
+static int check_args(kvp_events *ev, const char *const *names, size_t n,
+                      const char *prefix) {
+  if (ev == NULL || names == NULL || n == 0 || n != kvp__ev_source_count(ev))
+    return KVP_EINVAL;
+  if (prefix[0] == 0 || prefix[strlen(prefix) - 1] == '.' ||
+      strpbrk(prefix, "*> \t") != NULL) {
+    kvp_log(KVP_LOG_ERROR, JS_MOD, "bad subject prefix \"%s\"", prefix);
+    return KVP_EINVAL;
+  }
+  for (size_t i = 0; i < n; i++) {
+    if (!name_ok(names[i])) {
+      kvp_log(KVP_LOG_ERROR, JS_MOD, "worker name %zu \"%s\": empty, or "
+              "has '.', '*', '>' or white space", i, names[i] ? names[i] : "");
+      return KVP_EINVAL;
+    }
+    if (!kvp__ev_source_external(ev, (uint32_t)i)) {
+      kvp_log(KVP_LOG_ERROR, JS_MOD, "source %zu is not external "
+              "(endpoint NULL)", i);
+      return KVP_ERANGE;
+    }
+  }
+  return 0;
+}
+
+static int sync_init(kvp_events_js *js) {
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_mutex_init(&js->mu, NULL);
+  pthread_cond_init(&js->cv_data, &ca);
+  pthread_cond_init(&js->cv_room, &ca);
+  pthread_cond_init(&js->cv_keeper, &ca);
+  pthread_cond_init(&js->cv_done, &ca);
+  pthread_condattr_destroy(&ca);
+  js->q = kvp__ev_calloc(js->a, QUEUE_CAP, sizeof *js->q);
+  return js->q != NULL ? 0 : KVP_ENOMEM;
+}
+
+int kvp_events_js_create(kvp_events *ev, const kvp_events_js_opts *o,
+                         const char *const *names, size_t n,
+                         kvp_events_js **out) {
+  if (out == NULL)
+    return KVP_EINVAL;
+  *out = NULL;
+  kvp_events_js_opts d = {0};
+  if (o != NULL)
+    d = *o;
+  const char *prefix = d.subject_prefix ? d.subject_prefix : "kvplane.events";
+  int rc = check_args(ev, names, n, prefix);
+  if (rc < 0)
+    return rc;
+  const kvp_allocator *a = kvp__ev_allocator(ev);
+  kvp_events_js *js = kvp__ev_calloc(a, 1, sizeof *js);
+  if (js == NULL)
+    return KVP_ENOMEM;
+  js->ev = ev;
+  js->a = a;
+  js->n = n;
+  if ((rc = sync_init(js)) < 0 ||
+      (rc = make_sources(js, prefix, names)) < 0)
+    goto fail;
+  js->stream = str_dup(a, d.stream ? d.stream : "KVPLANE_EVENTS");
+  if (js->stream == NULL) {
+    rc = KVP_ENOMEM;
+    goto fail;
+  }
+  if ((rc = connect_nats(js, d.url ? d.url : "nats://127.0.0.1:4222")) < 0)
+    goto fail;
+  if ((rc = -pthread_create(&js->keeper, NULL, keeper, js)) < 0)
+    goto fail;
+  js->keeper_started = true;
+  *out = js;
+  return 0;
+fail:
+  kvp_events_js_destroy(js);
+  return rc;
+}
+
+/* Unsubscribes and waits (up to 2 s) until libnats delivers no more. */
+static bool all_done(const kvp_events_js *js) {
+  for (size_t i = 0; i < js->n; i++)
+    if (js->src[i].done < js->src[i].made)
+      return false;
+  return true;
+}
+
+static void unsubscribe_all(kvp_events_js *js) {
+  for (size_t i = 0; i < js->n; i++)
+    if (js->src[i].sub != NULL)
+      (void)natsSubscription_Unsubscribe(js->src[i].sub);
+  pthread_mutex_lock(&js->mu);
+  struct timespec dl = deadline_in(2000);
+  while (!all_done(js) &&
+         pthread_cond_timedwait(&js->cv_done, &js->mu, &dl) != ETIMEDOUT)
+    ;
+  pthread_mutex_unlock(&js->mu);
+  for (size_t i = 0; i < js->n; i++)
+    natsSubscription_Destroy(js->src[i].sub);
+}
+
+void kvp_events_js_destroy(kvp_events_js *js) {
+  if (js == NULL)
+    return;
+  pthread_mutex_lock(&js->mu);
+  js->stopping = true; /* wakes a delivery held back by a full queue */
+  pthread_cond_broadcast(&js->cv_room);
+  pthread_cond_broadcast(&js->cv_keeper);
+  pthread_mutex_unlock(&js->mu);
+  if (js->keeper_started)
+    pthread_join(js->keeper, NULL);
+  if (js->src != NULL)
+    unsubscribe_all(js);
+  jsCtx_Destroy(js->jc);
+  natsConnection_Destroy(js->nc);
+  natsOptions_Destroy(js->opts);
+  for (; js->q != NULL && js->q_len > 0; js->q_len--) {
+    natsMsg_Destroy(js->q[js->q_head].m);
+    js->q_head = (js->q_head + 1) % QUEUE_CAP;
+  }
+  for (size_t i = 0; js->src != NULL && i < js->n; i++)
+    if (js->src[i].subject != NULL)
+      kvp__ev_free(js->a, js->src[i].subject, strlen(js->src[i].subject) + 1);
+  kvp__ev_free(js->a, js->src, js->n * sizeof *js->src);
+  kvp__ev_free(js->a, js->q, QUEUE_CAP * sizeof *js->q);
+  if (js->stream != NULL)
+    kvp__ev_free(js->a, js->stream, strlen(js->stream) + 1);
+  pthread_cond_destroy(&js->cv_data);
+  pthread_cond_destroy(&js->cv_room);
+  pthread_cond_destroy(&js->cv_keeper);
+  pthread_cond_destroy(&js->cv_done);
+  pthread_mutex_destroy(&js->mu);
+  kvp__ev_free(js->a, js, sizeof *js);
+}
+
+/* ---- stats ------------------------------------------------------------------------ */
+
+int kvp_events_js_stats_get(const kvp_events_js *js, kvp_events_js_stats *out) {
+  if (js == NULL || out == NULL)
+    return KVP_EINVAL;
+  memset(out, 0, sizeof *out);
+#define JS_GET_(n) out->n = get(&js->n);
+  JS_STATS(JS_GET_)
+#undef JS_GET_
+  pthread_mutex_lock((pthread_mutex_t *)&js->mu);
+  out->queued = js->q_len;
+  pthread_mutex_unlock((pthread_mutex_t *)&js->mu);
+  out->connected = (uint64_t)connected(js);
+  out->subscribed = get(&js->subscribed);
+  return 0;
+}
+
+int kvp_events_js_prometheus(const kvp_events_js *js, char *buf, size_t cap) {
+  kvp_events_js_stats s;
+  if (buf == NULL && cap > 0)
+    return KVP_EINVAL;
+  int rc = kvp_events_js_stats_get(js, &s);
+  if (rc < 0)
+    return rc;
+  size_t len = 0;
+#define JS_PROM_(n)                                                            \
+  len += (size_t)snprintf(len < cap ? buf + len : NULL, len < cap ? cap - len : 0, \
+                          "# TYPE kvplane_events_js_" #n "_total counter\n"    \
+                          "kvplane_events_js_" #n "_total %" PRIu64 "\n", s.n);
+  JS_STATS(JS_PROM_)
+#undef JS_PROM_
+  const char *g[3] = {"queued", "connected", "subscribed"};
+  uint64_t gv[3] = {s.queued, s.connected, s.subscribed};
+  for (int i = 0; i < 3; i++)
+    len += (size_t)snprintf(len < cap ? buf + len : NULL,
+                            len < cap ? cap - len : 0,
+                            "# TYPE kvplane_events_js_%s gauge\n"
+                            "kvplane_events_js_%s %" PRIu64 "\n",
+                            g[i], g[i], gv[i]);
+  return len > INT32_MAX ? KVP_ERANGE : (int)len;
+}
