@@ -51,6 +51,8 @@ typedef struct rd_cfg {
   char subject_prefix[128];
   uint64_t replica_id;             /* 0 = the process id */
   double snapshot_interval_s, peer_timeout_s;
+  char events_stream[64];          /* kv_events "js:NAME": JetStream stream */
+  char events_prefix[128];         /* ... and subject prefix (the relay's) */
   char path[RD_URL_MAX]; /* the file, for SIGHUP */
 } rd_cfg;
 
@@ -85,6 +87,7 @@ typedef struct rd_worker {
   bool instance_int, index_only;
   uint32_t dp_rank;
   kvp_events *ev;
+  struct kvp_events_js *js; /* kv_events "js:NAME": read from JetStream */
   struct event *ev_fd[RD_EV_FDS];
   int n_ev_fd;
   struct evhttp_connection **idle; /* keep-alive pool */
@@ -114,7 +117,7 @@ struct rd_server {
   struct event_base *base;
   struct evhttp *http, *admin, *indexer_http;
   struct evhttp_bound_socket *http_sock;
-  struct event *sig_term, *sig_int, *sig_hup, *tick;
+  struct event *sig_term, *sig_int, *sig_hup, *tick, *js_tick;
   kvp_namespace ns, text_ns;
   kvp_hasher *hasher, *text_hasher;
   kvp_index *ix;
@@ -170,6 +173,7 @@ void rd_conn_nodelay(struct evhttp_connection *c);
 void rd_worker_failed(rd_worker *w, rd_err_reason why);
 void rd_worker_ok(rd_worker *w);
 void rd_workers_tick(rd_server *s); /* scrapes, breaker, removals */
+void rd_workers_js_poll(rd_server *s); /* JetStream-fed workers' batches */
 /* Router-facing state after a change (online/offline flags + load). */
 void rd_worker_sync(rd_worker *w);
 

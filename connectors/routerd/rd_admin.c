@@ -5,7 +5,8 @@
  *   POST   /admin/workers   {"url", "kv_events"?, "kv_replay"?}   add one
  *   DELETE /admin/workers?url=U               drain, then remove when idle
  *   POST   /admin/workers/drain?url=U         no new requests
- *   POST   /admin/workers/undrain?url=U       serve again */
+ *   POST   /admin/workers/undrain?url=U       serve again
+ *   GET    /admin/index                       each worker's residency digest */
 #include "rd.h"
 
 #include <event2/buffer.h>
@@ -69,6 +70,23 @@ static void add(rd_server *s, struct evhttp_request *hr) {
   json_decref(o);
 }
 
+/* GET /admin/index: each worker's residency digest (kvp_index_digest):
+ * equal digests = equal block sets, e.g. a replica fed from JetStream vs
+ * one fed live from ZeroMQ. */
+static void index_digests(rd_server *s, struct evhttp_request *hr) {
+  json_t *a = json_array();
+  for (uint32_t i = 0; i < s->n_w; i++) {
+    uint64_t d = 0;
+    char hex[20];
+    if (s->w[i].state == RD_W_FREE || kvp_index_digest(s->ix, i, &d) < 0)
+      continue;
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)d);
+    json_array_append_new(a, json_pack("{s:s, s:s}", "url", s->w[i].url,
+                                       "digest", hex));
+  }
+  reply(hr, 200, json_pack("{s:o}", "workers", a));
+}
+
 static rd_worker *by_query(rd_server *s, struct evhttp_request *hr) {
   struct evkeyvalq q;
   const char *uri = evhttp_request_get_uri(hr), *qs = strchr(uri, '?');
@@ -107,6 +125,9 @@ void rd_on_admin(struct evhttp_request *hr, void *arg) {
   rd_worker *w;
   if (workers && m == EVHTTP_REQ_GET)
     list(s, hr);
+  else if (plen == 12 && strncmp(uri, "/admin/index", 12) == 0 &&
+           m == EVHTTP_REQ_GET)
+    index_digests(s, hr);
   else if (workers && m == EVHTTP_REQ_POST)
     add(s, hr);
   else if ((workers && m == EVHTTP_REQ_DELETE) || drain || undrain) {

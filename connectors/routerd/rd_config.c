@@ -36,6 +36,8 @@ static void defaults(rd_cfg *c) {
   snprintf(c->subject_prefix, sizeof c->subject_prefix, "kvplane.routerd");
   c->snapshot_interval_s = 0.1;
   c->peer_timeout_s = 1;
+  snprintf(c->events_stream, sizeof c->events_stream, "KVPLANE_EVENTS");
+  snprintf(c->events_prefix, sizeof c->events_prefix, "kvplane.events");
 }
 
 static int bind_own(kvp_config *k, rd_cfg *c, char *err, size_t cap) {
@@ -79,6 +81,8 @@ static int bind_own(kvp_config *k, rd_cfg *c, char *err, size_t cap) {
       KVP_CFG_U64("replica_id", &c->replica_id, 0, UINT32_MAX),
       KVP_CFG_DURATION("snapshot_interval", &c->snapshot_interval_s, 0.001, 60, 1),
       KVP_CFG_DURATION("peer_timeout", &c->peer_timeout_s, 0.01, 3600, 1),
+      KVP_CFG_STR("events_stream", c->events_stream, sizeof c->events_stream),
+      KVP_CFG_STR("events_prefix", c->events_prefix, sizeof c->events_prefix),
   };
   const kvp_config_section secs[] = {{"routerd", rf, sizeof rf / sizeof *rf},
                                      {"workers", wf, sizeof wf / sizeof *wf},
@@ -131,6 +135,9 @@ static int check(kvp_config *k, rd_cfg *c, char *err, size_t cap) {
   if (*c->kv_events && count_items(c->kv_events) != nu)
     return where(k, "workers", "kv_events", err, cap,
                  "one entry per url expected ('-' for none)");
+  if (strstr(c->kv_events, "js:") && *c->nats_url == '\0')
+    return where(k, "workers", "kv_events", err, cap, "js:NAME (KV events "
+                 "from JetStream) needs replicas.nats_url");
   if (*c->kv_replay && count_items(c->kv_replay) != nu)
     return where(k, "workers", "kv_replay", err, cap,
                  "one entry per url expected ('-' for none)");

@@ -92,6 +92,11 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
   }
 }
 
+static void on_js_tick(evutil_socket_t fd, short what, void *arg) {
+  (void)fd, (void)what;
+  rd_workers_js_poll(arg);
+}
+
 static void on_signal(evutil_socket_t sig, short what, void *arg) {
   (void)what;
   rd_server *s = arg;
@@ -156,6 +161,10 @@ static int start(rd_server *s) {
   s->tick = event_new(s->base, -1, EV_PERSIST, on_tick, s);
   if (s->tick == NULL || event_add(s->tick, &tv) < 0)
     return -1;
+  struct timeval js_tv = {0, 2000}; /* JetStream-fed workers: every 2 ms */
+  s->js_tick = event_new(s->base, -1, EV_PERSIST, on_js_tick, s);
+  if (s->js_tick == NULL || event_add(s->js_tick, &js_tv) < 0)
+    return -1;
   return rd_apply_workers(s, &s->cfg);
 }
 
@@ -163,8 +172,9 @@ static void stop(rd_server *s) {
   rd_sync_stop(s);
   rd_indexer_stop(s);
   rd_workers_fini(s);
-  struct event *evs[] = {s->sig_term, s->sig_int, s->sig_hup, s->tick};
-  for (size_t i = 0; i < 4; i++)
+  struct event *evs[] = {s->sig_term, s->sig_int, s->sig_hup, s->tick,
+                         s->js_tick};
+  for (size_t i = 0; i < 5; i++)
     if (evs[i])
       event_free(evs[i]);
   if (s->http)

@@ -4,6 +4,8 @@
  * and the ledger's per-tenant reuse and avoided prefill. */
 #include "rd.h"
 
+#include "kvplane/events_nats.h"
+
 #include <event2/buffer.h>
 #include <stdlib.h>
 
@@ -80,6 +82,18 @@ static void events(rd_server *s, struct evbuffer *b) {
   }
 }
 
+static void js_metrics(rd_server *s, struct evbuffer *b) {
+  for (uint32_t i = 0; i < s->n_w; i++) {
+    if (s->w[i].js == NULL)
+      continue;
+    int n = kvp_events_js_prometheus(s->w[i].js, NULL, 0);
+    char *t = n > 0 ? malloc((size_t)n + 1) : NULL;
+    if (t && kvp_events_js_prometheus(s->w[i].js, t, (size_t)n + 1) == n)
+      evbuffer_add(b, t, (size_t)n);
+    free(t);
+  }
+}
+
 static int ev_write(void *opaque, const char *d, size_t n) {
   return evbuffer_add(opaque, d, n) == 0 ? 0 : -1;
 }
@@ -120,5 +134,6 @@ void rd_metrics_write(rd_server *s, struct evbuffer *b) {
   workers(s, b);
   rd_sync_metrics(s, b);
   events(s, b);
+  js_metrics(s, b);
   kvp_ledger_prometheus_write(s->ledger, ev_write, b);
 }

@@ -4,6 +4,8 @@
  * /metrics scrape that is also the health check, and the circuit breaker. */
 #include "rd.h"
 
+#include "kvplane/events_nats.h"
+
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/keyvalq_struct.h>
@@ -83,11 +85,31 @@ static int parse_url(rd_worker *w, const char *url, char *err, size_t cap) {
   return rc;
 }
 
+/* kv_events "js:NAME": the worker's batches as `kvplane events relay`
+ * stored them in JetStream (subject <events_prefix>.NAME): a replica that
+ * starts late rebuilds its index from the stream. */
+static int open_js(rd_worker *w, char *err, size_t cap) {
+  rd_server *s = w->s;
+  const char *name = w->kv_events + 3;
+  kvp_events_js_opts o = {.url = s->cfg.nats_url,
+                          .stream = s->cfg.events_stream,
+                          .subject_prefix = s->cfg.events_prefix};
+  if (*s->cfg.nats_url == '\0' ||
+      kvp_events_js_create(w->ev, &o, &name, 1, &w->js) < 0) {
+    snprintf(err, cap, "worker %s: KV events from JetStream (%s) refused: "
+             "needs replicas.nats_url and a relay worker name", w->url,
+             w->kv_events);
+    return -1;
+  }
+  return 0;
+}
+
 static int open_events(rd_worker *w, char *err, size_t cap) {
   rd_server *s = w->s;
+  bool js = strncmp(w->kv_events, "js:", 3) == 0;
   kvp_events_source src = {
-      .endpoint = w->kv_events,
-      .replay_endpoint = *w->kv_replay ? w->kv_replay : NULL,
+      .endpoint = js ? NULL : w->kv_events,
+      .replay_endpoint = !js && *w->kv_replay ? w->kv_replay : NULL,
       .worker = w->id,
       .keying = s->cfg.engine_hash ? KVP_EVENTS_ENGINE_HASH : KVP_EVENTS_REKEY,
       .ns = &s->ns,
@@ -97,6 +119,8 @@ static int open_events(rd_worker *w, char *err, size_t cap) {
              w->kv_events);
     return -1;
   }
+  if (js)
+    return open_js(w, err, cap);
   int fds[RD_EV_FDS];
   int n = kvp_events_fds(w->ev, fds, RD_EV_FDS);
   for (int i = 0; i < n && i < RD_EV_FDS; i++) {
@@ -114,6 +138,7 @@ static int open_events(rd_worker *w, char *err, size_t cap) {
 static void worker_free(rd_worker *w) {
   for (int i = 0; i < w->n_ev_fd; i++)
     event_free(w->ev_fd[i]);
+  kvp_events_js_destroy(w->js);
   kvp_events_destroy(w->ev);
   for (size_t i = 0; i < w->n_idle; i++)
     evhttp_connection_free(w->idle[i]);
@@ -381,12 +406,18 @@ static void on_scrape(struct evhttp_request *hr, void *arg) {
     probe_get(w, "/v1/models", on_models);
 }
 
+void rd_workers_js_poll(rd_server *s) {
+  for (uint32_t i = 0; i < s->n_w; i++)
+    if (s->w[i].js)
+      kvp_events_js_poll(s->w[i].js, 0);
+}
+
 void rd_workers_tick(rd_server *s) {
   for (uint32_t i = 0; i < s->n_w; i++) {
     rd_worker *w = &s->w[i];
     if (w->state == RD_W_FREE)
       continue;
-    if (w->ev)
+    if (w->ev && w->js == NULL)
       on_events(-1, 0, w);
     if (rd_worker_reap(w) || w->index_only)
       continue;

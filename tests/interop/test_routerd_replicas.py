@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """kvplane-routerd replicas sharing state through NATS, on loopback.
 
-  test_routerd_replicas.py KVPLANE_BENCH KVPLANE_ROUTERD WORK_DIR [--report]
+  test_routerd_replicas.py KVPLANE_BENCH KVPLANE_ROUTERD WORK_DIR [KVPLANE_CLI]
 
 A burst of sessions sharing a long prefix is sent round robin across 3
 replicas (each turn to the next replica, as a load balancer would) in front
@@ -12,7 +12,10 @@ the same burst.  Without sync (3 replicas, no NATS) is printed as the control.
 Then replicas and NATS itself are killed and restarted mid-run: no request
 fails because of the sync layer (the client fails over between replicas on a
 connect error, as a load balancer does), the restarted replica rejoins and
-every replica reconnects.  Exit 77 when nats-server is missing."""
+every replica reconnects.  Last, with `kvplane events relay` storing the
+workers' KV events in JetStream, a replica started after the traffic reads
+them back (kv_events: js:NAME) into an index equal to the live one's (the
+per-worker digests of /admin/index).  Exit 77 when nats-server is missing."""
 import json
 import os
 import random
@@ -27,6 +30,7 @@ import urllib.error
 import urllib.request
 
 B, RD, W = sys.argv[1], sys.argv[2], sys.argv[3]
+CLI = sys.argv[4] if len(sys.argv) > 4 else None
 os.makedirs(W, exist_ok=True)
 NATS = shutil.which("nats-server") or "/usr/sbin/nats-server"
 if not os.access(NATS, os.X_OK):
@@ -88,20 +92,22 @@ def nats(port, store):
                  "nats.log")
 
 
-def router(tag, rid, workers, nats_port):
+def router(tag, rid, workers, nats_port, events=None, admin=None):
     port = free_port()
     cfg = os.path.join(W, "rd-%s-%d.yaml" % (tag, rid))
     rep = ""
     if nats_port:
         rep = ("replicas:\n  nats_url: nats://127.0.0.1:%d\n  replica_id: %d\n"
                "  snapshot_interval: 50ms\n  peer_timeout: 500ms\n" % (nats_port, rid))
+    ev = events or [w["kv_events"] for w in workers]
+    rp = [w["kv_replay"] for w in workers] if events is None else ["-"] * len(workers)
     with open(cfg, "w") as f:
-        f.write("routerd:\n  listen: 127.0.0.1:%d\n  scrape_interval: 50ms\n"
+        f.write("routerd:\n  listen: 127.0.0.1:%d\n  scrape_interval: 50ms\n%s"
                 "workers:\n  urls: [%s]\n  kv_events: [%s]\n  kv_replay: [%s]\n"
                 "model:\n  block_size: %d\n%s" % (
-                    port, ", ".join(w["url"] for w in workers),
-                    ", ".join(w["kv_events"] for w in workers),
-                    ", ".join(w["kv_replay"] for w in workers), BS, rep))
+                    port, "  admin_listen: 127.0.0.1:%d\n" % admin if admin else "",
+                    ", ".join(w["url"] for w in workers), ", ".join(ev),
+                    ", ".join(rp), BS, rep))
     p = spawn([RD, "--config", cfg], "rd-%s-%d.log" % (tag, rid))
     if not wait_http("http://127.0.0.1:%d/health" % port):
         raise SystemExit("router %s/%d did not start" % (tag, rid))
@@ -281,5 +287,46 @@ check(all(metric(m, "kvplane_routerd_sync_peers") == 2 for m in ms),
 check(all((metric(m, "kvplane_routerd_sync_disconnects_total") or 0) >= 1 for m in ms),
       "the NATS outage was seen and counted by every replica")
 stop_all()
+
+
+# ---- JetStream: a late replica rebuilds the live index from the stream --------
+def digests(admin_port):
+    try:
+        body = urllib.request.urlopen("http://127.0.0.1:%d/admin/index" % admin_port, timeout=2).read()
+        return {w["url"]: w["digest"] for w in json.loads(body)["workers"]}
+    except Exception:
+        return {}
+
+if CLI:
+    ep, workers = engine("js")
+    np = free_port()
+    nats(np, os.path.join(W, "js-relay"))
+    time.sleep(0.3)
+    relay = spawn([CLI, "events", "relay", "--nats", "nats://127.0.0.1:%d" % np, "--stats-every", "0"] +
+                  sum((["--worker", "w%d=%s,%s" % (i, w["kv_events"], w["kv_replay"])]
+                       for i, w in enumerate(workers)), []), "relay.log")
+    time.sleep(0.5)
+    live_admin = free_port()
+    live = router("jslive", 1, workers, 0, admin=live_admin)
+    stats = {"prompt": 0, "cached": 0, "per_worker": {}, "errors": [],
+             "workers": [w["url"] for w in workers]}
+    burst(Fleet([live[1]]), 5, stats)
+    late_admin = free_port()
+    late = router("jslate", 2, workers, np, events=["js:w%d" % i for i in range(WORKERS)],
+                  admin=late_admin)
+    want, got = digests(live_admin), {}
+    t_end = time.time() + 10
+    while time.time() < t_end and got != want:
+        time.sleep(0.1)
+        got = digests(late_admin)
+    check(len(want) == WORKERS and stats["errors"] == [] and got == want,
+          "a replica started after the traffic rebuilds from JetStream the live index "
+          "(digests %s vs %s)" % (sorted(got.values()), sorted(want.values())))
+    m = metrics(late[1])
+    check("kvplane_events_js_messages_total" in m or "kvplane_events_js" in m,
+          "the JetStream reader's counters are in /metrics")
+    stop_all()
+else:
+    print("  (no KVPLANE_CLI argument: the JetStream part is skipped)")
 print("test_routerd_replicas: %s (%d failed)" % ("FAIL" if failures else "ok", len(failures)))
 sys.exit(1 if failures else 0)
