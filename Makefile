@@ -2,6 +2,8 @@
 # The two commands (README.md):
 #   make run    the main job on bundled data: a Release build of kvplane-bench
 #               alone (in $(RUN_BUILD)), then the replay; no developer checks
+#   (and make live: the bundled traces through real peer routers in front of
+#   emulated vLLM workers, beside kvplane's prediction; docs/live.md)
 #   make test   the whole test suite: gcc -Werror build + CTest, then a clang
 #               ASan+UBSan build with libFuzzer targets + CTest
 # Both install missing Debian packages first (.ci/deps; `run` only what it
@@ -13,7 +15,7 @@ TSAN_BUILD ?= build-tsan
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_COMMON := -DKVP_WERROR=ON -DKVP_SHARED_DIR=$(abspath ../shared)
 
-.PHONY: run test deps deps-run build build-run test-main test-san test-tsan clean
+.PHONY: run live test deps deps-run build build-run test-main test-san test-tsan clean
 
 deps:
 	@.ci/deps
@@ -40,6 +42,19 @@ run: build-run
 	  --out $(RUN_BUILD)/bench-report \
 	  $(abspath ../shared)/traces/mooncake_conversation.jsonl.zst \
 	  $(abspath ../shared)/traces/cc_agentic
+
+# The bundled traces live: a fresh emulated cluster (kvplane-bench engine) per
+# row, replayed (kvplane-bench live) direct and through vllm-router 0.1.17
+# (kv_aware, cache_aware) and sglang-router 0.3.2 (cache_aware), pinned in the
+# git-ignored .venv-peers (installed when missing; skipped without PyPI), beside
+# the offline prediction (kvplane-bench run); one table, with CSV/JSON, in
+# $(LIVE_OUT).  LIVE_ARGS: bench/live/make_live.py --help (--time-scale,
+# --workers, --traces, --limit, --routerd).  ~5 min on 2 cores.
+LIVE_OUT ?= $(RUN_BUILD)/live-report
+LIVE_ARGS ?=
+live: build-run
+	python3 bench/live/make_live.py --bench $(RUN_BUILD)/bench/kvplane-bench \
+	  --venv $(CURDIR)/.venv-peers --out $(LIVE_OUT) $(LIVE_ARGS)
 
 test-main: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)

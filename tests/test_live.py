@@ -11,6 +11,13 @@
      live from the start and by replay afterwards), give an index equal to
      what the worker's cache holds, HBM and DRAM, evictions and demotions
      included;
+  2b. tenant isolation: `cache_salt` as vLLM 0.33 takes it (a non-empty
+     string, else 400); the prefix cache never matches across salts (salt A
+     then B: 0 cached tokens; A again: the hit); the worker's block hashes
+     are vLLM's sha256_cbor chain with the salt on block 0 (`kvplane hash
+     --salt`), and kvplane's subscriber, re-keying from the events'
+     extra_keys (`kvplane events tail --rekey`), holds exactly the keys
+     kvp_hasher_hash gives with extras.cache_salt set;
   3. `kvplane-bench live --direct` on a generated agentic trace against two
      workers: no errors, cached tokens > 0, hit rate within HIT_TOL of the
      offline simulator's for the same cluster (the gap is printed); TTFT
@@ -262,6 +269,79 @@ def test_events(w, u):
               (name, len(evs), len(want["GPU"]), len(want["CPU"])))
 
 
+# ---- 2b. cache_salt: tenant isolation -----------------------------------------
+SALT_BAD = [(5, "a number"), ("", "empty"), ("a/b", "a '/'"), ("a@b", "an '@'"),
+            ("a\\b", "a backslash"), ("x" * 129, "129 characters"),
+            (["a"], "a list")]
+
+
+def cli_keys(toks, bs, *args):
+    """EXTERNAL_U64 of each full block, by `kvplane hash ARGS -f u64`."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
+    r = subprocess.run([CLI, "hash", "-b", str(bs), "-f", "u64", *args],
+                       input=json.dumps(toks), capture_output=True,
+                       text=True, check=True, env=env)
+    return [int(x.split()[1]) for x in r.stdout.splitlines()
+            if x and x[0].isdigit()]
+
+
+def cached(u, body):
+    code, r = post(u + "/v1/completions", dict(body, max_tokens=2))
+    check(code == 200, "salted completion: %d %r" % (code, r))
+    return r["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def test_salt_api(u, bs):
+    toks = list(range(2000, 2000 + 3 * bs + 5))
+    full = 3 * bs
+    a, b = {"prompt": toks, "cache_salt": "tenant-a"}, \
+        {"prompt": toks, "cache_salt": "tenant-b"}
+    check(cached(u, a) == 0, "salt A, cold")
+    check(cached(u, a) == full, "salt A again: the hit")
+    check(cached(u, b) == 0, "salt B after A: no hit across salts")
+    check(cached(u, {"prompt": toks}) == 0, "no salt after A, B: no hit")
+    check(cached(u, b) == full, "salt B again: its own hit")
+    check(cached(u, {"prompt": toks, "cache_salt": None}) == full,
+          "null salt = no salt")
+    uni = {"prompt": toks, "cache_salt": "\u00e9" * 128}  # 128 chars, 256 B
+    check(cached(u, uni) == 0, "a 128-character salt is accepted")
+    for salt, what in SALT_BAD:
+        for path, body in (("/v1/completions", {"prompt": toks}),
+                           ("/v1/chat/completions",
+                            {"messages": [{"role": "user", "content": "x"}]})):
+            code, r = post(u + path, dict(body, cache_salt=salt))
+            check_error(code, r, 400, "cache_salt " + what)
+            check(r["error"]["param"] == "cache_salt", "param of " + what)
+    code, r = post(u + "/v1/completions/render", a)
+    check(code == 200 and r[0]["cache_salt"] == "tenant-a", "render salt")
+    return toks, [None, "tenant-a", "tenant-b", "\u00e9" * 128]
+
+
+def test_salt_keys(w, bs, toks, salts):
+    code, _, raw = http(w["url"] + "/kvplane/cache")
+    gpu = {h & (2 ** 64 - 1) for h in json.loads(raw)["resident"]["GPU"]}
+    vllm = {s: cli_keys(toks, bs, "-a", "sha256_cbor",
+                        *(["--salt", s] if s else [])) for s in salts}
+    flat = [k for ks in vllm.values() for k in ks]
+    check(len(set(flat)) == len(flat), "salts give disjoint chains")
+    check(gpu == set(flat), "worker blocks != vLLM's salted sha256_cbor "
+          "chains (%d vs %d)" % (len(gpu), len(flat)))
+    p = subprocess.Popen([CLI, "events", "tail", "--rekey", str(bs), "--index", "--json",
+                          "--idle-ms", "1500", "--replay", w["kv_replay"],
+                          w["kv_events"]], stdout=subprocess.PIPE, text=True)
+    res, _, stats = tail_result(p)
+    ns = ["--model", "kvplane-events-tail", "--tokenizer", "-", "--layout", "-"]
+    want = {k for s in salts
+            for k in cli_keys(toks, bs, *ns, *(["--salt", s] if s else []))}
+    check(sorted(res.get("GPU", [])) == sorted(want),
+          "re-keyed index != kvp_hasher_hash keys with cache_salt: %r vs %r"
+          % (sorted(res.get("GPU", [])), sorted(want)))
+    check(stats["rekey_orphans"] == 0 and stats["decode_errors"] == 0 and
+          stats["unknown_fields"] == 0, "re-key stats %r" % stats)
+    print("cache_salt: isolation, 400s, %d salted blocks re-keyed as "
+          "kvp_hasher_hash keys them" % len(want))
+
+
 # ---- 3. live --direct against the offline simulator --------------------------
 def test_live():
     trace = os.path.join(TMP, "gen.jsonl")
@@ -313,6 +393,12 @@ def main():
     test_bad_input(w0["url"])
     w1 = info["workers"][1]  # a fresh cache: every event since seq 0
     test_events(w1, w1["url"])
+    stop(eng)
+    eng, info = start_engine("salt", "--workers", "1", "--block-size", "16",
+                             "--time-scale", "1000")
+    w = info["workers"][0]
+    toks, salts = test_salt_api(w["url"], info["block_size"])
+    test_salt_keys(w, info["block_size"], toks, salts)
     stop(eng)
     test_live()
     print("PASS")

@@ -172,6 +172,31 @@ static int parse_stream(json_t *o, bh_api_req *r, bh_api_err *e) {
   return 0;
 }
 
+/* vLLM 0.33's validate_cache_salt: absent or null is no salt; anything but
+ * a non-empty string of at most 128 characters (code points) without '@',
+ * '/', '\\' or NUL is a 400. */
+static int parse_salt(json_t *o, bh_api_req *r, bh_api_err *e) {
+  json_t *v = json_object_get(o, "cache_salt");
+  if (v == NULL || json_is_null(v))
+    return 0;
+  if (!json_is_string(v) || json_string_length(v) == 0)
+    return fail(e, 400, "cache_salt", "Parameter 'cache_salt' must be a "
+                "non-empty string if provided.", NULL, NULL);
+  const char *s = json_string_value(v);
+  size_t n = json_string_length(v), chars = 0;
+  bool bad = false;
+  for (size_t i = 0; i < n; i++) {
+    chars += ((uint8_t)s[i] & 0xC0) != 0x80; /* jansson: valid UTF-8 */
+    bad |= s[i] == '@' || s[i] == '/' || s[i] == '\\' || s[i] == '\0';
+  }
+  if (bad || chars > BH_API_SALT_MAX)
+    return fail(e, 400, "cache_salt", "Parameter 'cache_salt' must be at "
+                "most 128 characters and must not contain '@', '/', "
+                "'\\\\', or NUL.", NULL, NULL);
+  r->cache_salt = strdup(s);
+  return r->cache_salt ? 0 : fail(e, 400, NULL, "out of memory", NULL, NULL);
+}
+
 static int parse_common(const bh_api_cfg *c, json_t *o, bh_api_req *r,
                         bh_api_err *e) {
   json_t *model = json_object_get(o, "model");
@@ -189,7 +214,8 @@ static int parse_common(const bh_api_cfg *c, json_t *o, bh_api_req *r,
     snprintf(r->request_id, sizeof r->request_id, "%s", json_string_value(id));
   if (parse_max_tokens(o, r->kind, r, e) < 0 || parse_stream(o, r, e) < 0)
     return -1;
-  return 0;
+  /* /tokenize has no cache_salt field (vLLM ignores it there) */
+  return r->kind == BH_API_TOKENIZE ? 0 : parse_salt(o, r, e);
 }
 
 static int parse_body(const bh_api_cfg *c, json_t *o, bh_api_req *r,
@@ -238,6 +264,7 @@ int bh_api_parse(const bh_api_cfg *cfg, bh_api_kind kind, const char *body,
   json_decref(o);
   if (rc < 0) {
     free(b.v);
+    free(out->cache_salt);
     memset(out, 0, sizeof *out);
     return -1;
   }
@@ -250,7 +277,9 @@ void bh_api_req_free(bh_api_req *r) {
   if (r == NULL)
     return;
   free(r->tokens);
+  free(r->cache_salt);
   r->tokens = NULL;
+  r->cache_salt = NULL;
   r->n_tokens = 0;
 }
 

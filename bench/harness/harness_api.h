@@ -39,7 +39,13 @@ typedef struct bh_api_req {
   bool stream, include_usage;
   bool max_tokens_set;
   char request_id[96]; /* "request_id" field when given, else "" */
+  /* "cache_salt" (vLLM's tenant isolation): malloc'd UTF-8, non-empty, at
+   * most BH_API_SALT_MAX code points, none of '@' '/' '\\' NUL; NULL when
+   * absent or null.  It enters block 0's hash (kvp_extras.cache_salt). */
+  char *cache_salt;
 } bh_api_req;
+
+#define BH_API_SALT_MAX 128 /* vLLM 0.33's _MAX_CACHE_SALT_LENGTH */
 
 typedef struct bh_api_err {
   int status;        /* 400, 404 */

@@ -93,9 +93,11 @@ typedef struct eworker {
   double gpu_free; /* real time the last prefill ended (the schedule) */
   uint32_t decoding;
   uint64_t decode_tokens;
-  /* run of new blocks being published as one BlockStored */
+  /* run of new blocks being published as one BlockStored: blocks
+   * run_first.. of one request, whose salt (NULL: none) the run borrows */
   uint64_t *run;
-  uint32_t run_n, run_cap;
+  uint32_t run_n, run_cap, run_first;
+  const char *run_salt;
   uint64_t run_parent;
   bool run_has_parent;
   uint32_t *run_tok;
@@ -137,9 +139,10 @@ static int ntok_fit(eworker *x) {
 static int run_flush(eworker *x) {
   if (x->run_n == 0)
     return 0;
+  bh_kvpub_extras ex = {x->run_salt, x->run_first};
   int rc = bh_kvpub_stored(x->pub, x->run, x->run_n,
                            x->run_has_parent ? &x->run_parent : NULL,
-                           x->run_tok, x->e->o.block_size, "GPU");
+                           x->run_tok, x->e->o.block_size, "GPU", &ex);
   x->run_n = 0;
   return rc;
 }
@@ -159,7 +162,7 @@ static int on_residency(void *ctx, uint32_t id, int tier, bool stored,
     return 0;
   return bh_kvpub_stored(x->pub, &key->lo, 1, NULL,
                          x->ntok + (size_t)v * e->o.block_size,
-                         e->o.block_size, medium_of(tier));
+                         e->o.block_size, medium_of(tier), NULL);
 }
 
 static int run_add(eworker *x, const ereq *r, uint32_t j) {
@@ -177,6 +180,8 @@ static int run_add(eworker *x, const ereq *r, uint32_t j) {
     x->run_cap = nc;
   }
   if (x->run_n == 0) {
+    x->run_first = j;
+    x->run_salt = r->a.cache_salt;
     x->run_has_parent = j > 0;
     x->run_parent = j > 0 ? r->keys[j - 1].lo : 0;
   }
@@ -518,8 +523,9 @@ static int admit(eworker *x, struct evhttp_request *hr, bh_api_req *a,
   r->created = (long)time(NULL);
   size_t nb = r->a.n_tokens / e->o.block_size;
   r->keys = malloc((nb ? nb : 1) * sizeof *r->keys);
+  kvp_extras ex = {.cache_salt = r->a.cache_salt}; /* block 0, as vLLM */
   int n = r->keys ? kvp_hasher_hash(e->hasher, r->a.tokens, r->a.n_tokens,
-                                    NULL, r->keys, nb, NULL)
+                                    &ex, r->keys, nb, NULL)
                   : KVP_ENOMEM;
   if (n < 0) {
     ereq_free(r);
@@ -549,10 +555,14 @@ static json_t *ids_json(const uint32_t *t, size_t n) {
 static json_t *render_one(const engine *e, const bh_api_req *a) {
   char rid[sizeof a->request_id];
   snprintf(rid, sizeof rid, "%s", a->request_id[0] ? a->request_id : "render");
-  return json_pack("{s:s, s:o, s:{s:I}, s:s, s:b}", "request_id", rid,
-                   "token_ids", ids_json(a->tokens, a->n_tokens),
-                   "sampling_params", "max_tokens", (json_int_t)a->max_tokens,
-                   "model", e->o.model, "stream", a->stream);
+  json_t *o = json_pack("{s:s, s:o, s:{s:I}, s:s, s:b}", "request_id", rid,
+                        "token_ids", ids_json(a->tokens, a->n_tokens),
+                        "sampling_params", "max_tokens",
+                        (json_int_t)a->max_tokens, "model", e->o.model,
+                        "stream", a->stream);
+  if (o && a->cache_salt) /* vLLM's render passes it on to the generate */
+    json_object_set_new(o, "cache_salt", json_string(a->cache_salt));
+  return o;
 }
 
 static void do_post(eworker *x, struct evhttp_request *hr, bh_api_kind k,

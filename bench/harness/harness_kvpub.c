@@ -112,7 +112,7 @@ void bh_kvpub_destroy(bh_kvpub *p) {
 
 /* msgspec sizes a struct's map header by the fields the struct declares, not
  * by those written: BlockStored declares 16 (+ the tag), so its header is a
- * map16 even for 9 entries; BlockRemoved's (7) is a fixmap.  The same
+ * map16 even for 9 or 10 entries; BlockRemoved's (7) is a fixmap.  The same
  * headers keep the bytes vLLM's (tests/interop/test_live_engine.py). */
 static void pack_struct(bh_kvpub *p, unsigned fields) {
   unsigned char h[3] = {0xde, (unsigned char)(fields >> 8),
@@ -126,11 +126,27 @@ static void pack_hashes(msgpack_packer *pk, const uint64_t *h, size_t n) {
     msgpack_pack_uint64(pk, h[i]);
 }
 
+/* extra_keys: the untagged per-block tuples (msgpack arrays) or nil. */
+static void pack_extras(msgpack_packer *pk, size_t n,
+                        const bh_kvpub_extras *x) {
+  pack_str(pk, "extra_keys");
+  msgpack_pack_array(pk, n);
+  for (size_t i = 0; i < n; i++) {
+    if (x->cache_salt != NULL && x->first_block + i == 0) {
+      msgpack_pack_array(pk, 1);
+      pack_str(pk, x->cache_salt);
+    } else {
+      msgpack_pack_nil(pk);
+    }
+  }
+}
+
 int bh_kvpub_stored(bh_kvpub *p, const uint64_t *hashes, size_t n,
                     const uint64_t *parent, const uint32_t *tokens,
-                    uint32_t block_size, const char *medium) {
+                    uint32_t block_size, const char *medium,
+                    const bh_kvpub_extras *x) {
   msgpack_packer *pk = &p->pk;
-  pack_struct(p, 9);
+  pack_struct(p, x != NULL && n > 0 ? 10 : 9);
   pack_str(pk, "type");
   pack_str(pk, "BlockStored");
   pack_str(pk, "block_hashes");
@@ -152,6 +168,8 @@ int bh_kvpub_stored(bh_kvpub *p, const uint64_t *hashes, size_t n,
   pack_str(pk, medium);
   pack_str(pk, "lora_name");
   msgpack_pack_nil(pk);
+  if (x != NULL && n > 0) /* vLLM: an empty list is None, left out */
+    pack_extras(pk, n, x);
   pack_str(pk, "group_idx");
   msgpack_pack_int(pk, 0);
   p->n_ev++;

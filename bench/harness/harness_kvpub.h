@@ -8,7 +8,8 @@
  * EventBatch = [ts, [events...], dp_rank]; events are msgspec tagged maps
  * with vLLM's omit_defaults: BlockStored {type, block_hashes,
  * parent_block_hash, token_ids, block_size, lora_id, medium, lora_name,
- * group_idx}, BlockRemoved {type, block_hashes, medium, group_idx}.  Hashes
+ * extra_keys, group_idx}, BlockRemoved {type, block_hashes, medium,
+ * group_idx}.  Hashes
  * in int form (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES, the default: the low
  * 64 bits of the big-endian digest = kvp_key.lo of a vLLM-mode hasher).
  * Not thread-safe: one thread drives a publisher. */
@@ -30,10 +31,20 @@ int bh_kvpub_create(void *zctx, const char *endpoint,
                     uint32_t buffer_steps, bh_kvpub **out, char *pub_ep,
                     char *replay_ep, size_t cap);
 void bh_kvpub_destroy(bh_kvpub *p); /* NULL ok */
-/* Appends an event to the pending batch.  parent NULL = chain root. */
+/* A request's blocks' extra keys, as vLLM 0.33's cache_full_blocks
+ * publishes them (to_event_extra_keys): one entry per block, [salt] on the
+ * prompt's block 0 when the request has a cache_salt, nil elsewhere. */
+typedef struct bh_kvpub_extras {
+  const char *cache_salt; /* NULL = none */
+  uint64_t first_block;   /* the prompt's index of hashes[0] */
+} bh_kvpub_extras;
+
+/* Appends an event to the pending batch.  parent NULL = chain root.  x NULL:
+ * no extra_keys field (blocks not stored by a request: demotions). */
 int bh_kvpub_stored(bh_kvpub *p, const uint64_t *hashes, size_t n,
                     const uint64_t *parent, const uint32_t *tokens,
-                    uint32_t block_size, const char *medium);
+                    uint32_t block_size, const char *medium,
+                    const bh_kvpub_extras *x);
 int bh_kvpub_removed(bh_kvpub *p, const uint64_t *hashes, size_t n,
                      const char *medium);
 int bh_kvpub_cleared(bh_kvpub *p);

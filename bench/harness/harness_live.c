@@ -38,7 +38,7 @@
 typedef struct live_opts {
   const char *targets[MAX_TARGETS];
   uint32_t n_targets;
-  bool direct, chat, quiet, progress, compare;
+  bool direct, text, quiet, progress, compare;
   const char *model; /* NULL: the field is omitted (the server's default) */
   double speed, timeout_s;
   double time_scale; /* the engines': arrivals / X, TTFT x X */
@@ -126,30 +126,53 @@ static char *put_u32(char *p, uint32_t v) {
   return p;
 }
 
-/* The request body, written directly (a JSON tree of ~100k ids costs the
- * open loop more than the send; arrivals must leave on time). */
-static char *prompt_body(const live *L, uint32_t i) {
-  const bh_req *q = &L->t->reqs[i];
+/* Text mode: token t as one printable ASCII byte (the emulated workers'
+ * tokenizer is byte-level, so the worker sees exactly these ids), skipping
+ * '"' and '\\' so the string needs no escapes. */
+static char text_char(uint32_t t) {
+  static const char *const abc =
+      " !#$%&'()*+,-./0123456789:;<=>?@ABCDEFGHIJKLMNOPQRSTUVWXYZ[]^_`"
+      "abcdefghijklmnopqrstuvwxyz{|}~";
+  return abc[t % 93];
+}
+
+/* Token k of request q (block tokens from the block key, the tail from the
+ * request's own seed). */
+static uint32_t prompt_token(const live *L, const bh_req *q, uint64_t k) {
   const kvp_key *keys = L->t->keys + q->key_off;
   uint32_t bs = L->t->block_size;
+  uint64_t b = k / bs;
+  return b < q->n_blocks
+             ? synth(keys[b].lo ^ mix(keys[b].hi), k % bs, L->o.vocab)
+             : synth(mix(0x7461696cull + q->seq), k, L->o.vocab);
+}
+
+/* The request body, written directly (a JSON tree of ~100k ids costs the
+ * open loop more than the send; arrivals must leave on time): the prompt
+ * as token ids, or with --text-prompts as a string of one byte a token
+ * (for routers that take text only, as sglang-router's /v1/completions). */
+static char *prompt_body(const live *L, uint32_t i) {
+  const bh_req *q = &L->t->reqs[i];
   const char *model = L->model_json ? L->model_json : "";
   size_t cap = 256 + strlen(model) + (size_t)q->in_tokens * 11;
   char *s = malloc(cap), *p = s;
   if (s == NULL)
     return NULL;
-  p += sprintf(p, "{%s%s\"prompt\":[", model, model[0] ? "," : "");
+  p += sprintf(p, "{%s%s\"prompt\":%s", model, model[0] ? "," : "",
+               L->o.text ? "\"" : "[");
   for (uint64_t k = 0; k < q->in_tokens; k++) {
-    uint64_t b = k / bs;
-    uint32_t tok = b < q->n_blocks
-                       ? synth(keys[b].lo ^ mix(keys[b].hi), k % bs, L->o.vocab)
-                       : synth(mix(0x7461696cull + q->seq), k, L->o.vocab);
+    uint32_t tok = prompt_token(L, q, k);
+    if (L->o.text) {
+      *p++ = text_char(tok);
+      continue;
+    }
     if (k > 0)
       *p++ = ',';
     p = put_u32(p, tok);
   }
-  sprintf(p, "],\"max_tokens\":%u,\"stream\":true,\"stream_options\":"
+  sprintf(p, "%s,\"max_tokens\":%u,\"stream\":true,\"stream_options\":"
           "{\"include_usage\":true},\"ignore_eos\":true,\"temperature\":0}",
-          q->out_tokens ? q->out_tokens : 1);
+          L->o.text ? "\"" : "]", q->out_tokens ? q->out_tokens : 1);
   return s;
 }
 
@@ -437,7 +460,7 @@ static void live_usage(FILE *f) {
   fputs("usage: kvplane-bench live --target URL [--target URL ...] [--direct]\n"
         "         [--engine-file F] [--model NAME] [--speed X]\n"
         "         [--closed-loop N] [--time-scale X] [--limit N] [--retries N]\n"
-        "         [--timeout S]\n"
+        "         [--timeout S] [--text-prompts]\n"
         "         [--format F] [--out DIR] [--quiet] [--no-progress]\n"
         "         [--compare-offline --hbm-blocks N] TRACE...\n"
         "Replays TRACE as streamed /v1/completions with token-id prompts\n"
@@ -445,6 +468,9 @@ static void live_usage(FILE *f) {
         "else exactly one target (a router).  --engine-file: the targets from\n"
         "`kvplane-bench engine --ready-file`.  --compare-offline: add the\n"
         "offline simulator's round_robin row for the same cluster.\n"
+        "--text-prompts: prompts as text, one ASCII byte a token (for\n"
+        "byte-level tokenizers, as the emulated workers'; routers that take\n"
+        "no token ids).\n"
         "--time-scale X: the engines' (arrivals at trace time / X, TTFTs\n"
         "reported x X, in trace seconds).\n", f);
 }
@@ -497,6 +523,7 @@ static int live_opt(live_opts *o, int c, const char *v) {
   case 'q': o->quiet = true; return 0;
   case 'P': o->progress = false; return 0;
   case 'C': o->compare = true; return 0;
+  case 'x': o->text = true; return 0;
   case 'B': o->hbm_blocks = strtoull(v, &end, 10); return *end ? -1 : 0;
   case 'X': o->time_scale = strtod(v, &end);
             return *end || !(o->time_scale > 0) ? -1 : 0;
@@ -514,7 +541,7 @@ static int live_args(live_opts *o, int argc, char **argv) {
       {"out", 1, 0, 'o'},          {"quiet", 0, 0, 'q'},
       {"no-progress", 0, 0, 'P'},  {"compare-offline", 0, 0, 'C'},
       {"hbm-blocks", 1, 0, 'B'},   {"time-scale", 1, 0, 'X'},
-      {"help", 0, 0, 'h'},
+      {"text-prompts", 0, 0, 'x'}, {"help", 0, 0, 'h'},
       {0, 0, 0, 0}};
   int c;
   optind = 1;

@@ -34,9 +34,13 @@ static const char tail_usage[] =
     "  --idle-ms MS       exit after MS ms without a batch applied\n"
     "  --index            at exit, print the residency the index holds, per\n"
     "                     medium, as published: {\"resident\": {\"GPU\": [...]}}\n"
+    "                     (with --rekey: kvplane keys' low 64 bits, the\n"
+    "                     EXTERNAL_U64 of `kvplane hash --model\n"
+    "                     kvplane-events-tail --tokenizer - --layout -`)\n"
     "  --rekey BS         also re-key blocks of BS tokens with kvplane's chain\n"
-    "                     (counts orphans and map memory in the stats; the\n"
-    "                     index then holds kvplane keys: no --index)\n"
+    "                     (XXH3-128, the namespace above; each block's extra\n"
+    "                     keys -- cache salt, LoRA, mm -- from the event; counts\n"
+    "                     orphans and map memory in the stats)\n"
     "At exit (the limits above, SIGINT or SIGTERM) a last line {\"stats\":\n"
     "{...}} holds the subscriber's counters.\n";
 
@@ -127,8 +131,6 @@ static int parse_tail(int argc, char **argv, tail_opts *o) {
     return rc;
   if (optind != argc - 1)
     return usage("exactly one ENDPOINT is required", NULL);
-  if (o->index && o->rekey_bs)
-    return usage("--index prints the engines' hashes: not with --rekey", NULL);
   o->endpoint = argv[optind];
   return -1; /* go on */
 }
@@ -209,7 +211,7 @@ static void on_batch(void *opaque, uint32_t source, uint64_t seq,
   (void)source;
   st->last_batch_ns = kvp_now_ns();
   for (size_t i = 0; i < b->n_events; i++) {
-    if (st->o->index)
+    if (st->o->index && !st->o->rekey_bs) /* re-keyed: kvplane keys */
       remember(st, &b->events[i]);
     if (st->o->json)
       print_event(seq, &b->events[i]);

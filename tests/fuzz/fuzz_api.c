@@ -3,8 +3,9 @@
  * (bench/harness_api.c) on arbitrary bytes.  The first byte picks the
  * endpoint, the rest is the body.  Checks what the engine relies on: a
  * request that parses has a non-empty prompt of in-vocabulary ids and fits
- * the context; a rejection is 400/404 with a message and a JSON error body
- * that parses back with the same code. */
+ * the context, and its cache salt, if any, is one vLLM accepts; a
+ * rejection is 400/404 with a message and a JSON error body that parses
+ * back with the same code. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +29,16 @@ static void check_ok(const bh_api_req *r, bh_api_kind k) {
     abort();
   if (r->include_usage && !r->stream)
     abort();
+  if (r->cache_salt != NULL) { /* vLLM's validate_cache_salt held */
+    size_t chars = 0;
+    for (const char *c = r->cache_salt; *c; c++) {
+      if (*c == '@' || *c == '/' || *c == '\\')
+        abort();
+      chars += ((unsigned char)*c & 0xC0) != 0x80;
+    }
+    if (chars == 0 || chars > BH_API_SALT_MAX || k == BH_API_TOKENIZE)
+      abort();
+  }
 }
 
 static void check_err(const bh_api_err *e) {

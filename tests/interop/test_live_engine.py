@@ -6,7 +6,10 @@ replay alike) decodes with msgspec into vllm.distributed.kv_events.
 KVEventBatch and re-encodes to the same bytes (the wire format is vLLM's to
 the byte); every stored block hash is vLLM's own sha256_cbor chain of the
 tokens sent (NONE_HASH from vLLM's default seed, int form), with its parent
-and its token ids; the residency the events describe is the worker's.
+and its token ids -- a request's cache_salt included, on block 0, as vLLM
+0.33 hashes it -- and carries extra_keys as vLLM 0.33's cache_full_blocks
+publishes them (one entry per block: (salt,) on a salted prompt's block 0,
+None elsewhere); the residency the events describe is the worker's.
 
 usage: run.sh test_live_engine.py BENCH
 """
@@ -55,13 +58,14 @@ def post(url, body):
 
 
 def prompts():
-    """Shared system prefix, a few sessions growing turn by turn."""
+    """(tokens, cache salt): a shared system prefix, a few sessions growing
+    turn by turn, the last two sessions salted (tenants)."""
     system = list(range(500, 500 + 3 * BS))
     out = []
     for turn in range(4):
         for s in range(3):
             hist = [1000 + 100 * s + t for t in range((turn + 1) * 2 * BS)]
-            out.append(system + hist + [7] * 5)
+            out.append((system + hist + [7] * 5, [None, "tenant-a", "tenant-b"][s]))
     return out
 
 
@@ -82,18 +86,19 @@ def replay_all(ctx, ep):
 def expected_blocks(sent):
     """u64 -> (tokens, parent u64 or None), from vLLM's own hash chain."""
     exp = {}
-    for toks in sent:
-        ch = vllm_hashes.chain("sha256_cbor", None, toks, BS)
+    for toks, salt in sent:
+        ch = vllm_hashes.chain("sha256_cbor", None, toks, BS, salt=salt)
         prev = None
         for i, b in enumerate(ch["blocks"]):
-            exp[b["external_u64"]] = (toks[i * BS:(i + 1) * BS], prev)
+            exp[b["external_u64"]] = (toks[i * BS:(i + 1) * BS], prev,
+                                      b["event_extra_keys"])
             prev = b["external_u64"]
     return exp
 
 
 def check_batches(kv, payloads, exp):
     dec = msgspec.msgpack.Decoder(kv.KVEventBatch)
-    resident, stored, removed = set(), 0, 0
+    resident, stored, removed, salted = set(), 0, 0, 0
     for seq in sorted(payloads):
         p = payloads[seq]
         batch = dec.decode(p)  # vLLM's own consumer type
@@ -105,8 +110,12 @@ def check_batches(kv, payloads, exp):
                 if e.medium != "GPU" or e.block_size != BS:
                     fail("medium/block_size %r" % e)
                 parent = e.parent_block_hash
+                if e.extra_keys is None or \
+                        len(e.extra_keys) != len(e.block_hashes):
+                    fail("seq %d: extra_keys %r, want one entry per block" %
+                         (seq, e.extra_keys))
                 for i, h in enumerate(e.block_hashes):
-                    toks, want_parent = exp.get(h, (None, None))
+                    toks, want_parent, want_x = exp.get(h, (None, None, None))
                     if toks is None:
                         fail("seq %d: %d is no sha256_cbor hash of a prompt "
                              "sent" % (seq, h))
@@ -115,6 +124,10 @@ def check_batches(kv, payloads, exp):
                     if parent != want_parent:
                         fail("seq %d: parent of %d is %r, want %r" %
                              (seq, h, parent, want_parent))
+                    if e.extra_keys[i] != want_x:
+                        fail("seq %d: extra_keys of %d are %r, want %r" %
+                             (seq, h, e.extra_keys[i], want_x))
+                    salted += want_x is not None
                     parent = h
                     resident.add(h)
                     stored += 1
@@ -123,6 +136,8 @@ def check_batches(kv, payloads, exp):
                 removed += len(e.block_hashes)
             else:
                 fail("unexpected event %r" % e)
+    if salted == 0:
+        fail("no salted block 0 published")
     return resident, stored, removed
 
 
@@ -138,9 +153,11 @@ def main():
         sub.connect(w["kv_events"])
         time.sleep(0.4)  # slow joiner
         sent = prompts()
-        for toks in sent:
-            post(w["url"] + "/v1/completions", {"prompt": toks,
-                                                 "max_tokens": 2})
+        for toks, salt in sent:
+            body = {"prompt": toks, "max_tokens": 2}
+            if salt:
+                body["cache_salt"] = salt
+            post(w["url"] + "/v1/completions", body)
         live = {}
         while sub.poll(1000):
             topic, seq, payload = sub.recv_multipart()
