@@ -48,12 +48,15 @@ run: build-run
 # (kv_aware, cache_aware) and sglang-router 0.3.2 (cache_aware), pinned in the
 # git-ignored .venv-peers (installed when missing; skipped without PyPI), beside
 # the offline prediction (kvplane-bench run); one table, with CSV/JSON, in
-# $(LIVE_OUT).  LIVE_ARGS: bench/live/make_live.py --help (--time-scale,
-# --workers, --traces, --limit, --routerd).  ~5 min on 2 cores.
+# $(LIVE_OUT), with kvplane-routerd's row (built here; needs libnats, which
+# `deps` installs) as the reference.  LIVE_ARGS: bench/live/make_live.py
+# --help (--time-scale, --workers, --traces, --limit).  ~5 min on 2 cores.
 LIVE_OUT ?= $(RUN_BUILD)/live-report
 LIVE_ARGS ?=
-live: build-run
+live: deps build-run
+	cmake --build $(RUN_BUILD) -j $(JOBS) --target kvplane_routerd
 	python3 bench/live/make_live.py --bench $(RUN_BUILD)/bench/kvplane-bench \
+	  --routerd $(RUN_BUILD)/connectors/kvplane-routerd \
 	  --venv $(CURDIR)/.venv-peers --out $(LIVE_OUT) $(LIVE_ARGS)
 
 test-main: build

@@ -9,7 +9,7 @@ For each trace, one row at a time, each live row on a fresh emulated cluster
   vllm-router kv_aware    vllm-router 0.1.17 fed each worker's KV events
   vllm-router cache_aware vllm-router 0.1.17, its own radix tree
   sglang-router cache_aware  sglang-router 0.3.2
-  (kvplane-routerd)       the hook below, once the daemon exists
+  (kvplane-routerd)       kvplane's router daemon (--routerd / KVPLANE_ROUTERD)
 and the offline simulator (`kvplane-bench run`, same workers, block size,
 time model; kvplane_cost and round_robin).  Prints one table (hit rate,
 TTFT p50/p95/p99, imbalance, each row's ratio to kvplane's row) and writes
@@ -154,22 +154,24 @@ def sglang_router(policy):
     return argv
 
 
-# HOOK: kvplane's router daemon.  Once `kvplane-routerd` exists, set
-# KVPLANE_ROUTERD=/path/to/kvplane-routerd (or pass --routerd): the row below
-# runs `kvplane-routerd --config F` in front of the same workers, and becomes
-# the reference row (ratios are taken to it instead of the offline
-# kvplane_cost).  routerd_config() writes F: adapt it to the daemon's config
-# format (docs/config.md) -- it has the workers' URLs and event endpoints.
+# kvplane's router daemon: `kvplane-routerd --config F` in front of the same
+# workers (their KV events, kvplane_cost), the reference row (ratios are taken
+# to it instead of the offline kvplane_cost).  KVPLANE_ROUTERD or --routerd
+# names the binary (make live passes the one it builds).
 def routerd_config(ctx, path):
+    ws = ctx["workers"]
     lines = ["# written by bench/live/make_live.py for kvplane-routerd",
-             "listen: 127.0.0.1:%d" % ctx["port"],
-             "block_size: %d" % ctx["block_size"],
-             "model: %s" % ctx["model"],
-             "hash_algo: %s" % ctx["hash_algo"],
-             "workers:"]
-    for w in ctx["workers"]:
-        lines += ["  - url: %s" % w["url"], "    kv_events: %s" % w["kv_events"],
-                  "    kv_replay: %s" % w["kv_replay"]]
+             "routerd:",
+             "  listen: 127.0.0.1:%d" % ctx["port"],
+             "  policy: kvplane_cost",
+             "workers:",
+             "  urls: [%s]" % ", ".join(w["url"] for w in ws),
+             "  kv_events: [%s]" % ", ".join(w["kv_events"] for w in ws),
+             "  kv_replay: [%s]" % ", ".join(w["kv_replay"] for w in ws),
+             "namespace:",
+             "  model_id: %s" % ctx["model"],
+             "model:",
+             "  block_size: %d" % ctx["block_size"]]
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
