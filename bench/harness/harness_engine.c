@@ -842,7 +842,7 @@ static int engine_setup(engine *e) {
     return rc;
   bh_timing_setup(&e->tm, cl, e->o.block_size, e->rt);
   e->api = (bh_api_cfg){e->o.model, e->o.vocab, e->o.max_model_len};
-  e->base = event_base_new();
+  e->base = bh_live_event_base();
   e->zctx = zmq_ctx_new();
   e->w = calloc(e->o.workers, sizeof *e->w);
   if (e->base == NULL || e->zctx == NULL || e->w == NULL)

@@ -569,8 +569,18 @@ static int live_args(live_opts *o, int argc, char **argv) {
 }
 
 /* ---- the run ---------------------------------------------------------------- */
+struct event_base *bh_live_event_base(void) {
+  struct event_config *cfg = event_config_new();
+  struct event_base *b = NULL;
+  if (cfg && event_config_set_flag(cfg, EVENT_BASE_FLAG_PRECISE_TIMER) == 0)
+    b = event_base_new_with_config(cfg);
+  if (cfg)
+    event_config_free(cfg);
+  return b ? b : event_base_new();
+}
+
 static int live_setup(live *L) {
-  L->base = event_base_new();
+  L->base = bh_live_event_base();
   L->tg = calloc(L->o.n_targets, sizeof *L->tg);
   if (L->base == NULL || L->tg == NULL)
     return KVP_ENOMEM;

@@ -12,4 +12,12 @@ int bh_engine_main(int argc, char **argv);
 /* `kvplane-bench live --target URL [options] TRACE...`. */
 int bh_live_main(int argc, char **argv);
 
+struct event_base;
+/* An event base whose timers fire to the microsecond: libevent's epoll
+ * backend otherwise rounds every timeout up to the next millisecond, which
+ * --time-scale X multiplies into up to X ms of trace time per timer (the
+ * engine's prefill ends, the load generator's arrivals).  Falls back to a
+ * default base.  NULL on ENOMEM. */
+struct event_base *bh_live_event_base(void);
+
 #endif /* KVP_BENCH_HARNESS_LIVE_H */
