@@ -24,6 +24,7 @@ offline rows: the simulator's max / mean prefill per worker).
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -158,12 +159,20 @@ def sglang_router(policy):
 # workers (their KV events, kvplane_cost), the reference row (ratios are taken
 # to it instead of the offline kvplane_cost).  KVPLANE_ROUTERD or --routerd
 # names the binary (make live passes the one it builds).
+def scaled(ctx, seconds):
+    """A router time constant for an emulation time_scale x faster (>= 5 ms)."""
+    return max(0.005, seconds / float(ctx.get("time_scale") or 1))
+
+
 def routerd_config(ctx, path):
     ws = ctx["workers"]
     lines = ["# written by bench/live/make_live.py for kvplane-routerd",
              "routerd:",
              "  listen: 127.0.0.1:%d" % ctx["port"],
              "  policy: kvplane_cost",
+             # the emulation runs time_scale x faster: so must the router's
+             # view of the workers' load (/metrics every 250 ms of trace time)
+             "  scrape_interval: %.4fs" % scaled(ctx, 0.25),
              "workers:",
              "  urls: [%s]" % ", ".join(w["url"] for w in ws),
              "  kv_events: [%s]" % ", ".join(w["kv_events"] for w in ws),
@@ -176,18 +185,46 @@ def routerd_config(ctx, path):
         f.write("\n".join(lines) + "\n")
 
 
-def routerd_row(binary):
+def routerd_row(binary, token_ids):
+    """token_ids: the client sends token ids (the router hashes them as
+    sent); else text, which the router renders through a worker first --
+    a loopback round trip and the worker's tokenization that the time scale
+    multiplies (x20 by default), where peers tokenize in process."""
     def argv(ctx):
         cfg = os.path.join(ctx["dir"], "routerd.yaml")
         routerd_config(ctx, cfg)
         return [binary, "--config", cfg]
-    return {"name": "routerd", "label": "kvplane-routerd", "router": argv,
-            "peer": False, "reference": True}
+    return {"name": "routerd" if token_ids else "routerd_text",
+            "label": "kvplane-routerd" + ("" if token_ids else ", text (render)"),
+            "router": argv, "peer": False, "reference": token_ids,
+            "token_ids": token_ids}
+
+
+def find_bin(name):
+    return shutil.which(name) or (os.access("/usr/sbin/" + name, os.X_OK) and "/usr/sbin/" + name)
+
+
+def fleet_row(binary, replicas, sync):
+    """kvplane-routerd replicas behind nginx (bench/live/routerd_fleet.py)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    def argv(ctx):
+        return [sys.executable, os.path.join(here, "routerd_fleet.py"), "--routerd", binary,
+                "--engine-file", os.path.join(ctx["dir"], "engine.json"),
+                "--port", str(ctx["port"]), "--dir", os.path.join(ctx["dir"], "fleet"),
+                "--replicas", str(replicas), "--sync" if sync else "--no-sync",
+                "--scrape-interval", "%.4f" % scaled(ctx, 0.25),
+                "--snapshot-interval", "%.4f" % scaled(ctx, 0.1)]
+    name = "routerd_x%d_%s" % (replicas, "nats" if sync else "nosync")
+    label = "kvplane-routerd x%d %s" % (replicas, "+ NATS" if sync else "no sync")
+    return {"name": name, "label": label, "router": argv, "peer": False, "fleet": True,
+            "token_ids": True}
 
 
 def live_rows(peers_ok, routerd):
     rows = [{"name": "direct", "label": "direct round robin", "router": None,
-             "peer": False}]
+             "peer": False},
+            {"name": "direct_ids", "label": "direct round robin, token ids",
+             "router": None, "peer": False, "token_ids": True}]
     if peers_ok is not True:  # the reason they are left out
         rows += [{"name": n, "label": l, "skipped": peers_ok} for n, l in (
             ("vllm_kv_aware", "vllm-router kv_aware"),
@@ -203,7 +240,11 @@ def live_rows(peers_ok, routerd):
              "router": sglang_router("cache_aware"), "peer": True},
         ]
     if routerd:
-        rows.append(routerd_row(routerd))
+        rows.append(routerd_row(routerd, True))
+        rows.append(routerd_row(routerd, False))
+        if find_bin("nats-server") and find_bin("nginx"):
+            rows.append(fleet_row(routerd, 3, True))
+            rows.append(fleet_row(routerd, 3, False))
     return rows
 
 
@@ -240,10 +281,12 @@ def live_row(a, tr, bs, row, d):
                      row["label"] + " /health")
             target = ["--target", url]
         argv = [a.bench, "live"] + target + [
-            "--time-scale", str(a.time_scale), "--text-prompts", "--model", ctx["model"],
+            "--time-scale", str(a.time_scale), "--model", ctx["model"],
             "--limit", str(tr["limit"]), "--no-progress", "--out", os.path.join(d, "out")]
         if tr["closed_loop"]:
             argv += ["--closed-loop", str(tr["closed_loop"])]
+        if not row.get("token_ids"):
+            argv += ["--text-prompts"]
         with open(os.path.join(d, "live.log"), "w") as f:
             rc = subprocess.call(argv + [tr["path"]], stdout=f, stderr=subprocess.STDOUT)
         if eng.p.poll() is not None:  # ours: nothing else may end it
@@ -254,8 +297,13 @@ def live_row(a, tr, bs, row, d):
         if rt:
             rt.stop()
         eng.stop()
-    return result_of(os.path.join(d, "out", "results.json"), rc, per,
-                     os.path.join(d, "live.log"))
+    res = result_of(os.path.join(d, "out", "results.json"), rc, per,
+                    os.path.join(d, "live.log"))
+    fj = os.path.join(d, "fleet", "fleet.json")
+    if row.get("fleet") and os.path.exists(fj):
+        with open(fj) as f:
+            res["fleet"] = json.load(f)
+    return res
 
 
 def errors_of(logpath):
@@ -343,10 +391,23 @@ def table(sections):
                 ratio(r["hit_rate"], ref["hit_rate"]), ratio(r["ttft_p50"], ref["ttft_p50"]),
                 ratio(r["ttft_p95"], ref["ttft_p95"]), ratio(r["ttft_p99"], ref["ttft_p99"])))
     out.append("")
-    out.append("* the reference row (x/kv = this row / it): kvplane's offline "
-               "kvplane_cost until kvplane-routerd runs live.\nTTFT in trace "
+    out.append("* the reference row (x/kv = this row / it): kvplane-routerd live when it "
+               "ran, else kvplane's offline kvplane_cost.\nTTFT in trace "
                "seconds (live: x the time scale); imbal = max / mean uncached "
                "prompt tokens per worker (offline: prefill per worker).")
+    fleets = [(s["trace"], r) for s in sections for r in s["rows"] if r.get("fleet")]
+    if fleets:
+        out.append("replicas behind nginx (sync over NATS: lag publish -> apply; msgs "
+                   "received per replica; CPU per replica per request):")
+    for trace, r in fleets:
+        reps = r["fleet"]["replicas"]
+        reqs = sum(x["requests"] for x in reps) or 1
+        out.append("  %-14s %-28s lag p50 %s p99 %s, %s msgs/s, %s us CPU/request" % (
+            trace, r["label"],
+            "/".join("%.2fms" % (x["lag_p50_s"] * 1e3) for x in reps),
+            "/".join("%.2fms" % (x["lag_p99_s"] * 1e3) for x in reps),
+            "/".join("%.0f" % x["sync_msgs_per_s"] for x in reps),
+            "/".join("%.0f" % (1e6 * x["cpu_s"] / max(1, x["requests"])) for x in reps)))
     return "\n".join(out)
 
 

@@ -143,6 +143,7 @@ struct rd_server {
 };
 
 double rd_now(void); /* monotonic seconds */
+void rd_js_tick_arm(rd_server *s); /* a JetStream-fed worker exists */
 
 int rd_workers_init(rd_server *s);
 void rd_workers_fini(rd_server *s);

@@ -97,6 +97,12 @@ static void on_js_tick(evutil_socket_t fd, short what, void *arg) {
   rd_workers_js_poll(arg);
 }
 
+void rd_js_tick_arm(rd_server *s) {
+  struct timeval tv = {0, 2000}; /* JetStream-fed workers: every 2 ms */
+  if (s->js_tick && !event_pending(s->js_tick, EV_TIMEOUT, NULL))
+    event_add(s->js_tick, &tv);
+}
+
 static void on_signal(evutil_socket_t sig, short what, void *arg) {
   (void)what;
   rd_server *s = arg;
@@ -161,9 +167,9 @@ static int start(rd_server *s) {
   s->tick = event_new(s->base, -1, EV_PERSIST, on_tick, s);
   if (s->tick == NULL || event_add(s->tick, &tv) < 0)
     return -1;
-  struct timeval js_tv = {0, 2000}; /* JetStream-fed workers: every 2 ms */
+  /* armed by the first JetStream-fed worker (rd_js_tick_arm) */
   s->js_tick = event_new(s->base, -1, EV_PERSIST, on_js_tick, s);
-  if (s->js_tick == NULL || event_add(s->js_tick, &js_tv) < 0)
+  if (s->js_tick == NULL)
     return -1;
   return rd_apply_workers(s, &s->cfg);
 }

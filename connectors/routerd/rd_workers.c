@@ -101,6 +101,7 @@ static int open_js(rd_worker *w, char *err, size_t cap) {
              w->kv_events);
     return -1;
   }
+  rd_js_tick_arm(s);
   return 0;
 }
 
