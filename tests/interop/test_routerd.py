@@ -243,18 +243,22 @@ check(metric(m, "kvplane_routerd_client_cancels_total") >= 1 and metric(m, "kvpl
           metric(m, "kvplane_routerd_client_cancels_total"), metric(m, "kvplane_routerd_inflight")))
 
 # ---- approximate mode: no events, no render: text chunks + routed records ------
-port2 = free_port()
+port2, admin2 = free_port(), free_port()
 cfg2 = os.path.join(W, "routerd-approx.yaml")
-with open(cfg2, "w") as f:
-    f.write(f"""routerd:
+def write_cfg2(urls):
+    with open(cfg2, "w") as f:
+        f.write(f"""routerd:
   listen: 127.0.0.1:{port2}
+  admin_listen: 127.0.0.1:{admin2}
+  admin_token: s3cret
   render: false
   approx_ttl: 60s
 workers:
-  urls: [{", ".join(w["url"] for w in workers)}]
+  urls: [{", ".join(urls)}]
 model:
   block_size: {BS}
 """)
+write_cfg2([w["url"] for w in workers])
 rd2 = subprocess.Popen([RD, "--config", cfg2], stdout=rlog, stderr=subprocess.STDOUT)
 procs.append(rd2)
 check(wait_http(f"http://127.0.0.1:{port2}/health"), "approximate-mode router up")
@@ -271,6 +275,28 @@ check(len(set(where)) == 1 and min(cached[1:]) > 400,
       "text mode: a shared system prompt stays on one worker (%s, cached %s)" % (where, cached))
 code, m2 = http("GET", f"http://127.0.0.1:{port2}/metrics")
 check("kvplane_routerd_text_mode_total 4" in m2, "text-mode requests counted")
+code, _ = http("GET", f"http://127.0.0.1:{admin2}/admin/workers")
+check(code == 401, "admin without the bearer token -> %d" % code)
+code, body = http("GET", f"http://127.0.0.1:{admin2}/admin/workers",
+                  headers={"Authorization": "Bearer s3cret"})
+check(code == 200 and len(json.loads(body)["workers"]) == 3, "admin with the token lists 3 workers")
+# SIGHUP: the config's worker list is the truth (one worker gone -> removed)
+write_cfg2([w["url"] for w in workers[:2]])
+rd2.send_signal(signal.SIGHUP)
+t_end, urls = time.time() + 5, None
+while time.time() < t_end:
+    code, body = http("GET", f"http://127.0.0.1:{admin2}/admin/workers",
+                      headers={"Authorization": "Bearer s3cret"})
+    urls = sorted(w["url"] for w in json.loads(body)["workers"])
+    if len(urls) == 2:
+        break
+    time.sleep(0.1)
+check(urls == sorted(w["url"] for w in workers[:2]), "SIGHUP reload removed the worker gone from the config: %s" % urls)
+with open(cfg2, "a") as f:
+    f.write("routerd:\n  listen: dup\n")  # a broken config is refused, the running one kept
+rd2.send_signal(signal.SIGHUP)
+time.sleep(0.3)
+check(rd2.poll() is None and wait_http(f"http://127.0.0.1:{port2}/health"), "a broken config on SIGHUP is refused; still serving")
 rd2.terminate()
 rd2.wait()
 
