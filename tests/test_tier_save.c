@@ -263,6 +263,8 @@ typedef struct racer {
   uint32_t base; /* the thread's block ids: [base, base + RKEYS) */
   _Atomic int *stop;
   _Atomic uint64_t *hit_all; /* all loaders' hits */
+  _Atomic uint32_t *loaders_ran; /* loaders that finished a round */
+  uint32_t loaders;              /* how many loaders race */
   uint64_t hits, misses;
 } racer;
 
@@ -277,8 +279,12 @@ static void *saver(void *arg) {
   int res[RKEYS];
   for (uint32_t i = 0; i < RKEYS; i++)
     keys[i] = key_of(i), src[i] = i; /* key i is always block i's bytes */
-  /* at least ROUNDS, and until the loaders saw hits (bounded) */
-  for (int round = 0; round < ROUNDS || (*r->hit_all < 64 && round < 50000);
+  /* at least ROUNDS, until every loader ran a round beside the saves (on a
+   * loaded machine a loader thread may not have been scheduled yet), and
+   * until the loaders saw hits (bounded) */
+  for (int round = 0;
+       round < ROUNDS || ((*r->hit_all < 64 || *r->loaders_ran < r->loaders) &&
+                          round < 50000);
        round++) {
     for (uint32_t i = round % 2 ? 0 : RKEYS; i < RKEYS; i++)
       ASSERT_GE(kvp_tier_evict(r->t, &g_ns, keys[i]), 0); /* save again */
@@ -319,7 +325,7 @@ static void *loader(void *arg) {
   int res[RKEYS];
   for (uint32_t i = 0; i < RKEYS; i++)
     keys[i] = key_of(i), dst[i] = r->base + i;
-  while (!*r->stop) {
+  for (bool first = true; !*r->stop; first = false) {
     for (uint32_t i = 0; i < RKEYS; i++)
       poison(r->c, dst[i]);
     ASSERT_GE(kvp_tier_load(l, NULL, keys, dst, RKEYS, res), 0);
@@ -329,6 +335,8 @@ static void *loader(void *arg) {
       *r->hit_all += res[i] >= 0;
       r->misses += res[i] < 0;
     }
+    if (first)
+      ++*r->loaders_ran;
   }
   kvp_tier_link_destroy(l);
   return NULL;
@@ -340,7 +348,9 @@ static void race(void *(*other)(void *), uint32_t dram_blocks, bool hits) {
   kvp_tier_store *t = store_open(&c, dram_blocks);
   _Atomic int stop = 0;
   _Atomic uint64_t hit_all = 0;
-  racer rs = {.t = t, .c = &c, .stop = &stop, .hit_all = &hit_all};
+  _Atomic uint32_t loaders_ran = 0;
+  racer rs = {.t = t, .c = &c, .stop = &stop, .hit_all = &hit_all,
+              .loaders_ran = &loaders_ran, .loaders = other == loader ? 2 : 1};
   racer ro = rs, rl = rs;
   ro.base = 40, rl.base = 70;
   pthread_t ts, to, tl;
