@@ -47,6 +47,7 @@ typedef struct live_opts {
   bh_read_opts ro;
   bh_format format;
   uint64_t hbm_blocks; /* --compare-offline: the engines' HBM blocks */
+  const char *req_log; /* --req-log PREFIX: per-request JSON lines */
 } live_opts;
 
 typedef struct target {
@@ -84,6 +85,7 @@ typedef struct live {
   uint64_t cached_tokens;
   double lag_sum, lag_max; /* open loop: send time past the trace's, real s */
   char *model_json; /* "\"model\":\"NAME\"" (escaped) or NULL */
+  FILE *req_log;    /* --req-log: PREFIX.live.jsonl */
   /* hit rate over time, bucketed as the simulator buckets (by arrival in
    * trace time, or by order in a closed loop) */
   double s_prompt[BUCKETS], s_reused[BUCKETS];
@@ -201,6 +203,22 @@ static json_t *find_usage(struct evbuffer *b) {
   return usage;
 }
 
+/* --req-log: what the client saw, in trace seconds since the first
+ * arrival (the engine's and the simulator's lines carry the same i). */
+static void log_req(const live *L, const lreq *r, uint64_t prompt,
+                    uint64_t cached) {
+  if (L->req_log == NULL)
+    return;
+  double k = L->o.time_scale, first = L->o.closed_loop || L->t->n_reqs == 0
+                                          ? 0
+                                          : L->t->reqs[0].t / L->o.speed;
+  fprintf(L->req_log,
+          "{\"i\":%u,\"w\":%u,\"send\":%.6f,\"ttft\":%.6f,"
+          "\"tokens\":%llu,\"cached\":%llu}\n",
+          r->i, r->tgt, (r->t_send - L->t0) * k - first, r->ttft * k,
+          (unsigned long long)prompt, (unsigned long long)cached);
+}
+
 static void record(live *L, lreq *r, json_t *usage) {
   const bh_req *q = &L->t->reqs[r->i];
   json_t *pt = json_object_get(usage, "prompt_tokens");
@@ -226,6 +244,7 @@ static void record(live *L, lreq *r, json_t *usage) {
   L->s_reused[bucket_of(L, r->i)] += (double)cached;
   L->cached_tokens += cached;
   L->ok++;
+  log_req(L, r, prompt, cached);
 }
 
 /* ---- the client ---------------------------------------------------------------- */
@@ -368,6 +387,9 @@ static void send_req(live *L, uint32_t i, uint32_t attempt) {
   evhttp_add_header(h, "Host", hostport);
   evhttp_add_header(h, "Content-Type", "application/json");
   evhttp_add_header(h, "Accept", "text/event-stream");
+  char rid[16]; /* the trace index, for the engines' --req-log */
+  snprintf(rid, sizeof rid, "%u", i);
+  evhttp_add_header(h, "X-Request-Id", rid);
   evbuffer_add(evhttp_request_get_output_buffer(hr), body, strlen(body));
   free(body);
   snprintf(path, sizeof path, "%s/v1/completions", t->path_prefix);
@@ -460,7 +482,7 @@ static void live_usage(FILE *f) {
   fputs("usage: kvplane-bench live --target URL [--target URL ...] [--direct]\n"
         "         [--engine-file F] [--model NAME] [--speed X]\n"
         "         [--closed-loop N] [--time-scale X] [--limit N] [--retries N]\n"
-        "         [--timeout S] [--text-prompts]\n"
+        "         [--timeout S] [--text-prompts] [--req-log PREFIX]\n"
         "         [--format F] [--out DIR] [--quiet] [--no-progress]\n"
         "         [--compare-offline --hbm-blocks N] TRACE...\n"
         "Replays TRACE as streamed /v1/completions with token-id prompts\n"
@@ -472,7 +494,9 @@ static void live_usage(FILE *f) {
         "byte-level tokenizers, as the emulated workers'; routers that take\n"
         "no token ids).\n"
         "--time-scale X: the engines' (arrivals at trace time / X, TTFTs\n"
-        "reported x X, in trace seconds).\n", f);
+        "reported x X, in trace seconds).\n"
+        "--req-log PREFIX: PREFIX.live.jsonl (and PREFIX.offline.jsonl, the\n"
+        "simulator's) with one JSON line per request, by trace index.\n", f);
 }
 
 static int add_target(live_opts *o, const char *list) {
@@ -524,6 +548,7 @@ static int live_opt(live_opts *o, int c, const char *v) {
   case 'P': o->progress = false; return 0;
   case 'C': o->compare = true; return 0;
   case 'x': o->text = true; return 0;
+  case 'R': o->req_log = v; return 0;
   case 'B': o->hbm_blocks = strtoull(v, &end, 10); return *end ? -1 : 0;
   case 'X': o->time_scale = strtod(v, &end);
             return *end || !(o->time_scale > 0) ? -1 : 0;
@@ -541,7 +566,8 @@ static int live_args(live_opts *o, int argc, char **argv) {
       {"out", 1, 0, 'o'},          {"quiet", 0, 0, 'q'},
       {"no-progress", 0, 0, 'P'},  {"compare-offline", 0, 0, 'C'},
       {"hbm-blocks", 1, 0, 'B'},   {"time-scale", 1, 0, 'X'},
-      {"text-prompts", 0, 0, 'x'}, {"help", 0, 0, 'h'},
+      {"text-prompts", 0, 0, 'x'}, {"req-log", 1, 0, 'R'},
+      {"help", 0, 0, 'h'},
       {0, 0, 0, 0}};
   int c;
   optind = 1;
@@ -579,6 +605,16 @@ struct event_base *bh_live_event_base(void) {
   return b ? b : event_base_new();
 }
 
+/* --req-log's files: PREFIX.SIDE.jsonl. */
+static FILE *open_log(const char *prefix, const char *side) {
+  char p[4096];
+  snprintf(p, sizeof p, "%s.%s.jsonl", prefix, side);
+  FILE *f = fopen(p, "w");
+  if (f == NULL)
+    fprintf(stderr, "kvplane-bench live: %s: %s\n", p, strerror(errno));
+  return f;
+}
+
 static int live_setup(live *L) {
   L->base = bh_live_event_base();
   L->tg = calloc(L->o.n_targets, sizeof *L->tg);
@@ -603,6 +639,8 @@ static int live_setup(live *L) {
       return KVP_ENOMEM;
   }
   L->tick = evtimer_new(L->base, on_tick, L);
+  if (L->o.req_log && (L->req_log = open_log(L->o.req_log, "live")) == NULL)
+    return -errno;
   int rc = kvp_ledger_create(NULL, NULL, &L->led);
   if (rc >= 0)
     rc = kvp_hist_create(NULL, &L->ttft);
@@ -622,6 +660,8 @@ static void live_teardown(live *L) {
     event_base_free(L->base);
   kvp_ledger_destroy(L->led);
   free(L->model_json);
+  if (L->req_log)
+    fclose(L->req_log);
 }
 
 /* The live outcome as a bh_result (ttft histogram handed over). */
@@ -672,7 +712,11 @@ static int offline_row(const live *L, const bh_trace *t, bh_cluster *cl,
                     .speed = L->o.speed, .closed_loop = L->o.closed_loop,
                     .seed = 1};
   char err[256];
+  if (L->o.req_log && (so.req_log = open_log(L->o.req_log, "offline")) == NULL)
+    return -errno;
   int rc = bh_sim_run(t, &so, r, err, sizeof err);
+  if (so.req_log)
+    fclose(so.req_log);
   if (rc < 0)
     fprintf(stderr, "kvplane-bench live: offline: %s\n", err);
   snprintf(r->name, sizeof r->name, "offline_rr");
