@@ -317,15 +317,22 @@ static void sse(struct evhttp_request *hr, json_t *o) {
   json_decref(o);
 }
 
+/* The SSE response's status and headers: sent on admission, as vLLM's
+ * server starts a StreamingResponse once the request is accepted -- the
+ * moment `live --direct` may send the next request to this worker. */
+static void start_reply(ereq *r) {
+  if (r->started_reply)
+    return;
+  struct evkeyvalq *h = evhttp_request_get_output_headers(r->hr);
+  evhttp_add_header(h, "Content-Type", "text/event-stream; charset=utf-8");
+  evhttp_add_header(h, "Cache-Control", "no-cache");
+  evhttp_send_reply_start(r->hr, 200, "OK");
+  r->started_reply = true;
+}
+
 /* Stream tokens [r->sent, upto) as one chunk. */
 static void send_chunk(ereq *r, uint32_t upto) {
-  if (!r->started_reply) {
-    struct evkeyvalq *h = evhttp_request_get_output_headers(r->hr);
-    evhttp_add_header(h, "Content-Type", "text/event-stream; charset=utf-8");
-    evhttp_add_header(h, "Cache-Control", "no-cache");
-    evhttp_send_reply_start(r->hr, 200, "OK");
-    r->started_reply = true;
-  }
+  start_reply(r);
   char *text = gen_text(r, r->sent, upto);
   bool first = r->sent == 0, last = upto == r->a.max_tokens;
   json_t *o = envelope(r, is_chat(r) ? "chat.completion.chunk"
@@ -580,6 +587,8 @@ static int admit(eworker *x, struct evhttp_request *hr, bh_api_req *a,
     x->q_head = r;
   x->q_tail = r;
   x->q_len++;
+  if (r->a.stream)
+    start_reply(r);
   try_start(x);
   return 0;
 }

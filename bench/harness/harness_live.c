@@ -57,6 +57,11 @@ typedef struct target {
   struct evhttp_connection **idle;
   uint32_t n_idle, cap_idle;
   uint64_t assigned; /* uncached prompt tokens sent here */
+  /* --direct: one request at a time between sending and admission (its
+   * response headers), later ones held here in order (docs/live.md) */
+  bool admitting;
+  struct held { uint32_t i, attempt; double due; } *held;
+  uint32_t h_head, h_n, h_cap;
 } target;
 
 struct live;
@@ -65,9 +70,10 @@ typedef struct lreq {
   struct live *L;
   uint32_t i, tgt, attempt;
   struct evhttp_connection *conn;
-  double t_send, ttft;
+  double t_send, ttft; /* t_send: when it was due (held or not) */
   struct evbuffer *body; /* SSE bytes received */
   bool got_byte, failed;
+  bool gate; /* holds its target's admitting gate */
 } lreq;
 
 typedef struct live {
@@ -249,7 +255,51 @@ static void record(live *L, lreq *r, json_t *usage) {
 
 /* ---- the client ---------------------------------------------------------------- */
 static void send_req(live *L, uint32_t i, uint32_t attempt);
+static void send_to(live *L, uint32_t k, uint32_t i, uint32_t attempt,
+                    double due);
 static void pump(live *L);
+
+static int hold(target *t, uint32_t i, uint32_t attempt, double due) {
+  if (t->h_n == t->h_cap) {
+    uint32_t nc = t->h_cap ? t->h_cap * 2 : 16;
+    struct held *nh = malloc(nc * sizeof *nh);
+    if (nh == NULL)
+      return KVP_ENOMEM;
+    for (uint32_t j = 0; j < t->h_n; j++)
+      nh[j] = t->held[(t->h_head + j) % t->h_cap];
+    free(t->held);
+    t->held = nh;
+    t->h_head = 0;
+    t->h_cap = nc;
+  }
+  t->held[(t->h_head + t->h_n++) % t->h_cap] =
+      (struct held){.i = i, .attempt = attempt, .due = due};
+  return 0;
+}
+
+/* r's target admitted it (or it failed): the next held request goes (and
+ * the one after it, while a send fails at once). */
+static void release(live *L, lreq *r) {
+  if (!r->gate)
+    return;
+  r->gate = false;
+  target *t = &L->tg[r->tgt];
+  t->admitting = false;
+  while (!t->admitting && t->h_n > 0) {
+    struct held h = t->held[t->h_head];
+    t->h_head = (t->h_head + 1) % t->h_cap;
+    t->h_n--;
+    L->inflight--; /* counted when held; send_to counts it again */
+    send_to(L, r->tgt, h.i, h.attempt, h.due);
+  }
+}
+
+static int on_headers(struct evhttp_request *hr, void *arg) {
+  (void)hr;
+  lreq *r = arg;
+  release(r->L, r);
+  return 0;
+}
 
 static struct evhttp_connection *conn_get(live *L, target *t) {
   if (t->n_idle > 0)
@@ -328,6 +378,7 @@ static void on_done(struct evhttp_request *hr, void *arg) {
   int code = hr ? evhttp_request_get_response_code(hr) : 0;
   if (hr && evbuffer_get_length(evhttp_request_get_input_buffer(hr)) > 0)
     on_chunk(hr, r);
+  release(L, r); /* no headers came (a failed connection) */
   bool transient = code == 0 || code == 429 || code >= 500;
   json_t *usage = code == 200 ? find_usage(r->body) : NULL;
   L->inflight--;
@@ -360,8 +411,28 @@ static void no_delay(struct evhttp_connection *c) {
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
+/* With --direct, a worker's requests reach it in the order they were due:
+ * each is sent once the one before it to that target was admitted, as the
+ * simulator queues requests of one instant (the Mooncake trace's 3-s
+ * bursts) in trace order; a body otherwise lands before a longer one sent
+ * just ahead of it.  TTFT still counts from when it was due. */
 static void send_req(live *L, uint32_t i, uint32_t attempt) {
   uint32_t k = L->o.direct ? L->rr++ % L->o.n_targets : 0;
+  target *t = &L->tg[k];
+  if (L->o.direct && t->admitting) {
+    L->inflight++;
+    if (hold(t, i, attempt, now_s()) < 0) {
+      L->errors++;
+      L->inflight--;
+      L->done++;
+    }
+    return;
+  }
+  send_to(L, k, i, attempt, now_s());
+}
+
+static void send_to(live *L, uint32_t k, uint32_t i, uint32_t attempt,
+                    double due) {
   target *t = &L->tg[k];
   lreq *r = calloc(1, sizeof *r);
   char *body = prompt_body(L, i);
@@ -379,8 +450,11 @@ static void send_req(live *L, uint32_t i, uint32_t attempt) {
     return;
   }
   *r = (lreq){.L = L, .i = i, .tgt = k, .attempt = attempt, .conn = c,
-              .body = evbuffer_new(), .t_send = now_s()};
+              .body = evbuffer_new(), .t_send = due,
+              .gate = L->o.direct};
+  t->admitting = r->gate;
   evhttp_request_set_chunked_cb(hr, on_chunk);
+  evhttp_request_set_header_cb(hr, on_headers);
   struct evkeyvalq *h = evhttp_request_get_output_headers(hr);
   char hostport[300], path[256];
   snprintf(hostport, sizeof hostport, "%s:%u", t->host, t->port);
@@ -401,6 +475,7 @@ static void send_req(live *L, uint32_t i, uint32_t attempt) {
     L->inflight--;
     L->done++;
     evbuffer_free(r->body);
+    release(L, r);
     free(r);
   }
 }
@@ -652,6 +727,7 @@ static void live_teardown(live *L) {
     for (uint32_t j = 0; j < L->tg[k].n_idle; j++)
       evhttp_connection_free(L->tg[k].idle[j]);
     free(L->tg[k].idle);
+    free(L->tg[k].held);
   }
   free(L->tg);
   if (L->tick)
