@@ -444,7 +444,8 @@ static void on_decode_tick(evutil_socket_t fd, short ev, void *arg) {
 }
 
 /* --req-log: the request's schedule in trace seconds since the first
- * arrival, the fields of the simulator's (bh_sim_opts.req_log). */
+ * arrival, the fields of the simulator's (bh_sim_opts.req_log), and how
+ * late the prefill's timer fired (the emulator's own delay). */
 static void log_req(const eworker *x, const ereq *r) {
   const engine *e = x->e;
   double k = e->o.time_scale;
@@ -453,11 +454,11 @@ static void log_req(const eworker *x, const ereq *r) {
   fprintf(e->req_log,
           "{\"i\":%lld,\"w\":%u,\"arrive\":%.6f,\"start\":%.6f,"
           "\"end\":%.6f,\"tokens\":%u,\"cached\":%llu,\"queue\":%u,"
-          "\"decoding\":%u}\n",
+          "\"decoding\":%u,\"late\":%.6f}\n",
           (long long)r->rid, x->id, (r->t_arrive - e->t_first) * k,
           (r->t_start - e->t_first) * k, (r->t_prefill_end - e->t_first) * k,
           (unsigned)r->a.n_tokens, (unsigned long long)r->cached, r->q_seen,
-          x->decoding);
+          x->decoding, (mono_s() - r->t_prefill_end) * k);
 }
 
 static void on_prefill_done(evutil_socket_t fd, short ev, void *arg) {

@@ -70,7 +70,8 @@ typedef struct lreq {
   struct live *L;
   uint32_t i, tgt, attempt;
   struct evhttp_connection *conn;
-  double t_send, ttft; /* t_send: when it was due (held or not) */
+  double t_send, ttft; /* t_send: when it was due (held or not), plus the
+                          time its body took to build */
   struct evbuffer *body; /* SSE bytes received */
   bool got_byte, failed;
   bool gate; /* holds its target's admitting gate */
@@ -435,7 +436,9 @@ static void send_to(live *L, uint32_t k, uint32_t i, uint32_t attempt,
                     double due) {
   target *t = &L->tg[k];
   lreq *r = calloc(1, sizeof *r);
+  double t_build = now_s();
   char *body = prompt_body(L, i);
+  due += now_s() - t_build; /* the client's own work is no server's TTFT */
   struct evhttp_connection *c = r && body ? conn_get(L, t) : NULL;
   struct evhttp_request *hr = c ? evhttp_request_new(on_done, r) : NULL;
   L->inflight++;
