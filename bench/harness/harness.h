@@ -176,6 +176,8 @@ typedef struct bh_sim_opts {
   uint64_t seed;
   uint32_t buckets;      /* time-series points; 0 = 48 */
   bool progress;         /* progress bar on stderr */
+  FILE *req_log;         /* non-NULL: one JSON line per request at its
+                            prefill's end, as `engine --req-log` writes */
 } bh_sim_opts;
 
 /* The router's model / GPU spec (kvp_router_opts_from_config) as the

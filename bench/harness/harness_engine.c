@@ -46,6 +46,7 @@ typedef struct eng_opts {
   const char *hash_seed; /* PYTHONHASHSEED; NULL = unset */
   const char *kv_topic;
   const char *ready_file;
+  const char *req_log; /* --req-log: one JSON line per request */
   bh_cluster cl;
 } eng_opts;
 
@@ -70,6 +71,9 @@ typedef struct ereq {
    * emulator's own CPU work (JSON, hashing, events) overlaps the GPU time
    * as vLLM's API server process does, instead of adding to it */
   double t_arrive, t_prefill_end, t_decode_start;
+  double t_start;      /* the prefill's scheduled start (--req-log) */
+  int64_t rid;         /* X-Request-Id when numeric, else -1 (--req-log) */
+  uint32_t q_seen;     /* requests ahead of it on arrival (--req-log) */
   uint32_t chunk_no;
   uint32_t chunks_left;
   uint64_t id;
@@ -115,6 +119,8 @@ typedef struct engine {
   bh_timing tm;
   bh_api_cfg api;
   uint64_t next_id;
+  FILE *req_log;
+  double t_first; /* the first request's arrival (--req-log's zero) */
   struct event *svc, *sig_int, *sig_term;
 } engine;
 
@@ -311,15 +317,22 @@ static void sse(struct evhttp_request *hr, json_t *o) {
   json_decref(o);
 }
 
+/* The SSE response's status and headers: sent on admission, as vLLM's
+ * server starts a StreamingResponse once the request is accepted -- the
+ * moment `live --direct` may send the next request to this worker. */
+static void start_reply(ereq *r) {
+  if (r->started_reply)
+    return;
+  struct evkeyvalq *h = evhttp_request_get_output_headers(r->hr);
+  evhttp_add_header(h, "Content-Type", "text/event-stream; charset=utf-8");
+  evhttp_add_header(h, "Cache-Control", "no-cache");
+  evhttp_send_reply_start(r->hr, 200, "OK");
+  r->started_reply = true;
+}
+
 /* Stream tokens [r->sent, upto) as one chunk. */
 static void send_chunk(ereq *r, uint32_t upto) {
-  if (!r->started_reply) {
-    struct evkeyvalq *h = evhttp_request_get_output_headers(r->hr);
-    evhttp_add_header(h, "Content-Type", "text/event-stream; charset=utf-8");
-    evhttp_add_header(h, "Cache-Control", "no-cache");
-    evhttp_send_reply_start(r->hr, 200, "OK");
-    r->started_reply = true;
-  }
+  start_reply(r);
   char *text = gen_text(r, r->sent, upto);
   bool first = r->sent == 0, last = upto == r->a.max_tokens;
   json_t *o = envelope(r, is_chat(r) ? "chat.completion.chunk"
@@ -430,11 +443,30 @@ static void on_decode_tick(evutil_socket_t fd, short ev, void *arg) {
   try_start(x);
 }
 
+/* --req-log: the request's schedule in trace seconds since the first
+ * arrival, the fields of the simulator's (bh_sim_opts.req_log), and how
+ * late the prefill's timer fired (the emulator's own delay). */
+static void log_req(const eworker *x, const ereq *r) {
+  const engine *e = x->e;
+  double k = e->o.time_scale;
+  if (e->req_log == NULL)
+    return;
+  fprintf(e->req_log,
+          "{\"i\":%lld,\"w\":%u,\"arrive\":%.6f,\"start\":%.6f,"
+          "\"end\":%.6f,\"tokens\":%u,\"cached\":%llu,\"queue\":%u,"
+          "\"decoding\":%u,\"late\":%.6f}\n",
+          (long long)r->rid, x->id, (r->t_arrive - e->t_first) * k,
+          (r->t_start - e->t_first) * k, (r->t_prefill_end - e->t_first) * k,
+          (unsigned)r->a.n_tokens, (unsigned long long)r->cached, r->q_seen,
+          x->decoding, (mono_s() - r->t_prefill_end) * k);
+}
+
 static void on_prefill_done(evutil_socket_t fd, short ev, void *arg) {
   (void)fd, (void)ev;
   ereq *r = arg;
   eworker *x = &r->e->w[r->w];
   int rc = 0;
+  log_req(x, r);
   for (uint32_t j = r->cut; j < r->n_blocks && rc == 0; j++)
     rc = block_to_hbm(x, r, j);
   if (rc == 0)
@@ -491,6 +523,7 @@ static void start_prefill(eworker *x, ereq *r) {
                bh_timing_prefill_s(&e->tm, r->cached, r->a.n_tokens);
   x->cur = r;
   double start = r->t_arrive > x->gpu_free ? r->t_arrive : x->gpu_free;
+  r->t_start = start;
   r->t_prefill_end = x->gpu_free = start + dur / e->o.time_scale;
   arm(r, r->t_prefill_end, on_prefill_done);
 }
@@ -505,6 +538,17 @@ static void try_start(eworker *x) {
     x->q_len--;
     start_prefill(x, r);
   }
+}
+
+/* The client's X-Request-Id when it is a number (`live` sends the trace
+ * index), else -1. */
+static int64_t request_index(struct evhttp_request *hr) {
+  const char *v =
+      evhttp_find_header(evhttp_request_get_input_headers(hr), "X-Request-Id");
+  char *end;
+  errno = 0;
+  long long n = v ? strtoll(v, &end, 10) : -1;
+  return v && (errno || end == v || *end || n < 0) ? -1 : n;
 }
 
 static int admit(eworker *x, struct evhttp_request *hr, bh_api_req *a,
@@ -532,6 +576,10 @@ static int admit(eworker *x, struct evhttp_request *hr, bh_api_req *a,
     return n;
   }
   r->n_blocks = (uint32_t)n;
+  r->rid = request_index(hr);
+  r->q_seen = x->q_len + (x->cur != NULL);
+  if (e->next_id == 1)
+    e->t_first = t_arrive;
   evhttp_connection_set_closecb(evhttp_request_get_connection(hr),
                                 on_client_gone, r);
   if (x->q_tail)
@@ -540,6 +588,8 @@ static int admit(eworker *x, struct evhttp_request *hr, bh_api_req *a,
     x->q_head = r;
   x->q_tail = r;
   x->q_len++;
+  if (r->a.stream)
+    start_reply(r);
   try_start(x);
   return 0;
 }
@@ -842,6 +892,10 @@ static int engine_setup(engine *e) {
     return rc;
   bh_timing_setup(&e->tm, cl, e->o.block_size, e->rt);
   e->api = (bh_api_cfg){e->o.model, e->o.vocab, e->o.max_model_len};
+  if (e->o.req_log && (e->req_log = fopen(e->o.req_log, "w")) == NULL)
+    return -errno;
+  if (e->req_log)
+    setvbuf(e->req_log, NULL, _IOLBF, 0); /* readable while it runs */
   e->base = bh_live_event_base();
   e->zctx = zmq_ctx_new();
   e->w = calloc(e->o.workers, sizeof *e->w);
@@ -890,6 +944,8 @@ static void engine_teardown(engine *e) {
     event_base_free(e->base);
   kvp_hasher_destroy(e->hasher);
   kvp_router_destroy(e->rt);
+  if (e->req_log)
+    fclose(e->req_log);
 }
 
 /* One line per worker on stdout and, with --ready-file, the same as JSON
@@ -932,9 +988,12 @@ static void engine_usage(FILE *f) {
         "         [--time-scale X] [--max-num-seqs N] [--max-model-len N]\n"
         "         [--hbm-gb X | --hbm-blocks N] [--dram-gb X] [--nvme-gb X]\n"
         "         [--python-hash-seed S] [--kv-topic T] [--ready-file F]\n"
+        "         [--req-log F]\n"
         "N emulated vLLM 0.33 workers on loopback (docs/live.md).  Worker i\n"
         "serves HTTP on P+i (0: ephemeral, the default) and publishes KV\n"
-        "events on tcp KV-port + 2i (replay ROUTER on + 2i + 1).\n", f);
+        "events on tcp KV-port + 2i (replay ROUTER on + 2i + 1).\n"
+        "--req-log F: one JSON line per request at its prefill's end (trace\n"
+        "seconds since the first arrival; i = the X-Request-Id header).\n", f);
 }
 
 static int parse_u32(const char *s, uint32_t *out) {
@@ -977,6 +1036,7 @@ static int engine_opt(eng_opts *o, int c, const char *v) {
   case 's': o->hash_seed = v; return 0;
   case 'T': o->kv_topic = v; return 0;
   case 'r': o->ready_file = v; return 0;
+  case 'l': o->req_log = v; return 0;
   default: return -1;
   }
 }
@@ -991,7 +1051,7 @@ static int engine_args(eng_opts *o, int argc, char **argv) {
       {"hbm-blocks", 1, 0, 'B'},   {"dram-gb", 1, 0, 'd'},
       {"nvme-gb", 1, 0, 'e'},      {"python-hash-seed", 1, 0, 's'},
       {"kv-topic", 1, 0, 'T'},     {"ready-file", 1, 0, 'r'},
-      {"help", 0, 0, 'h'},         {0, 0, 0, 0}};
+      {"req-log", 1, 0, 'l'},      {"help", 0, 0, 'h'},         {0, 0, 0, 0}};
   int c;
   optind = 1;
   while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {

@@ -47,6 +47,7 @@ typedef struct live_opts {
   bh_read_opts ro;
   bh_format format;
   uint64_t hbm_blocks; /* --compare-offline: the engines' HBM blocks */
+  const char *req_log; /* --req-log PREFIX: per-request JSON lines */
 } live_opts;
 
 typedef struct target {
@@ -56,6 +57,11 @@ typedef struct target {
   struct evhttp_connection **idle;
   uint32_t n_idle, cap_idle;
   uint64_t assigned; /* uncached prompt tokens sent here */
+  /* --direct: one request at a time between sending and admission (its
+   * response headers), later ones held here in order (docs/live.md) */
+  bool admitting;
+  struct held { uint32_t i, attempt; double due; } *held;
+  uint32_t h_head, h_n, h_cap;
 } target;
 
 struct live;
@@ -64,9 +70,11 @@ typedef struct lreq {
   struct live *L;
   uint32_t i, tgt, attempt;
   struct evhttp_connection *conn;
-  double t_send, ttft;
+  double t_send, ttft; /* t_send: when it was due (held or not), plus the
+                          time its body took to build */
   struct evbuffer *body; /* SSE bytes received */
   bool got_byte, failed;
+  bool gate; /* holds its target's admitting gate */
 } lreq;
 
 typedef struct live {
@@ -84,6 +92,7 @@ typedef struct live {
   uint64_t cached_tokens;
   double lag_sum, lag_max; /* open loop: send time past the trace's, real s */
   char *model_json; /* "\"model\":\"NAME\"" (escaped) or NULL */
+  FILE *req_log;    /* --req-log: PREFIX.live.jsonl */
   /* hit rate over time, bucketed as the simulator buckets (by arrival in
    * trace time, or by order in a closed loop) */
   double s_prompt[BUCKETS], s_reused[BUCKETS];
@@ -201,6 +210,22 @@ static json_t *find_usage(struct evbuffer *b) {
   return usage;
 }
 
+/* --req-log: what the client saw, in trace seconds since the first
+ * arrival (the engine's and the simulator's lines carry the same i). */
+static void log_req(const live *L, const lreq *r, uint64_t prompt,
+                    uint64_t cached) {
+  if (L->req_log == NULL)
+    return;
+  double k = L->o.time_scale, first = L->o.closed_loop || L->t->n_reqs == 0
+                                          ? 0
+                                          : L->t->reqs[0].t / L->o.speed;
+  fprintf(L->req_log,
+          "{\"i\":%u,\"w\":%u,\"send\":%.6f,\"ttft\":%.6f,"
+          "\"tokens\":%llu,\"cached\":%llu}\n",
+          r->i, r->tgt, (r->t_send - L->t0) * k - first, r->ttft * k,
+          (unsigned long long)prompt, (unsigned long long)cached);
+}
+
 static void record(live *L, lreq *r, json_t *usage) {
   const bh_req *q = &L->t->reqs[r->i];
   json_t *pt = json_object_get(usage, "prompt_tokens");
@@ -226,11 +251,56 @@ static void record(live *L, lreq *r, json_t *usage) {
   L->s_reused[bucket_of(L, r->i)] += (double)cached;
   L->cached_tokens += cached;
   L->ok++;
+  log_req(L, r, prompt, cached);
 }
 
 /* ---- the client ---------------------------------------------------------------- */
 static void send_req(live *L, uint32_t i, uint32_t attempt);
+static void send_to(live *L, uint32_t k, uint32_t i, uint32_t attempt,
+                    double due);
 static void pump(live *L);
+
+static int hold(target *t, uint32_t i, uint32_t attempt, double due) {
+  if (t->h_n == t->h_cap) {
+    uint32_t nc = t->h_cap ? t->h_cap * 2 : 16;
+    struct held *nh = malloc(nc * sizeof *nh);
+    if (nh == NULL)
+      return KVP_ENOMEM;
+    for (uint32_t j = 0; j < t->h_n; j++)
+      nh[j] = t->held[(t->h_head + j) % t->h_cap];
+    free(t->held);
+    t->held = nh;
+    t->h_head = 0;
+    t->h_cap = nc;
+  }
+  t->held[(t->h_head + t->h_n++) % t->h_cap] =
+      (struct held){.i = i, .attempt = attempt, .due = due};
+  return 0;
+}
+
+/* r's target admitted it (or it failed): the next held request goes (and
+ * the one after it, while a send fails at once). */
+static void release(live *L, lreq *r) {
+  if (!r->gate)
+    return;
+  r->gate = false;
+  target *t = &L->tg[r->tgt];
+  t->admitting = false;
+  while (!t->admitting && t->h_n > 0) {
+    struct held h = t->held[t->h_head];
+    t->h_head = (t->h_head + 1) % t->h_cap;
+    t->h_n--;
+    L->inflight--; /* counted when held; send_to counts it again */
+    send_to(L, r->tgt, h.i, h.attempt, h.due);
+  }
+}
+
+static int on_headers(struct evhttp_request *hr, void *arg) {
+  (void)hr;
+  lreq *r = arg;
+  release(r->L, r);
+  return 0;
+}
 
 static struct evhttp_connection *conn_get(live *L, target *t) {
   if (t->n_idle > 0)
@@ -309,6 +379,7 @@ static void on_done(struct evhttp_request *hr, void *arg) {
   int code = hr ? evhttp_request_get_response_code(hr) : 0;
   if (hr && evbuffer_get_length(evhttp_request_get_input_buffer(hr)) > 0)
     on_chunk(hr, r);
+  release(L, r); /* no headers came (a failed connection) */
   bool transient = code == 0 || code == 429 || code >= 500;
   json_t *usage = code == 200 ? find_usage(r->body) : NULL;
   L->inflight--;
@@ -341,11 +412,33 @@ static void no_delay(struct evhttp_connection *c) {
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
+/* With --direct, a worker's requests reach it in the order they were due:
+ * each is sent once the one before it to that target was admitted, as the
+ * simulator queues requests of one instant (the Mooncake trace's 3-s
+ * bursts) in trace order; a body otherwise lands before a longer one sent
+ * just ahead of it.  TTFT still counts from when it was due. */
 static void send_req(live *L, uint32_t i, uint32_t attempt) {
   uint32_t k = L->o.direct ? L->rr++ % L->o.n_targets : 0;
   target *t = &L->tg[k];
+  if (L->o.direct && t->admitting) {
+    L->inflight++;
+    if (hold(t, i, attempt, now_s()) < 0) {
+      L->errors++;
+      L->inflight--;
+      L->done++;
+    }
+    return;
+  }
+  send_to(L, k, i, attempt, now_s());
+}
+
+static void send_to(live *L, uint32_t k, uint32_t i, uint32_t attempt,
+                    double due) {
+  target *t = &L->tg[k];
   lreq *r = calloc(1, sizeof *r);
+  double t_build = now_s();
   char *body = prompt_body(L, i);
+  due += now_s() - t_build; /* the client's own work is no server's TTFT */
   struct evhttp_connection *c = r && body ? conn_get(L, t) : NULL;
   struct evhttp_request *hr = c ? evhttp_request_new(on_done, r) : NULL;
   L->inflight++;
@@ -360,14 +453,20 @@ static void send_req(live *L, uint32_t i, uint32_t attempt) {
     return;
   }
   *r = (lreq){.L = L, .i = i, .tgt = k, .attempt = attempt, .conn = c,
-              .body = evbuffer_new(), .t_send = now_s()};
+              .body = evbuffer_new(), .t_send = due,
+              .gate = L->o.direct};
+  t->admitting = r->gate;
   evhttp_request_set_chunked_cb(hr, on_chunk);
+  evhttp_request_set_header_cb(hr, on_headers);
   struct evkeyvalq *h = evhttp_request_get_output_headers(hr);
   char hostport[300], path[256];
   snprintf(hostport, sizeof hostport, "%s:%u", t->host, t->port);
   evhttp_add_header(h, "Host", hostport);
   evhttp_add_header(h, "Content-Type", "application/json");
   evhttp_add_header(h, "Accept", "text/event-stream");
+  char rid[16]; /* the trace index, for the engines' --req-log */
+  snprintf(rid, sizeof rid, "%u", i);
+  evhttp_add_header(h, "X-Request-Id", rid);
   evbuffer_add(evhttp_request_get_output_buffer(hr), body, strlen(body));
   free(body);
   snprintf(path, sizeof path, "%s/v1/completions", t->path_prefix);
@@ -379,6 +478,7 @@ static void send_req(live *L, uint32_t i, uint32_t attempt) {
     L->inflight--;
     L->done++;
     evbuffer_free(r->body);
+    release(L, r);
     free(r);
   }
 }
@@ -460,7 +560,7 @@ static void live_usage(FILE *f) {
   fputs("usage: kvplane-bench live --target URL [--target URL ...] [--direct]\n"
         "         [--engine-file F] [--model NAME] [--speed X]\n"
         "         [--closed-loop N] [--time-scale X] [--limit N] [--retries N]\n"
-        "         [--timeout S] [--text-prompts]\n"
+        "         [--timeout S] [--text-prompts] [--req-log PREFIX]\n"
         "         [--format F] [--out DIR] [--quiet] [--no-progress]\n"
         "         [--compare-offline --hbm-blocks N] TRACE...\n"
         "Replays TRACE as streamed /v1/completions with token-id prompts\n"
@@ -472,7 +572,9 @@ static void live_usage(FILE *f) {
         "byte-level tokenizers, as the emulated workers'; routers that take\n"
         "no token ids).\n"
         "--time-scale X: the engines' (arrivals at trace time / X, TTFTs\n"
-        "reported x X, in trace seconds).\n", f);
+        "reported x X, in trace seconds).\n"
+        "--req-log PREFIX: PREFIX.live.jsonl (and PREFIX.offline.jsonl, the\n"
+        "simulator's) with one JSON line per request, by trace index.\n", f);
 }
 
 static int add_target(live_opts *o, const char *list) {
@@ -524,6 +626,7 @@ static int live_opt(live_opts *o, int c, const char *v) {
   case 'P': o->progress = false; return 0;
   case 'C': o->compare = true; return 0;
   case 'x': o->text = true; return 0;
+  case 'R': o->req_log = v; return 0;
   case 'B': o->hbm_blocks = strtoull(v, &end, 10); return *end ? -1 : 0;
   case 'X': o->time_scale = strtod(v, &end);
             return *end || !(o->time_scale > 0) ? -1 : 0;
@@ -541,7 +644,8 @@ static int live_args(live_opts *o, int argc, char **argv) {
       {"out", 1, 0, 'o'},          {"quiet", 0, 0, 'q'},
       {"no-progress", 0, 0, 'P'},  {"compare-offline", 0, 0, 'C'},
       {"hbm-blocks", 1, 0, 'B'},   {"time-scale", 1, 0, 'X'},
-      {"text-prompts", 0, 0, 'x'}, {"help", 0, 0, 'h'},
+      {"text-prompts", 0, 0, 'x'}, {"req-log", 1, 0, 'R'},
+      {"help", 0, 0, 'h'},
       {0, 0, 0, 0}};
   int c;
   optind = 1;
@@ -579,6 +683,16 @@ struct event_base *bh_live_event_base(void) {
   return b ? b : event_base_new();
 }
 
+/* --req-log's files: PREFIX.SIDE.jsonl. */
+static FILE *open_log(const char *prefix, const char *side) {
+  char p[4096];
+  snprintf(p, sizeof p, "%s.%s.jsonl", prefix, side);
+  FILE *f = fopen(p, "w");
+  if (f == NULL)
+    fprintf(stderr, "kvplane-bench live: %s: %s\n", p, strerror(errno));
+  return f;
+}
+
 static int live_setup(live *L) {
   L->base = bh_live_event_base();
   L->tg = calloc(L->o.n_targets, sizeof *L->tg);
@@ -603,6 +717,8 @@ static int live_setup(live *L) {
       return KVP_ENOMEM;
   }
   L->tick = evtimer_new(L->base, on_tick, L);
+  if (L->o.req_log && (L->req_log = open_log(L->o.req_log, "live")) == NULL)
+    return -errno;
   int rc = kvp_ledger_create(NULL, NULL, &L->led);
   if (rc >= 0)
     rc = kvp_hist_create(NULL, &L->ttft);
@@ -614,6 +730,7 @@ static void live_teardown(live *L) {
     for (uint32_t j = 0; j < L->tg[k].n_idle; j++)
       evhttp_connection_free(L->tg[k].idle[j]);
     free(L->tg[k].idle);
+    free(L->tg[k].held);
   }
   free(L->tg);
   if (L->tick)
@@ -622,6 +739,8 @@ static void live_teardown(live *L) {
     event_base_free(L->base);
   kvp_ledger_destroy(L->led);
   free(L->model_json);
+  if (L->req_log)
+    fclose(L->req_log);
 }
 
 /* The live outcome as a bh_result (ttft histogram handed over). */
@@ -672,7 +791,11 @@ static int offline_row(const live *L, const bh_trace *t, bh_cluster *cl,
                     .speed = L->o.speed, .closed_loop = L->o.closed_loop,
                     .seed = 1};
   char err[256];
+  if (L->o.req_log && (so.req_log = open_log(L->o.req_log, "offline")) == NULL)
+    return -errno;
   int rc = bh_sim_run(t, &so, r, err, sizeof err);
+  if (so.req_log)
+    fclose(so.req_log);
   if (rc < 0)
     fprintf(stderr, "kvplane-bench live: offline: %s\n", err);
   snprintf(r->name, sizeof r->name, "offline_rr");

@@ -188,6 +188,7 @@ typedef struct worker {
   uint64_t q_uncached; /* sum of est_uncached over q (the infinite bound's
                           routing key, kept rather than summed per arrival) */
   uint32_t cur; /* request in prefill, or NONE */
+  double cur_start; /* when cur's prefill began */
   uint64_t seq; /* last event sequence number */
   uint32_t decoding;
   uint64_t decode_blocks, decode_tokens;
@@ -230,6 +231,8 @@ struct sim {
   uint64_t *est_uncached;
   uint32_t *prev_req;  /* the session's request before this one, or NONE */
   uint32_t *sess_last; /* per session name: its latest arrival */
+  uint32_t *q_seen;    /* req_log: requests ahead of it on arrival */
+  double t_first;      /* req_log: the first arrival (the log's zero) */
   /* global "ever cached" fingerprints, for miss causes */
   uint64_t *seen;
   size_t seen_mask, seen_n;
@@ -508,6 +511,7 @@ static int start_prefill(struct sim *s, uint32_t w) {
   x->q_len--;
   x->q_uncached -= s->est_uncached[i];
   x->cur = i;
+  x->cur_start = s->now;
   const bh_req *q = &s->t->reqs[i];
   const kvp_key *keys = s->t->keys + q->key_off;
   cache *c = cache_of(s, w);
@@ -613,6 +617,21 @@ static double decode_s(const struct sim *s, const worker *x,
                             q->in_tokens, q->out_tokens);
 }
 
+/* req_log: the request's schedule in seconds since the first arrival (the
+ * fields of `engine --req-log`, harness_engine.c's log_req). */
+static void log_req(const struct sim *s, uint32_t w, uint32_t i) {
+  const worker *x = &s->w[w];
+  const bh_req *q = &s->t->reqs[i];
+  fprintf(s->o->req_log,
+          "{\"i\":%u,\"w\":%u,\"arrive\":%.6f,\"start\":%.6f,"
+          "\"end\":%.6f,\"tokens\":%llu,\"cached\":%llu,\"queue\":%u,"
+          "\"decoding\":%u}\n",
+          i, w, s->arrive[i] - s->t_first, x->cur_start - s->t_first,
+          s->now - s->t_first, (unsigned long long)q->in_tokens,
+          (unsigned long long)x->rec.reused_tokens, s->q_seen[i],
+          x->decoding);
+}
+
 static int prefill_done(struct sim *s, uint32_t w, uint32_t i) {
   worker *x = &s->w[w];
   const bh_req *q = &s->t->reqs[i];
@@ -621,6 +640,8 @@ static int prefill_done(struct sim *s, uint32_t w, uint32_t i) {
   int rc = 0;
   bool fresh;
   double ttft = s->now - s->arrive[i];
+  if (s->q_seen)
+    log_req(s, w, i);
   kvp_hist_record(s->res->ttft_us, (uint64_t)(ttft * 1e6 + 0.5));
   /* the engine keeps every full block of the prompt (HBM, most recent) */
   uint64_t from = x->rec.reused_tokens / s->bs;
@@ -756,6 +777,8 @@ static int arrive(struct sim *s, uint32_t i) {
   if (rc < 0)
     return rc;
   worker *x = &s->w[w];
+  if (s->q_seen)
+    s->q_seen[i] = (uint32_t)x->q_len + (x->cur != NONE);
   if (x->q_len == x->q_cap) {
     size_t nc = x->q_cap ? x->q_cap * 2 : 64;
     uint32_t *nq = malloc(nc * sizeof *nq);
@@ -884,6 +907,9 @@ static int sim_setup(struct sim *s, const bh_trace *t, const bh_sim_opts *o,
   s->t_span = n ? t->reqs[n - 1].t / speed : 0;
   if (o->closed_loop)
     s->t_span = 0; /* bucket by arrival order (bucket_of) */
+  s->t_first = n && !o->closed_loop ? t->reqs[0].t / speed : 0;
+  if (o->req_log && (s->q_seen = calloc(n + 1, sizeof *s->q_seen)) == NULL)
+    return KVP_ENOMEM;
   return 0;
 }
 
@@ -908,6 +934,7 @@ static void sim_teardown(struct sim *s) {
   free(s->est_uncached);
   free(s->prev_req);
   free(s->sess_last);
+  free(s->q_seen);
   free(s->seen);
   free(s->tiers);
   free(s->s_prompt);
