@@ -337,6 +337,7 @@ static void retry_later(evutil_socket_t fd, short ev, void *arg) {
   live *L = r->L;
   uint32_t i = r->i, a = r->attempt + 1;
   free(r);
+  L->inflight--; /* held since on_done; send_req counts it again */
   send_req(L, i, a);
 }
 
