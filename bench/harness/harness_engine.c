@@ -377,7 +377,12 @@ static void ereq_free(ereq *r) {
 
 static void on_client_gone(struct evhttp_connection *c, void *arg) {
   (void)c;
-  ((ereq *)arg)->hr = NULL; /* finish the work, send nothing */
+  ereq *r = arg;
+  /* libevent detaches an unfinished request from its dead connection and
+   * leaves it to us: free it, then finish the work and send nothing */
+  if (r->hr && evhttp_request_get_connection(r->hr) == NULL)
+    evhttp_request_free(r->hr);
+  r->hr = NULL;
 }
 
 static void detach(ereq *r) {

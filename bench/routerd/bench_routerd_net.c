@@ -417,7 +417,8 @@ static void summarize(lg *L) {
   const br_load_opts *o = L->o;
   r->measured = open_loop(L) ? L->total - L->n_warm
                              : r->ok + r->errors + r->unfinished;
-  qsort(L->lat, L->n_lat, sizeof *L->lat, cmp_d);
+  if (L->n_lat > 0) /* qsort(NULL, 0, ...) is undefined */
+    qsort(L->lat, L->n_lat, sizeof *L->lat, cmp_d);
   r->p50_us = pct(L->lat, L->n_lat, 0.50);
   r->p99_us = pct(L->lat, L->n_lat, 0.99);
   r->max_us = L->n_lat ? L->lat[L->n_lat - 1] : NAN;

@@ -44,6 +44,8 @@ static int take_str(json_t *o, const char *const *names, char *dst, size_t cap,
     return fail(e, name, "is too long");
   if (strlen(json_string_value(v)) != n)
     return fail(e, name, "contains a NUL character");
+  if (required && n == 0) /* found by fuzz_routerd_indexer */
+    return fail(e, name, "must not be empty");
   memcpy(dst, json_string_value(v), n + 1);
   return 0;
 }

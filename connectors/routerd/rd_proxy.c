@@ -70,6 +70,11 @@ static void upstream_end(rd_call *c);
 static void on_client_gone(struct evhttp_connection *cn, void *arg) {
   (void)cn;
   rd_call *c = arg;
+  /* libevent detaches a request whose reply was not finished from its dead
+   * connection and leaves it to us (evhttp_connection_incoming_fail):
+   * freed here, or it leaks (LeakSanitizer saw it) */
+  if (c->hr && evhttp_request_get_connection(c->hr) == NULL)
+    evhttp_request_free(c->hr);
   c->hr = NULL;
   c->s->client_cancels++;
   if (c->ur == NULL)
