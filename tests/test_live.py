@@ -431,7 +431,11 @@ def test_live_order():
         # prefill ends since the first arrival: the same schedule (a held
         # request reaches its worker late by the admission before it, which
         # the queue ahead absorbs)
-        check(abs(e[i]["end"] - o[i]["end"]) <= 0.05 * o[i]["end"] + 0.1,
+        # (a sanitizer build runs the engine's parsing and hashing several
+        # times slower, which lands in trace time x 10: there the schedule is
+        # held to 50 %; the order above and the prefill lengths stay exact)
+        tol = 0.5 if os.environ.get("KVP_TEST_SLOW") else 0.05
+        check(abs(e[i]["end"] - o[i]["end"]) <= tol * o[i]["end"] + 0.1,
               "request %d prefill ends at %.3f s engine, %.3f s offline"
               % (i, e[i]["end"], o[i]["end"]))
     print("burst: both workers ran one instant's requests in trace order, "

@@ -56,6 +56,7 @@ struct kvp_events_js {
   qent *q;
   size_t q_head, q_len;
   bool stopping, keeper_started;
+  bool closed; /* libnats' closed callback ran: none of its callbacks follow */
   pthread_t keeper;
 #define JS_FIELD_(n) _Atomic uint64_t n;
   JS_STATS(JS_FIELD_)
@@ -126,6 +127,19 @@ static void on_complete(void *closure) {
 static void on_disconnected(natsConnection *nc, void *closure) {
   (void)nc;
   add(&((kvp_events_js *)closure)->disconnects, 1);
+}
+
+/* The last callback libnats makes on a connection (its async callback
+ * thread runs after natsConnection_Close returns): destroy waits for it, or
+ * a disconnected callback queued before it would touch freed memory (ASan
+ * saw it in bench_relay). */
+static void on_closed(natsConnection *nc, void *closure) {
+  kvp_events_js *js = closure;
+  (void)nc;
+  pthread_mutex_lock(&js->mu);
+  js->closed = true;
+  pthread_cond_broadcast(&js->cv_done);
+  pthread_mutex_unlock(&js->mu);
 }
 
 static void on_connected(natsConnection *nc, void *closure) {
@@ -335,6 +349,8 @@ static int connect_nats(kvp_events_js *js, const char *url) {
     st = natsOptions_SetDisconnectedCB(js->opts, on_disconnected, js);
   if (st == NATS_OK)
     st = natsOptions_SetReconnectedCB(js->opts, on_reconnected, js);
+  if (st == NATS_OK)
+    st = natsOptions_SetClosedCB(js->opts, on_closed, js);
   if (st != NATS_OK)
     return nats_err("NATS options", st);
   st = natsConnection_Connect(&js->nc, js->opts);
@@ -483,6 +499,15 @@ void kvp_events_js_destroy(kvp_events_js *js) {
   if (js->src != NULL)
     unsubscribe_all(js);
   jsCtx_Destroy(js->jc);
+  if (js->nc != NULL) { /* close, then wait for the last callback */
+    natsConnection_Close(js->nc);
+    pthread_mutex_lock(&js->mu);
+    struct timespec dl = deadline_in(5000);
+    while (!js->closed &&
+           pthread_cond_timedwait(&js->cv_done, &js->mu, &dl) != ETIMEDOUT)
+      ;
+    pthread_mutex_unlock(&js->mu);
+  }
   natsConnection_Destroy(js->nc);
   natsOptions_Destroy(js->opts);
   for (; js->q != NULL && js->q_len > 0; js->q_len--) {

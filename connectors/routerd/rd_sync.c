@@ -47,6 +47,7 @@ struct rd_sync {
   int efd;
   struct event *ev_q, *ev_snap;
   atomic_int connected;
+  atomic_int closed; /* libnats' last callback ran (rd_sync_stop waits) */
   atomic_ullong disconnects, reconnects, queue_drops;
   peer peers[PEERS_MAX];
   char subj[3][160];
@@ -86,6 +87,14 @@ static void on_disconnected(natsConnection *nc, void *arg) {
   rd_sync *y = arg;
   atomic_store_explicit(&y->connected, 0, memory_order_relaxed);
   atomic_fetch_add_explicit(&y->disconnects, 1, memory_order_relaxed);
+}
+
+/* libnats runs its callbacks on its own thread after natsConnection_Close
+ * returns; the closed callback comes last: stop waits for it before
+ * freeing what the others touch. */
+static void on_closed(natsConnection *nc, void *arg) {
+  (void)nc;
+  atomic_store_explicit(&((rd_sync *)arg)->closed, 1, memory_order_release);
 }
 
 static void on_reconnected(natsConnection *nc, void *arg) {
@@ -313,6 +322,7 @@ static int connect_nats(rd_sync *y, char *err, size_t cap) {
       (st = natsOptions_SetRetryOnFailedConnect(y->opts, true, NULL, NULL)) != NATS_OK ||
       (st = natsOptions_SetDisconnectedCB(y->opts, on_disconnected, y)) != NATS_OK ||
       (st = natsOptions_SetReconnectedCB(y->opts, on_reconnected, y)) != NATS_OK ||
+      (st = natsOptions_SetClosedCB(y->opts, on_closed, y)) != NATS_OK ||
       (st = natsOptions_SetSendAsap(y->opts, true)) != NATS_OK || /* lag: no batching */
       (st = natsOptions_SetName(y->opts, "kvplane-routerd")) != NATS_OK)
     return nats_fail(err, cap, "options", st);
@@ -373,6 +383,10 @@ void rd_sync_stop(rd_server *s) {
   }
   if (y->nc) {
     natsConnection_Close(y->nc);
+    /* pairs with on_closed's release store; bounded: 5 s */
+    for (int i = 0; i < 5000 && !atomic_load_explicit(&y->closed,
+                                                      memory_order_acquire); i++)
+      usleep(1000);
     natsConnection_Destroy(y->nc);
   }
   natsOptions_Destroy(y->opts);
