@@ -230,6 +230,11 @@ struct sim {
   uint64_t *est_uncached;
   uint32_t *prev_req;  /* the session's request before this one, or NONE */
   uint32_t *sess_last; /* per session name: its latest arrival */
+  /* index events published but not applied yet (see "index events") */
+  struct pending *pend;
+  size_t pend_n, pend_cap;
+  kvp_key *pend_keys;
+  size_t pend_nkeys, pend_kcap;
   /* global "ever cached" fingerprints, for miss causes */
   uint64_t *seen;
   size_t seen_mask, seen_n;
@@ -338,13 +343,81 @@ static int seen_add(struct sim *s, uint64_t fp) {
   return 0;
 }
 
-/* ---- index events ------------------------------------------------------------ */
+/* ---- index events ------------------------------------------------------------
+ * A worker's residency changes come one block at a time (a tier move is two
+ * events), each a random read of an index table that outgrows the CPU's
+ * caches with the cluster.  Events delivered at once are therefore queued,
+ * in publication order, and applied in a batch right before anything reads
+ * the index (a routing query, a late event, the final statistics), with
+ * the index's lines for the events PEND_AHEAD further prefetched
+ * (kvp_index_prefetch): the same events in the same order, so every query
+ * sees what it saw when each was applied at once, without the misses
+ * queueing one after another. */
+#define PEND_AHEAD 8
+#define PEND_MAX 65536 /* queued events flushed past this, to bound memory */
+
+typedef struct pending {
+  uint32_t worker;
+  uint8_t tier, stored, has_parent;
+  uint64_t seq;
+  kvp_key parent;
+  size_t off, n; /* keys: pend_keys[off .. off + n) */
+} pending;
+
 static void apply_event(struct sim *s, uint32_t w, uint64_t seq, int tier,
                         bool stored, const kvp_key *parent, const kvp_key *k,
                         size_t n) {
   int rc = stored ? kvp_index_stored(s->ix, w, seq, (kvp_tier)tier, parent, k, n)
                   : kvp_index_removed(s->ix, w, seq, (kvp_tier)tier, k, n);
   (void)rc; /* stale/gap outcomes are counted by the index itself */
+}
+
+/* Applies the queued events in order, prefetching ahead. */
+static void pend_flush(struct sim *s) {
+  for (size_t i = 0; i < s->pend_n; i++) {
+    if (i + PEND_AHEAD < s->pend_n) {
+      const pending *f = &s->pend[i + PEND_AHEAD];
+      (void)kvp_index_prefetch(s->ix, s->pend_keys + f->off,
+                               f->n < 4 ? f->n : 4);
+    }
+    const pending *e = &s->pend[i];
+    apply_event(s, e->worker, e->seq, e->tier, e->stored,
+                e->has_parent ? &e->parent : NULL, s->pend_keys + e->off, e->n);
+  }
+  s->pend_n = s->pend_nkeys = 0;
+}
+
+static int pend_grow(void **p, size_t *cap, size_t need, size_t size) {
+  if (need <= *cap)
+    return 0;
+  size_t nc = *cap ? *cap : 256;
+  while (nc < need)
+    nc *= 2;
+  void *np = realloc(*p, nc * size);
+  if (np == NULL)
+    return KVP_ENOMEM;
+  *p = np;
+  *cap = nc;
+  return 0;
+}
+
+/* Queues an event for the next pend_flush. */
+static int pend_push(struct sim *s, uint32_t w, uint64_t seq, int tier,
+                     bool stored, const kvp_key *parent, const kvp_key *k,
+                     size_t n) {
+  if (s->pend_n == PEND_MAX)
+    pend_flush(s);
+  if (pend_grow((void **)&s->pend, &s->pend_cap, s->pend_n + 1,
+                sizeof *s->pend) < 0 ||
+      pend_grow((void **)&s->pend_keys, &s->pend_kcap, s->pend_nkeys + n,
+                sizeof *s->pend_keys) < 0)
+    return KVP_ENOMEM;
+  s->pend[s->pend_n++] = (pending){w, (uint8_t)tier, stored, parent != NULL,
+                                   seq, parent ? *parent : (kvp_key){0, 0},
+                                   s->pend_nkeys, n};
+  memcpy(s->pend_keys + s->pend_nkeys, k, n * sizeof *k);
+  s->pend_nkeys += n;
+  return 0;
 }
 
 static int publish_now(struct sim *s, uint32_t w, int tier, bool stored,
@@ -367,8 +440,7 @@ static int publish_now(struct sim *s, uint32_t w, int tier, bool stored,
     s->res->events_delayed++;
     return ev_push(s, s->now + s->o->delay_events_s, EV_DELIVER, 0, 0, d);
   }
-  apply_event(s, w, seq, tier, stored, parent, k, n);
-  return 0;
+  return pend_push(s, w, seq, tier, stored, parent, k, n);
 }
 
 static int flush_run(struct sim *s, uint32_t w) {
@@ -717,6 +789,7 @@ static int route(struct sim *s, uint32_t i, uint32_t *out) {
                           .request_id = (uint64_t)i + 1,
                           .tenant = q->tenant};
   kvp_decision d;
+  pend_flush(s); /* the query sees every event published before it */
   int rc = kvp_router_route(s->rt, s->ix, &rq, sec_to_ns(s->now), &d);
   if (rc < 0)
     return rc;
@@ -909,6 +982,8 @@ static void sim_teardown(struct sim *s) {
   free(s->prev_req);
   free(s->sess_last);
   free(s->seen);
+  free(s->pend);
+  free(s->pend_keys);
   free(s->tiers);
   free(s->s_prompt);
   free(s->s_reused);
@@ -951,6 +1026,7 @@ static int sim_loop(struct sim *s) {
       break;
     default: {
       delayed *d = e.p;
+      pend_flush(s); /* published before it: applied before it */
       apply_event(s, d->worker, d->seq, d->tier, d->stored,
                   d->has_parent ? &d->parent : NULL, d->keys, d->n);
       free(d);
@@ -963,6 +1039,7 @@ static int sim_loop(struct sim *s) {
 
 static void summarize(struct sim *s) {
   bh_result *r = s->res;
+  pend_flush(s);
   kvp_ledger_global_totals(s->led, &r->tot);
   kvp_index_stats_get(s->ix, &r->ix);
   r->requests = r->tot.requests;
