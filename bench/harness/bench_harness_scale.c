@@ -13,7 +13,9 @@
  * if any factor is more than X times slower than 1x (all policies).  --cpu:
  * requests per second of the simulation's CPU time (this thread's) instead
  * of its wall time: on a shared machine, time spent waiting for a core is
- * then not counted (caches shared with other jobs still are). */
+ * then not counted (caches shared with other jobs still are).  A second
+ * table gives each policy's simulated work per request (index block
+ * updates) and its slowdown per unit of that work. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -147,8 +149,10 @@ static double thread_cpu_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* One factor: simulated requests/s per policy into rps[], all into *all. */
-static int run_factor(const opts *o, uint32_t k, double *rps, double *all) {
+/* One factor: simulated requests/s per policy into rps[], the simulated
+ * work per request (index block updates) into work[], all into *all. */
+static int run_factor(const opts *o, uint32_t k, double *rps, double *work,
+                      double *all) {
   bh_trace t;
   int rc = read_scaled(o, k, &t);
   bh_sim_opts so = {.seed = 1};
@@ -170,6 +174,7 @@ static int run_factor(const opts *o, uint32_t k, double *rps, double *all) {
     }
     double secs = o->cpu ? thread_cpu_s() - cpu0 : r.wall_seconds;
     rps[p] = (double)r.requests / secs;
+    work[p] = r.requests ? (double)r.event_blocks / (double)r.requests : 0;
     req += (double)r.requests;
     wall += secs;
     printf(" %13.0f", rps[p]);
@@ -179,6 +184,29 @@ static int run_factor(const opts *o, uint32_t k, double *rps, double *all) {
   *all = wall > 0 ? req / wall : 0;
   bh_trace_free(&t);
   return rc;
+}
+
+/* Work per request and the slowdown per unit of work: a policy whose
+ * requests do more simulated work on a larger cluster (round_robin's hit
+ * rate falls as its sessions spread) is slower for that reason alone. */
+static void print_work(const opts *o, double work[][BH_POLICY_COUNT],
+                       double rps[][BH_POLICY_COUNT]) {
+  printf("\nsimulated work per request (index block updates: blocks stored "
+         "+ removed; a tier move is two)\nand the slowdown per unit of work "
+         "(slowdown / (work / work at %ux)):\n%7s",
+         o->factor[0], "factor");
+  for (size_t p = 0; p < o->n_policies; p++)
+    printf(" %21.21s", bh_policy_name(o->policy[p]));
+  printf("\n");
+  for (size_t f = 0; f < o->n_factors; f++) {
+    printf("%6ux", o->factor[f]);
+    for (size_t p = 0; p < o->n_policies; p++) {
+      double w0 = work[0][p], w = work[f][p];
+      double slow = rps[f][p] > 0 ? rps[0][p] / rps[f][p] : 0;
+      printf(" %10.0f %9.2fx", w, w > 0 && w0 > 0 ? slow / (w / w0) : 0);
+    }
+    printf("\n");
+  }
 }
 
 int main(int argc, char **argv) {
@@ -192,23 +220,23 @@ int main(int argc, char **argv) {
   for (size_t p = 0; p < o.n_policies; p++)
     printf(" %13.13s", bh_policy_name(o.policy[p]));
   printf(" %12s %9s\n", "all", "slowdown");
-  double base[BH_POLICY_COUNT], base_all = 0, worst = 0;
+  double rps[MAX_F][BH_POLICY_COUNT], work[MAX_F][BH_POLICY_COUNT];
+  double base_all = 0, worst = 0;
   for (size_t f = 0; f < o.n_factors; f++) {
-    double rps[BH_POLICY_COUNT], all;
-    if (run_factor(&o, o.factor[f], rps, &all) < 0)
+    double all;
+    if (run_factor(&o, o.factor[f], rps[f], work[f], &all) < 0)
       return 1;
-    if (f == 0) {
-      memcpy(base, rps, sizeof base);
+    if (f == 0)
       base_all = all;
-    }
     double slow = all > 0 ? base_all / all : 0;
     printf(" %12.0f %8.2fx  (per policy:", all, slow);
     for (size_t p = 0; p < o.n_policies; p++)
-      printf(" %.2fx", rps[p] > 0 ? base[p] / rps[p] : 0);
+      printf(" %.2fx", rps[f][p] > 0 ? rps[0][p] / rps[f][p] : 0);
     printf(")\n");
     if (slow > worst)
       worst = slow;
   }
+  print_work(&o, work, rps);
   printf("largest slowdown against %ux: %.2fx\n", o.factor[0], worst);
   if (o.check > 0 && worst > o.check) {
     printf("FAIL: more than %.2fx\n", o.check);

@@ -426,6 +426,7 @@ static int publish_now(struct sim *s, uint32_t w, int tier, bool stored,
     return 0;
   uint64_t seq = ++s->w[w].seq;
   s->res->events_published++;
+  s->res->event_blocks += n;
   if (s->o->drop_events > 0 && rng_unit(s) < s->o->drop_events) {
     s->res->events_dropped++;
     return 0;
@@ -555,10 +556,15 @@ static bool holds_all(const struct sim *s, uint32_t v, const kvp_key *keys,
  * (m if none): the "on another worker" miss cause.  A worker can only beat
  * the best end so far by holding the block at it, so that one probe rules
  * most workers out and the rest of the run is read only for candidates:
- * per request O(workers + run) probes, not O(workers x run). */
+ * per request O(workers + run) probes, not O(workers x run).  Those first
+ * probes are prefetched together: one cold line per worker, fetched in
+ * parallel rather than one after another. */
 static uint64_t run_elsewhere(const struct sim *s, uint32_t w,
                               const kvp_key *keys, uint64_t m, uint64_t n) {
   uint64_t best = m;
+  if (m < n) /* the first probes of all: their misses overlap */
+    for (uint32_t v = 0; v < s->nw; v++)
+      bh_cache_prefetch_begin(&s->w[v].c, keys, m, m + 1);
   for (uint32_t v = 0; v < s->nw && best < n; v++) {
     if (v == w || bh_cache_find(&s->w[v].c, keys[best]) == NONE ||
         !holds_all(s, v, keys, m, best))
@@ -589,6 +595,7 @@ static int start_prefill(struct sim *s, uint32_t w) {
     for (uint64_t j = 0; j < m; j++)
       s->tiers[j] = KVP_TIER_HBM;
   } else {
+    bh_cache_prefetch_begin(c, keys, 0, n);
     for (; m < n; m++) {
       bh_cache_prefetch(c, keys, m, n);
       uint32_t v = bh_cache_find(c, keys[m]);
@@ -696,6 +703,8 @@ static int prefill_done(struct sim *s, uint32_t w, uint32_t i) {
   kvp_hist_record(s->res->ttft_us, (uint64_t)(ttft * 1e6 + 0.5));
   /* the engine keeps every full block of the prompt (HBM, most recent) */
   uint64_t from = x->rec.reused_tokens / s->bs;
+  if (!s->infinite)
+    bh_cache_prefetch_begin(c, keys, from, q->n_blocks);
   for (uint64_t j = from; j < q->n_blocks && rc == 0 && !s->infinite; j++) {
     bh_cache_prefetch(c, keys, j, q->n_blocks);
     rc = to_hbm(s, w, c, keys[j], j ? &keys[j - 1] : NULL, blk_class(q, j),
