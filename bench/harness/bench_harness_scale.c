@@ -203,7 +203,10 @@ static void print_work(const opts *o, double work[][BH_POLICY_COUNT],
     for (size_t p = 0; p < o->n_policies; p++) {
       double w0 = work[0][p], w = work[f][p];
       double slow = rps[f][p] > 0 ? rps[0][p] / rps[f][p] : 0;
-      printf(" %10.0f %9.2fx", w, w > 0 && w0 > 0 ? slow / (w / w0) : 0);
+      if (w > 0 && w0 > 0)
+        printf(" %10.0f %9.2fx", w, slow / (w / w0));
+      else /* no events (the infinite bound) */
+        printf(" %10s %10s", "-", "-");
     }
     printf("\n");
   }
