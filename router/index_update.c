@@ -109,6 +109,14 @@ static uint64_t prefetch_key(kvp_index *ix, uint64_t fp) {
   return h;
 }
 
+int kvp_index_prefetch(kvp_index *ix, const kvp_key *keys, size_t n) {
+  if (ix == NULL || (keys == NULL && n > 0))
+    return KVP_EINVAL;
+  for (size_t i = 0; i < n; i++)
+    (void)prefetch_key(ix, fp_of(keys[i]));
+  return 0;
+}
+
 /* An event's keys, with the next buckets prefetched while one is updated. */
 static int apply_keys(kvp_index *ix, uint32_t w, uint32_t add, uint32_t del,
                       const kvp_key *keys, size_t n, acc *a) {

@@ -38,6 +38,40 @@ static uint64_t stat_blocks(kvp_index *ix) {
   return s.query_blocks;
 }
 
+/* kvp_index_prefetch is a hint: bad arguments are refused, and prefetching
+ * keys present, absent or in a table being grown changes no answer, digest or
+ * counter. */
+TEST(prefetch_changes_nothing) {
+  kvp_index *ix = mk(0, 3); /* over 64 worker ids: the wide query path */
+  kvp_key k[64];
+  run(k, 500, 64);
+  ASSERT_ERR(kvp_index_prefetch(NULL, k, 1), KVP_EINVAL);
+  ASSERT_ERR(kvp_index_prefetch(ix, NULL, 1), KVP_EINVAL);
+  ASSERT_OK(kvp_index_prefetch(ix, NULL, 0));
+  ASSERT_OK(kvp_index_prefetch(ix, k, 64)); /* an empty index */
+  for (uint32_t w = 0; w < 3; w++)
+    ASSERT_EQ(kvp_index_stored(ix, w, 1, KVP_TIER_HBM, NULL, k, 16u << w),
+              16 << w);
+  kvp_index_match before[MAXM], after[MAXM];
+  kvp_index_stats s0, s1;
+  uint64_t d0, d1;
+  int n0 = kvp_index_query(ix, k, 64, 0, before, MAXM);
+  ASSERT_EQ(n0, 3);
+  ASSERT_OK(kvp_index_digest(ix, 2, &d0));
+  ASSERT_OK(kvp_index_stats_get(ix, &s0));
+  ASSERT_OK(kvp_index_prefetch(ix, k, 64));
+  ASSERT_OK(kvp_index_stats_get(ix, &s1));
+  ASSERT_OK(kvp_index_digest(ix, 2, &d1));
+  ASSERT_EQ(d1, d0);
+  ASSERT_EQ(s1.keys, s0.keys);
+  ASSERT_EQ(s1.residencies, s0.residencies);
+  ASSERT_EQ(s1.events_applied, s0.events_applied);
+  ASSERT_EQ(s1.queries, s0.queries);
+  ASSERT_EQ(kvp_index_query(ix, k, 64, 0, after, MAXM), n0);
+  ASSERT_TRUE(memcmp(before, after, (size_t)n0 * sizeof *before) == 0);
+  kvp_index_destroy(ix);
+}
+
 /* ---- query semantics ------------------------------------------------------
  */
 
@@ -1629,7 +1663,7 @@ TEST(streams_agree_with_model) {
   }
 }
 
-TEST_MAIN(TEST_ENTRY(query_tiers_fast), TEST_ENTRY(query_tiers_wide),
+TEST_MAIN(TEST_ENTRY(prefetch_changes_nothing), TEST_ENTRY(query_tiers_fast), TEST_ENTRY(query_tiers_wide),
           TEST_ENTRY(worker_ids_across_groups), TEST_ENTRY(gap_and_resync),
           TEST_ENTRY(resync_keeps_common_keys),
           TEST_ENTRY(digest_equality_and_divergence), TEST_ENTRY(approx_ttl),

@@ -214,6 +214,9 @@ typedef struct bh_result {
   uint64_t evicted_blocks;
   uint64_t nvme_admitted, nvme_rejected; /* admission gate decisions */
   uint64_t events_published, events_dropped, events_delayed;
+  uint64_t event_blocks;    /* blocks in the events published: residency
+                               changes (a tier move is two), the simulated
+                               work bench_harness_scale normalises by */
   kvp_index_stats ix;
   double sim_seconds;       /* simulated makespan */
   double wall_seconds;      /* host time to simulate */

@@ -83,18 +83,35 @@ static inline uint32_t bh_cache_hash32(uint64_t fp) {
 /* Loads, ahead of bh_cache_find(keys[j]), the slot of keys[j + 2A] and,
  * its line already in, the node of keys[j + A]: a request's blocks are
  * looked up in a loop whose keys are known in advance, so the probes' cache
- * misses overlap instead of queueing one after another. */
+ * misses overlap instead of queueing one after another.  A loop from j0
+ * calls bh_cache_prefetch_begin(j0) first, for the slots of its first 2A
+ * keys (else they would come one miss at a time).  The node is the first
+ * of the key's probe run (up to 4 slots) whose hash matches. */
 #define BH_PREFETCH_AHEAD 8
+static inline void bh_cache_prefetch_begin(const bh_cache *c,
+                                           const kvp_key *keys, uint64_t j0,
+                                           uint64_t n) {
+  for (uint64_t j = j0; j < n && j < j0 + 2 * BH_PREFETCH_AHEAD; j++)
+    __builtin_prefetch(&c->tab[bh_cache_hash32(keys[j].lo) & c->mask]);
+}
+
 static inline void bh_cache_prefetch(const bh_cache *c, const kvp_key *keys,
                                      uint64_t j, uint64_t n) {
   if (j + 2 * BH_PREFETCH_AHEAD < n) /* first the slot ... */
     __builtin_prefetch(
         &c->tab[bh_cache_hash32(keys[j + 2 * BH_PREFETCH_AHEAD].lo) & c->mask]);
-  if (j + BH_PREFETCH_AHEAD < n) { /* ... then the node */
-    uint32_t h = bh_cache_hash32(keys[j + BH_PREFETCH_AHEAD].lo);
-    bh_cache_slot v = c->tab[h & c->mask];
-    if (v.idx != 0 && v.h == h)
+  if (j + BH_PREFETCH_AHEAD >= n)
+    return;
+  uint32_t h = bh_cache_hash32(keys[j + BH_PREFETCH_AHEAD].lo);
+  size_t i = h & c->mask; /* ... then the node */
+  for (int k = 0; k < 4; k++, i = (i + 1) & c->mask) {
+    bh_cache_slot v = c->tab[i];
+    if (v.idx == 0)
+      return;
+    if (v.h == h) {
       __builtin_prefetch(&c->nodes[v.idx - 1]);
+      return;
+    }
   }
 }
 /* A new node for k (not yet on a tier: bh_cache_tier_insert next). */

@@ -233,6 +233,11 @@ struct sim {
   uint32_t *sess_last; /* per session name: its latest arrival */
   uint32_t *q_seen;    /* req_log: requests ahead of it on arrival */
   double t_first;      /* req_log: the first arrival (the log's zero) */
+  /* index events published but not applied yet (see "index events") */
+  struct pending *pend;
+  size_t pend_n, pend_cap;
+  kvp_key *pend_keys;
+  size_t pend_nkeys, pend_kcap;
   /* global "ever cached" fingerprints, for miss causes */
   uint64_t *seen;
   size_t seen_mask, seen_n;
@@ -341,7 +346,27 @@ static int seen_add(struct sim *s, uint64_t fp) {
   return 0;
 }
 
-/* ---- index events ------------------------------------------------------------ */
+/* ---- index events ------------------------------------------------------------
+ * A worker's residency changes come one block at a time (a tier move is two
+ * events), each a random read of an index table that outgrows the CPU's
+ * caches with the cluster.  Events delivered at once are therefore queued,
+ * in publication order, and applied in a batch right before anything reads
+ * the index (a routing query, a late event, the final statistics), with
+ * the index's lines for the events PEND_AHEAD further prefetched
+ * (kvp_index_prefetch): the same events in the same order, so every query
+ * sees what it saw when each was applied at once, without the misses
+ * queueing one after another. */
+#define PEND_AHEAD 8
+#define PEND_MAX 65536 /* queued events flushed past this, to bound memory */
+
+typedef struct pending {
+  uint32_t worker;
+  uint8_t tier, stored, has_parent;
+  uint64_t seq;
+  kvp_key parent;
+  size_t off, n; /* keys: pend_keys[off .. off + n) */
+} pending;
+
 static void apply_event(struct sim *s, uint32_t w, uint64_t seq, int tier,
                         bool stored, const kvp_key *parent, const kvp_key *k,
                         size_t n) {
@@ -350,12 +375,61 @@ static void apply_event(struct sim *s, uint32_t w, uint64_t seq, int tier,
   (void)rc; /* stale/gap outcomes are counted by the index itself */
 }
 
+/* Applies the queued events in order, prefetching ahead. */
+static void pend_flush(struct sim *s) {
+  for (size_t i = 0; i < s->pend_n; i++) {
+    if (i + PEND_AHEAD < s->pend_n) {
+      const pending *f = &s->pend[i + PEND_AHEAD];
+      (void)kvp_index_prefetch(s->ix, s->pend_keys + f->off,
+                               f->n < 4 ? f->n : 4);
+    }
+    const pending *e = &s->pend[i];
+    apply_event(s, e->worker, e->seq, e->tier, e->stored,
+                e->has_parent ? &e->parent : NULL, s->pend_keys + e->off, e->n);
+  }
+  s->pend_n = s->pend_nkeys = 0;
+}
+
+static int pend_grow(void **p, size_t *cap, size_t need, size_t size) {
+  if (need <= *cap)
+    return 0;
+  size_t nc = *cap ? *cap : 256;
+  while (nc < need)
+    nc *= 2;
+  void *np = realloc(*p, nc * size);
+  if (np == NULL)
+    return KVP_ENOMEM;
+  *p = np;
+  *cap = nc;
+  return 0;
+}
+
+/* Queues an event for the next pend_flush. */
+static int pend_push(struct sim *s, uint32_t w, uint64_t seq, int tier,
+                     bool stored, const kvp_key *parent, const kvp_key *k,
+                     size_t n) {
+  if (s->pend_n == PEND_MAX)
+    pend_flush(s);
+  if (pend_grow((void **)&s->pend, &s->pend_cap, s->pend_n + 1,
+                sizeof *s->pend) < 0 ||
+      pend_grow((void **)&s->pend_keys, &s->pend_kcap, s->pend_nkeys + n,
+                sizeof *s->pend_keys) < 0)
+    return KVP_ENOMEM;
+  s->pend[s->pend_n++] = (pending){w, (uint8_t)tier, stored, parent != NULL,
+                                   seq, parent ? *parent : (kvp_key){0, 0},
+                                   s->pend_nkeys, n};
+  memcpy(s->pend_keys + s->pend_nkeys, k, n * sizeof *k);
+  s->pend_nkeys += n;
+  return 0;
+}
+
 static int publish_now(struct sim *s, uint32_t w, int tier, bool stored,
                        const kvp_key *parent, const kvp_key *k, size_t n) {
   if (s->infinite || n == 0)
     return 0;
   uint64_t seq = ++s->w[w].seq;
   s->res->events_published++;
+  s->res->event_blocks += n;
   if (s->o->drop_events > 0 && rng_unit(s) < s->o->drop_events) {
     s->res->events_dropped++;
     return 0;
@@ -370,8 +444,7 @@ static int publish_now(struct sim *s, uint32_t w, int tier, bool stored,
     s->res->events_delayed++;
     return ev_push(s, s->now + s->o->delay_events_s, EV_DELIVER, 0, 0, d);
   }
-  apply_event(s, w, seq, tier, stored, parent, k, n);
-  return 0;
+  return pend_push(s, w, seq, tier, stored, parent, k, n);
 }
 
 static int flush_run(struct sim *s, uint32_t w) {
@@ -486,10 +559,15 @@ static bool holds_all(const struct sim *s, uint32_t v, const kvp_key *keys,
  * (m if none): the "on another worker" miss cause.  A worker can only beat
  * the best end so far by holding the block at it, so that one probe rules
  * most workers out and the rest of the run is read only for candidates:
- * per request O(workers + run) probes, not O(workers x run). */
+ * per request O(workers + run) probes, not O(workers x run).  Those first
+ * probes are prefetched together: one cold line per worker, fetched in
+ * parallel rather than one after another. */
 static uint64_t run_elsewhere(const struct sim *s, uint32_t w,
                               const kvp_key *keys, uint64_t m, uint64_t n) {
   uint64_t best = m;
+  if (m < n) /* the first probes of all: their misses overlap */
+    for (uint32_t v = 0; v < s->nw; v++)
+      bh_cache_prefetch_begin(&s->w[v].c, keys, m, m + 1);
   for (uint32_t v = 0; v < s->nw && best < n; v++) {
     if (v == w || bh_cache_find(&s->w[v].c, keys[best]) == NONE ||
         !holds_all(s, v, keys, m, best))
@@ -521,6 +599,7 @@ static int start_prefill(struct sim *s, uint32_t w) {
     for (uint64_t j = 0; j < m; j++)
       s->tiers[j] = KVP_TIER_HBM;
   } else {
+    bh_cache_prefetch_begin(c, keys, 0, n);
     for (; m < n; m++) {
       bh_cache_prefetch(c, keys, m, n);
       uint32_t v = bh_cache_find(c, keys[m]);
@@ -645,6 +724,8 @@ static int prefill_done(struct sim *s, uint32_t w, uint32_t i) {
   kvp_hist_record(s->res->ttft_us, (uint64_t)(ttft * 1e6 + 0.5));
   /* the engine keeps every full block of the prompt (HBM, most recent) */
   uint64_t from = x->rec.reused_tokens / s->bs;
+  if (!s->infinite)
+    bh_cache_prefetch_begin(c, keys, from, q->n_blocks);
   for (uint64_t j = from; j < q->n_blocks && rc == 0 && !s->infinite; j++) {
     bh_cache_prefetch(c, keys, j, q->n_blocks);
     rc = to_hbm(s, w, c, keys[j], j ? &keys[j - 1] : NULL, blk_class(q, j),
@@ -738,6 +819,7 @@ static int route(struct sim *s, uint32_t i, uint32_t *out) {
                           .request_id = (uint64_t)i + 1,
                           .tenant = q->tenant};
   kvp_decision d;
+  pend_flush(s); /* the query sees every event published before it */
   int rc = kvp_router_route(s->rt, s->ix, &rq, sec_to_ns(s->now), &d);
   if (rc < 0)
     return rc;
@@ -936,6 +1018,8 @@ static void sim_teardown(struct sim *s) {
   free(s->sess_last);
   free(s->q_seen);
   free(s->seen);
+  free(s->pend);
+  free(s->pend_keys);
   free(s->tiers);
   free(s->s_prompt);
   free(s->s_reused);
@@ -978,6 +1062,7 @@ static int sim_loop(struct sim *s) {
       break;
     default: {
       delayed *d = e.p;
+      pend_flush(s); /* published before it: applied before it */
       apply_event(s, d->worker, d->seq, d->tier, d->stored,
                   d->has_parent ? &d->parent : NULL, d->keys, d->n);
       free(d);
@@ -990,6 +1075,7 @@ static int sim_loop(struct sim *s) {
 
 static void summarize(struct sim *s) {
   bh_result *r = s->res;
+  pend_flush(s);
   kvp_ledger_global_totals(s->led, &r->tot);
   kvp_index_stats_get(s->ix, &r->ix);
   r->requests = r->tot.requests;

@@ -128,6 +128,15 @@ KVP_API int kvp_index_resync(kvp_index *ix, uint32_t worker, uint64_t seq,
                              const kvp_key *keys, const uint8_t *tiers,
                              size_t n);
 
+/* A hint for a caller holding a batch of events (a KVEventBatch, a
+ * simulator's queue): loads into the CPU cache the table lines an event on
+ * keys[0..n) reads first (each key's bucket pair), so that, issued a few
+ * events ahead of the one being applied, the next events' memory misses
+ * overlap with the current one's work instead of following it.  Changes
+ * nothing and takes no lock.  Returns 0, or KVP_EINVAL (ix NULL, keys NULL
+ * with n > 0).  Thread-safe. */
+KVP_API int kvp_index_prefetch(kvp_index *ix, const kvp_key *keys, size_t n);
+
 /* ---- event streams and epochs ----------------------------------------------
  * A worker's residency may come from several publishers, each numbering its
  * events on its own: the engine (HBM, CPU offload), a kvtier store (DRAM,
