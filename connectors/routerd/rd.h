@@ -9,6 +9,7 @@
 
 #include <event2/event.h>
 #include <event2/http.h>
+#include <jansson.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -188,6 +189,10 @@ struct evhttp *rd_listen(rd_server *s, const char *hostport,
 void rd_on_http(struct evhttp_request *hr, void *arg);
 void rd_reply_error(struct evhttp_request *hr, int status, const char *param,
                     const char *msg);
+/* A JSON reply: text j (NULL: a 500 without a body, e.g. out of memory), or
+ * object o (its reference taken, NULL alike). */
+void rd_reply_json(struct evhttp_request *hr, int code, const char *j);
+void rd_reply_obj(struct evhttp_request *hr, int code, json_t *o);
 
 /* ---- admin (rd_admin.c), metrics (rd_metrics.c) ------------------------- */
 void rd_on_admin(struct evhttp_request *hr, void *arg);

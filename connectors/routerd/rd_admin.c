@@ -17,19 +17,6 @@
 
 static const char *const state_names[] = {"free", "up", "down", "draining"};
 
-static void reply(struct evhttp_request *hr, int code, json_t *o) {
-  char *j = o ? json_dumps(o, JSON_COMPACT) : NULL;
-  json_decref(o);
-  struct evbuffer *b = evbuffer_new();
-  if (b && j)
-    evbuffer_add(b, j, strlen(j));
-  evhttp_add_header(evhttp_request_get_output_headers(hr), "Content-Type",
-                    "application/json");
-  evhttp_send_reply(hr, code, code < 300 ? "OK" : "Error", b);
-  free(j);
-  if (b)
-    evbuffer_free(b);
-}
 
 static void list(rd_server *s, struct evhttp_request *hr) {
   json_t *a = json_array();
@@ -46,7 +33,7 @@ static void list(rd_server *s, struct evhttp_request *hr) {
         (int)w->load.running_requests, "waiting", (int)w->load.queued_requests,
         "kv_usage", w->load.kv_util));
   }
-  reply(hr, 200, json_pack("{s:o}", "workers", a));
+  rd_reply_obj(hr, 200, json_pack("{s:o}", "workers", a));
 }
 
 static void add(rd_server *s, struct evhttp_request *hr) {
@@ -64,9 +51,9 @@ static void add(rd_server *s, struct evhttp_request *hr) {
   else
     id = rd_worker_add(s, url, ev, rp, err, sizeof err);
   if (id >= 0)
-    reply(hr, 201, json_pack("{s:i, s:s}", "id", id, "url", url));
+    rd_reply_obj(hr, 201, json_pack("{s:i, s:s}", "id", id, "url", url));
   else
-    reply(hr, 400, json_pack("{s:{s:s}}", "error", "message", err));
+    rd_reply_obj(hr, 400, json_pack("{s:{s:s}}", "error", "message", err));
   json_decref(o);
 }
 
@@ -84,7 +71,7 @@ static void index_digests(rd_server *s, struct evhttp_request *hr) {
     json_array_append_new(a, json_pack("{s:s, s:s}", "url", s->w[i].url,
                                        "digest", hex));
   }
-  reply(hr, 200, json_pack("{s:o}", "workers", a));
+  rd_reply_obj(hr, 200, json_pack("{s:o}", "workers", a));
 }
 
 static rd_worker *by_query(rd_server *s, struct evhttp_request *hr) {
@@ -115,7 +102,7 @@ void rd_on_admin(struct evhttp_request *hr, void *arg) {
   size_t plen = strcspn(uri, "?");
   enum evhttp_cmd_type m = evhttp_request_get_command(hr);
   if (!authorized(s, hr)) {
-    reply(hr, 401, json_pack("{s:{s:s}}", "error", "message",
+    rd_reply_obj(hr, 401, json_pack("{s:{s:s}}", "error", "message",
                              "missing or wrong bearer token"));
     return;
   }
@@ -132,7 +119,7 @@ void rd_on_admin(struct evhttp_request *hr, void *arg) {
     add(s, hr);
   else if ((workers && m == EVHTTP_REQ_DELETE) || drain || undrain) {
     if ((w = by_query(s, hr)) == NULL) {
-      reply(hr, 404, json_pack("{s:{s:s}}", "error", "message",
+      rd_reply_obj(hr, 404, json_pack("{s:{s:s}}", "error", "message",
                                "no worker with that ?url="));
       return;
     }
@@ -140,10 +127,10 @@ void rd_on_admin(struct evhttp_request *hr, void *arg) {
       rd_worker_undrain(w);
     else
       rd_worker_drain(w, !drain);
-    reply(hr, 202, json_pack("{s:s, s:s}", "url", w->url, "state",
+    rd_reply_obj(hr, 202, json_pack("{s:s, s:s}", "url", w->url, "state",
                              state_names[w->state]));
   } else
-    reply(hr, 404, json_pack("{s:{s:s}}", "error", "message",
+    rd_reply_obj(hr, 404, json_pack("{s:{s:s}}", "error", "message",
                              "no such admin endpoint"));
 }
 

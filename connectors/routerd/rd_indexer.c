@@ -20,25 +20,12 @@ struct rd_indexer {
 };
 
 /* ---- replies -------------------------------------------------------------- */
-static void reply(struct evhttp_request *hr, int code, json_t *o) {
-  char *j = o ? json_dumps(o, JSON_COMPACT) : NULL;
-  json_decref(o);
-  struct evbuffer *b = evbuffer_new();
-  if (b && j)
-    evbuffer_add(b, j, strlen(j));
-  evhttp_add_header(evhttp_request_get_output_headers(hr), "Content-Type",
-                    "application/json");
-  evhttp_send_reply(hr, j ? code : 500, code < 300 ? "OK" : "Error", b);
-  free(j);
-  if (b)
-    evbuffer_free(b);
-}
 
 /* Dynamo's error body: {"error": "message"} */
 static void reply_error(rd_server *s, struct evhttp_request *hr, int code,
                         const char *msg) {
   s->indexer->bad_requests += code >= 400 && code < 500;
-  reply(hr, code, json_pack("{s:s}", "error", msg));
+  rd_reply_obj(hr, code, json_pack("{s:s}", "error", msg));
 }
 
 /* ---- instances: a worker as the API names it ------------------------------ */
@@ -160,10 +147,10 @@ static void on_register(rd_server *s, struct evhttp_request *hr) {
   }
   named(&s->w[id], &r, dp);
   if (r.dialect == RD_IX_MOONCAKE)
-    reply(hr, 201, json_pack("{s:s, s:o}", "status", "registered successfully",
+    rd_reply_obj(hr, 201, json_pack("{s:s, s:o}", "status", "registered successfully",
                              "instance_id", inst_json(&s->w[id])));
   else
-    reply(hr, 201, json_pack("{s:s}", "status", "ok"));
+    rd_reply_obj(hr, 201, json_pack("{s:s}", "status", "ok"));
 out:
   rd_ix_free(&r);
 }
@@ -190,10 +177,10 @@ static void on_unregister(rd_server *s, struct evhttp_request *hr) {
     snprintf(m, sizeof m, "instance %s is not registered", r.instance);
     reply_error(s, hr, 404, m);
   } else if (r.dialect == RD_IX_MOONCAKE)
-    reply(hr, 200, json_pack("{s:s, s:O}", "status", "unregistered successfully",
+    rd_reply_obj(hr, 200, json_pack("{s:s, s:O}", "status", "unregistered successfully",
                              "removed_instances", gone));
   else
-    reply(hr, 200, json_pack("{s:s}", "status", "ok"));
+    rd_reply_obj(hr, 200, json_pack("{s:s}", "status", "ok"));
 out:
   json_decref(gone);
   rd_ix_free(&r);
@@ -242,7 +229,7 @@ static void on_workers(rd_server *s, struct evhttp_request *hr) {
                                   "status", w->ev ? "active" : "failed"));
   }
   json_decref(map);
-  reply(hr, 200, order);
+  rd_reply_obj(hr, 200, order);
 }
 
 /* ---- POST /query, /query_by_hash ------------------------------------------------- */
@@ -399,7 +386,7 @@ static void answer(rd_server *s, struct evhttp_request *hr, const rd_ix_req *r,
   kvp_index_match *m = calloc(s->n_w, sizeof *m);
   int rc = m && a.prefix ? run_query(s, r, keys, n, m, &a) : KVP_ENOMEM;
   if (rc == 0)
-    reply(hr, 200, answer_json(&a, r));
+    rd_reply_obj(hr, 200, answer_json(&a, r));
   else
     reply_error(s, hr, rc == KVP_ERANGE ? 400 : 500,
                 rc == KVP_ERANGE ? "the chain is longer than the index takes"
@@ -635,7 +622,7 @@ static void on_indexer(struct evhttp_request *hr, void *arg) {
       return;
     }
   if (strcmp(path, "/health") == 0)
-    reply(hr, 200, json_pack("{s:s}", "status", "ok"));
+    rd_reply_obj(hr, 200, json_pack("{s:s}", "status", "ok"));
   else
     reply_error(s, hr, 404, "no such indexer endpoint (/register, "
                 "/unregister, /workers, /query, /query_by_hash, /dump)");

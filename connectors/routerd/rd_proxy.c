@@ -46,18 +46,29 @@ typedef struct rd_call {
 
 static void try_next(rd_call *c);
 
-void rd_reply_error(struct evhttp_request *hr, int status, const char *param,
-                    const char *msg) {
+void rd_reply_json(struct evhttp_request *hr, int code, const char *j) {
   struct evbuffer *b = evbuffer_new();
-  char *j = rd_error_json(status, param, msg);
   if (b && j)
     evbuffer_add(b, j, strlen(j));
   evhttp_add_header(evhttp_request_get_output_headers(hr), "Content-Type",
                     "application/json");
-  evhttp_send_reply(hr, status, status < 500 ? "Bad Request" : "Error", b);
-  free(j);
+  evhttp_send_reply(hr, j ? code : 500, code < 300 && j ? "OK" : "Error", b);
   if (b)
     evbuffer_free(b);
+}
+
+void rd_reply_obj(struct evhttp_request *hr, int code, json_t *o) {
+  char *j = o ? json_dumps(o, JSON_COMPACT) : NULL;
+  json_decref(o);
+  rd_reply_json(hr, code, j);
+  free(j);
+}
+
+void rd_reply_error(struct evhttp_request *hr, int status, const char *param,
+                    const char *msg) {
+  char *j = rd_error_json(status, param, msg);
+  rd_reply_json(hr, status, j);
+  free(j);
 }
 
 /* ---- lifetime ---------------------------------------------------------------- */
@@ -652,17 +663,6 @@ static void on_generate(rd_server *s, struct evhttp_request *hr, rd_kind kind,
   }
 }
 
-static void reply_json(struct evhttp_request *hr, int code, const char *j) {
-  struct evbuffer *b = evbuffer_new();
-  if (b)
-    evbuffer_add(b, j, strlen(j));
-  evhttp_add_header(evhttp_request_get_output_headers(hr), "Content-Type",
-                    "application/json");
-  evhttp_send_reply(hr, code, code == 200 ? "OK" : "Error", b);
-  if (b)
-    evbuffer_free(b);
-}
-
 /* every serving worker's models, merged by id */
 static void on_models(rd_server *s, struct evhttp_request *hr) {
   json_t *all = json_array(), *seen = json_object();
@@ -684,7 +684,7 @@ static void on_models(rd_server *s, struct evhttp_request *hr) {
   json_t *o = json_pack("{s:s, s:o}", "object", "list", "data", all);
   char *j = o ? json_dumps(o, JSON_COMPACT) : NULL;
   if (j)
-    reply_json(hr, 200, j);
+    rd_reply_json(hr, 200, j);
   else
     rd_reply_error(hr, 500, "", "out of memory");
   free(j);
@@ -697,7 +697,7 @@ static void on_health(rd_server *s, struct evhttp_request *hr) {
   for (uint32_t i = 0; i < s->n_w; i++)
     up += rd_worker_routable(&s->w[i]);
   if (up > 0 && !s->draining)
-    reply_json(hr, 200, "{\"status\":\"ok\"}");
+    rd_reply_json(hr, 200, "{\"status\":\"ok\"}");
   else
     rd_reply_error(hr, 503, "", s->draining ? "draining" : "no worker is up");
 }
