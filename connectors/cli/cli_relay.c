@@ -312,10 +312,22 @@ static int ensure_stream(relay *r) {
   sc.Discard = js_DiscardOld;
   jsStreamInfo *si = NULL;
   jsErrCode je = 0;
-  natsStatus st = js_AddStream(&si, r->jc, &sc, NULL, &je);
-  if (st != NATS_OK && je == JSStreamNameExistErr)
-    st = js_UpdateStream(&si, r->jc, &sc, NULL, &je);
-  jsStreamInfo_Destroy(si);
+  natsStatus st = NATS_ERR;
+  /* retried for ~5 s: JetStream just started, or another relay creating the
+   * same stream at the same moment (a fresh-clone CI run saw one relay of
+   * two exit here on a loaded machine) */
+  for (int i = 0; i < 20 && st != NATS_OK; i++) {
+    if (i > 0)
+      nats_Sleep(250);
+    si = NULL, je = 0;
+    st = js_AddStream(&si, r->jc, &sc, NULL, &je);
+    if (st != NATS_OK && je == JSStreamNameExistErr) {
+      jsStreamInfo_Destroy(si);
+      si = NULL;
+      st = js_UpdateStream(&si, r->jc, &sc, NULL, &je);
+    }
+    jsStreamInfo_Destroy(si);
+  }
   if (st != NATS_OK) {
     fprintf(stderr, "kvplane events relay: stream %s: %s (%d) %s\n", o->stream,
             natsStatus_GetText(st), (int)je, nats_GetLastError(NULL));
