@@ -171,6 +171,13 @@ struct evhttp_connection *rd_conn_get(rd_worker *w);
 void rd_conn_put(rd_worker *w, struct evhttp_connection *c);
 /* TCP_NODELAY on c's socket; after each evhttp_make_request on c */
 void rd_conn_nodelay(struct evhttp_connection *c);
+/* Writes what evhttp queued on c now instead of on the loop's next pass
+ * (a bufferevent writes only once epoll reports the socket writable: one
+ * more loop pass, two epoll_ctl and a wakeup per message).  When all of it
+ * went out, evhttp's write-done step runs here, as the loop would have run
+ * it: after a reply's end that may free the request and the connection, so
+ * call it last.  A partial write leaves the rest to the loop. */
+void rd_conn_flush(struct evhttp_connection *c);
 /* A request to w failed (reason) or succeeded: the circuit breaker. */
 void rd_worker_failed(rd_worker *w, rd_err_reason why);
 void rd_worker_ok(rd_worker *w);

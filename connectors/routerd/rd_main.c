@@ -138,10 +138,24 @@ static int open_receipts(rd_server *s) {
   return 0;
 }
 
+/* epoll's change list: an fd's changes within one loop pass are applied
+ * together before epoll_wait, so the write interest a reply adds and the
+ * read that follows it removes cost no epoll_ctl at all (libevent applies
+ * each change at once otherwise: ~10 epoll_ctl per proxied request). */
+static struct event_base *new_base(void) {
+  struct event_config *cfg = event_config_new();
+  if (cfg == NULL)
+    return NULL;
+  event_config_set_flag(cfg, EVENT_BASE_FLAG_EPOLL_USE_CHANGELIST);
+  struct event_base *b = event_base_new_with_config(cfg);
+  event_config_free(cfg);
+  return b;
+}
+
 static int start(rd_server *s) {
   struct event *ev[4];
   int sigs[3] = {SIGTERM, SIGINT, SIGHUP};
-  if ((s->base = event_base_new()) == NULL || make_core(s) < 0 ||
+  if ((s->base = new_base()) == NULL || make_core(s) < 0 ||
       open_receipts(s) < 0 ||
       (s->http = rd_listen(s, s->cfg.listen, rd_on_http, &s->http_sock)) == NULL)
     return -1;

@@ -252,6 +252,8 @@ static void relay(rd_call *c, struct evbuffer *in) {
     evhttp_send_reply_chunk_with_cb(c->hr, in, on_client_drained, c);
   } else
     evhttp_send_reply_chunk(c->hr, in);
+  if (c->q.stream) /* a token reaches the client now, not a loop pass later */
+    rd_conn_flush(evhttp_request_get_connection(c->hr));
 }
 
 static bool can_retry(const rd_call *c) {
@@ -353,8 +355,10 @@ static void on_up_done(struct evhttp_request *ur, void *arg) {
       start_reply(c, ur);
     relay(c, evhttp_request_get_input_buffer(ur));
     detach(c);
+    struct evhttp_connection *cc = evhttp_request_get_connection(c->hr);
     evhttp_send_reply_end(c->hr);
     c->hr = NULL;
+    rd_conn_flush(cc); /* may free the client's request and connection */
   }
   if (c->code < 500) {
     rd_worker_ok(w);
@@ -393,6 +397,7 @@ static int start_upstream(rd_call *c, rd_worker *w) {
     return -1;
   }
   rd_conn_nodelay(c->uc);
+  rd_conn_flush(c->uc);
   return 0;
 }
 

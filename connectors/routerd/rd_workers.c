@@ -260,6 +260,22 @@ void rd_conn_nodelay(struct evhttp_connection *c) {
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
+void rd_conn_flush(struct evhttp_connection *c) {
+  struct bufferevent *bev = c ? evhttp_connection_get_bufferevent(c) : NULL;
+  evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
+  struct evbuffer *out = bev ? bufferevent_get_output(bev) : NULL;
+  if (fd < 0 || evbuffer_get_length(out) == 0)
+    return; /* not connected yet: evhttp writes once it is */
+  /* a socket bufferevent keeps its output's front frozen except while it
+   * writes (bufferevent_writecb); unfrozen, the written bytes are drained */
+  evbuffer_unfreeze(out, 1);
+  int n = evbuffer_write(out, fd);
+  evbuffer_freeze(out, 1);
+  if (n <= 0 || evbuffer_get_length(out) > 0)
+    return; /* EAGAIN, an error or a short write: the loop goes on */
+  bufferevent_trigger(bev, EV_WRITE, BEV_TRIG_IGNORE_WATERMARKS);
+}
+
 void rd_conn_put(rd_worker *w, struct evhttp_connection *c) {
   if (w->n_idle == w->cap_idle && w->cap_idle < POOL_MAX) {
     size_t nc = w->cap_idle ? 2 * w->cap_idle : 8;
