@@ -579,7 +579,6 @@ fail:
 }
 
 /* Unsubscribes and waits (up to 2 s) until libnats delivers no more. */
-
 static void unsubscribe_all(kvp_events_js *js) {
   for (size_t i = 0; i < js->n; i++)
     if (js->src[i].sub != NULL)
