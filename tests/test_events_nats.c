@@ -5,7 +5,9 @@
  * port) -> kvp_events_js readers that start after the batches were relayed.
  * Their per-worker index digests must equal those of a subscriber fed live
  * from ZeroMQ, through a relay restart (the engines' replay fills the gap),
- * a NATS restart mid-stream, and malformed messages in the stream.
+ * a NATS restart mid-stream, malformed messages in the stream, and a
+ * memory stream made again after a NATS restart (a running reader starts
+ * over on it, ending equal to a reader that starts on the new stream).
  *   test_events_nats [KVPLANE_CLI]  (or KVP_CLI=; exit 77 without
  *   nats-server) */
 #include <errno.h>
@@ -253,11 +255,23 @@ static void engine_close(engine *e) {
 
 /* ---- the relay --------------------------------------------------------------------- */
 
-static pid_t relay_start(const char *out) {
+#define MEM_STREAM "KVP_EVENTS_MEM"
+#define MEM_PREFIX "kvplane.mem"
+
+/* stream NULL: KVPLANE_EVENTS on file storage; else that one in memory */
+static pid_t relay_start_on(const char *out, const char *stream) {
   char w[WORKERS][400];
-  char *argv[8 + 2 * WORKERS] = {(char *)cli, "events", "relay", "--nats", url,
-                                 "--stats-every", "0"};
+  char *argv[14 + 2 * WORKERS] = {(char *)cli, "events", "relay", "--nats", url,
+                                  "--stats-every", "0"};
   int a = 7;
+  if (stream != NULL) {
+    argv[a++] = "--stream";
+    argv[a++] = (char *)stream;
+    argv[a++] = "--storage";
+    argv[a++] = "memory";
+    argv[a++] = "--subject-prefix"; /* streams' subjects may not overlap */
+    argv[a++] = MEM_PREFIX;
+  }
   for (int i = 0; i < WORKERS; i++) {
     snprintf(w[i], sizeof w[i], "w%d=%s,%s", i, eng[i].ep, eng[i].rep);
     argv[a++] = "--worker";
@@ -266,6 +280,8 @@ static pid_t relay_start(const char *out) {
   argv[a] = NULL;
   return spawn(argv, out);
 }
+
+static pid_t relay_start(const char *out) { return relay_start_on(out, NULL); }
 
 /* Its final {"relay": {...}} line: the value of "key". */
 static uint64_t relay_stat(const char *out, const char *key) {
@@ -289,7 +305,7 @@ typedef struct side {
   kvp_events_js *js; /* NULL: the live ZeroMQ one */
 } side;
 
-static void side_open(side *s, bool via_js) {
+static void side_open_on(side *s, bool via_js, const char *stream) {
   memset(s, 0, sizeof *s);
   ASSERT_OK(kvp_index_create(NULL, NULL, &s->ix));
   kvp_events_source src[WORKERS];
@@ -303,9 +319,12 @@ static void side_open(side *s, bool via_js) {
   if (!via_js)
     return;
   const char *names[WORKERS] = {"w0", "w1"};
-  kvp_events_js_opts o = {.url = url};
+  kvp_events_js_opts o = {.url = url, .stream = stream,
+                          .subject_prefix = stream ? MEM_PREFIX : NULL};
   ASSERT_OK(kvp_events_js_create(s->ev, &o, names, WORKERS, &s->js));
 }
+
+static void side_open(side *s, bool via_js) { side_open_on(s, via_js, NULL); }
 
 static void side_close(side *s) {
   kvp_events_js_destroy(s->js);
@@ -493,21 +512,111 @@ static void stage_malformed(void) {
   ASSERT_NOT_NULL(strstr(prom, "kvplane_events_js_connected 1\n"));
 }
 
+static char out_m[256];
+static side r3, r4;
+
+/* Messages in stream `name` now; 0 while it does not exist. */
+static uint64_t stream_msgs(const char *name) {
+  natsConnection *nc = NULL;
+  jsCtx *jc = NULL;
+  jsStreamInfo *si = NULL;
+  uint64_t n = 0;
+  ASSERT_EQ(natsConnection_ConnectTo(&nc, url), NATS_OK);
+  ASSERT_EQ(natsConnection_JetStream(&jc, nc, NULL), NATS_OK);
+  if (js_GetStreamInfo(&si, jc, name, NULL, NULL) == NATS_OK)
+    n = si->State.Msgs;
+  jsStreamInfo_Destroy(si);
+  jsCtx_Destroy(jc);
+  natsConnection_Destroy(nc);
+  return n;
+}
+
+static bool same_digests(const side *a, const side *b) {
+  for (uint32_t w = 0; w < WORKERS; w++) {
+    uint64_t x, y;
+    ASSERT_OK(kvp_index_digest(a->ix, w, &x));
+    ASSERT_OK(kvp_index_digest(b->ix, w, &y));
+    if (x != y)
+      return false;
+  }
+  return true;
+}
+
+/* Pumps until `s` fed n messages in all (or 20 s). */
+static void wait_fed(const side *s, uint64_t n) {
+  for (int i = 0; i < 2000 && js_stats(s).fed < n; i++)
+    pump(10);
+  ASSERT_EQ(js_stats(s).fed, n);
+}
+
+static void wait_stream(const char *name, uint64_t n) {
+  for (int i = 0; i < 2000 && stream_msgs(name) < n; i++)
+    pump(10);
+  ASSERT_EQ(stream_msgs(name), n);
+}
+
+/* A memory stream goes with its server; the relay makes it again, its
+ * sequence numbers from 1.  The reader that ran through it notices (the
+ * stream's creation time changed), drops what it had and reads the new
+ * stream from its start: its index ends equal to a reader that starts on
+ * the new stream.  The file stream's readers resume without a reset. */
+static void stage_stream_recreated(void) {
+  pid_t rm = relay_start_on(out_m, MEM_STREAM);
+  publish_all(60);
+  catch_up(&live);
+  side_open_on(&r3, true, MEM_STREAM);
+  readers[n_readers++] = &r3;
+  catch_up(&r3); /* the relay's start-up replay: the engines' history */
+  same_index(&r3);
+  uint64_t fed0 = js_stats(&r3).fed;
+  ASSERT_EQ(fed0, published());
+  (void)stop(nats);
+  wait_connected(&r3, 0);
+  nats = nats_start();
+  wait_connected(&r3, 1);
+  publish_all(60);
+  wait_stream(MEM_STREAM, 2 * 60);
+  side_open_on(&r4, true, MEM_STREAM);
+  readers[n_readers++] = &r4;
+  wait_fed(&r4, 2 * 60);
+  wait_fed(&r3, fed0 + 2 * 60);
+  ASSERT_TRUE(same_digests(&r3, &r4));
+  ASSERT_FALSE(same_digests(&r3, &live)); /* the new stream lacks the past */
+  publish_all(20); /* and on from there */
+  wait_fed(&r4, 2 * 80);
+  wait_fed(&r3, fed0 + 2 * 80);
+  ASSERT_TRUE(same_digests(&r3, &r4));
+  ASSERT_EQ(js_stats(&r3).stream_resets, 1u);
+  ASSERT_EQ(js_stats(&r4).stream_resets, 0u);
+  char prom[4096];
+  ASSERT_GT(kvp_events_js_prometheus(r3.js, prom, sizeof prom), 0);
+  ASSERT_NOT_NULL(strstr(prom, "kvplane_events_js_stream_resets_total 1\n"));
+  catch_up(&r1); /* the file stream survived: no reset, nothing lost */
+  same_index(&r1);
+  ASSERT_EQ(js_stats(&r1).stream_resets, 0u);
+  ASSERT_EQ(stop(rm), 0);
+  ASSERT_EQ(relay_stat(out_m, "lost"), 0u);
+}
+
 static void run(void) {
   snprintf(out_a, sizeof out_a, "%s/relay-a.json", dir);
   snprintf(out_b, sizeof out_b, "%s/relay-b.json", dir);
   snprintf(out_c, sizeof out_c, "%s/relay-c.json", dir);
+  snprintf(out_m, sizeof out_m, "%s/relay-m.json", dir);
   nats = nats_start();
   side_open(&live, false);
   stage_dedup();
   pid_t rc = stage_relay_restart();
   stage_nats_restart();
   stage_malformed();
+  stage_stream_recreated();
   ASSERT_EQ(stop(rc), 0);
   ASSERT_EQ(relay_stat(out_c, "lost"), 0u);
   ASSERT_EQ(relay_stat(out_c, "gaps"), 3u * WORKERS);
   ASSERT_EQ(relay_stat(out_c, "batches_missed"), 3u * WORKERS);
   n_readers = 0;
+  side_close(&r4);
+  side_close(&r3);
   side_close(&r2);
   side_close(&r1);
   side_close(&live);

@@ -5,6 +5,9 @@
  * loopback.  Every target proxies to the same stub workers (answering at
  * once); each (prompt, rate) cell runs all targets back to back; "added" is
  * the target's percentile minus direct's in the same cell.
+ * kvplane-routerd-x3 is three replicas synced through a nats-server started
+ * here, the requests spread round robin over them as a load balancer would:
+ * per replica CPU, sync messages/s and sync lag beside one router's row.
  *   bench_routerd [--quick] [--duration S] [--rates 2000,10000,max]
  *                 [--only direct,kvplane-routerd,...] [--check] ...
  * docs/performance.md ("kvplane-routerd") has the numbers. */
@@ -36,9 +39,11 @@
 #define KVP_SOURCE_DIR "."
 #endif
 
-enum { T_DIRECT, T_ROUTERD, T_NGINX, T_VLLM, T_SGLANG, T_N };
-static const char *const k_tname[T_N] = {"direct", "kvplane-routerd", "nginx",
+enum { T_DIRECT, T_ROUTERD, T_FLEET, T_NGINX, T_VLLM, T_SGLANG, T_N };
+static const char *const k_tname[T_N] = {"direct", "kvplane-routerd",
+                                         "kvplane-routerd-x3", "nginx",
                                          "vllm-router", "sglang-router"};
+#define FLEET_N 3 /* replicas of kvplane-routerd-x3 */
 enum { P_SMALL, P_32K, P_N };
 static const char *const k_pname[P_N] = {"small", "32k"};
 
@@ -52,6 +57,7 @@ typedef struct opts {
   bool prompt[P_N], want[T_N];
   uint32_t workers, concurrency, conns, tokens;
   const char *out, *routerd, *venv, *nginx, *peer_policy, *routerd_policy;
+  const char *nats_server;
   bool check, quick;
 } opts;
 
@@ -60,14 +66,27 @@ typedef struct target {
   bool up;
   pid_t pid;
   uint16_t port;
+  pid_t nats, rpid[FLEET_N]; /* kvplane-routerd-x3 */
+  uint16_t nats_port, rport[FLEET_N];
   char note[200];
 } target;
+
+/* one replica of kvplane-routerd-x3 over a cell: its own /metrics' deltas */
+typedef struct rep_row {
+  double requests;        /* it received */
+  double cpu_us, cpu_pct; /* per request it received; of one core */
+  double pub_s, recv_s;   /* sync messages, all types */
+  double lag_p50_ms, lag_p99_ms; /* publish to apply, since its start */
+} rep_row;
 
 typedef struct row {
   int t, p;
   double rate;
   br_load_result r;
   double cpu_us, stub_us, client_us; /* per request; NAN = n/a */
+  double cpu_pct;                    /* the router's CPU, % of one core */
+  rep_row rep[FLEET_N];              /* kvplane-routerd-x3 */
+  double nats_us, nats_pct;          /* its nats-server */
 } row;
 
 typedef struct bench {
@@ -250,28 +269,40 @@ static int write_file(const char *path, const char *text) {
   return fclose(f);
 }
 
-static pid_t start_routerd(bench *B, target *t) {
-  char cfg[8192], path[600], log[600], url[64];
+/* One kvplane-routerd on port; id > 0: replica id of kvplane-routerd-x3,
+ * synced through the nats-server on nats_port. */
+static pid_t routerd_proc(bench *B, uint16_t port, uint32_t id,
+                          uint16_t nats_port) {
+  char cfg[8192], path[600], log[600], url[64], name[32];
+  snprintf(name, sizeof name, id ? "routerd-x3-%u" : "routerd", id);
   int n = snprintf(cfg, sizeof cfg,
                    "# bench_routerd: token-id prompts route as sent; text "
                    "prompts in approximate\n# (character) mode -- no render "
                    "call (the stub worker has no tokenizer)\n"
                    "routerd:\n  listen: 127.0.0.1:%u\n  render: false\n"
                    "  policy: %s\nworkers:\n  urls: [",
-                   t->port, B->o.routerd_policy);
+                   port, B->o.routerd_policy);
   for (uint32_t i = 0; i < B->stub.n; i++) {
     worker_url(B, i, url, sizeof url);
     n += snprintf(cfg + n, sizeof cfg - (size_t)n, "%s%s", i ? ", " : "", url);
   }
-  snprintf(cfg + n, sizeof cfg - (size_t)n, "]\nmodel:\n  block_size: 16\n");
-  snprintf(path, sizeof path, "%s/routerd.yaml", B->o.out);
-  snprintf(log, sizeof log, "%s/routerd.log", B->o.out);
+  n += snprintf(cfg + n, sizeof cfg - (size_t)n, "]\nmodel:\n  block_size: 16\n");
+  if (id) /* sync defaults otherwise: snapshot 100 ms, peer timeout 1 s */
+    snprintf(cfg + n, sizeof cfg - (size_t)n, "replicas:\n  nats_url: "
+             "nats://127.0.0.1:%u\n  replica_id: %u\n  subject_prefix: "
+             "kvplane.bench\n", nats_port, id);
+  snprintf(path, sizeof path, "%s/%s.yaml", B->o.out, name);
+  snprintf(log, sizeof log, "%s/%s.log", B->o.out, name);
   if (write_file(path, cfg) < 0)
     return -1;
   char *argv[] = {(char *)B->o.routerd, "--config", path, "--log", "warn", NULL};
+  return spawn(argv, log);
+}
+
+static pid_t start_routerd(bench *B, target *t) {
   snprintf(t->note, sizeof t->note, "policy %s, 1 thread (libevent)",
            B->o.routerd_policy);
-  return spawn(argv, log);
+  return routerd_proc(B, t->port, 0, 0);
 }
 
 static pid_t start_nginx(bench *B, target *t) {
@@ -351,7 +382,10 @@ static bool installed(const bench *B, int k) {
   }
   if (k == T_NGINX)
     return B->o.nginx != NULL && access(B->o.nginx, X_OK) == 0;
-  return k != T_ROUTERD || access(B->o.routerd, X_OK) == 0;
+  if (k == T_FLEET && (B->o.nats_server == NULL ||
+                       access(B->o.nats_server, X_OK) != 0))
+    return false;
+  return (k != T_ROUTERD && k != T_FLEET) || access(B->o.routerd, X_OK) == 0;
 }
 
 /* one request per worker and then some, end to end */
@@ -373,11 +407,123 @@ static bool ready(bench *B, target *t) {
   return false;
 }
 
+/* ---- kvplane-routerd-x3: three replicas and their nats-server --------------- */
+static bool listening(uint16_t port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port),
+                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  bool ok = fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
+  if (fd >= 0)
+    close(fd);
+  return ok;
+}
+
+/* core NATS only (the sync needs no JetStream), loopback */
+static pid_t start_nats(bench *B, uint16_t port) {
+  char p[16], log[600];
+  snprintf(p, sizeof p, "%u", port);
+  snprintf(log, sizeof log, "%s/nats-server.log", B->o.out);
+  char *argv[] = {(char *)B->o.nats_server, "-a", "127.0.0.1", "-p", p, NULL};
+  pid_t pid = spawn(argv, log);
+  for (int i = 0; i < 500 && pid > 0 && alive(pid) && !listening(port); i++)
+    usleep(10000);
+  if (pid > 0 && listening(port))
+    return pid;
+  reap(pid);
+  return -1;
+}
+
+/* The value of one series (name with its labels, exactly) in Prometheus
+ * text; NAN when absent. */
+static double prom(const char *text, const char *series) {
+  size_t n = strlen(series);
+  for (const char *p = text; p != NULL && (p = strstr(p, series)) != NULL; p += n)
+    if ((p == text || p[-1] == '\n') && p[n] == ' ')
+      return strtod(p + n + 1, NULL);
+  return NAN;
+}
+
+typedef struct rep_snap {
+  double cpu_s, requests, pub, recv, p50, p99, peers;
+} rep_snap;
+
+static void rep_sample(const target *t, uint32_t i, rep_snap *s) {
+  static const char *const ty[3] = {"decision", "complete", "snapshot"};
+  char *m = br_http_get(t->rport[i], "/metrics");
+  *s = (rep_snap){.cpu_s = tree_cpu_s(t->rpid[i])};
+  s->requests = prom(m, "kvplane_routerd_requests_total");
+  s->peers = prom(m, "kvplane_routerd_sync_peers");
+  s->p50 = prom(m, "kvplane_routerd_sync_lag_seconds{quantile=\"0.5\"}");
+  s->p99 = prom(m, "kvplane_routerd_sync_lag_seconds{quantile=\"0.99\"}");
+  for (int k = 0; k < 3; k++) {
+    char se[96];
+    snprintf(se, sizeof se, "kvplane_routerd_sync_published_total{type=\"%s\"}",
+             ty[k]);
+    s->pub += prom(m, se);
+    snprintf(se, sizeof se, "kvplane_routerd_sync_received_total{type=\"%s\"}",
+             ty[k]);
+    s->recv += prom(m, se);
+  }
+  free(m);
+}
+
+/* every replica hears its FLEET_N - 1 peers (up to 5 s) */
+static bool fleet_synced(const target *t) {
+  for (int k = 0; k < 100; k++) {
+    uint32_t ok = 0;
+    for (uint32_t i = 0; i < FLEET_N; i++) {
+      rep_snap s;
+      rep_sample(t, i, &s);
+      ok += s.peers == FLEET_N - 1;
+    }
+    if (ok == FLEET_N)
+      return true;
+    usleep(50000);
+  }
+  return false;
+}
+
+static void fleet_down(target *t) {
+  for (uint32_t i = 0; i < FLEET_N; i++)
+    reap(t->rpid[i]), t->rpid[i] = 0;
+  reap(t->nats);
+  t->nats = 0;
+}
+
+static bool fleet_up(bench *B, target *t) {
+  t->nats_port = free_port();
+  if ((t->nats = start_nats(B, t->nats_port)) <= 0)
+    return t->nats = 0, false;
+  for (uint32_t i = 0; i < FLEET_N; i++) {
+    t->rport[i] = free_port();
+    t->rpid[i] = routerd_proc(B, t->rport[i], i + 1, t->nats_port);
+    if (t->rpid[i] <= 0)
+      return t->rpid[i] = 0, false;
+  }
+  for (uint32_t i = 0; i < FLEET_N; i++) {
+    target r = {.kind = T_ROUTERD, .pid = t->rpid[i], .port = t->rport[i]};
+    if (!ready(B, &r))
+      return false;
+  }
+  t->port = t->rport[0];
+  snprintf(t->note, sizeof t->note, "%d replicas (policy %s, 1 thread each) "
+           "+ nats-server on loopback, round robin over the replicas; "
+           "restarted before each cell", FLEET_N, B->o.routerd_policy);
+  return fleet_synced(t);
+}
+
 static void start_target(bench *B, target *t) {
   if (t->kind == T_DIRECT) {
     t->up = true;
     snprintf(t->note, sizeof t->note, "%u stub workers, round robin",
              B->stub.n);
+    return;
+  }
+  if (t->kind == T_FLEET) {
+    if (!(t->up = fleet_up(B, t))) {
+      snprintf(t->note, sizeof t->note, "failed to start (see %s/)", B->o.out);
+      fleet_down(t);
+    }
     return;
   }
   t->port = free_port();
@@ -399,8 +545,41 @@ static void start_target(bench *B, target *t) {
 }
 
 /* ---- one cell ----------------------------------------------------------------- */
+static double mono_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* kvplane-routerd-x3 over the cell: each replica's deltas (f0: before),
+ * the fleet's CPU in the row's columns, nats-server's beside them */
+static void fleet_row(const target *t, row *w, const rep_snap *f0,
+                      double nats0, double span, double n) {
+  double sum = 0;
+  for (uint32_t i = 0; i < FLEET_N; i++) {
+    rep_snap f1;
+    rep_sample(t, i, &f1);
+    rep_row *r = &w->rep[i];
+    double dc = f1.cpu_s - f0[i].cpu_s;
+    r->requests = f1.requests - f0[i].requests;
+    r->cpu_us = r->requests > 0 ? dc * 1e6 / r->requests : NAN;
+    r->cpu_pct = dc / span * 100;
+    r->pub_s = (f1.pub - f0[i].pub) / span;
+    r->recv_s = (f1.recv - f0[i].recv) / span;
+    r->lag_p50_ms = f1.p50 * 1e3;
+    r->lag_p99_ms = f1.p99 * 1e3;
+    sum += dc;
+  }
+  double dn = tree_cpu_s(t->nats) - nats0;
+  w->cpu_us = sum * 1e6 / n;
+  w->cpu_pct = sum / span * 100;
+  w->nats_us = dn * 1e6 / n;
+  w->nats_pct = dn / span * 100;
+}
+
 static void run_cell(bench *B, target *t, int p, double rate, row *w) {
   const opts *o = &B->o;
+  bool fleet = t->kind == T_FLEET;
   br_load_opts lo = {.path = "/v1/completions",
                      .bodies = (const char *const *)B->body[p],
                      .body_len = B->body_len[p], .n_bodies = N_BODIES,
@@ -408,17 +587,27 @@ static void run_cell(bench *B, target *t, int p, double rate, row *w) {
                      .warmup_s = o->warmup, .duration_s = o->duration,
                      .timeout_s = o->timeout, .grace_s = o->grace,
                      .max_conns = rate > 0 ? o->conns : o->concurrency,
-                     .want_header = t->kind == T_ROUTERD ? "x-kvplane-worker"
-                                                         : NULL};
-  lo.n_ports = t->kind == T_DIRECT ? B->stub.n : 1;
+                     .want_header = t->kind == T_ROUTERD || fleet
+                                        ? "x-kvplane-worker" : NULL};
+  lo.n_ports = t->kind == T_DIRECT ? B->stub.n : fleet ? FLEET_N : 1;
   for (uint32_t i = 0; i < lo.n_ports; i++)
-    lo.port[i] = t->kind == T_DIRECT ? B->stub.port[i] : t->port;
+    lo.port[i] = t->kind == T_DIRECT ? B->stub.port[i]
+                 : fleet             ? t->rport[i] : t->port;
+  rep_snap f0[FLEET_N];
+  for (uint32_t i = 0; fleet && i < FLEET_N; i++)
+    rep_sample(t, i, &f0[i]);
   double c0 = t->pid ? tree_cpu_s(t->pid) : 0, s0 = tree_cpu_s(B->stub.pid),
-         m0 = self_cpu_s();
-  *w = (row){.t = t->kind, .p = p, .rate = rate};
+         m0 = self_cpu_s(), n0 = fleet ? tree_cpu_s(t->nats) : 0;
+  *w = (row){.t = t->kind, .p = p, .rate = rate, .nats_us = NAN,
+             .nats_pct = NAN};
+  double w0 = mono_s();
   br_load_run(&lo, &w->r);
-  double n = w->r.done_all ? (double)w->r.done_all : NAN;
-  w->cpu_us = t->pid ? (tree_cpu_s(t->pid) - c0) * 1e6 / n : NAN;
+  double n = w->r.done_all ? (double)w->r.done_all : NAN, span = mono_s() - w0;
+  double dc = t->pid ? tree_cpu_s(t->pid) - c0 : NAN;
+  w->cpu_us = dc * 1e6 / n;
+  w->cpu_pct = dc / span * 100;
+  if (fleet)
+    fleet_row(t, w, f0, n0, span, n);
   w->stub_us = (tree_cpu_s(B->stub.pid) - s0) * 1e6 / n;
   w->client_us = (self_cpu_s() - m0) * 1e6 / n;
   fprintf(stderr, "  %-16s %-5s %6.0f/s: p50 %.3f ms p99 %.3f ms, %llu ok, "
@@ -465,14 +654,14 @@ static void print_row(const bench *B, const row *w) {
   snprintf(cpu, sizeof cpu, isnan(w->cpu_us) ? "-" : "%.1f", w->cpu_us);
   snprintf(cr, sizeof cr, vsn && ng->cpu_us > 0 ? "%.2fx" : "-",
            vsn ? w->cpu_us / ng->cpu_us : 0);
-  printf("%-16s %-6s %6s %9.0f %9s %9s %9s %9s %10s %9s %7s %7llu %6llu\n",
+  printf("%-18s %-6s %6s %9.0f %9s %9s %9s %9s %10s %9s %7s %7llu %6llu\n",
          k_tname[w->t], k_pname[w->p], rl, w->r.achieved, p50, p99, a50, a99,
          vn, cpu, cr, (unsigned long long)w->r.errors,
          (unsigned long long)w->r.unfinished);
 }
 
 static void print_table(const bench *B) {
-  printf("\n%-16s %-6s %6s %9s %9s %9s %9s %9s %10s %9s %7s %7s %6s\n",
+  printf("\n%-18s %-6s %6s %9s %9s %9s %9s %9s %10s %9s %7s %7s %6s\n",
          "target", "prompt", "rate", "achieved", "p50 ms", "p99 ms",
          "added p50", "added p99", "p99-nginx", "CPU us/rq", "CPU/ngx",
          "errors", "unfin");
@@ -485,11 +674,45 @@ static void print_table(const bench *B) {
       }
   for (int t = 0; t < T_N; t++)
     if (B->o.want[t] && !B->tg[t].up)
-      printf("%-16s %s\n", k_tname[t], B->tg[t].note);
+      printf("%-18s %s\n", k_tname[t], B->tg[t].note);
   for (size_t i = 0; i < B->n_rows; i++) /* what the errors were */
     if (B->rows[i].r.first_error[0])
       printf("  %s %s: %.100s\n", k_tname[B->rows[i].t],
              k_pname[B->rows[i].p], B->rows[i].r.first_error);
+}
+
+/* kvplane-routerd-x3 per replica, one router's row of the cell beside it */
+static void print_fleet_cell(const bench *B, const row *w) {
+  const row *one = find_row(B, T_ROUTERD, w->p, w->rate);
+  char rl[16];
+  rate_label(w->rate, rl, sizeof rl);
+  if (one)
+    printf("%-6s %6s %-8s %9.0f %9.1f %6.1f %9s %9s %9s %9s\n", k_pname[w->p],
+           rl, "one", (double)one->r.done_all, one->cpu_us, one->cpu_pct, "-",
+           "-", "-", "-");
+  for (uint32_t i = 0; i < FLEET_N; i++) {
+    const rep_row *r = &w->rep[i];
+    char id[16];
+    snprintf(id, sizeof id, "x3 #%u", i + 1);
+    printf("%-6s %6s %-8s %9.0f %9.1f %6.1f %9.0f %9.0f %9.3f %9.3f\n",
+           k_pname[w->p], rl, id, r->requests, r->cpu_us, r->cpu_pct,
+           r->pub_s, r->recv_s, r->lag_p50_ms, r->lag_p99_ms);
+  }
+  printf("%-6s %6s %-8s %9s %9.1f %6.1f  (nats-server; CPU per fleet "
+         "request)\n", k_pname[w->p], rl, "nats", "-", w->nats_us, w->nats_pct);
+}
+
+static void print_fleet(const bench *B) {
+  if (!B->tg[T_FLEET].up)
+    return; /* print_table said why */
+  printf("\nkvplane-routerd-x3 per replica (\"one\": kvplane-routerd alone, "
+         "same cell); sync msgs/s all types; lag = publish to apply, since "
+         "the replica started\n%-6s %6s %-8s %9s %9s %6s %9s %9s %9s %9s\n",
+         "prompt", "rate", "replica", "requests", "CPU us/rq", "CPU %",
+         "pub/s", "recv/s", "lag p50ms", "lag p99ms");
+  for (size_t i = 0; i < B->n_rows; i++)
+    if (B->rows[i].t == T_FLEET)
+      print_fleet_cell(B, &B->rows[i]);
 }
 
 static void print_notes(const bench *B) {
@@ -507,10 +730,11 @@ static void print_notes(const bench *B) {
          B->o.tokens, B->body_len[P_32K][0] / 1024, N_BODIES);
   for (int t = 0; t < T_N; t++)
     if (B->o.want[t] && B->tg[t].up)
-      printf("  %-16s %s\n", k_tname[t], B->tg[t].note);
+      printf("  %-18s %s\n", k_tname[t], B->tg[t].note);
   printf("  added = percentile minus direct's in the same cell; CPU us/rq = "
          "utime+stime of the router's process tree / requests completed "
-         "(warm-up included)\n");
+         "(warm-up included; kvplane-routerd-x3: its 3 replicas' sum, "
+         "nats-server apart)\n");
 }
 
 static void verdict(const char *what, int ok) {
@@ -579,18 +803,68 @@ static void write_csv(const bench *B) {
   printf("\nCSV: %s (logs and configs beside it)\n", path);
 }
 
+static void write_fleet_csv(const bench *B) {
+  char path[600];
+  snprintf(path, sizeof path, "%s/bench_routerd_fleet.csv", B->o.out);
+  FILE *f = B->tg[T_FLEET].up ? fopen(path, "w") : NULL;
+  if (f == NULL)
+    return;
+  fprintf(f, "prompt,rate,replica,requests,cpu_us_per_req,cpu_pct,"
+          "sync_published_per_s,sync_received_per_s,lag_p50_ms,lag_p99_ms\n");
+  for (size_t k = 0; k < B->n_rows; k++) {
+    const row *w = &B->rows[k];
+    char rl[16];
+    rate_label(w->rate, rl, sizeof rl);
+    for (uint32_t i = 0; w->t == T_FLEET && i < FLEET_N; i++) {
+      const rep_row *r = &w->rep[i];
+      fprintf(f, "%s,%s,%u,%.0f,%.2f,%.2f,%.1f,%.1f,%.4f,%.4f\n",
+              k_pname[w->p], rl, i + 1, r->requests, r->cpu_us, r->cpu_pct,
+              r->pub_s, r->recv_s, r->lag_p50_ms, r->lag_p99_ms);
+    }
+    if (w->t == T_FLEET)
+      fprintf(f, "%s,%s,nats-server,,%.2f,%.2f,,,,\n", k_pname[w->p], rl,
+              w->nats_us, w->nats_pct);
+  }
+  fclose(f);
+  printf("CSV: %s\n", path);
+}
+
+/* kvplane-routerd-x3: every replica took requests and heard its peers */
+static int check_fleet(const row *w) {
+  int bad = 0;
+  for (uint32_t i = 0; i < FLEET_N; i++) {
+    const rep_row *r = &w->rep[i];
+    if (!(r->requests > 0) || !(r->recv_s > 0) || !(r->pub_s > 0) ||
+        isnan(r->lag_p99_ms)) {
+      printf("check: %s %s replica %u: %.0f requests, %.1f sync msgs/s out, "
+             "%.1f in, lag p99 %.3f ms\n", k_tname[w->t], k_pname[w->p],
+             i + 1, r->requests, r->pub_s, r->recv_s, r->lag_p99_ms);
+      bad++;
+    }
+  }
+  return bad;
+}
+
+/* the targets --check holds to: direct, kvplane-routerd, and
+ * kvplane-routerd-x3 where nats-server is installed */
+static bool checked(const bench *B, int t) {
+  return t == T_DIRECT || t == T_ROUTERD || (t == T_FLEET && installed(B, t));
+}
+
 /* --check: the smoke test's assertions */
 static int check(const bench *B) {
   int bad = 0;
   for (int t = 0; t < T_N; t++)
-    if (B->o.want[t] && (t == T_DIRECT || t == T_ROUTERD) && !B->tg[t].up) {
+    if (B->o.want[t] && checked(B, t) && !B->tg[t].up) {
       printf("check: %s did not start\n", k_tname[t]);
       bad++;
     }
   for (size_t i = 0; i < B->n_rows; i++) {
     const row *w = &B->rows[i];
-    if (w->t != T_DIRECT && w->t != T_ROUTERD)
+    if (!checked(B, w->t))
       continue;
+    if (w->t == T_FLEET)
+      bad += check_fleet(w);
     if (w->r.errors || w->r.unfinished || w->r.ok == 0) {
       printf("check: %s %s: %llu ok, %llu errors, %llu unfinished (%s)\n",
              k_tname[w->t], k_pname[w->p], (unsigned long long)w->r.ok,
@@ -598,7 +872,7 @@ static int check(const bench *B) {
              (unsigned long long)w->r.unfinished, w->r.first_error);
       bad++;
     }
-    if (w->t == T_ROUTERD && w->r.with_header != w->r.ok) {
+    if (w->t != T_DIRECT && w->r.with_header != w->r.ok) {
       printf("check: %s %s: %llu of %llu replies carried x-kvplane-worker\n",
              k_tname[w->t], k_pname[w->p],
              (unsigned long long)w->r.with_header, (unsigned long long)w->r.ok);
@@ -616,14 +890,17 @@ static void usage(FILE *f) {
       "         [--rates R,...] [--only T,...] [--prompts small,32k]\n"
       "         [--tokens N] [--workers N] [--concurrency C] [--conns N]\n"
       "         [--out DIR] [--routerd PATH] [--venv DIR] [--nginx PATH]\n"
-      "         [--policy P] [--peer-policy P] [--check]\n"
+      "         [--policy P] [--peer-policy P] [--nats-server PATH] [--check]\n"
       "The latency kvplane-routerd adds in front of an OpenAI worker, beside\n"
       "nginx, vllm-router and sglang-router (docs/performance.md).\n"
       "  rates: requests/s, open loop (2k = 2000); 'max' = closed loop with\n"
       "         --concurrency outstanding (default 2000,10000,max)\n"
-      "  targets: direct, kvplane-routerd, nginx, vllm-router, sglang-router\n"
-      "  --check: exit 1 unless direct and kvplane-routerd had no errors and\n"
-      "         every kvplane-routerd reply carried x-kvplane-worker\n");
+      "  targets: direct, kvplane-routerd, kvplane-routerd-x3 (3 replicas\n"
+      "         synced through a nats-server started here; skipped without\n"
+      "         one), nginx, vllm-router, sglang-router\n"
+      "  --check: exit 1 unless direct and kvplane-routerd (and -x3, with\n"
+      "         nats-server) had no errors, every router reply carried\n"
+      "         x-kvplane-worker and every replica heard its peers\n");
 }
 
 static int parse_rates(opts *o, const char *s) {
@@ -671,12 +948,22 @@ static const char *find_nginx(void) {
   return NULL;
 }
 
+static const char *find_nats_server(void) {
+  static const char *const cand[] = {"/usr/sbin/nats-server", "/usr/bin/nats-server",
+                                     "/usr/local/bin/nats-server"};
+  for (size_t i = 0; i < sizeof cand / sizeof *cand; i++)
+    if (access(cand[i], X_OK) == 0)
+      return cand[i];
+  return NULL;
+}
+
 static void defaults(opts *o) {
   *o = (opts){.duration = 5, .warmup = 1, .timeout = 10, .grace = 3,
               .workers = 2, .concurrency = 64, .conns = 512, .tokens = 32768,
               .out = "bench-routerd", .routerd = KVP_ROUTERD_BIN,
               .venv = KVP_SOURCE_DIR "/.venv-peers", .nginx = find_nginx(),
-              .peer_policy = "cache_aware", .routerd_policy = "kvplane_cost"};
+              .peer_policy = "cache_aware", .routerd_policy = "kvplane_cost",
+              .nats_server = find_nats_server()};
   parse_rates(o, "2000,10000,max");
   for (int i = 0; i < T_N; i++)
     o->want[i] = true;
@@ -716,6 +1003,7 @@ static int take_opt(opts *o, int c, const char *v, bool *set_dur) {
   case 'p': o->routerd_policy = v; return 0;
   case 'y': o->peer_policy = v; return 0;
   case 'k': o->check = true; return 0;
+  case 'S': o->nats_server = v; return 0;
   default: return -1;
   }
 }
@@ -728,6 +1016,7 @@ static int parse_args(opts *o, int argc, char **argv) {
       {"conns", 1, 0, 'N'},    {"out", 1, 0, 'o'},      {"routerd", 1, 0, 'R'},
       {"venv", 1, 0, 'V'},     {"nginx", 1, 0, 'X'},    {"policy", 1, 0, 'p'},
       {"peer-policy", 1, 0, 'y'}, {"check", 0, 0, 'k'}, {"help", 0, 0, 'h'},
+      {"nats-server", 1, 0, 'S'},
       {0, 0, 0, 0}};
   bool set_dur = false, set_warm = false;
   int c;
@@ -772,7 +1061,9 @@ static void start_all(bench *B) {
     if (!B->o.want[t])
       continue;
     if (!installed(B, t)) {
-      snprintf(g->note, sizeof g->note, "not installed");
+      snprintf(g->note, sizeof g->note, t == T_FLEET
+               ? "skipped: no nats-server (Debian: nats-server; --nats-server "
+                 "PATH)" : "not installed");
       continue;
     }
     fprintf(stderr, "bench_routerd: starting %s\n", k_tname[t]);
@@ -780,20 +1071,37 @@ static void start_all(bench *B) {
   }
 }
 
+/* kvplane-routerd-x3 starts afresh before each cell but the first: its sync
+ * lag percentiles (since the replica started) are then the cell's */
+static bool fleet_fresh(bench *B, target *t, bool *first) {
+  if (t->kind != T_FLEET)
+    return true;
+  if (*first)
+    return *first = false, true;
+  fleet_down(t);
+  if ((t->up = fleet_up(B, t)))
+    return true;
+  fleet_down(t);
+  snprintf(t->note, sizeof t->note, "failed to restart (see %s/)", B->o.out);
+  return false;
+}
+
 static void run_all(bench *B) {
   const opts *o = &B->o;
   size_t cap = (size_t)P_N * o->n_rates * T_N;
+  bool first = true;
   B->rows = calloc(cap, sizeof *B->rows);
   for (int p = 0; p < P_N && B->rows; p++)
     for (uint32_t k = 0; o->prompt[p] && k < o->n_rates; k++)
       for (int t = 0; t < T_N; t++)
-        if (B->tg[t].up)
+        if (B->tg[t].up && fleet_fresh(B, &B->tg[t], &first))
           run_cell(B, &B->tg[t], p, o->rates[k], &B->rows[B->n_rows++]);
 }
 
 static void teardown(bench *B) {
   for (int t = 0; t < T_N; t++)
     reap(B->tg[t].pid);
+  fleet_down(&B->tg[T_FLEET]);
   br_stub_stop(&B->stub);
   for (int p = 0; p < P_N; p++)
     for (int v = 0; v < N_BODIES; v++)
@@ -818,8 +1126,10 @@ int main(int argc, char **argv) {
   loadavg(B.load1, sizeof B.load1);
   print_notes(&B);
   print_table(&B);
+  print_fleet(&B);
   print_targets(&B);
   write_csv(&B);
+  write_fleet_csv(&B);
   rc = B.o.check ? check(&B) : 0;
   teardown(&B);
   return rc;

@@ -62,4 +62,9 @@ typedef struct br_load_result {
 /* Runs one load; 0, or -1 when nothing could be set up. */
 int br_load_run(const br_load_opts *o, br_load_result *r);
 
+/* GET path from 127.0.0.1:port (HTTP/1.0, blocking, 2 s receive timeout):
+ * the body of a 200 reply, malloc'd and NUL-terminated (the caller frees),
+ * or NULL. */
+char *br_http_get(uint16_t port, const char *path);
+
 #endif

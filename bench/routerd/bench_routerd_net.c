@@ -495,3 +495,42 @@ int br_load_run(const br_load_opts *o, br_load_result *r) {
   lg_fini(&L);
   return rc;
 }
+
+/* ---- a plain GET (the routers' /metrics) ---------------------------------- */
+char *br_http_get(uint16_t port, const char *path) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port),
+                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  struct timeval tv = {2, 0};
+  char req[256];
+  int n = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n",
+                   path);
+  size_t cap = 1 << 16, len = 0;
+  char *buf = malloc(cap);
+  if (fd < 0 || buf == NULL ||
+      setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) < 0 ||
+      connect(fd, (struct sockaddr *)&a, sizeof a) < 0 ||
+      send(fd, req, (size_t)n, MSG_NOSIGNAL) != n)
+    goto fail;
+  for (ssize_t r; (r = recv(fd, buf + len, cap - len - 1, 0)) != 0;) {
+    if (r < 0)
+      goto fail;
+    len += (size_t)r;
+    char *nb = len + 1 == cap ? realloc(buf, cap *= 2) : buf;
+    if (nb == NULL)
+      goto fail;
+    buf = nb;
+  }
+  close(fd);
+  buf[len] = '\0';
+  char *body = strstr(buf, "\r\n\r\n");
+  if (strncmp(buf, "HTTP/1.", 7) != 0 || atoi(buf + 9) != 200 || body == NULL)
+    return free(buf), NULL;
+  memmove(buf, body + 4, strlen(body + 4) + 1);
+  return buf;
+fail:
+  if (fd >= 0)
+    close(fd);
+  free(buf);
+  return NULL;
+}

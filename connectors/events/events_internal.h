@@ -122,5 +122,11 @@ size_t kvp__ev_source_count(const kvp_events *ev);
 /* the allocator ev was created with (NULL: libc) */
 const kvp_allocator *kvp__ev_allocator(const kvp_events *ev);
 bool kvp__ev_source_external(const kvp_events *ev, uint32_t source);
+/* External source `source` starts over, as if it had never been fed (its
+ * JetStream stream was made again): its residency dropped now (counted as
+ * a residency drop), its sequence state forgotten -- the next batch fed
+ * applies whatever its number.  On the feeding thread; 0, KVP_ERANGE (not
+ * an external source) or KVP_ESTATE (ev's I/O thread runs). */
+int kvp__ev_source_restart(kvp_events *ev, uint32_t source);
 
 #endif /* KVP_EVENTS_INTERNAL_H */

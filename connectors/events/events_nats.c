@@ -2,7 +2,8 @@
 /* KV events read back from NATS JetStream: one ordered push consumer per
  * worker subject, messages queued by libnats' threads, fed into
  * kvp_events_feed on the caller's thread; a keeper thread (re)subscribes
- * while the stream is missing or a subscription died. */
+ * while the stream is missing or a subscription died, and starts every
+ * source over when the stream was made again (numbered from 1). */
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -22,10 +23,12 @@
 #define POLL_BUDGET 1024   /* messages fed per take from the queue */
 #define RETRY_MS 250       /* reconnect and resubscribe period */
 #define HEARTBEAT_NS 1000000000ll /* ordered consumer: a lost one resets */
+#define CHECK_NS 1000000000ull    /* the stream's identity, checked this often */
+#define DONE_WAIT_MS 2000         /* for libnats to finish a subscription */
 
 #define JS_STATS(X)                                                           \
   X(messages) X(fed) X(bad_messages) X(disconnects) X(reconnects)             \
-  X(subscribes) X(subscribe_errors)
+  X(subscribes) X(subscribe_errors) X(stream_resets)
 
 typedef struct js_src {
   kvp_events_js *js;
@@ -35,11 +38,17 @@ typedef struct js_src {
   size_t made, done; /* subscriptions made, and those libnats is done with
                         (under js->mu) */
   _Atomic uint64_t last_stream_seq; /* of the last message fed */
+  /* the stream's incarnation this source reads: bumped by the keeper when
+   * the stream was made again (release; on_msg and poll acquire), followed
+   * by poll, which then starts the source over (fed_epoch, its store pairs
+   * with the keeper's acquire in read_from) */
+  _Atomic uint32_t epoch, fed_epoch;
 } js_src;
 
 typedef struct qent {
   natsMsg *m;
   uint32_t src;
+  uint32_t epoch; /* the source's when it arrived */
 } qent;
 
 struct kvp_events_js {
@@ -58,6 +67,8 @@ struct kvp_events_js {
   bool stopping, keeper_started;
   bool closed; /* libnats' closed callback ran: none of its callbacks follow */
   pthread_t keeper;
+  int64_t created;     /* the stream's creation time (keeper's) */
+  uint64_t checked_ns; /* when the keeper last looked at it */
 #define JS_FIELD_(n) _Atomic uint64_t n;
   JS_STATS(JS_FIELD_)
 #undef JS_FIELD_
@@ -110,7 +121,8 @@ static void on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *m,
     natsMsg_Destroy(m);
     return;
   }
-  js->q[(js->q_head + js->q_len++) % QUEUE_CAP] = (qent){m, s->idx};
+  uint32_t ep = atomic_load_explicit(&s->epoch, memory_order_acquire);
+  js->q[(js->q_head + js->q_len++) % QUEUE_CAP] = (qent){m, s->idx, ep};
   pthread_cond_signal(&js->cv_data);
   pthread_mutex_unlock(&js->mu);
 }
@@ -161,9 +173,37 @@ static void on_reconnected(natsConnection *nc, void *closure) {
 
 /* ---- the keeper: subscriptions ---------------------------------------------------- */
 
+/* Under js->mu. */
+static bool all_done(const kvp_events_js *js) {
+  for (size_t i = 0; i < js->n; i++)
+    if (js->src[i].done < js->src[i].made)
+      return false;
+  return true;
+}
+
+/* Until libnats is done with every subscription unsubscribed (their
+ * on_complete ran: no more on_msg for them), or ms passed. */
+static void wait_all_done(kvp_events_js *js, int ms) {
+  pthread_mutex_lock(&js->mu);
+  struct timespec dl = deadline_in(ms);
+  while (!all_done(js) &&
+         pthread_cond_timedwait(&js->cv_done, &js->mu, &dl) != ETIMEDOUT)
+    ;
+  pthread_mutex_unlock(&js->mu);
+}
+
 static int connected(const kvp_events_js *js) {
   return js != NULL && js->nc != NULL &&
          natsConnection_Status(js->nc) == NATS_CONN_STATUS_CONNECTED;
+}
+
+/* The stream sequence of the last message fed from the stream's present
+ * incarnation; 0 until poll started the source over on it. */
+static uint64_t read_from(js_src *s) {
+  uint32_t fed = atomic_load_explicit(&s->fed_epoch, memory_order_acquire);
+  return fed == atomic_load_explicit(&s->epoch, memory_order_relaxed)
+             ? get(&s->last_stream_seq)
+             : 0;
 }
 
 /* From the stream's first message, or after the last one fed. */
@@ -173,7 +213,7 @@ static void subscribe(kvp_events_js *js, js_src *s) {
   so.Stream = js->stream;
   so.Ordered = true;
   so.Config.Heartbeat = HEARTBEAT_NS;
-  uint64_t last = get(&s->last_stream_seq);
+  uint64_t last = read_from(s);
   so.Config.DeliverPolicy = last ? js_DeliverByStartSequence : js_DeliverAll;
   so.Config.OptStartSeq = last ? last + 1 : 0;
   jsErrCode jerr = 0;
@@ -212,11 +252,61 @@ static void check_sub(kvp_events_js *js, js_src *s) {
     subscribe(js, s);
 }
 
+/* The stream was deleted and made again -- a memory stream gone with its
+ * server, a wiped file store -- and numbers from 1 again: what was read no
+ * longer says where to resume.  Seen as another creation time, or as a
+ * last sequence below one already fed (read before the stream's, so a
+ * message arriving meanwhile cannot look like one from the future). */
+static bool stream_recreated(kvp_events_js *js) {
+  uint64_t now = kvp_now_ns();
+  if (now - js->checked_ns < CHECK_NS || !connected(js))
+    return false;
+  js->checked_ns = now;
+  uint64_t fed = 0;
+  for (size_t i = 0; i < js->n; i++) {
+    uint64_t f = read_from(&js->src[i]);
+    fed = f > fed ? f : fed;
+  }
+  jsStreamInfo *si = NULL;
+  if (js_GetStreamInfo(&si, js->jc, js->stream, NULL, NULL) != NATS_OK)
+    return false; /* missing (being made again), or NATS just went */
+  bool again = (js->created != 0 && si->Created != js->created) ||
+               fed > si->State.LastSeq;
+  js->created = si->Created;
+  jsStreamInfo_Destroy(si);
+  return again;
+}
+
+/* Every source's subscription ended (waiting up to DONE_WAIT_MS for
+ * libnats to deliver no more), then a new epoch: poll starts each source
+ * over and drops what the old subscriptions had queued; check_sub
+ * subscribes from the stream's first message. */
+static void start_over(kvp_events_js *js) {
+  add(&js->stream_resets, 1);
+  kvp_log(KVP_LOG_WARN, JS_MOD, "stream %s was made again (its sequence "
+          "numbers start over): reading it from its start", js->stream);
+  for (size_t i = 0; i < js->n; i++)
+    if (js->src[i].sub != NULL)
+      (void)natsSubscription_Unsubscribe(js->src[i].sub);
+  wait_all_done(js, DONE_WAIT_MS);
+  for (size_t i = 0; i < js->n; i++) {
+    js_src *s = &js->src[i];
+    if (s->sub != NULL) {
+      natsSubscription_Destroy(s->sub);
+      s->sub = NULL;
+      atomic_fetch_sub_explicit(&js->subscribed, 1, memory_order_relaxed);
+    }
+    atomic_fetch_add_explicit(&s->epoch, 1, memory_order_release);
+  }
+}
+
 static void *keeper(void *arg) {
   kvp_events_js *js = arg;
   pthread_mutex_lock(&js->mu);
   while (!js->stopping) {
     pthread_mutex_unlock(&js->mu);
+    if (stream_recreated(js))
+      start_over(js);
     for (size_t i = 0; i < js->n; i++)
       check_sub(js, &js->src[i]);
     pthread_mutex_lock(&js->mu);
@@ -246,6 +336,8 @@ static bool parse_seq(const char *v, uint64_t *out) {
 
 static int feed_one(kvp_events_js *js, const qent *e) {
   js_src *s = &js->src[e->src];
+  if (e->epoch != atomic_load_explicit(&s->fed_epoch, memory_order_relaxed))
+    return 0; /* from the stream before it was made again */
   jsMsgMetaData *meta = NULL;
   if (natsMsg_GetMetaData(&meta, e->m) == NATS_OK) {
     atomic_store_explicit(&s->last_stream_seq, meta->Sequence.Stream,
@@ -289,12 +381,32 @@ static size_t take(kvp_events_js *js, qent *out, int timeout_ms) {
   return n;
 }
 
+/* The keeper saw the stream made again: each source's index residency and
+ * sequence state go, as for a reader that starts now.  After take(): every
+ * message taken carries an epoch at most the one followed here (on_msg read
+ * it before queueing under the mutex take() held since). */
+static int follow_epochs(kvp_events_js *js) {
+  for (size_t i = 0; i < js->n; i++) {
+    js_src *s = &js->src[i];
+    uint32_t ep = atomic_load_explicit(&s->epoch, memory_order_acquire);
+    if (ep == atomic_load_explicit(&s->fed_epoch, memory_order_relaxed))
+      continue;
+    int rc = kvp__ev_source_restart(js->ev, s->idx);
+    if (rc < 0)
+      return rc; /* KVP_ESTATE: the caller's mistake, as in feed */
+    atomic_store_explicit(&s->last_stream_seq, 0, memory_order_relaxed);
+    /* pairs with read_from's acquire: the keeper resumes from here */
+    atomic_store_explicit(&s->fed_epoch, ep, memory_order_release);
+  }
+  return 0;
+}
+
 int kvp_events_js_poll(kvp_events_js *js, int timeout_ms) {
   if (js == NULL)
     return KVP_EINVAL;
   qent got[POLL_BUDGET];
   size_t n = take(js, got, timeout_ms);
-  int fed = 0, err = 0;
+  int fed = 0, err = follow_epochs(js);
   for (size_t i = 0; i < n; i++) {
     int rc = err ? 0 : feed_one(js, &got[i]);
     if (rc < 0)
@@ -378,6 +490,8 @@ static int make_sources(kvp_events_js *js, const char *prefix,
     s->js = js;
     s->idx = (uint32_t)i;
     atomic_init(&s->last_stream_seq, 0);
+    atomic_init(&s->epoch, 0);
+    atomic_init(&s->fed_epoch, 0);
     size_t len = strlen(prefix) + strlen(names[i]) + 2;
     if ((s->subject = kvp__ev_alloc(js->a, len)) == NULL)
       return KVP_ENOMEM;
@@ -465,23 +579,11 @@ fail:
 }
 
 /* Unsubscribes and waits (up to 2 s) until libnats delivers no more. */
-static bool all_done(const kvp_events_js *js) {
-  for (size_t i = 0; i < js->n; i++)
-    if (js->src[i].done < js->src[i].made)
-      return false;
-  return true;
-}
-
 static void unsubscribe_all(kvp_events_js *js) {
   for (size_t i = 0; i < js->n; i++)
     if (js->src[i].sub != NULL)
       (void)natsSubscription_Unsubscribe(js->src[i].sub);
-  pthread_mutex_lock(&js->mu);
-  struct timespec dl = deadline_in(2000);
-  while (!all_done(js) &&
-         pthread_cond_timedwait(&js->cv_done, &js->mu, &dl) != ETIMEDOUT)
-    ;
-  pthread_mutex_unlock(&js->mu);
+  wait_all_done(js, DONE_WAIT_MS);
   for (size_t i = 0; i < js->n; i++)
     natsSubscription_Destroy(js->src[i].sub);
 }

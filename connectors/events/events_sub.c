@@ -400,6 +400,19 @@ bool kvp__ev_source_external(const kvp_events *ev, uint32_t source_id) {
   return source_id < ev->n_src && ev->src[source_id].d.endpoint == NULL;
 }
 
+int kvp__ev_source_restart(kvp_events *ev, uint32_t source_id) {
+  if (!kvp__ev_source_external(ev, source_id))
+    return KVP_ERANGE;
+  if (ev->mode == 1)
+    return KVP_ESTATE;
+  source *s = &ev->src[source_id];
+  kvp__ev_apply_drop(&s->ap);
+  ring_clear(s);
+  s->next = 0;
+  s->have_last = false;
+  return 0;
+}
+
 int kvp_events_feed(kvp_events *ev, uint32_t source_id, uint64_t seq,
                     const void *payload, size_t len) {
   if (ev == NULL || (payload == NULL && len > 0))

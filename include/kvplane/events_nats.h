@@ -80,7 +80,9 @@ typedef struct kvp_events_js_stats {
   uint64_t queued;        /* gauge: messages received, not yet fed */
   uint64_t connected;     /* gauge: 1 while NATS is reachable */
   uint64_t subscribed;    /* gauge: sources with a live subscription */
-  uint64_t reserved[6];
+  uint64_t stream_resets; /* the stream was made again (numbered from 1):
+                             every source read over from its start */
+  uint64_t reserved[5];
 } kvp_events_js_stats;
 
 /* Thread-safe.  Returns 0 or KVP_EINVAL. */
