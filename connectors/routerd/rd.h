@@ -211,6 +211,9 @@ int rd_apply_workers(rd_server *s, const rd_cfg *c);
 /* ---- replicas (rd_sync.c) ------------------------------------------------ */
 typedef struct rd_sync rd_sync;
 int rd_sync_start(rd_server *s, char *err, size_t cap);
+/* libevent's locks (evthread) for libnats' threads; before the loop's base
+ * is made, only when replicas sync (a single router stays lock-free) */
+int rd_sync_thread_safe(void);
 void rd_sync_stop(rd_server *s);
 /* this replica routed d to w (keys: approximate residency it creates, may
  * be NULL/0) / its request's prefill is over */

@@ -155,7 +155,8 @@ static struct event_base *new_base(void) {
 static int start(rd_server *s) {
   struct event *ev[4];
   int sigs[3] = {SIGTERM, SIGINT, SIGHUP};
-  if ((s->base = new_base()) == NULL || make_core(s) < 0 ||
+  if ((*s->cfg.nats_url && rd_sync_thread_safe() < 0) ||
+      (s->base = new_base()) == NULL || make_core(s) < 0 ||
       open_receipts(s) < 0 ||
       (s->http = rd_listen(s, s->cfg.listen, rd_on_http, &s->http_sock)) == NULL)
     return -1;

@@ -7,27 +7,28 @@
  * events themselves reach every replica directly (ZeroMQ) or from
  * JetStream (`kvplane events relay`).
  *
- * libnats delivers messages on its own threads: the callback only queues
- * them (mutex) and wakes the loop through an eventfd; everything else runs
- * on the loop thread, like the rest of the daemon.  NATS down: replicas
+ * libnats runs on the daemon's loop (natsOptions_SetEventLoop): it reads
+ * and writes its socket when the loop says it can, and the subscription is
+ * synchronous, drained on the loop right after each read -- no reader,
+ * flusher or delivery thread between a peer's message and its use (each was
+ * a thread wake-up per message).  NATS down: replicas
  * route on local state (peers' contributions expire after peer_timeout),
  * counted and visible; libnats reconnects forever and snapshots resync. */
 #include "rd.h"
 #include "rd_sync_msg.h"
 
 #include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/thread.h>
 #include <nats/nats.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
 
 #define PEERS_MAX 64
-#define QUEUE_MAX 65536
 
 typedef struct peer {
   uint32_t replica;
@@ -40,15 +41,13 @@ struct rd_sync {
   rd_server *s;
   natsOptions *opts;
   natsConnection *nc;
-  natsSubscription *sub;
-  pthread_mutex_t mu; /* guards q, qn (callback thread <-> loop) */
-  natsMsg **q;
-  size_t qn;
-  int efd;
-  struct event *ev_q, *ev_snap;
+  natsSubscription *sub;    /* synchronous: drained on the loop */
+  natsConnection *el_nc;    /* the connection libnats attached */
+  struct event *ev_r, *ev_w; /* its socket on the loop */
+  struct event *ev_snap;
   atomic_int connected;
   atomic_int closed; /* libnats' last callback ran (rd_sync_stop waits) */
-  atomic_ullong disconnects, reconnects, queue_drops;
+  atomic_ullong disconnects, reconnects;
   peer peers[PEERS_MAX];
   char subj[3][160];
   uint64_t pub[4], recv[4], pub_fail, skipped_down, malformed, newer,
@@ -62,26 +61,7 @@ static uint64_t wall_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* ---- libnats threads ---------------------------------------------------------- */
-static void on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *m,
-                   void *arg) {
-  (void)nc, (void)sub;
-  rd_sync *y = arg;
-  pthread_mutex_lock(&y->mu);
-  bool wake = y->qn == 0, kept = y->qn < QUEUE_MAX;
-  if (kept)
-    y->q[y->qn++] = m;
-  pthread_mutex_unlock(&y->mu);
-  if (!kept) {
-    atomic_fetch_add_explicit(&y->queue_drops, 1, memory_order_relaxed);
-    natsMsg_Destroy(m);
-  }
-  uint64_t one = 1;
-  if (wake && write(y->efd, &one, sizeof one) < 0) {
-    /* the counter is saturated: the loop is already woken */
-  }
-}
-
+/* ---- libnats' callbacks (its threads) ------------------------------------------ */
 static void on_disconnected(natsConnection *nc, void *arg) {
   (void)nc;
   rd_sync *y = arg;
@@ -184,7 +164,11 @@ static void handle(rd_sync *y, natsMsg *nm) {
     return;
   }
   if (m.replica == y->s->cfg.ropts.replica_id) {
-    y->own++;
+    /* not echoed (NoEcho): another process runs with this replica id */
+    if (y->own++ == 0)
+      kvp_log(KVP_LOG_ERROR, "routerd", "another replica publishes with this "
+              "replica's id %u: give each replica its own replicas.id "
+              "(its messages are ignored)", m.replica);
   } else {
     peer *p = peer_get(y, m.replica);
     uint64_t now = wall_ns();
@@ -201,29 +185,70 @@ static void handle(rd_sync *y, natsMsg *nm) {
   rd_sync_msg_free(&m);
 }
 
-static void on_queue(evutil_socket_t fd, short what, void *arg) {
-  (void)what;
+static void drain(rd_sync *y) {
+  natsMsg *m;
+  while (y->sub && natsSubscription_NextMsg(&m, y->sub, 0) == NATS_OK) {
+    handle(y, m);
+    natsMsg_Destroy(m);
+  }
+}
+
+/* ---- libnats on the loop (natsOptions_SetEventLoop) ------------------------------
+ * As libnats' own libevent adapter does it, plus the drain after a read.
+ * libnats attaches again after a reconnect and asks for write polling from
+ * its own threads (pings, reconnects): the base is thread-safe (evthread,
+ * rd_sync_thread_safe before the base exists). */
+static void el_on_io(evutil_socket_t fd, short what, void *arg) {
+  (void)fd;
   rd_sync *y = arg;
-  uint64_t v;
-  if (read(fd, &v, sizeof v) < 0) {
-    /* EAGAIN: woken already */
+  if (what & EV_READ) {
+    natsConnection_ProcessReadEvent(y->el_nc);
+    drain(y);
   }
-  for (;;) {
-    natsMsg *batch[256];
-    size_t n = 0;
-    pthread_mutex_lock(&y->mu);
-    n = y->qn < 256 ? y->qn : 256;
-    memcpy(batch, y->q, n * sizeof *batch);
-    memmove(y->q, y->q + n, (y->qn - n) * sizeof *y->q);
-    y->qn -= n;
-    pthread_mutex_unlock(&y->mu);
-    if (n == 0)
-      return;
-    for (size_t i = 0; i < n; i++) {
-      handle(y, batch[i]);
-      natsMsg_Destroy(batch[i]);
-    }
-  }
+  if (what & EV_WRITE)
+    natsConnection_ProcessWriteEvent(y->el_nc);
+}
+
+static void el_free(rd_sync *y) {
+  if (y->ev_r)
+    event_free(y->ev_r);
+  if (y->ev_w)
+    event_free(y->ev_w);
+  y->ev_r = y->ev_w = NULL;
+}
+
+static natsStatus el_attach(void **ud, void *loop, natsConnection *nc,
+                            natsSock fd) {
+  rd_sync *y = loop;
+  *ud = y;
+  el_free(y); /* a reconnect: the old socket's events */
+  y->el_nc = nc;
+  y->ev_r = event_new(y->s->base, fd, EV_READ | EV_PERSIST, el_on_io, y);
+  y->ev_w = event_new(y->s->base, fd, EV_WRITE | EV_PERSIST, el_on_io, y);
+  return y->ev_r && y->ev_w && event_add(y->ev_r, NULL) == 0 ? NATS_OK
+                                                             : NATS_ERR;
+}
+
+static natsStatus el_poll(struct event *ev, bool add) {
+  int rc = ev == NULL ? -1 : add ? event_add(ev, NULL) : event_del_noblock(ev);
+  return rc == 0 ? NATS_OK : NATS_ERR;
+}
+
+static natsStatus el_read(void *ud, bool add) {
+  return el_poll(((rd_sync *)ud)->ev_r, add);
+}
+
+static natsStatus el_write(void *ud, bool add) {
+  return el_poll(((rd_sync *)ud)->ev_w, add);
+}
+
+static natsStatus el_detach(void *ud) {
+  el_free(ud);
+  return NATS_OK;
+}
+
+int rd_sync_thread_safe(void) {
+  return evthread_use_pthreads();
 }
 
 /* ---- publishing --------------------------------------------------------------- */
@@ -323,7 +348,14 @@ static int connect_nats(rd_sync *y, char *err, size_t cap) {
       (st = natsOptions_SetDisconnectedCB(y->opts, on_disconnected, y)) != NATS_OK ||
       (st = natsOptions_SetReconnectedCB(y->opts, on_reconnected, y)) != NATS_OK ||
       (st = natsOptions_SetClosedCB(y->opts, on_closed, y)) != NATS_OK ||
-      (st = natsOptions_SetSendAsap(y->opts, true)) != NATS_OK || /* lag: no batching */
+      (st = natsOptions_SetEventLoop(y->opts, y, el_attach, el_read, el_write,
+                                     el_detach)) != NATS_OK ||
+      /* a publish asks the loop to write (this pass's messages in one write);
+       * without it libnats' flusher thread waits ~1 ms to batch */
+      (st = natsOptions_SetSendAsap(y->opts, true)) != NATS_OK ||
+      /* the server does not send a replica its own messages back: a third
+       * of what a 3-replica fleet's replica would receive and drop */
+      (st = natsOptions_SetNoEcho(y->opts, true)) != NATS_OK ||
       (st = natsOptions_SetName(y->opts, "kvplane-routerd")) != NATS_OK)
     return nats_fail(err, cap, "options", st);
   st = natsConnection_Connect(&y->nc, y->opts);
@@ -335,7 +367,7 @@ static int connect_nats(rd_sync *y, char *err, size_t cap) {
             "local state until it is", y->s->cfg.nats_url);
   char wild[176];
   snprintf(wild, sizeof wild, "%s.*", y->s->cfg.subject_prefix);
-  if ((st = natsConnection_Subscribe(&y->sub, y->nc, wild, on_msg, y)) != NATS_OK ||
+  if ((st = natsConnection_SubscribeSync(&y->sub, y->nc, wild)) != NATS_OK ||
       (st = natsSubscription_SetPendingLimits(y->sub, -1, -1)) != NATS_OK)
     return nats_fail(err, cap, "subscribe", st);
   return 0;
@@ -348,8 +380,6 @@ int rd_sync_start(rd_server *s, char *err, size_t cap) {
     return snprintf(err, cap, "out of memory"), free(y), -1;
   s->sync = y;
   y->s = s;
-  y->efd = -1;
-  pthread_mutex_init(&y->mu, NULL);
   const char *sfx[3] = {"decision", "complete", "snapshot"};
   for (int i = 0; i < 3; i++)
     snprintf(y->subj[i], sizeof y->subj[i], "%s.%s", s->cfg.subject_prefix, sfx[i]);
@@ -362,11 +392,7 @@ int rd_sync_start(rd_server *s, char *err, size_t cap) {
   struct timeval tv = {(time_t)s->cfg.snapshot_interval_s,
                        (suseconds_t)((s->cfg.snapshot_interval_s -
                                       (double)(time_t)s->cfg.snapshot_interval_s) * 1e6)};
-  if ((y->q = malloc(QUEUE_MAX * sizeof *y->q)) == NULL ||
-      kvp_hist_create(NULL, &y->lag) < 0 ||
-      (y->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0 ||
-      (y->ev_q = event_new(s->base, y->efd, EV_READ | EV_PERSIST, on_queue, y)) == NULL ||
-      event_add(y->ev_q, NULL) < 0 ||
+  if (kvp_hist_create(NULL, &y->lag) < 0 ||
       (y->ev_snap = event_new(s->base, -1, EV_PERSIST, on_snapshot, y)) == NULL ||
       event_add(y->ev_snap, &tv) < 0)
     return snprintf(err, cap, "sync set-up failed"), -1;
@@ -390,19 +416,12 @@ void rd_sync_stop(rd_server *s) {
     natsConnection_Destroy(y->nc);
   }
   natsOptions_Destroy(y->opts);
-  for (size_t i = 0; i < y->qn; i++)
-    natsMsg_Destroy(y->q[i]);
-  free(y->q);
-  if (y->ev_q)
-    event_free(y->ev_q);
+  el_free(y); /* never attached (NATS never reached), or detached already */
   if (y->ev_snap)
     event_free(y->ev_snap);
-  if (y->efd >= 0)
-    close(y->efd);
   for (int i = 0; i < PEERS_MAX; i++)
     free(y->peers[i].req), free(y->peers[i].tok);
   kvp_hist_destroy(y->lag);
-  pthread_mutex_destroy(&y->mu);
   free(y);
   s->sync = NULL;
   free(s->peer_req);
@@ -436,7 +455,7 @@ void rd_sync_metrics(rd_server *s, struct evbuffer *b) {
       "kvplane_routerd_sync_errors_total{reason=\"malformed\"} %llu\n"
       "kvplane_routerd_sync_errors_total{reason=\"newer_version\"} %llu\n"
       "kvplane_routerd_sync_errors_total{reason=\"unknown_worker\"} %llu\n"
-      "kvplane_routerd_sync_errors_total{reason=\"queue_full\"} %llu\n"
+      "kvplane_routerd_sync_errors_total{reason=\"duplicate_replica_id\"} %llu\n"
       "# TYPE kvplane_routerd_sync_disconnects_total counter\n"
       "kvplane_routerd_sync_disconnects_total %llu\n"
       "# TYPE kvplane_routerd_sync_lag_seconds summary\n"
@@ -446,7 +465,7 @@ void rd_sync_metrics(rd_server *s, struct evbuffer *b) {
       (unsigned long long)y->pub_fail, (unsigned long long)y->skipped_down,
       (unsigned long long)y->malformed, (unsigned long long)y->newer,
       (unsigned long long)y->unknown_worker,
-      (unsigned long long)atomic_load(&y->queue_drops),
+      (unsigned long long)y->own,
       (unsigned long long)atomic_load(&y->disconnects), (double)h.p50 * 1e-9,
       (double)h.p99 * 1e-9, (unsigned long long)h.count);
 }
