@@ -37,9 +37,11 @@ if not os.access(NATS, os.X_OK):
     print("SKIP: nats-server not installed (Debian package nats-server)")
     sys.exit(77)
 BS, WORKERS, SESSIONS, TURNS = 16, 4, 32, 4
-# each configuration replays the same bursts, interleaved seed by seed;
-# KVP_REPLICAS_BURSTS=N for a measurement (docs/routerd.md#replicas: 200)
-SEEDS = tuple(range(1, 1 + int(os.environ.get("KVP_REPLICAS_BURSTS", "5"))))
+# one replica and the synced fleet replay the same bursts, interleaved burst
+# by burst (blind replicas the first BLIND of them); KVP_REPLICAS_BURSTS=N
+# for a measurement (docs/routerd.md#replicas: 200)
+SEEDS = tuple(range(1, 1 + int(os.environ.get("KVP_REPLICAS_BURSTS", "30"))))
+BLIND = 5
 failures = []
 procs = []
 
@@ -232,13 +234,15 @@ def compare():
     res, lags = {"one": [], "sync": [], "blind": []}, []
     for seed in SEEDS:
         for tag, replicas, sync in (("one", 1, False), ("sync", 3, True), ("blind", 3, False)):
+            if tag == "blind" and seed > BLIND:
+                continue
             r = run("%s%d" % (tag, seed), replicas, sync, seed=seed)
             if sync:
                 lags += [metric(metrics(x[1]), 'kvplane_routerd_sync_lag_seconds{quantile="0.99"}')
                          for x in r["ctx"]["rs"]]
             stop_all()
             res[tag].append(r)
-        if len(SEEDS) > 5 and seed % 10 == 0:
+        if seed % 10 == 0:
             print("  ... %d of %d bursts" % (seed, len(SEEDS)), flush=True)
     return res, lags
 
@@ -252,7 +256,8 @@ def paired(a, b):
 
 raw, lags = compare()
 one, three, blind = summarize(raw["one"]), summarize(raw["sync"]), summarize(raw["blind"])
-print("  (averages over %d bursts; %d sessions x %d turns each)" % (len(SEEDS), SESSIONS, TURNS))
+print("  (averages over %d bursts, blind over %d; %d sessions x %d turns each)" % (
+    len(SEEDS), min(BLIND, len(SEEDS)), SESSIONS, TURNS))
 for name, r in (("1 replica", one), ("3 replicas + NATS", three), ("3 replicas, no sync", blind)):
     print("  %-20s hit %.1f %%  imbalance %.1f %%  requests per worker %s  errors %d" % (
         name, r["hit"], r["imbalance"], r["per_worker"], r["errors"]))
@@ -260,27 +265,28 @@ print("  sync lag p99 per replica and burst: max %.4f s" % max(l or 0 for l in l
 check(one["errors"] == 0 and three["errors"] == 0, "no request failed")
 check(abs(three["hit"] - one["hit"]) <= 1.0,
       "3 synced replicas' hit rate within 1 point of one replica's (%.1f vs %.1f)" % (three["hit"], one["hit"]))
-# Imbalance: one request more on the busiest worker is STEP points here, and
-# a session's turns stay together, so a burst's imbalance moves in steps of
-# four requests (12.5 points) when a session lands elsewhere; one replica
-# replaying the bursts moves by those steps from burst to burst by itself
-# (imb_each).  The issue's 1-point difference in the means is a measurement
-# of hundreds of bursts (KVP_REPLICAS_BURSTS=200: the paired difference and
-# its 95 % interval are printed; docs/routerd.md#replicas has the figures).
-# Asserted here, at five bursts: the synced fleet is not herding -- its mean
-# stays within four requests on the busiest worker of one replica's (blind
-# replicas that herd leave a worker idle: 20-40 points).  Blind replicas are
-# shown, not asserted: on a loaded machine they may not herd.
+# Imbalance: a session's turns stay together, so a burst's imbalance moves
+# in steps of four requests (12.5 points here) when a session lands
+# elsewhere, and one replica replaying the bursts moves by those steps from
+# burst to burst by itself (imb_each).  The issue's "within 1 point" is a
+# statement about the mean: the bursts are paired (same seed, run back to
+# back), and the check fails when the fleet is worse than one replica by
+# more than 1 point with 95 % confidence -- the paired difference minus its
+# 95 % half-width above 1 point.  At 30 bursts that half-width is ~2.6
+# points; 200 bursts measured +0.6 +- 1.0 (docs/routerd.md#replicas).
+# Blind replicas (no sync) are shown, not asserted: on a loaded machine
+# they may not herd.
 STEP = 100.0 * WORKERS / (SESSIONS * TURNS)
 print("  imbalance per burst: 1 replica %s, 3 synced %s, 3 blind %s (one request = %.1f points)" % (
     one["imb_each"], three["imb_each"], blind["imb_each"], STEP))
 dm, dh = paired(raw["one"], raw["sync"])
-bm, bh = paired(raw["one"], raw["blind"])
+bm, bh = paired(raw["one"][:len(raw["blind"])], raw["blind"])
 print("  imbalance, 3 synced minus 1 replica, paired by burst: %+.2f +- %.2f points (95 %%); "
       "3 blind minus 1 replica: %+.2f +- %.2f" % (dm, dh, bm, bh))
-check(three["imbalance"] <= one["imbalance"] + 4 * STEP,
-      "3 synced replicas' mean imbalance %.1f within 4 requests (%.1f points) of one replica's %.1f"
-      % (three["imbalance"], 4 * STEP, one["imbalance"]))
+check(len(SEEDS) >= 2 and dm - dh <= 1.0,
+      "3 synced replicas' imbalance not worse than one replica's by more than 1 point "
+      "(paired over %d bursts: %+.2f +- %.2f points, 95 %%; means %.1f vs %.1f)"
+      % (len(SEEDS), dm, dh, three["imbalance"], one["imbalance"]))
 
 
 # ---- failures: kill/restart a replica, then NATS, mid-run ----------------------
