@@ -318,13 +318,23 @@ int kvp_index_create(const kvp_index_opts *opts, const kvp_allocator *alloc,
   ix->fast = ix->max_workers <= 64;
   ix->closed = o.prefix_closed != 0;
   ix->acap = o.approx_capacity ? o.approx_capacity : APPROX_CAP_DEFAULT;
-  ix->attl = o.approx_ttl_ns ? o.approx_ttl_ns : TTL_DEFAULT_NS;
+  atomic_init(&ix->attl, o.approx_ttl_ns ? o.approx_ttl_ns : TTL_DEFAULT_NS);
   atomic_store_explicit(&ix->bytes, sizeof *ix, memory_order_relaxed);
   if ((rc = create_tables(ix, o.expected_keys)) < 0) {
     kvp_index_destroy(ix);
     return rc;
   }
   *out = ix;
+  return 0;
+}
+
+int kvp_index_set_approx_ttl(kvp_index *ix, uint64_t ttl_ns) {
+  if (ix == NULL)
+    return KVP_EINVAL;
+  /* relaxed: see attl (index_impl.h); the LRU walk in expire stays right
+   * under any TTL: records leave in the order they were last routed */
+  atomic_store_explicit(&ix->attl, ttl_ns ? ttl_ns : TTL_DEFAULT_NS,
+                        memory_order_relaxed);
   return 0;
 }
 

@@ -130,10 +130,11 @@ static int arec_evict(kvp_index *ix, uint32_t idx) {
 
 static size_t approx_expire_locked(kvp_index *ix, uint64_t now) {
   size_t n = 0;
+  uint64_t ttl = atomic_load_explicit(&ix->attl, memory_order_relaxed);
   while (ix->lru_tail != 0) {
     arec *r = arec_at(ix, ix->lru_tail);
     if (routed_live(atomic_load_explicit(&r->touch, memory_order_relaxed), now,
-                    ix->attl))
+                    ttl))
       break;
     (void)arec_evict(ix, ix->lru_tail);
     n++;

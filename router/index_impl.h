@@ -172,7 +172,10 @@ struct kvp_index {
   kvp__spin alock;
   _Atomic(ktab *) atab;    /* see tab_rebuild */
   _Atomic uint64_t acount; /* linked records (relaxed) */
-  uint64_t acap, attl;
+  uint64_t acap;
+  /* relaxed: a value alone; a query racing kvp_index_set_approx_ttl uses
+   * the old TTL or the new one */
+  _Atomic uint64_t attl;
   _Atomic(arec *) *adir; /* record chunks; see arec_at */
   uint32_t adir_n, aused, afree, lru_head, lru_tail;
   aretired *aret;

@@ -531,7 +531,8 @@ int kvp_index_query(kvp_index *ix, const kvp_key *keys, size_t n,
   if (n == 0)
     return 0;
   unsigned slot = kvp__ebr_pin(&ix->ebr);
-  qctx c = {.ix = ix, .now = now_ns, .ttl = ix->attl};
+  qctx c = {.ix = ix, .now = now_ns,
+            .ttl = atomic_load_explicit(&ix->attl, memory_order_relaxed)};
   if (atomic_load_explicit(&ix->acount, memory_order_relaxed) != 0)
     /* acquire: pairs with the release in tab_rebuild */
     c.atab = atomic_load_explicit(&ix->atab, memory_order_acquire);

@@ -118,12 +118,14 @@ double kvp_model_prefill_flops(const kvp_model_spec *m, uint64_t from,
 
 /* ---- options ---------------------------------------------------------------
  * Each check logs the first bad field with its value, so a caller sees
- * "create: opts.gpu.bw[nvme] = -1: ..." rather than a bare KVP_EINVAL. */
+ * "create: opts.gpu.bw[nvme] = -1: ..." rather than a bare KVP_EINVAL (`op`
+ * is the call that checks: "create" or "set_opts"). */
 /* A double option: finite, in [0, max]; 0 selects `def`.  `k` >= 0 names a
  * tier element of an array option. */
-static bool dbl_opt(const char *f, int k, double *v, double def, double max) {
+static bool dbl_opt(const char *op, const char *f, int k, double *v,
+                    double def, double max) {
   if (!isfinite(*v) || *v < 0.0 || *v > max) {
-    KVP_LOGW(MOD, "create: opts.%s%s%s%s = %g: must be finite, in [0, %g]", f,
+    KVP_LOGW(MOD, "%s: opts.%s%s%s%s = %g: must be finite, in [0, %g]", op, f,
              k >= 0 ? "[" : "", k >= 0 ? kvp_tier_name((kvp_tier)k) : "",
              k >= 0 ? "]" : "", *v, max);
     return false;
@@ -132,25 +134,27 @@ static bool dbl_opt(const char *f, int k, double *v, double def, double max) {
     *v = def;
   return true;
 }
-#define DBL_(o, f, def, max) dbl_opt(#f, -1, &(o)->f, def, max)
+#define DBL_(o, f, def, max) dbl_opt(op, #f, -1, &(o)->f, def, max)
 
-static bool u32_opt(const char *f, uint32_t v, uint32_t lo, uint32_t hi) {
+static bool u32_opt(const char *op, const char *f, uint32_t v, uint32_t lo,
+                    uint32_t hi) {
   if (v >= lo && v <= hi)
     return true;
-  KVP_LOGW(MOD, "create: opts.%s = %u: must be in %u .. %u", f, v, lo, hi);
+  KVP_LOGW(MOD, "%s: opts.%s = %u: must be in %u .. %u", op, f, v, lo, hi);
   return false;
 }
 
-static bool gpu_resolve(kvp_gpu_spec *g) {
-  bool ok = dbl_opt("gpu.flops", -1, &g->flops, 989e12, 1e20) &&
-            dbl_opt("gpu.efficiency", -1, &g->efficiency, 0.5, 1.0);
+static bool gpu_resolve(const char *op, kvp_gpu_spec *g) {
+  bool ok = dbl_opt(op, "gpu.flops", -1, &g->flops, 989e12, 1e20) &&
+            dbl_opt(op, "gpu.efficiency", -1, &g->efficiency, 0.5, 1.0);
   for (int k = 0; k < KVP_TIER_COUNT_; k++)
-    ok = ok && dbl_opt("gpu.bw", k, &g->bw[k], default_bw[k], 1e16) &&
-         dbl_opt("gpu.latency_s", k, &g->latency_s[k], default_lat[k], 10.0);
+    ok = ok && dbl_opt(op, "gpu.bw", k, &g->bw[k], default_bw[k], 1e16) &&
+         dbl_opt(op, "gpu.latency_s", k, &g->latency_s[k], default_lat[k],
+                 10.0);
   return ok;
 }
 
-static bool policy_opts_resolve(kvp_router_opts *o) {
+static bool policy_opts_resolve(const char *op, kvp_router_opts *o) {
   bool ok = DBL_(o, guard, 2.0, 1e6) && DBL_(o, affinity_eps_rel, 0.05, 1e3) &&
             DBL_(o, affinity_eps_s, 2e-3, 1e3) && DBL_(o, tie_rel, 0.01, 1.0) &&
             DBL_(o, uncertain_confidence, 0.8, 1.0) &&
@@ -163,7 +167,7 @@ static bool policy_opts_resolve(kvp_router_opts *o) {
             DBL_(o, dynamo_temperature, 0.0, 1e6) &&
             DBL_(o, bw_ewma_alpha, 0.25, 1.0);
   for (int k = 0; k < KVP_TIER_COUNT_; k++)
-    ok = ok && dbl_opt("dynamo_credit", k, &o->dynamo_credit[k],
+    ok = ok && dbl_opt(op, "dynamo_credit", k, &o->dynamo_credit[k],
                        default_credit[k], 1e3);
   return ok;
 }
@@ -180,7 +184,7 @@ static bool zeros(const void *p, size_t n) {
   return true;
 }
 
-static bool reserved_clear(const kvp_router_opts *o) {
+static bool reserved_clear(const char *op, const kvp_router_opts *o) {
   const char *f = !zeros(o->reserved, sizeof o->reserved) ? "reserved"
                   : !zeros(o->model.reserved, sizeof o->model.reserved) ||
                           o->model.reserved0 != 0
@@ -189,41 +193,43 @@ static bool reserved_clear(const kvp_router_opts *o) {
                       ? "gpu.reserved"
                       : NULL;
   if (f != NULL)
-    KVP_LOGW(MOD, "create: opts.%s: must be zero", f);
+    KVP_LOGW(MOD, "%s: opts.%s: must be zero", op, f);
   return f == NULL;
 }
 
-static bool model_opt(const kvp_model_spec *m) {
+static bool model_opt(const char *op, const kvp_model_spec *m) {
   const char *f = model_is_zero(m) ? NULL : model_bad_field(m);
   if (f != NULL)
     KVP_LOGW(MOD,
-             "create: opts.model.%s out of range (layers %u, heads %u, "
+             "%s: opts.model.%s out of range (layers %u, heads %u, "
              "kv_heads %u, head_dim %u, dtype_bytes %u, params %g): a model "
              "that is not all zero must be complete and sane",
-             f, m->layers, m->heads, m->kv_heads, m->head_dim, m->dtype_bytes,
-             m->params);
+             op, f, m->layers, m->heads, m->kv_heads, m->head_dim,
+             m->dtype_bytes, m->params);
   return f == NULL;
 }
 
 /* Integer options: ranges, then the required fields. */
-static bool ints_ok(const kvp_router_opts *o) {
+static bool ints_ok(const char *op, const kvp_router_opts *o) {
   if (o->block_size == 0) {
-    KVP_LOGW(MOD, "create: opts.block_size = 0: required, the tokens per "
-                  "block of the keys routed (kvp_hasher_block_size)");
+    KVP_LOGW(MOD, "%s: opts.block_size = 0: required, the tokens per "
+                  "block of the keys routed (kvp_hasher_block_size)", op);
     return false;
   }
-  return u32_opt("policy", (uint32_t)o->policy, 0, KVP_POLICY_COUNT_ - 1) &&
-         u32_opt("n_workers", o->n_workers, 1, KVP_WORKERS_MAX) &&
-         u32_opt("block_size", o->block_size, 1, KVP_BLOCK_SIZE_MAX) &&
-         u32_opt("guard_ref", o->guard_ref, 0, KVP_GUARD_MIN) &&
-         u32_opt("max_inflight", o->max_inflight, 1, 1u << 24) &&
-         u32_opt("max_sessions", o->max_sessions, 1, 1u << 24) &&
-         u32_opt("max_blocks", o->max_blocks, 1, 1u << 28);
+  return u32_opt(op, "policy", (uint32_t)o->policy, 0,
+                 KVP_POLICY_COUNT_ - 1) &&
+         u32_opt(op, "n_workers", o->n_workers, 1, KVP_WORKERS_MAX) &&
+         u32_opt(op, "block_size", o->block_size, 1, KVP_BLOCK_SIZE_MAX) &&
+         u32_opt(op, "guard_ref", o->guard_ref, 0, KVP_GUARD_MIN) &&
+         u32_opt(op, "max_inflight", o->max_inflight, 1, 1u << 24) &&
+         u32_opt(op, "max_sessions", o->max_sessions, 1, 1u << 24) &&
+         u32_opt(op, "max_blocks", o->max_blocks, 1, 1u << 28);
 }
 
-static int opts_resolve(const kvp_router_opts *in, kvp_router_opts *o) {
+static int opts_resolve(const char *op, const kvp_router_opts *in,
+                        kvp_router_opts *o) {
   if (in == NULL) {
-    KVP_LOGW(MOD, "create: opts is NULL");
+    KVP_LOGW(MOD, "%s: opts is NULL", op);
     return KVP_EINVAL;
   }
   *o = *in;
@@ -231,8 +237,8 @@ static int opts_resolve(const kvp_router_opts *in, kvp_router_opts *o) {
   o->max_inflight = u32_default(o->max_inflight, 65536);
   o->max_sessions = u32_default(o->max_sessions, 65536);
   o->max_blocks = u32_default(o->max_blocks, 1u << 20);
-  if (!ints_ok(o) || !reserved_clear(o) || !model_opt(&o->model) ||
-      !gpu_resolve(&o->gpu) || !policy_opts_resolve(o))
+  if (!ints_ok(op, o) || !reserved_clear(op, o) || !model_opt(op, &o->model) ||
+      !gpu_resolve(op, &o->gpu) || !policy_opts_resolve(op, o))
     return KVP_EINVAL;
   kvp_model_spec m;
   model_resolve(&o->model, &m);
@@ -260,15 +266,20 @@ static uint64_t dbl_to_bits(double d) {
   return b;
 }
 
-static void router_init_model(kvp_router *r) {
+/* The cost model's constants from r->o's model and GPU. */
+static void router_set_model(kvp_router *r) {
   const kvp_model_spec *m = &r->o.model;
-  r->n = r->o.n_workers;
-  r->bs = r->o.block_size;
   r->kvb = kvp_model_kv_bytes_per_token(m);
   r->f_lin = 2.0 * m->params;
   r->f_att = 4.0 * m->layers * m->heads * m->head_dim;
   r->f_eff = r->o.gpu.flops * r->o.gpu.efficiency;
   r->inv_f_eff = 1.0 / r->f_eff;
+}
+
+static void router_init_model(kvp_router *r) {
+  r->n = r->o.n_workers;
+  r->bs = r->o.block_size;
+  router_set_model(r);
   for (int k = 0; k < KVP_TIER_COUNT_; k++)
     atomic_init(&r->bw_bits[k], dbl_to_bits(r->o.gpu.bw[k]));
   atomic_init(&r->bw_measured, 0u);
@@ -299,7 +310,7 @@ int kvp_router_create(const kvp_router_opts *opts, const kvp_allocator *alloc,
     return KVP_EINVAL;
   *out = NULL;
   kvp_router_opts o;
-  int rc = opts_resolve(opts, &o); /* logs the field */
+  int rc = opts_resolve("create", opts, &o); /* logs the field */
   if (rc < 0)
     return rc;
   kvp_allocator a = kvp__allocator(alloc);
@@ -332,6 +343,47 @@ void kvp_router_destroy(kvp_router *r) {
   kvp__free(&a, r->ws, n * sizeof *r->ws);
   kvp__free(&a, r->load, n * sizeof *r->load);
   kvp__free(&a, r, sizeof *r);
+}
+
+/* ---- live options -------------------------------------------------------- */
+/* What sizes the tables (workers, in-flight and session slots) or gives the
+ * keys their meaning (tokens per block): a change takes a new router. */
+static bool same_structure(const kvp_router *r, const kvp_router_opts *o) {
+  static const char *const names[] = {"n_workers", "block_size",
+                                      "max_inflight", "max_sessions"};
+  const uint32_t was[] = {r->o.n_workers, r->o.block_size, r->o.max_inflight,
+                          r->o.max_sessions};
+  const uint32_t now[] = {o->n_workers, o->block_size, o->max_inflight,
+                          o->max_sessions};
+  for (size_t i = 0; i < sizeof was / sizeof *was; i++)
+    if (was[i] != now[i]) {
+      KVP_LOGW(MOD, "set_opts: opts.%s = %u (running %u): it sizes the "
+               "router; a change takes a new one (kvp_router_create)",
+               names[i], now[i], was[i]);
+      return false;
+    }
+  return true;
+}
+
+int kvp_router_set_opts(kvp_router *r, const kvp_router_opts *opts) {
+  if (r == NULL)
+    return KVP_EINVAL;
+  kvp_router_opts o;
+  int rc = opts_resolve("set_opts", opts, &o); /* logs the field */
+  if (rc < 0)
+    return rc;
+  if (!same_structure(r, &o))
+    return KVP_EINVAL;
+  /* a measured bandwidth outranks any configured one (report_bandwidth) */
+  uint32_t measured =
+      atomic_load_explicit(&r->bw_measured, memory_order_relaxed);
+  for (int k = 0; k < KVP_TIER_COUNT_; k++)
+    if (!(measured & (1u << k)))
+      atomic_store_explicit(&r->bw_bits[k], dbl_to_bits(o.gpu.bw[k]),
+                            memory_order_relaxed);
+  r->o = o;
+  router_set_model(r);
+  return 0;
 }
 
 /* ---- load and bandwidth -------------------------------------------------- */

@@ -378,6 +378,15 @@ TEST(approx_ttl) {
   ASSERT_OK(kvp_index_stats_get(ix, &s));
   ASSERT_EQ(s.routed, 1u);
   ASSERT_EQ(s.routed_expired, 4u);
+  /* the TTL changed live (a config reload): the kept record is judged anew */
+  ASSERT_EQ(kvp_index_query(ix, &k[4], 1, 5200, m, MAXM), 0);
+  ASSERT_OK(kvp_index_set_approx_ttl(ix, 1000));
+  ASSERT_EQ(kvp_index_query(ix, &k[4], 1, 5200, m, MAXM), 1);
+  ASSERT_EQ(kvp_index_expire(ix, 5999), 0);
+  ASSERT_EQ(kvp_index_query(ix, &k[4], 1, 6000, m, MAXM), 0);
+  ASSERT_OK(kvp_index_set_approx_ttl(ix, 0)); /* the default: 120 s */
+  ASSERT_EQ(kvp_index_query(ix, &k[4], 1, 119000005000ull, m, MAXM), 1);
+  ASSERT_ERR(kvp_index_set_approx_ttl(NULL, 1), KVP_EINVAL);
   ASSERT_OK(kvp__index_verify(ix));
   kvp_index_destroy(ix);
 }

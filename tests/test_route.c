@@ -1389,6 +1389,82 @@ TEST(decision_names_must_match_ids) {
   kvp_router_destroy(r);
 }
 
+/* A config reload: the policy, weights and GPU change on a live router;
+ * in-flight accounting and sessions stay; what sizes the router is refused,
+ * and a refused call changes nothing. */
+TEST(set_opts_live) {
+  kvp_router_opts o = {0};
+  o.block_size = BS;
+  o.n_workers = 3;
+  kvp_router *r = NULL;
+  ASSERT_OK(kvp_router_create(&o, NULL, &r));
+  ASSERT_OK(kvp_router_session_set(r, 99, 1));
+  kvp_key *keys = keys_new(8, 3);
+  kvp_worker_match m[3] = {hbm(0, 0), hbm(1, 0), hbm(2, 8)};
+  kvp_route_request q = req_of(keys, 8, 0, 77, 0);
+  kvp_decision d1, d2;
+  ASSERT_OK(kvp_router_route_matches(r, &q, m, 3, &d1));
+  ASSERT_EQ(d1.worker, 2u); /* all of it cached there */
+  ASSERT_EQ(d1.reason, KVP_REASON_COST);
+  double rec = cand_for(&d1, 0)->recompute_s;
+  uint64_t n0 = 0, t0 = 0, n1 = 0, t1 = 0;
+  double s0 = 0, s1 = 0;
+  ASSERT_OK(kvp_router_inflight(r, 2, &n0, &t0, &s0));
+  ASSERT_EQ(n0, 1u);
+  /* round robin, and a GPU twice as fast */
+  o.policy = KVP_POLICY_ROUND_ROBIN;
+  o.gpu.flops = 2 * 989e12;
+  ASSERT_OK(kvp_router_set_opts(r, &o));
+  ASSERT_OK(kvp_router_inflight(r, 2, &n1, &t1, &s1));
+  ASSERT_EQ(n1, n0);
+  ASSERT_EQ(t1, t0);
+  ASSERT_DOUBLE_NEAR(s1, s0, 0.0); /* estimated when routed */
+  ASSERT_OK(kvp_router_route_matches(r, &q, m, 3, &d2));
+  ASSERT_EQ(d2.policy, KVP_POLICY_ROUND_ROBIN);
+  ASSERT_EQ(d2.reason, KVP_REASON_ROUND_ROBIN);
+  ASSERT_EQ(d2.worker, 0u);
+  ASSERT_DOUBLE_NEAR(cand_for(&d2, 0)->recompute_s, rec / 2, rec * 1e-12);
+  ASSERT_OK(kvp_router_complete(r, 0, d2.request_id));
+  /* back to the cost model: session 99, set before, still holds worker 1
+   * (a little queue there: best is worker 0, affinity keeps 1) */
+  o.policy = KVP_POLICY_KVPLANE_COST;
+  ASSERT_OK(kvp_router_set_opts(r, &o));
+  set_load(r, 1, 0, 1, 20, 0, 0.0);
+  q.session_id = 99;
+  ASSERT_OK(kvp_router_route_matches(r, &q, NULL, 0, &d2));
+  ASSERT_EQ(d2.worker, 1u);
+  ASSERT_EQ(d2.reason, KVP_REASON_AFFINITY);
+  ASSERT_OK(kvp_router_complete(r, 1, d2.request_id));
+  ASSERT_OK(kvp_router_complete(r, 2, d1.request_id)); /* still tracked */
+  ASSERT_OK(kvp_router_inflight(r, 2, &n1, NULL, NULL));
+  ASSERT_EQ(n1, 0u);
+  /* structural changes and bad values are refused, naming the field */
+  log_capture(true);
+  kvp_router_opts bad = o;
+  bad.policy = KVP_POLICY_ROUND_ROBIN, bad.block_size = 2 * BS;
+  ASSERT_ERR(kvp_router_set_opts(r, &bad), KVP_EINVAL);
+  ASSERT_LOGGED("set_opts: opts.block_size = 32 (running 16)");
+  bad.block_size = BS, bad.n_workers = 4;
+  ASSERT_ERR(kvp_router_set_opts(r, &bad), KVP_EINVAL);
+  ASSERT_LOGGED("set_opts: opts.n_workers = 4 (running 3)");
+  bad.n_workers = 3, bad.max_inflight = 16;
+  ASSERT_ERR(kvp_router_set_opts(r, &bad), KVP_EINVAL);
+  ASSERT_LOGGED("opts.max_inflight = 16 (running 65536)");
+  bad.max_inflight = 0, bad.max_sessions = 16;
+  ASSERT_ERR(kvp_router_set_opts(r, &bad), KVP_EINVAL);
+  ASSERT_LOGGED("opts.max_sessions = 16 (running 65536)");
+  bad.max_sessions = 0, bad.guard = -1;
+  ASSERT_ERR(kvp_router_set_opts(r, &bad), KVP_EINVAL);
+  ASSERT_LOGGED("set_opts: opts.guard = -1");
+  log_capture(false);
+  ASSERT_ERR(kvp_router_set_opts(r, NULL), KVP_EINVAL);
+  ASSERT_ERR(kvp_router_set_opts(NULL, &o), KVP_EINVAL);
+  ASSERT_OK(kvp_router_route_matches(r, &q, m, 3, &d2)); /* none applied */
+  ASSERT_EQ(d2.policy, KVP_POLICY_KVPLANE_COST);
+  free(keys);
+  kvp_router_destroy(r);
+}
+
 TEST_MAIN(TEST_ENTRY(policy_names_and_model_math),
           TEST_ENTRY(agentic_worked_example),
           TEST_ENTRY(approximate_index_records_routes),
@@ -1413,4 +1489,5 @@ TEST_MAIN(TEST_ENTRY(policy_names_and_model_math),
           TEST_ENTRY(options_errors_name_the_field),
           TEST_ENTRY(block_size_mismatch_refused),
           TEST_ENTRY(bad_cls_is_logged), TEST_ENTRY(decisions_into_the_ledger),
-          TEST_ENTRY(decision_names_must_match_ids))
+          TEST_ENTRY(decision_names_must_match_ids),
+          TEST_ENTRY(set_opts_live))

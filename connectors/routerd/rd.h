@@ -138,6 +138,9 @@ struct rd_server {
   uint64_t reasons[KVP_REASON_COUNT_];
   uint64_t predicted_cached, reported_cached, reported_n;
   uint64_t tenant_salted;
+  uint64_t reloads_ok, reloads_refused; /* SIGHUP (rd_reload.c) */
+  double config_ok_unix; /* last config applied (start or reload), unix s */
+  bool reload_failed;    /* the last reload was refused */
   struct rd_indexer *indexer;
   struct rd_sync *sync;         /* NULL: one replica */
   uint64_t *peer_req, *peer_tok; /* per slot: the peers' in-flight load */
@@ -191,6 +194,11 @@ void rd_worker_sync(rd_worker *w);
 struct evhttp *rd_listen(rd_server *s, const char *hostport,
                          void (*cb)(struct evhttp_request *, void *),
                          struct evhttp_bound_socket **sock);
+/* s->cfg's limits (body, headers, client timeout) on h: its connections
+ * accepted from now on take them. */
+void rd_http_limits(rd_server *s, struct evhttp *h);
+/* (Re)arms the scrape / breaker / drain tick at s->cfg.scrape_interval_s. */
+int rd_tick_arm(rd_server *s);
 
 /* ---- the front door (rd_proxy.c) ---------------------------------------- */
 void rd_on_http(struct evhttp_request *hr, void *arg);
@@ -204,9 +212,23 @@ void rd_reply_obj(struct evhttp_request *hr, int code, json_t *o);
 /* ---- admin (rd_admin.c), metrics (rd_metrics.c) ------------------------- */
 void rd_on_admin(struct evhttp_request *hr, void *arg);
 void rd_metrics_write(rd_server *s, struct evbuffer *b);
-/* SIGHUP: the config's workers list applied (added / drained-removed) */
-int rd_reload(rd_server *s);
+/* The config's workers list applied (added / drained-removed); -1 when
+ * some were refused (logged) */
 int rd_apply_workers(rd_server *s, const rd_cfg *c);
+
+/* ---- SIGHUP (rd_reload.c) ------------------------------------------------ */
+/* Re-reads s->cfg.path; once it validates, applies every live setting
+ * (limits, timeouts, retries, breaker, headers, render, admin token, the
+ * routing policy and options, scrape interval, receipts reopened, workers)
+ * and names the changed ones that take a restart in one WARN line.  A file
+ * that does not validate, or routing options the router refuses, changes
+ * nothing.  Returns 0 (applied) or -1 (refused); counted for /metrics. */
+int rd_reload(rd_server *s);
+/* Records that s->cfg is applied now (start, reload): /metrics' timestamp */
+void rd_config_applied(rd_server *s);
+/* The receipts stream for path: none for "", stdout for "-", else the file
+ * opened to append, line-buffered.  0, or -1 with errno. */
+int rd_receipts_open(const char *path, FILE **out);
 
 /* ---- replicas (rd_sync.c) ------------------------------------------------ */
 typedef struct rd_sync rd_sync;

@@ -134,7 +134,7 @@ void rd_on_admin(struct evhttp_request *hr, void *arg) {
                              "no such admin endpoint"));
 }
 
-/* ---- SIGHUP: the config's worker list is the truth ---------------------- */
+/* ---- the config's worker list is the truth (start, SIGHUP) -------------- */
 static const char *item(const char *list, size_t i, char *buf, size_t cap) {
   const char *p = list;
   for (size_t k = 0; k < i && p; k++)
@@ -167,22 +167,4 @@ int rd_apply_workers(rd_server *s, const rd_cfg *c) {
     }
   }
   return bad ? -1 : 0;
-}
-
-int rd_reload(rd_server *s) {
-  rd_cfg *c = malloc(sizeof *c);
-  char err[512];
-  if (c == NULL)
-    return -1;
-  int rc = rd_cfg_load(s->cfg.path, c, err, sizeof err);
-  if (rc < 0)
-    kvp_log(KVP_LOG_ERROR, "routerd", "reload refused, keeping the running "
-            "config: %s", err);
-  else {
-    rc = rd_apply_workers(s, c);
-    kvp_log(KVP_LOG_WARN, "routerd", "reloaded %s: workers applied (other "
-            "settings take a restart)", s->cfg.path);
-  }
-  free(c);
-  return rc;
 }

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* kvplane-routerd: the KV-aware router daemon (docs/routerd.md).
  *   kvplane-routerd --config FILE [--check-config] [--log LEVEL]
- * SIGHUP re-reads the worker list; SIGTERM / SIGINT drain in-flight
- * requests (up to routerd.drain_timeout) and exit. */
+ * SIGHUP re-reads the config and applies what can change live (rd_reload.c);
+ * SIGTERM / SIGINT drain in-flight requests (up to routerd.drain_timeout)
+ * and exit. */
 #include "rd.h"
 
 #include <errno.h>
@@ -49,6 +50,13 @@ static int make_core(rd_server *s) {
   return 0;
 }
 
+void rd_http_limits(rd_server *s, struct evhttp *h) {
+  evhttp_set_max_body_size(h, (ev_ssize_t)s->cfg.max_body);
+  evhttp_set_max_headers_size(h, (ev_ssize_t)s->cfg.max_headers);
+  struct timeval tv = tv_of(s->cfg.client_timeout_s);
+  evhttp_set_timeout_tv(h, &tv);
+}
+
 struct evhttp *rd_listen(rd_server *s, const char *hp,
                          void (*cb)(struct evhttp_request *, void *),
                          struct evhttp_bound_socket **sock) {
@@ -57,10 +65,7 @@ struct evhttp *rd_listen(rd_server *s, const char *hp,
   struct evhttp *h = evhttp_new(s->base);
   if (h == NULL || rd_split_hostport(hp, host, sizeof host, &port) < 0)
     goto fail;
-  evhttp_set_max_body_size(h, (ev_ssize_t)s->cfg.max_body);
-  evhttp_set_max_headers_size(h, (ev_ssize_t)s->cfg.max_headers);
-  struct timeval tv = tv_of(s->cfg.client_timeout_s);
-  evhttp_set_timeout_tv(h, &tv);
+  rd_http_limits(s, h);
   evhttp_set_allowed_methods(h, EVHTTP_REQ_GET | EVHTTP_REQ_POST |
                                     EVHTTP_REQ_DELETE);
   evhttp_set_gencb(h, cb, s);
@@ -123,19 +128,19 @@ static void on_signal(evutil_socket_t sig, short what, void *arg) {
 }
 
 static int open_receipts(rd_server *s) {
-  if (*s->cfg.receipts == '\0')
-    return 0;
-  s->receipts = strcmp(s->cfg.receipts, "-") == 0
-                    ? stdout
-                    : fopen(s->cfg.receipts, "a");
-  if (s->receipts == NULL) {
+  if (rd_receipts_open(s->cfg.receipts, &s->receipts) < 0) {
     fprintf(stderr, "kvplane-routerd: receipts %s: %s\n", s->cfg.receipts,
             strerror(errno));
     return -1;
   }
-  /* whole lines only: a reader tailing the file never sees half a receipt */
-  setvbuf(s->receipts, NULL, _IOLBF, 1 << 16);
+  if (s->receipts == stdout) /* whole lines, as a file's (rd_receipts_open) */
+    setvbuf(stdout, NULL, _IOLBF, 1 << 16);
   return 0;
+}
+
+int rd_tick_arm(rd_server *s) {
+  struct timeval tv = tv_of(s->cfg.scrape_interval_s);
+  return event_add(s->tick, &tv); /* pending: rescheduled */
 }
 
 /* epoll's change list: an fd's changes within one loop pass are applied
@@ -178,14 +183,14 @@ static int start(rd_server *s) {
         event_add(ev[i], NULL) < 0)
       return -1;
   s->sig_term = ev[0], s->sig_int = ev[1], s->sig_hup = ev[2];
-  struct timeval tv = tv_of(s->cfg.scrape_interval_s);
   s->tick = event_new(s->base, -1, EV_PERSIST, on_tick, s);
-  if (s->tick == NULL || event_add(s->tick, &tv) < 0)
+  if (s->tick == NULL || rd_tick_arm(s) < 0)
     return -1;
   /* armed by the first JetStream-fed worker (rd_js_tick_arm) */
   s->js_tick = event_new(s->base, -1, EV_PERSIST, on_js_tick, s);
   if (s->js_tick == NULL)
     return -1;
+  rd_config_applied(s);
   return rd_apply_workers(s, &s->cfg);
 }
 

@@ -94,6 +94,27 @@ static void js_metrics(rd_server *s, struct evbuffer *b) {
   }
 }
 
+/* SIGHUP reloads, by the names Prometheus and nginx exporters use */
+static void reloads(rd_server *s, struct evbuffer *b) {
+  evbuffer_add_printf(b,
+      "# HELP kvplane_routerd_config_reloads_total SIGHUP reloads: ok "
+      "(applied), refused (the file did not validate: running config kept)\n"
+      "# TYPE kvplane_routerd_config_reloads_total counter\n"
+      "kvplane_routerd_config_reloads_total{result=\"ok\"} %llu\n"
+      "kvplane_routerd_config_reloads_total{result=\"refused\"} %llu\n"
+      "# HELP kvplane_routerd_config_last_reload_successful whether the last "
+      "reload was applied (1; 1 before any)\n"
+      "# TYPE kvplane_routerd_config_last_reload_successful gauge\n"
+      "kvplane_routerd_config_last_reload_successful %d\n"
+      "# HELP kvplane_routerd_config_last_reload_success_timestamp_seconds "
+      "when the running config was applied (start or reload), unix time\n"
+      "# TYPE kvplane_routerd_config_last_reload_success_timestamp_seconds "
+      "gauge\n"
+      "kvplane_routerd_config_last_reload_success_timestamp_seconds %.3f\n",
+      (unsigned long long)s->reloads_ok, (unsigned long long)s->reloads_refused,
+      !s->reload_failed, s->config_ok_unix);
+}
+
 static int ev_write(void *opaque, const char *d, size_t n) {
   return evbuffer_add(opaque, d, n) == 0 ? 0 : -1;
 }
@@ -129,6 +150,7 @@ void rd_metrics_write(rd_server *s, struct evbuffer *b) {
   evbuffer_add_printf(b, "# TYPE kvplane_routerd_inflight gauge\n"
                       "kvplane_routerd_inflight %llu\n",
                       (unsigned long long)s->inflight);
+  reloads(s, b);
   hist(b, "render_seconds", "render call time", s->h_render);
   hist(b, "route_seconds", "hash + index + decision time", s->h_route);
   workers(s, b);

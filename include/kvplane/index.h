@@ -240,6 +240,13 @@ KVP_API int kvp_index_record_routed(kvp_index *ix, uint32_t worker,
 /* Drops every routed record expired at now_ns (they no longer match anyway;
  * this returns their memory).  Returns how many, or KVP_EINVAL. */
 KVP_API int kvp_index_expire(kvp_index *ix, uint64_t now_ns);
+/* Changes approx_ttl_ns (kvp_index_opts; 0 = the default, 120 s) of a live
+ * index, e.g. on a config reload: from the next query, record_routed or
+ * expire on, a routed record matches for ttl_ns after its latest routing
+ * (records already kept are judged by the new TTL).  Returns 0 or
+ * KVP_EINVAL (NULL ix).  Thread-safe; a query running meanwhile uses the
+ * old TTL or the new one. */
+KVP_API int kvp_index_set_approx_ttl(kvp_index *ix, uint64_t ttl_ns);
 
 /* ---- query
  * ------------------------------------------------------------------- */

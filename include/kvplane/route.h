@@ -274,6 +274,23 @@ KVP_API int kvp_router_create(const kvp_router_opts *opts,
 /* NULL is a no-op. */
 KVP_API void kvp_router_destroy(kvp_router *r);
 
+/* Applies new options to a live router (a daemon's config reload): the
+ * policy and its thresholds and weights, guard, affinity, tie band, model
+ * and GPU specs, seed, replica_id, max_blocks, record_routed.  Kept as they
+ * are: requests in flight (their tokens and the prefill time estimated when
+ * they were routed), session affinities, the round robin position, the
+ * reported loads and every measured bandwidth (a tier never measured takes
+ * the new gpu.bw).  opts is checked as kvp_router_create checks it (the
+ * same log lines, "set_opts:" for "create:"); in addition n_workers,
+ * block_size, max_inflight and max_sessions (defaults resolved) must equal
+ * the running ones: they size the router or give its keys their meaning, so
+ * a change takes a new router (KVP_EINVAL, logged at KVP_LOG_WARN as
+ * "set_opts: opts.<field> = <new> (running <old>): ...").  All or nothing:
+ * on failure r is unchanged.  Returns 0 or KVP_EINVAL (NULL r or opts, bad
+ * or structural options).  Thread safety: as every call on r, and not
+ * concurrently with kvp_router_report_bandwidth() either. */
+KVP_API int kvp_router_set_opts(kvp_router *r, const kvp_router_opts *opts);
+
 /* Replace worker `worker`'s reported load (copied).  Returns 0 or KVP_EINVAL
  * (worker out of range, kv_util not in [0,1] or NaN, counts above
  * KVP_ROUTE_COUNT_MAX, unknown flags, reserved not zero); on failure the old
