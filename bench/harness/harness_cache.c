@@ -184,6 +184,7 @@ int bh_cache_node_new(cache *c, kvp_key k, uint32_t *out) {
 
 static void node_del(cache *c, uint32_t x) {
   tab_del(c, x);
+  c->nodes[x].tier = BH_TIER_FREE;
   c->nodes[x].next = c->free_list;
   c->free_list = x;
 }
@@ -290,7 +291,20 @@ static int promote(cache *c, uint32_t x, kvp_key key, kvp_class cls) {
 /* Block now in HBM (loaded, recomputed or new), of class cls for the
  * request at hand.  *fresh: it was not cached. */
 int bh_cache_to_hbm(cache *c, kvp_key key, kvp_class cls, bool *fresh) {
-  uint32_t x = bh_cache_find(c, key);
+  return bh_cache_to_hbm_at(c, NONE, key, cls, fresh);
+}
+
+/* Whether node x (< n_nodes, or BH_NONE) is key's: a hint taken before
+ * other blocks moved may name a node freed since (tier BH_TIER_FREE) or
+ * reused for another key. */
+static bool node_is(const cache *c, uint32_t x, kvp_key key) {
+  return x < c->n_nodes && c->nodes[x].tier != BH_TIER_FREE &&
+         kvp_key_eq(c->nodes[x].key, key);
+}
+
+int bh_cache_to_hbm_at(cache *c, uint32_t hint, kvp_key key, kvp_class cls,
+                       bool *fresh) {
+  uint32_t x = node_is(c, hint, key) ? hint : bh_cache_find(c, key);
   int rc;
   *fresh = false;
   if (x != NONE && c->nodes[x].reuses < 255)

@@ -16,6 +16,7 @@
 #include "kvtier_place.h"
 
 #define BH_NONE UINT32_MAX
+#define BH_TIER_FREE 0xFF /* bh_cache_node.tier of a node on the free list */
 
 /* Called for every residency change of `key` in tier `tier` (stored or
  * removed); `id` is the cache's publish_id.  A negative return aborts the
@@ -121,6 +122,11 @@ int bh_cache_tier_insert(bh_cache *c, uint32_t x, int k);
  * class cls by the request at hand; *fresh: it was not cached (the caller
  * publishes its store, batched into runs as engines do). */
 int bh_cache_to_hbm(bh_cache *c, kvp_key key, kvp_class cls, bool *fresh);
+/* The same, with hint = the node bh_cache_find returned for key earlier
+ * (BH_NONE: none): used when it still holds key, which saves the table
+ * probe; any other node (freed or reused since) is ignored. */
+int bh_cache_to_hbm_at(bh_cache *c, uint32_t hint, kvp_key key, kvp_class cls,
+                       bool *fresh);
 
 /* ---- the engine timing model ------------------------------------------------ */
 typedef struct bh_timing {
