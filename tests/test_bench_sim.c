@@ -67,6 +67,35 @@ TEST(cache_hint_stale) {
   bh_cache_free(&c);
 }
 
+/* bh_cache_match agrees with bh_cache_find block by block, including keys
+ * whose 32-bit table hash collides (same lo, or lo 2^52 apart): the first
+ * hash match in the probe run is then another key's node. */
+TEST(cache_match_agrees) {
+  bh_cluster cl;
+  bh_cluster_defaults(&cl);
+  cl.hbm_blocks = 1000;
+  bh_cache c;
+  ASSERT_OK(bh_cache_init(&c, &cl, true));
+  kvp_key keys[60];
+  for (uint64_t j = 0; j < 60; j++) /* pairs 2j, 2j+1 collide */
+    keys[j] = (kvp_key){.lo = 1000 + j / 2 + (j % 4 == 3 ? 1ull << 52 : 0),
+                        .hi = j};
+  bool fresh;
+  for (uint64_t j = 0; j < 60; j++)
+    if (j != 45) /* a hole: the match ends there */
+      ASSERT_OK(bh_cache_to_hbm(&c, keys[60 - 1 - j], KVP_CLASS_VOLATILE,
+                                &fresh));
+  uint8_t tiers[60];
+  uint32_t nodes[60];
+  ASSERT_EQ(bh_cache_match(&c, keys, 60, tiers, nodes), 60u - 1 - 45);
+  for (uint64_t j = 0; j < 60 - 1 - 45; j++) {
+    ASSERT_EQ(nodes[j], bh_cache_find(&c, keys[j]));
+    ASSERT_EQ(tiers[j], KVP_TIER_HBM);
+  }
+  ASSERT_EQ(bh_cache_match(&c, keys + 15, 0, tiers, nodes), 0u);
+  bh_cache_free(&c);
+}
+
 /* Block 4 tokens, Llama-3.1-8B defaults.  Requests 100 s apart (no
  * queueing):
  *   r1 in=10 ids [1,2]   -> nothing cached: 8 never seen + 2 partial
@@ -475,7 +504,7 @@ TEST(config_router_agrees) {
 }
 
 TEST_MAIN(TEST_ENTRY(config_router_agrees), TEST_ENTRY(cache_hint_stale),
-          TEST_ENTRY(tiny_exact), TEST_ENTRY(tiny_tiers),
+          TEST_ENTRY(cache_match_agrees), TEST_ENTRY(tiny_exact), TEST_ENTRY(tiny_tiers),
           TEST_ENTRY(routing_follows_events), TEST_ENTRY(prompt_drift),
           TEST_ENTRY(promote_from_last_tier), TEST_ENTRY(dram_policy_exact),
           TEST_ENTRY(deterministic),

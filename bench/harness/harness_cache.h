@@ -115,6 +115,15 @@ static inline void bh_cache_prefetch(const bh_cache *c, const kvp_key *keys,
     }
   }
 }
+/* The cached prefix of keys[0..n): its length m, and for j < m the tier
+ * (tiers[j]) and node (nodes[j]) of block j.  The same answer as calling
+ * bh_cache_find block by block, through a pipeline: each key's slot line
+ * is loaded 2 * BH_PREFETCH_AHEAD blocks ahead and its probe run read
+ * BH_PREFETCH_AHEAD ahead, where the node whose hash matches is noted
+ * (and prefetched); at the block itself only that node is compared, so
+ * the slot line is read once, not twice. */
+uint64_t bh_cache_match(const bh_cache *c, const kvp_key *keys, uint64_t n,
+                        uint8_t *tiers, uint32_t *nodes);
 /* A new node for k (not yet on a tier: bh_cache_tier_insert next). */
 int bh_cache_node_new(bh_cache *c, kvp_key k, uint32_t *out);
 int bh_cache_tier_insert(bh_cache *c, uint32_t x, int k);

@@ -608,15 +608,7 @@ static int start_prefill(struct sim *s, uint32_t w) {
     for (uint64_t j = 0; j < m; j++)
       s->tiers[j] = KVP_TIER_HBM;
   } else {
-    bh_cache_prefetch_begin(c, keys, 0, n);
-    for (; m < n; m++) {
-      bh_cache_prefetch(c, keys, m, n);
-      uint32_t v = bh_cache_find(c, keys[m]);
-      if (v == NONE)
-        break;
-      s->tiers[m] = c->nodes[v].tier;
-      s->found[m] = v;
-    }
+    m = bh_cache_match(c, keys, n, s->tiers, s->found);
     /* payoff cut: the prefix whose load + the rest's prefill is cheapest */
     cut = bh_timing_cut(&s->tm, s->tiers, m, q->in_tokens);
   }
