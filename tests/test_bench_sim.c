@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "harness_cache.h"
 #include "test_harness.h"
 
 static const bh_read_opts stop = {.on_error = BH_ERR_STOP, .quiet = true};
@@ -34,6 +35,65 @@ static void run(const bh_trace *t, const bh_sim_opts *o, bh_result *r) {
   ASSERT_OK(rc);
   ASSERT_EQ(r->ledger_rejects, 0u);
   ASSERT_EQ(r->requests, t->n_reqs);
+}
+
+/* bh_cache_to_hbm_at: a hint still naming its key's node is used; one whose
+ * node was freed and reused for another key since is ignored (HBM of 2
+ * blocks, no lower tier: C evicts A and takes A's node). */
+TEST(cache_hint_stale) {
+  bh_cluster cl;
+  bh_cluster_defaults(&cl);
+  cl.hbm_blocks = 2;
+  bh_cache c;
+  ASSERT_OK(bh_cache_init(&c, &cl, true));
+  kvp_key a = {1, 11}, b = {2, 22}, k3 = {3, 33};
+  bool fresh;
+  ASSERT_OK(bh_cache_to_hbm(&c, a, KVP_CLASS_VOLATILE, &fresh));
+  ASSERT_TRUE(fresh);
+  uint32_t xa = bh_cache_find(&c, a);
+  ASSERT_NE(xa, BH_NONE);
+  ASSERT_OK(bh_cache_to_hbm_at(&c, xa, a, KVP_CLASS_VOLATILE, &fresh));
+  ASSERT_FALSE(fresh); /* the hint holds a: a hit */
+  ASSERT_OK(bh_cache_to_hbm(&c, b, KVP_CLASS_VOLATILE, &fresh));
+  ASSERT_OK(bh_cache_to_hbm(&c, k3, KVP_CLASS_VOLATILE, &fresh));
+  ASSERT_EQ(bh_cache_find(&c, a), BH_NONE); /* a was the LRU: evicted */
+  ASSERT_EQ(bh_cache_find(&c, k3), xa);     /* ... its node now holds k3 */
+  ASSERT_OK(bh_cache_to_hbm_at(&c, xa, a, KVP_CLASS_VOLATILE, &fresh));
+  ASSERT_TRUE(fresh); /* not taken for k3's node: a is cached anew */
+  ASSERT_NE(bh_cache_find(&c, a), BH_NONE);
+  ASSERT_NE(bh_cache_find(&c, a), xa);
+  ASSERT_EQ(c.count[KVP_TIER_HBM], 2u);
+  ASSERT_EQ(c.st.evicted_blocks, 2u);
+  bh_cache_free(&c);
+}
+
+/* bh_cache_match agrees with bh_cache_find block by block, including keys
+ * whose 32-bit table hash collides (same lo, or lo 2^52 apart): the first
+ * hash match in the probe run is then another key's node. */
+TEST(cache_match_agrees) {
+  bh_cluster cl;
+  bh_cluster_defaults(&cl);
+  cl.hbm_blocks = 1000;
+  bh_cache c;
+  ASSERT_OK(bh_cache_init(&c, &cl, true));
+  kvp_key keys[60];
+  for (uint64_t j = 0; j < 60; j++) /* pairs 2j, 2j+1 collide */
+    keys[j] = (kvp_key){.lo = 1000 + j / 2 + (j % 4 == 3 ? 1ull << 52 : 0),
+                        .hi = j};
+  bool fresh;
+  for (uint64_t j = 0; j < 60; j++)
+    if (j != 45) /* a hole: the match ends there */
+      ASSERT_OK(bh_cache_to_hbm(&c, keys[60 - 1 - j], KVP_CLASS_VOLATILE,
+                                &fresh));
+  uint8_t tiers[60];
+  uint32_t nodes[60];
+  ASSERT_EQ(bh_cache_match(&c, keys, 60, tiers, nodes), 60u - 1 - 45);
+  for (uint64_t j = 0; j < 60 - 1 - 45; j++) {
+    ASSERT_EQ(nodes[j], bh_cache_find(&c, keys[j]));
+    ASSERT_EQ(tiers[j], KVP_TIER_HBM);
+  }
+  ASSERT_EQ(bh_cache_match(&c, keys + 15, 0, tiers, nodes), 0u);
+  bh_cache_free(&c);
 }
 
 /* Block 4 tokens, Llama-3.1-8B defaults.  Requests 100 s apart (no
@@ -443,7 +503,8 @@ TEST(config_router_agrees) {
   ASSERT_DOUBLE_NEAR(so.cl.gpu.latency_s[KVP_TIER_NVME], 150e-6, 0);
 }
 
-TEST_MAIN(TEST_ENTRY(config_router_agrees), TEST_ENTRY(tiny_exact), TEST_ENTRY(tiny_tiers),
+TEST_MAIN(TEST_ENTRY(config_router_agrees), TEST_ENTRY(cache_hint_stale),
+          TEST_ENTRY(cache_match_agrees), TEST_ENTRY(tiny_exact), TEST_ENTRY(tiny_tiers),
           TEST_ENTRY(routing_follows_events), TEST_ENTRY(prompt_drift),
           TEST_ENTRY(promote_from_last_tier), TEST_ENTRY(dram_policy_exact),
           TEST_ENTRY(deterministic),

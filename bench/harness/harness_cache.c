@@ -68,6 +68,58 @@ uint32_t bh_cache_find(const cache *c, kvp_key k) {
   }
 }
 
+/* Stage 2 of bh_cache_match: key's node by its probe run's first hash
+ * match (prefetched), BH_NONE when the run ends first (not cached), or
+ * MATCH_UNSURE when 4 slots decided nothing (bh_cache_find then). */
+#define MATCH_UNSURE (BH_NONE - 1)
+#define MATCH_RING (2 * BH_PREFETCH_AHEAD)
+
+static uint32_t match_candidate(const cache *c, kvp_key key) {
+  uint32_t h = bh_cache_hash32(key.lo);
+  size_t i = h & c->mask;
+  for (int k = 0; k < 4; k++, i = (i + 1) & c->mask) {
+    slot v = c->tab[i];
+    if (v.idx == 0)
+      return NONE;
+    if (v.h == h) {
+      __builtin_prefetch(&c->nodes[v.idx - 1]);
+      return v.idx - 1;
+    }
+  }
+  return MATCH_UNSURE;
+}
+
+/* Stage 3: key's node given its candidate x. */
+static uint32_t match_resolve(const cache *c, kvp_key key, uint32_t x) {
+  if (x == NONE)
+    return NONE;
+  if (x != MATCH_UNSURE && kvp_key_eq(c->nodes[x].key, key))
+    return x;
+  return bh_cache_find(c, key); /* a 32-bit hash collision, or a long run */
+}
+
+uint64_t bh_cache_match(const cache *c, const kvp_key *keys, uint64_t n,
+                        uint8_t *tiers, uint32_t *nodes) {
+  const uint64_t A = BH_PREFETCH_AHEAD;
+  uint32_t cand[MATCH_RING];
+  bh_cache_prefetch_begin(c, keys, 0, n);
+  for (uint64_t j = 0; j < n && j < A; j++)
+    cand[j % MATCH_RING] = match_candidate(c, keys[j]);
+  uint64_t m = 0;
+  for (; m < n; m++) {
+    if (m + 2 * A < n)
+      __builtin_prefetch(&c->tab[bh_cache_hash32(keys[m + 2 * A].lo) & c->mask]);
+    if (m + A < n)
+      cand[(m + A) % MATCH_RING] = match_candidate(c, keys[m + A]);
+    uint32_t x = match_resolve(c, keys[m], cand[m % MATCH_RING]);
+    if (x == NONE)
+      break;
+    tiers[m] = c->nodes[x].tier;
+    nodes[m] = x;
+  }
+  return m;
+}
+
 static int tab_grow(cache *c) {
   size_t nm = c->mask * 2 + 1;
   if (nm > UINT32_MAX)
@@ -184,6 +236,7 @@ int bh_cache_node_new(cache *c, kvp_key k, uint32_t *out) {
 
 static void node_del(cache *c, uint32_t x) {
   tab_del(c, x);
+  c->nodes[x].tier = BH_TIER_FREE;
   c->nodes[x].next = c->free_list;
   c->free_list = x;
 }
@@ -290,7 +343,20 @@ static int promote(cache *c, uint32_t x, kvp_key key, kvp_class cls) {
 /* Block now in HBM (loaded, recomputed or new), of class cls for the
  * request at hand.  *fresh: it was not cached. */
 int bh_cache_to_hbm(cache *c, kvp_key key, kvp_class cls, bool *fresh) {
-  uint32_t x = bh_cache_find(c, key);
+  return bh_cache_to_hbm_at(c, NONE, key, cls, fresh);
+}
+
+/* Whether node x (< n_nodes, or BH_NONE) is key's: a hint taken before
+ * other blocks moved may name a node freed since (tier BH_TIER_FREE) or
+ * reused for another key. */
+static bool node_is(const cache *c, uint32_t x, kvp_key key) {
+  return x < c->n_nodes && c->nodes[x].tier != BH_TIER_FREE &&
+         kvp_key_eq(c->nodes[x].key, key);
+}
+
+int bh_cache_to_hbm_at(cache *c, uint32_t hint, kvp_key key, kvp_class cls,
+                       bool *fresh) {
+  uint32_t x = node_is(c, hint, key) ? hint : bh_cache_find(c, key);
   int rc;
   *fresh = false;
   if (x != NONE && c->nodes[x].reuses < 255)

@@ -16,6 +16,7 @@
 #include "kvtier_place.h"
 
 #define BH_NONE UINT32_MAX
+#define BH_TIER_FREE 0xFF /* bh_cache_node.tier of a node on the free list */
 
 /* Called for every residency change of `key` in tier `tier` (stored or
  * removed); `id` is the cache's publish_id.  A negative return aborts the
@@ -114,6 +115,15 @@ static inline void bh_cache_prefetch(const bh_cache *c, const kvp_key *keys,
     }
   }
 }
+/* The cached prefix of keys[0..n): its length m, and for j < m the tier
+ * (tiers[j]) and node (nodes[j]) of block j.  The same answer as calling
+ * bh_cache_find block by block, through a pipeline: each key's slot line
+ * is loaded 2 * BH_PREFETCH_AHEAD blocks ahead and its probe run read
+ * BH_PREFETCH_AHEAD ahead, where the node whose hash matches is noted
+ * (and prefetched); at the block itself only that node is compared, so
+ * the slot line is read once, not twice. */
+uint64_t bh_cache_match(const bh_cache *c, const kvp_key *keys, uint64_t n,
+                        uint8_t *tiers, uint32_t *nodes);
 /* A new node for k (not yet on a tier: bh_cache_tier_insert next). */
 int bh_cache_node_new(bh_cache *c, kvp_key k, uint32_t *out);
 int bh_cache_tier_insert(bh_cache *c, uint32_t x, int k);
@@ -121,6 +131,11 @@ int bh_cache_tier_insert(bh_cache *c, uint32_t x, int k);
  * class cls by the request at hand; *fresh: it was not cached (the caller
  * publishes its store, batched into runs as engines do). */
 int bh_cache_to_hbm(bh_cache *c, kvp_key key, kvp_class cls, bool *fresh);
+/* The same, with hint = the node bh_cache_find returned for key earlier
+ * (BH_NONE: none): used when it still holds key, which saves the table
+ * probe; any other node (freed or reused since) is ignored. */
+int bh_cache_to_hbm_at(bh_cache *c, uint32_t hint, kvp_key key, kvp_class cls,
+                       bool *fresh);
 
 /* ---- the engine timing model ------------------------------------------------ */
 typedef struct bh_timing {

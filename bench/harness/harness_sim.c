@@ -242,6 +242,7 @@ struct sim {
   uint64_t *seen;
   size_t seen_mask, seen_n;
   uint8_t *tiers; /* scratch: tier of each matched block */
+  uint32_t *found; /* scratch: its node (a hint for bh_cache_to_hbm_at) */
   /* series */
   double *s_prompt, *s_reused;
   uint32_t s_last;
@@ -316,6 +317,13 @@ static bool seen_has(const struct sim *s, uint64_t fp) {
     if (s->seen[i] == 0)
       return false;
   }
+}
+
+/* Loads fp's home line ahead of a seen_add (a new block's, one random
+ * line each in a set that grows with the trace). */
+static void seen_prefetch(const struct sim *s, uint64_t fp) {
+  fp |= 1;
+  __builtin_prefetch(&s->seen[(fp * 0x9E3779B97F4A7C15ull >> 17) & s->seen_mask]);
 }
 
 static int seen_add(struct sim *s, uint64_t fp) {
@@ -473,9 +481,10 @@ static int cache_publish(void *ctx, uint32_t w, int tier, bool stored,
 /* Block now in HBM (loaded, recomputed or new), of class cls for the
  * request at hand; a new block extends the worker's pending stored run
  * (one event per run of new blocks).  *fresh: it was not cached. */
-static int to_hbm(struct sim *s, uint32_t w, cache *c, kvp_key key,
-                  const kvp_key *parent, kvp_class cls, bool *fresh) {
-  int rc = bh_cache_to_hbm(c, key, cls, fresh);
+static int to_hbm(struct sim *s, uint32_t w, cache *c, uint32_t hint,
+                  kvp_key key, const kvp_key *parent, kvp_class cls,
+                  bool *fresh) {
+  int rc = bh_cache_to_hbm_at(c, hint, key, cls, fresh);
   if (rc < 0 || !*fresh || s->infinite)
     return rc;
   if ((rc = seen_add(s, key.lo)) < 0)
@@ -599,14 +608,7 @@ static int start_prefill(struct sim *s, uint32_t w) {
     for (uint64_t j = 0; j < m; j++)
       s->tiers[j] = KVP_TIER_HBM;
   } else {
-    bh_cache_prefetch_begin(c, keys, 0, n);
-    for (; m < n; m++) {
-      bh_cache_prefetch(c, keys, m, n);
-      uint32_t v = bh_cache_find(c, keys[m]);
-      if (v == NONE)
-        break;
-      s->tiers[m] = c->nodes[v].tier;
-    }
+    m = bh_cache_match(c, keys, n, s->tiers, s->found);
     /* payoff cut: the prefix whose load + the rest's prefill is cheapest */
     cut = bh_timing_cut(&s->tm, s->tiers, m, q->in_tokens);
   }
@@ -673,8 +675,8 @@ static int start_prefill(struct sim *s, uint32_t w) {
   bool fresh;
   int rc = 0;
   for (uint64_t j = 0; j < cut && rc == 0 && !s->infinite; j++)
-    rc = to_hbm(s, w, c, keys[j], j ? &keys[j - 1] : NULL, blk_class(q, j),
-                &fresh);
+    rc = to_hbm(s, w, c, s->found[j], keys[j], j ? &keys[j - 1] : NULL,
+                blk_class(q, j), &fresh);
   if (rc == 0)
     rc = flush_run(s, w);
   if (rc < 0)
@@ -722,14 +724,19 @@ static int prefill_done(struct sim *s, uint32_t w, uint32_t i) {
   if (s->q_seen)
     log_req(s, w, i);
   kvp_hist_record(s->res->ttft_us, (uint64_t)(ttft * 1e6 + 0.5));
-  /* the engine keeps every full block of the prompt (HBM, most recent) */
+  /* the engine keeps every full block of the prompt (HBM, most recent);
+   * those past the worker's match (m) are new: their "ever cached" slots
+   * are loaded ahead too */
   uint64_t from = x->rec.reused_tokens / s->bs;
+  uint64_t m = from + x->rec.miss_tokens[KVP_MISS_NOT_WORTH_LOADING] / s->bs;
   if (!s->infinite)
     bh_cache_prefetch_begin(c, keys, from, q->n_blocks);
   for (uint64_t j = from; j < q->n_blocks && rc == 0 && !s->infinite; j++) {
     bh_cache_prefetch(c, keys, j, q->n_blocks);
-    rc = to_hbm(s, w, c, keys[j], j ? &keys[j - 1] : NULL, blk_class(q, j),
-                &fresh);
+    if (j + PREFETCH_AHEAD >= m && j + PREFETCH_AHEAD < q->n_blocks)
+      seen_prefetch(s, keys[j + PREFETCH_AHEAD].lo);
+    rc = to_hbm(s, w, c, NONE, keys[j], j ? &keys[j - 1] : NULL,
+                blk_class(q, j), &fresh);
   }
   if (rc == 0)
     rc = flush_run(s, w);
@@ -955,9 +962,10 @@ static int sim_setup(struct sim *s, const bh_trace *t, const bh_sim_opts *o,
     if (t->reqs[i].n_blocks > maxb)
       maxb = t->reqs[i].n_blocks;
   s->tiers = malloc(maxb);
+  s->found = malloc((size_t)maxb * sizeof *s->found);
   if (s->w == NULL || s->req_worker == NULL || s->inf_reuse == NULL ||
       s->arrive == NULL || s->est_uncached == NULL || s->seen == NULL ||
-      s->tiers == NULL)
+      s->tiers == NULL || s->found == NULL)
     return KVP_ENOMEM;
   for (uint32_t v = 0; v < s->nw; v++) {
     s->w[v].cur = NONE;
@@ -1021,6 +1029,7 @@ static void sim_teardown(struct sim *s) {
   free(s->pend);
   free(s->pend_keys);
   free(s->tiers);
+  free(s->found);
   free(s->s_prompt);
   free(s->s_reused);
   kvp_router_destroy(s->rt);
