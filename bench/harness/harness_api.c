@@ -200,10 +200,13 @@ static int parse_salt(json_t *o, bh_api_req *r, bh_api_err *e) {
 static int parse_common(const bh_api_cfg *c, json_t *o, bh_api_req *r,
                         bh_api_err *e) {
   json_t *model = json_object_get(o, "model");
-  if (model != NULL && !json_is_null(model) &&
-      (!json_is_string(model) || strcmp(json_string_value(model), c->model)))
-    return fail(e, 404, "model", "The model `",
-                json_is_string(model) ? json_string_value(model) : "?",
+  const char *m = json_is_string(model) ? json_string_value(model) : NULL;
+  for (size_t i = 0; m != NULL && i < c->n_lora; i++)
+    if (strcmp(m, c->lora[i]) == 0)
+      r->lora_name = c->lora[i];
+  if (model != NULL && !json_is_null(model) && r->lora_name == NULL &&
+      (m == NULL || strcmp(m, c->model)))
+    return fail(e, 404, "model", "The model `", m ? m : "?",
                 "` does not exist.");
   json_t *n = json_object_get(o, "n");
   if (n != NULL && !json_is_null(n) &&
@@ -280,6 +283,7 @@ void bh_api_req_free(bh_api_req *r) {
   free(r->cache_salt);
   r->tokens = NULL;
   r->cache_salt = NULL;
+  r->lora_name = NULL;
   r->n_tokens = 0;
 }
 

@@ -25,10 +25,16 @@ typedef enum bh_api_kind {
   BH_API_KIND_COUNT_
 } bh_api_kind;
 
+#define BH_API_LORA_MAX 8
+
 typedef struct bh_api_cfg {
   const char *model;      /* the served model name */
   uint32_t vocab;         /* token ids must be below (>= 256) */
   uint32_t max_model_len; /* prompt + max_tokens must fit */
+  /* LoRA adapters served beside the base model (vLLM --lora-modules): a
+   * request whose "model" names one runs on it */
+  const char *lora[BH_API_LORA_MAX];
+  size_t n_lora;
 } bh_api_cfg;
 
 typedef struct bh_api_req {
@@ -43,6 +49,9 @@ typedef struct bh_api_req {
    * most BH_API_SALT_MAX code points, none of '@' '/' '\\' NUL; NULL when
    * absent or null.  It enters block 0's hash (kvp_extras.cache_salt). */
   char *cache_salt;
+  /* the adapter the "model" field names (cfg's string), NULL = the base
+   * model: it enters every block's hash (kvp_extras.lora_name), as vLLM */
+  const char *lora_name;
 } bh_api_req;
 
 #define BH_API_SALT_MAX 128 /* vLLM 0.33's _MAX_CACHE_SALT_LENGTH */

@@ -47,6 +47,12 @@ typedef struct eng_opts {
   const char *kv_topic;
   const char *ready_file;
   const char *req_log; /* --req-log: one JSON line per request */
+  /* --lora NAME[=PATH] (vLLM's --lora-modules): adapters beside the base
+   * model; PATH (default /loras/NAME) is /v1/models' root and, with the
+   * name, in every block's hash (vLLM 0.33's ("lora", name, path)) */
+  const char *lora[BH_API_LORA_MAX], *lora_path[BH_API_LORA_MAX];
+  size_t n_lora;
+  char lora_buf[BH_API_LORA_MAX][2][128];
   bh_cluster cl;
 } eng_opts;
 
@@ -101,7 +107,7 @@ typedef struct eworker {
    * run_first.. of one request, whose salt (NULL: none) the run borrows */
   uint64_t *run;
   uint32_t run_n, run_cap, run_first;
-  const char *run_salt;
+  const char *run_salt, *run_lora;
   uint64_t run_parent;
   bool run_has_parent;
   uint32_t *run_tok;
@@ -142,10 +148,24 @@ static int ntok_fit(eworker *x) {
   return 0;
 }
 
+/* vLLM numbers adapters from 1 (lora_int_id); 0 = the base model */
+static int64_t lora_id(const engine *e, const char *name) {
+  for (size_t i = 0; name != NULL && i < e->o.n_lora; i++)
+    if (e->o.lora[i] == name)
+      return (int64_t)i + 1;
+  return 0;
+}
+
+static const char *lora_path(const engine *e, const char *name) {
+  int64_t id = lora_id(e, name);
+  return id > 0 ? e->o.lora_path[id - 1] : NULL;
+}
+
 static int run_flush(eworker *x) {
   if (x->run_n == 0)
     return 0;
-  bh_kvpub_extras ex = {x->run_salt, x->run_first};
+  bh_kvpub_extras ex = {x->run_salt, x->run_first, x->run_lora,
+                        lora_id(x->e, x->run_lora)};
   int rc = bh_kvpub_stored(x->pub, x->run, x->run_n,
                            x->run_has_parent ? &x->run_parent : NULL,
                            x->run_tok, x->e->o.block_size, "GPU", &ex);
@@ -188,6 +208,7 @@ static int run_add(eworker *x, const ereq *r, uint32_t j) {
   if (x->run_n == 0) {
     x->run_first = j;
     x->run_salt = r->a.cache_salt;
+    x->run_lora = r->a.lora_name;
     x->run_has_parent = j > 0;
     x->run_parent = j > 0 ? r->keys[j - 1].lo : 0;
   }
@@ -275,7 +296,7 @@ static json_t *envelope(const ereq *r, const char *object) {
            (unsigned long long)r->id);
   return json_pack("{s:s, s:s, s:I, s:s}", "id", id, "object", object,
                    "created", (json_int_t)r->created, "model",
-                   r->e->o.model);
+                   r->a.lora_name ? r->a.lora_name : r->e->o.model);
 }
 
 /* One choice of a stream chunk or of the whole response. */
@@ -572,7 +593,9 @@ static int admit(eworker *x, struct evhttp_request *hr, bh_api_req *a,
   r->created = (long)time(NULL);
   size_t nb = r->a.n_tokens / e->o.block_size;
   r->keys = malloc((nb ? nb : 1) * sizeof *r->keys);
-  kvp_extras ex = {.cache_salt = r->a.cache_salt}; /* block 0, as vLLM */
+  kvp_extras ex = {.cache_salt = r->a.cache_salt, /* block 0, as vLLM */
+                   .lora_name = r->a.lora_name, /* every block */
+                   .lora_path = lora_path(e, r->a.lora_name)};
   int n = r->keys ? kvp_hasher_hash(e->hasher, r->a.tokens, r->a.n_tokens,
                                     &ex, r->keys, nb, NULL)
                   : KVP_ENOMEM;
@@ -613,8 +636,9 @@ static json_t *render_one(const engine *e, const bh_api_req *a) {
   json_t *o = json_pack("{s:s, s:o, s:{s:I}, s:s, s:b}", "request_id", rid,
                         "token_ids", ids_json(a->tokens, a->n_tokens),
                         "sampling_params", "max_tokens",
-                        (json_int_t)a->max_tokens, "model", e->o.model,
-                        "stream", a->stream);
+                        (json_int_t)a->max_tokens, "model",
+                        a->lora_name ? a->lora_name : e->o.model, "stream",
+                        a->stream);
   if (o && a->cache_salt) /* vLLM's render passes it on to the generate */
     json_object_set_new(o, "cache_salt", json_string(a->cache_salt));
   return o;
@@ -720,12 +744,23 @@ static json_t *cache_json(const eworker *x) {
                    (json_int_t)bh_kvpub_batches(x->pub));
 }
 
+/* vLLM's model cards: the base model, then each adapter with its path as
+ * root and the base model as parent (a router tells adapters by parent). */
+static json_t *card(const char *id, const char *root, const char *parent,
+                    uint32_t max_len) {
+  return json_pack("{s:s, s:s, s:I, s:s, s:s, s:o, s:o, s:[]}", "id", id,
+                   "object", "model", "created", (json_int_t)time(NULL),
+                   "owned_by", "vllm", "root", root, "parent",
+                   parent ? json_string(parent) : json_null(), "max_model_len",
+                   max_len ? json_integer(max_len) : json_null(), "permission");
+}
+
 static json_t *models_json(const engine *e) {
-  return json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:s, s:n, s:I, s:[]}]}",
-                   "object", "list", "data", "id", e->o.model, "object",
-                   "model", "created", (json_int_t)time(NULL), "owned_by",
-                   "vllm", "root", e->o.model, "parent", "max_model_len",
-                   (json_int_t)e->o.max_model_len, "permission");
+  json_t *d = json_array();
+  json_array_append_new(d, card(e->o.model, e->o.model, NULL, e->o.max_model_len));
+  for (size_t i = 0; i < e->o.n_lora; i++)
+    json_array_append_new(d, card(e->o.lora[i], e->o.lora_path[i], e->o.model, 0));
+  return json_pack("{s:s, s:o}", "object", "list", "data", d);
 }
 
 static const struct {
@@ -896,7 +931,9 @@ static int engine_setup(engine *e) {
       (rc = make_hasher(e)) < 0)
     return rc;
   bh_timing_setup(&e->tm, cl, e->o.block_size, e->rt);
-  e->api = (bh_api_cfg){e->o.model, e->o.vocab, e->o.max_model_len};
+  e->api = (bh_api_cfg){e->o.model, e->o.vocab, e->o.max_model_len, {0}, 0};
+  for (size_t i = 0; i < e->o.n_lora; i++)
+    e->api.lora[e->api.n_lora++] = e->o.lora[i];
   if (e->o.req_log && (e->req_log = fopen(e->o.req_log, "w")) == NULL)
     return -errno;
   if (e->req_log)
@@ -993,12 +1030,14 @@ static void engine_usage(FILE *f) {
         "         [--time-scale X] [--max-num-seqs N] [--max-model-len N]\n"
         "         [--hbm-gb X | --hbm-blocks N] [--dram-gb X] [--nvme-gb X]\n"
         "         [--python-hash-seed S] [--kv-topic T] [--ready-file F]\n"
-        "         [--req-log F]\n"
+        "         [--req-log F] [--lora NAME[=PATH]]...\n"
         "N emulated vLLM 0.33 workers on loopback (docs/live.md).  Worker i\n"
         "serves HTTP on P+i (0: ephemeral, the default) and publishes KV\n"
         "events on tcp KV-port + 2i (replay ROUTER on + 2i + 1).\n"
         "--req-log F: one JSON line per request at its prefill's end (trace\n"
-        "seconds since the first arrival; i = the X-Request-Id header).\n", f);
+        "seconds since the first arrival; i = the X-Request-Id header).\n"
+        "--lora NAME[=PATH]: a LoRA adapter served beside the base model, as\n"
+        "vLLM's --lora-modules (up to 8; PATH defaults to /loras/NAME).\n", f);
 }
 
 static int parse_u32(const char *s, uint32_t *out) {
@@ -1017,6 +1056,21 @@ static int parse_pos(const char *s, double *out) {
   if (end == s || *end || !(v >= 0) || !isfinite(v))
     return -1;
   *out = v;
+  return 0;
+}
+
+static int parse_lora(eng_opts *o, const char *v) {
+  const char *eq = strchr(v, '=');
+  size_t n = eq ? (size_t)(eq - v) : strlen(v);
+  char (*b)[128] = o->lora_buf[o->n_lora];
+  if (o->n_lora == BH_API_LORA_MAX || n == 0 || n >= sizeof b[0] ||
+      (eq && (eq[1] == '\0' || strlen(eq + 1) >= sizeof b[1])))
+    return -1;
+  memcpy(b[0], v, n);
+  b[0][n] = '\0';
+  snprintf(b[1], sizeof b[1], eq ? "%s" : "/loras/%s", eq ? eq + 1 : b[0]);
+  o->lora[o->n_lora] = b[0];
+  o->lora_path[o->n_lora++] = b[1];
   return 0;
 }
 
@@ -1042,6 +1096,7 @@ static int engine_opt(eng_opts *o, int c, const char *v) {
   case 'T': o->kv_topic = v; return 0;
   case 'r': o->ready_file = v; return 0;
   case 'l': o->req_log = v; return 0;
+  case 'A': return parse_lora(o, v);
   default: return -1;
   }
 }
@@ -1056,7 +1111,8 @@ static int engine_args(eng_opts *o, int argc, char **argv) {
       {"hbm-blocks", 1, 0, 'B'},   {"dram-gb", 1, 0, 'd'},
       {"nvme-gb", 1, 0, 'e'},      {"python-hash-seed", 1, 0, 's'},
       {"kv-topic", 1, 0, 'T'},     {"ready-file", 1, 0, 'r'},
-      {"req-log", 1, 0, 'l'},      {"help", 0, 0, 'h'},         {0, 0, 0, 0}};
+      {"req-log", 1, 0, 'l'},      {"lora", 1, 0, 'A'},
+      {"help", 0, 0, 'h'},         {0, 0, 0, 0}};
   int c;
   optind = 1;
   while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {

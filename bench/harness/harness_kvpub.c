@@ -126,18 +126,25 @@ static void pack_hashes(msgpack_packer *pk, const uint64_t *h, size_t n) {
     msgpack_pack_uint64(pk, h[i]);
 }
 
-/* extra_keys: the untagged per-block tuples (msgpack arrays) or nil. */
+/* extra_keys: the untagged per-block tuples (msgpack arrays) or nil, as
+ * vLLM 0.33 lists them: the LoRA name (every block), then the salt (block
+ * 0). */
 static void pack_extras(msgpack_packer *pk, size_t n,
                         const bh_kvpub_extras *x) {
   pack_str(pk, "extra_keys");
   msgpack_pack_array(pk, n);
   for (size_t i = 0; i < n; i++) {
-    if (x->cache_salt != NULL && x->first_block + i == 0) {
-      msgpack_pack_array(pk, 1);
-      pack_str(pk, x->cache_salt);
-    } else {
+    bool salt = x->cache_salt != NULL && x->first_block + i == 0;
+    size_t k = (x->lora_name != NULL) + salt;
+    if (k == 0) {
       msgpack_pack_nil(pk);
+      continue;
     }
+    msgpack_pack_array(pk, k);
+    if (x->lora_name != NULL)
+      pack_str(pk, x->lora_name);
+    if (salt)
+      pack_str(pk, x->cache_salt);
   }
 }
 
@@ -162,12 +169,19 @@ int bh_kvpub_stored(bh_kvpub *p, const uint64_t *hashes, size_t n,
     msgpack_pack_uint32(pk, tokens[i]);
   pack_str(pk, "block_size");
   msgpack_pack_uint32(pk, block_size);
+  bool lora = x != NULL && x->lora_name != NULL;
   pack_str(pk, "lora_id");
-  msgpack_pack_nil(pk);
+  if (lora)
+    msgpack_pack_int64(pk, x->lora_id);
+  else
+    msgpack_pack_nil(pk);
   pack_str(pk, "medium");
   pack_str(pk, medium);
   pack_str(pk, "lora_name");
-  msgpack_pack_nil(pk);
+  if (lora)
+    pack_str(pk, x->lora_name);
+  else
+    msgpack_pack_nil(pk);
   if (x != NULL && n > 0) /* vLLM: an empty list is None, left out */
     pack_extras(pk, n, x);
   pack_str(pk, "group_idx");

@@ -37,6 +37,8 @@ void bh_kvpub_destroy(bh_kvpub *p); /* NULL ok */
 typedef struct bh_kvpub_extras {
   const char *cache_salt; /* NULL = none */
   uint64_t first_block;   /* the prompt's index of hashes[0] */
+  const char *lora_name;  /* NULL = the base model */
+  int64_t lora_id;        /* the deprecated lora_id field (with lora_name) */
 } bh_kvpub_extras;
 
 /* Appends an event to the pending batch.  parent NULL = chain root.  x NULL:

@@ -99,6 +99,7 @@ typedef struct rd_worker {
   double open_until;       /* circuit breaker */
   uint64_t inflight;       /* requests relaying now */
   char *models;            /* its /v1/models "data" (JSON array), or NULL */
+  double models_at;        /* when they were read (rd_now); refreshed */
   kvp_worker_load load;
   /* counters */
   uint64_t requests, ok, retried_away, errors[4]; /* rd_err_reason */
@@ -113,8 +114,17 @@ typedef enum rd_err_reason {
 } rd_err_reason;
 
 /* ---- the server ---------------------------------------------------------- */
+/* A LoRA adapter a worker serves (its /v1/models card with a parent): a
+ * request naming it hashes with it, as vLLM keys the adapter's blocks. */
+#define RD_LORA_MAX 64
+typedef struct rd_lora {
+  char name[128], path[256]; /* the card's id and root */
+} rd_lora;
+
 struct rd_server {
   rd_cfg cfg;
+  rd_lora lora[RD_LORA_MAX]; /* adapters seen on any worker */
+  uint32_t n_lora;
   struct event_base *base;
   struct evhttp *http, *admin, *indexer_http;
   struct evhttp_bound_socket *http_sock;
@@ -181,6 +191,8 @@ void rd_conn_nodelay(struct evhttp_connection *c);
  * it: after a reply's end that may free the request and the connection, so
  * call it last.  A partial write leaves the rest to the loop. */
 void rd_conn_flush(struct evhttp_connection *c);
+/* The adapter `model` names (NULL: the base model, or not known as one). */
+const rd_lora *rd_lora_find(const rd_server *s, const char *model);
 /* A request to w failed (reason) or succeeded: the circuit breaker. */
 void rd_worker_failed(rd_worker *w, rd_err_reason why);
 void rd_worker_ok(rd_worker *w);

@@ -439,7 +439,12 @@ static int hash_into(rd_call *c, kvp_hasher *h, const uint32_t *t, size_t n) {
   c->keys = malloc((nb ? nb : 1) * sizeof *c->keys);
   if (c->keys == NULL)
     return -1;
-  kvp_extras ex = {.cache_salt = *c->salt ? c->salt : NULL};
+  /* an adapter's blocks are its own: vLLM hashes its name (and, in 0.33's
+   * own modes, its path) into every block */
+  const rd_lora *l = rd_lora_find(c->s, c->q.model);
+  kvp_extras ex = {.cache_salt = *c->salt ? c->salt : NULL,
+                   .lora_name = l ? l->name : NULL,
+                   .lora_path = l ? l->path : NULL};
   int rc = kvp_hasher_hash(h, t, n, &ex, c->keys, nb, NULL);
   c->n_keys = rc > 0 ? (size_t)rc : 0;
   return rc < 0 ? -1 : 0;

@@ -368,6 +368,34 @@ static void apply_metrics(rd_worker *w, const char *t, size_t n) {
   rd_worker_sync(w);
 }
 
+const rd_lora *rd_lora_find(const rd_server *s, const char *model) {
+  for (uint32_t i = 0; model != NULL && *model && i < s->n_lora; i++)
+    if (strcmp(s->lora[i].name, model) == 0)
+      return &s->lora[i];
+  return NULL;
+}
+
+/* vLLM lists an adapter as a card whose parent is the base model (its root
+ * the adapter's path); adapters stay known once seen (one unloaded later
+ * only keys requests that the worker refuses anyway). */
+static void learn_adapters(rd_server *s, json_t *d) {
+  size_t i;
+  json_t *m;
+  json_array_foreach(d, i, m) {
+    const char *id = json_string_value(json_object_get(m, "id"));
+    const char *root = json_string_value(json_object_get(m, "root"));
+    if (id == NULL || !json_is_string(json_object_get(m, "parent")) ||
+        strlen(id) >= sizeof s->lora[0].name || rd_lora_find(s, id) ||
+        s->n_lora == RD_LORA_MAX)
+      continue;
+    rd_lora *l = &s->lora[s->n_lora++];
+    snprintf(l->name, sizeof l->name, "%s", id);
+    snprintf(l->path, sizeof l->path, "%s", root ? root : "");
+    kvp_log(KVP_LOG_INFO, "routerd", "LoRA adapter %s (%s): its requests "
+            "hash with it", l->name, l->path);
+  }
+}
+
 static void on_models(struct evhttp_request *hr, void *arg) {
   rd_worker *w = arg;
   w->probe_busy = false;
@@ -380,6 +408,8 @@ static void on_models(struct evhttp_request *hr, void *arg) {
   if (json_is_array(d)) {
     free(w->models);
     w->models = json_dumps(d, JSON_COMPACT);
+    w->models_at = rd_now();
+    learn_adapters(w->s, d);
   }
   json_decref(o);
 }
@@ -419,7 +449,8 @@ static void on_scrape(struct evhttp_request *hr, void *arg) {
   apply_metrics(w, (const char *)evbuffer_pullup(in, -1),
                 evbuffer_get_length(in));
   rd_worker_ok(w);
-  if (w->models == NULL)
+  /* models (and adapters: vLLM loads them at run time) every 10 s */
+  if (w->models == NULL || rd_now() - w->models_at > 10.0)
     probe_get(w, "/v1/models", on_models);
 }
 

@@ -5,7 +5,8 @@
  * request that parses has a non-empty prompt of in-vocabulary ids and fits
  * the context, and its cache salt, if any, is one vLLM accepts; a
  * rejection is 400/404 with a message and a JSON error body that parses
- * back with the same code. */
+ * back with the same code; a request naming the adapter runs on it (the
+ * cfg's own string), any other runs on the base model. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +17,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static const bh_api_cfg cfg = {"m", 1000, 4096};
+static const bh_api_cfg cfg = {"m", 1000, 4096, {"m-lora"}, 1};
 
 static void check_ok(const bh_api_req *r, bh_api_kind k) {
   if (r->n_tokens == 0 || r->tokens == NULL || r->max_tokens == 0)
@@ -28,6 +29,8 @@ static void check_ok(const bh_api_req *r, bh_api_kind k) {
       (uint64_t)r->n_tokens + r->max_tokens > cfg.max_model_len)
     abort();
   if (r->include_usage && !r->stream)
+    abort();
+  if (r->lora_name != NULL && r->lora_name != cfg.lora[0])
     abort();
   if (r->cache_salt != NULL) { /* vLLM's validate_cache_salt held */
     size_t chars = 0;

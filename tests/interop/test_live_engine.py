@@ -9,7 +9,10 @@ tokens sent (NONE_HASH from vLLM's default seed, int form), with its parent
 and its token ids -- a request's cache_salt included, on block 0, as vLLM
 0.33 hashes it -- and carries extra_keys as vLLM 0.33's cache_full_blocks
 publishes them (one entry per block: (salt,) on a salted prompt's block 0,
-None elsewhere); the residency the events describe is the worker's.
+None elsewhere); a LoRA adapter's blocks (--lora, vLLM's --lora-modules)
+hash ("lora", name, path) into every block, as vLLM 0.33 does, and carry
+lora_name, lora_id and the name first in each block's extra_keys; the
+residency the events describe is the worker's.
 
 usage: run.sh test_live_engine.py BENCH
 """
@@ -28,6 +31,7 @@ import vllm_hashes
 import vllm_tree
 
 BS = 16
+LORA = ("sql-adapter", "/loras/sql")
 END = (-1).to_bytes(8, "big", signed=True)
 
 
@@ -39,7 +43,8 @@ def start(bench, tmp):
     ready = os.path.join(tmp, "ready.json")
     p = subprocess.Popen([bench, "engine", "--workers", "1", "--block-size",
                           str(BS), "--hbm-blocks", "16", "--time-scale",
-                          "1000", "--ready-file", ready],
+                          "1000", "--ready-file", ready,
+                          "--lora", "%s=%s" % LORA],
                          stdout=subprocess.DEVNULL)
     for _ in range(300):
         if os.path.exists(ready):
@@ -58,14 +63,16 @@ def post(url, body):
 
 
 def prompts():
-    """(tokens, cache salt): a shared system prefix, a few sessions growing
-    turn by turn, the last two sessions salted (tenants)."""
+    """(tokens, cache salt, LoRA): a shared system prefix, a few sessions
+    growing turn by turn, two of them salted (tenants), one on the adapter
+    (salted too: the name comes before the salt on block 0)."""
     system = list(range(500, 500 + 3 * BS))
     out = []
     for turn in range(4):
-        for s in range(3):
+        for s in range(4):
             hist = [1000 + 100 * s + t for t in range((turn + 1) * 2 * BS)]
-            out.append((system + hist + [7] * 5, [None, "tenant-a", "tenant-b"][s]))
+            out.append((system + hist + [7] * 5, [None, "tenant-a", "tenant-b", "tenant-a"][s],
+                        LORA if s == 3 else None))
     return out
 
 
@@ -86,19 +93,19 @@ def replay_all(ctx, ep):
 def expected_blocks(sent):
     """u64 -> (tokens, parent u64 or None), from vLLM's own hash chain."""
     exp = {}
-    for toks, salt in sent:
-        ch = vllm_hashes.chain("sha256_cbor", None, toks, BS, salt=salt)
+    for toks, salt, lora in sent:
+        ch = vllm_hashes.chain("sha256_cbor", None, toks, BS, lora=lora, salt=salt)
         prev = None
         for i, b in enumerate(ch["blocks"]):
             exp[b["external_u64"]] = (toks[i * BS:(i + 1) * BS], prev,
-                                      b["event_extra_keys"])
+                                      b["event_extra_keys"], lora)
             prev = b["external_u64"]
     return exp
 
 
 def check_batches(kv, payloads, exp):
     dec = msgspec.msgpack.Decoder(kv.KVEventBatch)
-    resident, stored, removed, salted = set(), 0, 0, 0
+    resident, stored, removed, salted, adapted = set(), 0, 0, 0, 0
     for seq in sorted(payloads):
         p = payloads[seq]
         batch = dec.decode(p)  # vLLM's own consumer type
@@ -115,7 +122,7 @@ def check_batches(kv, payloads, exp):
                     fail("seq %d: extra_keys %r, want one entry per block" %
                          (seq, e.extra_keys))
                 for i, h in enumerate(e.block_hashes):
-                    toks, want_parent, want_x = exp.get(h, (None, None, None))
+                    toks, want_parent, want_x, lora = exp.get(h, (None,) * 4)
                     if toks is None:
                         fail("seq %d: %d is no sha256_cbor hash of a prompt "
                              "sent" % (seq, h))
@@ -127,7 +134,11 @@ def check_batches(kv, payloads, exp):
                     if e.extra_keys[i] != want_x:
                         fail("seq %d: extra_keys of %d are %r, want %r" %
                              (seq, h, e.extra_keys[i], want_x))
-                    salted += want_x is not None
+                    if (e.lora_name, e.lora_id) != ((lora[0], 1) if lora else (None, None)):
+                        fail("seq %d: lora_name/lora_id of %d are %r/%r, want %r" %
+                             (seq, h, e.lora_name, e.lora_id, lora))
+                    salted += want_x is not None and lora is None
+                    adapted += lora is not None
                     parent = h
                     resident.add(h)
                     stored += 1
@@ -138,6 +149,8 @@ def check_batches(kv, payloads, exp):
                 fail("unexpected event %r" % e)
     if salted == 0:
         fail("no salted block 0 published")
+    if adapted == 0:
+        fail("no LoRA adapter's block published")
     return resident, stored, removed
 
 
@@ -153,10 +166,12 @@ def main():
         sub.connect(w["kv_events"])
         time.sleep(0.4)  # slow joiner
         sent = prompts()
-        for toks, salt in sent:
+        for toks, salt, lora in sent:
             body = {"prompt": toks, "max_tokens": 2}
             if salt:
                 body["cache_salt"] = salt
+            if lora:
+                body["model"] = lora[0]
             post(w["url"] + "/v1/completions", body)
         live = {}
         while sub.poll(1000):

@@ -27,6 +27,7 @@ import openai
 B, RD, W = sys.argv[1], sys.argv[2], sys.argv[3]
 os.makedirs(W, exist_ok=True)
 MODEL = "kvplane-emulated"
+LORA = "sql-adapter"  # served beside MODEL, as vLLM's --lora-modules
 BS = 16
 procs = []
 failures = []
@@ -52,7 +53,8 @@ def engine(name, n):
         os.unlink(ready)
     log = open(os.path.join(W, name + ".log"), "w")
     p = subprocess.Popen([B, "engine", "--workers", str(n), "--block-size",
-                          str(BS), "--time-scale", "20", "--ready-file", ready],
+                          str(BS), "--time-scale", "20", "--ready-file", ready,
+                          "--lora", LORA],
                          stdout=log, stderr=subprocess.STDOUT)
     procs.append(p)
     for _ in range(200):
@@ -122,7 +124,7 @@ client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0)
 
 # ---- the API, through the SDK -------------------------------------------------
 models = client.models.list()
-check([m.id for m in models.data] == [MODEL], "/v1/models merged: %s" % [m.id for m in models.data])
+check([m.id for m in models.data] == [MODEL, LORA], "/v1/models merged: %s" % [m.id for m in models.data])
 prompt = [random.Random(1).randrange(1, 255) for _ in range(100)]
 r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4)
 check(r.usage.prompt_tokens == 100 and len(r.choices[0].text) > 0, "completion (token ids)")
@@ -204,6 +206,25 @@ a2 = tenant_call("acme")
 b1 = tenant_call("globex")
 check(a2[0] >= 80 and a2[1] >= 80, "tenant acme's second call hits (worker %d, router %d)" % a2)
 check(b1 == (0, 0), "tenant globex matches none of acme's blocks (worker %d, router %d)" % b1)
+
+# ---- LoRA: an adapter's blocks are its own (vLLM hashes it into every block) ----
+lp = [rng.randrange(1, 255) for _ in range(96)]
+def model_call(model):
+    raw = client.completions.with_raw_response.create(model=model, prompt=lp, max_tokens=1)
+    r = raw.parse()
+    return (r.usage.prompt_tokens_details.cached_tokens,
+            int(raw.headers["x-kvplane-cached-tokens"]), r.model)
+model_call(MODEL)
+time.sleep(0.1)  # the events reach the router
+m2 = model_call(MODEL)
+l1 = model_call(LORA)
+time.sleep(0.1)
+l2 = model_call(LORA)
+check(m2[0] >= 80 and m2[1] == m2[0], "base model's second call hits (worker %d, router %d)" % m2[:2])
+check(l1[:2] == (0, 0) and l1[2] == LORA,
+      "the adapter %s reuses none of the base model's blocks (worker %d, router %d)" % (l1[2], l1[0], l1[1]))
+check(l2[0] >= 80 and l2[1] == l2[0],
+      "the adapter's second call hits its own blocks (worker %d, router %d)" % l2[:2])
 
 # ---- admin: drain, undrain ------------------------------------------------------
 abase = f"http://127.0.0.1:{admin}"
