@@ -28,6 +28,8 @@ bad bad_hash       'namespace:\n  hash: md5\n' "bad_hash.yaml:2: namespace.hash:
 bad bad_block      'model:\n  block_size: 0\n' "bad_block.yaml:2: model.block_size"
 bad too_many       'routerd:\n  max_workers: 1\nworkers:\n  urls: [http://a:1, http://b:2]\n' "workers.urls: more workers than routerd.max_workers"
 bad not_yaml       'routerd: [\n' "not_yaml.yaml:"
+# in range for the binding, refused by the router (it would not start)
+bad bad_tie        'routing:\n  tie_rel: 5\n' "bad_tie.yaml: routing: the router refuses these options"
 printf 'routerd:\n  listen: 127.0.0.1:0\nworkers:\n  urls: [ftp://a:1]\n' > "$W/bad_url.yaml"
 out=$("$RD" --config "$W/bad_url.yaml" 2>&1); rc=$?
 if [ $rc -eq 1 ] && grep -qF "expected http://host[:port]" <<< "$out"; then echo "ok   bad worker url at start: $out"

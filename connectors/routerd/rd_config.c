@@ -158,6 +158,23 @@ static int take_policies(kvp_config *k, rd_cfg *c, const char *pols,
   return 0;
 }
 
+/* The routing section binds each key's type and range; the router itself
+ * checks how they fit together (kvp_router_create, which logs the option
+ * it refuses): a config it would refuse at start, or on SIGHUP, fails
+ * here too, so --check-config says so. */
+static int check_router(const char *path, const rd_cfg *c, char *err,
+                        size_t cap) {
+  kvp_router *r = NULL;
+  int rc = kvp_router_create(&c->ropts, NULL, &r);
+  if (rc < 0) {
+    snprintf(err, cap, "%s: routing: the router refuses these options (%s; "
+             "the line above names the option)", path, kvp_strerror(rc));
+    return -1;
+  }
+  kvp_router_destroy(r);
+  return 0;
+}
+
 int rd_cfg_load(const char *path, rd_cfg *c, char *err, size_t cap) {
   kvp_config *k = NULL;
   defaults(c);
@@ -176,7 +193,7 @@ int rd_cfg_load(const char *path, rd_cfg *c, char *err, size_t cap) {
   c->ropts.n_workers = (uint32_t)c->max_workers;
   c->ropts.replica_id = c->replica_id ? (uint32_t)c->replica_id
                                       : (uint32_t)getpid();
-  rc = 0;
+  rc = check_router(path, c, err, cap);
 out:
   kvp_config_destroy(k);
   return rc;
