@@ -6,8 +6,9 @@
  * Their per-worker index digests must equal those of a subscriber fed live
  * from ZeroMQ, through a relay restart (the engines' replay fills the gap),
  * a NATS restart mid-stream, malformed messages in the stream, and a
- * memory stream made again after a NATS restart (a running reader starts
- * over on it, ending equal to a reader that starts on the new stream).
+ * memory stream made again after a NATS restart (the relay refills it from
+ * the engines' replay buffers; a running reader starts over on it, ending
+ * equal to the live subscriber and to a reader that starts on it).
  *   test_events_nats [KVPLANE_CLI]  (or KVP_CLI=; exit 77 without
  *   nats-server) */
 #include <errno.h>
@@ -555,11 +556,13 @@ static void wait_stream(const char *name, uint64_t n) {
   ASSERT_EQ(stream_msgs(name), n);
 }
 
-/* A memory stream goes with its server; the relay makes it again, its
- * sequence numbers from 1.  The reader that ran through it notices (the
+/* A memory stream goes with its server; the relay makes it again (its
+ * sequence numbers from 1) and refills it from the engines' replay buffers
+ * before any newer batch.  The reader that ran through it notices (the
  * stream's creation time changed), drops what it had and reads the new
- * stream from its start: its index ends equal to a reader that starts on
- * the new stream.  The file stream's readers resume without a reset. */
+ * stream from its start: its index ends equal to the live one again, as
+ * does a reader that starts on the new stream.  The file stream's readers
+ * resume without a reset. */
 static void stage_stream_recreated(void) {
   pid_t rm = relay_start_on(out_m, MEM_STREAM);
   publish_all(60);
@@ -575,17 +578,20 @@ static void stage_stream_recreated(void) {
   nats = nats_start();
   wait_connected(&r3, 1);
   publish_all(60);
-  wait_stream(MEM_STREAM, 2 * 60);
+  catch_up(&live);
+  wait_stream(MEM_STREAM, published()); /* the refill: every batch again */
   side_open_on(&r4, true, MEM_STREAM);
   readers[n_readers++] = &r4;
-  wait_fed(&r4, 2 * 60);
-  wait_fed(&r3, fed0 + 2 * 60);
-  ASSERT_TRUE(same_digests(&r3, &r4));
-  ASSERT_FALSE(same_digests(&r3, &live)); /* the new stream lacks the past */
+  wait_fed(&r4, published());
+  wait_fed(&r3, fed0 + published());
+  ASSERT_TRUE(same_digests(&r4, &live));
+  ASSERT_TRUE(same_digests(&r3, &live)); /* the past is back */
   publish_all(20); /* and on from there */
-  wait_fed(&r4, 2 * 80);
-  wait_fed(&r3, fed0 + 2 * 80);
-  ASSERT_TRUE(same_digests(&r3, &r4));
+  catch_up(&live);
+  wait_fed(&r4, published());
+  wait_fed(&r3, fed0 + published());
+  ASSERT_TRUE(same_digests(&r3, &live));
+  ASSERT_TRUE(same_digests(&r4, &live));
   ASSERT_EQ(js_stats(&r3).stream_resets, 1u);
   ASSERT_EQ(js_stats(&r4).stream_resets, 0u);
   char prom[4096];
@@ -596,6 +602,7 @@ static void stage_stream_recreated(void) {
   ASSERT_EQ(js_stats(&r1).stream_resets, 0u);
   ASSERT_EQ(stop(rm), 0);
   ASSERT_EQ(relay_stat(out_m, "lost"), 0u);
+  ASSERT_EQ(relay_stat(out_m, "refills"), 1u);
 }
 
 static void run(void) {

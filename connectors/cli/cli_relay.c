@@ -95,7 +95,9 @@ typedef struct relay {
   jsCtx *jc;
   relay_acks acks;
   _Atomic bool reconnected;
-  uint64_t published, publish_errors, stalls, retried;
+  int64_t stream_created; /* the stream's creation time, as last seen */
+  bool stream_new;        /* ... changed at the last ensure_stream */
+  uint64_t published, publish_errors, stalls, retried, refills;
   uint64_t give_up_ns; /* flushing: stop waiting for room then */
   uint64_t t0_ns, last_stats_ns, last_in;
 } relay;
@@ -310,22 +312,24 @@ static int ensure_stream(relay *r) {
   sc.MaxBytes = o->max_bytes ? (int64_t)o->max_bytes : -1;
   sc.Duplicates = (int64_t)(o->dup_window_s * 1e9);
   sc.Discard = js_DiscardOld;
-  jsStreamInfo *si = NULL;
   jsErrCode je = 0;
   natsStatus st = NATS_ERR;
+  int64_t created = 0;
   /* retried for ~5 s: JetStream just started, or another relay creating the
    * same stream at the same moment (a fresh-clone CI run saw one relay of
    * two exit here on a loaded machine) */
   for (int i = 0; i < 20 && st != NATS_OK; i++) {
     if (i > 0)
       nats_Sleep(250);
-    si = NULL, je = 0;
+    jsStreamInfo *si = NULL;
+    je = 0;
     st = js_AddStream(&si, r->jc, &sc, NULL, &je);
     if (st != NATS_OK && je == JSStreamNameExistErr) {
       jsStreamInfo_Destroy(si);
       si = NULL;
       st = js_UpdateStream(&si, r->jc, &sc, NULL, &je);
     }
+    created = st == NATS_OK && si != NULL ? si->Created : 0;
     jsStreamInfo_Destroy(si);
   }
   if (st != NATS_OK) {
@@ -333,6 +337,10 @@ static int ensure_stream(relay *r) {
             natsStatus_GetText(st), (int)je, nats_GetLastError(NULL));
     return -1;
   }
+  /* made again since we last looked (a memory stream after a NATS restart,
+   * a wiped store): it lacks everything before now */
+  r->stream_new = r->stream_created != 0 && created != r->stream_created;
+  r->stream_created = created;
   return 0;
 }
 
@@ -604,22 +612,40 @@ static void final_line(relay *r) {
          PRIu64 ", \"lost\": %" PRIu64 ", \"retried\": %" PRIu64 ", \"publish_errors\": %"
          PRIu64 ", \"stalls\": %" PRIu64 ", \"gaps\": %" PRIu64 ", \"batches_missed\": %"
          PRIu64 ", \"replayed\": %" PRIu64 ", \"replay_failures\": %" PRIu64
-         ", \"regressions\": %" PRIu64 ", \"seconds\": %.3f}}\n",
+         ", \"regressions\": %" PRIu64 ", \"refills\": %" PRIu64
+         ", \"seconds\": %.3f}}\n",
          total_in(r), r->published, r->acks.acked, r->acks.duplicates, r->acks.errors,
          r->acks.lost, r->retried, r->publish_errors, r->stalls, gaps, missed, replayed,
-         fails, regress, (double)(kvp_now_ns() - r->t0_ns) * 1e-9);
+         fails, regress, r->refills, (double)(kvp_now_ns() - r->t0_ns) * 1e-9);
   pthread_mutex_unlock(&r->acks.mu);
   fflush(stdout);
+}
+
+/* After a reconnect: the stream again (a memory stream went with its
+ * server), and when it is a new one, the engines' buffered batches into it
+ * first, in order -- before any newer live batch and before the ones that
+ * failed while it was gone (those are in the engines' buffers too: the
+ * stream's dedup drops them) -- so readers that start over from it rebuild
+ * what the engines still hold. */
+static void after_reconnect(relay *r) {
+  if (ensure_stream(r) < 0 || !r->stream_new)
+    return;
+  r->refills++;
+  fprintf(stderr, "kvplane events relay: stream %s was made again: refilling "
+          "it from the engines' replay buffers\n", r->o->stream);
+  for (size_t i = 0; i < r->o->n; i++)
+    if (r->o->w[i].dealer != NULL)
+      fetch_replay(r, &r->o->w[i], 0, UINT64_MAX);
 }
 
 static void loop(relay *r, zmq_pollitem_t *items) {
   relay_opts *o = r->o;
   while (!stop_flag && (!o->max_batches || total_in(r) < o->max_batches)) {
     (void)zmq_poll(items, (int)o->n, 100);
+    if (atomic_exchange_explicit(&r->reconnected, false, memory_order_relaxed))
+      after_reconnect(r);
     for (size_t i = 0; i < o->n; i++)
       drain(r, &o->w[i]);
-    if (atomic_exchange_explicit(&r->reconnected, false, memory_order_relaxed))
-      (void)ensure_stream(r); /* a memory stream went with its server */
     retry_failed(r);
     uint64_t now = kvp_now_ns();
     if (o->stats_every && now - r->last_stats_ns >= o->stats_every * 1000000000ull)
