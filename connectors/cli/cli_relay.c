@@ -54,7 +54,8 @@ static const char relay_usage[] =
     "  --max-batches N       exit after N batches were relayed (tests)\n"
     "  --worker NAME=PUB[,REPLAY]  one engine (repeat); NAME: no '.', '*', '>'\n"
     "With REPLAY, the relay asks for the engine's buffered batches at start\n"
-    "(a restarted relay fills what it missed) and on a gap.  SIGINT/SIGTERM:\n"
+    "(a restarted relay fills what it missed), on a gap, and to refill a\n"
+    "stream made again after a reconnect (memory storage).  SIGINT/SIGTERM:\n"
     "waits for the acks in flight (10 s at most), prints {\"relay\": {...}}\n"
     "and exits 0.\n";
 
