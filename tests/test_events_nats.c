@@ -556,6 +556,15 @@ static void wait_stream(const char *name, uint64_t n) {
   ASSERT_EQ(stream_msgs(name), n);
 }
 
+/* Pumps until `s` has reset `resets` times and its index equals the live
+ * one (or 20 s). */
+static void wait_live(const side *s, uint64_t resets) {
+  for (int i = 0; i < 2000 && !(js_stats(s).stream_resets == resets &&
+                                same_digests(s, &live));
+       i++)
+    pump(10);
+}
+
 /* A memory stream goes with its server; the relay makes it again (its
  * sequence numbers from 1) and refills it from the engines' replay buffers
  * before any newer batch.  The reader that ran through it notices (the
@@ -571,8 +580,7 @@ static void stage_stream_recreated(void) {
   readers[n_readers++] = &r3;
   catch_up(&r3); /* the relay's start-up replay: the engines' history */
   same_index(&r3);
-  uint64_t fed0 = js_stats(&r3).fed;
-  ASSERT_EQ(fed0, published());
+  ASSERT_EQ(js_stats(&r3).fed, published());
   (void)stop(nats);
   wait_connected(&r3, 0);
   nats = nats_start();
@@ -583,13 +591,17 @@ static void stage_stream_recreated(void) {
   side_open_on(&r4, true, MEM_STREAM);
   readers[n_readers++] = &r4;
   wait_fed(&r4, published());
-  wait_fed(&r3, fed0 + published());
   ASSERT_TRUE(same_digests(&r4, &live));
+  /* r3 may have fed some of the refill before it noticed the new stream
+   * (its keeper looks once a second) and then read it all again: how many
+   * it fed depends on that timing; its index is what counts */
+  wait_live(&r3, 1);
+  ASSERT_EQ(js_stats(&r3).stream_resets, 1u);
   ASSERT_TRUE(same_digests(&r3, &live)); /* the past is back */
   publish_all(20); /* and on from there */
   catch_up(&live);
   wait_fed(&r4, published());
-  wait_fed(&r3, fed0 + published());
+  wait_live(&r3, 1);
   ASSERT_TRUE(same_digests(&r3, &live));
   ASSERT_TRUE(same_digests(&r4, &live));
   ASSERT_EQ(js_stats(&r3).stream_resets, 1u);
