@@ -261,7 +261,6 @@ static bool stream_recreated(kvp_events_js *js) {
   uint64_t now = kvp_now_ns();
   if (now - js->checked_ns < CHECK_NS || !connected(js))
     return false;
-  js->checked_ns = now;
   uint64_t fed = 0;
   for (size_t i = 0; i < js->n; i++) {
     uint64_t f = read_from(&js->src[i]);
@@ -269,7 +268,9 @@ static bool stream_recreated(kvp_events_js *js) {
   }
   jsStreamInfo *si = NULL;
   if (js_GetStreamInfo(&si, js->jc, js->stream, NULL, NULL) != NATS_OK)
-    return false; /* missing (being made again), or NATS just went */
+    return false; /* missing (being made again), or NATS just went: again
+                     on the keeper's next round */
+  js->checked_ns = now;
   bool again = (js->created != 0 && si->Created != js->created) ||
                fed > si->State.LastSeq;
   js->created = si->Created;
@@ -307,7 +308,10 @@ static void *keeper(void *arg) {
     pthread_mutex_unlock(&js->mu);
     if (stream_recreated(js))
       start_over(js);
-    for (size_t i = 0; i < js->n; i++)
+    /* nothing is read before the stream's creation time is known: a stream
+     * made again before the first look would not be told from this one (a
+     * refilled one soon has more messages than were fed) */
+    for (size_t i = 0; js->created != 0 && i < js->n; i++)
       check_sub(js, &js->src[i]);
     pthread_mutex_lock(&js->mu);
     struct timespec dl = deadline_in(RETRY_MS);
