@@ -24,27 +24,14 @@ import urllib.request
 
 import openai
 
+from rd_testlib import check, failures, free_port, metric, wait_http
+
 B, RD, W = sys.argv[1], sys.argv[2], sys.argv[3]
 os.makedirs(W, exist_ok=True)
 MODEL = "kvplane-emulated"
 LORA = "sql-adapter"  # served beside MODEL, as vLLM's --lora-modules
 BS = 16
 procs = []
-failures = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        failures.append(what)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def engine(name, n):
@@ -72,17 +59,6 @@ def http(method, url, body=None, headers=None):
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
-
-
-def wait_http(url, timeout=10):
-    t = time.time() + timeout
-    while time.time() < t:
-        try:
-            urllib.request.urlopen(url, timeout=1)
-            return True
-        except Exception:
-            time.sleep(0.05)
-    return False
 
 
 ea, wa = engine("engine_a", 2)
@@ -248,11 +224,6 @@ for i, ch in enumerate(st):
     if i == 2:
         break
 st.close()
-def metric(text, name):
-    for l in text.splitlines():
-        if l.startswith(name + " "):
-            return float(l.split()[1])
-    return None
 t_end = time.time() + 3
 while time.time() < t_end:
     _, m = http("GET", base + "/metrics")

@@ -21,26 +21,13 @@ import sys
 import time
 import urllib.request
 
+from rd_testlib import check, failures, free_port, metric, wait_http
+
 B, RD, W = sys.argv[1], sys.argv[2], sys.argv[3]
 os.makedirs(W, exist_ok=True)
 MODEL = "kvplane-emulated"
 BS = 16
 procs = []
-failures = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        failures.append(what)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def http(method, url, body=None, headers=None):
@@ -51,24 +38,6 @@ def http(method, url, body=None, headers=None):
             return r.status, r.read().decode(), r.headers
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode(), e.headers
-
-
-def wait_http(url, timeout=10):
-    t = time.time() + timeout
-    while time.time() < t:
-        try:
-            urllib.request.urlopen(url, timeout=1)
-            return True
-        except Exception:  # noqa: BLE001 -- not up yet
-            time.sleep(0.05)
-    return False
-
-
-def metric(text, name):
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return None
 
 
 def engine(name, n):

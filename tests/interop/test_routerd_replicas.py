@@ -21,13 +21,14 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
+
+from rd_testlib import check, failures, free_port, metric, wait_http
 
 B, RD, W = sys.argv[1], sys.argv[2], sys.argv[3]
 CLI = sys.argv[4] if len(sys.argv) > 4 else None
@@ -42,22 +43,7 @@ BS, WORKERS, SESSIONS, TURNS = 16, 4, 32, 4
 # for a measurement (docs/routerd.md#replicas: 200)
 SEEDS = tuple(range(1, 1 + int(os.environ.get("KVP_REPLICAS_BURSTS", "30"))))
 BLIND = 5
-failures = []
 procs = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        failures.append(what)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def spawn(args, log):
@@ -65,17 +51,6 @@ def spawn(args, log):
                          stderr=subprocess.STDOUT)
     procs.append(p)
     return p
-
-
-def wait_http(url, timeout=10):
-    t = time.time() + timeout
-    while time.time() < t:
-        try:
-            urllib.request.urlopen(url, timeout=1)
-            return True
-        except Exception:
-            time.sleep(0.05)
-    return False
 
 
 def engine(tag):
@@ -202,13 +177,6 @@ def metrics(port):
         return urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=2).read().decode()
     except Exception:
         return ""
-
-
-def metric(text, name):
-    for l in text.splitlines():
-        if l.startswith(name + " "):
-            return float(l.split()[1])
-    return None
 
 
 def stop_all():
