@@ -124,7 +124,7 @@ typedef struct rd_lora {
 struct rd_server {
   rd_cfg cfg;
   rd_lora lora[RD_LORA_MAX]; /* adapters seen on any worker */
-  uint32_t n_lora;
+  uint32_t n_lora, lora_warned;
   struct event_base *base;
   struct evhttp *http, *admin, *indexer_http;
   struct evhttp_bound_socket *http_sock;

@@ -385,9 +385,19 @@ static void learn_adapters(rd_server *s, json_t *d) {
     const char *id = json_string_value(json_object_get(m, "id"));
     const char *root = json_string_value(json_object_get(m, "root"));
     if (id == NULL || !json_is_string(json_object_get(m, "parent")) ||
-        strlen(id) >= sizeof s->lora[0].name || rd_lora_find(s, id) ||
-        s->n_lora == RD_LORA_MAX)
+        rd_lora_find(s, id))
       continue;
+    if (strlen(id) >= sizeof s->lora[0].name ||
+        (root && strlen(root) >= sizeof s->lora[0].path) ||
+        s->n_lora == RD_LORA_MAX) { /* a cut name or path keys other blocks */
+      if (!s->lora_warned) /* once: the models are read every 10 s */
+        kvp_log(KVP_LOG_WARN, "routerd", "LoRA adapter %.64s not used for "
+                "routing: %s (logged once)", id,
+                s->n_lora == RD_LORA_MAX ? "more than 64 adapters"
+                                         : "name or path too long");
+      s->lora_warned = 1;
+      continue;
+    }
     rd_lora *l = &s->lora[s->n_lora++];
     snprintf(l->name, sizeof l->name, "%s", id);
     snprintf(l->path, sizeof l->path, "%s", root ? root : "");
