@@ -19,6 +19,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <jemalloc/jemalloc.h>
 #include <xxhash.h>
 
 #include "harness.h"
@@ -574,9 +575,12 @@ static bool holds_all(const struct sim *s, uint32_t v, const kvp_key *keys,
 static uint64_t run_elsewhere(const struct sim *s, uint32_t w,
                               const kvp_key *keys, uint64_t m, uint64_t n) {
   uint64_t best = m;
-  if (m < n) /* the first probes of all: their misses overlap */
-    for (uint32_t v = 0; v < s->nw; v++)
-      bh_cache_prefetch_begin(&s->w[v].c, keys, m, m + 1);
+  if (m >= n || !seen_has(s, keys[m].lo))
+    return m; /* never cached anywhere: no worker holds it (most prompts'
+                 first miss is new content), so no probe of every worker */
+  /* the first probes of all: their misses overlap */
+  for (uint32_t v = 0; v < s->nw; v++)
+    bh_cache_prefetch_begin(&s->w[v].c, keys, m, m + 1);
   for (uint32_t v = 0; v < s->nw && best < n; v++) {
     if (v == w || bh_cache_find(&s->w[v].c, keys[best]) == NONE ||
         !holds_all(s, v, keys, m, best))
@@ -1109,6 +1113,23 @@ static void summarize(struct sim *s) {
   se->t_end = s->t_span;
   for (uint32_t b = 0; b < se->n; b++)
     se->hit[b] = s->s_prompt[b] > 0 ? s->s_reused[b] / s->s_prompt[b] : NAN;
+}
+
+void bh_keep_freed_pages(void) {
+  ssize_t never = -1; /* decay time -1: freed pages are never purged */
+  (void)mallctl("arenas.dirty_decay_ms", NULL, NULL, &never, sizeof never);
+  (void)mallctl("arenas.muzzy_decay_ms", NULL, NULL, &never, sizeof never);
+  unsigned n = 0; /* the arenas made already: one by one */
+  size_t sz = sizeof n;
+  if (mallctl("arenas.narenas", &n, &sz, NULL, 0) != 0)
+    return; /* not jemalloc's malloc */
+  for (unsigned a = 0; a < n; a++)
+    for (int k = 0; k < 2; k++) {
+      char key[64];
+      snprintf(key, sizeof key, "arena.%u.%s_decay_ms", a,
+               k ? "muzzy" : "dirty");
+      (void)mallctl(key, NULL, NULL, &never, sizeof never); /* unused: -1 */
+    }
 }
 
 int bh_sim_run(const bh_trace *t, const bh_sim_opts *o, bh_result *r,
