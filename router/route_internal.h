@@ -83,6 +83,9 @@ struct kvp_router {
   kvp_worker_match *wm; /* [n]: ... converted */
   uint64_t rr_next;
   uint64_t next_id;
+  /* the decision in progress's kvp_route_request.eligible (NULL: all) */
+  const uint64_t *elig;
+  uint32_t elig_words;
 };
 
 /* The context the receipt writer needs beyond the decision itself. */

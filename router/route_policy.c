@@ -555,8 +555,13 @@ typedef struct pick {
   char detail[128];
 } pick;
 
+/* Routable now: not offline and, during a decision whose request names
+ * its eligible workers, one of them. */
 static bool online(const kvp_router *r, uint32_t w) {
-  return !(r->load[w].flags & KVP_WORKER_OFFLINE);
+  if (r->load[w].flags & KVP_WORKER_OFFLINE)
+    return false;
+  return r->elig == NULL ||
+         (w / 64 < r->elig_words && ((r->elig[w / 64] >> (w % 64)) & 1));
 }
 
 /* Each failure logs the field (a request is the caller's bug to find). */
@@ -608,6 +613,11 @@ static int ctx_validate(const kvp_router *r, const kvp_route_request *q) {
                    q->prompt_tokens, hashed);
   if (!zeros(q->reserved, sizeof q->reserved))
     return req_bad("request.reserved: must be zero");
+  if ((q->eligible == NULL) != (q->n_eligible_words == 0) ||
+      q->n_eligible_words > (r->n + 63) / 64)
+    return req_bad("request.eligible / n_eligible_words = %u: both or "
+                   "neither, at most %u words for %u workers",
+                   q->n_eligible_words, (r->n + 63) / 64, r->n);
   return cls_validate(q);
 }
 
@@ -1189,7 +1199,7 @@ static void decision_none(kvp_decision *out) {
 }
 
 /* The decision itself; r, req and out are not NULL. */
-static int route_core(kvp_router *r, const kvp_route_request *req,
+static int route_pick(kvp_router *r, const kvp_route_request *req,
                       const kvp_worker_match *matches, size_t n_matches,
                       uint8_t flags, kvp_decision *out) {
   route_ctx x;
@@ -1219,6 +1229,18 @@ static int route_core(kvp_router *r, const kvp_route_request *req,
   kvp__route_reason(&why, out); /* before commit: the figures it quotes */
   commit(r, &x, out);
   return 0;
+}
+
+/* route_pick with the request's eligible workers in force (online()). */
+static int route_core(kvp_router *r, const kvp_route_request *req,
+                      const kvp_worker_match *matches, size_t n_matches,
+                      uint8_t flags, kvp_decision *out) {
+  r->elig = req->n_eligible_words ? req->eligible : NULL;
+  r->elig_words = req->n_eligible_words;
+  int rc = route_pick(r, req, matches, n_matches, flags, out);
+  r->elig = NULL;
+  r->elig_words = 0;
+  return rc;
 }
 
 int kvp_router_route_matches(kvp_router *r, const kvp_route_request *req,

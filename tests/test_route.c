@@ -860,6 +860,60 @@ TEST(offline_workers_never_chosen) {
   }
 }
 
+/* kvp_route_request.eligible: every policy keeps to the workers it names
+ * (a LoRA adapter loaded on some), the best match and a session's last
+ * worker outside it included; nothing is left after an eligible worker
+ * goes offline. */
+TEST(eligible_workers_only) {
+  for (int pol = 0; pol < KVP_POLICY_COUNT_; pol++) {
+    kvp_router *r = router_new((kvp_policy)pol, 70, 0);
+    kvp_key *keys = keys_new(16, 4);
+    kvp_worker_match m = hbm(0, 16); /* the best match: not eligible */
+    uint64_t el[2] = {1ull << 5, 1ull << (66 - 64)}; /* workers 5 and 66 */
+    for (int i = 0; i < 20; i++) {
+      kvp_route_request q = req_of(keys, 16, 0, 7, 0); /* one session */
+      if (i % 2) {
+        kvp_decision d0; /* unrestricted: the session sticks where it can */
+        ASSERT_OK(kvp_router_route_matches(r, &q, &m, 1, &d0));
+        ASSERT_OK(kvp_router_complete(r, d0.worker, d0.request_id));
+        continue;
+      }
+      q.eligible = el, q.n_eligible_words = 2;
+      kvp_decision d;
+      ASSERT_OK(kvp_router_route_matches(r, &q, &m, 1, &d));
+      ASSERT_TRUE(d.worker == 5 || d.worker == 66);
+      ASSERT_EQ(d.n_eligible, 2u);
+      for (unsigned k = 0; k < d.n_top; k++)
+        ASSERT_TRUE(d.top[k].worker == 5 || d.top[k].worker == 66);
+      ASSERT_OK(kvp_router_complete(r, d.worker, d.request_id));
+    }
+    kvp_worker_load off = {0};
+    off.flags = KVP_WORKER_OFFLINE;
+    ASSERT_OK(kvp_router_set_load(r, 5, &off));
+    ASSERT_OK(kvp_router_set_load(r, 66, &off));
+    kvp_route_request q = req_of(keys, 16, 0, 0, 0);
+    q.eligible = el, q.n_eligible_words = 2;
+    kvp_decision d;
+    ASSERT_ERR(kvp_router_route_matches(r, &q, &m, 1, &d), KVP_ESTATE);
+    q.n_eligible_words = 1; /* worker 66 is past the words given */
+    el[0] |= 1ull << 9;
+    ASSERT_OK(kvp_router_route_matches(r, &q, &m, 1, &d));
+    ASSERT_EQ(d.worker, 9u);
+    ASSERT_OK(kvp_router_complete(r, d.worker, d.request_id));
+    q.n_eligible_words = 3; /* 70 workers: 2 words at most */
+    ASSERT_ERR(kvp_router_route_matches(r, &q, &m, 1, &d), KVP_EINVAL);
+    q.n_eligible_words = 0; /* a mask without its length */
+    ASSERT_ERR(kvp_router_route_matches(r, &q, &m, 1, &d), KVP_EINVAL);
+    q.eligible = NULL, q.n_eligible_words = 1;
+    ASSERT_ERR(kvp_router_route_matches(r, &q, &m, 1, &d), KVP_EINVAL);
+    q.n_eligible_words = 0; /* neither: every online worker again */
+    ASSERT_OK(kvp_router_route_matches(r, &q, &m, 1, &d));
+    ASSERT_EQ(d.n_eligible, 68u);
+    free(keys);
+    kvp_router_destroy(r);
+  }
+}
+
 /* ---- receipts ------------------------------------------------------------ */
 TEST(receipt_json_snprintf_and_escaping) {
   kvp_router *r = router_new(KVP_POLICY_KVPLANE_COST, 3, 0);
@@ -1482,6 +1536,7 @@ TEST_MAIN(TEST_ENTRY(policy_names_and_model_math),
           TEST_ENTRY(inflight_bookkeeping), TEST_ENTRY(inflight_random_churn),
           TEST_ENTRY(uncertain_match_is_discounted),
           TEST_ENTRY(offline_workers_never_chosen),
+          TEST_ENTRY(eligible_workers_only),
           TEST_ENTRY(receipt_json_snprintf_and_escaping),
           TEST_ENTRY(every_policy_has_a_receipt), TEST_ENTRY(bad_options),
           TEST_ENTRY(bad_input_changes_nothing),

@@ -323,7 +323,15 @@ typedef struct kvp_route_request {
   /* tokens per block of `keys` (kvp_hasher_block_size): 0 = not checked;
    * else must equal the router's block_size (KVP_EINVAL, logged) */
   uint32_t block_size;
-  uint32_t reserved[7];
+  /* Which workers may serve this request (e.g. those with the LoRA adapter
+   * it names loaded): bit w % 64 of eligible[w / 64] set = worker w may.
+   * NULL with n_eligible_words 0 = every worker; a worker past the words
+   * given may not; at most ceil(n_workers / 64) words.  Offline workers stay
+   * out either way; none eligible and online = KVP_ESTATE, as with none
+   * online.  Read only during the call. */
+  uint32_t n_eligible_words;
+  const uint64_t *eligible;
+  uint32_t reserved[4];
 } kvp_route_request;
 
 /* ---- decision and receipt ------------------------------------------------ */
