@@ -20,6 +20,8 @@
 #define RD_URL_MAX 256
 #define RD_WORKERS_MAX 256
 #define RD_EV_FDS 4
+#define RD_THREADS_MAX 64  /* routerd.threads */
+#define RD_THREADS_AUTO 16 /* `auto`: online CPUs, at most this many */
 
 /* ---- configuration (rd_config.c) ---------------------------------------- */
 typedef struct rd_cfg {
@@ -38,6 +40,8 @@ typedef struct rd_cfg {
   uint64_t breaker_failures;       /* consecutive failures that open it */
   uint64_t stream_buffer;          /* client bytes queued before upstream
                                       reads pause (backpressure) */
+  char threads_s[16];              /* "auto" or a count, as written */
+  uint32_t threads;                /* front-door loops (threads), >= 1 */
   bool render;                     /* ask the worker's render endpoint */
   bool engine_hash;                /* events keyed by the engine's hashes */
   double connect_timeout_s, request_timeout_s, client_timeout_s;

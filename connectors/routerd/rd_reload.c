@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* kvplane-routerd SIGHUP (systemctl reload): the config file is read again
  * and, once it validates, every setting that can change live is applied;
- * those fixed at start (listeners, the namespace, worker slots, replicas)
- * keep their running values and are named in one WARN line. */
+ * those fixed at start (listeners, threads, the namespace, worker slots,
+ * replicas) keep their running values and are named in one WARN line. */
 #include "rd.h"
 
 #include <errno.h>
@@ -29,6 +29,8 @@ static const fixed_key fixed[] = {
     FIXED_("listen", listen, true),
     FIXED_("admin_listen", admin_listen, true),
     FIXED_("indexer_listen", indexer_listen, true),
+    FIXED_("threads", threads_s, true),
+    FIXED_(NULL, threads, false),
     FIXED_("max_workers", max_workers, false),
     FIXED_(NULL, ropts.n_workers, false),
     FIXED_("namespace.model_id", model_id, true),
