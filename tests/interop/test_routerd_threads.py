@@ -71,14 +71,18 @@ receipts = os.path.join(W, "receipts.jsonl")
 if os.path.exists(receipts):
     os.unlink(receipts)
 cfg = os.path.join(W, "routerd.yaml")
-with open(cfg, "w") as f:
-    f.write(f"""routerd:
+
+
+def write_cfg(max_body):
+    with open(cfg, "w") as f:
+        f.write(f"""routerd:
   listen: 127.0.0.1:{port}
   admin_listen: 127.0.0.1:{admin}
   threads: {THREADS}
   receipts: {receipts}
   scrape_interval: 50ms
   retries: 2
+  max_body: {max_body}
 workers:
   urls: [{", ".join(w["url"] for w in workers)}]
   kv_events: [{", ".join(w["kv_events"] for w in workers)}]
@@ -86,6 +90,9 @@ workers:
 model:
   block_size: {BS}
 """)
+
+
+write_cfg("1M")
 rlog_path = os.path.join(W, "routerd.log")
 rd = subprocess.Popen([RD, "--config", cfg, "--log", "info"],
                       stdout=open(rlog_path, "w"), stderr=subprocess.STDOUT)
@@ -189,6 +196,13 @@ check(code == 202, "drain answered 202 while busy")
 code, _, _ = http("DELETE", abase + "/admin/workers?url=" + removed)
 t_remove = time.time()
 check(code == 202, "remove answered 202 while busy")
+# SIGHUP while busy: every loop takes the new config (the file keeps the
+# removed worker out, so the reload does not add it back)
+workers_cfg = [w for w in workers if w["url"] != removed]
+workers_all, workers = workers, workers_cfg
+write_cfg("64K")
+workers = workers_all
+rd.send_signal(signal.SIGHUP)
 gone = False
 t_end = time.time() + 10
 while time.time() < t_end and not gone:
@@ -209,6 +223,11 @@ check(len(busy) > 0 and all(b[1] == 200 for b in busy),
       % (len(busy), sorted(set(b[1] for b in busy))))
 code, _, _ = http("POST", abase + "/admin/workers/undrain?url=" + drained)
 check(code == 202, "undrain")
+_, m, _ = http("GET", base + "/metrics")
+check(metric(m, 'kvplane_routerd_config_reloads_total{result="ok"}') == 1,
+      "the SIGHUP under load was applied")
+big = [complete([7] * 40000)[0] for _ in range(12)]  # ~120 KB bodies
+check(big == [413] * 12, "every loop enforces the reloaded max_body (%s)" % big)
 
 # ---- receipts: one whole line per request ------------------------------------------
 _, m, _ = http("GET", base + "/metrics")
