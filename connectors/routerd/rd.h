@@ -181,7 +181,8 @@ typedef struct rd_loop {
   struct event_base *base;          /* idx 0: s->base */
   struct evhttp *http;              /* the front door */
   struct evhttp_bound_socket *sock; /* NULL once draining */
-  struct event *wake;               /* idx > 0: thread 0's posts */
+  int wake_fd;                      /* idx > 0: thread 0's posts (eventfd) */
+  struct event *wake;               /* ... on this loop */
   atomic_bool stop;                 /* posted: leave the loop */
   uint64_t cfg_gen;                 /* s->cfg_gen of cfg */
   rd_cfg cfg;                       /* the running config, this loop's copy */
@@ -192,12 +193,13 @@ typedef struct rd_loop {
   uint32_t rr;                      /* render / fallback round robin */
   pthread_mutex_t hmu;              /* the histograms: /metrics merges */
   kvp_hist *h_render, *h_route;     /* ns */
+  kvp_hist *h_wait, *h_held;        /* the decision's s->mu: ns */
   rd_counters cnt;
 } rd_loop;
 
 /* Makes s->cfg.threads loops (loop 0 on s->base) with their front doors on
- * s->cfg.listen; threads > 1: libevent's locks are on (evthread) and each
- * loop has its own SO_REUSEPORT socket.  0 or -1 (logged). */
+ * s->cfg.listen; threads > 1: each loop has its own SO_REUSEPORT socket.
+ * 0 or -1 (logged). */
 int rd_loops_create(rd_server *s);
 int rd_loops_start(rd_server *s);  /* threads 1..N-1 run their loops */
 void rd_loops_stop(rd_server *s);  /* asks them to leave, joins them */

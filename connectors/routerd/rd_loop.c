@@ -4,17 +4,18 @@
  * event_base and evhttp.  With N > 1 every loop listens on its own
  * SO_REUSEPORT socket bound to the same address, and the kernel spreads
  * the connections over them.  Thread 0 posts to the others through each
- * loop's `wake` event (libevent's locks on: event_active from any thread):
- * a new config, drain, stop. */
+ * loop's eventfd (a new config, drain, stop): no base is touched from a
+ * thread not its own, so libevent runs without its locks, as with one
+ * loop. */
 #include "rd.h"
 
 #include <errno.h>
 #include <event2/listener.h>
-#include <event2/thread.h>
 #include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -113,12 +114,14 @@ static void stop_accepting(rd_loop *l) {
   }
 }
 
-/* What thread 0 posted: each is a flag it set before event_active (whose
- * base lock orders the flag before this callback). */
+/* What thread 0 posted: flags it set (release) before writing the eventfd. */
 static void on_wake(evutil_socket_t fd, short what, void *arg) {
-  (void)fd, (void)what;
+  (void)what;
   rd_loop *l = arg;
   rd_server *s = l->s;
+  uint64_t n;
+  if (read(fd, &n, sizeof n) < 0) /* EAGAIN: a post already taken */
+    return;
   /* pairs with the release increment in rd_loops_reconfigure */
   if (atomic_load_explicit(&s->cfg_gen, memory_order_acquire) != l->cfg_gen)
     take_cfg(l);
@@ -129,8 +132,10 @@ static void on_wake(evutil_socket_t fd, short what, void *arg) {
 }
 
 static void post(rd_loop *l) {
-  if (l->wake)
-    event_active(l->wake, EV_READ, 0);
+  uint64_t one = 1;
+  if (l->wake_fd >= 0 && write(l->wake_fd, &one, sizeof one) < 0)
+    kvp_log(KVP_LOG_ERROR, "routerd", "front-door thread %u: post: %s",
+            l->idx, strerror(errno));
 }
 
 void rd_loops_reconfigure(rd_server *s) {
@@ -178,6 +183,7 @@ static int own_hashers(rd_loop *l) {
 static int loop_init(rd_server *s, rd_loop *l, uint32_t idx) {
   l->s = s;
   l->idx = idx;
+  l->wake_fd = -1;
   l->cfg = s->cfg;
   pthread_mutex_init(&l->hmu, NULL);
   l->base = idx == 0 ? s->base : loop_base();
@@ -187,12 +193,18 @@ static int loop_init(rd_server *s, rd_loop *l, uint32_t idx) {
   if (l->base == NULL || l->ixm == NULL || l->wm == NULL ||
       l->pool == NULL || own_hashers(l) < 0 ||
       kvp_hist_create(NULL, &l->h_render) < 0 ||
-      kvp_hist_create(NULL, &l->h_route) < 0)
+      kvp_hist_create(NULL, &l->h_route) < 0 ||
+      kvp_hist_create(NULL, &l->h_wait) < 0 ||
+      kvp_hist_create(NULL, &l->h_held) < 0)
     return -1;
-  /* pending forever (no fd, no timeout): the loop runs until told to stop,
-   * not until its front door drained */
-  if (idx > 0 && ((l->wake = event_new(l->base, -1, EV_PERSIST, on_wake, l)) ==
-                      NULL || event_add(l->wake, NULL) < 0))
+  /* pending as long as it lives: the loop runs until told to stop, not
+   * until its front door drained */
+  l->wake_fd = idx > 0 ? eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC) : -1;
+  if (idx > 0 && (l->wake_fd < 0 ||
+                  (l->wake = event_new(l->base, l->wake_fd,
+                                       EV_READ | EV_PERSIST, on_wake, l)) ==
+                      NULL ||
+                  event_add(l->wake, NULL) < 0))
     return -1;
   l->http = rd_http_new(l->base, &l->cfg, rd_on_http, l);
   return l->http ? 0 : -1;
@@ -249,7 +261,7 @@ void rd_loops_stop(rd_server *s) {
     if (!l->started)
       continue;
     /* pairs with on_wake's acquire load; a post made before the loop
-     * dispatches waits for it (the event stays active) */
+     * dispatches waits for it in the eventfd */
     atomic_store_explicit(&l->stop, true, memory_order_release);
     post(l);
     pthread_join(l->th, NULL);
@@ -275,6 +287,8 @@ static void loop_free(rd_loop *l) {
     evhttp_free(l->http);
   if (l->wake)
     event_free(l->wake);
+  if (l->wake_fd >= 0)
+    close(l->wake_fd);
   if (l->idx > 0) {
     kvp_hasher_destroy(l->hasher);
     kvp_hasher_destroy(l->text_hasher);
@@ -283,6 +297,8 @@ static void loop_free(rd_loop *l) {
   }
   kvp_hist_destroy(l->h_render);
   kvp_hist_destroy(l->h_route);
+  kvp_hist_destroy(l->h_wait);
+  kvp_hist_destroy(l->h_held);
   free(l->ixm);
   free(l->wm);
   pthread_mutex_destroy(&l->hmu);

@@ -165,10 +165,7 @@ static struct event_base *new_base(void) {
 static int start(rd_server *s) {
   struct event *ev[4];
   int sigs[3] = {SIGTERM, SIGINT, SIGHUP};
-  /* libevent's locks: libnats' threads (replicas) and thread 0's posts to
-   * the other loops use bases from threads not theirs */
-  bool locks = *s->cfg.nats_url || s->cfg.threads > 1;
-  if ((locks && rd_sync_thread_safe() < 0) ||
+  if ((*s->cfg.nats_url && rd_sync_thread_safe() < 0) ||
       (s->base = new_base()) == NULL || make_core(s) < 0 ||
       open_receipts(s) < 0 || rd_loops_create(s) < 0)
     return -1;

@@ -185,21 +185,28 @@ static void threads(rd_server *s, struct evbuffer *b) {
 
 /* The loops' histograms merged, each under its own lock. */
 static void hists(rd_server *s, struct evbuffer *b) {
-  kvp_hist *hr = NULL, *ht = NULL;
-  if (kvp_hist_create(NULL, &hr) < 0 || kvp_hist_create(NULL, &ht) < 0)
-    goto out;
+  kvp_hist *h[4] = {NULL, NULL, NULL, NULL};
+  for (int k = 0; k < 4; k++)
+    if (kvp_hist_create(NULL, &h[k]) < 0)
+      goto out;
   for (uint32_t i = 0; i < s->n_loops; i++) {
     rd_loop *l = &s->loops[i];
     pthread_mutex_lock(&l->hmu);
-    kvp_hist_merge(hr, l->h_render);
-    kvp_hist_merge(ht, l->h_route);
+    kvp_hist_merge(h[0], l->h_render);
+    kvp_hist_merge(h[1], l->h_route);
+    kvp_hist_merge(h[2], l->h_wait);
+    kvp_hist_merge(h[3], l->h_held);
     pthread_mutex_unlock(&l->hmu);
   }
-  hist(b, "render_seconds", "render call time", hr);
-  hist(b, "route_seconds", "hash + index + decision time", ht);
+  hist(b, "render_seconds", "render call time", h[0]);
+  hist(b, "route_seconds", "hash + index + decision time", h[1]);
+  hist(b, "route_lock_wait_seconds", "a decision's wait for the routing "
+       "lock (the front-door loops contend on it)", h[2]);
+  hist(b, "route_lock_held_seconds", "the routing lock held for a decision",
+       h[3]);
 out:
-  kvp_hist_destroy(hr);
-  kvp_hist_destroy(ht);
+  for (int k = 0; k < 4; k++)
+    kvp_hist_destroy(h[k]);
 }
 
 void rd_metrics_write(rd_server *s, struct evbuffer *b) {

@@ -533,17 +533,25 @@ static size_t query(rd_call *c, const kvp_route_request *rq, uint64_t now) {
 }
 
 /* The decision (under s->mu); *approx: the chosen worker publishes no KV
- * events (read under the lock: the slot is not claimed yet). */
+ * events (read under the lock: the slot is not claimed yet).  The lock's
+ * wait and hold times go to /metrics: what more loops would contend on. */
 static int decide(rd_call *c, kvp_route_request *rq, uint64_t now,
                   bool *approx) {
   rd_server *s = c->s;
   size_t nm = query(c, rq, now);
   uint8_t flags = c->d.flags;
+  uint64_t t0 = kvp_now_ns();
   rd_lock(s);
+  uint64_t t1 = kvp_now_ns();
   rq->request_id = ++s->next_id;
   int rc = kvp_router_route_matches(s->router, rq, c->l->wm, nm, &c->d);
   *approx = rc == 0 && (c->text_mode || *s->w[c->d.worker].kv_events == '\0');
+  uint64_t t2 = kvp_now_ns();
   rd_unlock(s);
+  pthread_mutex_lock(&c->l->hmu);
+  kvp_hist_record(c->l->h_wait, t1 - t0);
+  kvp_hist_record(c->l->h_held, t2 - t1);
+  pthread_mutex_unlock(&c->l->hmu);
   c->d.flags |= rc == 0 ? flags : 0;
   if (rc == 0 && c->l->cfg.ropts.record_routed &&
       kvp_index_record_routed(s->ix, c->d.worker, rq->keys,
