@@ -294,8 +294,12 @@ static pid_t routerd_proc(bench *B, uint16_t port, uint32_t id,
                    "prompts in approximate\n# (character) mode -- no render "
                    "call (the stub worker has no tokenizer)\n"
                    "routerd:\n  listen: 127.0.0.1:%u\n  render: false\n"
-                   "  threads: %u\n  policy: %s\nworkers:\n  urls: [",
-                   port, threads, B->o.routerd_policy);
+                   "  policy: %s\n",
+                   port, B->o.routerd_policy);
+  if (threads > 1) /* unset for one: --routerd may name an older binary */
+    n += snprintf(cfg + n, sizeof cfg - (size_t)n, "  threads: %u\n",
+                  threads);
+  n += snprintf(cfg + n, sizeof cfg - (size_t)n, "workers:\n  urls: [");
   for (uint32_t i = 0; i < B->stub.n; i++) {
     worker_url(B, i, url, sizeof url);
     n += snprintf(cfg + n, sizeof cfg - (size_t)n, "%s%s", i ? ", " : "", url);
