@@ -312,6 +312,8 @@ struct evhttp *rd_listen(rd_server *s, const char *hostport,
 /* c's limits (body, headers, client timeout) on h: its connections
  * accepted from now on take them. */
 void rd_http_limits(const rd_cfg *c, struct evhttp *h);
+/* A loop's event_base (each loop's: thread 0's and the front doors'). */
+struct event_base *rd_base_new(void);
 /* (Re)arms the scrape / breaker / drain tick at s->cfg.scrape_interval_s. */
 int rd_tick_arm(rd_server *s);
 

@@ -156,17 +156,6 @@ void rd_loops_drain(rd_server *s) {
 }
 
 /* ---- life ------------------------------------------------------------------------ */
-static struct event_base *loop_base(void) {
-  struct event_config *cfg = event_config_new();
-  if (cfg == NULL)
-    return NULL;
-  /* as thread 0's base (rd_main.c new_base) */
-  event_config_set_flag(cfg, EVENT_BASE_FLAG_EPOLL_USE_CHANGELIST);
-  struct event_base *b = event_base_new_with_config(cfg);
-  event_config_free(cfg);
-  return b;
-}
-
 static int own_hashers(rd_loop *l) {
   kvp_hasher_opts ho = {.algo = kvp_hasher_algo(l->s->hasher)};
   if (l->idx == 0) { /* thread 0 keeps using s's */
@@ -186,7 +175,7 @@ static int loop_init(rd_server *s, rd_loop *l, uint32_t idx) {
   l->wake_fd = -1;
   l->cfg = s->cfg;
   pthread_mutex_init(&l->hmu, NULL);
-  l->base = idx == 0 ? s->base : loop_base();
+  l->base = idx == 0 ? s->base : rd_base_new();
   l->ixm = calloc(s->n_w, sizeof *l->ixm);
   l->wm = calloc(s->n_w, sizeof *l->wm);
   l->pool = calloc(s->n_w, sizeof *l->pool);

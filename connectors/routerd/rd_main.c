@@ -152,7 +152,7 @@ int rd_tick_arm(rd_server *s) {
  * together before epoll_wait, so the write interest a reply adds and the
  * read that follows it removes cost no epoll_ctl at all (libevent applies
  * each change at once otherwise: ~10 epoll_ctl per proxied request). */
-static struct event_base *new_base(void) {
+struct event_base *rd_base_new(void) {
   struct event_config *cfg = event_config_new();
   if (cfg == NULL)
     return NULL;
@@ -166,7 +166,7 @@ static int start(rd_server *s) {
   struct event *ev[4];
   int sigs[3] = {SIGTERM, SIGINT, SIGHUP};
   if ((*s->cfg.nats_url && rd_sync_thread_safe() < 0) ||
-      (s->base = new_base()) == NULL || make_core(s) < 0 ||
+      (s->base = rd_base_new()) == NULL || make_core(s) < 0 ||
       open_receipts(s) < 0 || rd_loops_create(s) < 0)
     return -1;
   if (*s->cfg.admin_listen &&

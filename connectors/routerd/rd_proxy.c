@@ -506,16 +506,14 @@ static void hist_record(rd_loop *l, kvp_hist *h, uint64_t ns) {
 }
 
 /* kvp_router_route with the index query taken out of the routing lock:
- * the query is lock-free and most of the time; the decision and its
- * in-flight accounting are what s->mu serialises.  The matches are what
- * kvp_router_route makes of the query (router/route_policy.c
+ * the query is lock-free and most of the routing time; the decision and
+ * its in-flight accounting are what s->mu serialises.  The matches are
+ * what kvp_router_route makes of the query (router/route_policy.c
  * matches_from_index).  A query cannot fail here (<= 256 workers, chains
  * cut to KVP_INDEX_CHAIN_MAX); if one did, the request routes on load. */
-static size_t query(rd_call *c, const kvp_route_request *rq, uint64_t now) {
+static size_t query(rd_call *c, const kvp_key *keys, size_t nq, uint64_t now) {
   rd_loop *l = c->l;
-  size_t nq = rq->n_blocks < KVP_INDEX_CHAIN_MAX ? rq->n_blocks
-                                                 : KVP_INDEX_CHAIN_MAX;
-  int got = kvp_index_query(c->s->ix, rq->keys, nq, now, l->ixm, c->s->n_w);
+  int got = kvp_index_query(c->s->ix, keys, nq, now, l->ixm, c->s->n_w);
   size_t k = 0;
   for (int i = 0; i < got && i < (int)c->s->n_w; i++) {
     const kvp_index_match *im = &l->ixm[i];
@@ -538,7 +536,9 @@ static size_t query(rd_call *c, const kvp_route_request *rq, uint64_t now) {
 static int decide(rd_call *c, kvp_route_request *rq, uint64_t now,
                   bool *approx) {
   rd_server *s = c->s;
-  size_t nm = query(c, rq, now);
+  size_t nq = rq->n_blocks < KVP_INDEX_CHAIN_MAX ? rq->n_blocks
+                                                 : KVP_INDEX_CHAIN_MAX;
+  size_t nm = query(c, rq->keys, nq, now);
   uint8_t flags = c->d.flags;
   uint64_t t0 = kvp_now_ns();
   rd_lock(s);
@@ -553,11 +553,8 @@ static int decide(rd_call *c, kvp_route_request *rq, uint64_t now,
   kvp_hist_record(c->l->h_held, t2 - t1);
   pthread_mutex_unlock(&c->l->hmu);
   c->d.flags |= rc == 0 ? flags : 0;
-  if (rc == 0 && c->l->cfg.ropts.record_routed &&
-      kvp_index_record_routed(s->ix, c->d.worker, rq->keys,
-                              rq->n_blocks < KVP_INDEX_CHAIN_MAX
-                                  ? rq->n_blocks : KVP_INDEX_CHAIN_MAX,
-                              now) < 0)
+  if (rc == 0 && c->l->cfg.ropts.record_routed && /* as kvp_router_route */
+      kvp_index_record_routed(s->ix, c->d.worker, rq->keys, nq, now) < 0)
     c->d.flags |= KVP_DECISION_NOT_RECORDED;
   return rc;
 }
