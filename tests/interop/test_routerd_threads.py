@@ -6,7 +6,9 @@ engine); stdlib client, no SDK.
 
   test_routerd_threads.py KVPLANE_BENCH KVPLANE_ROUTERD WORK_DIR
 
-Checks: many concurrent clients on fresh connections are all answered and
+Checks: a second router on the same address is refused (SO_REUSEPORT
+joins no other process's group); many concurrent clients on fresh
+connections are all answered and
 land on at least 2 loops (kvplane_routerd_thread_requests_total{thread}),
 whose counts sum to requests_total; multi-turn sessions whose turns come
 through different loops still land where their KV is (the workers' own
@@ -100,6 +102,11 @@ procs.append(rd)
 base = f"http://127.0.0.1:{port}"
 abase = f"http://127.0.0.1:{admin}"
 check(wait_http(base + "/health"), "the router answers /health")
+# SO_REUSEPORT must not let a second router join the first one's port
+dup = subprocess.run([RD, "--config", cfg], capture_output=True, text=True, timeout=20)
+check(dup.returncode == 1 and "cannot listen" in dup.stderr,
+      "a second router on the same address is refused: rc %d, %s"
+      % (dup.returncode, dup.stderr.strip()[-120:]))
 
 
 def complete(prompt, max_tokens=2, session=None):
