@@ -63,11 +63,14 @@ bool rd_worker_claim(rd_worker *w, bool request) {
   return true;
 }
 
+/* The last touch of w: once unlocked, thread 0 may free its slot
+ * (rd_worker_reap), w->s included. */
 void rd_worker_release(rd_worker *w) {
-  rd_lock(w->s);
+  rd_server *s = w->s;
+  rd_lock(s);
   w->inflight--;
-  rd_unlock(w->s);
-  atomic_fetch_sub_explicit(&w->s->inflight, 1, memory_order_relaxed);
+  atomic_fetch_sub_explicit(&s->inflight, 1, memory_order_relaxed);
+  rd_unlock(s);
 }
 
 rd_worker *rd_worker_find(rd_server *s, const char *url) {
