@@ -13,7 +13,8 @@ land on at least 2 loops (kvplane_routerd_thread_requests_total{thread}),
 whose counts sum to requests_total; multi-turn sessions whose turns come
 through different loops still land where their KV is (the workers' own
 cached_tokens); a drained worker gets no new request and a removed one
-goes, while the loops are busy, with no request failed; one whole JSON
+goes, while the loops are busy, with no request failed, and a worker added
+and removed 6 times under load fails none either; one whole JSON
 receipt per request; SIGTERM with requests in flight on several loops:
 each finishes, then exit 0.  Under a ThreadSanitizer build
 (TSAN_OPTIONS=halt_on_error=1) a race report fails the exit code and the
@@ -188,12 +189,14 @@ check(ideal[0] > 0 and got[0] >= 0.95 * ideal[0] and sum(1 for v in per1 if v > 
 busy, stop_busy = [], threading.Event()
 
 
-def busy_client(k):
-    i = 0
+def busy_client(k, out=busy, fresh=False):
+    i, rng = 0, random.Random(k)
     while not stop_busy.is_set():
         t0 = time.time()
-        code, _, w = complete([k + 1] * 48 + [i % 50 + 1] * 16)
-        busy.append((t0, code, w))
+        prompt = ([rng.randrange(1, 30000) for _ in range(64)] if fresh
+                  else [k + 1] * 48 + [i % 50 + 1] * 16)
+        code, _, w = complete(prompt)
+        out.append((t0, code, w))
         i += 1
 
 
@@ -237,6 +240,36 @@ check(len(busy) > 0 and all(b[1] == 200 for b in busy),
       % (len(busy), sorted(set(b[1] for b in busy))))
 code, _, _ = http("POST", abase + "/admin/workers/undrain?url=" + drained)
 check(code == 202, "undrain")
+
+# ---- churn: the removed worker added back and removed again, 6 times, while
+# busy on prompts no worker holds (so load spreads onto it each time): its
+# slot is freed while the loops release their claims on it
+churn, cycles, CHURN = [], 0, 6
+stop_busy.clear()
+bt = [threading.Thread(target=busy_client, args=(k, churn, True), daemon=True)
+      for k in range(8)]
+for t in bt:
+    t.start()
+w1 = workers[1]
+for _ in range(CHURN):
+    code, _, _ = http("POST", abase + "/admin/workers", {
+        "url": removed, "kv_events": w1["kv_events"], "kv_replay": w1["kv_replay"]})
+    time.sleep(0.3)
+    code2, _, _ = http("DELETE", abase + "/admin/workers?url=" + removed)
+    gone, t_end = False, time.time() + 5
+    while code == 201 and code2 == 202 and time.time() < t_end and not gone:
+        _, body, _ = http("GET", abase + "/admin/workers")
+        gone = removed not in [w["url"] for w in json.loads(body)["workers"]]
+        time.sleep(0.05)
+    cycles += gone
+stop_busy.set()
+for t in bt:
+    t.join()
+check(cycles == CHURN and any(c[2] == removed for c in churn),
+      "%d add/remove cycles under load, the worker served in between (%d done, "
+      "%d of %d requests to it)" % (CHURN, cycles, sum(c[2] == removed for c in churn), len(churn)))
+check(len(churn) > 0 and all(c[1] == 200 for c in churn),
+      "no request failed through the churn (statuses %s)" % sorted(set(c[1] for c in churn)))
 _, m, _ = http("GET", base + "/metrics")
 check(metric(m, 'kvplane_routerd_config_reloads_total{result="ok"}') == 1,
       "the SIGHUP under load was applied")
@@ -250,7 +283,8 @@ try:
     recs = [json.loads(x) for x in lines]
 except ValueError:
     recs = []
-n_ok = sum(1 for r in res if r[0] == 200) + sum(1 for b in busy if b[1] == 200) + 8 * 4
+n_ok = (sum(1 for r in res if r[0] == 200) + sum(1 for b in busy + churn if b[1] == 200)
+        + 8 * 4)
 check(len(recs) == len(lines) == n_ok and all("receipt" in r for r in recs),
       "one whole JSON receipt per request (%d lines, %d parsed, %d requests)"
       % (len(lines), len(recs), n_ok))
