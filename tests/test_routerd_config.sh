@@ -28,8 +28,14 @@ bad bad_hash       'namespace:\n  hash: md5\n' "bad_hash.yaml:2: namespace.hash:
 bad bad_block      'model:\n  block_size: 0\n' "bad_block.yaml:2: model.block_size"
 bad too_many       'routerd:\n  max_workers: 1\nworkers:\n  urls: [http://a:1, http://b:2]\n' "workers.urls: more workers than routerd.max_workers"
 bad not_yaml       'routerd: [\n' "not_yaml.yaml:"
+bad bad_threads    'routerd:\n  threads: 0\n' "bad_threads.yaml:2: routerd.threads: expected an integer in [1, 64] or auto"
+bad bad_threads2   'routerd:\n  threads: many\n' "bad_threads2.yaml:2: routerd.threads: expected an integer"
+bad threads_nats   'routerd:\n  threads: 2\nreplicas:\n  nats_url: nats://127.0.0.1:4222\n' "threads_nats.yaml:2: routerd.threads: threads > 1 is not supported with replicas"
 # in range for the binding, refused by the router (it would not start)
 bad bad_tie        'routing:\n  tie_rel: 5\n' "bad_tie.yaml: routing: the router refuses these options"
+printf 'routerd:\n  threads: auto\n' > "$W/threads_auto.yaml"
+out=$("$RD" --config "$W/threads_auto.yaml" --check-config 2>&1)
+if [ $? -eq 0 ]; then echo "ok   threads: auto: $out"; else echo "FAIL threads: auto: $out"; fail=1; fi
 printf 'routerd:\n  listen: 127.0.0.1:0\nworkers:\n  urls: [ftp://a:1]\n' > "$W/bad_url.yaml"
 out=$("$RD" --config "$W/bad_url.yaml" 2>&1); rc=$?
 if [ $rc -eq 1 ] && grep -qF "expected http://host[:port]" <<< "$out"; then echo "ok   bad worker url at start: $out"

@@ -8,6 +8,8 @@
  * kvplane-routerd-x3 is three replicas synced through a nats-server started
  * here, the requests spread round robin over them as a load balancer would:
  * per replica CPU, sync messages/s and sync lag beside one router's row.
+ * kvplane-routerd-t2 / -t4 are one router with routerd.threads: 2 / 4
+ * (front-door loops on one SO_REUSEPORT address; only with --only).
  *   bench_routerd [--quick] [--duration S] [--rates 2000,10000,max]
  *                 [--only direct,kvplane-routerd,...] [--check] ...
  * docs/performance.md ("kvplane-routerd") has the numbers. */
@@ -39,10 +41,17 @@
 #define KVP_SOURCE_DIR "."
 #endif
 
-enum { T_DIRECT, T_ROUTERD, T_FLEET, T_NGINX, T_VLLM, T_SGLANG, T_N };
-static const char *const k_tname[T_N] = {"direct", "kvplane-routerd",
-                                         "kvplane-routerd-x3", "nginx",
-                                         "vllm-router", "sglang-router"};
+enum { T_DIRECT, T_ROUTERD, T_FLEET, T_NGINX, T_VLLM, T_SGLANG, T_ROUTERD_T2,
+       T_ROUTERD_T4, T_N };
+static const char *const k_tname[T_N] = {
+    "direct",        "kvplane-routerd",    "kvplane-routerd-x3",
+    "nginx",         "vllm-router",        "sglang-router",
+    "kvplane-routerd-t2", "kvplane-routerd-t4"};
+
+/* routerd.threads of a one-process kvplane-routerd target; 0: not one */
+static uint32_t routerd_threads(int k) {
+  return k == T_ROUTERD ? 1 : k == T_ROUTERD_T2 ? 2 : k == T_ROUTERD_T4 ? 4 : 0;
+}
 #define FLEET_N 3 /* replicas of kvplane-routerd-x3 */
 enum { P_SMALL, P_32K, P_N };
 static const char *const k_pname[P_N] = {"small", "32k"};
@@ -269,19 +278,28 @@ static int write_file(const char *path, const char *text) {
   return fclose(f);
 }
 
-/* One kvplane-routerd on port; id > 0: replica id of kvplane-routerd-x3,
- * synced through the nats-server on nats_port. */
+/* One kvplane-routerd on port with `threads` front-door loops; id > 0:
+ * replica id of kvplane-routerd-x3, synced through the nats-server on
+ * nats_port. */
 static pid_t routerd_proc(bench *B, uint16_t port, uint32_t id,
-                          uint16_t nats_port) {
+                          uint16_t nats_port, uint32_t threads) {
   char cfg[8192], path[600], log[600], url[64], name[32];
-  snprintf(name, sizeof name, id ? "routerd-x3-%u" : "routerd", id);
+  if (id)
+    snprintf(name, sizeof name, "routerd-x3-%u", id);
+  else
+    snprintf(name, sizeof name, threads > 1 ? "routerd-t%u" : "routerd",
+             threads);
   int n = snprintf(cfg, sizeof cfg,
                    "# bench_routerd: token-id prompts route as sent; text "
                    "prompts in approximate\n# (character) mode -- no render "
                    "call (the stub worker has no tokenizer)\n"
                    "routerd:\n  listen: 127.0.0.1:%u\n  render: false\n"
-                   "  policy: %s\nworkers:\n  urls: [",
+                   "  policy: %s\n",
                    port, B->o.routerd_policy);
+  if (threads > 1) /* unset for one: --routerd may name an older binary */
+    n += snprintf(cfg + n, sizeof cfg - (size_t)n, "  threads: %u\n",
+                  threads);
+  n += snprintf(cfg + n, sizeof cfg - (size_t)n, "workers:\n  urls: [");
   for (uint32_t i = 0; i < B->stub.n; i++) {
     worker_url(B, i, url, sizeof url);
     n += snprintf(cfg + n, sizeof cfg - (size_t)n, "%s%s", i ? ", " : "", url);
@@ -300,9 +318,10 @@ static pid_t routerd_proc(bench *B, uint16_t port, uint32_t id,
 }
 
 static pid_t start_routerd(bench *B, target *t) {
-  snprintf(t->note, sizeof t->note, "policy %s, 1 thread (libevent)",
-           B->o.routerd_policy);
-  return routerd_proc(B, t->port, 0, 0);
+  uint32_t n = routerd_threads(t->kind);
+  snprintf(t->note, sizeof t->note, "policy %s, %u front-door thread%s "
+           "(libevent)", B->o.routerd_policy, n, n > 1 ? "s" : "");
+  return routerd_proc(B, t->port, 0, 0, n);
 }
 
 static pid_t start_nginx(bench *B, target *t) {
@@ -385,7 +404,8 @@ static bool installed(const bench *B, int k) {
   if (k == T_FLEET && (B->o.nats_server == NULL ||
                        access(B->o.nats_server, X_OK) != 0))
     return false;
-  return (k != T_ROUTERD && k != T_FLEET) || access(B->o.routerd, X_OK) == 0;
+  return (!routerd_threads(k) && k != T_FLEET) ||
+         access(B->o.routerd, X_OK) == 0;
 }
 
 /* one request per worker and then some, end to end */
@@ -496,7 +516,7 @@ static bool fleet_up(bench *B, target *t) {
     return t->nats = 0, false;
   for (uint32_t i = 0; i < FLEET_N; i++) {
     t->rport[i] = free_port();
-    t->rpid[i] = routerd_proc(B, t->rport[i], i + 1, t->nats_port);
+    t->rpid[i] = routerd_proc(B, t->rport[i], i + 1, t->nats_port, 1);
     if (t->rpid[i] <= 0)
       return t->rpid[i] = 0, false;
   }
@@ -527,7 +547,7 @@ static void start_target(bench *B, target *t) {
     return;
   }
   t->port = free_port();
-  t->pid = t->kind == T_ROUTERD ? start_routerd(B, t)
+  t->pid = routerd_threads(t->kind) ? start_routerd(B, t)
            : t->kind == T_NGINX ? start_nginx(B, t)
                                 : start_peer(B, t, k_tname[t->kind],
                                              t->kind == T_SGLANG);
@@ -539,7 +559,7 @@ static void start_target(bench *B, target *t) {
     return;
   }
   size_t n = strlen(t->note);
-  if (t->kind != T_ROUTERD)
+  if (!routerd_threads(t->kind))
     snprintf(t->note + n, sizeof t->note - n, ", %d thread(s)",
              threads_of(t->pid));
 }
@@ -587,7 +607,7 @@ static void run_cell(bench *B, target *t, int p, double rate, row *w) {
                      .warmup_s = o->warmup, .duration_s = o->duration,
                      .timeout_s = o->timeout, .grace_s = o->grace,
                      .max_conns = rate > 0 ? o->conns : o->concurrency,
-                     .want_header = t->kind == T_ROUTERD || fleet
+                     .want_header = routerd_threads(t->kind) || fleet
                                         ? "x-kvplane-worker" : NULL};
   lo.n_ports = t->kind == T_DIRECT ? B->stub.n : fleet ? FLEET_N : 1;
   for (uint32_t i = 0; i < lo.n_ports; i++)
@@ -845,10 +865,11 @@ static int check_fleet(const row *w) {
   return bad;
 }
 
-/* the targets --check holds to: direct, kvplane-routerd, and
+/* the targets --check holds to: direct, kvplane-routerd (-t2, -t4), and
  * kvplane-routerd-x3 where nats-server is installed */
 static bool checked(const bench *B, int t) {
-  return t == T_DIRECT || t == T_ROUTERD || (t == T_FLEET && installed(B, t));
+  return t == T_DIRECT || routerd_threads(t) ||
+         (t == T_FLEET && installed(B, t));
 }
 
 /* --check: the smoke test's assertions */
@@ -897,7 +918,8 @@ static void usage(FILE *f) {
       "         --concurrency outstanding (default 2000,10000,max)\n"
       "  targets: direct, kvplane-routerd, kvplane-routerd-x3 (3 replicas\n"
       "         synced through a nats-server started here; skipped without\n"
-      "         one), nginx, vllm-router, sglang-router\n"
+      "         one), nginx, vllm-router, sglang-router; with --only:\n"
+      "         kvplane-routerd-t2, -t4 (routerd.threads: 2, 4)\n"
       "  --check: exit 1 unless direct and kvplane-routerd (and -x3, with\n"
       "         nats-server) had no errors, every router reply carried\n"
       "         x-kvplane-worker and every replica heard its peers\n");
@@ -965,8 +987,8 @@ static void defaults(opts *o) {
               .peer_policy = "cache_aware", .routerd_policy = "kvplane_cost",
               .nats_server = find_nats_server()};
   parse_rates(o, "2000,10000,max");
-  for (int i = 0; i < T_N; i++)
-    o->want[i] = true;
+  for (int i = 0; i < T_N; i++) /* the threaded ones: asked by name */
+    o->want[i] = i != T_ROUTERD_T2 && i != T_ROUTERD_T4;
   o->prompt[P_SMALL] = o->prompt[P_32K] = true;
 }
 

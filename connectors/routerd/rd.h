@@ -1,15 +1,37 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* kvplane-routerd internals: one libevent loop (one thread) runs the front
- * door, the upstream connections, the workers' KV-event subscribers (their
- * ZeroMQ fds), the /metrics scrapes, the admin and indexer listeners.  The
- * library objects (index, router, ledger, hashers) are used from that
- * thread only, so nothing here locks. */
+/* kvplane-routerd internals.  Thread 0 runs loop 0: the admin and indexer
+ * listeners, the workers' KV-event subscribers (their ZeroMQ fds), the
+ * /metrics scrapes, the tick, signals and SIGHUP, replicas sync -- and a
+ * front door.  With routerd.threads = N > 1, threads 1..N-1 each run one
+ * more front door (rd_loop: its own event_base, evhttp, SO_REUSEPORT
+ * socket, hashers, keep-alive pools and counters) over the same index.
+ *
+ * Sharing (docs/routerd.md#threads):
+ * - the index is thread-safe (queries lock-free, writers per shard);
+ *   the ledger has its own mutex; kvp_log is thread-safe;
+ * - s->mu, "the routing lock", serialises the router (decisions,
+ *   completions, loads, options), every worker field another loop may
+ *   change or read (state, fails, open_until, inflight, requests, ok,
+ *   retried_away, errors, load, models; slots taken and freed) and the
+ *   writes of s->cfg (thread 0 reads it freely: it is the only writer;
+ *   the other loops read their own copy, rd_loop.cfg);
+ * - a worker's identity (url, host, port, kv_events...) is written by
+ *   thread 0 while its slot is free: another loop reads it only after
+ *   seeing the slot taken under s->mu, or while it holds a claim on the
+ *   worker (inflight), which keeps the slot from being freed;
+ * - receipts under s->rc_mu; loop counters single-writer atomics;
+ *   histograms per loop under its hmu; the LoRA list append-only.
+ * Lock order: s->mu before the ledger's and the index's own; s->rc_mu and
+ * rd_loop.hmu are leaves.  With threads = 1 nothing else changes: one
+ * loop, the locks uncontended. */
 #ifndef KVP_ROUTERD_H
 #define KVP_ROUTERD_H
 
 #include <event2/event.h>
 #include <event2/http.h>
 #include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -20,6 +42,8 @@
 #define RD_URL_MAX 256
 #define RD_WORKERS_MAX 256
 #define RD_EV_FDS 4
+#define RD_THREADS_MAX 64  /* routerd.threads */
+#define RD_THREADS_AUTO 16 /* `auto`: online CPUs, at most this many */
 
 /* ---- configuration (rd_config.c) ---------------------------------------- */
 typedef struct rd_cfg {
@@ -38,6 +62,8 @@ typedef struct rd_cfg {
   uint64_t breaker_failures;       /* consecutive failures that open it */
   uint64_t stream_buffer;          /* client bytes queued before upstream
                                       reads pause (backpressure) */
+  char threads_s[16];              /* "auto" or a count, as written */
+  uint32_t threads;                /* front-door loops (threads), >= 1 */
   bool render;                     /* ask the worker's render endpoint */
   bool engine_hash;                /* events keyed by the engine's hashes */
   double connect_timeout_s, request_timeout_s, client_timeout_s;
@@ -76,7 +102,9 @@ typedef struct rd_server rd_server;
 typedef struct rd_worker {
   rd_server *s;
   uint32_t id;
-  rd_wstate state;
+  /* written under s->mu (thread 0, and any loop's circuit breaker); read
+   * under it, or by thread 0 without it: plain accesses are seq_cst */
+  _Atomic rd_wstate state;
   bool removing;
   char url[RD_URL_MAX], host[RD_URL_MAX];
   uint16_t port;
@@ -91,9 +119,10 @@ typedef struct rd_worker {
   struct kvp_events_js *js; /* kv_events "js:NAME": read from JetStream */
   struct event *ev_fd[RD_EV_FDS];
   int n_ev_fd;
-  struct evhttp_connection **idle; /* keep-alive pool */
-  size_t n_idle, cap_idle;
-  struct evhttp_connection *probe; /* /metrics scrape */
+  /* bumped when the slot is freed or its circuit opens: each loop drops
+   * its pooled connections of an older generation (rd_pool) */
+  atomic_uint_fast64_t gen;
+  struct evhttp_connection *probe; /* /metrics scrape (thread 0) */
   bool probe_busy;
   uint32_t fails;          /* consecutive */
   double open_until;       /* circuit breaker */
@@ -121,13 +150,85 @@ typedef struct rd_lora {
   char name[128], path[256]; /* the card's id and root */
 } rd_lora;
 
+/* ---- front-door loops (rd_loop.c) ----------------------------------------- */
+/* One loop's counters: written by its thread only (a relaxed load and store,
+ * no locked add), read by /metrics on any loop. */
+typedef struct rd_counters {
+  atomic_uint_fast64_t requests, bad_requests, no_worker, retries,
+      client_cancels, render_calls, render_fail, text_mode, token_mode,
+      predicted_cached, reported_cached, reported_n, tenant_salted;
+  atomic_uint_fast64_t reasons[KVP_REASON_COUNT_];
+} rd_counters;
+#define RD_COUNT(l, f, n)                                                     \
+  atomic_store_explicit(&(l)->cnt.f,                                          \
+                        atomic_load_explicit(&(l)->cnt.f,                     \
+                                             memory_order_relaxed) + (n),     \
+                        memory_order_relaxed)
+
+/* A loop's keep-alive connections to one worker slot (evhttp connections
+ * belong to one event_base). */
+typedef struct rd_pool {
+  struct evhttp_connection **idle;
+  size_t n, cap;
+  uint64_t gen; /* rd_worker.gen they were made under */
+} rd_pool;
+
+typedef struct rd_loop {
+  rd_server *s;
+  uint32_t idx;                     /* 0: thread 0's loop */
+  pthread_t th;                     /* idx > 0, once started */
+  bool started;
+  struct event_base *base;          /* idx 0: s->base */
+  struct evhttp *http;              /* the front door */
+  struct evhttp_bound_socket *sock; /* NULL once draining */
+  int wake_fd;                      /* idx > 0: thread 0's posts (eventfd) */
+  struct event *wake;               /* ... on this loop */
+  atomic_bool stop;                 /* posted: leave the loop */
+  uint64_t cfg_gen;                 /* s->cfg_gen of cfg */
+  rd_cfg cfg;                       /* the running config, this loop's copy */
+  kvp_hasher *hasher, *text_hasher; /* idx 0: s's (thread 0 is theirs) */
+  kvp_index_match *ixm;             /* query scratch: max_workers each */
+  kvp_worker_match *wm;
+  rd_pool *pool;                    /* per worker slot */
+  uint32_t rr;                      /* render / fallback round robin */
+  pthread_mutex_t hmu;              /* the histograms: /metrics merges */
+  kvp_hist *h_render, *h_route;     /* ns */
+  kvp_hist *h_wait, *h_held;        /* the decision's s->mu: ns */
+  rd_counters cnt;
+} rd_loop;
+
+/* Makes s->cfg.threads loops (loop 0 on s->base) with their front doors on
+ * s->cfg.listen; threads > 1: each loop has its own SO_REUSEPORT socket.
+ * 0 or -1 (logged). */
+int rd_loops_create(rd_server *s);
+int rd_loops_start(rd_server *s);  /* threads 1..N-1 run their loops */
+void rd_loops_stop(rd_server *s);  /* asks them to leave, joins them */
+void rd_loops_free(rd_server *s);  /* after rd_loops_stop */
+/* SIGTERM: every front door stops accepting (open connections finish) */
+void rd_loops_drain(rd_server *s);
+/* s->cfg changed (reload, under s->mu): each loop takes its copy and its
+ * front door's limits */
+void rd_loops_reconfigure(rd_server *s);
+void rd_lock(rd_server *s);
+void rd_unlock(rd_server *s);
+/* This loop's keep-alive connection to w (the caller holds a claim on w);
+ * put it back when the request ended cleanly, free it otherwise. */
+struct evhttp_connection *rd_conn_get(rd_loop *l, rd_worker *w);
+void rd_conn_put(rd_loop *l, rd_worker *w, struct evhttp_connection *c);
+
 struct rd_server {
-  rd_cfg cfg;
-  rd_lora lora[RD_LORA_MAX]; /* adapters seen on any worker */
-  uint32_t n_lora, lora_warned;
+  rd_cfg cfg;      /* written by thread 0 under mu (rd_loop.cfg: copies) */
+  pthread_mutex_t mu, rc_mu; /* the routing lock; receipts (rd.h's top) */
+  atomic_uint_fast64_t cfg_gen; /* bumped with each cfg applied */
+  rd_loop *loops;
+  uint32_t n_loops;
+  /* adapters seen on any worker: thread 0 fills lora[n_lora] and then
+   * publishes n_lora (release; rd_lora_find's acquire load pairs) */
+  rd_lora lora[RD_LORA_MAX];
+  atomic_uint n_lora;
+  uint32_t lora_warned;
   struct event_base *base;
-  struct evhttp *http, *admin, *indexer_http;
-  struct evhttp_bound_socket *http_sock;
+  struct evhttp *admin, *indexer_http;
   struct event *sig_term, *sig_int, *sig_hup, *tick, *js_tick;
   kvp_namespace ns, text_ns;
   kvp_hasher *hasher, *text_hasher;
@@ -136,19 +237,13 @@ struct rd_server {
   kvp_ledger *ledger;
   rd_worker *w; /* cfg.max_workers slots */
   uint32_t n_w;
-  uint32_t rr;  /* render / fallback round robin */
-  FILE *receipts;
-  bool draining;
+  FILE *receipts; /* under rc_mu */
+  atomic_bool draining;
   double drain_deadline;
-  uint64_t inflight, next_id;
-  kvp_hist *h_render, *h_route; /* ns */
-  /* counters */
-  uint64_t requests, bad_requests, no_worker, retries, client_cancels;
-  uint64_t render_calls, render_fail, text_mode, token_mode;
-  uint64_t reasons[KVP_REASON_COUNT_];
-  uint64_t predicted_cached, reported_cached, reported_n;
-  uint64_t tenant_salted;
-  uint64_t reloads_ok, reloads_refused; /* SIGHUP (rd_reload.c) */
+  atomic_uint_fast64_t inflight; /* upstream requests, every loop's */
+  uint64_t next_id;              /* under mu */
+  /* SIGHUP (rd_reload.c), written under mu */
+  uint64_t reloads_ok, reloads_refused;
   double config_ok_unix; /* last config applied (start or reload), unix s */
   bool reload_failed;    /* the last reload was refused */
   struct rd_indexer *indexer;
@@ -178,10 +273,11 @@ void rd_worker_undrain(rd_worker *w);
  * was (rd_workers_tick does it for the others). */
 bool rd_worker_reap(rd_worker *w);
 bool rd_worker_routable(const rd_worker *w);
-/* Connection from the keep-alive pool (or a new one); put it back when the
- * request ended cleanly, free it otherwise. */
-struct evhttp_connection *rd_conn_get(rd_worker *w);
-void rd_conn_put(rd_worker *w, struct evhttp_connection *c);
+/* Under s->mu: a routable w takes one more request (inflight; `request`:
+ * counted in requests too) and cannot be freed until rd_worker_release.
+ * Returns whether it did. */
+bool rd_worker_claim(rd_worker *w, bool request);
+void rd_worker_release(rd_worker *w); /* takes s->mu */
 /* TCP_NODELAY on c's socket; after each evhttp_make_request on c */
 void rd_conn_nodelay(struct evhttp_connection *c);
 /* Writes what evhttp queued on c now instead of on the loop's next pass
@@ -193,27 +289,36 @@ void rd_conn_nodelay(struct evhttp_connection *c);
 void rd_conn_flush(struct evhttp_connection *c);
 /* The adapter `model` names (NULL: the base model, or not known as one). */
 const rd_lora *rd_lora_find(const rd_server *s, const char *model);
-/* A request to w failed (reason) or succeeded: the circuit breaker. */
+/* A request to w failed (reason) or succeeded (`request`: a relayed one,
+ * counted ok; else a scrape): the circuit breaker.  Take s->mu. */
 void rd_worker_failed(rd_worker *w, rd_err_reason why);
-void rd_worker_ok(rd_worker *w);
+void rd_worker_ok(rd_worker *w, bool request);
 void rd_workers_tick(rd_server *s); /* scrapes, breaker, removals */
 void rd_workers_js_poll(rd_server *s); /* JetStream-fed workers' batches */
-/* Router-facing state after a change (online/offline flags + load). */
+/* Router-facing state after a change (online/offline flags + load); s->mu
+ * held. */
 void rd_worker_sync(rd_worker *w);
 
-/* An evhttp listener on host:port on s's loop with the front door's limits
- * (body, headers, client timeout); NULL (logged) on failure. */
+/* An evhttp on base with the front door's limits (body, headers, client
+ * timeout) of c and callback cb(arg); NULL on failure. */
+struct evhttp *rd_http_new(struct event_base *base, const rd_cfg *c,
+                           void (*cb)(struct evhttp_request *, void *),
+                           void *arg);
+/* The same, listening on host:port (thread 0's loop); NULL (logged) on
+ * failure. */
 struct evhttp *rd_listen(rd_server *s, const char *hostport,
                          void (*cb)(struct evhttp_request *, void *),
                          struct evhttp_bound_socket **sock);
-/* s->cfg's limits (body, headers, client timeout) on h: its connections
+/* c's limits (body, headers, client timeout) on h: its connections
  * accepted from now on take them. */
-void rd_http_limits(rd_server *s, struct evhttp *h);
+void rd_http_limits(const rd_cfg *c, struct evhttp *h);
+/* A loop's event_base (each loop's: thread 0's and the front doors'). */
+struct event_base *rd_base_new(void);
 /* (Re)arms the scrape / breaker / drain tick at s->cfg.scrape_interval_s. */
 int rd_tick_arm(rd_server *s);
 
 /* ---- the front door (rd_proxy.c) ---------------------------------------- */
-void rd_on_http(struct evhttp_request *hr, void *arg);
+void rd_on_http(struct evhttp_request *hr, void *arg); /* arg: its rd_loop */
 void rd_reply_error(struct evhttp_request *hr, int status, const char *param,
                     const char *msg);
 /* A JSON reply: text j (NULL: a 500 without a body, e.g. out of memory), or
@@ -223,7 +328,7 @@ void rd_reply_obj(struct evhttp_request *hr, int code, json_t *o);
 
 /* ---- admin (rd_admin.c), metrics (rd_metrics.c) ------------------------- */
 void rd_on_admin(struct evhttp_request *hr, void *arg);
-void rd_metrics_write(rd_server *s, struct evbuffer *b);
+void rd_metrics_write(rd_server *s, struct evbuffer *b); /* any loop */
 /* The config's workers list applied (added / drained-removed); -1 when
  * some were refused (logged) */
 int rd_apply_workers(rd_server *s, const rd_cfg *c);

@@ -18,8 +18,10 @@
 static const char *const state_names[] = {"free", "up", "down", "draining"};
 
 
+/* s->mu: the front-door loops change inflight, requests, failures, state */
 static void list(rd_server *s, struct evhttp_request *hr) {
   json_t *a = json_array();
+  rd_lock(s);
   for (uint32_t i = 0; i < s->n_w; i++) {
     const rd_worker *w = &s->w[i];
     if (w->state == RD_W_FREE)
@@ -33,6 +35,7 @@ static void list(rd_server *s, struct evhttp_request *hr) {
         (int)w->load.running_requests, "waiting", (int)w->load.queued_requests,
         "kv_usage", w->load.kv_util));
   }
+  rd_unlock(s);
   rd_reply_obj(hr, 200, json_pack("{s:o}", "workers", a));
 }
 

@@ -25,6 +25,7 @@ static void defaults(rd_cfg *c) {
   c->breaker_failures = 3;
   c->stream_buffer = 1u << 20;
   c->render = true;
+  snprintf(c->threads_s, sizeof c->threads_s, "1");
   c->connect_timeout_s = 2;
   c->request_timeout_s = 600;
   c->client_timeout_s = 30;
@@ -57,6 +58,7 @@ static int bind_own(kvp_config *k, rd_cfg *c, char *err, size_t cap) {
       KVP_CFG_U64("breaker_failures", &c->breaker_failures, 1, 1000),
       KVP_CFG_SIZE("stream_buffer", &c->stream_buffer, 4096, 1u << 30),
       KVP_CFG_BOOL("render", &c->render),
+      KVP_CFG_STR("threads", c->threads_s, sizeof c->threads_s),
       KVP_CFG_DURATION("connect_timeout", &c->connect_timeout_s, 0.001, 600, 1),
       KVP_CFG_DURATION("request_timeout", &c->request_timeout_s, 0.001, 86400, 1),
       KVP_CFG_DURATION("client_timeout", &c->client_timeout_s, 0.001, 3600, 1),
@@ -112,6 +114,27 @@ static int where(kvp_config *k, const char *sec, const char *key, char *err,
   return -1;
 }
 
+/* routerd.threads: a count, or `auto` (the online CPUs, at most 16: past
+ * that the one routing lock, not the CPUs, bounds the rate).  Replicas
+ * sync from libnats on loop 0 and are not shared with the other loops yet:
+ * refused together rather than raced. */
+static int check_threads(kvp_config *k, rd_cfg *c, char *err, size_t cap) {
+  char *end;
+  long n = strtol(c->threads_s, &end, 10);
+  if (strcmp(c->threads_s, "auto") == 0) {
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    n = cpus < 1 ? 1 : cpus > RD_THREADS_AUTO ? RD_THREADS_AUTO : cpus;
+  } else if (*end != '\0' || end == c->threads_s || n < 1 ||
+             n > RD_THREADS_MAX)
+    return where(k, "routerd", "threads", err, cap, "expected an integer in "
+                 "[1, 64] or auto");
+  c->threads = (uint32_t)n;
+  if (c->threads > 1 && *c->nats_url)
+    return where(k, "routerd", "threads", err, cap, "threads > 1 is not "
+                 "supported with replicas (replicas.nats_url) yet");
+  return 0;
+}
+
 static int check(kvp_config *k, rd_cfg *c, char *err, size_t cap) {
   char host[RD_URL_MAX];
   uint16_t port;
@@ -120,6 +143,8 @@ static int check(kvp_config *k, rd_cfg *c, char *err, size_t cap) {
   size_t nu = count_items(c->urls);
   if (rd_split_hostport(c->listen, host, sizeof host, &port) < 0)
     return where(k, "routerd", "listen", err, cap, "expected host:port");
+  if (check_threads(k, c, err, cap) < 0)
+    return -1;
   if (kvp_policy_parse(c->policy, &p) < 0)
     return where(k, "routerd", "policy", err, cap, "unknown policy (kvplane_"
                  "cost, round_robin, least_loaded, prefix_greedy, sglang_cache"

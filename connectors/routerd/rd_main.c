@@ -43,18 +43,29 @@ static int make_core(rd_server *s) {
                        .approx_ttl_ns = (uint64_t)(s->cfg.approx_ttl_s * 1e9)};
   if (make_hashers(s) < 0 || kvp_index_create(&io, NULL, &s->ix) < 0 ||
       kvp_router_create(&s->cfg.ropts, NULL, &s->router) < 0 ||
-      kvp_ledger_create(NULL, NULL, &s->ledger) < 0 ||
-      kvp_hist_create(NULL, &s->h_render) < 0 ||
-      kvp_hist_create(NULL, &s->h_route) < 0 || rd_workers_init(s) < 0)
+      kvp_ledger_create(NULL, NULL, &s->ledger) < 0 || rd_workers_init(s) < 0)
     return -1;
   return 0;
 }
 
-void rd_http_limits(rd_server *s, struct evhttp *h) {
-  evhttp_set_max_body_size(h, (ev_ssize_t)s->cfg.max_body);
-  evhttp_set_max_headers_size(h, (ev_ssize_t)s->cfg.max_headers);
-  struct timeval tv = tv_of(s->cfg.client_timeout_s);
+void rd_http_limits(const rd_cfg *c, struct evhttp *h) {
+  evhttp_set_max_body_size(h, (ev_ssize_t)c->max_body);
+  evhttp_set_max_headers_size(h, (ev_ssize_t)c->max_headers);
+  struct timeval tv = tv_of(c->client_timeout_s);
   evhttp_set_timeout_tv(h, &tv);
+}
+
+struct evhttp *rd_http_new(struct event_base *base, const rd_cfg *c,
+                           void (*cb)(struct evhttp_request *, void *),
+                           void *arg) {
+  struct evhttp *h = evhttp_new(base);
+  if (h == NULL)
+    return NULL;
+  rd_http_limits(c, h);
+  evhttp_set_allowed_methods(h, EVHTTP_REQ_GET | EVHTTP_REQ_POST |
+                                    EVHTTP_REQ_DELETE);
+  evhttp_set_gencb(h, cb, arg);
+  return h;
 }
 
 struct evhttp *rd_listen(rd_server *s, const char *hp,
@@ -62,13 +73,9 @@ struct evhttp *rd_listen(rd_server *s, const char *hp,
                          struct evhttp_bound_socket **sock) {
   char host[RD_URL_MAX];
   uint16_t port;
-  struct evhttp *h = evhttp_new(s->base);
+  struct evhttp *h = rd_http_new(s->base, &s->cfg, cb, s);
   if (h == NULL || rd_split_hostport(hp, host, sizeof host, &port) < 0)
     goto fail;
-  rd_http_limits(s, h);
-  evhttp_set_allowed_methods(h, EVHTTP_REQ_GET | EVHTTP_REQ_POST |
-                                    EVHTTP_REQ_DELETE);
-  evhttp_set_gencb(h, cb, s);
   struct evhttp_bound_socket *b = evhttp_bind_socket_with_handle(h, host, port);
   if (b == NULL) {
     fprintf(stderr, "kvplane-routerd: cannot listen on %s: %s\n", hp,
@@ -89,11 +96,12 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
   rd_server *s = arg;
   rd_workers_tick(s);
   kvp_index_expire(s->ix, kvp_now_ns());
-  if (s->draining && (s->inflight == 0 || rd_now() >= s->drain_deadline)) {
-    if (s->inflight)
+  uint64_t n = atomic_load_explicit(&s->inflight, memory_order_relaxed);
+  if (s->draining && (n == 0 || rd_now() >= s->drain_deadline)) {
+    if (n)
       kvp_log(KVP_LOG_WARN, "routerd", "drain timeout: %llu requests cut",
-              (unsigned long long)s->inflight);
-    event_base_loopbreak(s->base);
+              (unsigned long long)n);
+    event_base_loopbreak(s->base); /* main stops the other loops */
   }
 }
 
@@ -117,14 +125,11 @@ static void on_signal(evutil_socket_t sig, short what, void *arg) {
   }
   if (s->draining) /* a second signal: now */
     event_base_loopbreak(s->base);
-  s->draining = true;
   s->drain_deadline = rd_now() + s->cfg.drain_timeout_s;
-  if (s->http_sock) { /* no new connections; open ones finish */
-    evhttp_del_accept_socket(s->http, s->http_sock);
-    s->http_sock = NULL;
-  }
+  rd_loops_drain(s);
   kvp_log(KVP_LOG_WARN, "routerd", "draining %llu in-flight requests",
-          (unsigned long long)s->inflight);
+          (unsigned long long)atomic_load_explicit(&s->inflight,
+                                                   memory_order_relaxed));
 }
 
 static int open_receipts(rd_server *s) {
@@ -147,7 +152,7 @@ int rd_tick_arm(rd_server *s) {
  * together before epoll_wait, so the write interest a reply adds and the
  * read that follows it removes cost no epoll_ctl at all (libevent applies
  * each change at once otherwise: ~10 epoll_ctl per proxied request). */
-static struct event_base *new_base(void) {
+struct event_base *rd_base_new(void) {
   struct event_config *cfg = event_config_new();
   if (cfg == NULL)
     return NULL;
@@ -161,9 +166,8 @@ static int start(rd_server *s) {
   struct event *ev[4];
   int sigs[3] = {SIGTERM, SIGINT, SIGHUP};
   if ((*s->cfg.nats_url && rd_sync_thread_safe() < 0) ||
-      (s->base = new_base()) == NULL || make_core(s) < 0 ||
-      open_receipts(s) < 0 ||
-      (s->http = rd_listen(s, s->cfg.listen, rd_on_http, &s->http_sock)) == NULL)
+      (s->base = rd_base_new()) == NULL || make_core(s) < 0 ||
+      open_receipts(s) < 0 || rd_loops_create(s) < 0)
     return -1;
   if (*s->cfg.admin_listen &&
       (s->admin = rd_listen(s, s->cfg.admin_listen, rd_on_admin, NULL)) == NULL)
@@ -191,10 +195,13 @@ static int start(rd_server *s) {
   if (s->js_tick == NULL)
     return -1;
   rd_config_applied(s);
-  return rd_apply_workers(s, &s->cfg);
+  if (rd_apply_workers(s, &s->cfg) < 0)
+    return -1;
+  return rd_loops_start(s);
 }
 
 static void stop(rd_server *s) {
+  rd_loops_stop(s);
   rd_sync_stop(s);
   rd_indexer_stop(s);
   rd_workers_fini(s);
@@ -203,8 +210,7 @@ static void stop(rd_server *s) {
   for (size_t i = 0; i < 5; i++)
     if (evs[i])
       event_free(evs[i]);
-  if (s->http)
-    evhttp_free(s->http);
+  rd_loops_free(s);
   if (s->admin)
     evhttp_free(s->admin);
   if (s->base)
@@ -216,8 +222,8 @@ static void stop(rd_server *s) {
   kvp_ledger_destroy(s->ledger);
   kvp_hasher_destroy(s->hasher);
   kvp_hasher_destroy(s->text_hasher);
-  kvp_hist_destroy(s->h_render);
-  kvp_hist_destroy(s->h_route);
+  pthread_mutex_destroy(&s->mu);
+  pthread_mutex_destroy(&s->rc_mu);
 }
 
 static void usage(FILE *f) {
@@ -251,9 +257,13 @@ int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   rd_server *s = calloc(1, sizeof *s);
   char err[1024];
+  if (s) {
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->rc_mu, NULL);
+  }
   if (s == NULL || rd_cfg_load(cfg, &s->cfg, err, sizeof err) < 0) {
     fprintf(stderr, "kvplane-routerd: %s\n", s ? err : "out of memory");
-    free(s);
+    free(s); /* its mutexes: never locked, nothing to destroy */
     return 2;
   }
   if (check) {
@@ -264,8 +274,9 @@ int main(int argc, char **argv) {
   }
   int rc = start(s) < 0 ? 1 : 0;
   if (rc == 0) {
-    fprintf(stderr, "kvplane-routerd: listening on %s (policy %s)\n",
-            s->cfg.listen, s->cfg.policy);
+    fprintf(stderr, "kvplane-routerd: listening on %s (policy %s, %u "
+            "thread%s)\n", s->cfg.listen, s->cfg.policy, s->n_loops,
+            s->n_loops > 1 ? "s" : "");
     event_base_dispatch(s->base);
   }
   stop(s);

@@ -7,6 +7,7 @@
 #include "kvplane/events_nats.h"
 
 #include <event2/buffer.h>
+#include <stddef.h>
 #include <stdlib.h>
 
 static const char *const state_names[] = {"free", "up", "down", "draining"};
@@ -36,6 +37,7 @@ static void hist(struct evbuffer *b, const char *name, const char *help,
                       (unsigned long long)m.count);
 }
 
+/* s->mu held: the loops change these */
 static void workers(rd_server *s, struct evbuffer *b) {
   evbuffer_add_printf(b, "# TYPE kvplane_routerd_worker_requests_total counter\n"
                       "# TYPE kvplane_routerd_worker_errors_total counter\n"
@@ -70,9 +72,10 @@ static void workers(rd_server *s, struct evbuffer *b) {
   }
 }
 
+/* s->mu held: thread 0 destroys a freed slot's subscriber under it */
 static void events(rd_server *s, struct evbuffer *b) {
   for (uint32_t i = 0; i < s->n_w; i++) {
-    if (s->w[i].ev == NULL)
+    if (s->w[i].state == RD_W_FREE || s->w[i].ev == NULL)
       continue;
     int n = kvp_events_prometheus(s->w[i].ev, NULL, 0);
     char *t = n > 0 ? malloc((size_t)n + 1) : NULL;
@@ -84,7 +87,7 @@ static void events(rd_server *s, struct evbuffer *b) {
 
 static void js_metrics(rd_server *s, struct evbuffer *b) {
   for (uint32_t i = 0; i < s->n_w; i++) {
-    if (s->w[i].js == NULL)
+    if (s->w[i].state == RD_W_FREE || s->w[i].js == NULL)
       continue;
     int n = kvp_events_js_prometheus(s->w[i].js, NULL, 0);
     char *t = n > 0 ? malloc((size_t)n + 1) : NULL;
@@ -94,7 +97,8 @@ static void js_metrics(rd_server *s, struct evbuffer *b) {
   }
 }
 
-/* SIGHUP reloads, by the names Prometheus and nginx exporters use */
+/* SIGHUP reloads, by the names Prometheus and nginx exporters use (s->mu
+ * held: thread 0 writes them under it) */
 static void reloads(rd_server *s, struct evbuffer *b) {
   evbuffer_add_printf(b,
       "# HELP kvplane_routerd_config_reloads_total SIGHUP reloads: ok "
@@ -119,43 +123,106 @@ static int ev_write(void *opaque, const char *d, size_t n) {
   return evbuffer_add(opaque, d, n) == 0 ? 0 : -1;
 }
 
-void rd_metrics_write(rd_server *s, struct evbuffer *b) {
-  counter(b, "requests_total", "generation requests received", s->requests);
+/* The loops' counter at offset `off` of rd_counters, summed (each read
+ * atomically, not all at one instant, as a scrape of several processes). */
+static uint64_t sum_at(rd_server *s, size_t off) {
+  uint64_t sum = 0;
+  for (uint32_t i = 0; i < s->n_loops; i++) {
+    atomic_uint_fast64_t *v =
+        (atomic_uint_fast64_t *)((char *)&s->loops[i].cnt + off);
+    sum += atomic_load_explicit(v, memory_order_relaxed);
+  }
+  return sum;
+}
+#define SUM(s, f) sum_at((s), offsetof(rd_counters, f))
+
+static void counters(rd_server *s, struct evbuffer *b) {
+  counter(b, "requests_total", "generation requests received",
+          SUM(s, requests));
   counter(b, "bad_requests_total", "requests rejected as malformed (400)",
-          s->bad_requests);
+          SUM(s, bad_requests));
   counter(b, "no_worker_total", "requests failed: no worker could take them",
-          s->no_worker);
-  counter(b, "retries_total", "attempts on a next-best worker", s->retries);
+          SUM(s, no_worker));
+  counter(b, "retries_total", "attempts on a next-best worker",
+          SUM(s, retries));
   counter(b, "client_cancels_total", "clients gone before the end",
-          s->client_cancels);
-  counter(b, "render_calls_total", "render calls to a worker", s->render_calls);
+          SUM(s, client_cancels));
+  counter(b, "render_calls_total", "render calls to a worker",
+          SUM(s, render_calls));
   counter(b, "render_failures_total", "render calls that gave no token ids "
-          "(approximate text mode)", s->render_fail);
-  counter(b, "token_mode_total", "requests routed on token ids", s->token_mode);
+          "(approximate text mode)", SUM(s, render_fail));
+  counter(b, "token_mode_total", "requests routed on token ids",
+          SUM(s, token_mode));
   counter(b, "text_mode_total", "requests routed on approximate text chunks",
-          s->text_mode);
+          SUM(s, text_mode));
   counter(b, "tenant_salted_total", "requests given their tenant's salt",
-          s->tenant_salted);
+          SUM(s, tenant_salted));
   counter(b, "predicted_cached_tokens_total", "prefix tokens the router "
-          "expected the worker to reuse", s->predicted_cached);
+          "expected the worker to reuse", SUM(s, predicted_cached));
   counter(b, "reported_cached_tokens_total", "cached tokens the workers "
-          "reported (usage.prompt_tokens_details)", s->reported_cached);
+          "reported (usage.prompt_tokens_details)", SUM(s, reported_cached));
   counter(b, "reported_responses_total", "responses that reported cached "
-          "tokens", s->reported_n);
+          "tokens", SUM(s, reported_n));
   evbuffer_add_printf(b, "# TYPE kvplane_routerd_decisions_total counter\n");
   for (int r = 0; r < KVP_REASON_COUNT_; r++)
     evbuffer_add_printf(b, "kvplane_routerd_decisions_total{reason=\"%s\"} %llu\n",
                         kvp_reason_name((kvp_reason)r),
-                        (unsigned long long)s->reasons[r]);
+                        (unsigned long long)sum_at(s, offsetof(rd_counters, reasons) +
+                                                  (size_t)r * sizeof(atomic_uint_fast64_t)));
+}
+
+/* Requests per front-door loop: how the kernel spread the connections. */
+static void threads(rd_server *s, struct evbuffer *b) {
+  evbuffer_add_printf(b, "# HELP kvplane_routerd_thread_requests_total "
+                      "generation requests received, by front-door thread\n"
+                      "# TYPE kvplane_routerd_thread_requests_total counter\n");
+  for (uint32_t i = 0; i < s->n_loops; i++)
+    evbuffer_add_printf(b, "kvplane_routerd_thread_requests_total{thread="
+                        "\"%u\"} %llu\n", i, (unsigned long long)
+                        atomic_load_explicit(&s->loops[i].cnt.requests,
+                                             memory_order_relaxed));
+}
+
+/* The loops' histograms merged, each under its own lock. */
+static void hists(rd_server *s, struct evbuffer *b) {
+  kvp_hist *h[4] = {NULL, NULL, NULL, NULL};
+  for (int k = 0; k < 4; k++)
+    if (kvp_hist_create(NULL, &h[k]) < 0)
+      goto out;
+  for (uint32_t i = 0; i < s->n_loops; i++) {
+    rd_loop *l = &s->loops[i];
+    pthread_mutex_lock(&l->hmu);
+    kvp_hist_merge(h[0], l->h_render);
+    kvp_hist_merge(h[1], l->h_route);
+    kvp_hist_merge(h[2], l->h_wait);
+    kvp_hist_merge(h[3], l->h_held);
+    pthread_mutex_unlock(&l->hmu);
+  }
+  hist(b, "render_seconds", "render call time", h[0]);
+  hist(b, "route_seconds", "hash + index + decision time", h[1]);
+  hist(b, "route_lock_wait_seconds", "a decision's wait for the routing "
+       "lock (the front-door loops contend on it)", h[2]);
+  hist(b, "route_lock_held_seconds", "the routing lock held for a decision",
+       h[3]);
+out:
+  for (int k = 0; k < 4; k++)
+    kvp_hist_destroy(h[k]);
+}
+
+void rd_metrics_write(rd_server *s, struct evbuffer *b) {
+  counters(s, b);
+  threads(s, b);
   evbuffer_add_printf(b, "# TYPE kvplane_routerd_inflight gauge\n"
                       "kvplane_routerd_inflight %llu\n",
-                      (unsigned long long)s->inflight);
+                      (unsigned long long)atomic_load_explicit(
+                          &s->inflight, memory_order_relaxed));
+  hists(s, b);
+  rd_lock(s); /* the workers' state, the reload counters, the subscribers */
   reloads(s, b);
-  hist(b, "render_seconds", "render call time", s->h_render);
-  hist(b, "route_seconds", "hash + index + decision time", s->h_route);
   workers(s, b);
-  rd_sync_metrics(s, b);
   events(s, b);
   js_metrics(s, b);
+  rd_unlock(s);
+  rd_sync_metrics(s, b); /* replicas: thread 0 only (threads > 1 refused) */
   kvp_ledger_prometheus_write(s->ledger, ev_write, b);
 }

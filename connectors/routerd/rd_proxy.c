@@ -19,6 +19,7 @@
 
 typedef struct rd_call {
   rd_server *s;
+  rd_loop *l; /* the front door it came through: its thread runs it all */
   struct evhttp_request *hr; /* the client's; NULL once it is gone */
   rd_req q;
   char *body; /* forwarded */
@@ -87,7 +88,7 @@ static void on_client_gone(struct evhttp_connection *cn, void *arg) {
   if (c->hr && evhttp_request_get_connection(c->hr) == NULL)
     evhttp_request_free(c->hr);
   c->hr = NULL;
-  c->s->client_cancels++;
+  RD_COUNT(c->l, client_cancels, 1);
   if (c->ur == NULL)
     return;
   evhttp_cancel_request(c->ur);
@@ -164,34 +165,48 @@ static void keep_tail(rd_call *c, struct evbuffer *b) {
   c->tail_len += n;
 }
 
-static void account(rd_call *c) {
+static bool receipts_on(rd_server *s) {
+  pthread_mutex_lock(&s->rc_mu);
+  bool on = s->receipts != NULL;
+  pthread_mutex_unlock(&s->rc_mu);
+  return on;
+}
+
+/* One line per receipt, whole: fprintf under rc_mu, which a reload's
+ * reopen (rd_reload.c) takes to swap the stream. */
+static void receipt(rd_call *c, const kvp_route_names *nm, bool found,
+                    uint64_t rep) {
   rd_server *s = c->s;
-  bool found = false;
-  uint64_t rep = scan_cached(c->tail, c->tail_len, &found);
-  s->predicted_cached += c->d.avoided_tokens;
-  if (found) {
-    s->reported_cached += rep;
-    s->reported_n++;
-  }
-  kvp_route_names nm = {.tenant = *c->tenant ? c->tenant : NULL,
-                        .session = *c->session ? c->session : NULL};
-  kvp_ledger_add_decision(s->ledger, &c->d, &nm);
-  if (s->receipts == NULL)
-    return;
   char rec[8192];
-  int n = kvp_router_receipt_json(&c->d, &nm, rec, sizeof rec);
+  int n = receipts_on(s) ? kvp_router_receipt_json(&c->d, nm, rec, sizeof rec)
+                         : -1;
   if (n < 0 || (size_t)n >= sizeof rec)
     return;
   char repd[24] = "null";
   if (found)
     snprintf(repd, sizeof repd, "%llu", (unsigned long long)rep);
-  fprintf(s->receipts,
-          "{\"worker\":\"%s\",\"status\":%d,\"attempts\":%u,\"mode\":\"%s\","
-          "\"reported_cached_tokens\":%s,\"first_byte_s\":%.6f,"
-          "\"receipt\":%s}\n",
-          c->w ? c->w->url : "", c->code, c->attempts,
-          c->text_mode ? "text" : "tokens", repd,
-          c->t_first > 0 ? c->t_first - c->t0 : 0, rec);
+  pthread_mutex_lock(&s->rc_mu);
+  if (s->receipts)
+    fprintf(s->receipts,
+            "{\"worker\":\"%s\",\"status\":%d,\"attempts\":%u,\"mode\":"
+            "\"%s\",\"reported_cached_tokens\":%s,\"first_byte_s\":%.6f,"
+            "\"receipt\":%s}\n",
+            c->w ? c->w->url : "", c->code, c->attempts,
+            c->text_mode ? "text" : "tokens", repd,
+            c->t_first > 0 ? c->t_first - c->t0 : 0, rec);
+  pthread_mutex_unlock(&s->rc_mu);
+}
+
+static void account(rd_call *c) {
+  bool found = false;
+  uint64_t rep = scan_cached(c->tail, c->tail_len, &found);
+  RD_COUNT(c->l, predicted_cached, c->d.avoided_tokens);
+  RD_COUNT(c->l, reported_cached, found ? rep : 0);
+  RD_COUNT(c->l, reported_n, found);
+  kvp_route_names nm = {.tenant = *c->tenant ? c->tenant : NULL,
+                        .session = *c->session ? c->session : NULL};
+  kvp_ledger_add_decision(c->s->ledger, &c->d, &nm); /* its own mutex */
+  receipt(c, &nm, found, rep);
 }
 
 /* ---- the upstream request ------------------------------------------------------- */
@@ -203,19 +218,21 @@ static void detach(rd_call *c) {
 
 static void complete_once(rd_call *c) {
   if (!c->completed && c->attempts > 0 && c->d.worker != KVP_WORKER_NONE) {
+    rd_lock(c->s);
     kvp_router_complete(c->s->router, c->d.worker, c->d.request_id);
+    rd_unlock(c->s);
     rd_sync_complete(c->s, &c->s->w[c->d.worker], c->d.request_id,
                      c->d.uncached_tokens);
   }
   c->completed = true;
 }
 
+/* The claim on c->w goes last: the slot may be freed right after. */
 static void upstream_end(rd_call *c) {
   if (c->w) {
-    c->w->inflight--;
-    c->s->inflight--;
     if (c->uc)
-      rd_conn_put(c->w, c->uc);
+      rd_conn_put(c->l, c->w, c->uc);
+    rd_worker_release(c->w);
   }
   c->uc = NULL;
   c->ur = NULL;
@@ -245,7 +262,7 @@ static void relay(rd_call *c, struct evbuffer *in) {
   keep_tail(c, in);
   struct bufferevent *cb =
       evhttp_connection_get_bufferevent(evhttp_request_get_connection(c->hr));
-  if (evbuffer_get_length(bufferevent_get_output(cb)) > c->s->cfg.stream_buffer &&
+  if (evbuffer_get_length(bufferevent_get_output(cb)) > c->l->cfg.stream_buffer &&
       c->uc) { /* backpressure: stop reading the worker until it drains */
     bufferevent_disable(evhttp_connection_get_bufferevent(c->uc), EV_READ);
     c->paused = true;
@@ -257,7 +274,7 @@ static void relay(rd_call *c, struct evbuffer *in) {
 }
 
 static bool can_retry(const rd_call *c) {
-  return c->attempts <= c->s->cfg.retries;
+  return c->attempts <= c->l->cfg.retries;
 }
 
 /* The reply to the client starts with the worker's first body byte, not
@@ -310,7 +327,9 @@ static void on_up_error(enum evhttp_request_error e, void *arg) {
 static void up_failed(rd_call *c, rd_err_reason why) {
   rd_worker *w = c->w;
   rd_worker_failed(w, why);
+  rd_lock(c->s);
   w->retried_away += !c->started;
+  rd_unlock(c->s);
   upstream_end(c);
   if (c->started)
     end_call(c, 502, "the worker failed after the reply began");
@@ -349,7 +368,9 @@ static void on_up_done(struct evhttp_request *ur, void *arg) {
   if (c->held) {
     if (c->hr)
       relay_held(c);
+    rd_lock(c->s);
     w->errors[RD_ERR_5XX]++;
+    rd_unlock(c->s);
   } else if (c->hr) {
     if (!c->started)
       start_reply(c, ur);
@@ -360,25 +381,31 @@ static void on_up_done(struct evhttp_request *ur, void *arg) {
     c->hr = NULL;
     rd_conn_flush(cc); /* may free the client's request and connection */
   }
-  if (c->code < 500) {
-    rd_worker_ok(w);
-    w->ok++;
-  }
+  if (c->code < 500)
+    rd_worker_ok(w, true);
   account(c);
   upstream_end(c);
   call_free(c);
 }
 
+/* No request went out: the breaker counts it, before the claim goes. */
+static int up_refused(rd_call *c) {
+  rd_worker_failed(c->w, RD_ERR_CONNECT);
+  upstream_end(c);
+  return -1;
+}
+
+/* w: claimed (claim_next) */
 static int start_upstream(rd_call *c, rd_worker *w) {
   c->w = w;
   c->attempts++;
   c->tried[w->id / 32] |= 1u << (w->id % 32);
   c->code = 0;
   c->uerr_set = false;
-  c->uc = rd_conn_get(w);
+  c->uc = rd_conn_get(c->l, w);
   c->ur = c->uc ? evhttp_request_new(on_up_done, c) : NULL;
   if (c->ur == NULL)
-    return -1;
+    return up_refused(c);
   evhttp_request_set_header_cb(c->ur, on_up_header);
   evhttp_request_set_chunked_cb(c->ur, on_up_chunk);
   evhttp_request_set_error_cb(c->ur, on_up_error);
@@ -388,48 +415,51 @@ static int start_upstream(rd_call *c, rd_worker *w) {
   if (*c->auth)
     evhttp_add_header(h, "Authorization", c->auth);
   evbuffer_add(evhttp_request_get_output_buffer(c->ur), c->body, c->body_len);
-  w->inflight++;
-  w->requests++;
-  c->s->inflight++;
   if (evhttp_make_request(c->uc, c->ur, EVHTTP_REQ_POST, c->path) < 0) {
     c->ur = NULL; /* freed by libevent */
-    upstream_end(c);
-    return -1;
+    return up_refused(c);
   }
   rd_conn_nodelay(c->uc);
   rd_conn_flush(c->uc);
   return 0;
 }
 
-static rd_worker *next_worker(rd_call *c) {
+static bool untried(const rd_call *c, uint32_t id) {
+  return !(c->tried[id / 32] & (1u << (id % 32)));
+}
+
+/* The decision's best untried worker still routable, else the next one
+ * round robin: claimed (under s->mu, so it cannot go meanwhile). */
+static rd_worker *claim_next(rd_call *c) {
   rd_server *s = c->s;
-  for (uint32_t i = 0; i < c->d.n_top; i++) {
+  rd_worker *w = NULL;
+  rd_lock(s);
+  for (uint32_t i = 0; i < c->d.n_top && w == NULL; i++) {
     uint32_t id = c->d.top[i].worker;
-    if (id < s->n_w && !(c->tried[id / 32] & (1u << (id % 32))) &&
-        rd_worker_routable(&s->w[id]))
-      return &s->w[id];
+    if (id < s->n_w && untried(c, id) && rd_worker_claim(&s->w[id], true))
+      w = &s->w[id];
   }
-  for (uint32_t k = 0; k < s->n_w; k++) {
-    uint32_t id = (s->rr + k) % s->n_w;
-    if (!(c->tried[id / 32] & (1u << (id % 32))) && rd_worker_routable(&s->w[id]))
-      return &s->w[id];
+  for (uint32_t k = 0; k < s->n_w && w == NULL; k++) {
+    uint32_t id = (c->l->rr + k) % s->n_w;
+    if (untried(c, id) && rd_worker_claim(&s->w[id], true))
+      w = &s->w[id];
   }
-  return NULL;
+  rd_unlock(s);
+  return w;
 }
 
 static void try_next(rd_call *c) {
   if (c->attempts > 0)
     complete_once(c);
-  while (c->attempts <= c->s->cfg.retries) {
-    rd_worker *w = next_worker(c);
+  while (c->attempts <= c->l->cfg.retries) {
+    rd_worker *w = claim_next(c);
     if (w == NULL)
       break;
-    c->s->retries += c->attempts > 0;
+    RD_COUNT(c->l, retries, c->attempts > 0);
     if (start_upstream(c, w) == 0)
       return;
-    rd_worker_failed(w, RD_ERR_CONNECT);
   }
-  c->s->no_worker++;
+  RD_COUNT(c->l, no_worker, 1);
   end_call(c, 503, "no worker could take the request");
 }
 
@@ -462,48 +492,109 @@ static int hash_text(rd_call *c, uint64_t *prompt_tokens) {
     return -1;
   for (size_t i = 0; i < n; i++)
     t[i] = (unsigned char)c->q.text[i];
-  int rc = hash_into(c, c->s->text_hasher, t, n);
+  int rc = hash_into(c, c->l->text_hasher, t, n);
   free(t);
-  uint64_t bs = c->s->cfg.ropts.block_size, est = c->q.text_len / 4;
+  uint64_t bs = c->l->cfg.ropts.block_size, est = c->q.text_len / 4;
   *prompt_tokens = est > c->n_keys * bs ? est : c->n_keys * bs;
+  return rc;
+}
+
+static void hist_record(rd_loop *l, kvp_hist *h, uint64_t ns) {
+  pthread_mutex_lock(&l->hmu); /* /metrics merges it from any loop */
+  kvp_hist_record(h, ns);
+  pthread_mutex_unlock(&l->hmu);
+}
+
+/* kvp_router_route with the index query taken out of the routing lock:
+ * the query is lock-free and most of the routing time; the decision and
+ * its in-flight accounting are what s->mu serialises.  The matches are
+ * what kvp_router_route makes of the query (router/route_policy.c
+ * matches_from_index).  A query cannot fail here (<= 256 workers, chains
+ * cut to KVP_INDEX_CHAIN_MAX); if one did, the request routes on load. */
+static size_t query(rd_call *c, const kvp_key *keys, size_t nq, uint64_t now) {
+  rd_loop *l = c->l;
+  int got = kvp_index_query(c->s->ix, keys, nq, now, l->ixm, c->s->n_w);
+  size_t k = 0;
+  for (int i = 0; i < got && i < (int)c->s->n_w; i++) {
+    const kvp_index_match *im = &l->ixm[i];
+    if (im->worker >= c->s->n_w)
+      continue;
+    kvp_worker_match *m = &l->wm[k++];
+    memset(m, 0, sizeof *m);
+    m->worker = im->worker;
+    memcpy(m->blocks, im->tier_blocks, sizeof m->blocks);
+    m->blocks[KVP_TIER_HBM] += im->routed_blocks;
+    m->flags = (im->uncertain || im->routed_blocks) ? KVP_MATCH_UNCERTAIN : 0;
+  }
+  c->d.flags = got < 0 ? KVP_DECISION_NO_INDEX : 0;
+  return k;
+}
+
+/* The decision (under s->mu); *approx: the chosen worker publishes no KV
+ * events (read under the lock: the slot is not claimed yet).  The lock's
+ * wait and hold times go to /metrics: what more loops would contend on. */
+static int decide(rd_call *c, kvp_route_request *rq, uint64_t now,
+                  bool *approx) {
+  rd_server *s = c->s;
+  size_t nq = rq->n_blocks < KVP_INDEX_CHAIN_MAX ? rq->n_blocks
+                                                 : KVP_INDEX_CHAIN_MAX;
+  size_t nm = query(c, rq->keys, nq, now);
+  uint8_t flags = c->d.flags;
+  uint64_t t0 = kvp_now_ns();
+  rd_lock(s);
+  uint64_t t1 = kvp_now_ns();
+  rq->request_id = ++s->next_id;
+  int rc = kvp_router_route_matches(s->router, rq, c->l->wm, nm, &c->d);
+  *approx = rc == 0 && (c->text_mode || *s->w[c->d.worker].kv_events == '\0');
+  uint64_t t2 = kvp_now_ns();
+  rd_unlock(s);
+  pthread_mutex_lock(&c->l->hmu);
+  kvp_hist_record(c->l->h_wait, t1 - t0);
+  kvp_hist_record(c->l->h_held, t2 - t1);
+  pthread_mutex_unlock(&c->l->hmu);
+  c->d.flags |= rc == 0 ? flags : 0;
+  if (rc == 0 && c->l->cfg.ropts.record_routed && /* as kvp_router_route */
+      kvp_index_record_routed(s->ix, c->d.worker, rq->keys, nq, now) < 0)
+    c->d.flags |= KVP_DECISION_NOT_RECORDED;
   return rc;
 }
 
 static void route(rd_call *c) {
   rd_server *s = c->s;
+  rd_loop *l = c->l;
   uint64_t prompt = c->q.n_tokens, t0 = kvp_now_ns();
   int rc = c->text_mode ? hash_text(c, &prompt)
-                        : hash_into(c, s->hasher, c->q.tokens, c->q.n_tokens);
+                        : hash_into(c, l->hasher, c->q.tokens, c->q.n_tokens);
   if (rc < 0) {
     end_call(c, 500, "could not hash the prompt");
     return;
   }
-  s->text_mode += c->text_mode;
-  s->token_mode += !c->text_mode;
+  RD_COUNT(l, text_mode, c->text_mode);
+  RD_COUNT(l, token_mode, !c->text_mode);
   kvp_route_request rq = {
       .keys = c->keys,
       .n_blocks = c->n_keys,
       .prompt_tokens = prompt,
       .session_id = *c->session ? kvp_id64(c->session) : 0,
-      .request_id = ++s->next_id,
       .tenant = *c->tenant ? kvp_id64(c->tenant) : 0,
-      .block_size = c->text_mode ? 0 : s->cfg.ropts.block_size};
-  rc = kvp_router_route(s->router, s->ix, &rq, t0, &c->d);
-  kvp_hist_record(s->h_route, kvp_now_ns() - t0);
+      .block_size = c->text_mode ? 0 : l->cfg.ropts.block_size};
+  bool approx;
+  rc = decide(c, &rq, t0, &approx);
+  hist_record(l, l->h_route, kvp_now_ns() - t0);
   if (rc < 0) {
-    s->no_worker++;
+    RD_COUNT(l, no_worker, 1);
     end_call(c, rc == KVP_ESTATE ? 503 : 500,
              rc == KVP_ESTATE ? "no worker is available"
                               : "routing failed (see the log)");
     return;
   }
-  s->reasons[c->d.reason % KVP_REASON_COUNT_]++;
-  rd_worker *w = &s->w[c->d.worker];
-  bool approx = c->text_mode || *w->kv_events == '\0';
+  RD_COUNT(l, reasons[c->d.reason % KVP_REASON_COUNT_], 1);
+  uint32_t id = c->d.worker;
   if (approx) /* approximate residency, shared with the other replicas */
-    kvp_index_record_routed(s->ix, w->id, c->keys, c->n_keys, t0);
-  rd_sync_decision(s, w, &c->d, approx ? c->keys : NULL, approx ? c->n_keys : 0);
-  s->rr = w->id + 1;
+    kvp_index_record_routed(s->ix, id, c->keys, c->n_keys, t0);
+  rd_sync_decision(s, &s->w[id], &c->d, approx ? c->keys : NULL,
+                   approx ? c->n_keys : 0);
+  l->rr = id + 1;
   try_next(c);
 }
 
@@ -530,10 +621,10 @@ static int take_render_ids(rd_call *c, json_t *o) {
 
 static void on_render(struct evhttp_request *ur, void *arg) {
   rd_call *c = arg;
-  rd_server *s = c->s;
   int code = ur ? evhttp_request_get_response_code(ur) : 0;
   struct evbuffer *in = ur ? evhttp_request_get_input_buffer(ur) : NULL;
-  kvp_hist_record(s->h_render, (uint64_t)((rd_now() - c->t_render) * 1e9));
+  hist_record(c->l, c->l->h_render,
+              (uint64_t)((rd_now() - c->t_render) * 1e9));
   if (code == 400 && c->hr) { /* the request itself is bad: say so */
     struct evbuffer *b = evbuffer_new();
     evbuffer_add_buffer(b, in);
@@ -543,7 +634,7 @@ static void on_render(struct evhttp_request *ur, void *arg) {
     evhttp_send_reply(c->hr, 400, "Bad Request", b);
     evbuffer_free(b);
     c->hr = NULL;
-    s->bad_requests++;
+    RD_COUNT(c->l, bad_requests, 1);
     upstream_end(c);
     call_free(c);
     return;
@@ -552,7 +643,7 @@ static void on_render(struct evhttp_request *ur, void *arg) {
                                        evbuffer_get_length(in), 0, NULL)
                           : NULL;
   c->text_mode = o == NULL || take_render_ids(c, o) < 0;
-  s->render_fail += c->text_mode;
+  RD_COUNT(c->l, render_fail, c->text_mode);
   json_decref(o);
   if (code == 0)
     rd_worker_failed(c->w, RD_ERR_CONNECT);
@@ -563,30 +654,29 @@ static void on_render(struct evhttp_request *ur, void *arg) {
 
 static void render(rd_call *c) {
   rd_server *s = c->s;
+  rd_loop *l = c->l;
   rd_worker *w = NULL;
+  rd_lock(s);
   for (uint32_t k = 0; k < s->n_w && w == NULL; k++) {
-    rd_worker *x = &s->w[(s->rr + k) % s->n_w];
-    w = rd_worker_routable(x) ? x : NULL;
+    rd_worker *x = &s->w[(l->rr + k) % s->n_w];
+    w = rd_worker_claim(x, false) ? x : NULL;
   }
-  s->rr++;
+  rd_unlock(s);
+  l->rr++;
   char path[80];
   snprintf(path, sizeof path, "%s/render", c->path);
   c->w = w;
-  c->uc = w ? rd_conn_get(w) : NULL;
+  c->uc = w ? rd_conn_get(l, w) : NULL;
   c->ur = c->uc ? evhttp_request_new(on_render, c) : NULL;
   if (c->ur == NULL) {
     c->text_mode = true;
-    if (c->uc)
-      rd_conn_put(w, c->uc);
-    c->uc = NULL;
+    upstream_end(c); /* the connection back, the claim released */
     c->w = NULL;
     route(c);
     return;
   }
-  s->render_calls++;
+  RD_COUNT(l, render_calls, 1);
   c->t_render = rd_now();
-  w->inflight++;
-  s->inflight++;
   struct evkeyvalq *h = evhttp_request_get_output_headers(c->ur);
   evhttp_add_header(h, "Host", w->host);
   evhttp_add_header(h, "Content-Type", "application/json");
@@ -617,7 +707,7 @@ static int set_body(rd_call *c, const char *body, size_t len) {
   rd_salt_for(c->tenant, c->q.cache_salt, c->salt, sizeof c->salt);
   if (*c->tenant) {
     c->body = rd_req_with_salt(body, len, c->salt, &c->body_len);
-    c->s->tenant_salted++;
+    RD_COUNT(c->l, tenant_salted, 1);
     return c->body ? 0 : -1;
   }
   c->body = malloc(len ? len : 1);
@@ -628,8 +718,9 @@ static int set_body(rd_call *c, const char *body, size_t len) {
   return 0;
 }
 
-static void on_generate(rd_server *s, struct evhttp_request *hr, rd_kind kind,
+static void on_generate(rd_loop *l, struct evhttp_request *hr, rd_kind kind,
                         const char *path) {
+  rd_server *s = l->s;
   struct evbuffer *in = evhttp_request_get_input_buffer(hr);
   size_t len = evbuffer_get_length(in);
   const char *body = len ? (const char *)evbuffer_pullup(in, -1) : "";
@@ -640,18 +731,19 @@ static void on_generate(rd_server *s, struct evhttp_request *hr, rd_kind kind,
     return;
   }
   c->s = s;
+  c->l = l;
   c->t0 = rd_now();
   c->d.worker = KVP_WORKER_NONE;
   snprintf(c->path, sizeof c->path, "%s", path);
-  s->requests++;
+  RD_COUNT(l, requests, 1);
   if (rd_req_parse(kind, body, len, &c->q, &er) < 0) {
-    s->bad_requests++;
+    RD_COUNT(l, bad_requests, 1);
     rd_reply_error(hr, er.status, er.param, er.message);
     free(c);
     return;
   }
-  copy_header(hr, s->cfg.tenant_header, c->tenant, sizeof c->tenant);
-  copy_header(hr, s->cfg.session_header, c->session, sizeof c->session);
+  copy_header(hr, l->cfg.tenant_header, c->tenant, sizeof c->tenant);
+  copy_header(hr, l->cfg.session_header, c->session, sizeof c->session);
   copy_header(hr, "Authorization", c->auth, sizeof c->auth);
   if (*c->session == '\0')
     snprintf(c->session, sizeof c->session, "%s", c->q.user);
@@ -665,7 +757,7 @@ static void on_generate(rd_server *s, struct evhttp_request *hr, rd_kind kind,
                                 on_client_gone, c);
   if (c->q.tokens)
     route(c);
-  else if (s->cfg.render)
+  else if (l->cfg.render)
     render(c);
   else {
     c->text_mode = true;
@@ -673,9 +765,11 @@ static void on_generate(rd_server *s, struct evhttp_request *hr, rd_kind kind,
   }
 }
 
-/* every serving worker's models, merged by id */
+/* every serving worker's models, merged by id (s->mu: thread 0 replaces
+ * them) */
 static void on_models(rd_server *s, struct evhttp_request *hr) {
   json_t *all = json_array(), *seen = json_object();
+  rd_lock(s);
   for (uint32_t i = 0; i < s->n_w; i++) {
     json_t *d = s->w[i].models && rd_worker_routable(&s->w[i])
                     ? json_loads(s->w[i].models, 0, NULL)
@@ -691,6 +785,7 @@ static void on_models(rd_server *s, struct evhttp_request *hr) {
     }
     json_decref(d);
   }
+  rd_unlock(s);
   json_t *o = json_pack("{s:s, s:o}", "object", "list", "data", all);
   char *j = o ? json_dumps(o, JSON_COMPACT) : NULL;
   if (j)
@@ -704,8 +799,10 @@ static void on_models(rd_server *s, struct evhttp_request *hr) {
 
 static void on_health(rd_server *s, struct evhttp_request *hr) {
   uint32_t up = 0;
+  rd_lock(s);
   for (uint32_t i = 0; i < s->n_w; i++)
     up += rd_worker_routable(&s->w[i]);
+  rd_unlock(s);
   if (up > 0 && !s->draining)
     rd_reply_json(hr, 200, "{\"status\":\"ok\"}");
   else
@@ -724,7 +821,8 @@ static void on_metrics(rd_server *s, struct evhttp_request *hr) {
 }
 
 void rd_on_http(struct evhttp_request *hr, void *arg) {
-  rd_server *s = arg;
+  rd_loop *l = arg;
+  rd_server *s = l->s;
   const char *uri = evhttp_request_get_uri(hr);
   size_t plen = strcspn(uri, "?");
   enum evhttp_cmd_type m = evhttp_request_get_command(hr);
@@ -736,7 +834,7 @@ void rd_on_http(struct evhttp_request *hr, void *arg) {
     if (s->draining)
       rd_reply_error(hr, 503, "", "the router is shutting down");
     else
-      on_generate(s, hr, path[4] == 'c' && path[5] == 'h' ? RD_CHAT
+      on_generate(l, hr, path[4] == 'c' && path[5] == 'h' ? RD_CHAT
                                                           : RD_COMPLETIONS,
                   path);
   } else if (get && !strcmp(path, "/v1/models"))

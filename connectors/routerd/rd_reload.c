@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* kvplane-routerd SIGHUP (systemctl reload): the config file is read again
  * and, once it validates, every setting that can change live is applied;
- * those fixed at start (listeners, the namespace, worker slots, replicas)
- * keep their running values and are named in one WARN line. */
+ * those fixed at start (listeners, threads, the namespace, worker slots,
+ * replicas) keep their running values and are named in one WARN line. */
 #include "rd.h"
 
 #include <errno.h>
@@ -29,6 +29,8 @@ static const fixed_key fixed[] = {
     FIXED_("listen", listen, true),
     FIXED_("admin_listen", admin_listen, true),
     FIXED_("indexer_listen", indexer_listen, true),
+    FIXED_("threads", threads_s, true),
+    FIXED_(NULL, threads, false),
     FIXED_("max_workers", max_workers, false),
     FIXED_(NULL, ropts.n_workers, false),
     FIXED_("namespace.model_id", model_id, true),
@@ -95,11 +97,14 @@ static void receipts_reopen(rd_server *s) {
             strerror(errno));
     return;
   }
-  if (s->receipts && s->receipts != stdout)
-    fclose(s->receipts);
-  else if (s->receipts)
-    fflush(s->receipts);
+  pthread_mutex_lock(&s->rc_mu); /* the loops write receipts under it */
+  FILE *was = s->receipts;
   s->receipts = f;
+  if (was && was != stdout)
+    fclose(was);
+  else if (was)
+    fflush(was);
+  pthread_mutex_unlock(&s->rc_mu);
 }
 
 /* The workers' /metrics scrape connections are kept for good: they take
@@ -116,10 +121,11 @@ static void probe_timeouts(rd_server *s) {
 
 /* Everything but the router's options (applied first: they may refuse). */
 static int apply_live(rd_server *s, double old_scrape) {
-  struct evhttp *hs[] = {s->http, s->admin, s->indexer_http};
+  struct evhttp *hs[] = {s->admin, s->indexer_http};
   for (size_t i = 0; i < sizeof hs / sizeof *hs; i++)
     if (hs[i]) /* limits of connections accepted from now on */
-      rd_http_limits(s, hs[i]);
+      rd_http_limits(&s->cfg, hs[i]);
+  rd_loops_reconfigure(s); /* the front doors' copies and limits */
   if (s->cfg.scrape_interval_s != old_scrape)
     rd_tick_arm(s);
   probe_timeouts(s);
@@ -131,8 +137,10 @@ static int apply_live(rd_server *s, double old_scrape) {
 void rd_config_applied(rd_server *s) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
+  rd_lock(s); /* /metrics reads them on any loop */
   s->config_ok_unix = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
   s->reload_failed = false;
+  rd_unlock(s);
 }
 
 /* Applies c (validated) to the running server; -1 when the routing options
@@ -140,14 +148,18 @@ void rd_config_applied(rd_server *s) {
 static int apply(rd_server *s, rd_cfg *c) {
   char changed[512];
   int n = keep_fixed(&s->cfg, c, changed, sizeof changed);
-  if (kvp_router_set_opts(s->router, &c->ropts) < 0) { /* logged the field */
+  rd_lock(s); /* the router; s->cfg, which the loops copy under it */
+  int rc = kvp_router_set_opts(s->router, &c->ropts);
+  double old_scrape = s->cfg.scrape_interval_s;
+  if (rc == 0)
+    s->cfg = *c;
+  rd_unlock(s);
+  if (rc < 0) { /* logged the field */
     kvp_log(KVP_LOG_ERROR, "routerd", "reload refused, keeping the running "
             "config: %s: the routing options (model:, gpu:, routing:) do "
             "not hold (see the line above)", s->cfg.path);
     return -1;
   }
-  double old_scrape = s->cfg.scrape_interval_s;
-  s->cfg = *c;
   int bad = apply_live(s, old_scrape);
   if (n > 0)
     kvp_log(KVP_LOG_WARN, "routerd", "reload: %s changed: %s a restart "
@@ -174,9 +186,13 @@ int rd_reload(rd_server *s) {
   else
     rc = apply(s, c);
   free(c);
+  rd_lock(s);
   if (rc == 0)
-    s->reloads_ok++, rd_config_applied(s);
+    s->reloads_ok++;
   else
     s->reloads_refused++, s->reload_failed = true;
+  rd_unlock(s);
+  if (rc == 0)
+    rd_config_applied(s);
   return rc;
 }

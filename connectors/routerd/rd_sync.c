@@ -93,9 +93,11 @@ static void resum(rd_sync *y, uint32_t slot) {
       r += y->peers[i].req[slot];
       t += y->peers[i].tok[slot];
     }
+  rd_lock(s); /* the router (one loop here: threads > 1 is refused) */
   s->peer_req[slot] = r;
   s->peer_tok[slot] = t;
   rd_worker_sync(&s->w[slot]);
+  rd_unlock(s);
 }
 
 static void peer_zero(rd_sync *y, peer *p) {
@@ -132,8 +134,11 @@ static void apply_delta(rd_sync *y, peer *p, const rd_sync_msg *m) {
     p->tok[i] += m->tokens;
     if (m->n_keys)
       kvp_index_record_routed(y->s->ix, i, m->keys, m->n_keys, kvp_now_ns());
-    if (m->session_id) /* the session's next turn here keeps its worker */
+    if (m->session_id) { /* the session's next turn here keeps its worker */
+      rd_lock(y->s);
       kvp_router_session_set(y->s->router, m->session_id, i);
+      rd_unlock(y->s);
+    }
   } else {
     p->req[i] -= p->req[i] > 0;
     p->tok[i] -= p->tok[i] > m->tokens ? m->tokens : p->tok[i];

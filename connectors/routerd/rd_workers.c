@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* kvplane-routerd workers: slots shared with the index and the router, the
- * keep-alive pools, the KV-event subscribers (ZeroMQ fds on the loop), the
- * /metrics scrape that is also the health check, and the circuit breaker. */
+ * KV-event subscribers (ZeroMQ fds on thread 0's loop), the /metrics scrape
+ * that is also the health check, and the circuit breaker.  Slots are taken
+ * and freed by thread 0 only; what the front-door loops change or read
+ * goes under s->mu (rd.h's top). */
 #include "rd.h"
 
 #include "kvplane/events_nats.h"
@@ -17,8 +19,6 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
-
-#define POOL_MAX 64
 
 double rd_now(void) { return (double)kvp_now_ns() * 1e-9; }
 
@@ -44,12 +44,33 @@ int rd_workers_init(rd_server *s) {
   s->w = calloc(s->n_w, sizeof *s->w);
   if (s->w == NULL)
     return -1;
+  rd_lock(s);
   for (uint32_t i = 0; i < s->n_w; i++) {
     s->w[i].s = s;
     s->w[i].id = i;
     rd_worker_sync(&s->w[i]);
   }
+  rd_unlock(s);
   return 0;
+}
+
+bool rd_worker_claim(rd_worker *w, bool request) {
+  if (!rd_worker_routable(w))
+    return false;
+  w->inflight++;
+  w->requests += request;
+  atomic_fetch_add_explicit(&w->s->inflight, 1, memory_order_relaxed);
+  return true;
+}
+
+/* The last touch of w: once unlocked, thread 0 may free its slot
+ * (rd_worker_reap), w->s included. */
+void rd_worker_release(rd_worker *w) {
+  rd_server *s = w->s;
+  rd_lock(s);
+  w->inflight--;
+  atomic_fetch_sub_explicit(&s->inflight, 1, memory_order_relaxed);
+  rd_unlock(s);
 }
 
 rd_worker *rd_worker_find(rd_server *s, const char *url) {
@@ -115,11 +136,15 @@ static int open_events(rd_worker *w, char *err, size_t cap) {
       .keying = s->cfg.engine_hash ? KVP_EVENTS_ENGINE_HASH : KVP_EVENTS_REKEY,
       .ns = &s->ns,
       .hasher = {.algo = kvp_hasher_algo(s->hasher)}};
-  if (kvp_events_create(s->ix, &src, 1, NULL, NULL, &w->ev) < 0) {
+  kvp_events *ev;
+  if (kvp_events_create(s->ix, &src, 1, NULL, NULL, &ev) < 0) {
     snprintf(err, cap, "worker %s: KV events %s refused (see the log)", w->url,
              w->kv_events);
     return -1;
   }
+  rd_lock(s); /* /metrics on another loop reads it */
+  w->ev = ev;
+  rd_unlock(s);
   if (js)
     return open_js(w, err, cap);
   int fds[RD_EV_FDS];
@@ -136,25 +161,31 @@ static int open_events(rd_worker *w, char *err, size_t cap) {
   return 0;
 }
 
-static void worker_free(rd_worker *w) {
+/* Thread 0, no claim on w (inflight 0, not routable): no other loop reads
+ * its fields but under s->mu.  `indexed`: its index slot was added.  The
+ * loops' pooled connections go when they next see the new generation. */
+static void worker_free(rd_worker *w, bool indexed) {
+  rd_server *s = w->s;
+  uint32_t id = w->id;
   for (int i = 0; i < w->n_ev_fd; i++)
     event_free(w->ev_fd[i]);
   kvp_events_js_destroy(w->js);
-  kvp_events_destroy(w->ev);
-  for (size_t i = 0; i < w->n_idle; i++)
-    evhttp_connection_free(w->idle[i]);
-  free(w->idle);
   if (w->probe)
     evhttp_connection_free(w->probe);
-  free(w->models);
-  rd_server *s = w->s;
-  uint32_t id = w->id;
-  if (w->state != RD_W_FREE)
+  if (indexed) /* a scan of the index: outside the lock */
     kvp_index_worker_remove(s->ix, id);
+  rd_lock(s);
+  kvp_events *ev = w->ev;
+  char *models = w->models;
+  uint64_t gen = atomic_load_explicit(&w->gen, memory_order_relaxed);
   memset(w, 0, sizeof *w);
   w->s = s;
   w->id = id;
+  atomic_store_explicit(&w->gen, gen + 1, memory_order_relaxed);
   rd_worker_sync(w);
+  rd_unlock(s);
+  kvp_events_destroy(ev);
+  free(models);
 }
 
 static const char *opt(const char *v) {
@@ -189,12 +220,15 @@ static int add(rd_server *s, const char *url, const char *kv_events,
     snprintf(err, cap, "index refused worker slot %u", w->id);
     return -1;
   }
-  w->state = RD_W_UP;
+  /* its events first: the loops may route to it once it is up */
   if (*w->kv_events && open_events(w, err, cap) < 0) {
-    worker_free(w);
+    worker_free(w, true);
     return -1;
   }
+  rd_lock(s);
+  w->state = RD_W_UP;
   rd_worker_sync(w);
+  rd_unlock(s);
   kvp_log(KVP_LOG_INFO, "routerd", "worker %u: %s (events: %s)", w->id, url,
           *w->kv_events ? w->kv_events : "none, approximate residency");
   return (int)w->id;
@@ -210,43 +244,38 @@ int rd_worker_add_indexed(rd_server *s, const char *name, const char *kv_events,
   return add(s, name, kv_events, kv_replay, true, err, cap);
 }
 
+/* A worker being removed stays draining (undrain and the breaker leave it
+ * so): once idle, no loop can claim it again. */
 bool rd_worker_reap(rd_worker *w) {
-  if (w->state == RD_W_FREE || !w->removing || w->inflight || w->probe_busy)
+  rd_lock(w->s);
+  bool idle = w->state != RD_W_FREE && w->removing && w->inflight == 0 &&
+              !w->probe_busy;
+  rd_unlock(w->s);
+  if (!idle)
     return false;
   kvp_log(KVP_LOG_WARN, "routerd", "worker %s removed", w->url);
-  worker_free(w);
+  worker_free(w, true);
   return true;
 }
 
 void rd_worker_drain(rd_worker *w, bool remove) {
-  if (w->state == RD_W_FREE)
-    return;
-  w->state = RD_W_DRAINING;
-  w->removing = w->removing || remove;
-  rd_worker_sync(w);
+  rd_lock(w->s);
+  if (w->state != RD_W_FREE) {
+    w->state = RD_W_DRAINING;
+    w->removing = w->removing || remove;
+    rd_worker_sync(w);
+  }
+  rd_unlock(w->s);
 }
 
 void rd_worker_undrain(rd_worker *w) {
+  rd_lock(w->s);
   if (w->state == RD_W_DRAINING && !w->removing) {
     w->state = RD_W_UP;
     w->fails = 0;
     rd_worker_sync(w);
   }
-}
-
-struct evhttp_connection *rd_conn_get(rd_worker *w) {
-  if (w->n_idle > 0)
-    return w->idle[--w->n_idle];
-  struct evhttp_connection *c =
-      evhttp_connection_base_new(w->s->base, NULL, w->host, w->port);
-  if (c == NULL)
-    return NULL;
-  struct timeval tv = {(time_t)w->s->cfg.request_timeout_s,
-                       (suseconds_t)((w->s->cfg.request_timeout_s -
-                                      (double)(time_t)w->s->cfg.request_timeout_s) * 1e6)};
-  evhttp_connection_set_timeout_tv(c, &tv);
-  evhttp_connection_set_retries(c, 0);
-  return c;
+  rd_unlock(w->s);
 }
 
 /* Without it a request body's last partial segment waits for the worker's
@@ -276,48 +305,41 @@ void rd_conn_flush(struct evhttp_connection *c) {
   bufferevent_trigger(bev, EV_WRITE, BEV_TRIG_IGNORE_WATERMARKS);
 }
 
-void rd_conn_put(rd_worker *w, struct evhttp_connection *c) {
-  if (w->n_idle == w->cap_idle && w->cap_idle < POOL_MAX) {
-    size_t nc = w->cap_idle ? 2 * w->cap_idle : 8;
-    struct evhttp_connection **ni = realloc(w->idle, nc * sizeof *ni);
-    if (ni) {
-      w->idle = ni;
-      w->cap_idle = nc;
-    }
-  }
-  if (w->n_idle < w->cap_idle && w->state != RD_W_FREE)
-    w->idle[w->n_idle++] = c;
-  else
-    evhttp_connection_free(c);
-}
-
+/* s->cfg's breaker settings are read under s->mu: thread 0 writes them
+ * under it (a reload). */
 void rd_worker_failed(rd_worker *w, rd_err_reason why) {
+  rd_lock(w->s);
   w->errors[why]++;
-  if (++w->fails < w->s->cfg.breaker_failures || w->state != RD_W_UP)
-    return;
-  w->state = RD_W_DOWN;
-  w->open_until = rd_now() + w->s->cfg.breaker_cooldown_s;
-  for (size_t i = 0; i < w->n_idle; i++) /* they point at a dead peer */
-    evhttp_connection_free(w->idle[i]);
-  w->n_idle = 0;
-  rd_worker_sync(w);
-  kvp_log(KVP_LOG_WARN, "routerd", "worker %s: circuit open after %u "
-          "failures", w->url, w->fails);
+  bool open = ++w->fails >= w->s->cfg.breaker_failures && w->state == RD_W_UP;
+  if (open) {
+    w->state = RD_W_DOWN;
+    w->open_until = rd_now() + w->s->cfg.breaker_cooldown_s;
+    /* every loop's pooled connections point at a dead peer */
+    atomic_fetch_add_explicit(&w->gen, 1, memory_order_relaxed);
+    rd_worker_sync(w);
+    kvp_log(KVP_LOG_WARN, "routerd", "worker %s: circuit open after %u "
+            "failures", w->url, w->fails);
+  }
+  rd_unlock(w->s);
 }
 
-void rd_worker_ok(rd_worker *w) {
+void rd_worker_ok(rd_worker *w, bool request) {
+  rd_lock(w->s);
+  w->ok += request;
   w->fails = 0;
   if (w->state == RD_W_DOWN && rd_now() >= w->open_until) {
     w->state = RD_W_UP;
     rd_worker_sync(w);
     kvp_log(KVP_LOG_WARN, "routerd", "worker %s: back up", w->url);
   }
+  rd_unlock(w->s);
 }
 
+/* The loops are stopped: nothing else runs. */
 void rd_workers_fini(rd_server *s) {
   for (uint32_t i = 0; s->w && i < s->n_w; i++)
     if (s->w[i].state != RD_W_FREE || s->w[i].probe)
-      worker_free(&s->w[i]);
+      worker_free(&s->w[i], s->w[i].state != RD_W_FREE);
   free(s->w);
   s->w = NULL;
 }
@@ -362,14 +384,18 @@ static void apply_metrics(rd_worker *w, const char *t, size_t n) {
   double run = prom_sum(t, n, "vllm:num_requests_running", &f1);
   double wait = prom_sum(t, n, "vllm:num_requests_waiting", &f2);
   double use = prom_sum(t, n, "vllm:kv_cache_usage_perc", &f3);
+  rd_lock(w->s);
   w->load.running_requests = f1 ? clamp_u32(run) : 0;
   w->load.queued_requests = f2 ? clamp_u32(wait) : 0;
   w->load.kv_util = !f3 || use < 0 ? 0 : use > 1 ? 1 : use;
   rd_worker_sync(w);
+  rd_unlock(w->s);
 }
 
 const rd_lora *rd_lora_find(const rd_server *s, const char *model) {
-  for (uint32_t i = 0; model != NULL && *model && i < s->n_lora; i++)
+  /* pairs with learn_adapters' release store: entries below n are written */
+  uint32_t n = atomic_load_explicit(&s->n_lora, memory_order_acquire);
+  for (uint32_t i = 0; model != NULL && *model && i < n; i++)
     if (strcmp(s->lora[i].name, model) == 0)
       return &s->lora[i];
   return NULL;
@@ -382,6 +408,8 @@ static void learn_adapters(rd_server *s, json_t *d) {
   size_t i;
   json_t *m;
   json_array_foreach(d, i, m) {
+    /* thread 0 is the only writer: its own relaxed read */
+    uint32_t n = atomic_load_explicit(&s->n_lora, memory_order_relaxed);
     const char *id = json_string_value(json_object_get(m, "id"));
     const char *root = json_string_value(json_object_get(m, "root"));
     if (id == NULL || !json_is_string(json_object_get(m, "parent")) ||
@@ -389,18 +417,20 @@ static void learn_adapters(rd_server *s, json_t *d) {
       continue;
     if (strlen(id) >= sizeof s->lora[0].name ||
         (root && strlen(root) >= sizeof s->lora[0].path) ||
-        s->n_lora == RD_LORA_MAX) { /* a cut name or path keys other blocks */
+        n == RD_LORA_MAX) { /* a cut name or path keys other blocks */
       if (!s->lora_warned) /* once: the models are read every 10 s */
         kvp_log(KVP_LOG_WARN, "routerd", "LoRA adapter %.64s not used for "
                 "routing: %s (logged once)", id,
-                s->n_lora == RD_LORA_MAX ? "more than 64 adapters"
-                                         : "name or path too long");
+                n == RD_LORA_MAX ? "more than 64 adapters"
+                                 : "name or path too long");
       s->lora_warned = 1;
       continue;
     }
-    rd_lora *l = &s->lora[s->n_lora++];
+    rd_lora *l = &s->lora[n];
     snprintf(l->name, sizeof l->name, "%s", id);
     snprintf(l->path, sizeof l->path, "%s", root ? root : "");
+    /* pairs with rd_lora_find's acquire load (the loops hash with it) */
+    atomic_store_explicit(&s->n_lora, n + 1, memory_order_release);
     kvp_log(KVP_LOG_INFO, "routerd", "LoRA adapter %s (%s): its requests "
             "hash with it", l->name, l->path);
   }
@@ -416,8 +446,12 @@ static void on_models(struct evhttp_request *hr, void *arg) {
                          evbuffer_get_length(in), 0, NULL);
   json_t *d = json_object_get(o, "data");
   if (json_is_array(d)) {
-    free(w->models);
-    w->models = json_dumps(d, JSON_COMPACT);
+    char *was, *now = json_dumps(d, JSON_COMPACT);
+    rd_lock(w->s); /* the front door's /v1/models reads it */
+    was = w->models;
+    w->models = now;
+    rd_unlock(w->s);
+    free(was);
     w->models_at = rd_now();
     learn_adapters(w->s, d);
   }
@@ -458,7 +492,7 @@ static void on_scrape(struct evhttp_request *hr, void *arg) {
   struct evbuffer *in = evhttp_request_get_input_buffer(hr);
   apply_metrics(w, (const char *)evbuffer_pullup(in, -1),
                 evbuffer_get_length(in));
-  rd_worker_ok(w);
+  rd_worker_ok(w, false);
   /* models (and adapters: vLLM loads them at run time) every 10 s */
   if (w->models == NULL || rd_now() - w->models_at > 10.0)
     probe_get(w, "/v1/models", on_models);
