@@ -129,6 +129,10 @@ typedef struct rd_worker {
   uint64_t inflight;       /* requests relaying now */
   char *models;            /* its /v1/models "data" (JSON array), or NULL */
   double models_at;        /* when they were read (rd_now); refreshed */
+  /* bit i: its /v1/models lists s->lora[i] (under s->mu); before the first
+   * read (lora_known false) it may serve any */
+  uint64_t lora_mask;
+  bool lora_known;
   kvp_worker_load load;
   /* counters */
   uint64_t requests, ok, retried_away, errors[4]; /* rd_err_reason */
@@ -289,6 +293,9 @@ void rd_conn_nodelay(struct evhttp_connection *c);
 void rd_conn_flush(struct evhttp_connection *c);
 /* The adapter `model` names (NULL: the base model, or not known as one). */
 const rd_lora *rd_lora_find(const rd_server *s, const char *model);
+/* Whether w serves adapter i (index in s->lora; -1: the base model, which
+ * every worker serves).  Under s->mu. */
+bool rd_worker_serves(const rd_worker *w, int lora);
 /* A request to w failed (reason) or succeeded (`request`: a relayed one,
  * counted ok; else a scrape): the circuit breaker.  Take s->mu. */
 void rd_worker_failed(rd_worker *w, rd_err_reason why);

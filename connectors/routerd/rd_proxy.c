@@ -28,6 +28,7 @@ typedef struct rd_call {
   char tenant[RD_REQ_ID_MAX], session[RD_REQ_ID_MAX], salt[3 * RD_REQ_ID_MAX];
   char auth[1024];
   bool text_mode, completed, started, paused, done;
+  int lora; /* the adapter it names (index in s->lora), -1 none */
   kvp_key *keys;
   size_t n_keys;
   kvp_decision d;
@@ -440,8 +441,9 @@ static rd_worker *claim_next(rd_call *c) {
       w = &s->w[id];
   }
   for (uint32_t k = 0; k < s->n_w && w == NULL; k++) {
-    uint32_t id = (c->l->rr + k) % s->n_w;
-    if (untried(c, id) && rd_worker_claim(&s->w[id], true))
+    uint32_t id = (c->l->rr + k) % s->n_w; /* one that has its adapter */
+    if (untried(c, id) && rd_worker_serves(&s->w[id], c->lora) &&
+        rd_worker_claim(&s->w[id], true))
       w = &s->w[id];
   }
   rd_unlock(s);
@@ -471,7 +473,7 @@ static int hash_into(rd_call *c, kvp_hasher *h, const uint32_t *t, size_t n) {
     return -1;
   /* an adapter's blocks are its own: vLLM hashes its name (and, in 0.33's
    * own modes, its path) into every block */
-  const rd_lora *l = rd_lora_find(c->s, c->q.model);
+  const rd_lora *l = c->lora >= 0 ? &c->s->lora[c->lora] : NULL;
   kvp_extras ex = {.cache_salt = *c->salt ? c->salt : NULL,
                    .lora_name = l ? l->name : NULL,
                    .lora_path = l ? l->path : NULL};
@@ -541,9 +543,17 @@ static int decide(rd_call *c, kvp_route_request *rq, uint64_t now,
   size_t nm = query(c, rq->keys, nq, now);
   uint8_t flags = c->d.flags;
   uint64_t t0 = kvp_now_ns();
+  uint64_t elig[RD_WORKERS_MAX / 64];
   rd_lock(s);
   uint64_t t1 = kvp_now_ns();
   rq->request_id = ++s->next_id;
+  if (c->lora >= 0) { /* only the workers that have its adapter loaded */
+    memset(elig, 0, sizeof elig);
+    for (uint32_t w = 0; w < s->n_w; w++)
+      elig[w / 64] |= (uint64_t)rd_worker_serves(&s->w[w], c->lora) << (w % 64);
+    rq->eligible = elig;
+    rq->n_eligible_words = (s->n_w + 63) / 64;
+  }
   int rc = kvp_router_route_matches(s->router, rq, c->l->wm, nm, &c->d);
   *approx = rc == 0 && (c->text_mode || *s->w[c->d.worker].kv_events == '\0');
   uint64_t t2 = kvp_now_ns();
@@ -582,10 +592,13 @@ static void route(rd_call *c) {
   rc = decide(c, &rq, t0, &approx);
   hist_record(l, l->h_route, kvp_now_ns() - t0);
   if (rc < 0) {
+    char msg[192];
+    snprintf(msg, sizeof msg, "no worker %s%s is available",
+             c->lora >= 0 ? "serving adapter " : "",
+             c->lora >= 0 ? s->lora[c->lora].name : "");
     RD_COUNT(l, no_worker, 1);
     end_call(c, rc == KVP_ESTATE ? 503 : 500,
-             rc == KVP_ESTATE ? "no worker is available"
-                              : "routing failed (see the log)");
+             rc == KVP_ESTATE ? msg : "routing failed (see the log)");
     return;
   }
   RD_COUNT(l, reasons[c->d.reason % KVP_REASON_COUNT_], 1);
@@ -659,7 +672,7 @@ static void render(rd_call *c) {
   rd_lock(s);
   for (uint32_t k = 0; k < s->n_w && w == NULL; k++) {
     rd_worker *x = &s->w[(l->rr + k) % s->n_w];
-    w = rd_worker_claim(x, false) ? x : NULL;
+    w = rd_worker_serves(x, c->lora) && rd_worker_claim(x, false) ? x : NULL;
   }
   rd_unlock(s);
   l->rr++;
@@ -747,6 +760,8 @@ static void on_generate(rd_loop *l, struct evhttp_request *hr, rd_kind kind,
   copy_header(hr, "Authorization", c->auth, sizeof c->auth);
   if (*c->session == '\0')
     snprintf(c->session, sizeof c->session, "%s", c->q.user);
+  const rd_lora *lo = rd_lora_find(s, c->q.model);
+  c->lora = lo ? (int)(lo - s->lora) : -1;
   if (set_body(c, body, len) < 0) {
     rd_reply_error(hr, 500, "", "out of memory");
     call_free(c);

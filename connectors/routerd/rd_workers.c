@@ -436,6 +436,25 @@ static void learn_adapters(rd_server *s, json_t *d) {
   }
 }
 
+bool rd_worker_serves(const rd_worker *w, int lora) {
+  return lora < 0 || !w->lora_known || ((w->lora_mask >> lora) & 1);
+}
+
+/* The adapters (known to s, after learn_adapters) that d lists. */
+static uint64_t adapters_of(const rd_server *s, json_t *d) {
+  uint64_t m = 0;
+  size_t i;
+  json_t *card;
+  json_array_foreach(d, i, card) {
+    const rd_lora *l =
+        json_is_string(json_object_get(card, "parent"))
+            ? rd_lora_find(s, json_string_value(json_object_get(card, "id")))
+            : NULL;
+    m |= l ? 1ull << (l - s->lora) : 0;
+  }
+  return m;
+}
+
 static void on_models(struct evhttp_request *hr, void *arg) {
   rd_worker *w = arg;
   w->probe_busy = false;
@@ -447,13 +466,16 @@ static void on_models(struct evhttp_request *hr, void *arg) {
   json_t *d = json_object_get(o, "data");
   if (json_is_array(d)) {
     char *was, *now = json_dumps(d, JSON_COMPACT);
-    rd_lock(w->s); /* the front door's /v1/models reads it */
+    learn_adapters(w->s, d);
+    uint64_t mask = adapters_of(w->s, d);
+    rd_lock(w->s); /* the front door's /v1/models and routing read them */
     was = w->models;
     w->models = now;
+    w->lora_mask = mask;
+    w->lora_known = true;
     rd_unlock(w->s);
     free(was);
     w->models_at = rd_now();
-    learn_adapters(w->s, d);
   }
   json_decref(o);
 }

@@ -34,14 +34,14 @@ BS = 16
 procs = []
 
 
-def engine(name, n):
+def engine(name, n, loras=(LORA,)):
     ready = os.path.join(W, name + ".json")
     if os.path.exists(ready):
         os.unlink(ready)
     log = open(os.path.join(W, name + ".log"), "w")
     p = subprocess.Popen([B, "engine", "--workers", str(n), "--block-size",
-                          str(BS), "--time-scale", "20", "--ready-file", ready,
-                          "--lora", LORA],
+                          str(BS), "--time-scale", "20", "--ready-file", ready]
+                         + [a for lo in loras for a in ("--lora", lo)],
                          stdout=log, stderr=subprocess.STDOUT)
     procs.append(p)
     for _ in range(200):
@@ -61,8 +61,9 @@ def http(method, url, body=None, headers=None):
         return e.code, e.read().decode()
 
 
+LORA_B = "math-adapter"  # loaded on engine_b's worker only
 ea, wa = engine("engine_a", 2)
-eb, wb = engine("engine_b", 1)
+eb, wb = engine("engine_b", 1, (LORA, LORA_B))
 workers = wa + wb
 port, admin = free_port(), free_port()
 receipts = os.path.join(W, "receipts.jsonl")
@@ -100,7 +101,7 @@ client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0)
 
 # ---- the API, through the SDK -------------------------------------------------
 models = client.models.list()
-check([m.id for m in models.data] == [MODEL, LORA], "/v1/models merged: %s" % [m.id for m in models.data])
+check([m.id for m in models.data] == [MODEL, LORA, LORA_B], "/v1/models merged: %s" % [m.id for m in models.data])
 prompt = [random.Random(1).randrange(1, 255) for _ in range(100)]
 r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4)
 check(r.usage.prompt_tokens == 100 and len(r.choices[0].text) > 0, "completion (token ids)")
@@ -201,6 +202,14 @@ check(l1[:2] == (0, 0) and l1[2] == LORA,
       "the adapter %s reuses none of the base model's blocks (worker %d, router %d)" % (l1[2], l1[0], l1[1]))
 check(l2[0] >= 80 and l2[1] == l2[0],
       "the adapter's second call hits its own blocks (worker %d, router %d)" % l2[:2])
+
+# an adapter loaded on one worker only: its requests go there, whatever
+# the other workers hold (they would answer 404: no such model)
+got = set()
+for i in range(8):
+    raw = client.completions.with_raw_response.create(model=LORA_B, prompt=[i + 2] * 48, max_tokens=1)
+    got.add(raw.headers["x-kvplane-worker"])
+check(got == {wb[0]["url"]}, "adapter %s, loaded on one worker, routes only there (%s)" % (LORA_B, sorted(got)))
 
 # ---- admin: drain, undrain ------------------------------------------------------
 abase = f"http://127.0.0.1:{admin}"
