@@ -1,8 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """What the kvplane-routerd end-to-end tests share (stdlib only): the
 ok/FAIL checks and their failures, a free loopback port, waiting for an
-HTTP endpoint, one Prometheus sample."""
+HTTP endpoint, one Prometheus sample, emulated workers started."""
+import json
+import os
 import socket
+import subprocess
 import time
 import urllib.request
 
@@ -41,3 +44,25 @@ def metric(text, name):
         if line.startswith(name + " "):
             return float(line.split()[1])
     return None
+
+
+def start_engine(bench, work, name, n, block_size, procs, loras=(),
+                 time_scale=20):
+    """`kvplane-bench engine` with n emulated vLLM workers (and LoRA adapters
+    `loras`), its log in work/name.log; the process goes into procs.
+    Returns (process, its ready file's "workers" list)."""
+    ready = os.path.join(work, name + ".json")
+    if os.path.exists(ready):
+        os.unlink(ready)
+    log = open(os.path.join(work, name + ".log"), "w")
+    p = subprocess.Popen([bench, "engine", "--workers", str(n), "--block-size",
+                          str(block_size), "--time-scale", str(time_scale),
+                          "--ready-file", ready]
+                         + [a for lo in loras for a in ("--lora", lo)],
+                         stdout=log, stderr=subprocess.STDOUT)
+    procs.append(p)
+    for _ in range(200):
+        if os.path.exists(ready) and os.path.getsize(ready) > 0:
+            return p, json.load(open(ready))["workers"]
+        time.sleep(0.05)
+    raise SystemExit("engine %s did not start" % name)

@@ -24,7 +24,7 @@ import urllib.request
 
 import openai
 
-from rd_testlib import check, failures, free_port, metric, wait_http
+from rd_testlib import check, failures, free_port, metric, start_engine, wait_http
 
 B, RD, W = sys.argv[1], sys.argv[2], sys.argv[3]
 os.makedirs(W, exist_ok=True)
@@ -35,20 +35,7 @@ procs = []
 
 
 def engine(name, n, loras=(LORA,)):
-    ready = os.path.join(W, name + ".json")
-    if os.path.exists(ready):
-        os.unlink(ready)
-    log = open(os.path.join(W, name + ".log"), "w")
-    p = subprocess.Popen([B, "engine", "--workers", str(n), "--block-size",
-                          str(BS), "--time-scale", "20", "--ready-file", ready]
-                         + [a for lo in loras for a in ("--lora", lo)],
-                         stdout=log, stderr=subprocess.STDOUT)
-    procs.append(p)
-    for _ in range(200):
-        if os.path.exists(ready) and os.path.getsize(ready) > 0:
-            return p, json.load(open(ready))["workers"]
-        time.sleep(0.05)
-    raise SystemExit("engine %s did not start" % name)
+    return start_engine(B, W, name, n, BS, procs, loras)
 
 
 def http(method, url, body=None, headers=None):
