@@ -59,15 +59,18 @@ live: deps build-run
 	  --routerd $(RUN_BUILD)/connectors/kvplane-routerd \
 	  --venv $(CURDIR)/.venv-peers --out $(LIVE_OUT) $(LIVE_ARGS)
 
+# KVP_BENCH_JOBS=1: kvplane-bench runs its simulations one at a time inside the
+# tests (ctest already runs $(JOBS) tests at once; tests that check timing stay
+# undisturbed); test_bench_cli and test_bench_jobs pass --jobs themselves.
 test-main: build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	cd $(BUILD) && KVP_BENCH_JOBS=1 ctest --output-on-failure -j $(JOBS)
 
 test-san: deps
 	cmake -S . -B $(SAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_COMPILER=clang \
 	  -DKVP_SANITIZE=address,undefined -DKVP_FUZZ=ON $(CMAKE_COMMON)
 	cmake --build $(SAN_BUILD) -j $(JOBS)
 	cd $(SAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
-	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 KVP_BENCH_JOBS=1 \
 	  ctest --output-on-failure -j $(JOBS)
 
 # ThreadSanitizer: only the tests labelled tsan (target kvp_tsan_tests).
@@ -75,7 +78,7 @@ test-tsan: deps
 	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang \
 	  -DKVP_SANITIZE=thread $(CMAKE_COMMON)
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target kvp_tsan_tests
-	cd $(TSAN_BUILD) && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+	cd $(TSAN_BUILD) && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 KVP_BENCH_JOBS=1 \
 	  ctest --output-on-failure -L tsan
 
 test: test-main test-san test-tsan

@@ -238,4 +238,30 @@ if "$bench" run --quiet --no-progress --limit 10 --config "$tmp/na.yaml" \
 fi
 grep -q "na.yaml:2: cluster.nvme_admission: expected all, hits or gate" "$tmp/na.err" ||
   fail "no file:line for a bad nvme_admission"
+# --jobs: runs on threads give the runs' results one after another gives
+# (only the wall-clock fields differ); the sweep's table likewise
+"$bench" run --quiet --no-progress --jobs 1 --limit 800 --out "$tmp/j1" "$moon" "$agent"
+"$bench" run --quiet --no-progress --jobs 3 --limit 800 --out "$tmp/j3" "$moon" "$agent"
+python3 - "$tmp/j1/results.csv" "$tmp/j3/results.csv" <<'PY' || fail "--jobs 3 results differ from --jobs 1"
+import csv, sys
+def rows(p):
+    out = []
+    for r in csv.DictReader(open(p)):
+        out.append({k: v for k, v in r.items() if k not in ("wall_seconds", "simulated_requests_per_s")})
+    return out
+a, b = rows(sys.argv[1]), rows(sys.argv[2])
+assert len(a) == 18 and a == b, (len(a), len(b))
+PY
+for j in 1 2; do
+  "$bench" sweep --no-progress --jobs $j --limit 400 --param dram_gb=0,16,64 --param workers=2,4 \
+    --out "$tmp/sj$j" "$moon" | grep -v '^plot: ' > "$tmp/sj$j.txt"
+done
+cmp -s "$tmp/sj1.txt" "$tmp/sj2.txt" || fail "sweep --jobs 2 differs: $(diff "$tmp/sj1.txt" "$tmp/sj2.txt")"
+[ "$(grep -c '^[0-9]' "$tmp/sj2.txt")" = 6 ] || fail "sweep --jobs 2 is not 3 x 2"
+for bad in 0 x -1 1025; do
+  if "$bench" run --jobs "$bad" "$moon" > /dev/null 2> "$tmp/jbad"; then
+    fail "--jobs $bad accepted"
+  fi
+  grep -q -- "--jobs: 1..1024 or auto" "$tmp/jbad" || fail "--jobs $bad: $(cat "$tmp/jbad")"
+done
 echo "kvplane-bench cli ok"

@@ -8,7 +8,8 @@
  * (simulation wall time only, not reading) and the slowdown against 1x,
  * measured in the same run:
  *   bench_harness_scale [--factors 1,2,5,10,20] [--policies LIST]
- *                       [--workers N|auto[:U]] [--check X] [--cpu] [TRACE]
+ *                       [--workers N|auto[:U]] [--check X] [--cpu]
+ *                       [--quick] [TRACE]
  * TRACE defaults to $KVP_SHARED_DIR/traces/cc_agentic.  --check X: exit 1
  * if any factor is more than X times slower than 1x (all policies).  --cpu:
  * requests per second of the simulation's CPU time (this thread's) instead
@@ -17,7 +18,8 @@
  * table gives each policy's simulated work per request (index block
  * updates) and its slowdown per unit of that work.  A policy's simulation
  * shorter than 10 s is repeated (9 runs at most) and its median rate
- * printed: short runs are the noisy ones. */
+ * printed: short runs are the noisy ones (--quick: one run each, the
+ * smoke test bench_harness_scale_quick). */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,7 +36,8 @@ typedef struct opts {
   size_t n_policies;
   uint32_t workers; /* 0 = auto */
   double util, check;
-  bool cpu; /* --cpu: rates per CPU second of the simulation */
+  bool cpu;   /* --cpu: rates per CPU second of the simulation */
+  bool quick; /* --quick: one run each, no repeats (the smoke test) */
   const char *trace;
 } opts;
 
@@ -77,8 +80,8 @@ static int parse(int argc, char **argv, opts *o) {
       o->trace = a;
       continue;
     }
-    if (!strcmp(a, "--cpu")) {
-      o->cpu = true;
+    if (!strcmp(a, "--cpu") || !strcmp(a, "--quick")) {
+      *(a[2] == 'c' ? &o->cpu : &o->quick) = true;
       continue;
     }
     i++;
@@ -99,7 +102,7 @@ static int parse(int argc, char **argv, opts *o) {
     if (rc < 0) {
       fprintf(stderr, "usage: bench_harness_scale [--factors 1,2,5,10,20] "
                       "[--policies LIST] [--workers N|auto[:U]] [--check X] "
-                      "[--cpu] [TRACE]\nbad option: %s %s\n", a, v);
+                      "[--cpu] [--quick] [TRACE]\nbad option: %s %s\n", a, v);
       return -1;
     }
   }
@@ -167,7 +170,7 @@ static int run_policy(const opts *o, const bh_trace *t, const bh_sim_opts *so,
                       double *rps, double *work, uint64_t *n, double *secs) {
   double rate[REPEAT_MAX];
   int k = 0;
-  while (k < REPEAT_MAX && (k == 0 || *secs < REPEAT_S)) {
+  while (k < (o->quick ? 1 : REPEAT_MAX) && (k == 0 || *secs < REPEAT_S)) {
     bh_result r;
     char err[512];
     double cpu0 = thread_cpu_s();

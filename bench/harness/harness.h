@@ -11,6 +11,7 @@
 #ifndef KVP_BENCH_HARNESS_H
 #define KVP_BENCH_HARNESS_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -176,6 +177,9 @@ typedef struct bh_sim_opts {
   uint64_t seed;
   uint32_t buckets;      /* time-series points; 0 = 48 */
   bool progress;         /* progress bar on stderr */
+  /* non-NULL: the requests simulated so far, stored (relaxed) at every 1 %
+   * and at the end, for a caller drawing one bar over several runs */
+  _Atomic uint64_t *progress_at;
   FILE *req_log;         /* non-NULL: one JSON line per request at its
                             prefill's end, as `engine --req-log` writes */
 } bh_sim_opts;

@@ -15,6 +15,7 @@
  * arrives; no policy can reuse more) and "random" (uniform routing). */
 #include <assert.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -894,9 +895,13 @@ static int arrive(struct sim *s, uint32_t i) {
 }
 
 static void progress(struct sim *s, size_t k, size_t n, bool end) {
-  if (!s->o->progress)
+  if (!s->o->progress && s->o->progress_at == NULL)
     return;
   if (!end && (n < 100 || k % (n / 100) != 0))
+    return;
+  if (s->o->progress_at != NULL)
+    atomic_store_explicit(s->o->progress_at, end ? n : k, memory_order_relaxed);
+  if (!s->o->progress)
     return;
   int pct = n ? (int)(100.0 * (double)k / (double)n) : 100;
   if (end)
