@@ -30,7 +30,10 @@ bad too_many       'routerd:\n  max_workers: 1\nworkers:\n  urls: [http://a:1, h
 bad not_yaml       'routerd: [\n' "not_yaml.yaml:"
 bad bad_threads    'routerd:\n  threads: 0\n' "bad_threads.yaml:2: routerd.threads: expected an integer in [1, 64] or auto"
 bad bad_threads2   'routerd:\n  threads: many\n' "bad_threads2.yaml:2: routerd.threads: expected an integer"
-bad threads_nats   'routerd:\n  threads: 2\nreplicas:\n  nats_url: nats://127.0.0.1:4222\n' "threads_nats.yaml:2: routerd.threads: threads > 1 is not supported with replicas"
+# threads with replicas: accepted (every loop publishes its own decisions)
+printf 'routerd:\n  threads: 2\nworkers:\n  urls: [http://127.0.0.1:1]\nreplicas:\n  nats_url: nats://127.0.0.1:4222\n  replica_id: 3\n' > "$W/threads_nats.yaml"
+out=$("$RD" --config "$W/threads_nats.yaml" --check-config 2>&1)
+if [ $? -eq 0 ]; then echo "ok   threads_nats: $out"; else echo "FAIL threads_nats: $out"; fail=1; fi
 # in range for the binding, refused by the router (it would not start)
 bad bad_tie        'routing:\n  tie_rel: 5\n' "bad_tie.yaml: routing: the router refuses these options"
 printf 'routerd:\n  threads: auto\n' > "$W/threads_auto.yaml"

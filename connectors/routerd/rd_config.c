@@ -129,9 +129,6 @@ static int check_threads(kvp_config *k, rd_cfg *c, char *err, size_t cap) {
     return where(k, "routerd", "threads", err, cap, "expected an integer in "
                  "[1, 64] or auto");
   c->threads = (uint32_t)n;
-  if (c->threads > 1 && *c->nats_url)
-    return where(k, "routerd", "threads", err, cap, "threads > 1 is not "
-                 "supported with replicas (replicas.nats_url) yet");
   return 0;
 }
 

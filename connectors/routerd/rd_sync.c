@@ -13,7 +13,11 @@
  * flusher or delivery thread between a peer's message and its use (each was
  * a thread wake-up per message).  NATS down: replicas
  * route on local state (peers' contributions expire after peer_timeout),
- * counted and visible; libnats reconnects forever and snapshots resync. */
+ * counted and visible; libnats reconnects forever and snapshots resync.
+ * With routerd.threads > 1 every loop publishes its own decisions and
+ * completions (natsConnection_Publish is thread-safe; the bases are, with
+ * evthread); peers' messages are applied on thread 0, under the routing
+ * lock where they touch the router. */
 #include "rd.h"
 #include "rd_sync_msg.h"
 
@@ -50,8 +54,11 @@ struct rd_sync {
   atomic_ullong disconnects, reconnects;
   peer peers[PEERS_MAX];
   char subj[3][160];
-  uint64_t pub[4], recv[4], pub_fail, skipped_down, malformed, newer,
-      unknown_worker, own;
+  uint32_t replica; /* replicas.replica_id (restart-only), read by any loop */
+  /* published from any loop */
+  _Atomic uint64_t pub[4], pub_fail, skipped_down;
+  /* thread 0 only (the subscription is drained there) */
+  uint64_t recv[4], malformed, newer, unknown_worker, own;
   kvp_hist *lag; /* ns */
 };
 
@@ -93,7 +100,7 @@ static void resum(rd_sync *y, uint32_t slot) {
       r += y->peers[i].req[slot];
       t += y->peers[i].tok[slot];
     }
-  rd_lock(s); /* the router (one loop here: threads > 1 is refused) */
+  rd_lock(s); /* the router, shared with the front-door loops */
   s->peer_req[slot] = r;
   s->peer_tok[slot] = t;
   rd_worker_sync(&s->w[slot]);
@@ -168,7 +175,7 @@ static void handle(rd_sync *y, natsMsg *nm) {
     rc < 0 ? y->malformed++ : y->newer++;
     return;
   }
-  if (m.replica == y->s->cfg.ropts.replica_id) {
+  if (m.replica == y->replica) {
     /* not echoed (NoEcho): another process runs with this replica id */
     if (y->own++ == 0)
       kvp_log(KVP_LOG_ERROR, "routerd", "another replica publishes with this "
@@ -259,16 +266,17 @@ int rd_sync_thread_safe(void) {
 /* ---- publishing --------------------------------------------------------------- */
 static void publish(rd_sync *y, const rd_sync_msg *m) {
   if (!atomic_load_explicit(&y->connected, memory_order_relaxed)) {
-    y->skipped_down++; /* a delta would arrive stale: snapshots resync */
+    /* a delta would arrive stale: snapshots resync */
+    atomic_fetch_add_explicit(&y->skipped_down, 1, memory_order_relaxed);
     return;
   }
   char *b = NULL;
   size_t n = 0;
   if (rd_sync_encode(m, &b, &n) < 0 ||
       natsConnection_Publish(y->nc, y->subj[m->type - 1], b, (int)n) != NATS_OK)
-    y->pub_fail++;
+    atomic_fetch_add_explicit(&y->pub_fail, 1, memory_order_relaxed);
   else
-    y->pub[m->type]++;
+    atomic_fetch_add_explicit(&y->pub[m->type], 1, memory_order_relaxed);
   free(b);
 }
 
@@ -277,7 +285,7 @@ void rd_sync_decision(rd_server *s, const rd_worker *w, const kvp_decision *d,
   if (s->sync == NULL)
     return;
   rd_sync_msg m = {.type = RD_SYNC_DECISION,
-                   .replica = s->cfg.ropts.replica_id,
+                   .replica = s->sync->replica,
                    .wall_ns = wall_ns(),
                    .request_id = d->request_id,
                    .tokens = d->uncached_tokens,
@@ -293,7 +301,7 @@ void rd_sync_complete(rd_server *s, const rd_worker *w, uint64_t request_id,
   if (s->sync == NULL)
     return;
   rd_sync_msg m = {.type = RD_SYNC_COMPLETE,
-                   .replica = s->cfg.ropts.replica_id,
+                   .replica = s->sync->replica,
                    .wall_ns = wall_ns(),
                    .request_id = request_id,
                    .tokens = tokens};
@@ -309,9 +317,10 @@ static void on_snapshot(evutil_socket_t fd, short what, void *arg) {
   rd_server *s = y->s;
   rd_sync_load *l = calloc(s->n_w ? s->n_w : 1, sizeof *l);
   rd_sync_msg m = {.type = RD_SYNC_SNAPSHOT,
-                   .replica = s->cfg.ropts.replica_id,
+                   .replica = y->replica,
                    .wall_ns = wall_ns(),
                    .loads = l};
+  rd_lock(s); /* the router's in-flight, which every loop changes */
   for (uint32_t i = 0; l && i < s->n_w; i++) {
     if (s->w[i].state == RD_W_FREE)
       continue;
@@ -320,6 +329,7 @@ static void on_snapshot(evutil_socket_t fd, short what, void *arg) {
                         &l[m.n_loads].tokens, NULL);
     m.n_loads++;
   }
+  rd_unlock(s);
   if (l)
     publish(y, &m);
   free(l);
@@ -385,6 +395,7 @@ int rd_sync_start(rd_server *s, char *err, size_t cap) {
     return snprintf(err, cap, "out of memory"), free(y), -1;
   s->sync = y;
   y->s = s;
+  y->replica = s->cfg.ropts.replica_id;
   const char *sfx[3] = {"decision", "complete", "snapshot"};
   for (int i = 0; i < 3; i++)
     snprintf(y->subj[i], sizeof y->subj[i], "%s.%s", s->cfg.subject_prefix, sfx[i]);
@@ -452,7 +463,7 @@ void rd_sync_metrics(rd_server *s, struct evbuffer *b) {
   for (int i = 1; i < 4; i++)
     evbuffer_add_printf(b, "kvplane_routerd_sync_published_total{type=\"%s\"} %llu\n"
                         "kvplane_routerd_sync_received_total{type=\"%s\"} %llu\n",
-                        t[i], (unsigned long long)y->pub[i], t[i],
+                        t[i], (unsigned long long)atomic_load(&y->pub[i]), t[i],
                         (unsigned long long)y->recv[i]);
   evbuffer_add_printf(b, "# TYPE kvplane_routerd_sync_errors_total counter\n"
       "kvplane_routerd_sync_errors_total{reason=\"publish\"} %llu\n"
@@ -467,7 +478,8 @@ void rd_sync_metrics(rd_server *s, struct evbuffer *b) {
       "kvplane_routerd_sync_lag_seconds{quantile=\"0.5\"} %.9f\n"
       "kvplane_routerd_sync_lag_seconds{quantile=\"0.99\"} %.9f\n"
       "kvplane_routerd_sync_lag_seconds_count %llu\n",
-      (unsigned long long)y->pub_fail, (unsigned long long)y->skipped_down,
+      (unsigned long long)atomic_load(&y->pub_fail),
+      (unsigned long long)atomic_load(&y->skipped_down),
       (unsigned long long)y->malformed, (unsigned long long)y->newer,
       (unsigned long long)y->unknown_worker,
       (unsigned long long)y->own,

@@ -71,7 +71,7 @@ def nats(port, store):
                  "nats.log")
 
 
-def router(tag, rid, workers, nats_port, events=None, admin=None):
+def router(tag, rid, workers, nats_port, events=None, admin=None, threads=1):
     port = free_port()
     cfg = os.path.join(W, "rd-%s-%d.yaml" % (tag, rid))
     rep = ""
@@ -81,10 +81,11 @@ def router(tag, rid, workers, nats_port, events=None, admin=None):
     ev = events or [w["kv_events"] for w in workers]
     rp = [w["kv_replay"] for w in workers] if events is None else ["-"] * len(workers)
     with open(cfg, "w") as f:
-        f.write("routerd:\n  listen: 127.0.0.1:%d\n  scrape_interval: 50ms\n%s"
+        f.write("routerd:\n  listen: 127.0.0.1:%d\n  scrape_interval: 50ms\n"
+                "  threads: %d\n%s"
                 "workers:\n  urls: [%s]\n  kv_events: [%s]\n  kv_replay: [%s]\n"
                 "model:\n  block_size: %d\n%s" % (
-                    port, "  admin_listen: 127.0.0.1:%d\n" % admin if admin else "",
+                    port, threads, "  admin_listen: 127.0.0.1:%d\n" % admin if admin else "",
                     ", ".join(w["url"] for w in workers), ", ".join(ev),
                     ", ".join(rp), BS, rep))
     p = spawn([RD, "--config", cfg], "rd-%s-%d.log" % (tag, rid))
@@ -160,7 +161,10 @@ def run(tag, replicas, sync, seed=1, during_fn=None):
     np = free_port() if sync else 0
     npp = nats(np, os.path.join(W, "js-" + tag)) if sync else None
     time.sleep(0.3 if sync else 0)
-    rs = [router(tag, i + 1, workers, np) for i in range(replicas)]
+    # a synced fleet mixes one- and two-loop replicas (routerd.threads): the
+    # second replica's loops publish their own decisions
+    rs = [router(tag, i + 1, workers, np, threads=2 if sync and i == 1 else 1)
+          for i in range(replicas)]
     stats = {"prompt": 0, "cached": 0, "per_worker": {}, "errors": [],
              "workers": [w["url"] for w in workers]}
     ctx = {"rs": rs, "nats": npp, "nats_port": np, "workers": workers, "tag": tag}
@@ -200,6 +204,7 @@ def compare():
     """The three configurations seed by seed, so the machine's drift falls
     on all three alike."""
     res, lags = {"one": [], "sync": [], "blind": []}, []
+    global LOOPS
     for seed in SEEDS:
         for tag, replicas, sync in (("one", 1, False), ("sync", 3, True), ("blind", 3, False)):
             if tag == "blind" and seed > BLIND:
@@ -208,6 +213,9 @@ def compare():
             if sync:
                 lags += [metric(metrics(x[1]), 'kvplane_routerd_sync_lag_seconds{quantile="0.99"}')
                          for x in r["ctx"]["rs"]]
+                m2 = metrics(r["ctx"]["rs"][1][1])
+                for i in range(2):
+                    LOOPS[i] += metric(m2, 'kvplane_routerd_thread_requests_total{thread="%d"}' % i) or 0
             stop_all()
             res[tag].append(r)
         if seed % 10 == 0:
@@ -222,6 +230,7 @@ def paired(a, b):
     sd = (sum((v - m) ** 2 for v in d) / (len(d) - 1)) ** 0.5 if len(d) > 1 else 0.0
     return m, 1.96 * sd / len(d) ** 0.5
 
+LOOPS = [0, 0]  # requests the two-loop replica served on each loop
 raw, lags = compare()
 one, three, blind = summarize(raw["one"]), summarize(raw["sync"]), summarize(raw["blind"])
 print("  (averages over %d bursts, blind over %d; %d sessions x %d turns each)" % (
@@ -231,6 +240,7 @@ for name, r in (("1 replica", one), ("3 replicas + NATS", three), ("3 replicas, 
         name, r["hit"], r["imbalance"], r["per_worker"], r["errors"]))
 print("  sync lag p99 per replica and burst: max %.4f s" % max(l or 0 for l in lags))
 check(one["errors"] == 0 and three["errors"] == 0, "no request failed")
+check(min(LOOPS) > 0, "the synced fleet's two-loop replica served on both loops: %s" % LOOPS)
 check(abs(three["hit"] - one["hit"]) <= 1.0,
       "3 synced replicas' hit rate within 1 point of one replica's (%.1f vs %.1f)" % (three["hit"], one["hit"]))
 # Imbalance: a session's turns stay together, so a burst's imbalance moves

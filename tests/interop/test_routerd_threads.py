@@ -16,12 +16,16 @@ cached_tokens); a drained worker gets no new request and a removed one
 goes, while the loops are busy, with no request failed, and a worker added
 and removed 6 times under load fails none either; one whole JSON
 receipt per request; SIGTERM with requests in flight on several loops:
-each finishes, then exit 0.  Under a ThreadSanitizer build
+each finishes, then exit 0; a 3-loop replica synced with a 1-loop one
+through nats-server (when installed): every loop's decisions reach the
+peer, which routes each session's next turn to the worker the first
+replica chose.  Under a ThreadSanitizer build
 (TSAN_OPTIONS=halt_on_error=1) a race report fails the exit code and the
 log check."""
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -309,6 +313,94 @@ check(inflight >= 2 and len(fin) == 6 and rc == 0,
 log = open(rlog_path).read()
 check("ThreadSanitizer" not in log and "AddressSanitizer" not in log,
       "no sanitizer report in the router's log")
+
+# ---- replicas with threads: every loop publishes its own decisions ----------------
+# A 3-loop replica and a 1-loop one synced through nats-server (skipped when
+# Debian's nats-server is missing): sessions started on the first continue
+# on the second where the first put them, and every decision of every loop
+# reaches the peer.
+NATS = shutil.which("nats-server") or "/usr/sbin/nats-server"
+if os.access(NATS, os.X_OK):
+    np_ = free_port()
+    procs.append(subprocess.Popen([NATS, "-a", "127.0.0.1", "-p", str(np_)],
+                                  stdout=open(os.path.join(W, "nats.log"), "w"),
+                                  stderr=subprocess.STDOUT))
+    time.sleep(0.3)
+    reps, rlogs = [], []
+    for rid, th in ((1, THREADS), (2, 1)):
+        rp = free_port()
+        rc_path = os.path.join(W, "replica-%d.yaml" % rid)
+        with open(rc_path, "w") as f:
+            f.write(f"""routerd:
+  listen: 127.0.0.1:{rp}
+  threads: {th}
+  scrape_interval: 50ms
+workers:
+  urls: [{", ".join(w["url"] for w in workers)}]
+  kv_events: [{", ".join(w["kv_events"] for w in workers)}]
+  kv_replay: [{", ".join(w["kv_replay"] for w in workers)}]
+model:
+  block_size: {BS}
+replicas:
+  nats_url: nats://127.0.0.1:{np_}
+  replica_id: {rid}
+  snapshot_interval: 50ms
+""")
+        rlogs.append(os.path.join(W, "replica-%d.log" % rid))
+        procs.append(subprocess.Popen([RD, "--config", rc_path], stdout=open(rlogs[-1], "w"),
+                                      stderr=subprocess.STDOUT))
+        reps.append(f"http://127.0.0.1:{rp}")
+        check(wait_http(reps[-1] + "/health"), "replica %d (threads: %d) answers" % (rid, th))
+    t_end = time.time() + 10
+    while time.time() < t_end and any(
+            metric(http("GET", r + "/metrics")[1], "kvplane_routerd_sync_peers") != 1 for r in reps):
+        time.sleep(0.1)
+
+    def via(url, prompt, sess):
+        code, text, h = http("POST", url + "/v1/completions",
+                             {"model": MODEL, "prompt": prompt, "max_tokens": 2, "user": sess})
+        return code, h.get("x-kvplane-worker") if h else None
+
+    NS = 24
+    first, second = {}, {}
+
+    def rep_session(k):
+        r = random.Random(500 + k)
+        hist = [r.randrange(1, 255) for _ in range(200)]
+        first[k] = via(reps[0], hist, "rs%d" % k)
+        hist += [r.randrange(1, 255) for _ in range(40)]
+        time.sleep(0.5)  # the peer hears the decision (snapshots every 50 ms)
+        second[k] = via(reps[1], hist, "rs%d" % k)
+
+    ths = [threading.Thread(target=rep_session, args=(k,)) for k in range(NS)]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join()
+    ok = [k for k in range(NS) if first[k][0] == 200 and second[k][0] == 200]
+    same = sum(1 for k in ok if first[k][1] == second[k][1])
+    check(len(ok) == NS, "every request through the replicas answered (%d of %d)" % (len(ok), NS))
+    check(same >= NS * 0.9, "a session's next turn on the other replica lands where the "
+          "3-loop replica put it (%d of %d)" % (same, NS))
+    m1, m2 = (http("GET", r + "/metrics")[1] for r in reps)
+    loops1 = sum(1 for i in range(THREADS)
+                 if (metric(m1, 'kvplane_routerd_thread_requests_total{thread="%d"}' % i) or 0) > 0)
+    pub = metric(m1, 'kvplane_routerd_sync_published_total{type="decision"}') or 0
+    got = metric(m2, 'kvplane_routerd_sync_received_total{type="decision"}') or 0
+    check(loops1 >= 2 and pub == NS and got >= NS,
+          "the 3-loop replica's loops (%d used) published every decision (%d of %d), "
+          "its peer received them (%d)" % (loops1, pub, NS, got))
+    for p in procs[-2:]:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pass
+    logs = "".join(open(x).read() for x in rlogs)
+    check("ThreadSanitizer" not in logs and "AddressSanitizer" not in logs,
+          "no sanitizer report in the replicas' logs")
+else:
+    print("  (replicas with threads skipped: nats-server not installed)")
 
 for p in procs:
     if p.poll() is None:
