@@ -240,8 +240,8 @@ grep -q "na.yaml:2: cluster.nvme_admission: expected all, hits or gate" "$tmp/na
   fail "no file:line for a bad nvme_admission"
 # --jobs: runs on threads give the runs' results one after another gives
 # (only the wall-clock fields differ); the sweep's table likewise
-"$bench" run --quiet --no-progress --jobs 1 --limit 800 --out "$tmp/j1" "$moon" "$agent"
-"$bench" run --quiet --no-progress --jobs 3 --limit 800 --out "$tmp/j3" "$moon" "$agent"
+"$bench" run --quiet --no-progress --jobs 1 --limit 300 --out "$tmp/j1" "$moon" "$agent"
+"$bench" run --quiet --no-progress --jobs 3 --limit 300 --out "$tmp/j3" "$moon" "$agent"
 python3 - "$tmp/j1/results.csv" "$tmp/j3/results.csv" <<'PY' || fail "--jobs 3 results differ from --jobs 1"
 import csv, sys
 def rows(p):
@@ -253,7 +253,7 @@ a, b = rows(sys.argv[1]), rows(sys.argv[2])
 assert len(a) == 18 and a == b, (len(a), len(b))
 PY
 for j in 1 2; do
-  "$bench" sweep --no-progress --jobs $j --limit 400 --param dram_gb=0,16,64 --param workers=2,4 \
+  "$bench" sweep --no-progress --jobs $j --limit 200 --param dram_gb=0,16,64 --param workers=2,4 \
     --out "$tmp/sj$j" "$moon" | grep -v '^plot: ' > "$tmp/sj$j.txt"
 done
 cmp -s "$tmp/sj1.txt" "$tmp/sj2.txt" || fail "sweep --jobs 2 differs: $(diff "$tmp/sj1.txt" "$tmp/sj2.txt")"
