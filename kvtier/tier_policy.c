@@ -95,6 +95,8 @@ static int grow(tier_policy *p, uint32_t id) {
   memset(n + p->cap, 0, (size_t)(ncap - p->cap) * sizeof(node));
   p->nodes = n;
   p->cap = ncap;
+  if (p->kind != KVP_TIER_POLICY_S3FIFO)
+    return 0; /* LRU keeps no ghosts */
   /* ghost holds about as many fingerprints as there are ids */
   uint32_t gsz = 1;
   while (gsz < ncap)
