@@ -445,7 +445,9 @@ static pid_t start_nats(bench *B, uint16_t port) {
   snprintf(log, sizeof log, "%s/nats-server.log", B->o.out);
   char *argv[] = {(char *)B->o.nats_server, "-a", "127.0.0.1", "-p", p, NULL};
   pid_t pid = spawn(argv, log);
-  for (int i = 0; i < 500 && pid > 0 && alive(pid) && !listening(port); i++)
+  /* up to 30 s: beside a busy neighbour (ctest -j2 pairs this with headless
+   * chromium at times) nats-server was seen not to listen within 5 s */
+  for (int i = 0; i < 3000 && pid > 0 && alive(pid) && !listening(port); i++)
     usleep(10000);
   if (pid > 0 && listening(port))
     return pid;
@@ -489,7 +491,7 @@ static void rep_sample(const target *t, uint32_t i, rep_snap *s) {
 
 /* every replica hears its FLEET_N - 1 peers (up to 5 s) */
 static bool fleet_synced(const target *t) {
-  for (int k = 0; k < 100; k++) {
+  for (int k = 0; k < 400; k++) { /* 20 s: the replicas may start slowly, too */
     uint32_t ok = 0;
     for (uint32_t i = 0; i < FLEET_N; i++) {
       rep_snap s;
