@@ -264,4 +264,8 @@ for bad in 0 x -1 1025; do
   fi
   grep -q -- "--jobs: 1..1024 or auto" "$tmp/jbad" || fail "--jobs $bad: $(cat "$tmp/jbad")"
 done
+KVP_BENCH_JOBS=x "$bench" run --quiet --no-progress --limit 50 --policies kvplane_cost \
+  --out "$tmp/jenv" "$moon" 2> "$tmp/jenv.err" || fail "a bad KVP_BENCH_JOBS stopped the run"
+grep -q "KVP_BENCH_JOBS=x: not 1..1024 or auto; using auto" "$tmp/jenv.err" ||
+  fail "a bad KVP_BENCH_JOBS went unsaid: $(cat "$tmp/jenv.err")"
 echo "kvplane-bench cli ok"

@@ -181,8 +181,14 @@ static void cli_defaults(cli *c) {
   c->out_dir = "kvplane-bench-report";
   c->progress = isatty(2);
   const char *j = getenv("KVP_BENCH_JOBS");
-  if (j != NULL && strcmp(j, "auto") != 0)
-    c->jobs = (uint32_t)strtoul(j, NULL, 10);
+  uint64_t u;
+  if (j != NULL && strcmp(j, "auto") != 0) {
+    if (parse_u64(j, 1024, &u) && u > 0)
+      c->jobs = (uint32_t)u;
+    else
+      fprintf(stderr, "kvplane-bench: KVP_BENCH_JOBS=%s: not 1..1024 or auto; "
+                      "using auto\n", j);
+  }
 }
 
 /* "lru" | "s3fifo" into tier_policy[from..to]. */

@@ -38,6 +38,16 @@ def wait_http(url, timeout=10):
     return False
 
 
+def workers_yaml(workers, block_size):
+    """The config's workers: section (each worker's URL and KV-event
+    endpoints, as start_engine returns them) and model.block_size."""
+    return ("workers:\n  urls: [%s]\n  kv_events: [%s]\n  kv_replay: [%s]\n"
+            "model:\n  block_size: %d\n" % (
+                ", ".join(w["url"] for w in workers),
+                ", ".join(w["kv_events"] for w in workers),
+                ", ".join(w["kv_replay"] for w in workers), block_size))
+
+
 def metric(text, name):
     """The value of the unlabelled sample `name` in Prometheus text, or None."""
     for line in text.splitlines():

@@ -24,7 +24,8 @@ import urllib.request
 
 import openai
 
-from rd_testlib import check, failures, free_port, metric, start_engine, wait_http
+from rd_testlib import (check, failures, free_port, metric, start_engine, wait_http,
+                        workers_yaml)
 
 B, RD, W = sys.argv[1], sys.argv[2], sys.argv[3]
 os.makedirs(W, exist_ok=True)
@@ -69,13 +70,7 @@ with open(cfg, "w") as f:
   client_timeout: 1s
   max_body: 1M
   max_headers: 8K
-workers:
-  urls: [{", ".join(w["url"] for w in workers)}]
-  kv_events: [{", ".join(w["kv_events"] for w in workers)}]
-  kv_replay: [{", ".join(w["kv_replay"] for w in workers)}]
-model:
-  block_size: {BS}
-""")
+{workers_yaml(workers, BS)}""")
 chk = subprocess.run([RD, "--config", cfg, "--check-config"], capture_output=True, text=True)
 check(chk.returncode == 0, "--check-config accepts the config: " + chk.stdout.strip())
 rlog = open(os.path.join(W, "routerd.log"), "w")

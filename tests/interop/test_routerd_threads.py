@@ -33,7 +33,8 @@ import threading
 import time
 import urllib.request
 
-from rd_testlib import check, failures, free_port, metric, start_engine, wait_http
+from rd_testlib import (check, failures, free_port, metric, start_engine, wait_http,
+                        workers_yaml)
 
 B, RD, W = sys.argv[1], sys.argv[2], sys.argv[3]
 os.makedirs(W, exist_ok=True)
@@ -78,13 +79,7 @@ def write_cfg(max_body):
   scrape_interval: 50ms
   retries: 2
   max_body: {max_body}
-workers:
-  urls: [{", ".join(w["url"] for w in workers)}]
-  kv_events: [{", ".join(w["kv_events"] for w in workers)}]
-  kv_replay: [{", ".join(w["kv_replay"] for w in workers)}]
-model:
-  block_size: {BS}
-""")
+{workers_yaml(workers, BS)}""")
 
 
 write_cfg("1M")
@@ -335,13 +330,7 @@ if os.access(NATS, os.X_OK):
   listen: 127.0.0.1:{rp}
   threads: {th}
   scrape_interval: 50ms
-workers:
-  urls: [{", ".join(w["url"] for w in workers)}]
-  kv_events: [{", ".join(w["kv_events"] for w in workers)}]
-  kv_replay: [{", ".join(w["kv_replay"] for w in workers)}]
-model:
-  block_size: {BS}
-replicas:
+{workers_yaml(workers, BS)}replicas:
   nats_url: nats://127.0.0.1:{np_}
   replica_id: {rid}
   snapshot_interval: 50ms
