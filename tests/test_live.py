@@ -25,8 +25,10 @@
 
 usage: test_live.py BENCH KVPLANE_CLI
 """
+import atexit
 import json
 import os
+import select
 import subprocess
 import sys
 import tempfile
@@ -45,6 +47,15 @@ def fail(msg):
     for p in procs:
         p.kill()
     sys.exit(1)
+
+
+def kill_all():  # an exception, not a fail(): no engine outlives the test
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+
+
+atexit.register(kill_all)
 
 
 def check(cond, msg):
@@ -228,11 +239,31 @@ def tail(worker, replay):
     if replay:
         args += ["--replay", worker["kv_replay"]]
     return subprocess.Popen(args + [worker["kv_events"]],
-                            stdout=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def wait_connected(p, timeout=30):
+    """Until the tail says its SUB socket finished the handshake with the
+    PUB: from then on the publisher sends to it (a fixed sleep for ZeroMQ's
+    slow joiner lost every live event once, under ASan)."""
+    end = time.time() + timeout
+    while time.time() < end:
+        r, _, _ = select.select([p.stderr], [], [], max(0.0, end - time.time()))
+        if not r:
+            break
+        line = p.stderr.readline()
+        if not line:
+            fail("events tail exited before connecting (rc %r)" % p.poll())
+        if "connected to" in line:
+            time.sleep(0.1)  # its subscription follows the handshake
+            return
+    fail("events tail did not connect within %d s" % timeout)
 
 
 def tail_result(p):
-    out, _ = p.communicate(timeout=30)
+    out, err = p.communicate(timeout=30)
+    check(p.returncode == 0, "events tail failed: %s" % err)
     lines = [json.loads(x) for x in out.splitlines() if x.strip()]
     res = [x for x in lines if "resident" in x][-1]["resident"]
     evs = [x for x in lines if "type" in x]
@@ -242,7 +273,7 @@ def tail_result(p):
 
 def test_events(w, u):
     live = tail(w, replay=False)  # before any traffic: the PUB path
-    time.sleep(0.4)               # ZeroMQ's slow joiner
+    wait_connected(live)
     for i in range(40):           # 64-block HBM: evictions
         ids = [7] * 48 + [100 + i % 13] * 16 + list(range(i * 50, i * 50 + 40))
         code, _ = post(u + "/v1/completions", {"prompt": ids, "max_tokens": 2})
@@ -263,6 +294,8 @@ def test_events(w, u):
                   "blocks)" % (name, m, len(got), len(want[m])))
         check(any(e["type"] == "BlockRemoved" for e in evs),
               name + ": no eviction seen")
+        check(stats["connects"] >= 1 and stats["disconnects"] == 0,
+              name + ": one connection, kept: %r" % stats)
         check(stats["decode_errors"] == 0 and stats["unknown_fields"] == 0,
               name + ": %r" % stats)
         print("events %s: %d events, %d + %d blocks resident, stats ok" %

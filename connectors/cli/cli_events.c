@@ -41,6 +41,9 @@ static const char tail_usage[] =
     "                     (XXH3-128, the namespace above; each block's extra\n"
     "                     keys -- cache salt, LoRA, mm -- from the event; counts\n"
     "                     orphans and map memory in the stats)\n"
+    "Once the first connection to the publisher is made (the ZMTP handshake),\n"
+    "stderr says \"kvplane events: connected to ENDPOINT\": what the publisher\n"
+    "sends from then on reaches the tail (events before it need --replay).\n"
     "At exit (the limits above, SIGINT or SIGTERM) a last line {\"stats\":\n"
     "{...}} holds the subscriber's counters.\n";
 
@@ -349,14 +352,15 @@ static void print_stats(kvp_events *ev) {
          ", \"rekey_orphans\": %" PRIu64 ", \"rekey_full\": %" PRIu64
          ", \"rekey_entries\": %" PRIu64 ", \"rekey_bytes\": %" PRIu64
          ", \"queue_drops\": %" PRIu64 ", \"index_errors\": %" PRIu64
-         ", \"topic_mismatch\": %" PRIu64 "}}\n",
+         ", \"topic_mismatch\": %" PRIu64 ", \"connects\": %" PRIu64
+         ", \"disconnects\": %" PRIu64 "}}\n",
          s.batches, s.events, s.blocks_stored, s.blocks_removed, s.clears,
          s.gaps, s.batches_missed, s.replays, s.batches_replayed,
          s.replay_failures, s.residency_drops, s.restarts, s.duplicates,
          s.decode_errors, s.unknown_events, s.unknown_fields, s.other_groups,
          s.block_size_mismatch, s.rekey_orphans, s.rekey_full,
          s.rekey_entries, s.rekey_bytes, s.queue_drops, s.index_errors,
-         s.topic_mismatch);
+         s.topic_mismatch, s.connects, s.disconnects);
 }
 
 /* ---- the loop ------------------------------------------------------------------- */
@@ -430,8 +434,15 @@ static int run_tail(const tail_opts *o) {
   signal(SIGINT, on_signal);
   signal(SIGTERM, on_signal);
   uint64_t start = kvp_now_ns();
-  while (!done(&st, ev, start) && (rc = kvp_events_poll(ev, 20)) >= 0)
-    ;
+  bool told = false;
+  while (!done(&st, ev, start) && (rc = kvp_events_poll(ev, 20)) >= 0) {
+    kvp_events_stats s;
+    if (!told && kvp_events_stats_get(ev, UINT32_MAX, &s) == 0 && s.connects) {
+      /* from here on the publisher sends to us: scripts wait for this line */
+      fprintf(stderr, "kvplane events: connected to %s\n", o->endpoint);
+      told = true;
+    }
+  }
   if (o->index)
     (void)print_index(&st, ix);
   print_stats(ev);

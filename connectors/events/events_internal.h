@@ -71,7 +71,7 @@ size_t kvp__rk_bytes(const rk_map *m);
   X(unknown_events) X(unknown_fields) X(other_groups) X(block_size_mismatch)   \
   X(rekey_orphans) X(rekey_full) X(rekey_entries) X(rekey_bytes)               \
   X(queue_drops) X(index_errors) X(topic_mismatch) X(unknown_media) X(stale)  \
-  X(disconnects) X(replaying)
+  X(connects) X(disconnects) X(replaying)
 
 typedef struct ev_counters {
 #define EV_FIELD_(n) _Atomic uint64_t n;

@@ -37,7 +37,7 @@ typedef struct source {
   void *sub, *dealer;
   ev_apply ap;
   ev_counters ctr;
-  void *mon;          /* PAIR end of the SUB's monitor (disconnects) */
+  void *mon;          /* PAIR end of the SUB's monitor (connects, disconnects) */
   uint64_t next;      /* the publisher's next sequence number */
   bool have_last;     /* batch next-1 was applied in this epoch */
   bool need_verify;   /* the SUB lost a connection: resync on next batch */
@@ -144,7 +144,8 @@ static int open_sub(kvp_events *ev, source *s) {
   /* a lost connection may hide a publisher restart: watch for it */
   char mon[64];
   snprintf(mon, sizeof mon, "inproc://kvp-events-mon-%p", (void *)s);
-  if (zmq_socket_monitor(s->sub, mon, ZMQ_EVENT_DISCONNECTED) != 0 ||
+  if (zmq_socket_monitor(s->sub, mon,
+                         ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED) != 0 ||
       (s->mon = zmq_socket(ev->zctx, ZMQ_PAIR)) == NULL ||
       zmq_setsockopt(s->mon, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
       /* unbounded: the monitor's send must never block an I/O thread */
@@ -581,7 +582,9 @@ static void mon_frames(kvp_events *ev, source *s, zmq_msg_t *f, int n) {
     return;
   uint16_t e;
   memcpy(&e, zmq_msg_data(&f[0]), sizeof e);
-  if (e == ZMQ_EVENT_DISCONNECTED) {
+  if (e == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+    ev_add(&s->ctr.connects, 1);
+  } else if (e == ZMQ_EVENT_DISCONNECTED) {
     ev_add(&s->ctr.disconnects, 1);
     s->need_verify = s->dealer != NULL;
   }
