@@ -407,6 +407,21 @@ static void verify_word(kvp_index *ix, uint64_t fp, uint64_t p, vstate *v) {
   }
 }
 
+uint64_t kvp__index_keys_past_pair(kvp_index *ix) {
+  uint64_t n = 0;
+  for (unsigned i = 0; i < SHARDS; i++) {
+    ktab *t = atomic_load_explicit(&ix->shards[i].tab, memory_order_relaxed);
+    for (uint64_t k = 0; k < t->nbuckets * BUCKET_SLOTS; k++) {
+      uint64_t fp = atomic_load_explicit(&t->slots[k].fp, memory_order_relaxed);
+      if (fp <= FP_TOMB)
+        continue;
+      uint64_t home = bucket_of(mix64(fp), t->nbuckets), at = k / BUCKET_SLOTS;
+      n += (at + t->nbuckets - home) % t->nbuckets >= 2;
+    }
+  }
+  return n;
+}
+
 int kvp__index_verify(kvp_index *ix) {
   vstate v = {kvp__calloc(NULL, ix->max_workers, 8),
               kvp__calloc(NULL, ix->max_workers, 8), 0};

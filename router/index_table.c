@@ -94,10 +94,11 @@ static inline unsigned scan_hits_relaxed(kslot *s, uint64_t fp) {
 
 typedef enum { PROBE_MISS, PROBE_HIT, PROBE_RACE } probe_rc;
 
-/* The general probe scans two buckets at a time (the query prefetched
- * both): an fp is in the table once, so a hit in either is the key. */
-static probe_rc probe_once(ktab *t, uint64_t fp, uint64_t h, uint64_t *val) {
-  uint64_t nb = t->nbuckets, b = bucket_of(h, nb);
+/* The general probe, from bucket b on, scans two buckets at a time (the
+ * query prefetched both): an fp is in the table once, so a hit in either is
+ * the key. */
+static probe_rc probe_once(ktab *t, uint64_t fp, uint64_t b, uint64_t *val) {
+  uint64_t nb = t->nbuckets;
   for (uint64_t n = 0; n < nb; n += 2) {
     uint64_t b2 = b + 1 == nb ? 0 : b + 1;
     kslot *s = &t->slots[b * BUCKET_SLOTS], *s2 = &t->slots[b2 * BUCKET_SLOTS];
@@ -121,13 +122,21 @@ static probe_rc probe_once(ktab *t, uint64_t fp, uint64_t h, uint64_t *val) {
 }
 
 uint64_t kvp__tab_get_slow(ktab *t, uint64_t fp, uint64_t h) {
-  uint64_t v = 0;
+  uint64_t v = 0, home = bucket_of(h, t->nbuckets);
   for (unsigned tries = 0; tries < 16; tries++) {
-    probe_rc rc = probe_once(t, fp, h, &v);
+    probe_rc rc = probe_once(t, fp, home, &v);
     if (rc != PROBE_RACE)
       return rc == PROBE_HIT ? v : 0;
   }
   return 0; /* a slot recycled 16 times under us: report a miss (fail open) */
+}
+
+uint64_t kvp__tab_get_from(ktab *t, uint64_t fp, uint64_t h, uint64_t from) {
+  uint64_t v = 0;
+  probe_rc rc = probe_once(t, fp, from, &v);
+  if (rc == PROBE_RACE)
+    return kvp__tab_get_slow(t, fp, h);
+  return rc == PROBE_HIT ? v : 0;
 }
 
 /* Writer lookup (caller holds the table's lock): fp's slot or NULL, and in

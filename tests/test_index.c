@@ -72,6 +72,49 @@ TEST(prefetch_changes_nothing) {
   kvp_index_destroy(ix);
 }
 
+/* Keys past their bucket pair: the query reads the pair PF_NEAR blocks ahead
+ * and finishes these lookups when it walks the block (pipe_take).  Many
+ * chains at the tables' top load, on both query paths: every key is found,
+ * absent keys are not, and removals in the middle of probe paths (tombstones)
+ * change nothing else. */
+static void check_long_probes(uint32_t max_workers) {
+  enum { CHAINS = 120, LEN = 500 };
+  kvp_index *ix = mk(max_workers, 3);
+  static kvp_key k[LEN];
+  uint64_t seq[3] = {0};
+  for (uint32_t c = 0; c < CHAINS; c++) {
+    run(k, 1000000u * (c + 1), LEN);
+    ASSERT_EQ(kvp_index_stored(ix, c % 3, ++seq[c % 3], KVP_TIER_HBM, NULL, k,
+                               LEN),
+              LEN);
+  }
+  ASSERT_GT(kvp__index_keys_past_pair(ix), 100u);
+  kvp_index_match m[MAXM];
+  for (int pass = 0; pass < 2; pass++) {
+    for (uint32_t c = 0; c < CHAINS; c++) {
+      run(k, 1000000u * (c + 1), LEN);
+      ASSERT_EQ(kvp_index_query(ix, k, LEN, 0, m, MAXM), 1);
+      ASSERT_EQ(m[0].worker, c % 3);
+      /* after the removals below: even chains keep 0..249 only */
+      ASSERT_EQ(m[0].prefix_blocks, pass && c % 2 == 0 ? LEN / 2 : LEN);
+      ASSERT_EQ(m[0].tier_blocks[KVP_TIER_HBM], m[0].prefix_blocks);
+      run(k, 1000000u * (c + 1) + 500000u, LEN); /* nobody holds these */
+      ASSERT_EQ(kvp_index_query(ix, k, LEN, 0, m, MAXM), 0);
+    }
+    for (uint32_t c = 0; pass == 0 && c < CHAINS; c += 2) {
+      run(k, 1000000u * (c + 1) + LEN / 2, LEN / 2);
+      ASSERT_EQ(kvp_index_removed(ix, c % 3, ++seq[c % 3], KVP_TIER_HBM, k,
+                                  LEN / 2),
+                LEN / 2);
+    }
+  }
+  ASSERT_OK(kvp__index_verify(ix));
+  kvp_index_destroy(ix);
+}
+
+TEST(long_probes_fast) { check_long_probes(8); }
+TEST(long_probes_wide) { check_long_probes(0); }
+
 /* ---- query semantics ------------------------------------------------------
  */
 
@@ -1672,7 +1715,8 @@ TEST(streams_agree_with_model) {
   }
 }
 
-TEST_MAIN(TEST_ENTRY(prefetch_changes_nothing), TEST_ENTRY(query_tiers_fast), TEST_ENTRY(query_tiers_wide),
+TEST_MAIN(TEST_ENTRY(prefetch_changes_nothing), TEST_ENTRY(long_probes_fast),
+          TEST_ENTRY(long_probes_wide), TEST_ENTRY(query_tiers_fast), TEST_ENTRY(query_tiers_wide),
           TEST_ENTRY(worker_ids_across_groups), TEST_ENTRY(gap_and_resync),
           TEST_ENTRY(resync_keeps_common_keys),
           TEST_ENTRY(digest_equality_and_divergence), TEST_ENTRY(approx_ttl),
