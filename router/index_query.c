@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* router/index: queries.  A query walks its chain through a software pipeline
  * (see qctx): the bucket pair of block i+24 is prefetched, the holder word of
- * block i+8 read and its spilled set prefetched, then block i is folded into
+ * block i+8 read from that pair and its spilled set prefetched (a key past
+ * the pair: the next pair prefetched, the read finished at block i), then
+ * block i is folded into
  * per-tier bit-sliced counters of the workers still matching; the walk stops
  * when none is left.  With opts.prefix_closed (one worker group only) a
  * query bisects the chain instead, per (cumulative tier, worker) boundary
