@@ -246,19 +246,19 @@ def tail(worker, replay):
 def wait_connected(p, timeout=30):
     """Until the tail says its SUB socket finished the handshake with the
     PUB: from then on the publisher sends to it (a fixed sleep for ZeroMQ's
-    slow joiner lost every live event once, under ASan)."""
-    end = time.time() + timeout
-    while time.time() < end:
-        r, _, _ = select.select([p.stderr], [], [], max(0.0, end - time.time()))
-        if not r:
-            break
-        line = p.stderr.readline()
-        if not line:
-            fail("events tail exited before connecting (rc %r)" % p.poll())
-        if "connected to" in line:
-            time.sleep(0.1)  # its subscription follows the handshake
-            return
-    fail("events tail did not connect within %d s" % timeout)
+    slow joiner lost every live event once, under ASan).  Reads the raw fd:
+    a buffered readline could hold the line select() is waiting for."""
+    end, fd, seen = time.time() + timeout, p.stderr.fileno(), b""
+    while b"connected to" not in seen:
+        left = end - time.time()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            fail("events tail did not connect within %d s: %r" % (timeout, seen))
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            fail("events tail exited before connecting (rc %r): %r"
+                 % (p.wait(), seen))
+        seen += chunk
+    time.sleep(0.1)  # its subscription follows the handshake
 
 
 def tail_result(p):

@@ -100,7 +100,7 @@ def connect_sub(ctx, endpoint):
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     mon = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
     sub.connect(endpoint)
-    if not mon.poll(5000):
+    if not mon.poll(30000):  # slow under sanitizers
         raise SystemExit(f"capture_corpus: no connection to {endpoint}")
     recv_monitor_message(mon)
     sub.disable_monitor()

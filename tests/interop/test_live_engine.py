@@ -27,6 +27,7 @@ import urllib.request
 import msgspec
 import zmq
 
+import capture_corpus
 import vllm_hashes
 import vllm_tree
 
@@ -161,18 +162,9 @@ def main():
     eng, w = start(bench, tmp)
     try:
         ctx = zmq.Context()
-        sub = ctx.socket(zmq.SUB)
-        sub.setsockopt(zmq.SUBSCRIBE, b"")
         # ZeroMQ's slow joiner: send only once the handshake with the PUB
         # is done (the subscription follows it on the same connection)
-        mon = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
-        sub.connect(w["kv_events"])
-        if not mon.poll(30000):
-            fail("no handshake with the engine's PUB in 30 s")
-        mon.recv_multipart()
-        sub.disable_monitor()
-        mon.close()
-        time.sleep(0.1)
+        sub = capture_corpus.connect_sub(ctx, w["kv_events"])
         sent = prompts()
         for toks, salt, lora in sent:
             body = {"prompt": toks, "max_tokens": 2}
