@@ -55,6 +55,8 @@ void kvp__free(const kvp_allocator *a, void *p, size_t size) {
 
 void *kvp__realloc(const kvp_allocator *a, void *p, size_t old_size,
                    size_t new_size) {
+  if (a == NULL || a->alloc == NULL) /* malloc's own: may grow in place */
+    return realloc(p, new_size ? new_size : 1);
   void *q = kvp__malloc(a, new_size);
   if (q == NULL)
     return NULL;

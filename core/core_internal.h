@@ -20,7 +20,8 @@ kvp_allocator kvp__allocator(const kvp_allocator *a);
 void *kvp__malloc(const kvp_allocator *a, size_t size);
 void *kvp__calloc(const kvp_allocator *a, size_t n, size_t size);
 void kvp__free(const kvp_allocator *a, void *p, size_t size);
-/* realloc on top of alloc/free: copies min(old,new) bytes. NULL on failure
+/* realloc on top of alloc/free: copies min(old,new) bytes (malloc's own
+ * realloc when a has no hooks: it may grow in place). NULL on failure
  * (the old block is then untouched). */
 void *kvp__realloc(const kvp_allocator *a, void *p, size_t old_size,
                    size_t new_size);

@@ -26,11 +26,22 @@ typedef struct tier_policy tier_policy;
 int kvp__tier_policy_create(kvp_tier_policy_kind kind,
                             const kvp_allocator *alloc, tier_policy **out);
 void kvp__tier_policy_destroy(tier_policy *p); /* NULL ok */
-/* Track id (not tracked yet) of `bytes` in class `cls`; `fp` is a
- * fingerprint of the block's key (S3-FIFO's ghost queue remembers recently
- * evicted fingerprints).  Returns 0, KVP_EEXIST, KVP_EINVAL, KVP_ENOMEM. */
+/* Track id (not tracked yet) of `bytes` (< 2^32) in class `cls`; `fp` is
+ * a fingerprint of the block's key (S3-FIFO's ghost queue remembers 26-bit
+ * tags of recently evicted fingerprints).  Ids are an array's indexes: a
+ * new largest id doubles it (see reserve).  Returns 0, KVP_EEXIST,
+ * KVP_EINVAL, KVP_ENOMEM. */
 int kvp__tier_policy_insert(tier_policy *p, uint32_t id, uint64_t fp,
                             uint64_t bytes, kvp_class cls);
+/* Makes ids 0..ids-1 usable without growing (16 bytes each, allocated
+ * zeroed: pages of ids never used are never touched).  A caller that knows
+ * how many ids it will use saves the doublings' copies and their unused
+ * half.  Returns 0, KVP_EINVAL or KVP_ENOMEM. */
+int kvp__tier_policy_reserve(tier_policy *p, uint32_t ids);
+/* Prefetches id's entry for writing (a touch, insert or remove soon); an
+ * LRU touch also writes its neighbours', which in a chain replayed in order
+ * are its neighbours in the chain. */
+void kvp__tier_policy_prefetch(const tier_policy *p, uint32_t id);
 /* A hit on id.  Returns 0 or KVP_ENOENT. */
 int kvp__tier_policy_touch(tier_policy *p, uint32_t id);
 /* Stop tracking id (evicted or deleted).  `evicted` != 0 records its
@@ -146,6 +157,7 @@ typedef struct tier_cascade_opts {
   kvp_tier_policy_kind policy[TIER_CASCADE_TIERS];
   uint64_t cap[TIER_CASCADE_TIERS]; /* 0: absent (no victim goes there) */
   uint8_t with_policy;  /* bit k: tier k has a policy here */
+  uint32_t ids;         /* ids each policy reserves (0: grow as used) */
   bool gate;            /* admission into NVMe passes the gate */
   tier_admit_opts gate_opts;
 } tier_cascade_opts;

@@ -38,6 +38,8 @@ int kvp__tier_cascade_create(const tier_cascade_opts *o,
     c->cap[k] = o->cap[k];
     if (o->with_policy & (1u << k))
       rc = kvp__tier_policy_create(o->policy[k], &c->a, &c->pol[k]);
+    if (rc == 0 && c->pol[k] != NULL && o->ids > 0)
+      rc = kvp__tier_policy_reserve(c->pol[k], o->ids);
   }
   if (rc == 0 && o->gate)
     rc = kvp__tier_admit_create(&o->gate_opts, &c->a, &c->gate);

@@ -17,11 +17,18 @@ typedef struct qlist {
   uint64_t bytes, count;
 } qlist;
 
+/* 16 bytes, four to a cache line: a policy array holds one per id the
+ * caller may use (kvplane-bench's simulator keeps three per cached block,
+ * one per tier), so its size is most of a simulated worker's memory. */
+#define TAG_BITS 26u
 typedef struct node {
   uint32_t prev, next;
-  uint64_t bytes, fp;
-  uint8_t cls, q, freq, pad_;
+  uint32_t bytes;          /* < 2^32 (kvp__tier_policy_insert) */
+  unsigned tag : TAG_BITS; /* ghost tag of the fingerprint (S3-FIFO) */
+  unsigned cls : 2, q : 2, freq : 2;
 } node;
+_Static_assert(sizeof(node) == 16, "tier_policy node: 16 bytes");
+_Static_assert(KVP_CLASS_COUNT_ <= 4, "cls: 2 bits");
 
 struct tier_policy {
   kvp_allocator a;
@@ -30,7 +37,7 @@ struct tier_policy {
   uint32_t cap;
   qlist small[KVP_CLASS_COUNT_], main[KVP_CLASS_COUNT_];
   uint64_t bytes, count;
-  uint64_t *ghost; /* direct-mapped set of fingerprints (0 = empty) */
+  uint32_t *ghost; /* direct-mapped set of ghost tags + 1 (0 = empty) */
   uint32_t ghost_mask;
 };
 
@@ -80,36 +87,53 @@ void kvp__tier_policy_destroy(tier_policy *p) {
   if (p == NULL)
     return;
   kvp__free(&p->a, p->nodes, (size_t)p->cap * sizeof(node));
-  kvp__free(&p->a, p->ghost, p->ghost ? ((size_t)p->ghost_mask + 1) * 8 : 0);
+  kvp__free(&p->a, p->ghost, p->ghost ? ((size_t)p->ghost_mask + 1) * 4 : 0);
   kvp__free(&p->a, p, sizeof *p);
 }
 
-static int grow(tier_policy *p, uint32_t id) {
-  uint32_t ncap = p->cap ? p->cap : 64;
-  while (ncap <= id)
-    ncap = ncap > UINT32_MAX / 2 ? UINT32_MAX : ncap * 2;
-  node *n = kvp__realloc(&p->a, p->nodes, (size_t)p->cap * sizeof(node),
-                         (size_t)ncap * sizeof(node));
+/* Ids 0..ncap-1 usable (ncap > p->cap); new ones untracked (Q_NONE is 0). */
+static int resize(tier_policy *p, uint32_t ncap) {
+  node *n = kvp__calloc(&p->a, ncap, sizeof(node));
   if (n == NULL)
     return KVP_ENOMEM;
-  memset(n + p->cap, 0, (size_t)(ncap - p->cap) * sizeof(node));
+  if (p->nodes != NULL)
+    memcpy(n, p->nodes, (size_t)p->cap * sizeof(node));
+  kvp__free(&p->a, p->nodes, (size_t)p->cap * sizeof(node));
   p->nodes = n;
   p->cap = ncap;
   if (p->kind != KVP_TIER_POLICY_S3FIFO)
     return 0; /* LRU keeps no ghosts */
   /* ghost holds about as many fingerprints as there are ids */
   uint32_t gsz = 1;
-  while (gsz < ncap)
+  while (gsz < ncap && gsz < (1u << TAG_BITS))
     gsz *= 2;
   if (p->ghost == NULL || gsz > p->ghost_mask + 1) {
-    uint64_t *g = kvp__calloc(&p->a, gsz, 8);
+    uint32_t *g = kvp__calloc(&p->a, gsz, sizeof *g);
     if (g == NULL)
       return KVP_ENOMEM;
-    kvp__free(&p->a, p->ghost, p->ghost ? ((size_t)p->ghost_mask + 1) * 8 : 0);
+    kvp__free(&p->a, p->ghost, p->ghost ? ((size_t)p->ghost_mask + 1) * 4 : 0);
     p->ghost = g; /* old ghosts are forgotten: a hint, not state */
     p->ghost_mask = gsz - 1;
   }
   return 0;
+}
+
+static int grow(tier_policy *p, uint32_t id) {
+  uint32_t ncap = p->cap ? p->cap : 64;
+  while (ncap <= id)
+    ncap = ncap > UINT32_MAX / 2 ? UINT32_MAX : ncap * 2;
+  return resize(p, ncap);
+}
+
+int kvp__tier_policy_reserve(tier_policy *p, uint32_t ids) {
+  if (p == NULL)
+    return KVP_EINVAL;
+  return ids > p->cap ? resize(p, ids) : 0;
+}
+
+void kvp__tier_policy_prefetch(const tier_policy *p, uint32_t id) {
+  if (p != NULL && id < p->cap)
+    __builtin_prefetch(&p->nodes[id], 1);
 }
 
 static qlist *qof(tier_policy *p, const node *n) {
@@ -146,26 +170,32 @@ static void push_head(tier_policy *p, uint32_t id, uint8_t qk) {
   q->count++;
 }
 
-static uint64_t fpnz(uint64_t fp) { return fp | 1; }
+/* A fingerprint's ghost tag: TAG_BITS of a mix of all its bits.  The
+ * ghost slot is tag & ghost_mask and holds tag + 1: a tag that matches a
+ * slot by chance sends a block to main instead of small (a hint). */
+static uint32_t ghost_tag(uint64_t fp) {
+  return (uint32_t)((fp * 0x9E3779B97F4A7C15ull) >> (64 - TAG_BITS));
+}
 
 int kvp__tier_policy_insert(tier_policy *p, uint32_t id, uint64_t fp,
                             uint64_t bytes, kvp_class cls) {
-  if (p == NULL || id == NIL || (unsigned)cls >= KVP_CLASS_COUNT_)
+  if (p == NULL || id == NIL || (unsigned)cls >= KVP_CLASS_COUNT_ ||
+      bytes > UINT32_MAX)
     return KVP_EINVAL;
   if (id >= p->cap && grow(p, id) < 0)
     return KVP_ENOMEM;
   node *n = &p->nodes[id];
   if (n->q != Q_NONE)
     return KVP_EEXIST;
-  n->bytes = bytes;
-  n->fp = fp;
-  n->cls = (uint8_t)cls;
+  n->bytes = (uint32_t)bytes;
+  n->tag = ghost_tag(fp);
+  n->cls = (unsigned)cls;
   n->freq = 0;
   uint8_t q = Q_MAIN;
   if (p->kind == KVP_TIER_POLICY_S3FIFO) {
-    uint64_t *g = &p->ghost[fp & p->ghost_mask];
-    q = *g == fpnz(fp) ? Q_MAIN : Q_SMALL; /* a ghost hit goes to main */
-    if (*g == fpnz(fp))
+    uint32_t *g = &p->ghost[n->tag & p->ghost_mask];
+    q = *g == n->tag + 1u ? Q_MAIN : Q_SMALL; /* a ghost hit goes to main */
+    if (*g == n->tag + 1u)
       *g = 0;
   }
   push_head(p, id, q);
@@ -193,7 +223,7 @@ int kvp__tier_policy_remove(tier_policy *p, uint32_t id, int evicted) {
   node *n = &p->nodes[id];
   unlink_node(p, id);
   if (evicted && p->kind == KVP_TIER_POLICY_S3FIFO && n->q == Q_SMALL)
-    p->ghost[n->fp & p->ghost_mask] = fpnz(n->fp);
+    p->ghost[n->tag & p->ghost_mask] = n->tag + 1u;
   n->q = Q_NONE;
   p->bytes -= n->bytes;
   p->count--;

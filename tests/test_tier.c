@@ -980,6 +980,66 @@ TEST(policy_scan_resistance) {
   ASSERT_TRUE(s3 > 0.9);
 }
 
+/* A reserved policy (no growth) decides exactly as one that grows by
+ * doubling, over random inserts, touches, removals and evictions; charges
+ * up to 2^32 - 1 are summed in 64 bits, larger ones refused. */
+TEST(policy_reserve) {
+  for (int kind = 0; kind < 2; kind++) {
+    kvp_tier_policy_kind k = kind ? KVP_TIER_POLICY_S3FIFO : KVP_TIER_POLICY_LRU;
+    tier_policy *a, *b;
+    ASSERT_OK(kvp__tier_policy_create(k, NULL, &a));
+    ASSERT_OK(kvp__tier_policy_create(k, NULL, &b));
+    enum { IDS = 5000 };
+    ASSERT_OK(kvp__tier_policy_reserve(a, IDS));
+    ASSERT_OK(kvp__tier_policy_reserve(a, 10)); /* never shrinks */
+    static uint8_t in[IDS];
+    memset(in, 0, sizeof in);
+    uint64_t x = 0x9E3779B97F4A7C15ull, victims = 0;
+    for (int op = 0; op < 200000; op++) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      uint32_t id = (uint32_t)(x % IDS);
+      kvp__tier_policy_prefetch(a, id); /* a hint: no effect */
+      kvp__tier_policy_prefetch(b, id);
+      if (in[id] && (x >> 40) % 3 == 0) {
+        ASSERT_OK(kvp__tier_policy_touch(a, id));
+        ASSERT_OK(kvp__tier_policy_touch(b, id));
+      } else if (in[id] && (x >> 40) % 3 == 1) {
+        ASSERT_OK(kvp__tier_policy_remove(a, id, 0));
+        ASSERT_OK(kvp__tier_policy_remove(b, id, 0));
+        in[id] = 0;
+      } else if (!in[id]) {
+        while (kvp__tier_policy_count(a) >= 700) {
+          uint32_t va, vb;
+          ASSERT_OK(kvp__tier_policy_victim(a, &va));
+          ASSERT_OK(kvp__tier_policy_victim(b, &vb));
+          ASSERT_EQ(va, vb);
+          ASSERT_OK(kvp__tier_policy_remove(a, va, 1));
+          ASSERT_OK(kvp__tier_policy_remove(b, vb, 1));
+          in[va] = 0;
+          victims++;
+        }
+        kvp_class c = (kvp_class)((x >> 20) % KVP_CLASS_COUNT_);
+        ASSERT_OK(kvp__tier_policy_insert(a, id, x, 1 + (x >> 50), c));
+        ASSERT_OK(kvp__tier_policy_insert(b, id, x, 1 + (x >> 50), c));
+        in[id] = 1;
+      }
+      ASSERT_EQ(kvp__tier_policy_count(a), kvp__tier_policy_count(b));
+      ASSERT_EQ(kvp__tier_policy_bytes(a), kvp__tier_policy_bytes(b));
+    }
+    ASSERT_GT(victims, 10000);
+    kvp__tier_policy_destroy(a);
+    kvp__tier_policy_destroy(b);
+  }
+  tier_policy *p;
+  ASSERT_OK(kvp__tier_policy_create(KVP_TIER_POLICY_LRU, NULL, &p));
+  for (uint32_t i = 0; i < 3; i++)
+    ASSERT_OK(kvp__tier_policy_insert(p, i, i, UINT32_MAX, 0));
+  ASSERT_EQ(kvp__tier_policy_bytes(p), 3ull * UINT32_MAX);
+  ASSERT_ERR(kvp__tier_policy_insert(p, 3, 3, 1ull << 32, 0), KVP_EINVAL);
+  ASSERT_ERR(kvp__tier_policy_reserve(NULL, 8), KVP_EINVAL);
+  kvp__tier_policy_destroy(p);
+}
+
 /* ---- options and events ------------------------------------------------------*/
 TEST(options) {
   kvp_tier_store *t = mk(NULL, 0, 8 * MB, 0);
@@ -1356,5 +1416,6 @@ TEST_MAIN(TEST_ENTRY(dram_basic), TEST_ENTRY(dram_register_hook),
           TEST_ENTRY(nvme_stage_ahead_all),
           TEST_ENTRY(tmpfs_warned_or_refused), TEST_ENTRY(slab_path_named),
           TEST_ENTRY(policy_lru), TEST_ENTRY(policy_scan_resistance),
+          TEST_ENTRY(policy_reserve),
           TEST_ENTRY(options), TEST_ENTRY(events_feed_index),
           TEST_ENTRY(epoch_restart_all), TEST_ENTRY(epoch_and_keys_each))

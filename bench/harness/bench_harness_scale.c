@@ -16,7 +16,8 @@
  * of its wall time: on a shared machine, time spent waiting for a core is
  * then not counted (caches shared with other jobs still are).  A second
  * table gives each policy's simulated work per request (index block
- * updates) and its slowdown per unit of that work.  A policy's simulation
+ * updates) and its slowdown per unit of that work, a third its page faults
+ * and kernel CPU per request.  A policy's simulation
  * shorter than 10 s is repeated (9 runs at most) and its median rate
  * printed: short runs are the noisy ones (--quick: one run each, the
  * smoke test bench_harness_scale_quick). */
@@ -24,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/resource.h>
 
 #include "harness.h"
 
@@ -154,46 +156,68 @@ static double thread_cpu_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
+/* One policy at one factor's run: rates and what the kernel took. */
+typedef struct prun {
+  double rps;    /* requests per second (CPU or wall) */
+  double faults; /* page faults per request (this thread's) */
+  double sys_us; /* kernel CPU microseconds per request (faults, mostly) */
+} prun;
+
+static double tv_s(struct timeval tv) {
+  return (double)tv.tv_sec + (double)tv.tv_usec * 1e-6;
+}
+
+static int cmp_prun(const void *a, const void *b) {
+  double x = ((const prun *)a)->rps, y = ((const prun *)b)->rps;
   return (x > y) - (x < y);
 }
 
-/* One policy at one factor: requests/s (the median over its repeats) into
- * *rps, work per request into *work, requests and seconds simulated (all
+/* One policy at one factor: the median run by rate (over its repeats) into
+ * *out, work per request into *work, requests and seconds simulated (all
  * repeats) into *n and *secs.  A run shorter than REPEAT_S is repeated
  * (REPEAT_MAX runs at most): a one-second simulation's rate moved by up
- * to 50 % from one run to the next on a shared machine. */
+ * to 50 % from one run to the next on a shared machine.  Repeats reuse the
+ * memory the first run faulted in (freed pages are kept), so a repeated
+ * factor's median run pays few page faults; the fault columns say so. */
 #define REPEAT_S 10.0
 #define REPEAT_MAX 9
 static int run_policy(const opts *o, const bh_trace *t, const bh_sim_opts *so,
-                      double *rps, double *work, uint64_t *n, double *secs) {
-  double rate[REPEAT_MAX];
+                      prun *out, double *work, uint64_t *n, double *secs) {
+  prun run[REPEAT_MAX];
   int k = 0;
   while (k < (o->quick ? 1 : REPEAT_MAX) && (k == 0 || *secs < REPEAT_S)) {
     bh_result r;
     char err[512];
+    struct rusage u0, u1;
     double cpu0 = thread_cpu_s();
+    getrusage(RUSAGE_THREAD, &u0);
     int rc = bh_sim_run(t, so, &r, err, sizeof err);
+    getrusage(RUSAGE_THREAD, &u1);
     if (rc < 0) {
       fprintf(stderr, "bench_harness_scale: %s\n", err);
       return rc;
     }
     double s = o->cpu ? thread_cpu_s() - cpu0 : r.wall_seconds;
-    rate[k++] = (double)r.requests / s;
+    double nreq = r.requests ? (double)r.requests : 1;
+    run[k++] = (prun){
+        .rps = (double)r.requests / s,
+        .faults = (double)(u1.ru_minflt - u0.ru_minflt) / nreq,
+        .sys_us = (tv_s(u1.ru_stime) - tv_s(u0.ru_stime)) * 1e6 / nreq};
     *work = r.requests ? (double)r.event_blocks / (double)r.requests : 0;
     *n += r.requests;
     *secs += s;
     bh_result_free(&r);
   }
-  qsort(rate, (size_t)k, sizeof rate[0], cmp_double);
-  *rps = k % 2 ? rate[k / 2] : (rate[k / 2 - 1] + rate[k / 2]) / 2;
+  qsort(run, (size_t)k, sizeof run[0], cmp_prun);
+  *out = run[k / 2];
+  if (k % 2 == 0) /* the rate: the mean of the middle two */
+    out->rps = (run[k / 2 - 1].rps + run[k / 2].rps) / 2;
   return 0;
 }
 
-/* One factor: simulated requests/s per policy into rps[], the simulated
- * work per request (index block updates) into work[], all into *all. */
-static int run_factor(const opts *o, uint32_t k, double *rps, double *work,
+/* One factor: each policy's median run into pr[], the simulated work per
+ * request (index block updates) into work[], all requests/s into *all. */
+static int run_factor(const opts *o, uint32_t k, prun *pr, double *work,
                       double *all) {
   bh_trace t;
   int rc = read_scaled(o, k, &t);
@@ -209,11 +233,11 @@ static int run_factor(const opts *o, uint32_t k, double *rps, double *work,
     so.policy = o->policy[p];
     double secs = 0;
     uint64_t n = 0;
-    if ((rc = run_policy(o, &t, &so, &rps[p], &work[p], &n, &secs)) < 0)
+    if ((rc = run_policy(o, &t, &so, &pr[p], &work[p], &n, &secs)) < 0)
       break;
     req += (double)n;
     wall += secs;
-    printf(" %13.0f", rps[p]);
+    printf(" %13.0f", pr[p].rps);
     fflush(stdout);
   }
   *all = wall > 0 ? req / wall : 0;
@@ -223,9 +247,10 @@ static int run_factor(const opts *o, uint32_t k, double *rps, double *work,
 
 /* Work per request and the slowdown per unit of work: a policy whose
  * requests do more simulated work on a larger cluster (round_robin's hit
- * rate falls as its sessions spread) is slower for that reason alone. */
+ * rate falls as its sessions spread) is slower for that reason alone.
+ * Then the kernel's share: page faults and kernel CPU per request. */
 static void print_work(const opts *o, double work[][BH_POLICY_COUNT],
-                       double rps[][BH_POLICY_COUNT]) {
+                       prun pr[][BH_POLICY_COUNT]) {
   printf("\nsimulated work per request (index block updates: blocks stored "
          "+ removed; a tier move is two)\nand the slowdown per unit of work "
          "(slowdown / (work / work at %ux)):\n%7s",
@@ -237,12 +262,24 @@ static void print_work(const opts *o, double work[][BH_POLICY_COUNT],
     printf("%6ux", o->factor[f]);
     for (size_t p = 0; p < o->n_policies; p++) {
       double w0 = work[0][p], w = work[f][p];
-      double slow = rps[f][p] > 0 ? rps[0][p] / rps[f][p] : 0;
+      double slow = pr[f][p].rps > 0 ? pr[0][p].rps / pr[f][p].rps : 0;
       if (w > 0 && w0 > 0)
         printf(" %10.0f %9.2fx", w, slow / (w / w0));
       else /* no events (the infinite bound) */
         printf(" %10s %10s", "-", "-");
     }
+    printf("\n");
+  }
+  printf("\npage faults and kernel CPU microseconds per request (the median "
+         "run's;\na repeated factor's median run reuses memory faulted in "
+         "by its first):\n%7s", "factor");
+  for (size_t p = 0; p < o->n_policies; p++)
+    printf(" %21.21s", bh_policy_name(o->policy[p]));
+  printf("\n");
+  for (size_t f = 0; f < o->n_factors; f++) {
+    printf("%6ux", o->factor[f]);
+    for (size_t p = 0; p < o->n_policies; p++)
+      printf(" %8.1f flt %8.1f us", pr[f][p].faults, pr[f][p].sys_us);
     printf("\n");
   }
 }
@@ -259,23 +296,24 @@ int main(int argc, char **argv) {
   for (size_t p = 0; p < o.n_policies; p++)
     printf(" %13.13s", bh_policy_name(o.policy[p]));
   printf(" %12s %9s\n", "all", "slowdown");
-  double rps[MAX_F][BH_POLICY_COUNT], work[MAX_F][BH_POLICY_COUNT];
+  prun pr[MAX_F][BH_POLICY_COUNT];
+  double work[MAX_F][BH_POLICY_COUNT];
   double base_all = 0, worst = 0;
   for (size_t f = 0; f < o.n_factors; f++) {
     double all;
-    if (run_factor(&o, o.factor[f], rps[f], work[f], &all) < 0)
+    if (run_factor(&o, o.factor[f], pr[f], work[f], &all) < 0)
       return 1;
     if (f == 0)
       base_all = all;
     double slow = all > 0 ? base_all / all : 0;
     printf(" %12.0f %8.2fx  (per policy:", all, slow);
     for (size_t p = 0; p < o.n_policies; p++)
-      printf(" %.2fx", rps[f][p] > 0 ? rps[0][p] / rps[f][p] : 0);
+      printf(" %.2fx", pr[f][p].rps > 0 ? pr[0][p].rps / pr[f][p].rps : 0);
     printf(")\n");
     if (slow > worst)
       worst = slow;
   }
-  print_work(&o, work, rps);
+  print_work(&o, work, pr);
   printf("largest slowdown against %ux: %.2fx\n", o.factor[0], worst);
   if (o.check > 0 && worst > o.check) {
     printf("FAIL: more than %.2fx\n", o.check);

@@ -20,10 +20,17 @@ static tier_admit *gate_of(const cache *c) {
   return c->cas != NULL ? kvp__tier_cascade_gate(c->cas) : NULL;
 }
 
+/* Nodes reserved up front: a worker holds at most its three tiers'
+ * capacity of blocks, so with placement its node ids stay below that sum;
+ * up to this many are reserved at init (allocated, touched only when used)
+ * instead of grown by doubling, which copied every array and left pages of
+ * unused ids behind (most of a 20x replay's page faults). */
+#define RESERVE_MAX (1u << 20)
+
+#define TAB_RESERVE_MAX (1u << 18) /* ... and the table sized for this many */
+
 int bh_cache_init(cache *c, const bh_cluster *cl, bool policies) {
   memset(c, 0, sizeof *c);
-  c->mask = 1023;
-  c->tab = calloc(c->mask + 1, sizeof *c->tab);
   c->free_list = NONE;
   c->classes = !cl->tier_no_classes;
   c->cap[0] = cl->hbm_blocks;
@@ -31,8 +38,18 @@ int bh_cache_init(cache *c, const bh_cluster *cl, bool policies) {
   c->cap[2] = cl->nvme_blocks;
   if (!policies)
     c->cap[0] = UINT64_MAX, c->cap[1] = c->cap[2] = 0;
+  uint64_t ids = policies ? c->cap[0] + c->cap[1] + c->cap[2] + 1 : 0;
+  c->mask = 1023; /* then a load of at most 3/4 for min(ids, TAB_RESERVE_MAX) */
+  while ((c->mask + 1) * 3 < (ids < TAB_RESERVE_MAX ? ids : TAB_RESERVE_MAX) * 4)
+    c->mask = c->mask * 2 + 1;
+  if ((c->tab = calloc(c->mask + 1, sizeof *c->tab)) == NULL)
+    return KVP_ENOMEM;
   if (policies) {
-    tier_cascade_opts co = {.with_policy = 7,
+    ids = ids < RESERVE_MAX ? ids : RESERVE_MAX;
+    if ((c->nodes = malloc(ids * sizeof *c->nodes)) == NULL)
+      return KVP_ENOMEM;
+    c->cap_nodes = (uint32_t)ids;
+    tier_cascade_opts co = {.with_policy = 7, .ids = (uint32_t)ids,
                             .gate = cl->nvme_admit_on && c->cap[2] > 0,
                             .gate_opts = cl->nvme_admit};
     for (int k = 0; k < 3; k++) {
@@ -45,8 +62,9 @@ int bh_cache_init(cache *c, const bh_cluster *cl, bool policies) {
     int rc = kvp__tier_cascade_create(&co, NULL, &c->cas);
     if (rc < 0)
       return rc;
+    c->hot = pol_of(c, KVP_TIER_HBM);
   }
-  return c->tab ? 0 : KVP_ENOMEM;
+  return 0;
 }
 
 void bh_cache_free(cache *c) {

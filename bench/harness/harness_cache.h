@@ -59,6 +59,7 @@ typedef struct bh_cache {
   tier_cascade *cas; /* kvtier's placement: a policy per tier and the NVMe
                         gate (or none: every demotion is written); NULL: no
                         placement (the infinite bound's cache) */
+  tier_policy *hot;  /* HBM's policy (NULL: none), for bh_cache_prefetch */
   bool classes; /* stability-aware: insert with the block's class */
   uint64_t count[3], cap[3];
   tier_admit_cost adm_cost;     /* one block's costs, for the gate */
@@ -111,6 +112,7 @@ static inline void bh_cache_prefetch(const bh_cache *c, const kvp_key *keys,
       return;
     if (v.h == h) {
       __builtin_prefetch(&c->nodes[v.idx - 1]);
+      kvp__tier_policy_prefetch(c->hot, v.idx - 1);
       return;
     }
   }
