@@ -38,6 +38,14 @@ int kvp__tier_policy_insert(tier_policy *p, uint32_t id, uint64_t fp,
  * how many ids it will use saves the doublings' copies and their unused
  * half.  Returns 0, KVP_EINVAL or KVP_ENOMEM. */
 int kvp__tier_policy_reserve(tier_policy *p, uint32_t ids);
+/* p (empty, its entries not shared yet) uses with's entries from now on:
+ * an id is then tracked by at most one of them (inserting it in another is
+ * KVP_EEXIST), and the array serves all (an exclusive hierarchy, where a
+ * block is in one tier at a time, keeps one entry per block instead of one
+ * per tier).  Up to three policies share one array; both use the same
+ * allocator.  Returns 0, KVP_EINVAL, KVP_ERANGE (three share it already)
+ * or KVP_ENOMEM. */
+int kvp__tier_policy_share(tier_policy *p, tier_policy *with);
 /* Prefetches id's entry for writing (a touch, insert or remove soon); an
  * LRU touch also writes its neighbours', which in a chain replayed in order
  * are its neighbours in the chain. */
@@ -158,6 +166,8 @@ typedef struct tier_cascade_opts {
   uint64_t cap[TIER_CASCADE_TIERS]; /* 0: absent (no victim goes there) */
   uint8_t with_policy;  /* bit k: tier k has a policy here */
   uint32_t ids;         /* ids each policy reserves (0: grow as used) */
+  bool exclusive;       /* an id is in one tier's policy at a time: the
+                           policies share their entries (policy_share) */
   bool gate;            /* admission into NVMe passes the gate */
   tier_admit_opts gate_opts;
 } tier_cascade_opts;
@@ -190,7 +200,8 @@ void kvp__tier_cascade_destroy(tier_cascade *c); /* NULL ok */
 /* Tier k's policy (NULL: none here) and the gate (NULL: none). */
 tier_policy *kvp__tier_cascade_policy(const tier_cascade *c, int k);
 tier_admit *kvp__tier_cascade_gate(const tier_cascade *c);
-/* Replaces tier k's policy by p (which the cascade then owns). */
+/* Replaces tier k's policy by p (which the cascade then owns; p shares
+ * no entries unless the caller shared them: kvp__tier_policy_share). */
 void kvp__tier_cascade_set_policy(tier_cascade *c, int k, tier_policy *p);
 void kvp__tier_cascade_set_cap(tier_cascade *c, int k, uint64_t cap);
 uint64_t kvp__tier_cascade_cap(const tier_cascade *c, int k);

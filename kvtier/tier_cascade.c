@@ -33,13 +33,18 @@ int kvp__tier_cascade_create(const tier_cascade_opts *o,
   if (c == NULL)
     return KVP_ENOMEM;
   c->a = kvp__allocator(alloc);
+  tier_policy *first = NULL; /* opts.exclusive: the others share its entries */
   int rc = 0;
   for (int k = 0; k < TIER_CASCADE_TIERS && rc == 0; k++) {
     c->cap[k] = o->cap[k];
     if (o->with_policy & (1u << k))
       rc = kvp__tier_policy_create(o->policy[k], &c->a, &c->pol[k]);
+    if (rc == 0 && c->pol[k] != NULL && o->exclusive && first != NULL)
+      rc = kvp__tier_policy_share(c->pol[k], first);
     if (rc == 0 && c->pol[k] != NULL && o->ids > 0)
       rc = kvp__tier_policy_reserve(c->pol[k], o->ids);
+    if (first == NULL)
+      first = c->pol[k];
   }
   if (rc == 0 && o->gate)
     rc = kvp__tier_admit_create(&o->gate_opts, &c->a, &c->gate);

@@ -17,24 +17,35 @@ typedef struct qlist {
   uint64_t bytes, count;
 } qlist;
 
-/* 16 bytes, four to a cache line: a policy array holds one per id the
- * caller may use (kvplane-bench's simulator keeps three per cached block,
- * one per tier), so its size is most of a simulated worker's memory. */
-#define TAG_BITS 26u
+/* 16 bytes, four to a cache line: an array holds one per id the caller
+ * may use, so its size is most of a simulated worker's memory.  Policies
+ * that share their array (kvp__tier_policy_share) tell their entries apart
+ * by `own`. */
+#define TAG_BITS 24u
 typedef struct node {
   uint32_t prev, next;
   uint32_t bytes;          /* < 2^32 (kvp__tier_policy_insert) */
   unsigned tag : TAG_BITS; /* ghost tag of the fingerprint (S3-FIFO) */
   unsigned cls : 2, q : 2, freq : 2;
+  unsigned own : 2; /* the tracking policy's mark (1..3), while q != 0 */
 } node;
 _Static_assert(sizeof(node) == 16, "tier_policy node: 16 bytes");
 _Static_assert(KVP_CLASS_COUNT_ <= 4, "cls: 2 bits");
 
+/* The entries of one policy, or of up to three that share them. */
+typedef struct entries {
+  node *v;
+  uint32_t cap;
+  uint8_t refs, marks; /* policies using it; marks handed out */
+} entries;
+
 struct tier_policy {
   kvp_allocator a;
   kvp_tier_policy_kind kind;
-  node *nodes;
-  uint32_t cap;
+  entries *e;
+  uint32_t span; /* ids this policy grew or reserved to (<= e->cap): sizes
+                    its ghost, as its own array's capacity would */
+  uint8_t own;   /* this policy's mark in its entries */
   qlist small[KVP_CLASS_COUNT_], main[KVP_CLASS_COUNT_];
   uint64_t bytes, count;
   uint32_t *ghost; /* direct-mapped set of ghost tags + 1 (0 = empty) */
@@ -75,6 +86,12 @@ int kvp__tier_policy_create(kvp_tier_policy_kind kind, const kvp_allocator *allo
     return KVP_ENOMEM;
   p->a = kvp__allocator(alloc);
   p->kind = kind;
+  if ((p->e = kvp__calloc(&p->a, 1, sizeof *p->e)) == NULL) {
+    kvp__free(&p->a, p, sizeof *p);
+    return KVP_ENOMEM;
+  }
+  p->e->refs = p->e->marks = 1;
+  p->own = 1;
   for (int c = 0; c < KVP_CLASS_COUNT_; c++) {
     qinit(&p->small[c]);
     qinit(&p->main[c]);
@@ -83,29 +100,41 @@ int kvp__tier_policy_create(kvp_tier_policy_kind kind, const kvp_allocator *allo
   return 0;
 }
 
+static void entries_drop(tier_policy *p) {
+  if (--p->e->refs > 0)
+    return;
+  kvp__free(&p->a, p->e->v, (size_t)p->e->cap * sizeof(node));
+  kvp__free(&p->a, p->e, sizeof *p->e);
+}
+
 void kvp__tier_policy_destroy(tier_policy *p) {
   if (p == NULL)
     return;
-  kvp__free(&p->a, p->nodes, (size_t)p->cap * sizeof(node));
+  entries_drop(p);
   kvp__free(&p->a, p->ghost, p->ghost ? ((size_t)p->ghost_mask + 1) * 4 : 0);
   kvp__free(&p->a, p, sizeof *p);
 }
 
-/* Ids 0..ncap-1 usable (ncap > p->cap); new ones untracked (Q_NONE is 0). */
+/* Ids 0..ncap-1 usable (ncap > e->cap); new ones untracked (Q_NONE is 0). */
 static int resize(tier_policy *p, uint32_t ncap) {
+  entries *e = p->e;
   node *n = kvp__calloc(&p->a, ncap, sizeof(node));
   if (n == NULL)
     return KVP_ENOMEM;
-  if (p->nodes != NULL)
-    memcpy(n, p->nodes, (size_t)p->cap * sizeof(node));
-  kvp__free(&p->a, p->nodes, (size_t)p->cap * sizeof(node));
-  p->nodes = n;
-  p->cap = ncap;
+  if (e->v != NULL)
+    memcpy(n, e->v, (size_t)e->cap * sizeof(node));
+  kvp__free(&p->a, e->v, (size_t)e->cap * sizeof(node));
+  e->v = n;
+  e->cap = ncap;
+  return 0;
+}
+
+/* S3-FIFO's ghost holds about as many fingerprints as there are ids. */
+static int ghost_fit(tier_policy *p) {
   if (p->kind != KVP_TIER_POLICY_S3FIFO)
     return 0; /* LRU keeps no ghosts */
-  /* ghost holds about as many fingerprints as there are ids */
   uint32_t gsz = 1;
-  while (gsz < ncap && gsz < (1u << TAG_BITS))
+  while (gsz < p->span && gsz < (1u << TAG_BITS))
     gsz *= 2;
   if (p->ghost == NULL || gsz > p->ghost_mask + 1) {
     uint32_t *g = kvp__calloc(&p->a, gsz, sizeof *g);
@@ -118,22 +147,51 @@ static int resize(tier_policy *p, uint32_t ncap) {
   return 0;
 }
 
+/* Span and entries (when shorter) to ncap, the ghost to fit. */
+static int span_to(tier_policy *p, uint32_t ncap) {
+  int rc = ncap > p->e->cap ? resize(p, ncap) : 0;
+  if (rc < 0)
+    return rc;
+  p->span = ncap;
+  return ghost_fit(p);
+}
+
 static int grow(tier_policy *p, uint32_t id) {
-  uint32_t ncap = p->cap ? p->cap : 64;
+  uint32_t ncap = p->span ? p->span : 64;
   while (ncap <= id)
     ncap = ncap > UINT32_MAX / 2 ? UINT32_MAX : ncap * 2;
-  return resize(p, ncap);
+  return span_to(p, ncap);
 }
 
 int kvp__tier_policy_reserve(tier_policy *p, uint32_t ids) {
   if (p == NULL)
     return KVP_EINVAL;
-  return ids > p->cap ? resize(p, ids) : 0;
+  return ids > p->span ? span_to(p, ids) : 0;
+}
+
+int kvp__tier_policy_share(tier_policy *p, tier_policy *with) {
+  if (p == NULL || with == NULL || p == with || p->e == with->e ||
+      p->count != 0 || p->e->refs != 1 ||
+      p->a.alloc != with->a.alloc || p->a.free != with->a.free ||
+      p->a.opaque != with->a.opaque) /* one allocator frees the entries */
+    return KVP_EINVAL;
+  if (with->e->marks == 3)
+    return KVP_ERANGE;
+  entries_drop(p);
+  p->e = with->e;
+  p->e->refs++;
+  p->own = ++p->e->marks;
+  p->span = 0; /* grows as before, now without copies below e->cap */
+  return 0;
 }
 
 void kvp__tier_policy_prefetch(const tier_policy *p, uint32_t id) {
-  if (p != NULL && id < p->cap)
-    __builtin_prefetch(&p->nodes[id], 1);
+  if (p != NULL && id < p->e->cap)
+    __builtin_prefetch(&p->e->v[id], 1);
+}
+
+static bool tracks(const tier_policy *p, uint32_t id) {
+  return id < p->e->cap && p->e->v[id].q != Q_NONE && p->e->v[id].own == p->own;
 }
 
 static qlist *qof(tier_policy *p, const node *n) {
@@ -141,14 +199,14 @@ static qlist *qof(tier_policy *p, const node *n) {
 }
 
 static void unlink_node(tier_policy *p, uint32_t id) {
-  node *n = &p->nodes[id];
+  node *n = &p->e->v[id];
   qlist *q = qof(p, n);
   if (n->prev != NIL)
-    p->nodes[n->prev].next = n->next;
+    p->e->v[n->prev].next = n->next;
   else
     q->head = n->next;
   if (n->next != NIL)
-    p->nodes[n->next].prev = n->prev;
+    p->e->v[n->next].prev = n->prev;
   else
     q->tail = n->prev;
   q->bytes -= n->bytes;
@@ -156,13 +214,14 @@ static void unlink_node(tier_policy *p, uint32_t id) {
 }
 
 static void push_head(tier_policy *p, uint32_t id, uint8_t qk) {
-  node *n = &p->nodes[id];
+  node *n = &p->e->v[id];
   n->q = qk;
+  n->own = p->own;
   qlist *q = qof(p, n);
   n->prev = NIL;
   n->next = q->head;
   if (q->head != NIL)
-    p->nodes[q->head].prev = id;
+    p->e->v[q->head].prev = id;
   q->head = id;
   if (q->tail == NIL)
     q->tail = id;
@@ -182,10 +241,10 @@ int kvp__tier_policy_insert(tier_policy *p, uint32_t id, uint64_t fp,
   if (p == NULL || id == NIL || (unsigned)cls >= KVP_CLASS_COUNT_ ||
       bytes > UINT32_MAX)
     return KVP_EINVAL;
-  if (id >= p->cap && grow(p, id) < 0)
+  if (id >= p->span && grow(p, id) < 0)
     return KVP_ENOMEM;
-  node *n = &p->nodes[id];
-  if (n->q != Q_NONE)
+  node *n = &p->e->v[id];
+  if (n->q != Q_NONE) /* here, or in a policy sharing the entries */
     return KVP_EEXIST;
   n->bytes = (uint32_t)bytes;
   n->tag = ghost_tag(fp);
@@ -205,9 +264,9 @@ int kvp__tier_policy_insert(tier_policy *p, uint32_t id, uint64_t fp,
 }
 
 int kvp__tier_policy_touch(tier_policy *p, uint32_t id) {
-  if (p == NULL || id >= p->cap || p->nodes[id].q == Q_NONE)
+  if (p == NULL || !tracks(p, id))
     return KVP_ENOENT;
-  node *n = &p->nodes[id];
+  node *n = &p->e->v[id];
   if (p->kind == KVP_TIER_POLICY_LRU) {
     unlink_node(p, id);
     push_head(p, id, Q_MAIN);
@@ -218,9 +277,9 @@ int kvp__tier_policy_touch(tier_policy *p, uint32_t id) {
 }
 
 int kvp__tier_policy_remove(tier_policy *p, uint32_t id, int evicted) {
-  if (p == NULL || id >= p->cap || p->nodes[id].q == Q_NONE)
+  if (p == NULL || !tracks(p, id))
     return KVP_ENOENT;
-  node *n = &p->nodes[id];
+  node *n = &p->e->v[id];
   unlink_node(p, id);
   if (evicted && p->kind == KVP_TIER_POLICY_S3FIFO && n->q == Q_SMALL)
     p->ghost[n->tag & p->ghost_mask] = n->tag + 1u;
@@ -236,7 +295,7 @@ static uint32_t s3fifo_victim(tier_policy *p, int c) {
     uint64_t total = s->bytes + m->bytes;
     if (s->count > 0 && (m->count == 0 || s->bytes * 10 > total)) {
       uint32_t id = s->tail;
-      node *n = &p->nodes[id];
+      node *n = &p->e->v[id];
       if (n->freq == 0)
         return id;
       unlink_node(p, id); /* accessed while small: promote to main */
@@ -244,7 +303,7 @@ static uint32_t s3fifo_victim(tier_policy *p, int c) {
       push_head(p, id, Q_MAIN);
     } else {
       uint32_t id = m->tail;
-      node *n = &p->nodes[id];
+      node *n = &p->e->v[id];
       if (n->freq == 0)
         return id;
       n->freq--; /* second chance, aged */

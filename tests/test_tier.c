@@ -1040,6 +1040,84 @@ TEST(policy_reserve) {
   kvp__tier_policy_destroy(p);
 }
 
+/* Two tiers as an exclusive hierarchy (a victim of the first moves to the
+ * second, a hit in the second moves back): policies sharing one array of
+ * entries decide exactly as two with their own.  Sharing's rules: an id is
+ * tracked by one sharer at a time, a policy shares only while empty, three
+ * at most. */
+TEST(policy_share) {
+  tier_policy *s[2], *u[2];
+  for (int t = 0; t < 2; t++) {
+    kvp_tier_policy_kind k = t ? KVP_TIER_POLICY_S3FIFO : KVP_TIER_POLICY_LRU;
+    ASSERT_OK(kvp__tier_policy_create(k, NULL, &s[t]));
+    ASSERT_OK(kvp__tier_policy_create(k, NULL, &u[t]));
+  }
+  ASSERT_OK(kvp__tier_policy_share(s[1], s[0]));
+  enum { IDS = 3000, CAP0 = 300, CAP1 = 900 };
+  static uint8_t where[IDS]; /* 0 none, 1 first tier, 2 second */
+  memset(where, 0, sizeof where);
+  uint64_t x = 0x2545F4914F6CDD1Dull, moved = 0;
+  for (int op = 0; op < 100000; op++) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    uint32_t id = (uint32_t)(x % IDS), v[2];
+    if (where[id] == 1) { /* a hit */
+      ASSERT_OK(kvp__tier_policy_touch(s[0], id));
+      ASSERT_OK(kvp__tier_policy_touch(u[0], id));
+      ASSERT_ERR(kvp__tier_policy_touch(s[1], id), KVP_ENOENT);
+      continue;
+    }
+    if (where[id] == 2) { /* back up from the second tier */
+      ASSERT_ERR(kvp__tier_policy_remove(s[0], id, 0), KVP_ENOENT);
+      ASSERT_OK(kvp__tier_policy_remove(s[1], id, 0));
+      ASSERT_OK(kvp__tier_policy_remove(u[1], id, 0));
+    }
+    while (kvp__tier_policy_count(s[0]) >= CAP0) { /* demote */
+      ASSERT_OK(kvp__tier_policy_victim(s[0], &v[0]));
+      ASSERT_OK(kvp__tier_policy_victim(u[0], &v[1]));
+      ASSERT_EQ(v[0], v[1]);
+      ASSERT_OK(kvp__tier_policy_remove(s[0], v[0], 1));
+      ASSERT_OK(kvp__tier_policy_remove(u[0], v[0], 1));
+      while (kvp__tier_policy_count(s[1]) >= CAP1) { /* drop */
+        uint32_t w[2];
+        ASSERT_OK(kvp__tier_policy_victim(s[1], &w[0]));
+        ASSERT_OK(kvp__tier_policy_victim(u[1], &w[1]));
+        ASSERT_EQ(w[0], w[1]);
+        ASSERT_OK(kvp__tier_policy_remove(s[1], w[0], 1));
+        ASSERT_OK(kvp__tier_policy_remove(u[1], w[0], 1));
+        where[w[0]] = 0;
+      }
+      ASSERT_OK(kvp__tier_policy_insert(s[1], v[0], v[0] * 77, 1, 0));
+      ASSERT_OK(kvp__tier_policy_insert(u[1], v[0], v[0] * 77, 1, 0));
+      where[v[0]] = 2;
+      moved++;
+    }
+    kvp_class c = (kvp_class)((x >> 30) % KVP_CLASS_COUNT_);
+    ASSERT_OK(kvp__tier_policy_insert(s[0], id, id * 77, 1, c));
+    ASSERT_OK(kvp__tier_policy_insert(u[0], id, id * 77, 1, c));
+    ASSERT_ERR(kvp__tier_policy_insert(s[1], id, id * 77, 1, c), KVP_EEXIST);
+    where[id] = 1;
+  }
+  ASSERT_GT(moved, 10000);
+  ASSERT_EQ(kvp__tier_policy_count(s[1]), kvp__tier_policy_count(u[1]));
+  tier_policy *t3, *t4, *busy;
+  ASSERT_OK(kvp__tier_policy_create(KVP_TIER_POLICY_LRU, NULL, &t3));
+  ASSERT_OK(kvp__tier_policy_create(KVP_TIER_POLICY_LRU, NULL, &t4));
+  ASSERT_OK(kvp__tier_policy_create(KVP_TIER_POLICY_LRU, NULL, &busy));
+  ASSERT_OK(kvp__tier_policy_insert(busy, 1, 1, 1, 0));
+  ASSERT_ERR(kvp__tier_policy_share(busy, s[0]), KVP_EINVAL); /* not empty */
+  ASSERT_ERR(kvp__tier_policy_share(s[1], s[0]), KVP_EINVAL); /* already */
+  ASSERT_ERR(kvp__tier_policy_share(t3, t3), KVP_EINVAL);
+  ASSERT_OK(kvp__tier_policy_share(t3, s[0]));
+  ASSERT_ERR(kvp__tier_policy_share(t4, s[0]), KVP_ERANGE); /* a fourth */
+  kvp__tier_policy_destroy(s[0]); /* the others keep the entries */
+  ASSERT_OK(kvp__tier_policy_insert(t3, IDS + 5, 1, 1, 0));
+  ASSERT_OK(kvp__tier_policy_touch(t3, IDS + 5));
+  kvp__tier_policy_destroy(t3);
+  kvp__tier_policy_destroy(s[1]);
+  for (tier_policy **q = (tier_policy *[]){u[0], u[1], t4, busy, NULL}; *q; q++)
+    kvp__tier_policy_destroy(*q);
+}
+
 /* ---- options and events ------------------------------------------------------*/
 TEST(options) {
   kvp_tier_store *t = mk(NULL, 0, 8 * MB, 0);
@@ -1416,6 +1494,6 @@ TEST_MAIN(TEST_ENTRY(dram_basic), TEST_ENTRY(dram_register_hook),
           TEST_ENTRY(nvme_stage_ahead_all),
           TEST_ENTRY(tmpfs_warned_or_refused), TEST_ENTRY(slab_path_named),
           TEST_ENTRY(policy_lru), TEST_ENTRY(policy_scan_resistance),
-          TEST_ENTRY(policy_reserve),
+          TEST_ENTRY(policy_reserve), TEST_ENTRY(policy_share),
           TEST_ENTRY(options), TEST_ENTRY(events_feed_index),
           TEST_ENTRY(epoch_restart_all), TEST_ENTRY(epoch_and_keys_each))

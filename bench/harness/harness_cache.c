@@ -50,6 +50,7 @@ int bh_cache_init(cache *c, const bh_cluster *cl, bool policies) {
       return KVP_ENOMEM;
     c->cap_nodes = (uint32_t)ids;
     tier_cascade_opts co = {.with_policy = 7, .ids = (uint32_t)ids,
+                            .exclusive = true, /* a block is in one tier */
                             .gate = cl->nvme_admit_on && c->cap[2] > 0,
                             .gate_opts = cl->nvme_admit};
     for (int k = 0; k < 3; k++) {
