@@ -407,7 +407,7 @@ static void verify_word(kvp_index *ix, uint64_t fp, uint64_t p, vstate *v) {
   }
 }
 
-uint64_t kvp__index_keys_past_pair(kvp_index *ix) {
+uint64_t kvp__index_keys_past(kvp_index *ix, uint64_t buckets) {
   uint64_t n = 0;
   for (unsigned i = 0; i < SHARDS; i++) {
     ktab *t = atomic_load_explicit(&ix->shards[i].tab, memory_order_relaxed);
@@ -416,9 +416,16 @@ uint64_t kvp__index_keys_past_pair(kvp_index *ix) {
       if (fp <= FP_TOMB)
         continue;
       uint64_t home = bucket_of(mix64(fp), t->nbuckets), at = k / BUCKET_SLOTS;
-      n += (at + t->nbuckets - home) % t->nbuckets >= 2;
+      n += (at + t->nbuckets - home) % t->nbuckets >= buckets;
     }
   }
+  return n;
+}
+
+unsigned kvp__index_home_only_shards(kvp_index *ix) {
+  unsigned n = 0;
+  for (unsigned i = 0; i < SHARDS; i++)
+    n += atomic_load_explicit(&ix->shards[i].pf_one, memory_order_relaxed) != 0;
   return n;
 }
 

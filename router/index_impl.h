@@ -126,7 +126,12 @@ typedef struct shard { /* two cache lines: what readers read, what writers write
    * pair only prefetches a useless line. */
   _Atomic(kslot *) pf_slots;
   _Atomic uint64_t pf_nbuckets;
-  char pad0_[40];
+  /* 1 while the table is at most half full (kvp__tab_reserve): a key then
+   * nearly always sits in its home bucket, so lookups prefetch and read
+   * that one line, not the pair (a second line per key, mostly unused,
+   * takes a slot in the core's queue of misses in flight) */
+  _Atomic uint32_t pf_one;
+  char pad0_[36];
   kvp__spin lock; /* writers of this shard */
   uint32_t pad1_;
   _Atomic uint64_t keys; /* live keys, for stats (relaxed) */
@@ -327,6 +332,29 @@ static inline uint64_t tab_get_pair(ktab *t, uint64_t fp, uint64_t h,
   if ((scan_hits(s, FP_EMPTY) | scan_hits(s2, FP_EMPTY)) != 0)
     return 0; /* no key lies past an empty slot on its path */
   *more = 1 + bucket_next(b2, nb);
+  return 0;
+}
+
+/* tab_get_pair for a table at most half full (shard.pf_one): the home
+ * bucket only.  *more = 1 + the next bucket when it is full and does not
+ * hold fp. */
+static inline uint64_t tab_get_home(ktab *t, uint64_t fp, uint64_t h,
+                                    uint64_t *more) {
+  uint64_t nb = t->nbuckets, b = bucket_of(h, nb);
+  kslot *s = &t->slots[b * BUCKET_SLOTS];
+  unsigned hit = scan_hits(s, fp);
+  *more = 0;
+  if (KVP_LIKELY(hit != 0)) {
+    kslot *x = &s[ctz64(hit)];
+    /* acquire / re-read: as in tab_get_pair */
+    uint64_t v = atomic_load_explicit(&x->val, memory_order_acquire);
+    if (KVP_LIKELY(atomic_load_explicit(&x->fp, memory_order_relaxed) == fp))
+      return v;
+    return kvp__tab_get_slow(t, fp, h);
+  }
+  if (scan_hits(s, FP_EMPTY) != 0)
+    return 0; /* no key lies past an empty slot on its path */
+  *more = 1 + bucket_next(b, nb);
   return 0;
 }
 

@@ -99,10 +99,13 @@ void kvp__index_purge_routed(kvp_index *ix, uint32_t w);
  * Returns 0 or KVP_ECORRUPT (and logs what differs). */
 int kvp__index_verify(kvp_index *ix);
 
-/* Keys that sit past their bucket pair (the home bucket and the next), whose
- * lookups the query finishes later (pipe_take): tests check they exist.  Call
- * only while no writer runs. */
-uint64_t kvp__index_keys_past_pair(kvp_index *ix);
+/* Keys that sit `buckets` or more buckets past their home bucket (2: past
+ * the pair), whose lookups the query finishes later (pipe_take): tests
+ * check they exist.  Call only while no writer runs. */
+uint64_t kvp__index_keys_past(kvp_index *ix, uint64_t buckets);
+/* Shards whose table is at most half full, where lookups read the home
+ * bucket alone (shard.pf_one). */
+unsigned kvp__index_home_only_shards(kvp_index *ix);
 
 /* Turns kvp_index_opts.prefix_closed on or off on a live index (tests and the
  * benchmark compare both query plans on one index).  No query in flight. */

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* router/index: queries.  A query walks its chain through a software pipeline
- * (see qctx): the bucket pair of block i+24 is prefetched, the holder word of
- * block i+8 read from that pair and its spilled set prefetched (a key past
- * the pair: the next pair prefetched, the read finished at block i), then
+ * (see qctx): the bucket pair of block i+24 is prefetched (its home bucket
+ * alone while the table is at most half full), the holder word of block i+8
+ * read from there and its spilled set prefetched (a key further on: the next
+ * pair prefetched, the read finished at block i), then
  * block i is folded into
  * per-tier bit-sliced counters of the workers still matching; the walk stops
  * when none is left.  With opts.prefix_closed (one worker group only) a
@@ -74,26 +75,36 @@ static inline void q_step(qgroup *q, const uint64_t *m, uint32_t i) {
   }
 }
 
-static ktab *table_of(qctx *c, uint64_t h) {
+/* fp's holder word from its home bucket or its pair, as probe_prefetch
+ * loaded them (shard.pf_one). */
+static uint64_t get_near(qctx *c, uint64_t fp, uint64_t h, ktab **tp,
+                         uint64_t *more) {
+  shard *sh = shard_of(c->ix, h);
   /* acquire: pairs with the release in tab_rebuild */
-  return atomic_load_explicit(&shard_of(c->ix, h)->tab, memory_order_acquire);
+  ktab *t = atomic_load_explicit(&sh->tab, memory_order_acquire);
+  *tp = t;
+  if (atomic_load_explicit(&sh->pf_one, memory_order_relaxed))
+    return tab_get_home(t, fp, h, more);
+  return tab_get_pair(t, fp, h, more);
 }
 
 static uint64_t event_holders(qctx *c, uint64_t fp, uint64_t h) {
-  ktab *t = table_of(c, h);
-  uint64_t more, p = tab_get_pair(t, fp, h, &more);
+  ktab *t;
+  uint64_t more, p = get_near(c, fp, h, &t, &more);
   return more ? kvp__tab_get_from(t, fp, h, more - 1) : p;
 }
 
-/* Prefetches the bucket pair of fingerprint fp (hash h), and its routing
- * records' bucket when there are any. */
+/* Prefetches the bucket pair of fingerprint fp (hash h), or its home
+ * bucket alone (shard.pf_one), and its routing records' bucket when there
+ * are any. */
 static void probe_prefetch(const qctx *c, uint64_t h) {
   shard *sh = shard_of(c->ix, h);
   kslot *s = atomic_load_explicit(&sh->pf_slots, memory_order_relaxed);
   uint64_t nb = atomic_load_explicit(&sh->pf_nbuckets, memory_order_relaxed);
   kslot *b = s + bucket_of(h, nb) * BUCKET_SLOTS;
   __builtin_prefetch(b, 0, 3);
-  __builtin_prefetch(b + BUCKET_SLOTS, 0, 3); /* probe_once reads two */
+  if (!atomic_load_explicit(&sh->pf_one, memory_order_relaxed))
+    __builtin_prefetch(b + BUCKET_SLOTS, 0, 3); /* the pair's second */
   if (c->atab != NULL)
     __builtin_prefetch(
         &c->atab->slots[bucket_of(h, c->atab->nbuckets) * BUCKET_SLOTS], 0, 3);
@@ -121,14 +132,15 @@ static void pipe_far(qctx *c, size_t j) {
   probe_prefetch(c, h);
 }
 
-/* Reads block j's holder word from its bucket pair.  A key not there (2-11
+/* Reads block j's holder word from its bucket pair (its home bucket alone
+ * in a table at most half full: shard.pf_one).  A key not there (2-11
  * times in 100, as the table's load goes from 5/8 to 7/8) has its next pair
  * prefetched here and read in pipe_take, PF_NEAR blocks later: a probe run
  * on then would wait for two more memory reads in turn. */
 static void pipe_near(qctx *c, size_t j) {
   size_t k = j % PIPE;
-  ktab *t = table_of(c, c->h[k]);
-  uint64_t more, p = tab_get_pair(t, c->fp[k], c->h[k], &more);
+  ktab *t;
+  uint64_t more, p = get_near(c, c->fp[k], c->h[k], &t, &more);
   c->more[k] = more;
   if (KVP_UNLIKELY(more != 0)) {
     kslot *b = &t->slots[(more - 1) * BUCKET_SLOTS];

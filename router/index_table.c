@@ -194,11 +194,19 @@ void kvp__slot_kill(ktab *t, kslot *s) {
   }
 }
 
+/* shard.pf_one for t: at most half its slots taken (live or dead). */
+static void note_load(shard *sh, const ktab *t) {
+  uint32_t one = (t->live + t->tomb) * 2 <= t->nbuckets * BUCKET_SLOTS;
+  if (atomic_load_explicit(&sh->pf_one, memory_order_relaxed) != one)
+    atomic_store_explicit(&sh->pf_one, one, memory_order_relaxed);
+}
+
 void kvp__geometry_note(shard *sh, const ktab *t) {
   if (sh == NULL)
     return;
   atomic_store_explicit(&sh->pf_slots, t->slots, memory_order_relaxed);
   atomic_store_explicit(&sh->pf_nbuckets, t->nbuckets, memory_order_relaxed);
+  note_load(sh, t);
 }
 
 /* Rebuilds *where's table for `live` keys; the old one is retired. */
@@ -239,6 +247,8 @@ int kvp__tab_reserve(kvp_index *ix, _Atomic(ktab *) *where, shard *sh,
       return rc;
     t = atomic_load_explicit(where, memory_order_relaxed);
   }
+  if (sh != NULL)
+    note_load(sh, t);
   *out = t;
   return 0;
 }

@@ -105,7 +105,8 @@ static uint64_t prefetch_key(kvp_index *ix, uint64_t fp) {
   uint64_t nb = atomic_load_explicit(&sh->pf_nbuckets, memory_order_relaxed);
   kslot *b = s + bucket_of(h, nb) * BUCKET_SLOTS;
   __builtin_prefetch(b, 1, 3);
-  __builtin_prefetch(b + BUCKET_SLOTS, 1, 3); /* past the end: harmless */
+  if (!atomic_load_explicit(&sh->pf_one, memory_order_relaxed))
+    __builtin_prefetch(b + BUCKET_SLOTS, 1, 3); /* past the end: harmless */
   return h;
 }
 

@@ -9,13 +9,19 @@
 
 static kvp_key K(uint64_t lo) { return (kvp_key){.hi = lo * 3, .lo = lo}; }
 
-static kvp_index *mk(uint32_t max_workers, uint32_t nworkers) {
-  kvp_index_opts o = {.max_workers = max_workers};
+static kvp_index *mk_sized(uint32_t max_workers, uint32_t nworkers,
+                           uint64_t expected_keys) {
+  kvp_index_opts o = {.max_workers = max_workers,
+                      .expected_keys = expected_keys};
   kvp_index *ix = NULL;
   ASSERT_OK(kvp_index_create(&o, NULL, &ix));
   for (uint32_t w = 0; w < nworkers; w++)
     ASSERT_OK(kvp_index_worker_add(ix, w));
   return ix;
+}
+
+static kvp_index *mk(uint32_t max_workers, uint32_t nworkers) {
+  return mk_sized(max_workers, nworkers, 0);
 }
 
 /* keys lo = base .. base+n-1 */
@@ -76,10 +82,12 @@ TEST(prefetch_changes_nothing) {
  * and finishes these lookups when it walks the block (pipe_take).  Many
  * chains at the tables' top load, on both query paths: every key is found,
  * absent keys are not, and removals in the middle of probe paths (tombstones)
- * change nothing else. */
-static void check_long_probes(uint32_t max_workers) {
+ * change nothing else.  `half`: the tables presized (expected_keys) to stay
+ * at most half full, where lookups read the home bucket alone and finish
+ * keys past it (already 1 in ~10 at that load) the same way. */
+static void check_long_probes(uint32_t max_workers, bool half) {
   enum { CHAINS = 120, LEN = 500 };
-  kvp_index *ix = mk(max_workers, 3);
+  kvp_index *ix = mk_sized(max_workers, 3, half ? CHAINS * LEN * 3 / 2 : 0);
   static kvp_key k[LEN];
   uint64_t seq[3] = {0};
   for (uint32_t c = 0; c < CHAINS; c++) {
@@ -88,7 +96,13 @@ static void check_long_probes(uint32_t max_workers) {
                                LEN),
               LEN);
   }
-  ASSERT_GT(kvp__index_keys_past_pair(ix), 100u);
+  if (half) {
+    ASSERT_EQ(kvp__index_home_only_shards(ix), 64u);
+    ASSERT_GT(kvp__index_keys_past(ix, 1), 1000u);
+  } else {
+    ASSERT_EQ(kvp__index_home_only_shards(ix), 0u);
+    ASSERT_GT(kvp__index_keys_past(ix, 2), 100u);
+  }
   kvp_index_match m[MAXM];
   for (int pass = 0; pass < 2; pass++) {
     for (uint32_t c = 0; c < CHAINS; c++) {
@@ -112,8 +126,10 @@ static void check_long_probes(uint32_t max_workers) {
   kvp_index_destroy(ix);
 }
 
-TEST(long_probes_fast) { check_long_probes(8); }
-TEST(long_probes_wide) { check_long_probes(0); }
+TEST(long_probes_fast) { check_long_probes(8, false); }
+TEST(long_probes_wide) { check_long_probes(0, false); }
+TEST(long_probes_half_fast) { check_long_probes(8, true); }
+TEST(long_probes_half_wide) { check_long_probes(0, true); }
 
 /* ---- query semantics ------------------------------------------------------
  */
@@ -1716,7 +1732,8 @@ TEST(streams_agree_with_model) {
 }
 
 TEST_MAIN(TEST_ENTRY(prefetch_changes_nothing), TEST_ENTRY(long_probes_fast),
-          TEST_ENTRY(long_probes_wide), TEST_ENTRY(query_tiers_fast), TEST_ENTRY(query_tiers_wide),
+          TEST_ENTRY(long_probes_wide), TEST_ENTRY(long_probes_half_fast),
+          TEST_ENTRY(long_probes_half_wide), TEST_ENTRY(query_tiers_fast), TEST_ENTRY(query_tiers_wide),
           TEST_ENTRY(worker_ids_across_groups), TEST_ENTRY(gap_and_resync),
           TEST_ENTRY(resync_keeps_common_keys),
           TEST_ENTRY(digest_equality_and_divergence), TEST_ENTRY(approx_ttl),

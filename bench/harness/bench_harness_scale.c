@@ -20,7 +20,10 @@
  * and kernel CPU per request.  A policy's simulation
  * shorter than 10 s is repeated (9 runs at most) and its median rate
  * printed: short runs are the noisy ones (--quick: one run each, the
- * smoke test bench_harness_scale_quick). */
+ * smoke test bench_harness_scale_quick).  The first factor (the baseline)
+ * is run again after each larger one, its trace kept, and its median over
+ * all those runs is the baseline: memory bandwidth on a shared machine
+ * drifts over the minutes a 20x replay takes. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -172,20 +175,40 @@ static int cmp_prun(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-/* One policy at one factor: the median run by rate (over its repeats) into
- * *out, work per request into *work, requests and seconds simulated (all
- * repeats) into *n and *secs.  A run shorter than REPEAT_S is repeated
- * (REPEAT_MAX runs at most): a one-second simulation's rate moved by up
- * to 50 % from one run to the next on a shared machine.  Repeats reuse the
- * memory the first run faulted in (freed pages are kept), so a repeated
- * factor's median run pays few page faults; the fault columns say so. */
 #define REPEAT_S 10.0
 #define REPEAT_MAX 9
+
+/* A policy's runs at one factor (the first factor's: before and after
+ * each larger one). */
+typedef struct runs {
+  prun v[REPEAT_MAX * MAX_F];
+  int n;
+  double work;   /* simulated work per request */
+  double req, s; /* requests and seconds simulated, all runs */
+} runs;
+
+/* The median run by rate (the mean of the middle two's rates). */
+static prun runs_median(const runs *r) {
+  prun v[REPEAT_MAX * MAX_F];
+  memcpy(v, r->v, (size_t)r->n * sizeof v[0]);
+  qsort(v, (size_t)r->n, sizeof v[0], cmp_prun);
+  prun m = v[r->n / 2];
+  if (r->n % 2 == 0)
+    m.rps = (v[r->n / 2 - 1].rps + v[r->n / 2].rps) / 2;
+  return m;
+}
+
+/* One policy at one factor, its runs appended to *out.  A run shorter than
+ * REPEAT_S is repeated (REPEAT_MAX runs at most): a one-second
+ * simulation's rate moved by up to 50 % from one run to the next on a
+ * shared machine.  Repeats reuse the memory the first run faulted in
+ * (freed pages are kept), so a repeated factor's median run pays few page
+ * faults; the fault columns say so. */
 static int run_policy(const opts *o, const bh_trace *t, const bh_sim_opts *so,
-                      prun *out, double *work, uint64_t *n, double *secs) {
-  prun run[REPEAT_MAX];
-  int k = 0;
-  while (k < (o->quick ? 1 : REPEAT_MAX) && (k == 0 || *secs < REPEAT_S)) {
+                      runs *out) {
+  double secs = 0;
+  for (int k = 0; k < (o->quick ? 1 : REPEAT_MAX) && (k == 0 || secs < REPEAT_S);
+       k++) {
     bh_result r;
     char err[512];
     struct rusage u0, u1;
@@ -197,52 +220,55 @@ static int run_policy(const opts *o, const bh_trace *t, const bh_sim_opts *so,
       fprintf(stderr, "bench_harness_scale: %s\n", err);
       return rc;
     }
-    double s = o->cpu ? thread_cpu_s() - cpu0 : r.wall_seconds;
+    double sec = o->cpu ? thread_cpu_s() - cpu0 : r.wall_seconds;
     double nreq = r.requests ? (double)r.requests : 1;
-    run[k++] = (prun){
-        .rps = (double)r.requests / s,
+    out->v[out->n++] = (prun){
+        .rps = (double)r.requests / sec,
         .faults = (double)(u1.ru_minflt - u0.ru_minflt) / nreq,
         .sys_us = (tv_s(u1.ru_stime) - tv_s(u0.ru_stime)) * 1e6 / nreq};
-    *work = r.requests ? (double)r.event_blocks / (double)r.requests : 0;
-    *n += r.requests;
-    *secs += s;
+    out->work = r.requests ? (double)r.event_blocks / (double)r.requests : 0;
+    out->req += (double)r.requests;
+    out->s += sec;
+    secs += sec;
     bh_result_free(&r);
   }
-  qsort(run, (size_t)k, sizeof run[0], cmp_prun);
-  *out = run[k / 2];
-  if (k % 2 == 0) /* the rate: the mean of the middle two */
-    out->rps = (run[k / 2 - 1].rps + run[k / 2].rps) / 2;
   return 0;
 }
 
-/* One factor: each policy's median run into pr[], the simulated work per
- * request (index block updates) into work[], all requests/s into *all. */
-static int run_factor(const opts *o, uint32_t k, prun *pr, double *work,
-                      double *all) {
+/* One factor's trace and cluster. */
+typedef struct factor {
   bh_trace t;
-  int rc = read_scaled(o, k, &t);
-  bh_sim_opts so = {.seed = 1};
-  bh_cluster_defaults(&so.cl);
+  bh_sim_opts so;
+} factor;
+
+static int factor_load(const opts *o, uint32_t k, factor *f) {
+  int rc = read_scaled(o, k, &f->t);
+  f->so = (bh_sim_opts){.seed = 1};
+  bh_cluster_defaults(&f->so.cl);
   bh_load l = {.workers = o->workers};
   if (rc >= 0 && o->workers == 0)
-    rc = bh_load_estimate(&t, &so.cl, 1.0, o->util, &l);
-  so.cl.workers = l.workers;
-  double req = 0, wall = 0;
-  printf("%6ux %9zu %7u", k, t.n_reqs, so.cl.workers);
-  for (size_t p = 0; p < o->n_policies && rc >= 0; p++) {
-    so.policy = o->policy[p];
-    double secs = 0;
-    uint64_t n = 0;
-    if ((rc = run_policy(o, &t, &so, &pr[p], &work[p], &n, &secs)) < 0)
-      break;
-    req += (double)n;
-    wall += secs;
-    printf(" %13.0f", pr[p].rps);
-    fflush(stdout);
-  }
-  *all = wall > 0 ? req / wall : 0;
-  bh_trace_free(&t);
+    rc = bh_load_estimate(&f->t, &f->so.cl, 1.0, o->util, &l);
+  f->so.cl.workers = l.workers;
   return rc;
+}
+
+/* Every policy at factor f, its runs appended to r[]. */
+static int factor_run(const opts *o, factor *f, runs *r) {
+  for (size_t p = 0; p < o->n_policies; p++) {
+    f->so.policy = o->policy[p];
+    int rc = run_policy(o, &f->t, &f->so, &r[p]);
+    if (rc < 0)
+      return rc;
+  }
+  return 0;
+}
+
+/* Requests per second over all of r[]'s runs. */
+static double runs_all(const opts *o, const runs *r) {
+  double req = 0, s = 0;
+  for (size_t p = 0; p < o->n_policies; p++)
+    req += r[p].req, s += r[p].s;
+  return s > 0 ? req / s : 0;
 }
 
 /* Work per request and the slowdown per unit of work: a policy whose
@@ -296,23 +322,55 @@ int main(int argc, char **argv) {
   for (size_t p = 0; p < o.n_policies; p++)
     printf(" %13.13s", bh_policy_name(o.policy[p]));
   printf(" %12s %9s\n", "all", "slowdown");
+  /* The first factor is measured before the others and again after each
+   * one (its trace kept): on a shared machine the speed of memory drifts
+   * over the minutes a large factor takes, and the median of runs on both
+   * sides of it is a baseline measured side by side. */
+  static runs base[BH_POLICY_COUNT], cur[BH_POLICY_COUNT];
   prun pr[MAX_F][BH_POLICY_COUNT];
   double work[MAX_F][BH_POLICY_COUNT];
-  double base_all = 0, worst = 0;
+  double worst = 0;
+  factor f0;
+  if (factor_load(&o, o.factor[0], &f0) < 0 || factor_run(&o, &f0, base) < 0)
+    return 1;
   for (size_t f = 0; f < o.n_factors; f++) {
-    double all;
-    if (run_factor(&o, o.factor[f], pr[f], work[f], &all) < 0)
-      return 1;
-    if (f == 0)
-      base_all = all;
+    runs *r = f == 0 ? base : cur;
+    size_t nreq = f0.t.n_reqs;
+    uint32_t nw = f0.so.cl.workers;
+    if (f > 0) {
+      factor fk;
+      memset(cur, 0, sizeof cur);
+      if (factor_load(&o, o.factor[f], &fk) < 0 || factor_run(&o, &fk, cur) < 0)
+        return 1;
+      nreq = fk.t.n_reqs, nw = fk.so.cl.workers;
+      bh_trace_free(&fk.t);
+      if (factor_run(&o, &f0, base) < 0) /* the baseline again, after */
+        return 1;
+    }
+    printf("%6ux %9zu %7u", o.factor[f], nreq, nw);
+    for (size_t p = 0; p < o.n_policies; p++) {
+      pr[f][p] = runs_median(&r[p]);
+      work[f][p] = r[p].work;
+      printf(" %13.0f", pr[f][p].rps);
+    }
+    double all = runs_all(&o, r), base_all = runs_all(&o, base);
     double slow = all > 0 ? base_all / all : 0;
     printf(" %12.0f %8.2fx  (per policy:", all, slow);
-    for (size_t p = 0; p < o.n_policies; p++)
-      printf(" %.2fx", pr[f][p].rps > 0 ? pr[0][p].rps / pr[f][p].rps : 0);
+    for (size_t p = 0; p < o.n_policies; p++) {
+      prun b = runs_median(&base[p]);
+      printf(" %.2fx", pr[f][p].rps > 0 ? b.rps / pr[f][p].rps : 0);
+    }
     printf(")\n");
+    fflush(stdout);
     if (slow > worst)
       worst = slow;
   }
+  for (size_t p = 0; p < o.n_policies; p++) /* the baseline, all its runs */
+    pr[0][p] = runs_median(&base[p]);
+  printf("(%ux, measured before and after each larger factor: %d runs per "
+         "policy, median)\n",
+         o.factor[0], base[0].n);
+  bh_trace_free(&f0.t);
   print_work(&o, work, pr);
   printf("largest slowdown against %ux: %.2fx\n", o.factor[0], worst);
   if (o.check > 0 && worst > o.check) {
