@@ -238,6 +238,49 @@ TEST(worker_ids_across_groups) {
   kvp_index_destroy(ix);
 }
 
+/* A walk on the wide path where one group is left alive after the others
+ * drop out (it then gathers that group alone): holders of later blocks in
+ * other groups, at the same bit (w % 64) and in a faster tier, count for
+ * nobody; inline holders and spilled sets (> 4 holders) alike. */
+TEST(wide_one_group_left) {
+  for (int spill = 0; spill < 2; spill++) {
+    kvp_index *ix = mk(0, 0);
+    const uint32_t ws[] = {5, 69, 133, 197, 261}; /* groups 0-4, bit 5 */
+    for (unsigned i = 0; i < 5; i++)
+      ASSERT_OK(kvp_index_worker_add(ix, ws[i]));
+    static kvp_key k[100];
+    run(k, 9000, 100);
+    uint64_t seq[5] = {0};
+    /* worker 5: blocks 0..19 in HBM, 20..99 in DRAM (the longest) */
+    ASSERT_EQ(kvp_index_stored(ix, 5, ++seq[0], KVP_TIER_HBM, NULL, k, 20), 20);
+    ASSERT_EQ(kvp_index_stored(ix, 5, ++seq[0], KVP_TIER_DRAM, &k[19], &k[20],
+                               80),
+              80);
+    /* the others: blocks 0..9, then (not a prefix) 20..99 in HBM */
+    for (unsigned i = 1; i < (spill ? 5u : 2u); i++) {
+      ASSERT_EQ(kvp_index_stored(ix, ws[i], ++seq[i], KVP_TIER_HBM, NULL, k,
+                                 10),
+                10);
+      ASSERT_EQ(kvp_index_stored(ix, ws[i], ++seq[i], KVP_TIER_HBM, &k[19],
+                                 &k[20], 80),
+                80);
+    }
+    kvp_index_match m[MAXM];
+    int n = kvp_index_query(ix, k, 100, 0, m, MAXM);
+    ASSERT_EQ(n, spill ? 5 : 2);
+    const kvp_index_match *x = find_match(m, (size_t)n, 5);
+    ASSERT_NOT_NULL(x);
+    ASSERT_EQ(x->prefix_blocks, 100u);
+    ASSERT_EQ(x->tier_blocks[KVP_TIER_HBM], 20u);
+    ASSERT_EQ(x->tier_blocks[KVP_TIER_DRAM], 80u);
+    x = find_match(m, (size_t)n, 69);
+    ASSERT_NOT_NULL(x);
+    ASSERT_EQ(x->prefix_blocks, 10u);
+    ASSERT_OK(kvp__index_verify(ix));
+    kvp_index_destroy(ix);
+  }
+}
+
 /* ---- sequence numbers, gaps, resync -----------------------------------------
  */
 
@@ -1733,7 +1776,8 @@ TEST(streams_agree_with_model) {
 
 TEST_MAIN(TEST_ENTRY(prefetch_changes_nothing), TEST_ENTRY(long_probes_fast),
           TEST_ENTRY(long_probes_wide), TEST_ENTRY(long_probes_half_fast),
-          TEST_ENTRY(long_probes_half_wide), TEST_ENTRY(query_tiers_fast), TEST_ENTRY(query_tiers_wide),
+          TEST_ENTRY(long_probes_half_wide),
+          TEST_ENTRY(wide_one_group_left), TEST_ENTRY(query_tiers_fast), TEST_ENTRY(query_tiers_wide),
           TEST_ENTRY(worker_ids_across_groups), TEST_ENTRY(gap_and_resync),
           TEST_ENTRY(resync_keeps_common_keys),
           TEST_ENTRY(digest_equality_and_divergence), TEST_ENTRY(approx_ttl),
