@@ -27,7 +27,7 @@ int kvp__tier_policy_create(kvp_tier_policy_kind kind,
                             const kvp_allocator *alloc, tier_policy **out);
 void kvp__tier_policy_destroy(tier_policy *p); /* NULL ok */
 /* Track id (not tracked yet) of `bytes` (< 2^32) in class `cls`; `fp` is
- * a fingerprint of the block's key (S3-FIFO's ghost queue remembers 26-bit
+ * a fingerprint of the block's key (S3-FIFO's ghost queue remembers 24-bit
  * tags of recently evicted fingerprints).  Ids are an array's indexes: a
  * new largest id doubles it (see reserve).  Returns 0, KVP_EEXIST,
  * KVP_EINVAL, KVP_ENOMEM. */

@@ -365,11 +365,14 @@ int main(int argc, char **argv) {
     if (slow > worst)
       worst = slow;
   }
-  for (size_t p = 0; p < o.n_policies; p++) /* the baseline, all its runs */
-    pr[0][p] = runs_median(&base[p]);
-  printf("(%ux, measured before and after each larger factor: %d runs per "
-         "policy, median)\n",
+  printf("(the %ux baseline, measured before and after each larger factor: "
+         "%d runs per policy; medians",
          o.factor[0], base[0].n);
+  for (size_t p = 0; p < o.n_policies; p++) { /* the baseline, all its runs */
+    pr[0][p] = runs_median(&base[p]);
+    printf(" %.0f", pr[0][p].rps);
+  }
+  printf(" req/s)\n");
   bh_trace_free(&f0.t);
   print_work(&o, work, pr);
   printf("largest slowdown against %ux: %.2fx\n", o.factor[0], worst);

@@ -953,8 +953,9 @@ static int sim_setup(struct sim *s, const bh_trace *t, const bh_sim_opts *o,
    * twice counts once).  Grown from small they were rebuilt ~20 times on
    * the way (x1.4, every key copied) and ran at loads up to 7/8; sized
    * so, they stay about half full or less, where a lookup reads one line
-   * (kvp_index_opts.expected_keys).  bench_harness_scale: 1x ~15 % and 20x
-   * ~5-10 % more requests/s (docs/performance.md). */
+   * (kvp_index_opts.expected_keys).  bench_harness_scale: 1x ~15 % more
+   * requests/s, 20x 0-9 % (within this VM's noise; docs/performance.md,
+   * seventh pass). */
   uint64_t most = (uint64_t)s->nw * (s->cl.hbm_blocks + s->cl.dram_blocks +
                                      s->cl.nvme_blocks);
   kvp_index_opts io = {.max_workers = s->nw,
