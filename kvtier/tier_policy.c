@@ -191,7 +191,8 @@ void kvp__tier_policy_prefetch(const tier_policy *p, uint32_t id) {
 }
 
 static bool tracks(const tier_policy *p, uint32_t id) {
-  return id < p->e->cap && p->e->v[id].q != Q_NONE && p->e->v[id].own == p->own;
+  return id < p->e->cap && p->e->v[id].q != Q_NONE &&
+         p->e->v[id].own == p->own;
 }
 
 static qlist *qof(tier_policy *p, const node *n) {

@@ -282,22 +282,27 @@ static inline unsigned scan_hits(kslot *s, uint64_t fp) {
 
 /* Reader lookup past fp's home bucket; 0 when absent. */
 uint64_t kvp__tab_get_slow(ktab *t, uint64_t fp, uint64_t h);
-/* Reader lookup that goes on from bucket `from` (where tab_get_pair stopped);
+/* Reader lookup that goes on from bucket `from` (where tab_get_near stopped);
  * 0 when absent.  A slot recycled under it restarts from the home bucket. */
 uint64_t kvp__tab_get_from(ktab *t, uint64_t fp, uint64_t h, uint64_t from);
+
+/* Slot x's holder word for fp, which scan_hits found there.  Acquire: pairs
+ * with the releases of val in slot_set/kvp__slot_kill; re-reading fp rejects
+ * a value of a key that took the slot meanwhile (then the slow path). */
+static inline uint64_t slot_read(ktab *t, kslot *x, uint64_t fp, uint64_t h) {
+  uint64_t v = atomic_load_explicit(&x->val, memory_order_acquire);
+  if (KVP_LIKELY(atomic_load_explicit(&x->fp, memory_order_relaxed) == fp))
+    return v;
+  return kvp__tab_get_slow(t, fp, h);
+}
 
 /* Reader lookup: fp's holder word, 0 when absent.  Inline for the common
  * case, a key found in its home bucket (three times in four). */
 static inline uint64_t tab_get(ktab *t, uint64_t fp, uint64_t h) {
   kslot *s = &t->slots[bucket_of(h, t->nbuckets) * BUCKET_SLOTS];
   unsigned hit = scan_hits(s, fp);
-  if (KVP_LIKELY(hit != 0)) {
-    kslot *x = &s[ctz64(hit)];
-    /* acquire: pairs with the releases of val in slot_set/kvp__slot_kill */
-    uint64_t v = atomic_load_explicit(&x->val, memory_order_acquire);
-    if (KVP_LIKELY(atomic_load_explicit(&x->fp, memory_order_relaxed) == fp))
-      return v;
-  }
+  if (KVP_LIKELY(hit != 0))
+    return slot_read(t, &s[ctz64(hit)], fp, h);
   return kvp__tab_get_slow(t, fp, h);
 }
 
@@ -306,55 +311,35 @@ static inline uint64_t bucket_next(uint64_t b, uint64_t nbuckets) {
   return b + 1 == nbuckets ? 0 : b + 1;
 }
 
-/* Reader lookup within fp's bucket pair (the home bucket and the next, which
- * the query prefetches together: a key sits there 96-98 times in 100 at the
- * table's loads).  Both are scanned without branching on their contents, so
- * a key in the second bucket costs no mispredicted branch.  Returns fp's
- * holder word with *more = 0 (0: absent), or 0 with *more = 1 + the bucket
- * where the probe goes on, when the pair is full and does not hold fp: the
- * caller prefetches it and finishes with kvp__tab_get_from. */
-static inline uint64_t tab_get_pair(ktab *t, uint64_t fp, uint64_t h,
-                                    uint64_t *more) {
-  uint64_t nb = t->nbuckets, b = bucket_of(h, nb), b2 = bucket_next(b, nb);
-  kslot *s = &t->slots[b * BUCKET_SLOTS], *s2 = &t->slots[b2 * BUCKET_SLOTS];
-  unsigned hit = scan_hits(s, fp) | scan_hits(s2, fp) << BUCKET_SLOTS;
+/* Reader lookup within fp's bucket pair (pair: the home bucket and the
+ * next, which the query prefetches together: a key sits there 96-98 times
+ * in 100 at the loads of a grown table) or its home bucket alone (!pair: a
+ * table at most half full, shard.pf_one).  Scanned without branching on
+ * their contents, so a key in the second bucket costs no mispredicted
+ * branch.  Returns fp's holder word with *more = 0 (0: absent), or 0 with
+ * *more = 1 + the bucket where the probe goes on, when those buckets are
+ * full and do not hold fp: the caller prefetches it and finishes with
+ * kvp__tab_get_from. */
+static inline uint64_t tab_get_near(ktab *t, uint64_t fp, uint64_t h,
+                                    bool pair, uint64_t *more) {
+  uint64_t nb = t->nbuckets, b = bucket_of(h, nb), last = b;
+  kslot *s = &t->slots[b * BUCKET_SLOTS], *s2 = s;
+  if (pair) {
+    last = bucket_next(b, nb);
+    s2 = &t->slots[last * BUCKET_SLOTS];
+  }
+  unsigned hit = scan_hits(s, fp);
+  if (pair)
+    hit |= scan_hits(s2, fp) << BUCKET_SLOTS;
   *more = 0;
   if (KVP_LIKELY(hit != 0)) {
     unsigned k = ctz64(hit);
-    kslot *x = k < BUCKET_SLOTS ? &s[k] : &s2[k - BUCKET_SLOTS];
-    /* acquire: pairs with the releases of val in slot_set/kvp__slot_kill;
-     * re-reading fp rejects a value of a key that took the slot meanwhile */
-    uint64_t v = atomic_load_explicit(&x->val, memory_order_acquire);
-    if (KVP_LIKELY(atomic_load_explicit(&x->fp, memory_order_relaxed) == fp))
-      return v;
-    return kvp__tab_get_slow(t, fp, h);
+    return slot_read(t, k < BUCKET_SLOTS ? &s[k] : &s2[k - BUCKET_SLOTS], fp,
+                     h);
   }
   if ((scan_hits(s, FP_EMPTY) | scan_hits(s2, FP_EMPTY)) != 0)
     return 0; /* no key lies past an empty slot on its path */
-  *more = 1 + bucket_next(b2, nb);
-  return 0;
-}
-
-/* tab_get_pair for a table at most half full (shard.pf_one): the home
- * bucket only.  *more = 1 + the next bucket when it is full and does not
- * hold fp. */
-static inline uint64_t tab_get_home(ktab *t, uint64_t fp, uint64_t h,
-                                    uint64_t *more) {
-  uint64_t nb = t->nbuckets, b = bucket_of(h, nb);
-  kslot *s = &t->slots[b * BUCKET_SLOTS];
-  unsigned hit = scan_hits(s, fp);
-  *more = 0;
-  if (KVP_LIKELY(hit != 0)) {
-    kslot *x = &s[ctz64(hit)];
-    /* acquire / re-read: as in tab_get_pair */
-    uint64_t v = atomic_load_explicit(&x->val, memory_order_acquire);
-    if (KVP_LIKELY(atomic_load_explicit(&x->fp, memory_order_relaxed) == fp))
-      return v;
-    return kvp__tab_get_slow(t, fp, h);
-  }
-  if (scan_hits(s, FP_EMPTY) != 0)
-    return 0; /* no key lies past an empty slot on its path */
-  *more = 1 + bucket_next(b, nb);
+  *more = 1 + bucket_next(last, nb);
   return 0;
 }
 

@@ -83,9 +83,8 @@ static uint64_t get_near(qctx *c, uint64_t fp, uint64_t h, ktab **tp,
   /* acquire: pairs with the release in tab_rebuild */
   ktab *t = atomic_load_explicit(&sh->tab, memory_order_acquire);
   *tp = t;
-  if (atomic_load_explicit(&sh->pf_one, memory_order_relaxed))
-    return tab_get_home(t, fp, h, more);
-  return tab_get_pair(t, fp, h, more);
+  return tab_get_near(
+      t, fp, h, !atomic_load_explicit(&sh->pf_one, memory_order_relaxed), more);
 }
 
 static uint64_t event_holders(qctx *c, uint64_t fp, uint64_t h) {

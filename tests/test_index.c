@@ -1776,8 +1776,8 @@ TEST(streams_agree_with_model) {
 
 TEST_MAIN(TEST_ENTRY(prefetch_changes_nothing), TEST_ENTRY(long_probes_fast),
           TEST_ENTRY(long_probes_wide), TEST_ENTRY(long_probes_half_fast),
-          TEST_ENTRY(long_probes_half_wide),
-          TEST_ENTRY(wide_one_group_left), TEST_ENTRY(query_tiers_fast), TEST_ENTRY(query_tiers_wide),
+          TEST_ENTRY(long_probes_half_wide), TEST_ENTRY(wide_one_group_left),
+          TEST_ENTRY(query_tiers_fast), TEST_ENTRY(query_tiers_wide),
           TEST_ENTRY(worker_ids_across_groups), TEST_ENTRY(gap_and_resync),
           TEST_ENTRY(resync_keeps_common_keys),
           TEST_ENTRY(digest_equality_and_divergence), TEST_ENTRY(approx_ttl),

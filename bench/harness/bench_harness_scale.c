@@ -207,8 +207,8 @@ static prun runs_median(const runs *r) {
 static int run_policy(const opts *o, const bh_trace *t, const bh_sim_opts *so,
                       runs *out) {
   double secs = 0;
-  for (int k = 0; k < (o->quick ? 1 : REPEAT_MAX) && (k == 0 || secs < REPEAT_S);
-       k++) {
+  int most = o->quick ? 1 : REPEAT_MAX;
+  for (int k = 0; k < most && (k == 0 || secs < REPEAT_S); k++) {
     bh_result r;
     char err[512];
     struct rusage u0, u1;

@@ -39,8 +39,9 @@ int bh_cache_init(cache *c, const bh_cluster *cl, bool policies) {
   if (!policies)
     c->cap[0] = UINT64_MAX, c->cap[1] = c->cap[2] = 0;
   uint64_t ids = policies ? c->cap[0] + c->cap[1] + c->cap[2] + 1 : 0;
-  c->mask = 1023; /* then a load of at most 3/4 for min(ids, TAB_RESERVE_MAX) */
-  while ((c->mask + 1) * 3 < (ids < TAB_RESERVE_MAX ? ids : TAB_RESERVE_MAX) * 4)
+  uint64_t tab_ids = ids < TAB_RESERVE_MAX ? ids : TAB_RESERVE_MAX;
+  c->mask = 1023; /* then a load of at most 3/4 for tab_ids */
+  while ((c->mask + 1) * 3 < tab_ids * 4)
     c->mask = c->mask * 2 + 1;
   if ((c->tab = calloc(c->mask + 1, sizeof *c->tab)) == NULL)
     return KVP_ENOMEM;
