@@ -894,7 +894,11 @@ static void test_restart_replayed(void) {
   }
   ASSERT_EQ(s.restarts, 1u);
   ASSERT_GE(s.disconnects, 1u);
-  ASSERT_EQ(s.connects, s.disconnects + 1); /* the first, then one per loss */
+  /* the first handshake and the new publisher's; a connection lost before
+   * its handshake (the old publisher closing, the new one not bound yet)
+   * counts as a disconnect without a connect, so only an upper bound */
+  ASSERT_GE(s.connects, 2u);
+  ASSERT_LE(s.connects, s.disconnects + 1);
   ASSERT_EQ(held(f.ix, H, 3, KVP_TIER_COUNT_), 0u);
   ASSERT_EQ(held(f.ix, n3, 3, KVP_TIER_HBM), 3u);
   ASSERT_EQ(s.batches, 5u); /* 2 old + 3 new, each once */

@@ -295,7 +295,8 @@ typedef struct kvp_events_stats {
   uint64_t unknown_media;   /* events of a medium this version does not know */
   uint64_t stale;           /* live batches a resync overtook (not applied) */
   uint64_t connects;        /* SUB connections made (ZMTP handshakes done) */
-  uint64_t disconnects;     /* SUB connections lost (each makes a resync) */
+  uint64_t disconnects;     /* SUB connections lost (each makes a resync;
+                               one lost before its handshake counts too) */
   uint64_t replaying;       /* sources with a replay in flight now (gauge) */
   double lag_seconds;       /* wall clock - ts of the last batch applied */
   uint64_t reserved[2];
