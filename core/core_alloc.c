@@ -2,6 +2,7 @@
 /* The one allocation helper, UTF-8 validation and the version query. */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "core_internal.h"
 
@@ -65,6 +66,40 @@ void *kvp__realloc(const kvp_allocator *a, void *p, size_t old_size,
     kvp__free(a, p, old_size);
   }
   return q;
+}
+
+#define HUGE_PAGE ((size_t)2 << 20)
+
+bool kvp__allocator_libc(const kvp_allocator *a) {
+  return a == NULL || a->alloc == NULL || a->alloc == libc_alloc;
+}
+
+size_t kvp__huge_size(size_t bytes) {
+  if (bytes < HUGE_PAGE || bytes > SIZE_MAX - 2 * HUGE_PAGE)
+    return 0;
+  return ((bytes + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1)) + HUGE_PAGE;
+}
+
+void *kvp__huge_place(void *block, size_t bytes) {
+  uintptr_t a = ((uintptr_t)block + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1);
+#ifdef MADV_HUGEPAGE
+  size_t whole = (bytes + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
+  if (madvise((void *)a, whole, MADV_HUGEPAGE) == 0 &&
+      madvise((void *)a, whole, MADV_DONTNEED) == 0)
+    return (void *)a;
+#endif
+  memset((void *)a, 0, bytes); /* not memory that takes advice */
+  return (void *)a;
+}
+
+void *kvp__huge_calloc(size_t n, size_t size, void **block) {
+  size_t bytes, huge;
+  if (!kvp__mul_ok(n, size, &bytes))
+    return *block = NULL;
+  if ((huge = kvp__huge_size(bytes)) == 0)
+    return *block = calloc(bytes ? bytes : 1, 1);
+  *block = malloc(huge);
+  return *block != NULL ? kvp__huge_place(*block, bytes) : NULL;
 }
 
 bool kvp__utf8_valid(const char *str, size_t len) {

@@ -26,6 +26,24 @@ void kvp__free(const kvp_allocator *a, void *p, size_t size);
 void *kvp__realloc(const kvp_allocator *a, void *p, size_t old_size,
                    size_t new_size);
 
+/* Big arrays read at random, in 2 MiB pages.  For libc's memory only:
+ * allocate kvp__huge_size(bytes) with libc's malloc -- 0 when bytes is under
+ * 2 MiB (or too big): allocate as usual then -- and pass the block to
+ * kvp__huge_place, which returns where the bytes start (a 2 MiB boundary
+ * inside the block), zeroed.  The whole 2 MiB pages they lie in ask for
+ * transparent huge pages and are dropped first (MADV_DONTNEED: they read as
+ * zero and fault in huge, when first touched), since malloc may hand back
+ * pages it faulted in earlier as 4 KiB ones, which advice alone never makes
+ * huge.  Where madvise is refused the bytes are zeroed by hand.  Random
+ * reads then miss the TLB far less: under a hypervisor each miss walks two
+ * page tables.  Free the block, not the pointer returned.
+ * kvp__huge_calloc does both (calloc under 2 MiB); *block is what to free. */
+size_t kvp__huge_size(size_t bytes);
+void *kvp__huge_place(void *block, size_t bytes);
+void *kvp__huge_calloc(size_t n, size_t size, void **block);
+/* Whether a (resolved by kvp__allocator) is libc's own. */
+bool kvp__allocator_libc(const kvp_allocator *a);
+
 /* n * size without overflow; false on overflow. */
 static inline bool kvp__mul_ok(size_t n, size_t size, size_t *out) {
   return !__builtin_mul_overflow(n, size, out);

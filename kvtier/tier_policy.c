@@ -34,7 +34,8 @@ _Static_assert(KVP_CLASS_COUNT_ <= 4, "cls: 2 bits");
 
 /* The entries of one policy, or of up to three that share them. */
 typedef struct entries {
-  node *v;
+  node *v;   /* in the block raw (2 MiB pages: ids_calloc) */
+  void *raw;
   uint32_t cap;
   uint8_t refs, marks; /* policies using it; marks handed out */
 } entries;
@@ -48,7 +49,8 @@ struct tier_policy {
   uint8_t own;   /* this policy's mark in its entries */
   qlist small[KVP_CLASS_COUNT_], main[KVP_CLASS_COUNT_];
   uint64_t bytes, count;
-  uint32_t *ghost; /* direct-mapped set of ghost tags + 1 (0 = empty) */
+  uint32_t *ghost; /* direct-mapped set of ghost tags + 1 (0 = empty), */
+  void *ghost_raw; /* ... in this block (ids_calloc) */
   uint32_t ghost_mask;
 };
 
@@ -100,10 +102,30 @@ int kvp__tier_policy_create(kvp_tier_policy_kind kind, const kvp_allocator *allo
   return 0;
 }
 
+/* Arrays indexed by id are read at random, a line per operation: from
+ * libc's memory, those of 2 MiB or more lie in 2 MiB pages
+ * (kvp__huge_calloc).  ids_bytes: what the block of bytes took. */
+static size_t ids_bytes(const kvp_allocator *a, size_t bytes) {
+  size_t huge = kvp__allocator_libc(a) ? kvp__huge_size(bytes) : 0;
+  return huge ? huge : bytes;
+}
+
+static void *ids_calloc(const kvp_allocator *a, size_t bytes, void **raw) {
+  if (kvp__allocator_libc(a))
+    return kvp__huge_calloc(bytes, 1, raw);
+  return *raw = kvp__calloc(a, bytes, 1);
+}
+
+static void ghost_free(tier_policy *p) {
+  if (p->ghost != NULL)
+    kvp__free(&p->a, p->ghost_raw,
+              ids_bytes(&p->a, ((size_t)p->ghost_mask + 1) * sizeof *p->ghost));
+}
+
 static void entries_drop(tier_policy *p) {
   if (--p->e->refs > 0)
     return;
-  kvp__free(&p->a, p->e->v, (size_t)p->e->cap * sizeof(node));
+  kvp__free(&p->a, p->e->raw, ids_bytes(&p->a, (size_t)p->e->cap * sizeof(node)));
   kvp__free(&p->a, p->e, sizeof *p->e);
 }
 
@@ -111,20 +133,22 @@ void kvp__tier_policy_destroy(tier_policy *p) {
   if (p == NULL)
     return;
   entries_drop(p);
-  kvp__free(&p->a, p->ghost, p->ghost ? ((size_t)p->ghost_mask + 1) * 4 : 0);
+  ghost_free(p);
   kvp__free(&p->a, p, sizeof *p);
 }
 
 /* Ids 0..ncap-1 usable (ncap > e->cap); new ones untracked (Q_NONE is 0). */
 static int resize(tier_policy *p, uint32_t ncap) {
   entries *e = p->e;
-  node *n = kvp__calloc(&p->a, ncap, sizeof(node));
+  void *raw;
+  node *n = ids_calloc(&p->a, (size_t)ncap * sizeof(node), &raw);
   if (n == NULL)
     return KVP_ENOMEM;
   if (e->v != NULL)
     memcpy(n, e->v, (size_t)e->cap * sizeof(node));
-  kvp__free(&p->a, e->v, (size_t)e->cap * sizeof(node));
+  kvp__free(&p->a, e->raw, ids_bytes(&p->a, (size_t)e->cap * sizeof(node)));
   e->v = n;
+  e->raw = raw;
   e->cap = ncap;
   return 0;
 }
@@ -137,11 +161,13 @@ static int ghost_fit(tier_policy *p) {
   while (gsz < p->span && gsz < (1u << TAG_BITS))
     gsz *= 2;
   if (p->ghost == NULL || gsz > p->ghost_mask + 1) {
-    uint32_t *g = kvp__calloc(&p->a, gsz, sizeof *g);
+    void *raw;
+    uint32_t *g = ids_calloc(&p->a, (size_t)gsz * sizeof *g, &raw);
     if (g == NULL)
       return KVP_ENOMEM;
-    kvp__free(&p->a, p->ghost, p->ghost ? ((size_t)p->ghost_mask + 1) * 4 : 0);
+    ghost_free(p);
     p->ghost = g; /* old ghosts are forgotten: a hint, not state */
+    p->ghost_raw = raw;
     p->ghost_mask = gsz - 1;
   }
   return 0;

@@ -9,38 +9,25 @@
  * transparent huge pages (libc allocator only).  Readers probe with acquire
  * loads (tab_get in index_impl.h); writers hold the owner's lock and publish
  * a replaced table by one release store, the old one retired. */
-#include <sys/mman.h>
+#include <stdlib.h>
 
 #include "index_impl.h"
-
-#define HUGE_BYTES (2u << 20)
-
-/* Big tables are read at random: 2 MiB pages spare most TLB misses.  Only
- * for libc's memory, whose large blocks are private anonymous mappings. */
-static void advise_huge(const kvp_index *ix, void *p, size_t size) {
-#ifdef MADV_HUGEPAGE
-  if (!ix->default_alloc || size < (size_t)HUGE_BYTES)
-    return;
-  uintptr_t a = ((uintptr_t)p + HUGE_BYTES - 1) & ~(uintptr_t)(HUGE_BYTES - 1);
-  uintptr_t e = ((uintptr_t)p + size) & ~(uintptr_t)(HUGE_BYTES - 1);
-  if (e > a)
-    (void)madvise((void *)a, e - a, MADV_HUGEPAGE);
-#else
-  (void)ix, (void)p, (void)size;
-#endif
-}
 
 ktab *kvp__tab_new(kvp_index *ix, uint64_t nbuckets) {
   size_t bytes, size;
   if (!kvp__mul_ok(nbuckets, BUCKET_SLOTS * sizeof(kslot), &bytes) ||
       __builtin_add_overflow(bytes, sizeof(ktab) + 63, &size))
     return NULL;
-  ktab *t = ix_calloc(ix, size); /* FP_EMPTY, holder 0 */
+  /* big tables in 2 MiB pages (kvp__huge_place), from libc's memory only */
+  size_t huge = ix->default_alloc ? kvp__huge_size(bytes) : 0;
+  if (huge != 0 && __builtin_add_overflow(huge, sizeof(ktab), &size))
+    return NULL;
+  ktab *t = huge ? ix_alloc(ix, size) : ix_calloc(ix, size);
   if (t == NULL)
     return NULL;
-  advise_huge(ix, align64(t + 1), bytes); /* before the pages are touched */
   t->nbuckets = nbuckets;
-  t->slots = align64(t + 1);
+  t->slots = huge ? kvp__huge_place(t + 1, bytes) : align64(t + 1); /* zeroed:
+                                                   FP_EMPTY, holder 0 */
   t->live = t->tomb = 0;
   t->raw_size = size;
   return t;

@@ -61,8 +61,9 @@ done < <(find core -name '*.[ch]' -print0
          done)
 # The harness (kvplane-bench: bench/harness*) is a client too, except that its
 # simulator links the module internals its CMake target names
-# (bench/CMakeLists.txt, kvp_harness): kvtier's placement header alone.
-harness_internals="kvtier_place.h"
+# (bench/CMakeLists.txt, kvp_harness): kvtier's placement header and core's
+# helpers.
+harness_internals="kvtier_place.h core_internal.h"
 while IFS= read -r -d '' f; do
   while IFS= read -r inc; do
     case "$inc" in

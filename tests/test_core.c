@@ -2,6 +2,9 @@
 /* core: error table, allocator hooks, logging, clock, histogram accuracy. */
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "core_internal.h"
 #include "test_harness.h"
@@ -63,6 +66,83 @@ TEST(allocator_hooks) {
   size_t out;
   ASSERT_FALSE(kvp__mul_ok(SIZE_MAX / 2, 3, &out));
   ASSERT_NULL(kvp__calloc(NULL, SIZE_MAX / 2, 3));
+}
+
+/* AnonHugePages (KiB) of the mapping holding p, from /proc/self/smaps;
+ * -1 when it cannot be read. */
+static long anon_huge_kb(const void *p) {
+  FILE *f = fopen("/proc/self/smaps", "r");
+  if (f == NULL)
+    return -1;
+  char line[512];
+  long kb = -1;
+  bool in = false;
+  while (fgets(line, sizeof line, f) != NULL) {
+    unsigned long lo, hi;
+    if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2) /* a mapping's first line */
+      in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+    else if (in && sscanf(line, "AnonHugePages: %ld kB", &kb) == 1)
+      break;
+  }
+  fclose(f);
+  return kb;
+}
+
+/* Whether the kernel gives transparent huge pages to memory that asks. */
+static bool thp_on_advice(void) {
+  FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+  char buf[128] = "";
+  if (f == NULL)
+    return false;
+  bool ok = fgets(buf, sizeof buf, f) != NULL && strstr(buf, "[never]") == NULL;
+  fclose(f);
+  return ok;
+}
+
+/* kvp__huge_calloc: zeroed even where malloc hands back dirty memory, on a
+ * 2 MiB boundary from 2 MiB up, calloc's below; overflow refused; the pages
+ * are huge where the kernel offers them on advice. */
+TEST(huge_calloc) {
+  const size_t mib = (size_t)1 << 20;
+  ASSERT_EQ(kvp__huge_size(2 * mib - 1), 0u);
+  ASSERT_EQ(kvp__huge_size(2 * mib), 4 * mib);
+  ASSERT_EQ(kvp__huge_size(2 * mib + 1), 6 * mib);
+  ASSERT_EQ(kvp__huge_size(SIZE_MAX - mib), 0u);
+  void *raw;
+  ASSERT_NULL(kvp__huge_calloc(SIZE_MAX / 2, 3, &raw));
+  ASSERT_NULL(raw);
+  for (int round = 0; round < 4; round++) {
+    size_t bytes = round < 2 ? 9 * mib + 4096 * (size_t)round : mib + 123;
+    unsigned char *p;
+    if (round % 2 == 0) { /* a block malloc faulted in already: dirty */
+      size_t size = kvp__huge_size(bytes) ? kvp__huge_size(bytes) : bytes;
+      raw = malloc(size);
+      ASSERT_NOT_NULL(raw);
+      memset(raw, 0xa5, size);
+      p = kvp__huge_size(bytes) ? kvp__huge_place(raw, bytes) : raw;
+      if (p == raw)
+        memset(p, 0, bytes); /* what the caller does under 2 MiB */
+    } else {
+      p = kvp__huge_calloc(bytes, 1, &raw);
+    }
+    ASSERT_NOT_NULL(p);
+    ASSERT_TRUE((unsigned char *)raw <= p);
+    if (bytes >= 2 * mib) {
+      ASSERT_EQ((uintptr_t)p % (2 * mib), 0u);
+      ASSERT_TRUE(p + bytes <= (unsigned char *)raw + kvp__huge_size(bytes));
+    }
+    size_t nonzero = 0;
+    for (size_t i = 0; i < bytes; i++)
+      nonzero += p[i] != 0;
+    ASSERT_EQ(nonzero, 0u);
+    memset(p, 0x5a, bytes); /* all of it is ours */
+    if (bytes >= 2 * mib && thp_on_advice()) {
+      long kb = anon_huge_kb(p);
+      if (kb >= 0)
+        ASSERT_GE(kb, 2048); /* at least one huge page */
+    }
+    free(raw);
+  }
 }
 
 TEST(utf8) {
@@ -189,6 +269,7 @@ TEST(hist_edges_and_merge) {
 }
 
 TEST_MAIN(TEST_ENTRY(error_table), TEST_ENTRY(version),
-          TEST_ENTRY(allocator_hooks), TEST_ENTRY(utf8), TEST_ENTRY(logging),
+          TEST_ENTRY(allocator_hooks), TEST_ENTRY(huge_calloc),
+          TEST_ENTRY(utf8), TEST_ENTRY(logging),
           TEST_ENTRY(clock_monotonic), TEST_ENTRY(hist_accuracy_random),
           TEST_ENTRY(hist_edges_and_merge))

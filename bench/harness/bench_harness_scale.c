@@ -17,10 +17,10 @@
  * then not counted (caches shared with other jobs still are).  A second
  * table gives each policy's simulated work per request (index block
  * updates) and its slowdown per unit of that work, a third its page faults
- * and kernel CPU per request.  A policy's simulation
- * shorter than 10 s is repeated (9 runs at most) and its median rate
- * printed: short runs are the noisy ones (--quick: one run each, the
- * smoke test bench_harness_scale_quick).  The first factor (the baseline)
+ * and kernel CPU per request.  A policy's simulation runs 3 times at
+ * every factor, and more while those add up to less than 10 s (9 runs at
+ * most), and its median rate is printed: short runs are the noisy ones
+ * (--quick: one run each, the smoke test bench_harness_scale_quick).  The first factor (the baseline)
  * is run again after each larger one, its trace kept, and its median over
  * all those runs is the baseline: memory bandwidth on a shared machine
  * drifts over the minutes a 20x replay takes. */
@@ -176,6 +176,7 @@ static int cmp_prun(const void *a, const void *b) {
 }
 
 #define REPEAT_S 10.0
+#define REPEAT_MIN 3 /* every factor: its first run alone pays the faults */
 #define REPEAT_MAX 9
 
 /* A policy's runs at one factor (the first factor's: before and after
@@ -198,17 +199,19 @@ static prun runs_median(const runs *r) {
   return m;
 }
 
-/* One policy at one factor, its runs appended to *out.  A run shorter than
- * REPEAT_S is repeated (REPEAT_MAX runs at most): a one-second
- * simulation's rate moved by up to 50 % from one run to the next on a
- * shared machine.  Repeats reuse the memory the first run faulted in
- * (freed pages are kept), so a repeated factor's median run pays few page
- * faults; the fault columns say so. */
+/* One policy at one factor, its runs appended to *out: REPEAT_MIN runs,
+ * and more while they add up to less than REPEAT_S (REPEAT_MAX runs at
+ * most): a one-second simulation's rate moved by up to 50 % from one run
+ * to the next on a shared machine, a 20x one's by 20 %.  Repeats reuse the
+ * memory the first run faulted in (freed pages are kept), so the median
+ * run pays few page faults, at every factor alike (as kvplane-bench run
+ * replaying several policies in one process does); the fault columns say
+ * so. */
 static int run_policy(const opts *o, const bh_trace *t, const bh_sim_opts *so,
                       runs *out) {
   double secs = 0;
   int most = o->quick ? 1 : REPEAT_MAX;
-  for (int k = 0; k < most && (k == 0 || secs < REPEAT_S); k++) {
+  for (int k = 0; k < most && (k < REPEAT_MIN || secs < REPEAT_S); k++) {
     bh_result r;
     char err[512];
     struct rusage u0, u1;

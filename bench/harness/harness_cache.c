@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "harness_cache.h"
+#include "core_internal.h"
 
 #define NONE BH_NONE
 typedef bh_cache cache;
@@ -43,11 +44,15 @@ int bh_cache_init(cache *c, const bh_cluster *cl, bool policies) {
   c->mask = 1023; /* then a load of at most 3/4 for tab_ids */
   while ((c->mask + 1) * 3 < tab_ids * 4)
     c->mask = c->mask * 2 + 1;
-  if ((c->tab = calloc(c->mask + 1, sizeof *c->tab)) == NULL)
+  /* the table and the nodes are read at random, a line per block: 2 MiB
+   * pages when they are that big (kvp__huge_calloc) */
+  c->tab = kvp__huge_calloc(c->mask + 1, sizeof *c->tab, &c->tab_raw);
+  if (c->tab == NULL)
     return KVP_ENOMEM;
   if (policies) {
     ids = ids < RESERVE_MAX ? ids : RESERVE_MAX;
-    if ((c->nodes = malloc(ids * sizeof *c->nodes)) == NULL)
+    c->nodes = kvp__huge_calloc(ids, sizeof *c->nodes, &c->nodes_raw);
+    if (c->nodes == NULL)
       return KVP_ENOMEM;
     c->cap_nodes = (uint32_t)ids;
     tier_cascade_opts co = {.with_policy = 7, .ids = (uint32_t)ids,
@@ -70,8 +75,8 @@ int bh_cache_init(cache *c, const bh_cluster *cl, bool policies) {
 }
 
 void bh_cache_free(cache *c) {
-  free(c->tab);
-  free(c->nodes);
+  free(c->tab_raw);
+  free(c->nodes_raw);
   kvp__tier_cascade_destroy(c->cas);
 }
 
@@ -144,7 +149,8 @@ static int tab_grow(cache *c) {
   size_t nm = c->mask * 2 + 1;
   if (nm > UINT32_MAX)
     return KVP_ENOMEM;
-  slot *nt = calloc(nm + 1, sizeof *nt);
+  void *raw;
+  slot *nt = kvp__huge_calloc(nm + 1, sizeof *nt, &raw);
   if (nt == NULL)
     return KVP_ENOMEM;
   for (size_t i = 0; i <= c->mask; i++) {
@@ -156,8 +162,9 @@ static int tab_grow(cache *c) {
       j = (j + 1) & nm;
     nt[j] = v;
   }
-  free(c->tab);
+  free(c->tab_raw);
   c->tab = nt;
+  c->tab_raw = raw;
   c->mask = nm;
   return 0;
 }
@@ -229,9 +236,19 @@ int bh_cache_node_new(cache *c, kvp_key k, uint32_t *out) {
   } else {
     if (c->n_nodes == c->cap_nodes) {
       uint32_t nc = c->cap_nodes ? c->cap_nodes * 2 : 1024;
-      node *nn = realloc(c->nodes, (size_t)nc * sizeof *nn);
-      if (nn == NULL)
-        return KVP_ENOMEM;
+      node *nn;
+      if (c->nodes_raw == c->nodes) { /* malloc's own: may grow in place */
+        if ((nn = realloc(c->nodes, (size_t)nc * sizeof *nn)) == NULL)
+          return KVP_ENOMEM;
+        c->nodes_raw = nn;
+      } else { /* in 2 MiB pages (past RESERVE_MAX) */
+        void *raw;
+        if ((nn = kvp__huge_calloc(nc, sizeof *nn, &raw)) == NULL)
+          return KVP_ENOMEM;
+        memcpy(nn, c->nodes, (size_t)c->cap_nodes * sizeof *nn);
+        free(c->nodes_raw);
+        c->nodes_raw = raw;
+      }
       c->nodes = nn;
       c->cap_nodes = nc;
     }

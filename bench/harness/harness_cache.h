@@ -55,6 +55,7 @@ typedef struct bh_cache {
   bh_cache_slot *tab; /* open addressing, linear probing */
   size_t mask, used;
   bh_cache_node *nodes;
+  void *tab_raw, *nodes_raw; /* the blocks tab and nodes lie in */
   uint32_t n_nodes, cap_nodes, free_list;
   tier_cascade *cas; /* kvtier's placement: a policy per tier and the NVMe
                         gate (or none: every demotion is written); NULL: no

@@ -25,6 +25,7 @@
 
 #include "harness.h"
 #include "harness_cache.h"
+#include "core_internal.h"
 
 #define NONE UINT32_MAX
 
@@ -241,7 +242,8 @@ struct sim {
   kvp_key *pend_keys;
   size_t pend_nkeys, pend_kcap;
   /* global "ever cached" fingerprints, for miss causes */
-  uint64_t *seen;
+  uint64_t *seen;  /* ... in the block seen_raw */
+  void *seen_raw;
   size_t seen_mask, seen_n;
   uint8_t *tiers; /* scratch: tier of each matched block */
   uint32_t *found; /* scratch: its node (a hint for bh_cache_to_hbm_at) */
@@ -331,7 +333,8 @@ static void seen_prefetch(const struct sim *s, uint64_t fp) {
 static int seen_add(struct sim *s, uint64_t fp) {
   if ((s->seen_n + 1) * 2 > s->seen_mask + 1) {
     size_t nm = s->seen_mask * 2 + 1;
-    uint64_t *ns = calloc(nm + 1, sizeof *ns);
+    void *raw;
+    uint64_t *ns = kvp__huge_calloc(nm + 1, sizeof *ns, &raw);
     if (ns == NULL)
       return KVP_ENOMEM;
     for (size_t i = 0; i <= s->seen_mask; i++)
@@ -341,8 +344,9 @@ static int seen_add(struct sim *s, uint64_t fp) {
           j = (j + 1) & nm;
         ns[j] = s->seen[i];
       }
-    free(s->seen);
+    free(s->seen_raw);
     s->seen = ns;
+    s->seen_raw = raw;
     s->seen_mask = nm;
   }
   fp |= 1;
@@ -978,7 +982,7 @@ static int sim_setup(struct sim *s, const bh_trace *t, const bh_sim_opts *o,
     return KVP_ENOMEM;
   memset(s->sess_last, 0xff, (t->n_names + 1) * sizeof *s->sess_last);
   s->seen_mask = 4095;
-  s->seen = calloc(s->seen_mask + 1, sizeof *s->seen);
+  s->seen = s->seen_raw = calloc(s->seen_mask + 1, sizeof *s->seen);
   uint32_t maxb = 1;
   for (size_t i = 0; i < n; i++)
     if (t->reqs[i].n_blocks > maxb)
@@ -1047,7 +1051,7 @@ static void sim_teardown(struct sim *s) {
   free(s->prev_req);
   free(s->sess_last);
   free(s->q_seen);
-  free(s->seen);
+  free(s->seen_raw);
   free(s->pend);
   free(s->pend_keys);
   free(s->tiers);
