@@ -5,12 +5,11 @@
  * leaves a tombstone unless no probe path crosses its slot (see
  * kvp__slot_kill).  A table is rebuilt (x1.4 when growing) when live +
  * tombstones pass 7/8 of its slots, to 5/8, so the load stays in
- * [0.625, 0.875]: ~21 bytes per key.  Tables of 2 MiB or more ask for
- * transparent huge pages (libc allocator only).  Readers probe with acquire
+ * [0.625, 0.875]: ~21 bytes per key.  Tables of 2 MiB or more lie in 2 MiB
+ * pages (libc allocator only: kvp__huge_place, which also turns pages
+ * malloc faulted in before into huge ones).  Readers probe with acquire
  * loads (tab_get in index_impl.h); writers hold the owner's lock and publish
  * a replaced table by one release store, the old one retired. */
-#include <stdlib.h>
-
 #include "index_impl.h"
 
 ktab *kvp__tab_new(kvp_index *ix, uint64_t nbuckets) {
@@ -26,8 +25,8 @@ ktab *kvp__tab_new(kvp_index *ix, uint64_t nbuckets) {
   if (t == NULL)
     return NULL;
   t->nbuckets = nbuckets;
-  t->slots = huge ? kvp__huge_place(t + 1, bytes) : align64(t + 1); /* zeroed:
-                                                   FP_EMPTY, holder 0 */
+  /* zeroed either way: FP_EMPTY, holder 0 */
+  t->slots = huge ? kvp__huge_place(t + 1, bytes) : align64(t + 1);
   t->live = t->tomb = 0;
   t->raw_size = size;
   return t;

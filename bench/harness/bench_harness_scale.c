@@ -317,7 +317,7 @@ int main(int argc, char **argv) {
   opts o;
   if (parse(argc, argv, &o) < 0)
     return 2;
-  bh_keep_freed_pages(); /* as kvplane-bench run does */
+  bh_batch_memory(); /* as kvplane-bench run does */
   printf("simulated requests/s%s of %s replayed at 1x..%ux (workers %s)\n",
          o.cpu ? " (per CPU second)" : "", o.trace, o.factor[o.n_factors - 1],
          o.workers ? "fixed" : "auto");

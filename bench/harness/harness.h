@@ -231,13 +231,19 @@ void bh_cluster_defaults(bh_cluster *c);
 /* Derives the block capacities from GB for the trace's block size. */
 int bh_cluster_resolve(bh_cluster *c, uint32_t block_size);
 /* For batch simulations (run, sweep, bench_harness_scale; not the engine
- * or live, which run for days): jemalloc keeps the pages of freed memory
- * instead of returning them to the kernel after its 10 s decay.  A large
- * simulation frees and allocates GBs as its tables grow; each page given
- * back and taken again is a page fault and a zeroed page (on this VM
- * 2-8 us apiece, ~10 % of a 20x run's CPU).  The peak footprint is the
- * same; a no-op where malloc is not jemalloc (sanitizer builds). */
-void bh_keep_freed_pages(void);
+ * or live, which run for days):
+ * - jemalloc keeps the pages of freed memory instead of returning them to
+ *   the kernel after its 10 s decay.  A large simulation frees and
+ *   allocates GBs as its tables grow; each page given back and taken again
+ *   is a page fault and a zeroed page (on this VM 2-8 us apiece, ~10 % of a
+ *   20x run's CPU).  The peak footprint is the same; a no-op where malloc
+ *   is not jemalloc (sanitizer builds).
+ * - The simulated workers' cache tables and node arrays and the "ever
+ *   cached" set, read at random a line per block, lie in 2 MiB pages when
+ *   they are that big (bh_big_calloc).  Not in the engine: a huge page's
+ *   first touch zeroes 2 MiB at once, a stall its real-time timing would
+ *   show. */
+void bh_batch_memory(void);
 int bh_sim_run(const bh_trace *t, const bh_sim_opts *o, bh_result *r,
                char *err, size_t cap);
 void bh_result_free(bh_result *r);

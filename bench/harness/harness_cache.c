@@ -30,6 +30,14 @@ static tier_admit *gate_of(const cache *c) {
 
 #define TAB_RESERVE_MAX (1u << 18) /* ... and the table sized for this many */
 
+bool bh_huge_arrays;
+
+void *bh_big_calloc(size_t n, size_t size, void **raw) {
+  if (bh_huge_arrays)
+    return kvp__huge_calloc(n, size, raw);
+  return *raw = calloc(n ? n : 1, size);
+}
+
 int bh_cache_init(cache *c, const bh_cluster *cl, bool policies) {
   memset(c, 0, sizeof *c);
   c->free_list = NONE;
@@ -45,13 +53,13 @@ int bh_cache_init(cache *c, const bh_cluster *cl, bool policies) {
   while ((c->mask + 1) * 3 < tab_ids * 4)
     c->mask = c->mask * 2 + 1;
   /* the table and the nodes are read at random, a line per block: 2 MiB
-   * pages when they are that big (kvp__huge_calloc) */
-  c->tab = kvp__huge_calloc(c->mask + 1, sizeof *c->tab, &c->tab_raw);
+   * pages when they are that big, in batch simulations (bh_big_calloc) */
+  c->tab = bh_big_calloc(c->mask + 1, sizeof *c->tab, &c->tab_raw);
   if (c->tab == NULL)
     return KVP_ENOMEM;
   if (policies) {
     ids = ids < RESERVE_MAX ? ids : RESERVE_MAX;
-    c->nodes = kvp__huge_calloc(ids, sizeof *c->nodes, &c->nodes_raw);
+    c->nodes = bh_big_calloc(ids, sizeof *c->nodes, &c->nodes_raw);
     if (c->nodes == NULL)
       return KVP_ENOMEM;
     c->cap_nodes = (uint32_t)ids;
@@ -150,7 +158,7 @@ static int tab_grow(cache *c) {
   if (nm > UINT32_MAX)
     return KVP_ENOMEM;
   void *raw;
-  slot *nt = kvp__huge_calloc(nm + 1, sizeof *nt, &raw);
+  slot *nt = bh_big_calloc(nm + 1, sizeof *nt, &raw);
   if (nt == NULL)
     return KVP_ENOMEM;
   for (size_t i = 0; i <= c->mask; i++) {
@@ -243,7 +251,7 @@ int bh_cache_node_new(cache *c, kvp_key k, uint32_t *out) {
         c->nodes_raw = nn;
       } else { /* in 2 MiB pages (past RESERVE_MAX) */
         void *raw;
-        if ((nn = kvp__huge_calloc(nc, sizeof *nn, &raw)) == NULL)
+        if ((nn = bh_big_calloc(nc, sizeof *nn, &raw)) == NULL)
           return KVP_ENOMEM;
         memcpy(nn, c->nodes, (size_t)c->cap_nodes * sizeof *nn);
         free(c->nodes_raw);

@@ -51,6 +51,12 @@ typedef struct bh_cache_slot {
   uint32_t h;   /* bh_cache_hash32 of the key: home = h & mask (< 2^32) */
 } bh_cache_slot;
 
+/* n zeroed elements of size bytes, *raw the block to free: in 2 MiB pages
+ * (kvp__huge_calloc) when bh_huge_arrays is set (bh_batch_memory) and
+ * they are that big, else calloc's. */
+extern bool bh_huge_arrays;
+void *bh_big_calloc(size_t n, size_t size, void **raw);
+
 typedef struct bh_cache {
   bh_cache_slot *tab; /* open addressing, linear probing */
   size_t mask, used;

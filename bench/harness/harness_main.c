@@ -773,7 +773,7 @@ static int write_reports(const cli *c, const bh_run *runs, size_t n) {
 static int cmd_run(cli *c, const char **pos, int n_pos) {
   if (n_pos == 0)
     return die_usage("no trace given", NULL);
-  bh_keep_freed_pages();
+  bh_batch_memory();
   bh_trace *traces = calloc((size_t)n_pos, sizeof *traces);
   bh_run *runs = calloc((size_t)n_pos, sizeof *runs);
   bh_cluster *cls = calloc((size_t)n_pos, sizeof *cls);
@@ -1071,7 +1071,7 @@ static int cmd_sweep(cli *c, const char **pos, int n_pos) {
       return die_usage("bad --param", c->param[np]);
   if (np == 1)
     ps[1] = (sweep_param){"-", {0}, 1};
-  bh_keep_freed_pages();
+  bh_batch_memory();
   bh_trace t;
   if (load_trace(c, pos[0], &t) < 0)
     return 1;

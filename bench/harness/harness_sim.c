@@ -25,7 +25,6 @@
 
 #include "harness.h"
 #include "harness_cache.h"
-#include "core_internal.h"
 
 #define NONE UINT32_MAX
 
@@ -334,7 +333,7 @@ static int seen_add(struct sim *s, uint64_t fp) {
   if ((s->seen_n + 1) * 2 > s->seen_mask + 1) {
     size_t nm = s->seen_mask * 2 + 1;
     void *raw;
-    uint64_t *ns = kvp__huge_calloc(nm + 1, sizeof *ns, &raw);
+    uint64_t *ns = bh_big_calloc(nm + 1, sizeof *ns, &raw);
     if (ns == NULL)
       return KVP_ENOMEM;
     for (size_t i = 0; i <= s->seen_mask; i++)
@@ -1137,7 +1136,8 @@ static void summarize(struct sim *s) {
     se->hit[b] = s->s_prompt[b] > 0 ? s->s_reused[b] / s->s_prompt[b] : NAN;
 }
 
-void bh_keep_freed_pages(void) {
+void bh_batch_memory(void) {
+  bh_huge_arrays = true;
   ssize_t never = -1; /* decay time -1: freed pages are never purged */
   (void)mallctl("arenas.dirty_decay_ms", NULL, NULL, &never, sizeof never);
   (void)mallctl("arenas.muzzy_decay_ms", NULL, NULL, &never, sizeof never);
