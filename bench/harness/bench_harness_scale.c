@@ -20,10 +20,14 @@
  * and kernel CPU per request.  A policy's simulation runs 3 times at
  * every factor, and more while those add up to less than 10 s (9 runs at
  * most), and its median rate is printed: short runs are the noisy ones
- * (--quick: one run each, the smoke test bench_harness_scale_quick).  The first factor (the baseline)
- * is run again after each larger one, its trace kept, and its median over
- * all those runs is the baseline: memory bandwidth on a shared machine
- * drifts over the minutes a 20x replay takes. */
+ * (--quick: one run each, the smoke test bench_harness_scale_quick).  The
+ * first factor (the baseline) is run again after each run of a larger one,
+ * its trace kept: memory bandwidth on a shared machine drifts over the
+ * minutes a 20x replay takes.  Three slowdowns are printed: all runs'
+ * requests over all their seconds, the ratio of medians per policy, and
+ * (the headline, and what --check tests) "paired": each larger-factor run
+ * against the baseline runs just before and after it, the median of those
+ * ratios. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -162,6 +166,7 @@ static double thread_cpu_s(void) {
 /* One policy at one factor's run: rates and what the kernel took. */
 typedef struct prun {
   double rps;    /* requests per second (CPU or wall) */
+  double req, s; /* requests, seconds */
   double faults; /* page faults per request (this thread's) */
   double sys_us; /* kernel CPU microseconds per request (faults, mostly) */
 } prun;
@@ -178,11 +183,12 @@ static int cmp_prun(const void *a, const void *b) {
 #define REPEAT_S 10.0
 #define REPEAT_MIN 3 /* every factor: its first run alone pays the faults */
 #define REPEAT_MAX 9
+#define RUNS_MAX (REPEAT_MAX * (1 + REPEAT_MIN * MAX_F))
 
 /* A policy's runs at one factor (the first factor's: before and after
  * each larger one). */
 typedef struct runs {
-  prun v[REPEAT_MAX * MAX_F];
+  prun v[RUNS_MAX];
   int n;
   double work;   /* simulated work per request */
   double req, s; /* requests and seconds simulated, all runs */
@@ -190,7 +196,7 @@ typedef struct runs {
 
 /* The median run by rate (the mean of the middle two's rates). */
 static prun runs_median(const runs *r) {
-  prun v[REPEAT_MAX * MAX_F];
+  prun v[RUNS_MAX];
   memcpy(v, r->v, (size_t)r->n * sizeof v[0]);
   qsort(v, (size_t)r->n, sizeof v[0], cmp_prun);
   prun m = v[r->n / 2];
@@ -199,19 +205,21 @@ static prun runs_median(const runs *r) {
   return m;
 }
 
-/* One policy at one factor, its runs appended to *out: REPEAT_MIN runs,
- * and more while they add up to less than REPEAT_S (REPEAT_MAX runs at
- * most): a one-second simulation's rate moved by up to 50 % from one run
- * to the next on a shared machine, a 20x one's by 20 %.  Repeats reuse the
- * memory the first run faulted in (freed pages are kept), so the median
- * run pays few page faults, at every factor alike (as kvplane-bench run
- * replaying several policies in one process does); the fault columns say
- * so. */
+/* One policy at one factor, its runs appended to *out: `least` runs, and
+ * more while they add up to less than REPEAT_S (REPEAT_MAX runs at most;
+ * one with --quick): a one-second simulation's rate moved by up to 50 %
+ * from one run to the next on a shared machine, a 20x one's by 20 %.
+ * Repeats reuse the memory the first run faulted in (freed pages are
+ * kept), so the median run pays few page faults, at every factor alike (as
+ * kvplane-bench run replaying several policies in one process does); the
+ * fault columns say so. */
 static int run_policy(const opts *o, const bh_trace *t, const bh_sim_opts *so,
-                      runs *out) {
+                      int least, runs *out) {
   double secs = 0;
   int most = o->quick ? 1 : REPEAT_MAX;
-  for (int k = 0; k < most && (k < REPEAT_MIN || secs < REPEAT_S); k++) {
+  for (int k = 0; k < most && (k < least || secs < REPEAT_S) &&
+                  out->n < RUNS_MAX;
+       k++) {
     bh_result r;
     char err[512];
     struct rusage u0, u1;
@@ -227,6 +235,8 @@ static int run_policy(const opts *o, const bh_trace *t, const bh_sim_opts *so,
     double nreq = r.requests ? (double)r.requests : 1;
     out->v[out->n++] = (prun){
         .rps = (double)r.requests / sec,
+        .req = (double)r.requests,
+        .s = sec,
         .faults = (double)(u1.ru_minflt - u0.ru_minflt) / nreq,
         .sys_us = (tv_s(u1.ru_stime) - tv_s(u0.ru_stime)) * 1e6 / nreq};
     out->work = r.requests ? (double)r.event_blocks / (double)r.requests : 0;
@@ -255,15 +265,31 @@ static int factor_load(const opts *o, uint32_t k, factor *f) {
   return rc;
 }
 
-/* Every policy at factor f, its runs appended to r[]. */
-static int factor_run(const opts *o, factor *f, runs *r) {
+/* Every policy at factor f, its runs appended to r[] (`least` each). */
+static int factor_run(const opts *o, factor *f, int least, runs *r) {
   for (size_t p = 0; p < o->n_policies; p++) {
     f->so.policy = o->policy[p];
-    int rc = run_policy(o, &f->t, &f->so, &r[p]);
+    int rc = run_policy(o, &f->t, &f->so, least, &r[p]);
     if (rc < 0)
       return rc;
   }
   return 0;
+}
+
+/* Requests per second over r[p]'s runs from[p] .. to[p] - 1, all policies
+ * together (NULL from/to: all runs). */
+static double runs_span(const opts *o, const runs *r, const int *from,
+                        const int *to) {
+  double req = 0, s = 0;
+  for (size_t p = 0; p < o->n_policies; p++)
+    for (int k = from ? from[p] : 0; k < (to ? to[p] : r[p].n); k++)
+      req += r[p].v[k].req, s += r[p].v[k].s;
+  return s > 0 ? req / s : 0;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
 }
 
 /* Requests per second over all of r[]'s runs. */
@@ -324,31 +350,51 @@ int main(int argc, char **argv) {
   printf("%7s %9s %7s", "factor", "requests", "workers");
   for (size_t p = 0; p < o.n_policies; p++)
     printf(" %13.13s", bh_policy_name(o.policy[p]));
-  printf(" %12s %9s\n", "all", "slowdown");
+  printf(" %12s %9s %9s\n", "all", "slowdown", "paired");
   /* The first factor is measured before the others and again after each
-   * one (its trace kept): on a shared machine the speed of memory drifts
-   * over the minutes a large factor takes, and the median of runs on both
-   * sides of it is a baseline measured side by side. */
+   * run of a larger one (its trace kept): on a shared machine the speed of
+   * memory drifts over the minutes a large factor takes.  A larger
+   * factor's run k is paired with the baseline runs just before and just
+   * after it (a minute or less apart); the paired slowdown is the median
+   * of those runs' ratios, next to the ratio of all runs and of medians. */
   static runs base[BH_POLICY_COUNT], cur[BH_POLICY_COUNT];
   prun pr[MAX_F][BH_POLICY_COUNT];
   double work[MAX_F][BH_POLICY_COUNT];
-  double worst = 0;
+  double worst = 0, worst_all = 0;
+  int least = o.quick ? 1 : REPEAT_MIN;
   factor f0;
-  if (factor_load(&o, o.factor[0], &f0) < 0 || factor_run(&o, &f0, base) < 0)
+  if (factor_load(&o, o.factor[0], &f0) < 0 ||
+      factor_run(&o, &f0, least, base) < 0)
     return 1;
+  int before[BH_POLICY_COUNT] = {0}; /* the baseline window before a run */
   for (size_t f = 0; f < o.n_factors; f++) {
     runs *r = f == 0 ? base : cur;
     size_t nreq = f0.t.n_reqs;
     uint32_t nw = f0.so.cl.workers;
+    double pair[REPEAT_MIN];
+    int npair = 0;
     if (f > 0) {
       factor fk;
       memset(cur, 0, sizeof cur);
-      if (factor_load(&o, o.factor[f], &fk) < 0 || factor_run(&o, &fk, cur) < 0)
+      if (factor_load(&o, o.factor[f], &fk) < 0)
         return 1;
+      for (int k = 0; k < least; k++) {
+        int from[BH_POLICY_COUNT], mid[BH_POLICY_COUNT], end[BH_POLICY_COUNT];
+        for (size_t p = 0; p < o.n_policies; p++)
+          from[p] = cur[p].n;
+        if (factor_run(&o, &fk, 1, cur) < 0)
+          return 1;
+        for (size_t p = 0; p < o.n_policies; p++)
+          end[p] = cur[p].n, mid[p] = base[p].n;
+        if (factor_run(&o, &f0, least, base) < 0) /* the baseline, after */
+          return 1;
+        double b = runs_span(&o, base, before, NULL);
+        double c = runs_span(&o, cur, from, end);
+        pair[npair++] = c > 0 ? b / c : 0;
+        memcpy(before, mid, sizeof before);
+      }
       nreq = fk.t.n_reqs, nw = fk.so.cl.workers;
       bh_trace_free(&fk.t);
-      if (factor_run(&o, &f0, base) < 0) /* the baseline again, after */
-        return 1;
     }
     printf("%6ux %9zu %7u", o.factor[f], nreq, nw);
     for (size_t p = 0; p < o.n_policies; p++) {
@@ -357,16 +403,28 @@ int main(int argc, char **argv) {
       printf(" %13.0f", pr[f][p].rps);
     }
     double all = runs_all(&o, r), base_all = runs_all(&o, base);
-    double slow = all > 0 ? base_all / all : 0;
-    printf(" %12.0f %8.2fx  (per policy:", all, slow);
+    double slow_all = all > 0 ? base_all / all : 0, slow = 1;
+    double sorted[REPEAT_MIN];
+    if (npair > 0) { /* pair[] stays in run order, for the line's end */
+      memcpy(sorted, pair, sizeof sorted);
+      qsort(sorted, (size_t)npair, sizeof sorted[0], cmp_double);
+      slow = npair % 2 ? sorted[npair / 2]
+                       : (sorted[npair / 2 - 1] + sorted[npair / 2]) / 2;
+    }
+    printf(" %12.0f %8.2fx %8.2fx  (per policy:", all, slow_all, slow);
     for (size_t p = 0; p < o.n_policies; p++) {
       prun b = runs_median(&base[p]);
       printf(" %.2fx", pr[f][p].rps > 0 ? b.rps / pr[f][p].rps : 0);
     }
-    printf(")\n");
+    printf(")");
+    for (int k = 0; k < npair; k++)
+      printf("%s%.2f", k ? " " : "  paired runs: ", pair[k]);
+    printf("\n");
     fflush(stdout);
     if (slow > worst)
       worst = slow;
+    if (slow_all > worst_all)
+      worst_all = slow_all;
   }
   printf("(the %ux baseline, measured before and after each larger factor: "
          "%d runs per policy; medians",
@@ -378,7 +436,8 @@ int main(int argc, char **argv) {
   printf(" req/s)\n");
   bh_trace_free(&f0.t);
   print_work(&o, work, pr);
-  printf("largest slowdown against %ux: %.2fx\n", o.factor[0], worst);
+  printf("largest slowdown against %ux: %.2fx paired (%.2fx over all "
+         "runs)\n", o.factor[0], worst, worst_all);
   if (o.check > 0 && worst > o.check) {
     printf("FAIL: more than %.2fx\n", o.check);
     return 1;
