@@ -190,8 +190,7 @@ static int cmp_prun(const void *a, const void *b) {
 typedef struct runs {
   prun v[RUNS_MAX];
   int n;
-  double work;   /* simulated work per request */
-  double req, s; /* requests and seconds simulated, all runs */
+  double work; /* simulated work per request */
 } runs;
 
 /* The median run by rate (the mean of the middle two's rates). */
@@ -240,8 +239,6 @@ static int run_policy(const opts *o, const bh_trace *t, const bh_sim_opts *so,
         .faults = (double)(u1.ru_minflt - u0.ru_minflt) / nreq,
         .sys_us = (tv_s(u1.ru_stime) - tv_s(u0.ru_stime)) * 1e6 / nreq};
     out->work = r.requests ? (double)r.event_blocks / (double)r.requests : 0;
-    out->req += (double)r.requests;
-    out->s += sec;
     secs += sec;
     bh_result_free(&r);
   }
@@ -290,14 +287,6 @@ static double runs_span(const opts *o, const runs *r, const int *from,
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
-}
-
-/* Requests per second over all of r[]'s runs. */
-static double runs_all(const opts *o, const runs *r) {
-  double req = 0, s = 0;
-  for (size_t p = 0; p < o->n_policies; p++)
-    req += r[p].req, s += r[p].s;
-  return s > 0 ? req / s : 0;
 }
 
 /* Work per request and the slowdown per unit of work: a policy whose
@@ -402,11 +391,12 @@ int main(int argc, char **argv) {
       work[f][p] = r[p].work;
       printf(" %13.0f", pr[f][p].rps);
     }
-    double all = runs_all(&o, r), base_all = runs_all(&o, base);
+    double all = runs_span(&o, r, NULL, NULL);
+    double base_all = runs_span(&o, base, NULL, NULL);
     double slow_all = all > 0 ? base_all / all : 0, slow = 1;
     double sorted[REPEAT_MIN];
     if (npair > 0) { /* pair[] stays in run order, for the line's end */
-      memcpy(sorted, pair, sizeof sorted);
+      memcpy(sorted, pair, (size_t)npair * sizeof sorted[0]);
       qsort(sorted, (size_t)npair, sizeof sorted[0], cmp_double);
       slow = npair % 2 ? sorted[npair / 2]
                        : (sorted[npair / 2 - 1] + sorted[npair / 2]) / 2;
@@ -426,8 +416,8 @@ int main(int argc, char **argv) {
     if (slow_all > worst_all)
       worst_all = slow_all;
   }
-  printf("(the %ux baseline, measured before and after each larger factor: "
-         "%d runs per policy; medians",
+  printf("(the %ux baseline, measured before and after each run of a "
+         "larger factor: %d runs per policy; medians",
          o.factor[0], base[0].n);
   for (size_t p = 0; p < o.n_policies; p++) { /* the baseline, all its runs */
     pr[0][p] = runs_median(&base[p]);
