@@ -111,17 +111,17 @@ TEST(huge_calloc) {
   void *raw;
   ASSERT_NULL(kvp__huge_calloc(SIZE_MAX / 2, 3, &raw));
   ASSERT_NULL(raw);
-  for (int round = 0; round < 4; round++) {
-    size_t bytes = round < 2 ? 9 * mib + 4096 * (size_t)round : mib + 123;
+  /* a dirty block placed by hand, then kvp__huge_calloc over and under
+   * 2 MiB */
+  const size_t sizes[3] = {9 * mib, 9 * mib + 4096, mib + 123};
+  for (int round = 0; round < 3; round++) {
+    size_t bytes = sizes[round];
     unsigned char *p;
-    if (round % 2 == 0) { /* a block malloc faulted in already: dirty */
-      size_t size = kvp__huge_size(bytes) ? kvp__huge_size(bytes) : bytes;
-      raw = malloc(size);
+    if (round == 0) { /* a block malloc faulted in already: dirty */
+      raw = malloc(kvp__huge_size(bytes));
       ASSERT_NOT_NULL(raw);
-      memset(raw, 0xa5, size);
-      p = kvp__huge_size(bytes) ? kvp__huge_place(raw, bytes) : raw;
-      if (p == raw)
-        memset(p, 0, bytes); /* what the caller does under 2 MiB */
+      memset(raw, 0xa5, kvp__huge_size(bytes));
+      p = kvp__huge_place(raw, bytes);
     } else {
       p = kvp__huge_calloc(bytes, 1, &raw);
     }
