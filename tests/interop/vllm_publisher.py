@@ -317,10 +317,12 @@ class Endpoints:
     def pick(self):
         # '*' makes the real publisher bind (without it, PUB connects);
         # the port is offset by the data-parallel rank, as vLLM does
-        p, r, x = free_port(), free_port(), free_port()
+        p, r = free_port(), free_port()
         self.pub_bind = f"tcp://*:{p - self.rank}"
         self.replay_bind = f"tcp://127.0.0.1:{r - self.rank}"
-        self.proxy = f"tcp://127.0.0.1:{x}"
+        # the proxy binds a port the kernel picks (DropProxy.endpoint): a
+        # port found free here may be taken by another test before the bind
+        self.proxy = "tcp://127.0.0.1:*"
 
     def set_resolved(self, cfg):
         self.pub = cfg.endpoint.replace("*", "127.0.0.1")
@@ -368,6 +370,8 @@ class DropProxy(threading.Thread):
         self.sub.connect(upstream)
         self.xpub = ctx.socket(zmq.XPUB)
         self.xpub.bind(downstream)
+        # where it bound ("tcp://127.0.0.1:*" resolves to a port)
+        self.endpoint = self.xpub.getsockopt_string(zmq.LAST_ENDPOINT)
         # the upstream hop is a slow joiner too: publish only once it is up
         if not mon.poll(5000):
             raise SystemExit(f"vllm_publisher: proxy could not connect to {upstream}")
@@ -530,6 +534,7 @@ class Run:
         ctx = zmq.Context.instance()
         if p.drop:
             self.proxy = DropProxy(ctx, self.eps.pub, self.eps.proxy, p.drop)
+            self.eps.proxy = self.proxy.endpoint
             self.proxy.start()
         b0 = p.epochs[0]
         if a.scenario == "late":
