@@ -45,14 +45,28 @@ static void sleep_ms(int ms) {
 
 /* ---- nats-server and the relay as child processes ------------------------------- */
 
+/* A loopback port for nats-server that binds now, drawn below the kernel's
+ * ephemeral range (32768 and up): a port found by binding port 0 goes back
+ * to that range when the probe closes, and another process's bind(0) or
+ * outgoing connection may take it before nats-server binds it. */
 static int free_port(void) {
-  int s = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof a;
-  ASSERT_OK(bind(s, (struct sockaddr *)&a, sizeof a));
-  ASSERT_OK(getsockname(s, (struct sockaddr *)&a, &len));
-  close(s);
-  return ntohs(a.sin_port);
+  static unsigned seed; /* one sequence per process: calls differ */
+  if (seed == 0)
+    seed = (unsigned)getpid() ^ (unsigned)time(NULL) ^ 1u;
+  for (int tries = 0; tries < 200; tries++) {
+    int p = 20000 + (int)(rand_r(&seed) % 12000u);
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(s, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)p),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    int rc = bind(s, (struct sockaddr *)&a, sizeof a);
+    close(s);
+    if (rc == 0)
+      return p;
+  }
+  kvt_fail_(__FILE__, __LINE__, "no free loopback port in [20000, 32000)");
+  return -1;
 }
 
 static bool port_open(void) {

@@ -28,13 +28,16 @@ usage: test_routerd_indexer.py KVPLANE_BENCH KVPLANE_ROUTERD
 """
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "interop"))
+from testports import free_port  # noqa: E402 (below the ephemeral range)
 
 BENCH, ROUTERD = sys.argv[1], sys.argv[2]
 TMP = tempfile.mkdtemp(prefix="kvp-rd-indexer-")
@@ -58,14 +61,6 @@ def fail(msg):
 def check(cond, msg):
     if not cond:
         fail(msg)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def http(method, url, body=None, headers=None, raw=None):

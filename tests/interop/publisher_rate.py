@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ import time
 import zmq
 
 import vllm_tree
+from testports import free_port  # below the ephemeral range (see there)
 
 COUNTER = r"""
 import sys, time, zmq
@@ -56,12 +56,6 @@ while count < n and s.poll(3000):
     nbytes += len(f[2])
 print(count, nbytes, (t1 or 0) - (t0 or 0), flush=True)
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_batch(kv, events: int, blocks: int, form: str):

@@ -4,10 +4,10 @@ ok/FAIL checks and their failures, a free loopback port, waiting for an
 HTTP endpoint, one Prometheus sample, emulated workers started."""
 import json
 import os
-import socket
 import subprocess
 import time
 import urllib.request
+from testports import free_port  # noqa: F401 (re-exported; see there)
 
 failures = []
 
@@ -16,14 +16,6 @@ def check(cond, what):
     print(("ok   " if cond else "FAIL ") + what, flush=True)
     if not cond:
         failures.append(what)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def wait_http(url, timeout=10):

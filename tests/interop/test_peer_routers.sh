@@ -29,7 +29,8 @@ if [ ! -x "$V/bin/vllm-router" ] || [ ! -x "$V/bin/sglang-router" ]; then
 fi
 "$B" gen --seed 3 --sessions 12 --turns 6 "$W/trace.jsonl" > /dev/null || exit 1
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# a port below the ephemeral range (tests/interop/testports.py says why)
+free_port() { PYTHONPATH="$root/tests/interop" python3 -c 'import testports; print(testports.free_port())'; }
 
 # run NAME ROUTER POLICY [LIVE ARGS...]: a fresh 4-worker engine, ROUTER
 # (vllm | sglang) with POLICY, the trace; prints the hit rate in %

@@ -67,7 +67,6 @@ import random
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -78,6 +77,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 import vllm_hashes
+from testports import free_port  # below the ephemeral range (see there)
 import vllm_tree
 
 BS = 16
@@ -296,12 +296,6 @@ class Plan:
 
 
 # ---- sockets ------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Endpoints:
     """Where the publisher binds and where a subscriber connects."""
 
