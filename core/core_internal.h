@@ -34,9 +34,11 @@ void *kvp__realloc(const kvp_allocator *a, void *p, size_t old_size,
  * transparent huge pages and are dropped first (MADV_DONTNEED: they read as
  * zero and fault in huge, when first touched), since malloc may hand back
  * pages it faulted in earlier as 4 KiB ones, which advice alone never makes
- * huge.  Where madvise is refused the bytes are zeroed by hand.  Random
- * reads then miss the TLB far less: under a hypervisor each miss walks two
- * page tables.  Free the block, not the pointer returned.
+ * huge.  Where madvise is refused the bytes are zeroed by hand.  Meant to
+ * spare random reads TLB misses (under a hypervisor each walks two page
+ * tables); on the dev VM no end-to-end gain survived a balanced A/B
+ * (docs/performance.md, ninth pass).  Free the block, not the pointer
+ * returned.
  * kvp__huge_calloc does both (calloc under 2 MiB); *block is what to free. */
 size_t kvp__huge_size(size_t bytes);
 void *kvp__huge_place(void *block, size_t bytes);
