@@ -6,8 +6,9 @@
  * pair prefetched, the read finished at block i), then
  * block i is folded into
  * per-tier bit-sliced counters of the workers still matching; the walk stops
- * when none is left.  With opts.prefix_closed (one worker group only) a
- * query bisects the chain instead, per (cumulative tier, worker) boundary
+ * when none is left.  With opts.prefix_closed (block 0 held in at most 4
+ * worker groups of 64) a query bisects the chain instead, per (cumulative
+ * tier, worker) boundary
  * (see "bisection" below): ~22 probes instead of ~1,000 blocks in
  * bench_index.  Probes compare a bucket's four fingerprints without
  * branching on them: a branch on a line still in flight would mispredict and
@@ -248,8 +249,10 @@ static void blk_clear(qblk *b) {
   b->nt = 0;
 }
 
-static void gather_wide(qctx *c, size_t i, qblk *b) {
-  uint64_t fp = c->fp[i % PIPE], h = c->h[i % PIPE], p = c->p[i % PIPE];
+/* b = the holders by group of the block whose key is fp (hash h, holder
+ * word p). */
+static void gather_wide_at(qctx *c, uint64_t fp, uint64_t h, uint64_t p,
+                           qblk *b) {
   if (p & 0xFu) {
     for (unsigned k = 0; k < INLINE_MAX && (in_slot(p, k) & 0xFu); k++) {
       uint32_t s = in_slot(p, k), w = s >> 4;
@@ -279,6 +282,10 @@ static void gather_wide(qctx *c, size_t i, qblk *b) {
   uint32_t idx = (uint32_t)tab_get(c->atab, fp, h);
   for (uint32_t w; (w = routed_next(c, &idx)) != UINT32_MAX;)
     blk_group(b, w >> 6)[CLS_ROUTED] |= 1ull << (w & 63);
+}
+
+static void gather_wide(qctx *c, size_t i, qblk *b) {
+  gather_wide_at(c, c->fp[i % PIPE], c->h[i % PIPE], c->p[i % PIPE], b);
 }
 
 /* Appends group q's matches (workers still added) to out. */
@@ -354,39 +361,51 @@ static int query_fast(qctx *c, const kvp_key *keys, size_t n,
  * at a point has its answer fixed before it, so what it holds later does not
  * matter.) */
 #define BSPANS 128u /* open spans per round; more -> walk (no violation) */
+#define BGROUPS 4u  /* worker groups holding block 0; more -> walk (ditto) */
 
-typedef struct bspan {
-  uint32_t a, b;
-  uint64_t bits[NCLS]; /* bits whose boundary lies in (a, b] */
-  uint64_t ma[NCLS];   /* cumulative masks at block a */
-  uint64_t mb[NCLS];   /* ... at block b (all 0 at b = n) */
-} bspan;
+/* The spans of a round live in one array of words, stride words each: word
+ * 0 = a | b << 32, then bits, ma and mb, ng * NCLS words each (indexed
+ * group * NCLS + class): bits = those whose boundary lies in (a, b], ma and
+ * mb = the cumulative masks at blocks a and b (all 0 at b = n). */
+#define SP_BITS(sp) ((sp) + 1)
+#define SP_MA(sp, st) ((sp) + 1 + (st)->nw)
+#define SP_MB(sp, st) ((sp) + 1 + 2 * (st)->nw)
 
 typedef enum { BIS_OK, BIS_VIOLATION, BIS_WIDE } bis_rc;
 
 typedef struct bstate {
-  uint32_t L[NCLS][64]; /* boundary per cumulative class and worker */
+  uint32_t L[NCLS][BGROUPS * 64]; /* boundary per cumulative class, worker */
+  unsigned ng;                    /* groups (1 on the fast path) */
+  uint8_t gid[BGROUPS];           /* ... their ids, increasing */
+  size_t nw, stride;              /* mask words per span field; span words */
   size_t nspans, nnext;
-  bspan *cur, *next;
+  uint64_t *cur, *next;
+  qblk *b; /* the wide path's gather scratch, NULL on the fast path */
 } bstate;
 
-static void cumulate(uint64_t m[NCLS]) {
-  for (unsigned k = 1; k < NCLS; k++)
-    m[k] |= m[k - 1];
+static uint64_t *span_at(const bstate *st, uint64_t *base, size_t j) {
+  return base + j * st->stride;
 }
 
-static void bits_resolve(bstate *st, const uint64_t bits[NCLS], uint32_t at) {
-  for (unsigned k = 0; k < NCLS; k++)
-    for (uint64_t x = bits[k]; x != 0; x &= x - 1)
-      st->L[k][ctz64(x)] = at;
+static void cumulate(const bstate *st, uint64_t *m) {
+  for (unsigned g = 0; g < st->ng; g++)
+    for (unsigned k = 1; k < NCLS; k++)
+      m[g * NCLS + k] |= m[g * NCLS + k - 1];
+}
+
+static void bits_resolve(bstate *st, const uint64_t *bits, uint32_t at) {
+  for (unsigned g = 0; g < st->ng; g++)
+    for (unsigned k = 0; k < NCLS; k++)
+      for (uint64_t x = bits[g * NCLS + k]; x != 0; x &= x - 1)
+        st->L[k][g * 64 + ctz64(x)] = at;
 }
 
 /* Opens span (a, b) over bits, or resolves them when it is one block wide. */
 static bis_rc span_push(bstate *st, uint32_t a, uint32_t b,
-                        const uint64_t bits[NCLS], const uint64_t ma[NCLS],
-                        const uint64_t mb[NCLS]) {
+                        const uint64_t *bits, const uint64_t *ma,
+                        const uint64_t *mb) {
   uint64_t any = 0;
-  for (unsigned k = 0; k < NCLS; k++)
+  for (size_t k = 0; k < st->nw; k++)
     any |= bits[k];
   if (any == 0)
     return BIS_OK;
@@ -396,37 +415,62 @@ static bis_rc span_push(bstate *st, uint32_t a, uint32_t b,
   }
   if (st->nnext == BSPANS)
     return BIS_WIDE;
-  bspan *sp = &st->next[st->nnext++];
-  sp->a = a, sp->b = b;
-  memcpy(sp->bits, bits, sizeof sp->bits);
-  memcpy(sp->ma, ma, sizeof sp->ma);
-  memcpy(sp->mb, mb, sizeof sp->mb);
+  uint64_t *sp = span_at(st, st->next, st->nnext++);
+  sp[0] = a | (uint64_t)b << 32;
+  memcpy(SP_BITS(sp), bits, st->nw * sizeof *bits);
+  memcpy(SP_MA(sp, st), ma, st->nw * sizeof *ma);
+  memcpy(SP_MB(sp, st), mb, st->nw * sizeof *mb);
   return BIS_OK;
 }
 
-/* Splits span sp at its midpoint, whose cumulative masks are cm. */
-static bis_rc span_split(bstate *st, const bspan *sp, uint32_t mid,
-                         const uint64_t cm[NCLS]) {
-  uint64_t left[NCLS], right[NCLS], bad = 0;
-  uint64_t alive_a = sp->ma[NCLS - 1], alive_m = cm[NCLS - 1];
-  for (unsigned k = 0; k < NCLS; k++) {
-    bad |= cm[k] & ~sp->ma[k] & alive_a;
-    bad |= sp->mb[k] & ~cm[k] & alive_m;
-    left[k] = sp->bits[k] & ~cm[k];
-    right[k] = sp->bits[k] & cm[k];
+/* Splits span sp (a, b) at its midpoint, whose cumulative masks are cm. */
+static bis_rc span_split(bstate *st, const uint64_t *sp, uint32_t a,
+                         uint32_t mid, uint32_t b, const uint64_t *cm) {
+  uint64_t left[BGROUPS * NCLS], right[BGROUPS * NCLS], bad = 0;
+  const uint64_t *bits = SP_BITS(sp), *ma = SP_MA(sp, st),
+                 *mb = SP_MB(sp, st);
+  for (unsigned g = 0; g < st->ng; g++) {
+    size_t o = g * NCLS;
+    uint64_t alive_a = ma[o + NCLS - 1], alive_m = cm[o + NCLS - 1];
+    for (unsigned k = 0; k < NCLS; k++) {
+      bad |= cm[o + k] & ~ma[o + k] & alive_a;
+      bad |= mb[o + k] & ~cm[o + k] & alive_m;
+      left[o + k] = bits[o + k] & ~cm[o + k];
+      right[o + k] = bits[o + k] & cm[o + k];
+    }
   }
   if (bad != 0)
     return BIS_VIOLATION;
-  bis_rc rc = span_push(st, sp->a, mid, left, sp->ma, cm);
-  return rc != BIS_OK ? rc : span_push(st, mid, sp->b, right, cm, sp->mb);
+  bis_rc rc = span_push(st, a, mid, left, ma, cm);
+  return rc != BIS_OK ? rc : span_push(st, mid, b, right, cm, mb);
+}
+
+/* cm = the cumulative masks, per group of st, of the block whose key is fp
+ * (hash h, holder word p). */
+static void gather_bisect(qctx *c, const bstate *st, uint64_t fp, uint64_t h,
+                          uint64_t p, uint64_t *cm) {
+  if (st->b == NULL) {
+    gather_fast_at(c, fp, h, p, cm);
+  } else {
+    gather_wide_at(c, fp, h, p, st->b);
+    for (unsigned g = 0; g < st->ng; g++) {
+      if (st->b->mark[st->gid[g]])
+        memcpy(&cm[g * NCLS], st->b->m[st->gid[g]], NCLS * sizeof *cm);
+      else
+        memset(&cm[g * NCLS], 0, NCLS * sizeof *cm);
+    }
+    blk_clear(st->b);
+  }
+  cumulate(st, cm);
 }
 
 /* One round: probes every open span's midpoint and splits it. */
 static bis_rc bisect_round(qctx *c, bstate *st) {
   uint64_t fp[BSPANS], h[BSPANS], p[BSPANS];
   for (size_t j = 0; j < st->nspans; j++) {
-    const bspan *sp = &st->cur[j];
-    fp[j] = fp_of(c->keys[sp->a + (sp->b - sp->a) / 2]);
+    uint64_t ab = span_at(st, st->cur, j)[0];
+    uint32_t a = (uint32_t)ab, b = (uint32_t)(ab >> 32);
+    fp[j] = fp_of(c->keys[a + (b - a) / 2]);
     h[j] = mix64(fp[j]);
     probe_prefetch(c, h[j]);
   }
@@ -434,77 +478,108 @@ static bis_rc bisect_round(qctx *c, bstate *st) {
     p[j] = probe_read(c, fp[j], h[j]);
   st->nnext = 0;
   for (size_t j = 0; j < st->nspans; j++) {
-    const bspan *sp = &st->cur[j];
-    uint64_t cm[NCLS];
-    gather_fast_at(c, fp[j], h[j], p[j], cm);
-    cumulate(cm);
-    bis_rc rc = span_split(st, sp, sp->a + (sp->b - sp->a) / 2, cm);
+    const uint64_t *sp = span_at(st, st->cur, j);
+    uint32_t a = (uint32_t)sp[0], b = (uint32_t)(sp[0] >> 32);
+    uint64_t cm[BGROUPS * NCLS];
+    gather_bisect(c, st, fp[j], h[j], p[j], cm);
+    bis_rc rc = span_split(st, sp, a, a + (b - a) / 2, b, cm);
     if (rc != BIS_OK)
       return rc;
   }
   c->nread += st->nspans;
-  bspan *t = st->cur;
+  uint64_t *t = st->cur;
   st->cur = st->next, st->next = t;
   st->nspans = st->nnext;
   return BIS_OK;
 }
 
-/* Appends the matches of the workers in seen (still added) to out. */
-static size_t emit_bisect(qctx *c, const bstate *st, uint64_t seen,
+/* Appends the matches of the workers in seen[g] (still added) to out. */
+static size_t emit_bisect(qctx *c, const bstate *st, const uint64_t *seen,
                           kvp_index_match *out, size_t cap) {
   size_t k = 0;
-  for (; seen != 0; seen &= seen - 1) {
-    uint32_t w = ctz64(seen);
-    worker *wk = &c->ix->workers[w];
-    /* acquire: pairs with the release in kvp_index_worker_remove */
-    if (atomic_load_explicit(&wk->state, memory_order_acquire) != W_ACTIVE)
-      continue;
-    if (k < cap) {
-      kvp_index_match *o = &out[k];
-      uint32_t lo = 0, cnt[NCLS];
-      for (unsigned cl = 0; cl < NCLS; cl++) { /* boundaries never fall */
-        uint32_t hi = st->L[cl][w] > lo ? st->L[cl][w] : lo;
-        cnt[cl] = hi - lo;
-        lo = hi;
+  for (unsigned g = 0; g < st->ng; g++)
+    for (uint64_t s = seen[g]; s != 0; s &= s - 1) {
+      uint32_t col = g * 64 + ctz64(s), w = st->gid[g] * 64u + ctz64(s);
+      worker *wk = &c->ix->workers[w];
+      /* acquire: pairs with the release in kvp_index_worker_remove */
+      if (atomic_load_explicit(&wk->state, memory_order_acquire) != W_ACTIVE)
+        continue;
+      if (k < cap) {
+        kvp_index_match *o = &out[k];
+        uint32_t lo = 0, cnt[NCLS];
+        for (unsigned cl = 0; cl < NCLS; cl++) { /* boundaries never fall */
+          uint32_t hi = st->L[cl][col] > lo ? st->L[cl][col] : lo;
+          cnt[cl] = hi - lo;
+          lo = hi;
+        }
+        memset(o, 0, sizeof *o);
+        o->worker = w;
+        o->prefix_blocks = lo;
+        memcpy(o->tier_blocks, cnt, sizeof o->tier_blocks);
+        o->routed_blocks = cnt[CLS_ROUTED];
+        o->uncertain =
+            atomic_load_explicit(&wk->uncertain, memory_order_relaxed) != 0;
       }
-      memset(o, 0, sizeof *o);
-      o->worker = w;
-      o->prefix_blocks = lo;
-      memcpy(o->tier_blocks, cnt, sizeof o->tier_blocks);
-      o->routed_blocks = cnt[CLS_ROUTED];
-      o->uncertain =
-          atomic_load_explicit(&wk->uncertain, memory_order_relaxed) != 0;
+      k++;
     }
-    k++;
-  }
   return k;
 }
 
-/* The fast path's query by bisection; KVP_EBUSY: walk instead (*violation
- * says whether the contract was seen broken). */
+static void sort_gids(uint8_t *g, unsigned n);
+
+/* The query by bisection, over the worker groups (at most BGROUPS) holding
+ * block 0; KVP_EBUSY: walk instead (*violation says whether the contract was
+ * seen broken). */
 static int query_bisect(qctx *c, const kvp_key *keys, size_t n,
                         kvp_index_match *out, size_t cap, bool *violation) {
-  bspan a[BSPANS], b[BSPANS];
-  bstate st = {.cur = a, .next = b};
-  uint64_t cm0[NCLS], none[NCLS] = {0};
+  static const uint64_t none[BGROUPS * NCLS];
+  uint64_t stackbuf[2 * BSPANS * (1 + 3 * NCLS)], *buf = stackbuf;
+  uint64_t cm0[BGROUPS * NCLS], seen[BGROUPS];
+  qblk qb;
+  bstate st = {.ng = 1};
   c->keys = keys;
   c->n = n;
-  uint64_t fp = fp_of(keys[0]), h = mix64(fp);
-  gather_fast_at(c, fp, h, event_holders(c, fp, h), cm0);
-  cumulate(cm0);
+  uint64_t fp = fp_of(keys[0]), h = mix64(fp), p = event_holders(c, fp, h);
   c->nread = 1;
-  uint64_t seen = cm0[NCLS - 1];
-  if (seen == 0)
-    return 0;
-  memset(st.L, 0, sizeof st.L);
-  bis_rc rc = span_push(&st, 0, (uint32_t)n, cm0, cm0, none);
-  st.cur = b, st.next = a, st.nspans = st.nnext; /* the first span is open */
-  while (rc == BIS_OK && st.nspans != 0)
-    rc = bisect_round(c, &st);
-  *violation = rc == BIS_VIOLATION;
-  if (rc != BIS_OK)
-    return KVP_EBUSY;
-  return (int)emit_bisect(c, &st, seen, out, cap);
+  if (!c->ix->fast) { /* the groups holding block 0 */
+    memset(&qb, 0, sizeof qb);
+    gather_wide_at(c, fp, h, p, &qb);
+    if (qb.nt == 0)
+      return 0;
+    if (qb.nt > BGROUPS)
+      return KVP_EBUSY;
+    st.ng = qb.nt;
+    memcpy(st.gid, qb.touched, qb.nt);
+    sort_gids(st.gid, st.ng);
+    blk_clear(&qb);
+    st.b = &qb;
+  }
+  st.nw = st.ng * NCLS;
+  st.stride = 1 + 3 * st.nw;
+  size_t bytes = 2 * BSPANS * st.stride * sizeof *buf;
+  if (bytes > sizeof stackbuf &&
+      (buf = kvp__malloc(&c->ix->alloc, bytes)) == NULL)
+    return KVP_EBUSY; /* the walk needs no memory for <= 4 groups */
+  st.cur = buf, st.next = buf + BSPANS * st.stride;
+  gather_bisect(c, &st, fp, h, p, cm0);
+  bool any = false;
+  for (unsigned g = 0; g < st.ng; g++)
+    any |= (seen[g] = cm0[g * NCLS + NCLS - 1]) != 0;
+  int rc = 0;
+  if (any) {
+    for (unsigned k = 0; k < NCLS; k++)
+      memset(st.L[k], 0, st.ng * 64 * sizeof st.L[k][0]);
+    bis_rc r = span_push(&st, 0, (uint32_t)n, cm0, cm0, none);
+    uint64_t *t = st.cur; /* the first span is open */
+    st.cur = st.next, st.next = t, st.nspans = st.nnext;
+    while (r == BIS_OK && st.nspans != 0)
+      r = bisect_round(c, &st);
+    *violation = r == BIS_VIOLATION;
+    rc = r != BIS_OK ? KVP_EBUSY : (int)emit_bisect(c, &st, seen, out, cap);
+  }
+  if (buf != stackbuf)
+    kvp__free(&c->ix->alloc, buf, bytes);
+  return rc;
 }
 
 static void sort_gids(uint8_t *g, unsigned n) {
@@ -589,7 +664,7 @@ int kvp_index_query(kvp_index *ix, const kvp_key *keys, size_t n,
     c.atab = atomic_load_explicit(&ix->atab, memory_order_acquire);
   int rc = KVP_EBUSY;
   bool violation = false;
-  if (ix->fast && ix->closed)
+  if (ix->closed)
     rc = query_bisect(&c, keys, n, out, cap, &violation);
   if (violation)
     ctr_inc(&ix->c.closure);

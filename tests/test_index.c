@@ -1034,6 +1034,15 @@ static uint64_t pc_place(kvp_index *ix, uint32_t w, uint64_t seq, int c,
   return seq;
 }
 
+enum { PC_MAXW = 320 };
+static uint64_t pc_walk_blocks, pc_bis_blocks; /* read by pc_compare's */
+
+static uint64_t pc_blocks(kvp_index *ix) {
+  kvp_index_stats st;
+  ASSERT_OK(kvp_index_stats_get(ix, &st));
+  return st.query_blocks;
+}
+
 static void pc_compare(kvp_index *ix, uint32_t nw) {
   kvp_key k[PC_LEN + 1];
   int c = (int)kvt_rand_below(PC_CHAINS);
@@ -1041,80 +1050,139 @@ static void pc_compare(kvp_index *ix, uint32_t nw) {
   pc_chain(c, n, k);
   if (kvt_rand_below(4) == 0) /* a new turn nobody holds */
     k[n++] = K(kvt_rand() | 4);
-  kvp_index_match walk[64], bis[64];
+  static kvp_index_match walk[PC_MAXW], bis[PC_MAXW];
+  uint64_t b0 = pc_blocks(ix);
   kvp__index_set_prefix_closed(ix, false);
   int nwk = kvp_index_query(ix, k, n, 1, walk, nw);
+  uint64_t b1 = pc_blocks(ix);
   kvp__index_set_prefix_closed(ix, true);
   int nbs = kvp_index_query(ix, k, n, 1, bis, nw);
+  pc_walk_blocks += b1 - b0;
+  pc_bis_blocks += pc_blocks(ix) - b1;
   ASSERT_GE(nwk, 0);
   ASSERT_EQ(nbs, nwk);
   ASSERT_MEM_EQ(bis, walk, (size_t)nwk * sizeof walk[0]);
 }
 
-TEST(prefix_closed_bisect_matches_walk) {
-  for (int round = 0; round < 12; round++) {
-    uint32_t nw = 1 + (uint32_t)kvt_rand_below(64);
-    kvp_index_opts o = {.max_workers = 64, .prefix_closed = 1};
-    kvp_index *ix = NULL;
-    ASSERT_OK(kvp_index_create(&o, NULL, &ix));
-    uint64_t *seq = calloc(nw, sizeof *seq);
-    ASSERT_NOT_NULL(seq);
-    for (uint32_t w = 0; w < nw; w++) {
-      ASSERT_OK(kvp_index_worker_add(ix, w));
-      seq[w] = 1;
-    }
-    static bool placed[64][PC_CHAINS]; /* each chain once per worker */
-    memset(placed, 0, sizeof placed);
-    for (int p = 0; p < 6 * (int)nw; p++) {
-      uint32_t w = (uint32_t)kvt_rand_below(nw);
-      int c = (int)kvt_rand_below(PC_CHAINS);
-      if (!placed[w][c])
-        seq[w] = pc_place(ix, w, seq[w], c, kvt_rand_below(4) == 0);
-      placed[w][c] = true;
-    }
-    for (int q = 0; q < 300; q++)
-      pc_compare(ix, nw);
-    kvp_index_stats st;
-    ASSERT_OK(kvp_index_stats_get(ix, &st));
-    ASSERT_EQ(st.closure_violations, 0u);
-    ASSERT_GT(st.queries, 0u);
-    free(seq);
-    kvp_index_destroy(ix);
+/* Random contract-keeping clusters of nw workers with ids id[0..nw) in an
+ * index of max_workers, queried by walk and by bisection. */
+static void pc_cluster(uint32_t max_workers, const uint32_t *id,
+                           uint32_t nw) {
+  kvp_index_opts o = {.max_workers = max_workers, .prefix_closed = 1};
+  kvp_index *ix = NULL;
+  ASSERT_OK(kvp_index_create(&o, NULL, &ix));
+  uint64_t *seq = calloc(nw, sizeof *seq);
+  bool *placed = calloc((size_t)nw * PC_CHAINS, 1); /* each chain once */
+  ASSERT_NOT_NULL(seq);
+  ASSERT_NOT_NULL(placed);
+  for (uint32_t w = 0; w < nw; w++) {
+    ASSERT_OK(kvp_index_worker_add(ix, id[w]));
+    seq[w] = 1;
   }
+  for (int p = 0; p < 6 * (int)nw; p++) {
+    uint32_t w = (uint32_t)kvt_rand_below(nw);
+    int c = (int)kvt_rand_below(PC_CHAINS);
+    if (!placed[(size_t)w * PC_CHAINS + c])
+      seq[w] = pc_place(ix, id[w], seq[w], c, kvt_rand_below(4) == 0);
+    placed[(size_t)w * PC_CHAINS + c] = true;
+  }
+  for (int q = 0; q < 300; q++)
+    pc_compare(ix, nw);
+  kvp_index_stats st;
+  ASSERT_OK(kvp_index_stats_get(ix, &st));
+  ASSERT_EQ(st.closure_violations, 0u);
+  ASSERT_GT(st.queries, 0u);
+  free(placed);
+  free(seq);
+  kvp_index_destroy(ix);
 }
 
-/* A hole a probe lands on: counted, and the query walks (the exact answer).
- * Worker 0: HBM blocks 0..3 and 6, DRAM 0..7.  Bisection over 8 blocks
- * probes 0, 4 (HBM clear), then 2 and 6: HBM set at 6 after clear at 4. */
-TEST(prefix_closed_violation_walks) {
-  kvp_index_opts o = {.max_workers = 8, .prefix_closed = 2};
+TEST(prefix_closed_bisect_matches_walk) {
+  uint32_t id[64];
+  for (uint32_t w = 0; w < 64; w++)
+    id[w] = w;
+  pc_walk_blocks = pc_bis_blocks = 0;
+  for (int round = 0; round < 12; round++)
+    pc_cluster(64, id, 1 + (uint32_t)kvt_rand_below(64));
+  ASSERT_LT(pc_bis_blocks, pc_walk_blocks); /* it did bisect */
+}
+
+/* Beyond 64 workers: ids drawn from 1-4 worker groups of 64 spread over the
+ * id space (bisection takes up to 4 groups holding block 0); then 5 groups,
+ * where the query walks. */
+TEST(prefix_closed_bisect_matches_walk_wide) {
+  static uint32_t id[PC_MAXW];
+  pc_walk_blocks = pc_bis_blocks = 0;
+  for (int round = 0; round < 10; round++) {
+    uint32_t groups = 1 + (uint32_t)kvt_rand_below(4);
+    uint32_t gid[4], nw = 1 + (uint32_t)kvt_rand_below(groups * 48);
+    for (uint32_t g = 0; g < groups; g++)
+      gid[g] = g * 11 + (uint32_t)kvt_rand_below(11); /* distinct, < 64 */
+    for (uint32_t w = 0; w < nw; w++) { /* distinct: group, then slot */
+      uint32_t g = w % groups, slot = w / groups;
+      id[w] = gid[g] * 64 + (slot * 37 + (uint32_t)round) % 64;
+    }
+    pc_cluster(0, id, nw);
+  }
+  ASSERT_LT(pc_bis_blocks, pc_walk_blocks); /* it did bisect */
+  /* 5 groups hold block 0: the bisection gives up there, the query walks
+   * (and reads what the walk reads) */
+  pc_walk_blocks = pc_bis_blocks = 0;
+  for (uint32_t w = 0; w < 300; w++)
+    id[w] = w;
+  pc_cluster(0, id, 300);
+  ASSERT_EQ(pc_bis_blocks, pc_walk_blocks);
+}
+
+/* One worker (id w; worker 0 of another group also holds block 0 on a wide
+ * index) with a hole in HBM. */
+static void pc_violation(uint32_t max_workers, uint32_t w) {
+  kvp_index_opts o = {.max_workers = max_workers, .prefix_closed = 2};
   kvp_index *ix = NULL;
   ASSERT_ERR(kvp_index_create(&o, NULL, &ix), KVP_ERANGE);
   o.prefix_closed = 1;
   ASSERT_OK(kvp_index_create(&o, NULL, &ix));
-  ASSERT_OK(kvp_index_worker_add(ix, 0));
+  ASSERT_OK(kvp_index_worker_add(ix, w));
   kvp_key k[8];
   run(k, 700, 8);
-  ASSERT_EQ(kvp_index_stored(ix, 0, 1, KVP_TIER_DRAM, NULL, k, 8), 8);
-  ASSERT_EQ(kvp_index_stored(ix, 0, 2, KVP_TIER_HBM, NULL, k, 4), 4);
-  ASSERT_EQ(kvp_index_stored(ix, 0, 3, KVP_TIER_HBM, &k[5], &k[6], 1), 1);
+  if (w >= 64) {
+    ASSERT_OK(kvp_index_worker_add(ix, 0));
+    ASSERT_EQ(kvp_index_stored(ix, 0, 1, KVP_TIER_HBM, NULL, k, 1), 1);
+  }
+  ASSERT_EQ(kvp_index_stored(ix, w, 1, KVP_TIER_DRAM, NULL, k, 8), 8);
+  ASSERT_EQ(kvp_index_stored(ix, w, 2, KVP_TIER_HBM, NULL, k, 4), 4);
+  ASSERT_EQ(kvp_index_stored(ix, w, 3, KVP_TIER_HBM, &k[5], &k[6], 1), 1);
   kvp_index_match m[2];
-  ASSERT_EQ(kvp_index_query(ix, k, 8, 0, m, 2), 1);
-  ASSERT_EQ(m[0].prefix_blocks, 8u);
-  ASSERT_EQ(m[0].tier_blocks[KVP_TIER_HBM], 5u); /* 0..3 and 6 */
-  ASSERT_EQ(m[0].tier_blocks[KVP_TIER_DRAM], 3u);
+  size_t me = w >= 64; /* worker 0 first */
+  ASSERT_EQ(kvp_index_query(ix, k, 8, 0, m, 2), 1 + (int)me);
+  ASSERT_EQ(m[me].worker, w);
+  ASSERT_EQ(m[me].prefix_blocks, 8u);
+  ASSERT_EQ(m[me].tier_blocks[KVP_TIER_HBM], 5u); /* 0..3 and 6 */
+  ASSERT_EQ(m[me].tier_blocks[KVP_TIER_DRAM], 3u);
   kvp_index_stats st;
   ASSERT_OK(kvp_index_stats_get(ix, &st));
   ASSERT_EQ(st.closure_violations, 1u);
   /* the contract kept again (HBM 0..3 only): bisection answers alone */
-  ASSERT_EQ(kvp_index_removed(ix, 0, 4, KVP_TIER_HBM, &k[6], 1), 1);
-  ASSERT_EQ(kvp_index_query(ix, k, 8, 0, m, 2), 1);
-  ASSERT_EQ(m[0].tier_blocks[KVP_TIER_HBM], 4u);
-  ASSERT_EQ(m[0].tier_blocks[KVP_TIER_DRAM], 4u);
+  ASSERT_EQ(kvp_index_removed(ix, w, 4, KVP_TIER_HBM, &k[6], 1), 1);
+  ASSERT_EQ(kvp_index_query(ix, k, 8, 0, m, 2), 1 + (int)me);
+  ASSERT_EQ(m[me].tier_blocks[KVP_TIER_HBM], 4u);
+  ASSERT_EQ(m[me].tier_blocks[KVP_TIER_DRAM], 4u);
+  if (me) {
+    ASSERT_EQ(m[0].worker, 0u);
+    ASSERT_EQ(m[0].prefix_blocks, 1u);
+  }
   ASSERT_OK(kvp_index_stats_get(ix, &st));
   ASSERT_EQ(st.closure_violations, 1u);
   ASSERT_LT(st.query_blocks, 2u * 8u); /* the second read < 8 blocks */
   kvp_index_destroy(ix);
+}
+
+/* A hole a probe lands on: counted, and the query walks (the exact answer).
+ * The worker: HBM blocks 0..3 and 6, DRAM 0..7.  Bisection over 8 blocks
+ * probes 0, 4 (HBM clear), then 2 and 6: HBM set at 6 after clear at 4. */
+TEST(prefix_closed_violation_walks) {
+  pc_violation(8, 0);
+  pc_violation(0, 1000); /* wide index, two groups */
 }
 
 /* ---- event streams and epochs ---------------------------------------------
@@ -1786,6 +1854,7 @@ TEST_MAIN(TEST_ENTRY(prefetch_changes_nothing), TEST_ENTRY(long_probes_fast),
           TEST_ENTRY(paths_agree_with_model),
           TEST_ENTRY(many_holders_spill_and_shrink),
           TEST_ENTRY(prefix_closed_bisect_matches_walk),
+          TEST_ENTRY(prefix_closed_bisect_matches_walk_wide),
           TEST_ENTRY(prefix_closed_violation_walks),
           TEST_ENTRY(stream_sequences_independent),
           TEST_ENTRY(epoch_drops_old_tiers), TEST_ENTRY(src_cleared_and_resync),

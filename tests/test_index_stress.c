@@ -363,5 +363,12 @@ TEST(stress_wide_path) {
   stress(0, ids, false);
 }
 
+/* The same over 8 worker groups: the pinned chain's two holders (two groups)
+ * bisect, pool chains held in more than 4 groups walk. */
+TEST(stress_wide_path_bisect) {
+  const uint32_t ids[8] = {5, 4000, 64, 700, 1300, 2047, 2048, 3333};
+  stress(0, ids, true);
+}
+
 TEST_MAIN(TEST_ENTRY(stress_fast_path), TEST_ENTRY(stress_fast_path_bisect),
-          TEST_ENTRY(stress_wide_path))
+          TEST_ENTRY(stress_wide_path), TEST_ENTRY(stress_wide_path_bisect))

@@ -47,10 +47,12 @@ typedef struct kvp_index_opts {
    * chain, a prefix.  Engines that evict leaves first keep it: vLLM frees a
    * request's blocks tail first and touches shared prefixes with every use;
    * SGLang's radix cache evicts leaves only; a tier manager that demotes what
-   * HBM evicts keeps HBM a prefix and HBM+DRAM a longer one.  Queries on <= 64
-   * workers then bisect the chain instead of walking it: about d log2(n)
-   * probes for d distinct per-tier prefix lengths, issued a round at a time
-   * so their memory misses overlap.  Every probe also checks the contract
+   * HBM evicts keeps HBM a prefix and HBM+DRAM a longer one.  Queries whose
+   * first block is held in at most 4 groups of 64 worker ids (0-63, 64-127,
+   * ...; so every query when max_workers <= 64) then bisect the chain
+   * instead of walking it: about d log2(n) probes for d distinct per-tier
+   * prefix lengths, issued a round at a time so their memory misses
+   * overlap.  Every probe also checks the contract
    * against the probes around it; a violation seen is counted
    * (stats.closure_violations) and that query walks the chain instead.  A
    * hole between probes is not seen: the answer then over-counts that
@@ -277,8 +279,9 @@ _Static_assert(sizeof(kvp_index_match) == 40, "kvp_index_match is ABI");
  * first block, in increasing worker id, with the match defined above; routed
  * records count if not expired at now_ns (pass any value when approximate
  * mode is unused).  Stops reading the chain as soon as no worker still holds
- * every block so far; with opts.prefix_closed (<= 64 workers) bisects it
- * instead (see kvp_index_opts).  Writes min(count, cap) matches to out and returns the
+ * every block so far; with opts.prefix_closed bisects it instead when
+ * block 0's holders fall in at most 4 groups of 64 worker ids (see
+ * kvp_index_opts).  Writes min(count, cap) matches to out and returns the
  * count (which may exceed cap: size out for max_workers to get all), or
  * KVP_EINVAL (ix NULL, keys NULL with n > 0, out NULL with cap > 0),
  * KVP_ERANGE (n > KVP_INDEX_CHAIN_MAX), KVP_ENOMEM (more than 4 worker groups
