@@ -67,6 +67,55 @@ TEST(cache_hint_stale) {
   bh_cache_free(&c);
 }
 
+/* bh_cache_release: a request's chain released tail first keeps HBM a prefix
+ * of it as other blocks push it out (vLLM's free order; the contract of
+ * kvp_index_opts.prefix_closed).  Without the release, the order of use
+ * evicts the head first.  HBM of 40 blocks, DRAM 0: a 30-block chain, then
+ * 25 other blocks. */
+static uint64_t release_kept_prefix(int release, uint64_t *held) {
+  bh_cluster cl;
+  bh_cluster_defaults(&cl);
+  cl.hbm_blocks = 40;
+  cl.dram_blocks = cl.nvme_blocks = 0;
+  bh_cache c;
+  ASSERT_OK(bh_cache_init(&c, &cl, true));
+  kvp_key k[30];
+  bool fresh;
+  for (int j = 0; j < 30; j++) {
+    k[j] = (kvp_key){7, 1000 + (uint64_t)j};
+    ASSERT_OK(bh_cache_to_hbm(&c, k[j], KVP_CLASS_VOLATILE, &fresh));
+  }
+  uint8_t tiers[30];
+  uint32_t nodes[30];
+  ASSERT_EQ(bh_cache_match(&c, k, 30, tiers, nodes), 30u);
+  nodes[3] = BH_NONE; /* a hint gone stale: looked up */
+  nodes[4] = nodes[5];
+  if (release)
+    bh_cache_release(&c, k, release == 2 ? nodes : NULL, 30);
+  for (int j = 0; j < 25; j++)
+    ASSERT_OK(bh_cache_to_hbm(&c, (kvp_key){8, 5000 + (uint64_t)j},
+                              KVP_CLASS_VOLATILE, &fresh));
+  uint64_t m = 0;
+  *held = 0;
+  for (int j = 0; j < 30; j++)
+    *held += bh_cache_find(&c, k[j]) != BH_NONE;
+  while (m < 30 && bh_cache_find(&c, k[m]) != BH_NONE)
+    m++;
+  ASSERT_EQ(c.count[KVP_TIER_HBM], 40u);
+  bh_cache_free(&c);
+  return m;
+}
+
+TEST(cache_release_tail_first) {
+  uint64_t held;
+  ASSERT_EQ(release_kept_prefix(1, &held), 15u); /* blocks 0..14 */
+  ASSERT_EQ(held, 15u);
+  ASSERT_EQ(release_kept_prefix(2, &held), 15u); /* the same, by hints */
+  ASSERT_EQ(held, 15u);
+  ASSERT_EQ(release_kept_prefix(0, &held), 0u); /* 15..29: no prefix */
+  ASSERT_EQ(held, 15u);
+}
+
 /* bh_cache_match agrees with bh_cache_find block by block, including keys
  * whose 32-bit table hash collides (same lo, or lo 2^52 apart): the first
  * hash match in the probe run is then another key's node. */
@@ -152,34 +201,99 @@ TEST(tiny_exact) {
   bh_trace_free(&t);
 }
 
-/* HBM of 2 blocks: r2's third block evicts block [1] (LRU), so r3 misses
- * it -- as "evicted" -- and [1,5] was never seen.  With a DRAM tier the
- * evicted block is demoted instead and loading it beats recomputing. */
+/* HBM of 3 blocks, released tail first (vLLM's order: bh_cache_release):
+ *   r1 [1,2], r2 [1,2,3]   -> HBM [1] [1,2] [1,2,3], the head most recent
+ *   r3 [7,8] (two new)     -> evicts [1,2,3], then [1,2]: the chain's tail
+ *   r4 [1,2,3]             -> [1] hits, [1,2] and [1,2,3] miss as evicted
+ * With a DRAM tier the evicted blocks are demoted instead, and loading them
+ * beats recomputing. */
+#define TIERS                                                                  \
+  "{\"format\":\"kvplane-trace\",\"version\":1,\"block_size\":4}\n"            \
+  "{\"t\":0,\"in\":10,\"out\":2,\"hash_ids\":[1,2]}\n"                         \
+  "{\"t\":100,\"in\":12,\"out\":2,\"hash_ids\":[1,2,3]}\n"                     \
+  "{\"t\":200,\"in\":8,\"out\":2,\"hash_ids\":[7,8]}\n"                        \
+  "{\"t\":300,\"in\":12,\"out\":2,\"hash_ids\":[1,2,3]}\n"
+
 TEST(tiny_tiers) {
   bh_trace t;
-  load(TINY, &t);
+  load(TIERS, &t);
   bh_sim_opts o = tiny_opts(KVP_POLICY_KVPLANE_COST, 1);
-  o.cl.hbm_blocks = 2;
+  o.cl.hbm_blocks = 3;
   o.cl.dram_gb = 0;
   o.cl.nvme_gb = 0;
   bh_result r;
   run(&t, &o, &r);
-  ASSERT_EQ(r.tot.reused_tokens, 8u);
-  ASSERT_EQ(r.tot.miss_tokens[KVP_MISS_EVICTED], 4u);
-  ASSERT_EQ(r.tot.miss_tokens[KVP_MISS_NEVER_SEEN], 16u);
-  ASSERT_EQ(r.evicted_blocks, 3u); /* [1] by r2; [1,2], [1,2,3] by r3 */
+  ASSERT_EQ(r.tot.reused_tokens, 12u); /* r2 8, r4 4 */
+  ASSERT_EQ(r.tot.miss_tokens[KVP_MISS_EVICTED], 8u);
+  ASSERT_EQ(r.tot.miss_tokens[KVP_MISS_NEVER_SEEN], 20u);
+  /* [1,2,3], [1,2] by r3; [7,8], [7] by r4 */
+  ASSERT_EQ(r.evicted_blocks, 4u);
   bh_result_free(&r);
 
   o.cl.dram_blocks = 10;
   run(&t, &o, &r);
-  ASSERT_EQ(r.tot.reused_tokens, 12u);
-  ASSERT_EQ(r.tot.reused_by_tier[KVP_TIER_DRAM], 4u);
-  ASSERT_EQ(r.tot.reused_by_tier[KVP_TIER_HBM], 8u);
-  ASSERT_EQ(r.tot.load_bytes[KVP_TIER_DRAM], 4u * 131072u);
-  /* demoted: [1] by r2, then [1,2] (making room for [1]) and [1,2,3] */
-  ASSERT_EQ(r.demoted_bytes[KVP_TIER_DRAM], 3u * 4u * 131072u);
+  ASSERT_EQ(r.tot.reused_tokens, 20u); /* r4: all 12 */
+  ASSERT_EQ(r.tot.reused_by_tier[KVP_TIER_DRAM], 8u);
+  ASSERT_EQ(r.tot.reused_by_tier[KVP_TIER_HBM], 12u);
+  ASSERT_EQ(r.tot.load_bytes[KVP_TIER_DRAM], 8u * 131072u);
+  /* demoted: [1,2,3] and [1,2] by r3; r4's loads (last block first) then
+   * push out [1] (its own head, loaded back last), [7,8] and [7] */
+  ASSERT_EQ(r.demoted_bytes[KVP_TIER_DRAM], 5u * 4u * 131072u);
   ASSERT_EQ(r.evicted_blocks, 0u);
   bh_result_free(&r);
+  bh_trace_free(&t);
+}
+
+/* A generated agentic trace on small caches (every tier evicting): each
+ * worker's residency in the router's index ends equal to its cache's (the
+ * pending run's unannounced blocks included), its caches keep the
+ * prefix-closed contract (released tail first) so queries bisect with
+ * few violations, and bisecting gives the walk's simulation exactly. */
+TEST(index_bisects_as_it_walks) {
+  bh_gen_opts g = {.seed = 5, .sessions = 24, .turns = 8, .subagent_p = 0.2};
+  char *buf = NULL;
+  size_t nb = 0;
+  FILE *m = open_memstream(&buf, &nb);
+  ASSERT_NOT_NULL(m);
+  ASSERT_OK(bh_gen(&g, m));
+  fclose(m);
+  bh_trace t;
+  load(buf, &t);
+  free(buf);
+  const int pols[] = {KVP_POLICY_KVPLANE_COST, KVP_POLICY_ROUND_ROBIN};
+  for (int p = 0; p < 2; p++)
+    for (int tp = 0; tp < 2; tp++) {
+      bh_sim_opts o = tiny_opts(pols[p], 6);
+      o.cl.hbm_blocks = 3000; /* ~4 prompts per worker */
+      o.cl.dram_blocks = 3000;
+      o.cl.nvme_blocks = 3000;
+      o.cl.tier_policy[KVP_TIER_DRAM] = o.cl.tier_policy[KVP_TIER_NVME] =
+          tp ? KVP_TIER_POLICY_S3FIFO : KVP_TIER_POLICY_LRU;
+      o.verify_index = true;
+      bh_result b, w;
+      run(&t, &o, &b);
+      ASSERT_EQ(b.index_mismatches, 0u);
+      ASSERT_GT(b.evicted_blocks, 0u);
+      ASSERT_GT(b.index_queries, 0u);
+      ASSERT_LT(b.index_closure_violations * 20, b.index_queries);
+      o.index_walk = true;
+      run(&t, &o, &w);
+      ASSERT_EQ(w.index_mismatches, 0u);
+      ASSERT_EQ(w.index_closure_violations, 0u);
+      ASSERT_LT(b.index_query_blocks * 4, w.index_query_blocks);
+      ASSERT_MEM_EQ(&b.tot, &w.tot, sizeof b.tot);
+      ASSERT_EQ(b.evicted_blocks, w.evicted_blocks);
+      printf("  %s, lower tiers %s: %llu queries, %llu violations, blocks "
+             "read %llu (walk %llu), %llu evicted\n",
+             p ? "round_robin" : "kvplane_cost", tp ? "s3fifo" : "lru",
+             (unsigned long long)b.index_queries,
+             (unsigned long long)b.index_closure_violations,
+             (unsigned long long)b.index_query_blocks,
+             (unsigned long long)w.index_query_blocks,
+             (unsigned long long)b.evicted_blocks);
+      bh_result_free(&b);
+      bh_result_free(&w);
+    }
   bh_trace_free(&t);
 }
 
@@ -503,7 +617,7 @@ TEST(config_router_agrees) {
   ASSERT_DOUBLE_NEAR(so.cl.gpu.latency_s[KVP_TIER_NVME], 150e-6, 0);
 }
 
-TEST_MAIN(TEST_ENTRY(config_router_agrees), TEST_ENTRY(cache_hint_stale),
+TEST_MAIN(TEST_ENTRY(config_router_agrees), TEST_ENTRY(cache_hint_stale), TEST_ENTRY(cache_release_tail_first), TEST_ENTRY(index_bisects_as_it_walks),
           TEST_ENTRY(cache_match_agrees), TEST_ENTRY(tiny_exact), TEST_ENTRY(tiny_tiers),
           TEST_ENTRY(routing_follows_events), TEST_ENTRY(prompt_drift),
           TEST_ENTRY(promote_from_last_tier), TEST_ENTRY(dram_policy_exact),

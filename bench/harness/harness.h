@@ -182,6 +182,12 @@ typedef struct bh_sim_opts {
   _Atomic uint64_t *progress_at;
   FILE *req_log;         /* non-NULL: one JSON line per request at its
                             prefill's end, as `engine --req-log` writes */
+  bool verify_index;     /* at the end, each worker's index digest against
+                            its cache's (bh_result.index_mismatches); tests */
+  bool index_walk;       /* the router's index walks every query instead of
+                            bisecting (kvp_index_opts.prefix_closed = 0): the
+                            same answers while the caches keep the contract,
+                            only slower; tests */
 } bh_sim_opts;
 
 /* The router's model / GPU spec (kvp_router_opts_from_config) as the
@@ -218,6 +224,11 @@ typedef struct bh_result {
   uint64_t evicted_blocks;
   uint64_t nvme_admitted, nvme_rejected; /* admission gate decisions */
   uint64_t events_published, events_dropped, events_delayed;
+  /* the router's index: queries, blocks they read, queries that saw the
+   * prefix-closed contract broken (and walked), and with verify_index the
+   * workers whose residency in it differs from their cache's */
+  uint64_t index_queries, index_query_blocks, index_closure_violations;
+  uint64_t index_mismatches;
   uint64_t event_blocks;    /* blocks in the events published: residency
                                changes (a tier move is two), the simulated
                                work bench_harness_scale normalises by */

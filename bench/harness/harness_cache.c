@@ -78,6 +78,7 @@ int bh_cache_init(cache *c, const bh_cluster *cl, bool policies) {
     if (rc < 0)
       return rc;
     c->hot = pol_of(c, KVP_TIER_HBM);
+    c->hbm_lru = cl->tier_policy[KVP_TIER_HBM] == KVP_TIER_POLICY_LRU;
   }
   return 0;
 }
@@ -427,6 +428,47 @@ int bh_cache_to_hbm_at(cache *c, uint32_t hint, kvp_key key, kvp_class cls,
     return rc;
   *fresh = true;
   return 0;
+}
+
+static bool node_is(const cache *c, uint32_t x, kvp_key key);
+
+void bh_cache_release(cache *c, const kvp_key *keys, const uint32_t *hints,
+                      uint64_t n) {
+  const uint64_t A = BH_PREFETCH_AHEAD;
+  uint32_t cand[MATCH_RING];
+  if (c->hot == NULL || !c->hbm_lru || n == 0)
+    return;
+  if (hints != NULL) { /* the nodes and their policy entries, A ahead */
+    for (uint64_t j = n; j-- > 0;) {
+      if (j >= A && hints[j - A] < c->n_nodes) {
+        __builtin_prefetch(&c->nodes[hints[j - A]]);
+        kvp__tier_policy_prefetch(c->hot, hints[j - A]);
+      }
+      uint32_t x = node_is(c, hints[j], keys[j]) ? hints[j]
+                                                 : bh_cache_find(c, keys[j]);
+      if (x != NONE && c->nodes[x].tier == KVP_TIER_HBM)
+        (void)kvp__tier_policy_touch(c->hot, x);
+    }
+    return;
+  }
+  /* bh_cache_match's pipeline, backwards: slot lines 2A blocks ahead, then
+   * the candidate node and its policy entry A ahead */
+  for (uint64_t j = n; j-- > 0 && j + 2 * A >= n;)
+    __builtin_prefetch(&c->tab[bh_cache_hash32(keys[j].lo) & c->mask]);
+  for (uint64_t j = n; j-- > 0 && j + A >= n;)
+    cand[j % MATCH_RING] = match_candidate(c, keys[j]);
+  for (uint64_t j = n; j-- > 0;) {
+    if (j >= 2 * A)
+      __builtin_prefetch(&c->tab[bh_cache_hash32(keys[j - 2 * A].lo) & c->mask]);
+    if (j >= A) {
+      uint32_t y = cand[(j - A) % MATCH_RING] = match_candidate(c, keys[j - A]);
+      if (y < c->n_nodes)
+        kvp__tier_policy_prefetch(c->hot, y);
+    }
+    uint32_t x = match_resolve(c, keys[j], cand[j % MATCH_RING]);
+    if (x != NONE && c->nodes[x].tier == KVP_TIER_HBM)
+      (void)kvp__tier_policy_touch(c->hot, x);
+  }
 }
 
 /* ---- engine timing -------------------------------------------------------------- */

@@ -68,6 +68,7 @@ typedef struct bh_cache {
                         placement (the infinite bound's cache) */
   tier_policy *hot;  /* HBM's policy (NULL: none), for bh_cache_prefetch */
   bool classes; /* stability-aware: insert with the block's class */
+  bool hbm_lru; /* HBM's policy keeps a recency order (LRU) */
   uint64_t count[3], cap[3];
   tier_admit_cost adm_cost;     /* one block's costs, for the gate */
   uint64_t block_bytes;         /* KV bytes of one block (demoted_bytes) */
@@ -145,6 +146,17 @@ int bh_cache_to_hbm(bh_cache *c, kvp_key key, kvp_class cls, bool *fresh);
  * probe; any other node (freed or reused since) is ignored. */
 int bh_cache_to_hbm_at(bh_cache *c, uint32_t hint, kvp_key key, kvp_class cls,
                        bool *fresh);
+/* A request's blocks keys[0..n) released as vLLM frees them, tail first:
+ * each one still in HBM becomes the most recently used there, the last
+ * block first, so the chain's head goes last.  With the stability classes
+ * (tail classes evicted first) this keeps each worker's HBM, and HBM + DRAM,
+ * a prefix of every chain: the contract kvp_index_opts.prefix_closed lets
+ * the router bisect under.  No counters change (not a hit).  hints (NULL:
+ * none): the nodes bh_cache_match gave for keys, used where they still
+ * hold them (saves the table probes).  LRU only: S3-FIFO keeps no recency
+ * order. */
+void bh_cache_release(bh_cache *c, const kvp_key *keys, const uint32_t *hints,
+                      uint64_t n);
 
 /* ---- the engine timing model ------------------------------------------------ */
 typedef struct bh_timing {

@@ -104,9 +104,10 @@ typedef struct eworker {
   uint32_t decoding;
   uint64_t decode_tokens;
   /* run of new blocks being published as one BlockStored: blocks
-   * run_first.. of one request, whose salt (NULL: none) the run borrows */
+   * run_first.. of one request, whose salt (NULL: none) the run borrows;
+   * added last block first, [run_front, run_n) pending (run_flush) */
   uint64_t *run;
-  uint32_t run_n, run_cap, run_first;
+  uint32_t run_front, run_n, run_cap, run_first;
   const char *run_salt, *run_lora;
   uint64_t run_parent;
   bool run_has_parent;
@@ -161,16 +162,31 @@ static const char *lora_path(const engine *e, const char *name) {
   return id > 0 ? e->o.lora_path[id - 1] : NULL;
 }
 
+/* The pending run (the simulator's flush_run): a request's new blocks
+ * enter HBM last block first and are announced in chain order, one
+ * BlockStored, when a resident block (their parent) or the loop's end
+ * closes the run; a pending block evicted first (always the run's front)
+ * leaves it unannounced. */
 static int run_flush(eworker *x) {
-  if (x->run_n == 0)
+  uint32_t a = x->run_front, b = x->run_n, bs = x->e->o.block_size;
+  x->run_front = x->run_n = 0;
+  if (a == b)
     return 0;
+  for (uint32_t i = a, j = b - 1; i < j; i++, j--) { /* chain order */
+    uint64_t t = x->run[i];
+    x->run[i] = x->run[j];
+    x->run[j] = t;
+    for (uint32_t k = 0; k < bs; k++) {
+      uint32_t u = x->run_tok[(size_t)i * bs + k];
+      x->run_tok[(size_t)i * bs + k] = x->run_tok[(size_t)j * bs + k];
+      x->run_tok[(size_t)j * bs + k] = u;
+    }
+  }
   bh_kvpub_extras ex = {x->run_salt, x->run_first, x->run_lora,
                         lora_id(x->e, x->run_lora)};
-  int rc = bh_kvpub_stored(x->pub, x->run, x->run_n,
-                           x->run_has_parent ? &x->run_parent : NULL,
-                           x->run_tok, x->e->o.block_size, "GPU", &ex);
-  x->run_n = 0;
-  return rc;
+  return bh_kvpub_stored(x->pub, x->run + a, b - a,
+                         x->run_has_parent ? &x->run_parent : NULL,
+                         x->run_tok + (size_t)a * bs, bs, "GPU", &ex);
 }
 
 /* The cache's hook: demotions, promotions, evictions (one block each). */
@@ -178,9 +194,11 @@ static int on_residency(void *ctx, uint32_t id, int tier, bool stored,
                         const kvp_key *key) {
   engine *e = ctx;
   eworker *x = &e->w[id];
-  int rc = run_flush(x);
-  if (rc < 0)
-    return rc;
+  if (!stored && tier == KVP_TIER_HBM && x->run_front < x->run_n &&
+      x->run[x->run_front] == key->lo) {
+    x->run_front++; /* never announced: nothing to remove */
+    return 0;
+  }
   if (!stored)
     return bh_kvpub_removed(x->pub, &key->lo, 1, medium_of(tier));
   uint32_t v = bh_cache_find(&x->c, *key);
@@ -205,13 +223,11 @@ static int run_add(eworker *x, const ereq *r, uint32_t j) {
     x->run_tok = nt;
     x->run_cap = nc;
   }
-  if (x->run_n == 0) {
-    x->run_first = j;
-    x->run_salt = r->a.cache_salt;
-    x->run_lora = r->a.lora_name;
-    x->run_has_parent = j > 0;
-    x->run_parent = j > 0 ? r->keys[j - 1].lo : 0;
-  }
+  x->run_first = j; /* the run's first block so far: the last added */
+  x->run_salt = r->a.cache_salt;
+  x->run_lora = r->a.lora_name;
+  x->run_has_parent = j > 0;
+  x->run_parent = j > 0 ? r->keys[j - 1].lo : 0;
   memcpy(x->run_tok + (size_t)x->run_n * bs, r->a.tokens + (size_t)j * bs,
          bs * sizeof(uint32_t));
   x->run[x->run_n++] = r->keys[j].lo;
@@ -222,8 +238,10 @@ static int run_add(eworker *x, const ereq *r, uint32_t j) {
 static int block_to_hbm(eworker *x, const ereq *r, uint32_t j) {
   bool fresh;
   int rc = bh_cache_to_hbm(&x->c, r->keys[j], KVP_CLASS_VOLATILE, &fresh);
-  if (rc < 0 || !fresh)
+  if (rc < 0)
     return rc;
+  if (!fresh) /* the run's parent: resident */
+    return run_flush(x);
   if ((rc = ntok_fit(x)) < 0)
     return rc;
   uint32_t v = bh_cache_find(&x->c, r->keys[j]);
@@ -493,10 +511,13 @@ static void on_prefill_done(evutil_socket_t fd, short ev, void *arg) {
   eworker *x = &r->e->w[r->w];
   int rc = 0;
   log_req(x, r);
-  for (uint32_t j = r->cut; j < r->n_blocks && rc == 0; j++)
+  /* the simulator's prefill_done: new blocks last first, then the chain
+   * released tail first */
+  for (uint32_t j = r->n_blocks; j-- > r->cut && rc == 0;)
     rc = block_to_hbm(x, r, j);
   if (rc == 0)
     rc = run_flush(x);
+  bh_cache_release(&x->c, r->keys, NULL, r->cut);
   bh_kvpub_flush(x->pub);
   x->cur = NULL;
   double d = bh_timing_decode_s(&r->e->tm, x->decoding, x->decode_tokens,
@@ -540,7 +561,7 @@ static void start_prefill(eworker *x, ereq *r) {
   x->hits += r->cached;
   x->prompt_tokens += r->a.n_tokens;
   int rc = 0;
-  for (uint32_t j = 0; j < r->cut && rc == 0; j++)
+  for (uint32_t j = r->cut; j-- > 0 && rc == 0;) /* head last */
     rc = block_to_hbm(x, r, j);
   if (rc == 0)
     run_flush(x);

@@ -195,9 +195,11 @@ typedef struct worker {
   uint32_t decoding;
   uint64_t decode_blocks, decode_tokens;
   uint64_t assigned; /* prefill tokens computed */
-  /* pending stored run (HBM), flushed before any other event */
+  uint32_t *found; /* cur's matched nodes (bh_cache_to_hbm_at's hints) */
+  size_t found_cap;
+  /* pending stored run (HBM): see flush_run */
   kvp_key *run;
-  size_t run_n, run_cap;
+  size_t run_front, run_n, run_cap;
   kvp_key run_parent;
   bool run_has_parent;
   kvp_ledger_record rec; /* of cur */
@@ -245,7 +247,7 @@ struct sim {
   void *seen_raw;
   size_t seen_mask, seen_n;
   uint8_t *tiers; /* scratch: tier of each matched block */
-  uint32_t *found; /* scratch: its node (a hint for bh_cache_to_hbm_at) */
+  kvp_key *rkeys;  /* scratch: a request's new blocks, last first */
   /* series */
   double *s_prompt, *s_reused;
   uint32_t s_last;
@@ -460,21 +462,41 @@ static int publish_now(struct sim *s, uint32_t w, int tier, bool stored,
   return pend_push(s, w, seq, tier, stored, parent, k, n);
 }
 
+/* A worker's pending stored run: the new blocks of the request at hand,
+ * added as its loop meets them, the last block first (a request's blocks
+ * enter HBM tail first: see prefill_done), announced in chain order, one
+ * event, when a resident block (its parent) or the loop's end closes it.
+ * Other keys' events go out meanwhile: their order against the run's does
+ * not matter.  But a pending block may be evicted before it is announced:
+ * once a request fills HBM, its own blocks are the least recently used of
+ * their class, the first added first, so that is always the run's front.
+ * It leaves the run unannounced, and its removal from HBM is not published
+ * (publish); its demotion is. */
 static int flush_run(struct sim *s, uint32_t w) {
   worker *x = &s->w[w];
-  if (x->run_n == 0)
+  size_t a = x->run_front, b = x->run_n;
+  x->run_front = x->run_n = 0;
+  if (a == b)
     return 0;
-  int rc = publish_now(s, w, KVP_TIER_HBM, true,
-                       x->run_has_parent ? &x->run_parent : NULL, x->run,
-                       x->run_n);
-  x->run_n = 0;
-  return rc;
+  for (size_t i = a, j = b - 1; i < j; i++, j--) { /* chain order */
+    kvp_key t = x->run[i];
+    x->run[i] = x->run[j];
+    x->run[j] = t;
+  }
+  return publish_now(s, w, KVP_TIER_HBM, true,
+                     x->run_has_parent ? &x->run_parent : NULL, x->run + a,
+                     b - a);
 }
 
 static int publish(struct sim *s, uint32_t w, int tier, bool stored,
                    const kvp_key *k) {
-  int rc = flush_run(s, w);
-  return rc < 0 ? rc : publish_now(s, w, tier, stored, NULL, k, 1);
+  worker *x = &s->w[w];
+  if (!stored && tier == KVP_TIER_HBM && x->run_front < x->run_n &&
+      kvp_key_eq(x->run[x->run_front], *k)) {
+    x->run_front++; /* never announced: nothing to remove */
+    return 0;
+  }
+  return publish_now(s, w, tier, stored, NULL, k, 1);
 }
 
 /* The cache's residency changes, as events (a pending run first). */
@@ -484,22 +506,23 @@ static int cache_publish(void *ctx, uint32_t w, int tier, bool stored,
 }
 
 /* Block now in HBM (loaded, recomputed or new), of class cls for the
- * request at hand; a new block extends the worker's pending stored run
- * (one event per run of new blocks).  *fresh: it was not cached. */
+ * request at hand, met last block first; a new block extends the worker's
+ * pending stored run (flush_run), a resident one ends it.  *fresh: it was
+ * not cached. */
 static int to_hbm(struct sim *s, uint32_t w, cache *c, uint32_t hint,
                   kvp_key key, const kvp_key *parent, kvp_class cls,
                   bool *fresh) {
   int rc = bh_cache_to_hbm_at(c, hint, key, cls, fresh);
-  if (rc < 0 || !*fresh || s->infinite)
+  if (rc < 0 || s->infinite)
     return rc;
+  if (!*fresh) /* the run's parent: resident */
+    return flush_run(s, w);
   if ((rc = seen_add(s, key.lo)) < 0)
     return rc;
   worker *wk = &s->w[w];
-  if (wk->run_n == 0) {
-    wk->run_has_parent = parent != NULL;
-    if (parent)
-      wk->run_parent = *parent;
-  }
+  wk->run_has_parent = parent != NULL; /* the run's first block's */
+  if (parent)
+    wk->run_parent = *parent;
   if (wk->run_n == wk->run_cap) {
     size_t nc = wk->run_cap ? wk->run_cap * 2 : 256;
     kvp_key *nr = realloc(wk->run, nc * sizeof *nr);
@@ -616,7 +639,15 @@ static int start_prefill(struct sim *s, uint32_t w) {
     for (uint64_t j = 0; j < m; j++)
       s->tiers[j] = KVP_TIER_HBM;
   } else {
-    m = bh_cache_match(c, keys, n, s->tiers, s->found);
+    if (n > x->found_cap) {
+      size_t nc = n > 2 * x->found_cap ? n : 2 * x->found_cap;
+      uint32_t *nf = realloc(x->found, nc * sizeof *nf);
+      if (nf == NULL)
+        return KVP_ENOMEM;
+      x->found = nf;
+      x->found_cap = nc;
+    }
+    m = bh_cache_match(c, keys, n, s->tiers, x->found);
     /* payoff cut: the prefix whose load + the rest's prefill is cheapest */
     cut = bh_timing_cut(&s->tm, s->tiers, m, q->in_tokens);
   }
@@ -679,11 +710,12 @@ static int start_prefill(struct sim *s, uint32_t w) {
     r->avoided_flops = kvp_model_prefill_flops(&s->cl.model, 0, cut * bs);
     r->avoided_gpu_seconds = r->avoided_flops / s->flops_s;
   }
-  /* the loaded prefix is now in HBM, most recently used */
+  /* the loaded prefix is now in HBM, most recently used, its head last
+   * (so a request that fills HBM evicts its own blocks tail first) */
   bool fresh;
   int rc = 0;
-  for (uint64_t j = 0; j < cut && rc == 0 && !s->infinite; j++)
-    rc = to_hbm(s, w, c, s->found[j], keys[j], j ? &keys[j - 1] : NULL,
+  for (uint64_t j = cut; j-- > 0 && rc == 0 && !s->infinite;)
+    rc = to_hbm(s, w, c, x->found[j], keys[j], j ? &keys[j - 1] : NULL,
                 blk_class(q, j), &fresh);
   if (rc == 0)
     rc = flush_run(s, w);
@@ -732,17 +764,26 @@ static int prefill_done(struct sim *s, uint32_t w, uint32_t i) {
   if (s->q_seen)
     log_req(s, w, i);
   kvp_hist_record(s->res->ttft_us, (uint64_t)(ttft * 1e6 + 0.5));
-  /* the engine keeps every full block of the prompt (HBM, most recent);
-   * those past the worker's match (m) are new: their "ever cached" slots
-   * are loaded ahead too */
-  uint64_t from = x->rec.reused_tokens / s->bs;
+  /* The engine keeps every full block of the prompt in HBM, and frees
+   * them as vLLM does, tail first: the blocks past the reused prefix enter
+   * HBM last block first (a request that fills HBM evicts its own tail
+   * first), then the whole chain is released (bh_cache_release: head most
+   * recently used).  So each worker's HBM, and HBM + DRAM, stays a prefix
+   * of every chain: the router's index bisects (kvp_index_opts.
+   * prefix_closed).  Those past the worker's match (m) are new: their
+   * "ever cached" slots are loaded ahead too.  rkeys: the keys last first,
+   * for bh_cache_prefetch's forward pipeline. */
+  uint64_t from = x->rec.reused_tokens / s->bs, n = q->n_blocks;
   uint64_t m = from + x->rec.miss_tokens[KVP_MISS_NOT_WORTH_LOADING] / s->bs;
-  if (!s->infinite)
-    bh_cache_prefetch_begin(c, keys, from, q->n_blocks);
-  for (uint64_t j = from; j < q->n_blocks && rc == 0 && !s->infinite; j++) {
-    bh_cache_prefetch(c, keys, j, q->n_blocks);
-    if (j + PREFETCH_AHEAD >= m && j + PREFETCH_AHEAD < q->n_blocks)
-      seen_prefetch(s, keys[j + PREFETCH_AHEAD].lo);
+  uint64_t nn = s->infinite ? 0 : n - from;
+  for (uint64_t r = 0; r < nn; r++)
+    s->rkeys[r] = keys[n - 1 - r];
+  bh_cache_prefetch_begin(c, s->rkeys, 0, nn);
+  for (uint64_t r = 0; r < nn && rc == 0; r++) {
+    uint64_t j = n - 1 - r;
+    bh_cache_prefetch(c, s->rkeys, r, nn);
+    if (r + PREFETCH_AHEAD < nn && j - PREFETCH_AHEAD >= m)
+      seen_prefetch(s, s->rkeys[r + PREFETCH_AHEAD].lo);
     rc = to_hbm(s, w, c, NONE, keys[j], j ? &keys[j - 1] : NULL,
                 blk_class(q, j), &fresh);
   }
@@ -750,6 +791,8 @@ static int prefill_done(struct sim *s, uint32_t w, uint32_t i) {
     rc = flush_run(s, w);
   if (rc < 0)
     return rc;
+  if (!s->infinite)
+    bh_cache_release(c, keys, x->found, from);
   if (kvp_ledger_add(s->led, &x->rec) < 0)
     s->res->ledger_rejects++;
   if (s->rt)
@@ -964,7 +1007,8 @@ static int sim_setup(struct sim *s, const bh_trace *t, const bh_sim_opts *o,
   kvp_index_opts io = {.max_workers = s->nw,
                        .expected_keys = s->infinite ? 0
                                         : most < t->n_keys ? most
-                                                           : t->n_keys};
+                                                           : t->n_keys,
+                       .prefix_closed = !o->index_walk};
   if ((rc = kvp_index_create(&io, NULL, &s->ix)) < 0 ||
       (rc = kvp_ledger_create(NULL, NULL, &s->led)) < 0 ||
       (rc = kvp_hist_create(NULL, &r->ttft_us)) < 0)
@@ -987,10 +1031,10 @@ static int sim_setup(struct sim *s, const bh_trace *t, const bh_sim_opts *o,
     if (t->reqs[i].n_blocks > maxb)
       maxb = t->reqs[i].n_blocks;
   s->tiers = malloc(maxb);
-  s->found = malloc((size_t)maxb * sizeof *s->found);
+  s->rkeys = malloc((size_t)maxb * sizeof *s->rkeys);
   if (s->w == NULL || s->req_worker == NULL || s->inf_reuse == NULL ||
       s->arrive == NULL || s->est_uncached == NULL || s->seen == NULL ||
-      s->tiers == NULL || s->found == NULL)
+      s->tiers == NULL || s->rkeys == NULL)
     return KVP_ENOMEM;
   for (uint32_t v = 0; v < s->nw; v++) {
     s->w[v].cur = NONE;
@@ -1038,6 +1082,7 @@ static void sim_teardown(struct sim *s) {
     bh_cache_free(&s->w[v].c);
     free(s->w[v].q);
     free(s->w[v].run);
+    free(s->w[v].found);
   }
   if (s->infinite)
     bh_cache_free(&s->inf);
@@ -1054,7 +1099,7 @@ static void sim_teardown(struct sim *s) {
   free(s->pend);
   free(s->pend_keys);
   free(s->tiers);
-  free(s->found);
+  free(s->rkeys);
   free(s->s_prompt);
   free(s->s_reused);
   kvp_router_destroy(s->rt);
@@ -1154,6 +1199,38 @@ void bh_batch_memory(void) {
     }
 }
 
+/* bh_sim_opts.verify_index: every worker's residency in the index (its
+ * digest: keys and tiers) against its cache's. */
+static int verify_index(struct sim *s) {
+  pend_flush(s);
+  for (uint32_t v = 0; v < s->nw && !s->infinite; v++) {
+    const cache *c = &s->w[v].c;
+    kvp_key *k = malloc((c->n_nodes + 1) * sizeof *k);
+    uint8_t *tr = malloc(c->n_nodes + 1);
+    if (k == NULL || tr == NULL) {
+      free(k);
+      free(tr);
+      return KVP_ENOMEM;
+    }
+    size_t n = 0;
+    for (uint32_t x = 0; x < c->n_nodes; x++)
+      if (c->nodes[x].tier != BH_TIER_FREE) {
+        k[n] = c->nodes[x].key;
+        tr[n++] = c->nodes[x].tier;
+      }
+    uint64_t want = 0, got = 1;
+    int rc = kvp_index_digest_of(k, tr, n, &want);
+    if (rc == 0)
+      rc = kvp_index_digest(s->ix, v, &got);
+    free(k);
+    free(tr);
+    if (rc < 0)
+      return rc;
+    s->res->index_mismatches += want != got;
+  }
+  return 0;
+}
+
 int bh_sim_run(const bh_trace *t, const bh_sim_opts *o, bh_result *r,
                char *err, size_t cap) {
   struct sim s;
@@ -1175,6 +1252,16 @@ int bh_sim_run(const bh_trace *t, const bh_sim_opts *o, bh_result *r,
   int rc = sim_setup(&s, t, o, r, err, cap);
   if (rc >= 0)
     rc = sim_loop(&s);
+  if (rc >= 0 && s.ix != NULL) {
+    kvp_index_stats st;
+    if (kvp_index_stats_get(s.ix, &st) == 0) {
+      r->index_queries = st.queries;
+      r->index_query_blocks = st.query_blocks;
+      r->index_closure_violations = st.closure_violations;
+    }
+    if (o->verify_index)
+      rc = verify_index(&s);
+  }
   if (rc >= 0) {
     summarize(&s);
     r->wall_seconds = (double)(kvp_now_ns() - t0) / 1e9;
