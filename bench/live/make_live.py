@@ -26,7 +26,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -53,12 +52,7 @@ def log(msg):
     print(msg, flush=True)
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+from loopports import free_port  # noqa: E402 (below the ephemeral range)
 
 
 def http_ok(url, timeout=1.0):

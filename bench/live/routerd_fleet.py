@@ -14,19 +14,13 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+from loopports import free_port  # noqa: E402 (below the ephemeral range)
 
 
 def wait_http(url, timeout=20):
