@@ -360,7 +360,9 @@ static int query_fast(qctx *c, const kvp_key *keys, size_t n,
  * violation; the query then walks.  (A worker that no longer holds any class
  * at a point has its answer fixed before it, so what it holds later does not
  * matter.) */
-#define BSPANS 128u /* open spans per round; more -> walk (no violation) */
+#define BSPANS 128u /* open spans per round, one group (fewer with more:
+                       one stack buffer holds them); more -> walk (no
+                       violation) */
 #define BGROUPS 4u  /* worker groups holding block 0; more -> walk (ditto) */
 
 /* The spans of a round live in one array of words, stride words each: word
@@ -378,6 +380,7 @@ typedef struct bstate {
   unsigned ng;                    /* groups (1 on the fast path) */
   uint8_t gid[BGROUPS];           /* ... their ids, increasing */
   size_t nw, stride;              /* mask words per span field; span words */
+  size_t cap;                     /* spans a round may open */
   size_t nspans, nnext;
   uint64_t *cur, *next;
   qblk *b; /* the wide path's gather scratch, NULL on the fast path */
@@ -413,7 +416,7 @@ static bis_rc span_push(bstate *st, uint32_t a, uint32_t b,
     bits_resolve(st, bits, b);
     return BIS_OK;
   }
-  if (st->nnext == BSPANS)
+  if (st->nnext == st->cap)
     return BIS_WIDE;
   uint64_t *sp = span_at(st, st->next, st->nnext++);
   sp[0] = a | (uint64_t)b << 32;
@@ -533,7 +536,7 @@ static void sort_gids(uint8_t *g, unsigned n);
 static int query_bisect(qctx *c, const kvp_key *keys, size_t n,
                         kvp_index_match *out, size_t cap, bool *violation) {
   static const uint64_t none[BGROUPS * NCLS];
-  uint64_t stackbuf[2 * BSPANS * (1 + 3 * NCLS)], *buf = stackbuf;
+  uint64_t stackbuf[2 * BSPANS * (1 + 3 * NCLS)];
   uint64_t cm0[BGROUPS * NCLS], seen[BGROUPS];
   qblk qb;
   bstate st = {.ng = 1};
@@ -556,11 +559,9 @@ static int query_bisect(qctx *c, const kvp_key *keys, size_t n,
   }
   st.nw = st.ng * NCLS;
   st.stride = 1 + 3 * st.nw;
-  size_t bytes = 2 * BSPANS * st.stride * sizeof *buf;
-  if (bytes > sizeof stackbuf &&
-      (buf = kvp__malloc(&c->ix->alloc, bytes)) == NULL)
-    return KVP_EBUSY; /* the walk needs no memory for <= 4 groups */
-  st.cur = buf, st.next = buf + BSPANS * st.stride;
+  /* two rounds' spans in the stack buffer: 128 for one group, 33 for 4 */
+  st.cap = sizeof stackbuf / (2 * st.stride * sizeof *stackbuf);
+  st.cur = stackbuf, st.next = stackbuf + st.cap * st.stride;
   gather_bisect(c, &st, fp, h, p, cm0);
   bool any = false;
   for (unsigned g = 0; g < st.ng; g++)
@@ -577,8 +578,6 @@ static int query_bisect(qctx *c, const kvp_key *keys, size_t n,
     *violation = r == BIS_VIOLATION;
     rc = r != BIS_OK ? KVP_EBUSY : (int)emit_bisect(c, &st, seen, out, cap);
   }
-  if (buf != stackbuf)
-    kvp__free(&c->ix->alloc, buf, bytes);
   return rc;
 }
 

@@ -294,6 +294,24 @@ TEST(index_bisects_as_it_walks) {
       bh_result_free(&b);
       bh_result_free(&w);
     }
+  /* S3-FIFO in HBM keeps no recency order to release tail first: the index
+   * walks every query; the events still match the caches (its FIFO evicts
+   * a request's pending blocks first-in first, the run's front) */
+  bh_sim_opts o = tiny_opts(KVP_POLICY_KVPLANE_COST, 6);
+  o.cl.hbm_blocks = o.cl.dram_blocks = o.cl.nvme_blocks = 3000;
+  o.cl.tier_policy[KVP_TIER_HBM] = KVP_TIER_POLICY_S3FIFO;
+  o.verify_index = true;
+  bh_result b, w;
+  run(&t, &o, &b);
+  o.index_walk = true;
+  run(&t, &o, &w);
+  ASSERT_EQ(b.index_mismatches, 0u);
+  ASSERT_GT(b.evicted_blocks, 0u);
+  ASSERT_EQ(b.index_closure_violations, 0u);
+  ASSERT_EQ(b.index_query_blocks, w.index_query_blocks);
+  ASSERT_MEM_EQ(&b.tot, &w.tot, sizeof b.tot);
+  bh_result_free(&b);
+  bh_result_free(&w);
   bh_trace_free(&t);
 }
 

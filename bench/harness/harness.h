@@ -187,7 +187,8 @@ typedef struct bh_sim_opts {
   bool index_walk;       /* the router's index walks every query instead of
                             bisecting (kvp_index_opts.prefix_closed = 0): the
                             same answers while the caches keep the contract,
-                            only slower; tests */
+                            only slower; tests.  An S3-FIFO HBM (no
+                            tail-first release) always walks */
 } bh_sim_opts;
 
 /* The router's model / GPU spec (kvp_router_opts_from_config) as the

@@ -1008,7 +1008,9 @@ static int sim_setup(struct sim *s, const bh_trace *t, const bh_sim_opts *o,
                        .expected_keys = s->infinite ? 0
                                         : most < t->n_keys ? most
                                                            : t->n_keys,
-                       .prefix_closed = !o->index_walk};
+                       .prefix_closed = !o->index_walk && s->cl.tier_policy
+                                                          [KVP_TIER_HBM] ==
+                                                      KVP_TIER_POLICY_LRU};
   if ((rc = kvp_index_create(&io, NULL, &s->ix)) < 0 ||
       (rc = kvp_ledger_create(NULL, NULL, &s->led)) < 0 ||
       (rc = kvp_hist_create(NULL, &r->ttft_us)) < 0)
