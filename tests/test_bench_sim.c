@@ -52,16 +52,19 @@ TEST(cache_hint_stale) {
   ASSERT_TRUE(fresh);
   uint32_t xa = bh_cache_find(&c, a);
   ASSERT_NE(xa, BH_NONE);
-  ASSERT_OK(bh_cache_to_hbm_at(&c, xa, a, KVP_CLASS_VOLATILE, &fresh));
+  uint32_t out = BH_NONE;
+  ASSERT_OK(bh_cache_to_hbm_at(&c, xa, a, KVP_CLASS_VOLATILE, &fresh, &out));
   ASSERT_FALSE(fresh); /* the hint holds a: a hit */
+  ASSERT_EQ(out, xa);
   ASSERT_OK(bh_cache_to_hbm(&c, b, KVP_CLASS_VOLATILE, &fresh));
   ASSERT_OK(bh_cache_to_hbm(&c, k3, KVP_CLASS_VOLATILE, &fresh));
   ASSERT_EQ(bh_cache_find(&c, a), BH_NONE); /* a was the LRU: evicted */
   ASSERT_EQ(bh_cache_find(&c, k3), xa);     /* ... its node now holds k3 */
-  ASSERT_OK(bh_cache_to_hbm_at(&c, xa, a, KVP_CLASS_VOLATILE, &fresh));
+  ASSERT_OK(bh_cache_to_hbm_at(&c, xa, a, KVP_CLASS_VOLATILE, &fresh, &out));
   ASSERT_TRUE(fresh); /* not taken for k3's node: a is cached anew */
   ASSERT_NE(bh_cache_find(&c, a), BH_NONE);
   ASSERT_NE(bh_cache_find(&c, a), xa);
+  ASSERT_EQ(out, bh_cache_find(&c, a));
   ASSERT_EQ(c.count[KVP_TIER_HBM], 2u);
   ASSERT_EQ(c.st.evicted_blocks, 2u);
   bh_cache_free(&c);
@@ -142,6 +145,77 @@ TEST(cache_match_agrees) {
     ASSERT_EQ(tiers[j], KVP_TIER_HBM);
   }
   ASSERT_EQ(bh_cache_match(&c, keys + 15, 0, tiers, nodes), 0u);
+  bh_cache_free(&c);
+}
+
+/* bh_cache_match_hinted gives bh_cache_match's answer whatever the hints:
+ * 8 chains of 40 blocks (shared heads) through a 64-block HBM over a
+ * 32-block DRAM, used and released at random; each use matches with the
+ * nodes its chain's last use found as hints (some since evicted, their
+ * nodes freed or reused for other keys, some of their keys cached anew in
+ * other nodes), with hints cut short, run long, out of range or garbled. */
+TEST(cache_match_hinted) {
+  bh_cluster cl;
+  bh_cluster_defaults(&cl);
+  cl.hbm_blocks = 64;
+  cl.dram_blocks = 32;
+  cl.nvme_blocks = 0;
+  bh_cache c;
+  ASSERT_OK(bh_cache_init(&c, &cl, true));
+  enum { CH = 8, LEN = 40 };
+  kvp_key keys[CH][LEN];
+  uint32_t hint[CH][LEN + 8];
+  uint64_t nh[CH] = {0};
+  for (int k = 0; k < CH; k++)
+    for (int j = 0; j < LEN; j++) /* chains 2i, 2i+1 share 10 blocks */
+      keys[k][j] = j < 10 ? (kvp_key){.lo = 7000 + (uint64_t)(k / 2) * 100 + j,
+                                     .hi = 1}
+                          : (kvp_key){.lo = 9000 + (uint64_t)k * 100 + j,
+                                      .hi = 2};
+  uint64_t rng = 12345, stale = 0, moved = 0, hinted_found = 0;
+  uint8_t t1[LEN], t2[LEN];
+  uint32_t n1[LEN], n2[LEN];
+  for (int it = 0; it < 3000; it++) {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    int k = (int)(rng >> 33) % CH;
+    uint64_t len = 1 + (rng >> 40) % LEN, h = nh[k];
+    uint32_t hs[LEN + 8];
+    memcpy(hs, hint[k], sizeof hs);
+    switch ((rng >> 20) % 5) { /* the hints as a caller might hold them */
+    case 0: break;
+    case 1: h = h / 2; break;                          /* cut short */
+    case 2: for (uint64_t j = h; j < LEN + 8; j++) hs[j] = (uint32_t)j;
+            h = LEN + 8; break;                        /* run long */
+    case 3: if (h > 3) hs[h / 3] = c.n_nodes + 7, hs[h / 2] = BH_NONE;
+            break;                                     /* out of range */
+    case 4: if (h > 1) { uint32_t x = hs[0]; hs[0] = hs[h - 1]; hs[h - 1] = x; }
+            break;                                     /* garbled */
+    }
+    for (uint64_t j = 0; j < h && j < len; j++) {
+      uint32_t f = bh_cache_find(&c, keys[k][j]);
+      if (hs[j] < c.n_nodes && f != hs[j])
+        *(f == BH_NONE ? &stale : &moved) += 1;
+    }
+    uint64_t m1 = bh_cache_match(&c, keys[k], len, t1, n1);
+    uint64_t m2 = bh_cache_match_hinted(&c, keys[k], len, hs, h, t2, n2);
+    ASSERT_EQ(m2, m1);
+    ASSERT_EQ(memcmp(t1, t2, m1), 0);
+    ASSERT_EQ(memcmp(n1, n2, m1 * sizeof *n1), 0);
+    hinted_found += m1 > 0 && h > 0 && hs[0] == n1[0];
+    /* the use: its blocks into HBM tail first, nodes noted, released */
+    bool fresh;
+    for (uint64_t j = len; j-- > 0;)
+      ASSERT_OK(bh_cache_to_hbm_at(&c, j < m1 ? n1[j] : BH_NONE, keys[k][j],
+                                   KVP_CLASS_VOLATILE, &fresh, &hint[k][j]));
+    for (uint64_t j = 0; j < len; j++)
+      ASSERT_EQ(hint[k][j], bh_cache_find(&c, keys[k][j]));
+    nh[k] = len;
+    bh_cache_release(&c, keys[k], hint[k], len);
+  }
+  /* every kind of hint was met: still right, freed, and its key elsewhere */
+  ASSERT_TRUE(hinted_found > 100);
+  ASSERT_TRUE(stale > 100);
+  ASSERT_TRUE(moved > 10);
   bh_cache_free(&c);
 }
 
@@ -636,7 +710,7 @@ TEST(config_router_agrees) {
 }
 
 TEST_MAIN(TEST_ENTRY(config_router_agrees), TEST_ENTRY(cache_hint_stale), TEST_ENTRY(cache_release_tail_first), TEST_ENTRY(index_bisects_as_it_walks),
-          TEST_ENTRY(cache_match_agrees), TEST_ENTRY(tiny_exact), TEST_ENTRY(tiny_tiers),
+          TEST_ENTRY(cache_match_agrees), TEST_ENTRY(cache_match_hinted), TEST_ENTRY(tiny_exact), TEST_ENTRY(tiny_tiers),
           TEST_ENTRY(routing_follows_events), TEST_ENTRY(prompt_drift),
           TEST_ENTRY(promote_from_last_tier), TEST_ENTRY(dram_policy_exact),
           TEST_ENTRY(deterministic),

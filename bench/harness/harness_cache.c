@@ -91,6 +91,14 @@ void bh_cache_free(cache *c) {
 
 typedef bh_cache_slot slot;
 
+/* Whether node x (< n_nodes, or BH_NONE) is key's: a hint taken before
+ * other blocks moved may name a node freed since (tier BH_TIER_FREE) or
+ * reused for another key. */
+static bool node_is(const cache *c, uint32_t x, kvp_key key) {
+  return x < c->n_nodes && c->nodes[x].tier != BH_TIER_FREE &&
+         kvp_key_eq(c->nodes[x].key, key);
+}
+
 uint32_t bh_cache_find(const cache *c, kvp_key k) {
   uint32_t h = bh_cache_hash32(k.lo);
   for (size_t i = h & c->mask;; i = (i + 1) & c->mask) {
@@ -152,6 +160,28 @@ uint64_t bh_cache_match(const cache *c, const kvp_key *keys, uint64_t n,
     nodes[m] = x;
   }
   return m;
+}
+
+/* The hints' nodes are read 2A blocks ahead: one line each, and their
+ * addresses known without a dependent read. */
+uint64_t bh_cache_match_hinted(const cache *c, const kvp_key *keys, uint64_t n,
+                               const uint32_t *hints, uint64_t nh,
+                               uint8_t *tiers, uint32_t *nodes) {
+  const uint64_t D = 2 * BH_PREFETCH_AHEAD;
+  uint64_t lim = nh < n ? nh : n, m = 0;
+  for (uint64_t j = 0; j < lim && j < D; j++)
+    if (hints[j] < c->n_nodes)
+      __builtin_prefetch(&c->nodes[hints[j]]);
+  for (; m < lim; m++) {
+    if (m + D < lim && hints[m + D] < c->n_nodes)
+      __builtin_prefetch(&c->nodes[hints[m + D]]);
+    uint32_t x = hints[m];
+    if (!node_is(c, x, keys[m]))
+      break;
+    tiers[m] = c->nodes[x].tier;
+    nodes[m] = x;
+  }
+  return m + bh_cache_match(c, keys + m, n - m, tiers + m, nodes + m);
 }
 
 static int tab_grow(cache *c) {
@@ -389,22 +419,18 @@ static int promote(cache *c, uint32_t x, kvp_key key, kvp_class cls) {
 /* Block now in HBM (loaded, recomputed or new), of class cls for the
  * request at hand.  *fresh: it was not cached. */
 int bh_cache_to_hbm(cache *c, kvp_key key, kvp_class cls, bool *fresh) {
-  return bh_cache_to_hbm_at(c, NONE, key, cls, fresh);
-}
-
-/* Whether node x (< n_nodes, or BH_NONE) is key's: a hint taken before
- * other blocks moved may name a node freed since (tier BH_TIER_FREE) or
- * reused for another key. */
-static bool node_is(const cache *c, uint32_t x, kvp_key key) {
-  return x < c->n_nodes && c->nodes[x].tier != BH_TIER_FREE &&
-         kvp_key_eq(c->nodes[x].key, key);
+  return bh_cache_to_hbm_at(c, NONE, key, cls, fresh, NULL);
 }
 
 int bh_cache_to_hbm_at(cache *c, uint32_t hint, kvp_key key, kvp_class cls,
-                       bool *fresh) {
+                       bool *fresh, uint32_t *out) {
   uint32_t x = node_is(c, hint, key) ? hint : bh_cache_find(c, key);
+  uint32_t dummy;
   int rc;
   *fresh = false;
+  if (out == NULL)
+    out = &dummy;
+  *out = x; /* a node keeps its id through touches and promotion */
   if (x != NONE && c->nodes[x].reuses < 255)
     c->nodes[x].reuses++;
   if (x != NONE && c->nodes[x].tier == KVP_TIER_HBM) {
@@ -423,14 +449,13 @@ int bh_cache_to_hbm_at(cache *c, uint32_t hint, kvp_key key, kvp_class cls,
   kvp__tier_admit_seen(gate_of(c), key.lo); /* recomputed after a reject? */
   if ((rc = bh_cache_node_new(c, key, &x)) < 0)
     return rc;
+  *out = x;
   c->nodes[x].cls = (uint8_t)(c->classes ? cls : KVP_CLASS_VOLATILE);
   if ((rc = bh_cache_tier_insert(c, x, KVP_TIER_HBM)) < 0)
     return rc;
   *fresh = true;
   return 0;
 }
-
-static bool node_is(const cache *c, uint32_t x, kvp_key key);
 
 void bh_cache_release(cache *c, const kvp_key *keys, const uint32_t *hints,
                       uint64_t n) {

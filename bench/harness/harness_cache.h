@@ -134,6 +134,16 @@ static inline void bh_cache_prefetch(const bh_cache *c, const kvp_key *keys,
  * the slot line is read once, not twice. */
 uint64_t bh_cache_match(const bh_cache *c, const kvp_key *keys, uint64_t n,
                         uint8_t *tiers, uint32_t *nodes);
+/* The same answer, given hints[0..nh): the nodes that held keys[0..nh)
+ * some time ago (a session's previous turn on this worker).  While a hint's
+ * node still holds its key, the block is found in that node, one line read
+ * (prefetched from the hint array, no table probe first); from the first
+ * hint that no longer does (freed, or reused for another key), or past the
+ * hints, the table decides as in bh_cache_match.  A key has one node at a
+ * time, so a hint that still holds its key is the block's node. */
+uint64_t bh_cache_match_hinted(const bh_cache *c, const kvp_key *keys,
+                               uint64_t n, const uint32_t *hints, uint64_t nh,
+                               uint8_t *tiers, uint32_t *nodes);
 /* A new node for k (not yet on a tier: bh_cache_tier_insert next). */
 int bh_cache_node_new(bh_cache *c, kvp_key k, uint32_t *out);
 int bh_cache_tier_insert(bh_cache *c, uint32_t x, int k);
@@ -143,9 +153,10 @@ int bh_cache_tier_insert(bh_cache *c, uint32_t x, int k);
 int bh_cache_to_hbm(bh_cache *c, kvp_key key, kvp_class cls, bool *fresh);
 /* The same, with hint = the node bh_cache_find returned for key earlier
  * (BH_NONE: none): used when it still holds key, which saves the table
- * probe; any other node (freed or reused since) is ignored. */
+ * probe; any other node (freed or reused since) is ignored.  *out (NULL:
+ * not wanted): the block's node, now in HBM. */
 int bh_cache_to_hbm_at(bh_cache *c, uint32_t hint, kvp_key key, kvp_class cls,
-                       bool *fresh);
+                       bool *fresh, uint32_t *out);
 /* A request's blocks keys[0..n) released as vLLM frees them, tail first:
  * each one still in HBM becomes the most recently used there, the last
  * block first, so the chain's head goes last.  With the stability classes

@@ -183,6 +183,17 @@ typedef struct delayed {
   kvp_key keys[];
 } delayed;
 
+/* A session's last turn's nodes on its worker, block by block, kept for
+ * its next turn there (bh_cache_match_hinted: a node read per matched block
+ * instead of a table slot and then the node), while the session has
+ * requests left to start. */
+typedef struct sess_hint {
+  uint32_t worker; /* whose nodes */
+  uint32_t left;   /* the session's requests not past prefill yet */
+  uint64_t n, cap;
+  uint32_t *nodes;
+} sess_hint;
+
 typedef struct worker {
   cache c;
   uint32_t *q; /* FIFO of request indices */
@@ -235,6 +246,7 @@ struct sim {
   uint64_t *est_uncached;
   uint32_t *prev_req;  /* the session's request before this one, or NONE */
   uint32_t *sess_last; /* per session name: its latest arrival */
+  struct sess_hint *hint; /* per session name: see sess_hint */
   uint32_t *q_seen;    /* req_log: requests ahead of it on arrival */
   double t_first;      /* req_log: the first arrival (the log's zero) */
   /* index events published but not applied yet (see "index events") */
@@ -511,8 +523,8 @@ static int cache_publish(void *ctx, uint32_t w, int tier, bool stored,
  * not cached. */
 static int to_hbm(struct sim *s, uint32_t w, cache *c, uint32_t hint,
                   kvp_key key, const kvp_key *parent, kvp_class cls,
-                  bool *fresh) {
-  int rc = bh_cache_to_hbm_at(c, hint, key, cls, fresh);
+                  bool *fresh, uint32_t *node) {
+  int rc = bh_cache_to_hbm_at(c, hint, key, cls, fresh, node);
   if (rc < 0 || s->infinite)
     return rc;
   if (!*fresh) /* the run's parent: resident */
@@ -647,7 +659,12 @@ static int start_prefill(struct sim *s, uint32_t w) {
       x->found = nf;
       x->found_cap = nc;
     }
-    m = bh_cache_match(c, keys, n, s->tiers, x->found);
+    const sess_hint *h = q->session ? &s->hint[q->session] : NULL;
+    if (h != NULL && h->n > 0 && h->worker == w)
+      m = bh_cache_match_hinted(c, keys, n, h->nodes, h->n, s->tiers,
+                                x->found);
+    else
+      m = bh_cache_match(c, keys, n, s->tiers, x->found);
     /* payoff cut: the prefix whose load + the rest's prefill is cheapest */
     cut = bh_timing_cut(&s->tm, s->tiers, m, q->in_tokens);
   }
@@ -716,7 +733,7 @@ static int start_prefill(struct sim *s, uint32_t w) {
   int rc = 0;
   for (uint64_t j = cut; j-- > 0 && rc == 0 && !s->infinite;)
     rc = to_hbm(s, w, c, x->found[j], keys[j], j ? &keys[j - 1] : NULL,
-                blk_class(q, j), &fresh);
+                blk_class(q, j), &fresh, NULL);
   if (rc == 0)
     rc = flush_run(s, w);
   if (rc < 0)
@@ -778,6 +795,28 @@ static int prefill_done(struct sim *s, uint32_t w, uint32_t i) {
   uint64_t nn = s->infinite ? 0 : n - from;
   for (uint64_t r = 0; r < nn; r++)
     s->rkeys[r] = keys[n - 1 - r];
+  /* the session's next turn starts from these nodes (sess_hint) */
+  sess_hint *h = q->session && !s->infinite ? &s->hint[q->session] : NULL;
+  uint32_t *hn = NULL;
+  if (h != NULL && --h->left == 0) { /* its last request: no next turn */
+    free(h->nodes);
+    *h = (sess_hint){0};
+    h = NULL;
+  }
+  if (h != NULL) {
+    if (n > h->cap) {
+      uint64_t nc = n > 2 * h->cap ? n : 2 * h->cap;
+      uint32_t *p = realloc(h->nodes, nc * sizeof *p);
+      if (p == NULL)
+        return KVP_ENOMEM;
+      h->nodes = p;
+      h->cap = nc;
+    }
+    memcpy(h->nodes, x->found, from * sizeof *h->nodes);
+    h->worker = w;
+    h->n = n;
+    hn = h->nodes;
+  }
   bh_cache_prefetch_begin(c, s->rkeys, 0, nn);
   for (uint64_t r = 0; r < nn && rc == 0; r++) {
     uint64_t j = n - 1 - r;
@@ -785,7 +824,7 @@ static int prefill_done(struct sim *s, uint32_t w, uint32_t i) {
     if (r + PREFETCH_AHEAD < nn && j - PREFETCH_AHEAD >= m)
       seen_prefetch(s, s->rkeys[r + PREFETCH_AHEAD].lo);
     rc = to_hbm(s, w, c, NONE, keys[j], j ? &keys[j - 1] : NULL,
-                blk_class(q, j), &fresh);
+                blk_class(q, j), &fresh, hn ? &hn[j] : NULL);
   }
   if (rc == 0)
     rc = flush_run(s, w);
@@ -1023,8 +1062,12 @@ static int sim_setup(struct sim *s, const bh_trace *t, const bh_sim_opts *o,
   s->est_uncached = calloc(n + 1, sizeof *s->est_uncached);
   s->prev_req = malloc((n + 1) * sizeof *s->prev_req);
   s->sess_last = malloc((t->n_names + 1) * sizeof *s->sess_last);
-  if (s->prev_req == NULL || s->sess_last == NULL)
+  s->hint = calloc(t->n_names + 1, sizeof *s->hint);
+  if (s->prev_req == NULL || s->sess_last == NULL || s->hint == NULL)
     return KVP_ENOMEM;
+  for (size_t i = 0; i < n; i++)
+    if (t->reqs[i].session)
+      s->hint[t->reqs[i].session].left++;
   memset(s->sess_last, 0xff, (t->n_names + 1) * sizeof *s->sess_last);
   s->seen_mask = 4095;
   s->seen = s->seen_raw = calloc(s->seen_mask + 1, sizeof *s->seen);
@@ -1096,6 +1139,9 @@ static void sim_teardown(struct sim *s) {
   free(s->est_uncached);
   free(s->prev_req);
   free(s->sess_last);
+  for (size_t k = 0; s->hint && k <= s->t->n_names; k++)
+    free(s->hint[k].nodes);
+  free(s->hint);
   free(s->q_seen);
   free(s->seen_raw);
   free(s->pend);
