@@ -731,9 +731,12 @@ static int start_prefill(struct sim *s, uint32_t w) {
    * (so a request that fills HBM evicts its own blocks tail first) */
   bool fresh;
   int rc = 0;
-  for (uint64_t j = cut; j-- > 0 && rc == 0 && !s->infinite;)
+  for (uint64_t j = cut; j-- > 0 && rc == 0 && !s->infinite;) {
+    if (j >= PREFETCH_AHEAD) /* the policy entry the touch moves */
+      kvp__tier_policy_prefetch(c->hot, x->found[j - PREFETCH_AHEAD]);
     rc = to_hbm(s, w, c, x->found[j], keys[j], j ? &keys[j - 1] : NULL,
                 blk_class(q, j), &fresh, NULL);
+  }
   if (rc == 0)
     rc = flush_run(s, w);
   if (rc < 0)
