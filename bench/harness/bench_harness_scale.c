@@ -24,7 +24,8 @@
  * first factor (the baseline) is run again after each run of a larger one,
  * its trace kept: memory bandwidth on a shared machine drifts over the
  * minutes a 20x replay takes.  Three slowdowns are printed: all runs'
- * requests over all their seconds, the ratio of medians per policy, and
+ * requests over all their seconds (each policy's mean run, as one run of
+ * every policy would take), the ratio of medians per policy, and
  * (the headline, and what --check tests) "paired": each larger-factor run
  * against the baseline runs just before and after it, the median of those
  * ratios. */
@@ -274,13 +275,21 @@ static int factor_run(const opts *o, factor *f, int least, runs *r) {
 }
 
 /* Requests per second over r[p]'s runs from[p] .. to[p] - 1, all policies
- * together (NULL from/to: all runs). */
+ * together (NULL from/to: all runs), as one run of each policy would see
+ * it: each policy's mean requests over its mean seconds per run, summed.
+ * (A fast policy runs more often in the same time: summing runs would
+ * weigh it more.) */
 static double runs_span(const opts *o, const runs *r, const int *from,
                         const int *to) {
   double req = 0, s = 0;
-  for (size_t p = 0; p < o->n_policies; p++)
-    for (int k = from ? from[p] : 0; k < (to ? to[p] : r[p].n); k++)
-      req += r[p].v[k].req, s += r[p].v[k].s;
+  for (size_t p = 0; p < o->n_policies; p++) {
+    int k0 = from ? from[p] : 0, k1 = to ? to[p] : r[p].n;
+    double pq = 0, ps = 0;
+    for (int k = k0; k < k1; k++)
+      pq += r[p].v[k].req, ps += r[p].v[k].s;
+    if (k1 > k0)
+      req += pq / (k1 - k0), s += ps / (k1 - k0);
+  }
   return s > 0 ? req / s : 0;
 }
 

@@ -259,6 +259,9 @@ struct sim {
   void *seen_raw;
   size_t seen_mask, seen_n;
   uint8_t *tiers; /* scratch: tier of each matched block */
+  uint32_t *cand;  /* scratch: per worker (run_elsewhere) */
+  uint8_t *xtiers; /* scratch: another worker's match (held_run) */
+  uint32_t *xnodes;
   kvp_key *rkeys;  /* scratch: a request's new blocks, last first */
   /* series */
   double *s_prompt, *s_reused;
@@ -595,13 +598,13 @@ static uint32_t bucket_of(const struct sim *s, uint32_t i) {
   return b < n ? b : n - 1;
 }
 
-/* Whether worker v holds keys[from..to) (any tier). */
-static bool holds_all(const struct sim *s, uint32_t v, const kvp_key *keys,
-                      uint64_t from, uint64_t to) {
-  for (uint64_t j = from; j < to; j++)
-    if (bh_cache_find(&s->w[v].c, keys[j]) == NONE)
-      return false;
-  return true;
+/* How many of keys[from..to) worker v holds from `from` on, in a row (any
+ * tier): bh_cache_match's pipeline, its answers in the scratch arrays. */
+static uint64_t held_run(const struct sim *s, uint32_t v, const kvp_key *keys,
+                         uint64_t from, uint64_t to) {
+  return from < to ? bh_cache_match(&s->w[v].c, keys + from, to - from,
+                                    s->xtiers, s->xnodes)
+                   : 0;
 }
 
 /* The furthest end of a run keys[m..end) that one worker other than w holds
@@ -617,17 +620,23 @@ static uint64_t run_elsewhere(const struct sim *s, uint32_t w,
   if (m >= n || !seen_has(s, keys[m].lo))
     return m; /* never cached anywhere: no worker holds it (most prompts'
                  first miss is new content), so no probe of every worker */
-  /* the first probes of all: their misses overlap */
+  /* The first probes of all, in three passes whose misses overlap: the
+   * slot lines, then the nodes they name, then the answers.  A worker
+   * without keys[m] cannot extend the run (it would need [m, best)). */
+  uint32_t *cand = s->cand;
   for (uint32_t v = 0; v < s->nw; v++)
     bh_cache_prefetch_begin(&s->w[v].c, keys, m, m + 1);
+  for (uint32_t v = 0; v < s->nw; v++)
+    cand[v] = bh_cache_find_start(&s->w[v].c, keys[m]);
+  for (uint32_t v = 0; v < s->nw; v++)
+    cand[v] = bh_cache_find_finish(&s->w[v].c, keys[m], cand[v]);
   for (uint32_t v = 0; v < s->nw && best < n; v++) {
-    if (v == w || bh_cache_find(&s->w[v].c, keys[best]) == NONE ||
-        !holds_all(s, v, keys, m, best))
+    if (v == w || cand[v] == NONE)
       continue;
-    uint64_t j = best + 1;
-    while (j < n && bh_cache_find(&s->w[v].c, keys[j]) != NONE)
-      j++;
-    best = j;
+    if (best > m && (bh_cache_find(&s->w[v].c, keys[best]) == NONE ||
+                     held_run(s, v, keys, m + 1, best) < best - (m + 1)))
+      continue;
+    best += 1 + held_run(s, v, keys, best + 1, n);
   }
   return best;
 }
@@ -1079,10 +1088,14 @@ static int sim_setup(struct sim *s, const bh_trace *t, const bh_sim_opts *o,
     if (t->reqs[i].n_blocks > maxb)
       maxb = t->reqs[i].n_blocks;
   s->tiers = malloc(maxb);
+  s->cand = malloc((s->nw ? s->nw : 1) * sizeof *s->cand);
+  s->xtiers = malloc(maxb);
+  s->xnodes = malloc((size_t)maxb * sizeof *s->xnodes);
   s->rkeys = malloc((size_t)maxb * sizeof *s->rkeys);
   if (s->w == NULL || s->req_worker == NULL || s->inf_reuse == NULL ||
       s->arrive == NULL || s->est_uncached == NULL || s->seen == NULL ||
-      s->tiers == NULL || s->rkeys == NULL)
+      s->tiers == NULL || s->rkeys == NULL || s->cand == NULL ||
+      s->xtiers == NULL || s->xnodes == NULL)
     return KVP_ENOMEM;
   for (uint32_t v = 0; v < s->nw; v++) {
     s->w[v].cur = NONE;
@@ -1150,6 +1163,9 @@ static void sim_teardown(struct sim *s) {
   free(s->pend);
   free(s->pend_keys);
   free(s->tiers);
+  free(s->cand);
+  free(s->xtiers);
+  free(s->xnodes);
   free(s->rkeys);
   free(s->s_prompt);
   free(s->s_reused);
