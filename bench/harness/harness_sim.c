@@ -598,6 +598,21 @@ static uint32_t bucket_of(const struct sim *s, uint32_t i) {
   return b < n ? b : n - 1;
 }
 
+/* How many blocks two prompts' chained keys share from the start: equal
+ * keys at j mean equal prefixes up to j, so a binary search. */
+static uint64_t common_prefix(const kvp_key *a, uint64_t na, const kvp_key *b,
+                              uint64_t nb) {
+  uint64_t hi = na < nb ? na : nb, lo = 0;
+  while (lo < hi) {
+    uint64_t mid = lo + (hi - lo + 1) / 2;
+    if (kvp_key_eq(a[mid - 1], b[mid - 1]))
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
 /* How many of keys[from..to) worker v holds from `from` on, in a row (any
  * tier): bh_cache_match's pipeline, its answers in the scratch arrays. */
 static uint64_t held_run(const struct sim *s, uint32_t v, const kvp_key *keys,
@@ -713,14 +728,7 @@ static int start_prefill(struct sim *s, uint32_t w) {
   if (s->prev_req[i] != NONE) {
     const bh_req *p = &s->t->reqs[s->prev_req[i]];
     const kvp_key *pk = s->t->keys + p->key_off;
-    uint64_t hi = p->n_blocks < n ? p->n_blocks : n, lo = 0;
-    while (lo < hi) { /* common prefix: chained keys, so binary search */
-      uint64_t mid = lo + (hi - lo + 1) / 2;
-      if (kvp_key_eq(pk[mid - 1], keys[mid - 1]))
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
+    uint64_t lo = common_prefix(pk, p->n_blocks, keys, n);
     /* blocks equal to the last turn's but not cached yet are in flight
      * (never seen); the ones after the divergence are drift */
     d0 = lo > ev_end ? lo : ev_end;
@@ -946,10 +954,15 @@ static int arrive(struct sim *s, uint32_t i) {
     s->sess_last[q->session] = i;
   if (s->infinite) { /* everything sent before is cached, at once */
     const kvp_key *keys = s->t->keys + q->key_off;
-    uint32_t m = 0;
-    const keyset *ks = &s->inf_keys;
-    for (; m < q->n_blocks; m++) {
-      if (m + PREFETCH_AHEAD < q->n_blocks && ks->v != NULL)
+    uint32_t m = 0, n = q->n_blocks;
+    keyset *ks = &s->inf_keys;
+    if (s->prev_req[i] != NONE) { /* the session's last prompt: all sent */
+      const bh_req *p = &s->t->reqs[s->prev_req[i]];
+      m = (uint32_t)common_prefix(s->t->keys + p->key_off, p->n_blocks, keys,
+                                  n);
+    }
+    for (; m < n; m++) {
+      if (m + PREFETCH_AHEAD < n && ks->v != NULL)
         __builtin_prefetch(&ks->v[key_home(keys[m + PREFETCH_AHEAD], ks->mask)]);
       if (!keyset_has(ks, keys[m]))
         break;
@@ -957,9 +970,12 @@ static int arrive(struct sim *s, uint32_t i) {
     s->inf_reuse[i] = m;
     s->est_uncached[i] = q->in_tokens - (uint64_t)m * s->bs;
     /* chained keys: none after the first new one was sent before */
-    for (uint32_t j = m; j < q->n_blocks; j++)
-      if (keyset_add(&s->inf_keys, keys[j]) < 0)
+    for (uint32_t j = m; j < n; j++) {
+      if (j + PREFETCH_AHEAD < n && ks->v != NULL)
+        __builtin_prefetch(&ks->v[key_home(keys[j + PREFETCH_AHEAD], ks->mask)]);
+      if (keyset_add(ks, keys[j]) < 0)
         return KVP_ENOMEM;
+    }
     s->inf.count[KVP_TIER_HBM] += q->n_blocks - m;
   }
   sample_occupancy(s, bucket_of(s, i));
