@@ -628,6 +628,47 @@ TEST(invariants_agentic) {
   bh_trace_free(&t);
 }
 
+/* The infinite bound reuses, per request, the longest prefix of its blocks
+ * all sent by earlier requests: computed here block by block over a plain
+ * set, against the simulator's (which starts past the session's previous
+ * prompt and looks up the rest).  Agentic sessions: turns extend, and
+ * sessions share the system + tools prefix. */
+TEST(infinite_brute_force) {
+  bh_trace t;
+  read_shared("traces/cc_agentic", 400, &t);
+  size_t cap = 1;
+  while (cap < 2 * t.n_keys + 2)
+    cap *= 2;
+  kvp_key *set = calloc(cap, sizeof *set);
+  ASSERT_TRUE(set != NULL);
+  uint64_t want = 0, extend = 0;
+  for (size_t i = 0; i < t.n_reqs; i++) {
+    const bh_req *q = &t.reqs[i];
+    const kvp_key *k = t.keys + q->key_off;
+    uint64_t m = 0;
+    bool prefix = true;
+    for (uint32_t j = 0; j < q->n_blocks; j++) {
+      size_t h = (size_t)(k[j].lo * 0x9E3779B97F4A7C15ull >> 20) & (cap - 1);
+      while ((set[h].lo | set[h].hi) != 0 && !kvp_key_eq(set[h], k[j]))
+        h = (h + 1) & (cap - 1);
+      bool had = (set[h].lo | set[h].hi) != 0;
+      prefix = prefix && had;
+      m += prefix;
+      set[h] = k[j];
+    }
+    want += m * t.block_size;
+    extend += m > 0 && q->session != 0;
+  }
+  free(set);
+  ASSERT_TRUE(extend > 100); /* later turns of sessions: the new path */
+  bh_sim_opts o = tiny_opts(BH_POLICY_INFINITE, 8);
+  bh_result r;
+  run(&t, &o, &r);
+  ASSERT_EQ(r.tot.reused_tokens, want);
+  bh_result_free(&r);
+  bh_trace_free(&t);
+}
+
 static void same(const bh_result *a, const bh_result *b) {
   ASSERT_MEM_EQ(&a->tot, &b->tot, sizeof a->tot);
   ASSERT_EQ(a->ttft.p50, b->ttft.p50);
@@ -714,4 +755,5 @@ TEST_MAIN(TEST_ENTRY(config_router_agrees), TEST_ENTRY(cache_hint_stale), TEST_E
           TEST_ENTRY(routing_follows_events), TEST_ENTRY(prompt_drift),
           TEST_ENTRY(promote_from_last_tier), TEST_ENTRY(dram_policy_exact),
           TEST_ENTRY(deterministic),
-          TEST_ENTRY(invariants_mooncake), TEST_ENTRY(invariants_agentic))
+          TEST_ENTRY(invariants_mooncake), TEST_ENTRY(invariants_agentic),
+          TEST_ENTRY(infinite_brute_force))
