@@ -140,14 +140,6 @@ static uint32_t match_resolve(const cache *c, kvp_key key, uint32_t x) {
   return bh_cache_find(c, key); /* a 32-bit hash collision, or a long run */
 }
 
-uint32_t bh_cache_find_start(const cache *c, kvp_key key) {
-  return match_candidate(c, key);
-}
-
-uint32_t bh_cache_find_finish(const cache *c, kvp_key key, uint32_t start) {
-  return match_resolve(c, key, start);
-}
-
 uint64_t bh_cache_match(const cache *c, const kvp_key *keys, uint64_t n,
                         uint8_t *tiers, uint32_t *nodes) {
   const uint64_t A = BH_PREFETCH_AHEAD;

@@ -125,13 +125,6 @@ static inline void bh_cache_prefetch(const bh_cache *c, const kvp_key *keys,
     }
   }
 }
-/* bh_cache_find in two steps, for one key in many caches: the first reads
- * the key's slot line (prefetched before: bh_cache_prefetch_begin) and
- * prefetches the node it names; the second gives bh_cache_find's answer
- * from that.  Done for every cache before any second step, the node reads
- * overlap instead of following one another. */
-uint32_t bh_cache_find_start(const bh_cache *c, kvp_key key);
-uint32_t bh_cache_find_finish(const bh_cache *c, kvp_key key, uint32_t start);
 /* The cached prefix of keys[0..n): its length m, and for j < m the tier
  * (tiers[j]) and node (nodes[j]) of block j.  The same answer as calling
  * bh_cache_find block by block, through a pipeline: each key's slot line

@@ -190,7 +190,8 @@ typedef struct delayed {
 typedef struct sess_hint {
   uint32_t worker; /* whose nodes */
   uint32_t left;   /* the session's requests not past prefill yet */
-  uint64_t n, cap;
+  uint64_t n;
+  size_t cap;
   uint32_t *nodes;
 } sess_hint;
 
@@ -259,7 +260,6 @@ struct sim {
   void *seen_raw;
   size_t seen_mask, seen_n;
   uint8_t *tiers; /* scratch: tier of each matched block */
-  uint32_t *cand;  /* scratch: per worker (run_elsewhere) */
   uint8_t *xtiers; /* scratch: another worker's match (held_run) */
   uint32_t *xnodes;
   kvp_key *rkeys;  /* scratch: a request's new blocks, last first */
@@ -420,7 +420,9 @@ static void pend_flush(struct sim *s) {
   s->pend_n = s->pend_nkeys = 0;
 }
 
-static int pend_grow(void **p, size_t *cap, size_t need, size_t size) {
+/* *p (of *cap elements of size bytes) holds at least need: doubled from
+ * 256 as needed.  KVP_ENOMEM leaves it as it was. */
+static int grow_array(void **p, size_t *cap, size_t need, size_t size) {
   if (need <= *cap)
     return 0;
   size_t nc = *cap ? *cap : 256;
@@ -440,9 +442,9 @@ static int pend_push(struct sim *s, uint32_t w, uint64_t seq, int tier,
                      size_t n) {
   if (s->pend_n == PEND_MAX)
     pend_flush(s);
-  if (pend_grow((void **)&s->pend, &s->pend_cap, s->pend_n + 1,
+  if (grow_array((void **)&s->pend, &s->pend_cap, s->pend_n + 1,
                 sizeof *s->pend) < 0 ||
-      pend_grow((void **)&s->pend_keys, &s->pend_kcap, s->pend_nkeys + n,
+      grow_array((void **)&s->pend_keys, &s->pend_kcap, s->pend_nkeys + n,
                 sizeof *s->pend_keys) < 0)
     return KVP_ENOMEM;
   s->pend[s->pend_n++] = (pending){w, (uint8_t)tier, stored, parent != NULL,
@@ -635,21 +637,12 @@ static uint64_t run_elsewhere(const struct sim *s, uint32_t w,
   if (m >= n || !seen_has(s, keys[m].lo))
     return m; /* never cached anywhere: no worker holds it (most prompts'
                  first miss is new content), so no probe of every worker */
-  /* The first probes of all, in three passes whose misses overlap: the
-   * slot lines, then the nodes they name, then the answers.  A worker
-   * without keys[m] cannot extend the run (it would need [m, best)). */
-  uint32_t *cand = s->cand;
+  /* the first probes of all: their misses overlap */
   for (uint32_t v = 0; v < s->nw; v++)
     bh_cache_prefetch_begin(&s->w[v].c, keys, m, m + 1);
-  for (uint32_t v = 0; v < s->nw; v++)
-    cand[v] = bh_cache_find_start(&s->w[v].c, keys[m]);
-  for (uint32_t v = 0; v < s->nw; v++)
-    cand[v] = bh_cache_find_finish(&s->w[v].c, keys[m], cand[v]);
   for (uint32_t v = 0; v < s->nw && best < n; v++) {
-    if (v == w || cand[v] == NONE)
-      continue;
-    if (best > m && (bh_cache_find(&s->w[v].c, keys[best]) == NONE ||
-                     held_run(s, v, keys, m + 1, best) < best - (m + 1)))
+    if (v == w || bh_cache_find(&s->w[v].c, keys[best]) == NONE ||
+        held_run(s, v, keys, m, best) < best - m)
       continue;
     best += 1 + held_run(s, v, keys, best + 1, n);
   }
@@ -675,14 +668,8 @@ static int start_prefill(struct sim *s, uint32_t w) {
     for (uint64_t j = 0; j < m; j++)
       s->tiers[j] = KVP_TIER_HBM;
   } else {
-    if (n > x->found_cap) {
-      size_t nc = n > 2 * x->found_cap ? n : 2 * x->found_cap;
-      uint32_t *nf = realloc(x->found, nc * sizeof *nf);
-      if (nf == NULL)
-        return KVP_ENOMEM;
-      x->found = nf;
-      x->found_cap = nc;
-    }
+    if (grow_array((void **)&x->found, &x->found_cap, n, sizeof *x->found) < 0)
+      return KVP_ENOMEM;
     const sess_hint *h = q->session ? &s->hint[q->session] : NULL;
     if (h != NULL && h->n > 0 && h->worker == w)
       m = bh_cache_match_hinted(c, keys, n, h->nodes, h->n, s->tiers,
@@ -824,14 +811,8 @@ static int prefill_done(struct sim *s, uint32_t w, uint32_t i) {
     h = NULL;
   }
   if (h != NULL) {
-    if (n > h->cap) {
-      uint64_t nc = n > 2 * h->cap ? n : 2 * h->cap;
-      uint32_t *p = realloc(h->nodes, nc * sizeof *p);
-      if (p == NULL)
-        return KVP_ENOMEM;
-      h->nodes = p;
-      h->cap = nc;
-    }
+    if (grow_array((void **)&h->nodes, &h->cap, n, sizeof *h->nodes) < 0)
+      return KVP_ENOMEM;
     memcpy(h->nodes, x->found, from * sizeof *h->nodes);
     h->worker = w;
     h->n = n;
@@ -1104,13 +1085,12 @@ static int sim_setup(struct sim *s, const bh_trace *t, const bh_sim_opts *o,
     if (t->reqs[i].n_blocks > maxb)
       maxb = t->reqs[i].n_blocks;
   s->tiers = malloc(maxb);
-  s->cand = malloc((s->nw ? s->nw : 1) * sizeof *s->cand);
   s->xtiers = malloc(maxb);
   s->xnodes = malloc((size_t)maxb * sizeof *s->xnodes);
   s->rkeys = malloc((size_t)maxb * sizeof *s->rkeys);
   if (s->w == NULL || s->req_worker == NULL || s->inf_reuse == NULL ||
       s->arrive == NULL || s->est_uncached == NULL || s->seen == NULL ||
-      s->tiers == NULL || s->rkeys == NULL || s->cand == NULL ||
+      s->tiers == NULL || s->rkeys == NULL ||
       s->xtiers == NULL || s->xnodes == NULL)
     return KVP_ENOMEM;
   for (uint32_t v = 0; v < s->nw; v++) {
@@ -1179,7 +1159,6 @@ static void sim_teardown(struct sim *s) {
   free(s->pend);
   free(s->pend_keys);
   free(s->tiers);
-  free(s->cand);
   free(s->xtiers);
   free(s->xnodes);
   free(s->rkeys);
