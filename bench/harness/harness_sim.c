@@ -813,7 +813,8 @@ static int prefill_done(struct sim *s, uint32_t w, uint32_t i) {
   if (h != NULL) {
     if (grow_array((void **)&h->nodes, &h->cap, n, sizeof *h->nodes) < 0)
       return KVP_ENOMEM;
-    memcpy(h->nodes, x->found, from * sizeof *h->nodes);
+    if (from > 0) /* n == 0 leaves both arrays NULL */
+      memcpy(h->nodes, x->found, from * sizeof *h->nodes);
     h->worker = w;
     h->n = n;
     hn = h->nodes;
