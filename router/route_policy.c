@@ -34,6 +34,10 @@ static bool name_eq(const char *a, const char *b) {
   return *a == *b;
 }
 
+int kvp_policy_reads_matches(kvp_policy p) {
+  return p != KVP_POLICY_ROUND_ROBIN; /* pick_round_robin: rr_next, online() */
+}
+
 int kvp_policy_parse(const char *name, kvp_policy *out) {
   if (name == NULL || out == NULL)
     return KVP_EINVAL;

@@ -389,6 +389,64 @@ TEST(index_bisects_as_it_walks) {
   bh_trace_free(&t);
 }
 
+/* round_robin and random read no matches (kvp_policy_reads_matches), so
+ * their runs keep no index: every answer equals the run that feeds it
+ * (verify_index), with tiers evicting and events dropped and delayed; the
+ * fed run's index did the work (and matched the caches), the other none. */
+TEST(unread_index_not_fed) {
+  bh_gen_opts g = {.seed = 11, .sessions = 24, .turns = 8, .subagent_p = 0.2};
+  char *buf = NULL;
+  size_t nb = 0;
+  FILE *m = open_memstream(&buf, &nb);
+  ASSERT_NOT_NULL(m);
+  ASSERT_OK(bh_gen(&g, m));
+  fclose(m);
+  bh_trace t;
+  load(buf, &t);
+  free(buf);
+  ASSERT_EQ(kvp_policy_reads_matches(KVP_POLICY_ROUND_ROBIN), 0);
+  for (int p = 0; p < KVP_POLICY_COUNT_; p++)
+    if (p != KVP_POLICY_ROUND_ROBIN)
+      ASSERT_EQ(kvp_policy_reads_matches((kvp_policy)p), 1);
+  const int pols[] = {KVP_POLICY_ROUND_ROBIN, BH_POLICY_RANDOM};
+  for (int p = 0; p < 2; p++)
+    for (int mode = 0; mode < 3; mode++) {
+      bh_sim_opts o = tiny_opts(pols[p], 6);
+      o.cl.hbm_blocks = o.cl.dram_blocks = o.cl.nvme_blocks = 3000;
+      o.drop_events = mode == 1 ? 0.3 : 0;
+      o.delay_events_s = mode == 2 ? 0.5 : 0;
+      bh_result a, b;
+      run(&t, &o, &a);
+      o.verify_index = true;
+      run(&t, &o, &b);
+      ASSERT_GT(a.evicted_blocks, 0u);
+      ASSERT_GT(a.tot.reused_tokens, 0u);
+      ASSERT_GT(a.events_published, 0u);
+      ASSERT_EQ(a.ix.events_applied, 0u);
+      ASSERT_EQ(a.index_queries, 0u);
+      ASSERT_GT(b.ix.events_applied, 0u);
+      if (mode == 0) /* dropped events leave it behind, as they should */
+        ASSERT_EQ(b.index_mismatches, 0u);
+      ASSERT_MEM_EQ(&a.tot, &b.tot, sizeof a.tot);
+      ASSERT_MEM_EQ(&a.ttft, &b.ttft, sizeof a.ttft);
+      ASSERT_EQ(a.evicted_blocks, b.evicted_blocks);
+      ASSERT_MEM_EQ(a.demoted_bytes, b.demoted_bytes, sizeof a.demoted_bytes);
+      ASSERT_EQ(a.events_published, b.events_published);
+      ASSERT_EQ(a.events_dropped, b.events_dropped);
+      ASSERT_EQ(a.events_delayed, b.events_delayed);
+      ASSERT_EQ(a.event_blocks, b.event_blocks);
+      ASSERT_TRUE(a.imbalance == b.imbalance);
+      ASSERT_TRUE(a.sim_seconds == b.sim_seconds);
+      if (mode == 1)
+        ASSERT_GT(a.events_dropped, 0u);
+      if (mode == 2)
+        ASSERT_GT(a.events_delayed, 0u);
+      bh_result_free(&a);
+      bh_result_free(&b);
+    }
+  bh_trace_free(&t);
+}
+
 /* Two workers: round robin sends r2 away from r1's cache (its 8 tokens
  * miss "on another worker"); prefix_greedy follows the index, which only
  * knows because worker 0 published its stored events. */
@@ -750,7 +808,7 @@ TEST(config_router_agrees) {
   ASSERT_DOUBLE_NEAR(so.cl.gpu.latency_s[KVP_TIER_NVME], 150e-6, 0);
 }
 
-TEST_MAIN(TEST_ENTRY(config_router_agrees), TEST_ENTRY(cache_hint_stale), TEST_ENTRY(cache_release_tail_first), TEST_ENTRY(index_bisects_as_it_walks),
+TEST_MAIN(TEST_ENTRY(config_router_agrees), TEST_ENTRY(cache_hint_stale), TEST_ENTRY(cache_release_tail_first), TEST_ENTRY(index_bisects_as_it_walks), TEST_ENTRY(unread_index_not_fed),
           TEST_ENTRY(cache_match_agrees), TEST_ENTRY(cache_match_hinted), TEST_ENTRY(tiny_exact), TEST_ENTRY(tiny_tiers),
           TEST_ENTRY(routing_follows_events), TEST_ENTRY(prompt_drift),
           TEST_ENTRY(promote_from_last_tier), TEST_ENTRY(dram_policy_exact),

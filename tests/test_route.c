@@ -518,6 +518,53 @@ TEST(round_robin_skips_offline) {
   kvp_router_destroy(r);
 }
 
+/* kvp_policy_reads_matches: round_robin's choices are the same with the
+ * index's matches as without, through offline workers and completions;
+ * least_loaded's are not (the in-flight tokens the matches leave uncached
+ * steer it), which is why it reads them. */
+TEST(round_robin_reads_no_matches) {
+  enum { W = 5 };
+  ASSERT_EQ(kvp_policy_reads_matches(KVP_POLICY_ROUND_ROBIN), 0);
+  ASSERT_EQ(kvp_policy_reads_matches(KVP_POLICY_LEAST_LOADED), 1);
+  ASSERT_EQ(kvp_policy_reads_matches((kvp_policy)KVP_POLICY_COUNT_), 1);
+  kvp_key *keys = keys_new(40, 3);
+  const kvp_policy pols[] = {KVP_POLICY_ROUND_ROBIN, KVP_POLICY_LEAST_LOADED};
+  for (int p = 0; p < 2; p++) {
+    kvp_router *a = router_new(pols[p], W, 0), *b = router_new(pols[p], W, 0);
+    int differ = 0;
+    for (uint64_t i = 1; i <= 2000; i++) {
+      if (kvt_rand_below(10) == 0) { /* the same load news to both */
+        kvp_worker_load l = {0};
+        uint32_t w = kvt_rand_below(W);
+        l.flags = w != 0 && kvt_rand_below(3) == 0 ? KVP_WORKER_OFFLINE : 0;
+        l.prefill_tokens = kvt_rand_below(5000);
+        ASSERT_OK(kvp_router_set_load(a, w, &l));
+        ASSERT_OK(kvp_router_set_load(b, w, &l));
+      }
+      kvp_worker_match m[W];
+      size_t nm = kvt_rand_below(W + 1);
+      for (size_t k = 0; k < nm; k++)
+        m[k] = hbm((uint32_t)k, kvt_rand_below(41));
+      kvp_route_request q = req_of(keys, 40, 640, 0, i);
+      kvp_decision da, db;
+      ASSERT_OK(kvp_router_route_matches(a, &q, m, nm, &da));
+      ASSERT_OK(kvp_router_route_matches(b, &q, NULL, 0, &db));
+      if (pols[p] == KVP_POLICY_ROUND_ROBIN)
+        ASSERT_EQ(da.worker, db.worker);
+      differ += da.worker != db.worker;
+      if (kvt_rand_below(2)) {
+        ASSERT_OK(kvp_router_complete(a, da.worker, i));
+        ASSERT_OK(kvp_router_complete(b, db.worker, i));
+      }
+    }
+    if (pols[p] == KVP_POLICY_LEAST_LOADED)
+      ASSERT_GT(differ, 100);
+    kvp_router_destroy(a);
+    kvp_router_destroy(b);
+  }
+  free(keys);
+}
+
 TEST(least_loaded_counts_inflight) {
   kvp_router *r = router_new(KVP_POLICY_LEAST_LOADED, 3, 0);
   set_load(r, 0, 0, 1, 1000, 0, 0.0);
@@ -1527,7 +1574,7 @@ TEST_MAIN(TEST_ENTRY(policy_names_and_model_math),
           TEST_ENTRY(semi_stable_history_drives_affinity),
           TEST_ENTRY(affinity_within_epsilon),
           TEST_ENTRY(no_herding_across_replicas),
-          TEST_ENTRY(round_robin_skips_offline),
+          TEST_ENTRY(round_robin_skips_offline), TEST_ENTRY(round_robin_reads_no_matches),
           TEST_ENTRY(least_loaded_counts_inflight),
           TEST_ENTRY(prefix_greedy_ties_to_least_loaded),
           TEST_ENTRY(sglang_cache_aware_branches),

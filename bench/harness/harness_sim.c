@@ -223,6 +223,8 @@ struct sim {
   bh_cluster cl;
   bh_result *res;
   kvp_index *ix;
+  bool ix_fed; /* events reach ix: its policy reads matches, or verify_index
+                  (kvp_policy_reads_matches; round_robin and random do not) */
   kvp_router *rt;
   kvp_ledger *led;
   worker *w;
@@ -400,6 +402,8 @@ typedef struct pending {
 static void apply_event(struct sim *s, uint32_t w, uint64_t seq, int tier,
                         bool stored, const kvp_key *parent, const kvp_key *k,
                         size_t n) {
+  if (!s->ix_fed)
+    return;
   int rc = stored ? kvp_index_stored(s->ix, w, seq, (kvp_tier)tier, parent, k, n)
                   : kvp_index_removed(s->ix, w, seq, (kvp_tier)tier, k, n);
   (void)rc; /* stale/gap outcomes are counted by the index itself */
@@ -440,6 +444,8 @@ static int grow_array(void **p, size_t *cap, size_t need, size_t size) {
 static int pend_push(struct sim *s, uint32_t w, uint64_t seq, int tier,
                      bool stored, const kvp_key *parent, const kvp_key *k,
                      size_t n) {
+  if (!s->ix_fed) /* counted by publish_now: nobody reads the index */
+    return 0;
   if (s->pend_n == PEND_MAX)
     pend_flush(s);
   if (grow_array((void **)&s->pend, &s->pend_cap, s->pend_n + 1,
@@ -918,8 +924,13 @@ static int route(struct sim *s, uint32_t i, uint32_t *out) {
                           .request_id = (uint64_t)i + 1,
                           .tenant = q->tenant};
   kvp_decision d;
-  pend_flush(s); /* the query sees every event published before it */
-  int rc = kvp_router_route(s->rt, s->ix, &rq, sec_to_ns(s->now), &d);
+  int rc;
+  if (s->ix_fed) {
+    pend_flush(s); /* the query sees every event published before it */
+    rc = kvp_router_route(s->rt, s->ix, &rq, sec_to_ns(s->now), &d);
+  } else { /* the same worker without the index's matches */
+    rc = kvp_router_route_matches(s->rt, &rq, NULL, 0, &d);
+  }
   if (rc < 0)
     return rc;
   *out = d.worker;
@@ -1017,6 +1028,12 @@ static int sim_setup(struct sim *s, const bh_trace *t, const bh_sim_opts *o,
   s->cl = o->cl;
   s->bs = t->block_size;
   s->infinite = o->policy == BH_POLICY_INFINITE;
+  /* round_robin's and random's choices read no matches: their runs keep no
+   * index (the same answers, without its work), unless it is verified */
+  s->ix_fed = !s->infinite &&
+              (o->verify_index ||
+               (o->policy < KVP_POLICY_COUNT_ &&
+                kvp_policy_reads_matches((kvp_policy)o->policy)));
   s->rng = o->seed ^ 0x6b76706c616e6562ull;
   int rc = bh_cluster_resolve(&s->cl, t->block_size);
   if (rc < 0) {
@@ -1054,7 +1071,7 @@ static int sim_setup(struct sim *s, const bh_trace *t, const bh_sim_opts *o,
   uint64_t most = (uint64_t)s->nw * (s->cl.hbm_blocks + s->cl.dram_blocks +
                                      s->cl.nvme_blocks);
   kvp_index_opts io = {.max_workers = s->nw,
-                       .expected_keys = s->infinite ? 0
+                       .expected_keys = !s->ix_fed ? 0
                                         : most < t->n_keys ? most
                                                            : t->n_keys,
                        .prefix_closed = !o->index_walk && s->cl.tier_policy

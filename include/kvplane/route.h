@@ -102,6 +102,14 @@ typedef enum kvp_policy {
 KVP_API int kvp_policy_parse(const char *name, kvp_policy *out);
 /* The policy's name; "unknown" outside the enum.  Never NULL. */
 KVP_API const char *kvp_policy_name(kvp_policy p);
+/* Whether the policy's choice of worker depends on the prefix matches (the
+ * index's view, directly or through the in-flight tokens they leave
+ * uncached).  0 for round_robin alone: it rotates over the online
+ * workers whatever they hold, so a caller routing with it may keep no index
+ * and pass no matches (kvp_router_route_matches(r, req, NULL, 0, out)): the
+ * same worker, in the same order (its receipts then quote no matches).
+ * Returns 1 or 0; 1 outside the enum. */
+KVP_API int kvp_policy_reads_matches(kvp_policy p);
 
 /* ---- model and GPU ----------------------------------------------------------
  * Zero value = the defaults named per field.  A spec that is not all zero must
