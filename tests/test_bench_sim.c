@@ -119,6 +119,59 @@ TEST(cache_release_tail_first) {
   ASSERT_EQ(held, 15u);
 }
 
+/* The cache's table in Robin Hood order (bh_cache_slot_dist): 20,000 random
+ * uses of a 3,000-block HBM (no lower tier; its table ~3/4 full, entries
+ * leaving as LRU evicts them) over 6,000 keys, a quarter of them in pairs
+ * whose 32-bit table hash collides.  After every 1,000: each key is found
+ * exactly when a live node holds it, at that node; along the table no entry
+ * lies more than one slot further from its home than the one before it. */
+TEST(cache_table_robin_hood) {
+  enum { U = 6000 };
+  bh_cluster cl;
+  bh_cluster_defaults(&cl);
+  cl.hbm_blocks = 3000;
+  cl.dram_blocks = cl.nvme_blocks = 0;
+  bh_cache c;
+  ASSERT_OK(bh_cache_init(&c, &cl, true));
+  static kvp_key keys[U];
+  for (uint64_t j = 0; j < U; j++) /* j % 8 == 1: j - 1's lo, so its hash */
+    keys[j] = (kvp_key){.lo = j % 8 == 1 ? 77 * (j - 1) : 77 * j, .hi = j};
+  static uint32_t holder[U];
+  size_t max_dist = 0;
+  for (int step = 1; step <= 20000; step++) {
+    bool fresh;
+    ASSERT_OK(bh_cache_to_hbm(&c, keys[kvt_rand_below(U)], KVP_CLASS_VOLATILE,
+                              &fresh));
+    if (step % 1000)
+      continue;
+    for (uint64_t j = 0; j < U; j++)
+      holder[j] = BH_NONE;
+    for (uint32_t x = 0; x < c.n_nodes; x++)
+      if (c.nodes[x].tier != BH_TIER_FREE)
+        holder[c.nodes[x].key.hi] = x;
+    for (uint64_t j = 0; j < U; j++)
+      ASSERT_EQ(bh_cache_find(&c, keys[j]), holder[j]);
+    size_t used = 0;
+    for (size_t i = 0; i <= c.mask; i++) {
+      bh_cache_slot v = c.tab[i], u = c.tab[(i + 1) & c.mask];
+      if (v.idx == 0)
+        continue;
+      used++;
+      size_t d = bh_cache_slot_dist(v, i, c.mask);
+      max_dist = d > max_dist ? d : max_dist;
+      ASSERT_EQ(v.h, bh_cache_hash32(c.nodes[v.idx - 1].key.lo));
+      if (u.idx != 0)
+        ASSERT_LE(bh_cache_slot_dist(u, (i + 1) & c.mask, c.mask), d + 1);
+    }
+    ASSERT_EQ(used, c.used);
+    ASSERT_EQ(used, (size_t)c.count[KVP_TIER_HBM]);
+  }
+  ASSERT_EQ(c.count[KVP_TIER_HBM], 3000u);
+  ASSERT_GT(c.st.evicted_blocks, 5000u);
+  ASSERT_GT(max_dist, 3u); /* runs long enough to order */
+  bh_cache_free(&c);
+}
+
 /* bh_cache_match agrees with bh_cache_find block by block, including keys
  * whose 32-bit table hash collides (same lo, or lo 2^52 apart): the first
  * hash match in the probe run is then another key's node. */
@@ -808,7 +861,7 @@ TEST(config_router_agrees) {
   ASSERT_DOUBLE_NEAR(so.cl.gpu.latency_s[KVP_TIER_NVME], 150e-6, 0);
 }
 
-TEST_MAIN(TEST_ENTRY(config_router_agrees), TEST_ENTRY(cache_hint_stale), TEST_ENTRY(cache_release_tail_first), TEST_ENTRY(index_bisects_as_it_walks), TEST_ENTRY(unread_index_not_fed),
+TEST_MAIN(TEST_ENTRY(config_router_agrees), TEST_ENTRY(cache_hint_stale), TEST_ENTRY(cache_table_robin_hood), TEST_ENTRY(cache_release_tail_first), TEST_ENTRY(index_bisects_as_it_walks), TEST_ENTRY(unread_index_not_fed),
           TEST_ENTRY(cache_match_agrees), TEST_ENTRY(cache_match_hinted), TEST_ENTRY(tiny_exact), TEST_ENTRY(tiny_tiers),
           TEST_ENTRY(routing_follows_events), TEST_ENTRY(prompt_drift),
           TEST_ENTRY(promote_from_last_tier), TEST_ENTRY(dram_policy_exact),

@@ -101,12 +101,32 @@ static bool node_is(const cache *c, uint32_t x, kvp_key key) {
 
 uint32_t bh_cache_find(const cache *c, kvp_key k) {
   uint32_t h = bh_cache_hash32(k.lo);
-  for (size_t i = h & c->mask;; i = (i + 1) & c->mask) {
+  for (size_t i = h & c->mask, d = 0;; i = (i + 1) & c->mask, d++) {
     slot v = c->tab[i];
-    if (v.idx == 0)
-      return NONE;
+    if (v.idx == 0 || bh_cache_slot_dist(v, i, c->mask) < d)
+      return NONE; /* Robin Hood order: the key would lie before v */
     if (v.h == h && kvp_key_eq(c->nodes[v.idx - 1].key, k))
       return v.idx - 1;
+  }
+}
+
+/* Puts v into table t (mask) in Robin Hood order: past every entry at
+ * least as far from its home, displacing the first nearer one, which moves
+ * on likewise.  Room guaranteed. */
+static void tab_put(slot *t, size_t mask, slot v) {
+  size_t i = v.h & mask;
+  for (size_t d = 0;; i = (i + 1) & mask, d++) {
+    slot u = t[i];
+    if (u.idx == 0) {
+      t[i] = v;
+      return;
+    }
+    size_t du = bh_cache_slot_dist(u, i, mask);
+    if (du < d) {
+      t[i] = v;
+      v = u;
+      d = du;
+    }
   }
 }
 
@@ -119,9 +139,9 @@ uint32_t bh_cache_find(const cache *c, kvp_key k) {
 static uint32_t match_candidate(const cache *c, kvp_key key) {
   uint32_t h = bh_cache_hash32(key.lo);
   size_t i = h & c->mask;
-  for (int k = 0; k < 4; k++, i = (i + 1) & c->mask) {
+  for (size_t k = 0; k < 4; k++, i = (i + 1) & c->mask) {
     slot v = c->tab[i];
-    if (v.idx == 0)
+    if (v.idx == 0 || bh_cache_slot_dist(v, i, c->mask) < k)
       return NONE;
     if (v.h == h) {
       __builtin_prefetch(&c->nodes[v.idx - 1]);
@@ -194,12 +214,8 @@ static int tab_grow(cache *c) {
     return KVP_ENOMEM;
   for (size_t i = 0; i <= c->mask; i++) {
     slot v = c->tab[i];
-    if (v.idx == 0)
-      continue;
-    size_t j = v.h & nm;
-    while (nt[j].idx != 0)
-      j = (j + 1) & nm;
-    nt[j] = v;
+    if (v.idx != 0)
+      tab_put(nt, nm, v);
   }
   free(c->tab_raw);
   c->tab = nt;
@@ -208,22 +224,19 @@ static int tab_grow(cache *c) {
   return 0;
 }
 
-/* Backward-shift deletion (linear probing). */
+/* Backward-shift deletion: the entries after the hole that are not at
+ * their homes move back one (Robin Hood order kept). */
 static void tab_del(cache *c, uint32_t idx) {
   size_t i = bh_cache_hash32(c->nodes[idx].key.lo) & c->mask;
   while (c->tab[i].idx != idx + 1)
     i = (i + 1) & c->mask;
-  for (size_t j = i;;) {
-    j = (j + 1) & c->mask;
+  for (;;) {
+    size_t j = (i + 1) & c->mask;
     slot v = c->tab[j];
-    if (v.idx == 0)
+    if (v.idx == 0 || bh_cache_slot_dist(v, j, c->mask) == 0)
       break;
-    size_t home = v.h & c->mask;
-    /* move v into the hole at i if its home is not in (i, j] */
-    if ((j > i && (home <= i || home > j)) || (j < i && home <= i && home > j)) {
-      c->tab[i] = v;
-      i = j;
-    }
+    c->tab[i] = v;
+    i = j;
   }
   c->tab[i] = (slot){0, 0};
   c->used--;
@@ -300,11 +313,7 @@ int bh_cache_node_new(cache *c, kvp_key k, uint32_t *out) {
   c->nodes[x].hits = 0;
   c->nodes[x].reuses = 0;
   c->nodes[x].adm = 0;
-  uint32_t h = bh_cache_hash32(k.lo);
-  size_t i = h & c->mask;
-  while (c->tab[i].idx != 0)
-    i = (i + 1) & c->mask;
-  c->tab[i] = (slot){x + 1, h};
+  tab_put(c->tab, c->mask, (slot){x + 1, bh_cache_hash32(k.lo)});
   c->used++;
   *out = x;
   return 0;

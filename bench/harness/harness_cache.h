@@ -51,6 +51,17 @@ typedef struct bh_cache_slot {
   uint32_t h;   /* bh_cache_hash32 of the key: home = h & mask (< 2^32) */
 } bh_cache_slot;
 
+/* How far slot i's entry v lies past its home (mask: the table's).  The
+ * table keeps Robin Hood order: along a probe run no entry lies nearer its
+ * home than the one before it, less one; so a probe for a key at distance d
+ * that meets an entry at a smaller distance has passed where the key would
+ * be: not cached.  A lookup that misses ends after about as many slots as
+ * one that hits (linear probing at 3/4 load reads ~8.5 slots to miss). */
+static inline size_t bh_cache_slot_dist(bh_cache_slot v, size_t i,
+                                        size_t mask) {
+  return (i - (v.h & mask)) & mask;
+}
+
 /* n zeroed elements of size bytes, *raw the block to free: in 2 MiB pages
  * (kvp__huge_calloc) when bh_huge_arrays is set (bh_batch_memory) and
  * they are that big, else calloc's. */
@@ -58,7 +69,8 @@ extern bool bh_huge_arrays;
 void *bh_big_calloc(size_t n, size_t size, void **raw);
 
 typedef struct bh_cache {
-  bh_cache_slot *tab; /* open addressing, linear probing */
+  bh_cache_slot *tab; /* open addressing, linear probing, Robin Hood order
+                         (bh_cache_slot_dist) */
   size_t mask, used;
   bh_cache_node *nodes;
   void *tab_raw, *nodes_raw; /* the blocks tab and nodes lie in */
@@ -114,9 +126,9 @@ static inline void bh_cache_prefetch(const bh_cache *c, const kvp_key *keys,
     return;
   uint32_t h = bh_cache_hash32(keys[j + BH_PREFETCH_AHEAD].lo);
   size_t i = h & c->mask; /* ... then the node */
-  for (int k = 0; k < 4; k++, i = (i + 1) & c->mask) {
+  for (size_t k = 0; k < 4; k++, i = (i + 1) & c->mask) {
     bh_cache_slot v = c->tab[i];
-    if (v.idx == 0)
+    if (v.idx == 0 || bh_cache_slot_dist(v, i, c->mask) < k)
       return;
     if (v.h == h) {
       __builtin_prefetch(&c->nodes[v.idx - 1]);
