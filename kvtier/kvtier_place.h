@@ -59,6 +59,12 @@ int kvp__tier_policy_remove(tier_policy *p, uint32_t id, int evicted);
  * internal queues (S3-FIFO promotes and ages on the way).  Returns 0 or
  * KVP_ENOENT (empty). */
 int kvp__tier_policy_victim(tier_policy *p, uint32_t *id);
+/* For prefetching an eviction stream: LRU's next victims, without changing
+ * anything.  after == UINT32_MAX: the id kvp__tier_policy_victim would
+ * return; else the one LRU takes after `after` in its class (a tracked id),
+ * UINT32_MAX at the class's end.  UINT32_MAX also for S3-FIFO (whose victim
+ * search reorders its queues) and an empty policy. */
+uint32_t kvp__tier_policy_peek(const tier_policy *p, uint32_t after);
 uint64_t kvp__tier_policy_bytes(const tier_policy *p);
 uint64_t kvp__tier_policy_count(const tier_policy *p);
 

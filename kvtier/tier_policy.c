@@ -352,6 +352,17 @@ int kvp__tier_policy_victim(tier_policy *p, uint32_t *id) {
   return KVP_ENOENT;
 }
 
+uint32_t kvp__tier_policy_peek(const tier_policy *p, uint32_t after) {
+  if (p == NULL || p->kind != KVP_TIER_POLICY_LRU)
+    return NIL;
+  if (after != NIL)
+    return tracks(p, after) ? p->e->v[after].prev : NIL;
+  for (int c = 0; c < KVP_CLASS_COUNT_; c++)
+    if (p->main[c].count != 0)
+      return p->main[c].tail;
+  return NIL;
+}
+
 uint64_t kvp__tier_policy_bytes(const tier_policy *p) {
   return p ? p->bytes : 0;
 }

@@ -925,6 +925,65 @@ TEST(policy_lru) {
   ASSERT_ERR(kvp_tier_policy_parse("arc", &k), KVP_EINVAL);
 }
 
+/* kvp__tier_policy_peek: LRU's next victims, read without a change.  Random
+ * inserts (three classes), touches and removals of 300 ids; every so often
+ * the peek chain from the first victim through its class is the order
+ * kvp__tier_policy_victim then gives them out, removed one by one.  S3-FIFO,
+ * an untracked id and an empty policy: none. */
+TEST(policy_lru_peek) {
+  enum { IDS = 300 };
+  tier_policy *p;
+  ASSERT_OK(kvp__tier_policy_create(KVP_TIER_POLICY_LRU, NULL, &p));
+  ASSERT_EQ(kvp__tier_policy_peek(p, UINT32_MAX), UINT32_MAX);
+  static uint8_t in[IDS];
+  memset(in, 0, sizeof in);
+  uint32_t chain[IDS];
+  size_t checked = 0;
+  for (int step = 1; step <= 20000; step++) {
+    uint32_t id = kvt_rand_below(IDS);
+    int op = (int)kvt_rand_below(3);
+    if (!in[id]) {
+      ASSERT_OK(kvp__tier_policy_insert(p, id, id, 1, kvt_rand_below(3)));
+      in[id] = 1;
+    } else if (op == 0) {
+      ASSERT_OK(kvp__tier_policy_touch(p, id));
+    } else if (op == 1) {
+      ASSERT_EQ(kvp__tier_policy_peek(p, id) == UINT32_MAX ||
+                    in[kvp__tier_policy_peek(p, id)],
+                true);
+      ASSERT_OK(kvp__tier_policy_remove(p, id, 1));
+      in[id] = 0;
+      ASSERT_EQ(kvp__tier_policy_peek(p, id), UINT32_MAX);
+    }
+    if (step % 500)
+      continue;
+    size_t n = 0;
+    for (uint32_t v = kvp__tier_policy_peek(p, UINT32_MAX); v != UINT32_MAX;
+         v = kvp__tier_policy_peek(p, v)) {
+      ASSERT_LT(n, (size_t)IDS);
+      chain[n++] = v;
+    }
+    ASSERT_GT(n, 0u);
+    for (size_t i = 0; i < n; i++) {
+      uint32_t v;
+      ASSERT_OK(kvp__tier_policy_victim(p, &v));
+      ASSERT_EQ(v, chain[i]);
+      ASSERT_OK(kvp__tier_policy_remove(p, v, 1));
+      in[v] = 0;
+    }
+    checked += n;
+  }
+  ASSERT_GT(checked, 1000u);
+  kvp__tier_policy_destroy(p);
+  ASSERT_OK(kvp__tier_policy_create(KVP_TIER_POLICY_S3FIFO, NULL, &p));
+  ASSERT_OK(kvp__tier_policy_insert(p, 1, 1, 1, KVP_CLASS_VOLATILE));
+  ASSERT_OK(kvp__tier_policy_insert(p, 2, 2, 1, KVP_CLASS_VOLATILE));
+  ASSERT_EQ(kvp__tier_policy_peek(p, UINT32_MAX), UINT32_MAX);
+  ASSERT_EQ(kvp__tier_policy_peek(p, 2), UINT32_MAX);
+  kvp__tier_policy_destroy(p);
+  ASSERT_EQ(kvp__tier_policy_peek(NULL, UINT32_MAX), UINT32_MAX);
+}
+
 /* Cache simulation: a hot set re-read between one-time scans.  S3-FIFO keeps
  * the hot set through the scans; LRU loses it every scan. */
 static double sim_hit_rate(kvp_tier_policy_kind kind) {
@@ -1493,7 +1552,7 @@ TEST_MAIN(TEST_ENTRY(dram_basic), TEST_ENTRY(dram_register_hook),
           TEST_ENTRY(nvme_idle_all), TEST_ENTRY(nvme_admission_all),
           TEST_ENTRY(nvme_stage_ahead_all),
           TEST_ENTRY(tmpfs_warned_or_refused), TEST_ENTRY(slab_path_named),
-          TEST_ENTRY(policy_lru), TEST_ENTRY(policy_scan_resistance),
+          TEST_ENTRY(policy_lru), TEST_ENTRY(policy_lru_peek), TEST_ENTRY(policy_scan_resistance),
           TEST_ENTRY(policy_reserve), TEST_ENTRY(policy_share),
           TEST_ENTRY(options), TEST_ENTRY(events_feed_index),
           TEST_ENTRY(epoch_restart_all), TEST_ENTRY(epoch_and_keys_each))

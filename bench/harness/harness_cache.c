@@ -366,11 +366,32 @@ static int land(cache *c, const tier_move *m) {
   return publish(c, m->to, true, &key);
 }
 
+/* Tier k's victims come one per block that enters it, each a cold node,
+ * policy entry and (when evicted) table slot.  After one is taken, the next
+ * two are known (an LRU tier: kvp__tier_policy_peek): the next one's slot,
+ * from its node prefetched a victim ago, and the one after's node and entry
+ * are prefetched, so the next block's make_room finds them in cache. */
+static void victims_prefetch(const cache *c, int k, bool evicting) {
+  tier_policy *p = pol_of(c, k);
+  uint32_t v1 = kvp__tier_policy_peek(p, UINT32_MAX);
+  if (v1 >= c->n_nodes)
+    return;
+  if (evicting)
+    __builtin_prefetch(
+        &c->tab[bh_cache_hash32(c->nodes[v1].key.lo) & c->mask], 1);
+  uint32_t v2 = kvp__tier_policy_peek(p, v1);
+  if (v2 < c->n_nodes) {
+    __builtin_prefetch(&c->nodes[v2]);
+    kvp__tier_policy_prefetch(p, v2);
+  }
+}
+
 /* Makes room for one more block in tier k. */
 static int make_room(cache *c, int k) {
   tier_move m;
   int rc;
   while (kvp__tier_cascade_next(c->cas, k, 1, false, node_victim, c, &m) > 0) {
+    victims_prefetch(c, k, m.to < 0);
     if (m.gate == TIER_GATE_ADMIT) { /* its cell, for the outcome */
       c->nodes[m.id].adm = m.cell;
       c->st.nvme_admitted++;
