@@ -500,6 +500,45 @@ TEST(unread_index_not_fed) {
   bh_trace_free(&t);
 }
 
+/* The "on another worker" miss cause (the longest run from the first miss
+ * that one other worker holds, read from the session's last worker's nodes
+ * first) equals a block-by-block count over every worker, on a generated
+ * agentic trace with every tier evicting, for the policies that scatter
+ * sessions and the one that keeps them. */
+TEST(other_worker_cause_brute_force) {
+  bh_gen_opts g = {.seed = 13, .sessions = 24, .turns = 8, .subagent_p = 0.2};
+  char *buf = NULL;
+  size_t nb = 0;
+  FILE *m = open_memstream(&buf, &nb);
+  ASSERT_NOT_NULL(m);
+  ASSERT_OK(bh_gen(&g, m));
+  fclose(m);
+  bh_trace t;
+  load(buf, &t);
+  free(buf);
+  const int pols[] = {KVP_POLICY_ROUND_ROBIN, BH_POLICY_RANDOM,
+                      KVP_POLICY_KVPLANE_COST};
+  for (int p = 0; p < 3; p++) {
+    bh_sim_opts o = tiny_opts(pols[p], 6);
+    o.cl.hbm_blocks = o.cl.dram_blocks = o.cl.nvme_blocks = 1500;
+    o.verify_causes = true;
+    bh_result r;
+    run(&t, &o, &r);
+    ASSERT_EQ(r.cause_mismatches, 0u);
+    ASSERT_GT(r.evicted_blocks, 0u);
+    if (p < 2) {
+      ASSERT_GT(r.cause_hinted, 50u);
+      ASSERT_GT(r.tot.miss_tokens[KVP_MISS_OTHER_WORKER], 0u);
+    }
+    printf("  %s: %llu runs read from the last worker's nodes first, %llu "
+           "tokens missed on another worker\n",
+           bh_policy_name(pols[p]), (unsigned long long)r.cause_hinted,
+           (unsigned long long)r.tot.miss_tokens[KVP_MISS_OTHER_WORKER]);
+    bh_result_free(&r);
+  }
+  bh_trace_free(&t);
+}
+
 /* Two workers: round robin sends r2 away from r1's cache (its 8 tokens
  * miss "on another worker"); prefix_greedy follows the index, which only
  * knows because worker 0 published its stored events. */
@@ -861,7 +900,7 @@ TEST(config_router_agrees) {
   ASSERT_DOUBLE_NEAR(so.cl.gpu.latency_s[KVP_TIER_NVME], 150e-6, 0);
 }
 
-TEST_MAIN(TEST_ENTRY(config_router_agrees), TEST_ENTRY(cache_hint_stale), TEST_ENTRY(cache_table_robin_hood), TEST_ENTRY(cache_release_tail_first), TEST_ENTRY(index_bisects_as_it_walks), TEST_ENTRY(unread_index_not_fed),
+TEST_MAIN(TEST_ENTRY(config_router_agrees), TEST_ENTRY(cache_hint_stale), TEST_ENTRY(cache_table_robin_hood), TEST_ENTRY(cache_release_tail_first), TEST_ENTRY(index_bisects_as_it_walks), TEST_ENTRY(unread_index_not_fed), TEST_ENTRY(other_worker_cause_brute_force),
           TEST_ENTRY(cache_match_agrees), TEST_ENTRY(cache_match_hinted), TEST_ENTRY(tiny_exact), TEST_ENTRY(tiny_tiers),
           TEST_ENTRY(routing_follows_events), TEST_ENTRY(prompt_drift),
           TEST_ENTRY(promote_from_last_tier), TEST_ENTRY(dram_policy_exact),

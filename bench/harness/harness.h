@@ -189,6 +189,9 @@ typedef struct bh_sim_opts {
                             same answers while the caches keep the contract,
                             only slower; tests.  An S3-FIFO HBM (no
                             tail-first release) always walks */
+  bool verify_causes;    /* every "on another worker" miss cause recounted
+                            block by block on every worker
+                            (bh_result.cause_mismatches); tests */
 } bh_sim_opts;
 
 /* The router's model / GPU spec (kvp_router_opts_from_config) as the
@@ -230,6 +233,10 @@ typedef struct bh_result {
    * workers whose residency in it differs from their cache's */
   uint64_t index_queries, index_query_blocks, index_closure_violations;
   uint64_t index_mismatches;
+  /* with verify_causes: requests whose "on another worker" run differed
+   * from the block-by-block count, and those read from the session's last
+   * worker's nodes first */
+  uint64_t cause_mismatches, cause_hinted;
   uint64_t event_blocks;    /* blocks in the events published: residency
                                changes (a tier move is two), the simulated
                                work bench_harness_scale normalises by */

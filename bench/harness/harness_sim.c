@@ -638,21 +638,52 @@ static uint64_t held_run(const struct sim *s, uint32_t v, const kvp_key *keys,
  * probes are prefetched together: one cold line per worker, fetched in
  * parallel rather than one after another. */
 static uint64_t run_elsewhere(const struct sim *s, uint32_t w,
-                              const kvp_key *keys, uint64_t m, uint64_t n) {
+                              const kvp_key *keys, uint64_t m, uint64_t n,
+                              const sess_hint *h) {
   uint64_t best = m;
   if (m >= n || !seen_has(s, keys[m].lo))
     return m; /* never cached anywhere: no worker holds it (most prompts'
                  first miss is new content), so no probe of every worker */
+  /* The answer is the longest run of any one worker, in whatever order
+   * they are read.  The session's last worker first, through its nodes
+   * (bh_cache_match_hinted: one node line per block): its run is most
+   * often the answer, and then every other worker is ruled out by the one
+   * probe at its end. */
+  uint32_t first = NONE;
+  if (h != NULL && h->n > m && h->worker != w) {
+    first = h->worker;
+    best += bh_cache_match_hinted(&s->w[first].c, keys + m, n - m,
+                                  h->nodes + m, h->n - m, s->xtiers,
+                                  s->xnodes);
+  }
   /* the first probes of all: their misses overlap */
-  for (uint32_t v = 0; v < s->nw; v++)
-    bh_cache_prefetch_begin(&s->w[v].c, keys, m, m + 1);
+  for (uint32_t v = 0; v < s->nw && best < n; v++)
+    bh_cache_prefetch_begin(&s->w[v].c, keys, best, best + 1);
   for (uint32_t v = 0; v < s->nw && best < n; v++) {
-    if (v == w || bh_cache_find(&s->w[v].c, keys[best]) == NONE ||
+    if (v == w || v == first ||
+        bh_cache_find(&s->w[v].c, keys[best]) == NONE ||
         held_run(s, v, keys, m, best) < best - m)
       continue;
     best += 1 + held_run(s, v, keys, best + 1, n);
   }
   return best;
+}
+
+/* bh_sim_opts.verify_causes: run_elsewhere's answer against the longest
+ * run from m of any other worker, block by block. */
+static void verify_cause(struct sim *s, uint32_t w, const kvp_key *keys,
+                         uint64_t m, uint64_t n, const sess_hint *h,
+                         uint64_t got) {
+  uint64_t want = m;
+  for (uint32_t v = 0; v < s->nw; v++) {
+    uint64_t e = m;
+    while (v != w && e < n && bh_cache_find(&s->w[v].c, keys[e]) != NONE)
+      e++;
+    want = e > want ? e : want;
+  }
+  s->res->cause_mismatches += got != want;
+  s->res->cause_hinted += h != NULL && h->n > m && h->worker != w && m < n &&
+                          seen_has(s, keys[m].lo);
 }
 
 static int start_prefill(struct sim *s, uint32_t w) {
@@ -710,7 +741,10 @@ static int start_prefill(struct sim *s, uint32_t w) {
   /* why the rest was recomputed */
   r->miss_tokens[KVP_MISS_PARTIAL_BLOCK] = q->in_tokens - n * bs;
   r->miss_tokens[KVP_MISS_NOT_WORTH_LOADING] = (m - cut) * bs;
-  uint64_t other = s->infinite ? m : run_elsewhere(s, w, keys, m, n);
+  const sess_hint *h = q->session ? &s->hint[q->session] : NULL;
+  uint64_t other = s->infinite ? m : run_elsewhere(s, w, keys, m, n, h);
+  if (s->o->verify_causes && !s->infinite)
+    verify_cause(s, w, keys, m, n, h, other);
   uint64_t ev_end = other;
   if (!s->infinite)
     while (ev_end < n && seen_has(s, keys[ev_end].lo))
