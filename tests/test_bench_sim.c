@@ -70,18 +70,23 @@ TEST(cache_hint_stale) {
   bh_cache_free(&c);
 }
 
+/* A cache of `hbm` blocks of HBM and no lower tier. */
+static void cache_hbm_only(bh_cache *c, uint64_t hbm) {
+  bh_cluster cl;
+  bh_cluster_defaults(&cl);
+  cl.hbm_blocks = hbm;
+  cl.dram_blocks = cl.nvme_blocks = 0;
+  ASSERT_OK(bh_cache_init(c, &cl, true));
+}
+
 /* bh_cache_release: a request's chain released tail first keeps HBM a prefix
  * of it as other blocks push it out (vLLM's free order; the contract of
  * kvp_index_opts.prefix_closed).  Without the release, the order of use
  * evicts the head first.  HBM of 40 blocks, DRAM 0: a 30-block chain, then
  * 25 other blocks. */
 static uint64_t release_kept_prefix(int release, uint64_t *held) {
-  bh_cluster cl;
-  bh_cluster_defaults(&cl);
-  cl.hbm_blocks = 40;
-  cl.dram_blocks = cl.nvme_blocks = 0;
   bh_cache c;
-  ASSERT_OK(bh_cache_init(&c, &cl, true));
+  cache_hbm_only(&c, 40);
   kvp_key k[30];
   bool fresh;
   for (int j = 0; j < 30; j++) {
@@ -127,12 +132,8 @@ TEST(cache_release_tail_first) {
  * lies more than one slot further from its home than the one before it. */
 TEST(cache_table_robin_hood) {
   enum { U = 6000 };
-  bh_cluster cl;
-  bh_cluster_defaults(&cl);
-  cl.hbm_blocks = 3000;
-  cl.dram_blocks = cl.nvme_blocks = 0;
   bh_cache c;
-  ASSERT_OK(bh_cache_init(&c, &cl, true));
+  cache_hbm_only(&c, 3000);
   static kvp_key keys[U];
   for (uint64_t j = 0; j < U; j++) /* j % 8 == 1: j - 1's lo, so its hash */
     keys[j] = (kvp_key){.lo = j % 8 == 1 ? 77 * (j - 1) : 77 * j, .hi = j};
@@ -371,22 +372,28 @@ TEST(tiny_tiers) {
   bh_trace_free(&t);
 }
 
-/* A generated agentic trace on small caches (every tier evicting): each
- * worker's residency in the router's index ends equal to its cache's (the
- * pending run's unannounced blocks included), its caches keep the
- * prefix-closed contract (released tail first) so queries bisect with
- * few violations, and bisecting gives the walk's simulation exactly. */
-TEST(index_bisects_as_it_walks) {
-  bh_gen_opts g = {.seed = 5, .sessions = 24, .turns = 8, .subagent_p = 0.2};
+/* A generated agentic trace (24 sessions of 8 turns, subagents 0.2). */
+static void load_generated(uint64_t seed, bh_trace *t) {
+  bh_gen_opts g = {.seed = seed, .sessions = 24, .turns = 8,
+                   .subagent_p = 0.2};
   char *buf = NULL;
   size_t nb = 0;
   FILE *m = open_memstream(&buf, &nb);
   ASSERT_NOT_NULL(m);
   ASSERT_OK(bh_gen(&g, m));
   fclose(m);
-  bh_trace t;
-  load(buf, &t);
+  load(buf, t);
   free(buf);
+}
+
+/* A generated agentic trace on small caches (every tier evicting): each
+ * worker's residency in the router's index ends equal to its cache's (the
+ * pending run's unannounced blocks included), its caches keep the
+ * prefix-closed contract (released tail first) so queries bisect with
+ * few violations, and bisecting gives the walk's simulation exactly. */
+TEST(index_bisects_as_it_walks) {
+  bh_trace t;
+  load_generated(5, &t);
   const int pols[] = {KVP_POLICY_KVPLANE_COST, KVP_POLICY_ROUND_ROBIN};
   for (int p = 0; p < 2; p++)
     for (int tp = 0; tp < 2; tp++) {
@@ -447,16 +454,8 @@ TEST(index_bisects_as_it_walks) {
  * (verify_index), with tiers evicting and events dropped and delayed; the
  * fed run's index did the work (and matched the caches), the other none. */
 TEST(unread_index_not_fed) {
-  bh_gen_opts g = {.seed = 11, .sessions = 24, .turns = 8, .subagent_p = 0.2};
-  char *buf = NULL;
-  size_t nb = 0;
-  FILE *m = open_memstream(&buf, &nb);
-  ASSERT_NOT_NULL(m);
-  ASSERT_OK(bh_gen(&g, m));
-  fclose(m);
   bh_trace t;
-  load(buf, &t);
-  free(buf);
+  load_generated(11, &t);
   ASSERT_EQ(kvp_policy_reads_matches(KVP_POLICY_ROUND_ROBIN), 0);
   for (int p = 0; p < KVP_POLICY_COUNT_; p++)
     if (p != KVP_POLICY_ROUND_ROBIN)
@@ -506,16 +505,8 @@ TEST(unread_index_not_fed) {
  * agentic trace with every tier evicting, for the policies that scatter
  * sessions and the one that keeps them. */
 TEST(other_worker_cause_brute_force) {
-  bh_gen_opts g = {.seed = 13, .sessions = 24, .turns = 8, .subagent_p = 0.2};
-  char *buf = NULL;
-  size_t nb = 0;
-  FILE *m = open_memstream(&buf, &nb);
-  ASSERT_NOT_NULL(m);
-  ASSERT_OK(bh_gen(&g, m));
-  fclose(m);
   bh_trace t;
-  load(buf, &t);
-  free(buf);
+  load_generated(13, &t);
   const int pols[] = {KVP_POLICY_ROUND_ROBIN, BH_POLICY_RANDOM,
                       KVP_POLICY_KVPLANE_COST};
   for (int p = 0; p < 3; p++) {
