@@ -402,7 +402,8 @@ typedef struct pending {
 static void apply_event(struct sim *s, uint32_t w, uint64_t seq, int tier,
                         bool stored, const kvp_key *parent, const kvp_key *k,
                         size_t n) {
-  if (!s->ix_fed)
+  if (!s->ix_fed) /* nobody reads it; a delayed event still arrives (its
+                     delivery moves the clock, as in a run that feeds it) */
     return;
   int rc = stored ? kvp_index_stored(s->ix, w, seq, (kvp_tier)tier, parent, k, n)
                   : kvp_index_removed(s->ix, w, seq, (kvp_tier)tier, k, n);
@@ -631,11 +632,14 @@ static uint64_t held_run(const struct sim *s, uint32_t v, const kvp_key *keys,
 }
 
 /* The furthest end of a run keys[m..end) that one worker other than w holds
- * (m if none): the "on another worker" miss cause.  A worker can only beat
- * the best end so far by holding the block at it, so that one probe rules
- * most workers out and the rest of the run is read only for candidates:
- * per request O(workers + run) probes, not O(workers x run).  Those first
- * probes are prefetched together: one cold line per worker, fetched in
+ * (m if none): the "on another worker" miss cause.  The answer is the
+ * longest run of any one worker, in whatever order they are read.  The
+ * session's last worker (h) first, through its nodes (bh_cache_match_hinted:
+ * one node line per block): its run is most often the answer.  Then a
+ * worker can only beat the best end so far by holding the block at it, so
+ * that one probe rules most workers out and the rest of the run is read only
+ * for candidates: per request O(workers + run) probes, not O(workers x run).
+ * Those probes are prefetched together: one cold line per worker, fetched in
  * parallel rather than one after another. */
 static uint64_t run_elsewhere(const struct sim *s, uint32_t w,
                               const kvp_key *keys, uint64_t m, uint64_t n,
@@ -644,11 +648,6 @@ static uint64_t run_elsewhere(const struct sim *s, uint32_t w,
   if (m >= n || !seen_has(s, keys[m].lo))
     return m; /* never cached anywhere: no worker holds it (most prompts'
                  first miss is new content), so no probe of every worker */
-  /* The answer is the longest run of any one worker, in whatever order
-   * they are read.  The session's last worker first, through its nodes
-   * (bh_cache_match_hinted: one node line per block): its run is most
-   * often the answer, and then every other worker is ruled out by the one
-   * probe at its end. */
   uint32_t first = NONE;
   if (h != NULL && h->n > m && h->worker != w) {
     first = h->worker;
