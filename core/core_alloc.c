@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "core_internal.h"
 
@@ -80,12 +81,37 @@ size_t kvp__huge_size(size_t bytes) {
   return ((bytes + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1)) + HUGE_PAGE;
 }
 
+#ifdef MADV_HUGEPAGE
+/* Zeroes [a, a + whole), whole 2 MiB pages from a 2 MiB boundary: one whose
+ * every page is in memory (mincore) is cleared in place; runs of the others
+ * are dropped (MADV_DONTNEED) and read as zero, faulted in when touched. */
+static int huge_zero(unsigned char *a, size_t whole) {
+  long ps = sysconf(_SC_PAGESIZE);
+  size_t pg = ps >= 4096 && (size_t)ps <= HUGE_PAGE ? (size_t)ps : 4096;
+  size_t np = HUGE_PAGE / pg, drop = 0; /* [a + drop, a + i): to drop */
+  unsigned char v[HUGE_PAGE / 4096];
+  for (size_t i = 0; i < whole; i += HUGE_PAGE) {
+    size_t in = 0;
+    if (mincore(a + i, HUGE_PAGE, v) == 0)
+      for (size_t k = 0; k < np; k++)
+        in += v[k] & 1;
+    if (in < np)
+      continue;
+    if (drop < i && madvise(a + drop, i - drop, MADV_DONTNEED) != 0)
+      return -1;
+    memset(a + i, 0, HUGE_PAGE);
+    drop = i + HUGE_PAGE;
+  }
+  return drop < whole ? madvise(a + drop, whole - drop, MADV_DONTNEED) : 0;
+}
+#endif
+
 void *kvp__huge_place(void *block, size_t bytes) {
   uintptr_t a = ((uintptr_t)block + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1);
 #ifdef MADV_HUGEPAGE
   size_t whole = (bytes + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
   if (madvise((void *)a, whole, MADV_HUGEPAGE) == 0 &&
-      madvise((void *)a, whole, MADV_DONTNEED) == 0)
+      huge_zero((unsigned char *)a, whole) == 0)
     return (void *)a;
 #endif
   memset((void *)a, 0, bytes); /* not memory that takes advice */

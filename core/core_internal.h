@@ -31,14 +31,16 @@ void *kvp__realloc(const kvp_allocator *a, void *p, size_t old_size,
  * 2 MiB (or too big): allocate as usual then -- and pass the block to
  * kvp__huge_place, which returns where the bytes start (a 2 MiB boundary
  * inside the block), zeroed.  The whole 2 MiB pages they lie in ask for
- * transparent huge pages and are dropped first (MADV_DONTNEED: they read as
- * zero and fault in huge, when first touched), since malloc may hand back
- * pages it faulted in earlier as 4 KiB ones, which advice alone never makes
- * huge.  Where madvise is refused the bytes are zeroed by hand.  Meant to
- * spare random reads TLB misses (under a hypervisor each walks two page
- * tables); on the dev VM no end-to-end gain survived a balanced A/B
- * (docs/performance.md, ninth pass).  Free the block, not the pointer
- * returned.
+ * transparent huge pages.  Each one all in memory already (malloc hands back
+ * memory it faulted in before) is cleared in place: dropping it only to
+ * fault it in again was most of a batch simulation's kernel time
+ * (docs/performance.md, thirteenth pass).  The others are dropped
+ * (MADV_DONTNEED: they read as zero and fault in, huge where the kernel
+ * can, when first touched).  Where madvise is refused the bytes are zeroed
+ * by hand.  Meant to spare random reads TLB misses (under a hypervisor each
+ * walks two page tables); on the dev VM no end-to-end gain survived a
+ * balanced A/B for these arrays alone (docs/performance.md, ninth pass).
+ * Free the block, not the pointer returned.
  * kvp__huge_calloc does both (calloc under 2 MiB); *block is what to free. */
 size_t kvp__huge_size(size_t bytes);
 void *kvp__huge_place(void *block, size_t bytes);

@@ -100,8 +100,10 @@ static bool thp_on_advice(void) {
 }
 
 /* kvp__huge_calloc: zeroed even where malloc hands back dirty memory, on a
- * 2 MiB boundary from 2 MiB up, calloc's below; overflow refused; the pages
- * are huge where the kernel offers them on advice. */
+ * 2 MiB boundary from 2 MiB up, calloc's below; overflow refused.  A 2 MiB
+ * page all in memory is cleared in place (still in memory after, no fault
+ * to come); one partly or not in memory is dropped, and huge where the
+ * kernel offers huge pages on advice. */
 TEST(huge_calloc) {
   const size_t mib = (size_t)1 << 20;
   ASSERT_EQ(kvp__huge_size(2 * mib - 1), 0u);
@@ -111,17 +113,30 @@ TEST(huge_calloc) {
   void *raw;
   ASSERT_NULL(kvp__huge_calloc(SIZE_MAX / 2, 3, &raw));
   ASSERT_NULL(raw);
-  /* a dirty block placed by hand, then kvp__huge_calloc over and under
-   * 2 MiB */
-  const size_t sizes[3] = {9 * mib, 9 * mib + 4096, mib + 123};
-  for (int round = 0; round < 3; round++) {
+  /* blocks made dirty by hand, all (round 0) or their first half (1), then
+   * kvp__huge_calloc over and under 2 MiB */
+  const size_t sizes[4] = {9 * mib, 9 * mib, 17 * mib + 4096, mib + 123};
+  for (int round = 0; round < 4; round++) {
     size_t bytes = sizes[round];
     unsigned char *p;
-    if (round == 0) { /* a block malloc faulted in already: dirty */
-      raw = malloc(kvp__huge_size(bytes));
+    if (round < 2) { /* a block malloc faulted in already: dirty */
+      size_t huge = kvp__huge_size(bytes);
+      raw = malloc(huge);
       ASSERT_NOT_NULL(raw);
-      memset(raw, 0xa5, kvp__huge_size(bytes));
+      memset(raw, 0xa5, round == 0 ? huge : huge / 2);
       p = kvp__huge_place(raw, bytes);
+      size_t whole = 5 * 2 * mib; /* the 2 MiB pages p's bytes lie in */
+      size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+      size_t dirty = (unsigned char *)raw + huge / 2 - p; /* round 1 */
+      size_t full = dirty / (2 * mib) * (2 * mib);   /* all in memory */
+      size_t clean = (dirty + 2 * mib - 1) / (2 * mib) * (2 * mib);
+      if (round == 0) {
+        ASSERT_EQ(kvt_resident_pages(p, whole), whole / pg); /* none dropped */
+      } else {
+        ASSERT_TRUE(full >= 2 * mib && clean < whole);
+        ASSERT_EQ(kvt_resident_pages(p, full), full / pg);
+        ASSERT_EQ(kvt_resident_pages(p + clean, whole - clean), 0u);
+      }
     } else {
       p = kvp__huge_calloc(bytes, 1, &raw);
     }
@@ -136,7 +151,7 @@ TEST(huge_calloc) {
       nonzero += p[i] != 0;
     ASSERT_EQ(nonzero, 0u);
     memset(p, 0x5a, bytes); /* all of it is ours */
-    if (bytes >= 2 * mib && thp_on_advice()) {
+    if (round == 2 && thp_on_advice()) { /* dropped: faulted in huge */
       long kb = anon_huge_kb(p);
       if (kb >= 0)
         ASSERT_GE(kb, 2048); /* at least one huge page */

@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "kvplane.h"
 
@@ -165,6 +167,27 @@ static inline const char *kvt_shared_path(const char *rel, char *buf,
   const char *dir = getenv("KVP_SHARED_DIR");
   snprintf(buf, cap, "%s/%s", dir ? dir : "../shared", rel);
   return buf;
+}
+
+/* kvt_pages: how many pages [p, p + bytes) lies in; kvt_resident_pages:
+ * how many of those are in memory (mincore), SIZE_MAX when unreadable. */
+static inline size_t kvt_pages(const void *p, size_t bytes) {
+  size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+  uintptr_t lo = (uintptr_t)p / pg * pg;
+  return ((uintptr_t)p + bytes - lo + pg - 1) / pg;
+}
+static inline size_t kvt_resident_pages(const void *p, size_t bytes) {
+  size_t pg = (size_t)sysconf(_SC_PAGESIZE), n = kvt_pages(p, bytes), in = 0;
+  unsigned char *v = malloc(n);
+  if (v == NULL ||
+      mincore((void *)((uintptr_t)p / pg * pg), n * pg, v) != 0) {
+    free(v);
+    return SIZE_MAX;
+  }
+  for (size_t i = 0; i < n; i++)
+    in += v[i] & 1;
+  free(v);
+  return in;
 }
 
 /* ---- test table --------------------------------------------------------- */

@@ -257,6 +257,13 @@ int bh_cluster_resolve(bh_cluster *c, uint32_t block_size);
  *   is a page fault and a zeroed page (on this VM 2-8 us apiece, ~10 % of a
  *   20x run's CPU).  The peak footprint is the same; a no-op where malloc
  *   is not jemalloc (sanitizer builds).
+ * - Every jemalloc arena gets extent hooks that forward to jemalloc's own
+ *   and ask for transparent huge pages on each new mapping (what jemalloc's
+ *   thp:always does, which only MALLOC_CONF could set).  calloc then clears
+ *   memory it reuses with memset: with jemalloc's own hooks it drops it and
+ *   every page faults in again.  Runs after the first fault in almost
+ *   nothing, and a 20x replay's index, tables and holder sets lie in 2 MiB
+ *   pages (docs/performance.md, thirteenth pass).
  * - The simulated workers' cache tables and node arrays and the "ever
  *   cached" set, read at random a line per block, lie in 2 MiB pages when
  *   they are that big (bh_big_calloc).  Not in the engine: a huge page's

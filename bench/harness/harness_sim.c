@@ -18,6 +18,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <jemalloc/jemalloc.h>
@@ -1294,11 +1295,114 @@ static void summarize(struct sim *s) {
     se->hit[b] = s->s_prompt[b] > 0 ? s->s_reused[b] / s->s_prompt[b] : NAN;
 }
 
+/* Batch memory: every jemalloc arena's extent hooks forward to jemalloc's
+ * own (je_own), and each new mapping asks for transparent huge pages.  An
+ * arena whose hooks are not jemalloc's own clears the memory it hands back
+ * to calloc with memset; with its own it drops it (MADV_DONTNEED) and
+ * every page faults in again (jemalloc 5.3, ehooks_zero). */
+static extent_hooks_t *je_own;
+
+static void *hk_alloc(extent_hooks_t *h, void *at, size_t size, size_t align,
+                      bool *zero, bool *commit, unsigned ind) {
+  (void)h;
+  void *p = je_own->alloc(je_own, at, size, align, zero, commit, ind);
+#ifdef MADV_HUGEPAGE
+  if (p != NULL) /* whole pages: what jemalloc maps */
+    (void)madvise(p, size, MADV_HUGEPAGE);
+#endif
+  return p;
+}
+
+static bool hk_dalloc(extent_hooks_t *h, void *at, size_t size, bool commit,
+                      unsigned ind) {
+  (void)h;
+  return je_own->dalloc(je_own, at, size, commit, ind);
+}
+
+static void hk_destroy(extent_hooks_t *h, void *at, size_t size, bool commit,
+                       unsigned ind) {
+  (void)h;
+  je_own->destroy(je_own, at, size, commit, ind);
+}
+
+static bool hk_commit(extent_hooks_t *h, void *at, size_t size, size_t off,
+                      size_t len, unsigned ind) {
+  (void)h;
+  return je_own->commit(je_own, at, size, off, len, ind);
+}
+
+static bool hk_decommit(extent_hooks_t *h, void *at, size_t size, size_t off,
+                        size_t len, unsigned ind) {
+  (void)h;
+  return je_own->decommit(je_own, at, size, off, len, ind);
+}
+
+static bool hk_purge_lazy(extent_hooks_t *h, void *at, size_t size,
+                          size_t off, size_t len, unsigned ind) {
+  (void)h;
+  return je_own->purge_lazy(je_own, at, size, off, len, ind);
+}
+
+static bool hk_purge_forced(extent_hooks_t *h, void *at, size_t size,
+                            size_t off, size_t len, unsigned ind) {
+  (void)h;
+  return je_own->purge_forced(je_own, at, size, off, len, ind);
+}
+
+static bool hk_split(extent_hooks_t *h, void *at, size_t size, size_t a,
+                     size_t b, bool commit, unsigned ind) {
+  (void)h;
+  return je_own->split(je_own, at, size, a, b, commit, ind);
+}
+
+static bool hk_merge(extent_hooks_t *h, void *a, size_t na, void *b,
+                     size_t nb, bool commit, unsigned ind) {
+  (void)h;
+  return je_own->merge(je_own, a, na, b, nb, commit, ind);
+}
+
+static extent_hooks_t hk; /* filled from je_own: NULL where it has none */
+
+static void batch_hooks(void) {
+  extent_hooks_t *own = NULL;
+  size_t sz = sizeof own;
+  if (mallctl("arena.0.extent_hooks", &own, &sz, NULL, 0) != 0 ||
+      own == NULL || own == &hk)
+    return; /* not jemalloc's malloc, or done already */
+  je_own = own;
+  hk = (extent_hooks_t){
+      hk_alloc,
+      je_own->dalloc ? hk_dalloc : NULL,
+      je_own->destroy ? hk_destroy : NULL,
+      je_own->commit ? hk_commit : NULL,
+      je_own->decommit ? hk_decommit : NULL,
+      je_own->purge_lazy ? hk_purge_lazy : NULL,
+      je_own->purge_forced ? hk_purge_forced : NULL,
+      je_own->split ? hk_split : NULL,
+      je_own->merge ? hk_merge : NULL};
+  size_t over = 0; /* an allocation this big makes the huge arena: now */
+  sz = sizeof over;
+  if (mallctl("opt.oversize_threshold", &over, &sz, NULL, 0) == 0 && over) {
+    void *volatile big = malloc(over);
+    free(big);
+  }
+  unsigned n = 0;
+  sz = sizeof n;
+  extent_hooks_t *mine = &hk;
+  if (mallctl("arenas.narenas", &n, &sz, NULL, 0) == 0)
+    for (unsigned a = 0; a < n; a++) {
+      char key[64];
+      snprintf(key, sizeof key, "arena.%u.extent_hooks", a);
+      (void)mallctl(key, NULL, NULL, &mine, sizeof mine); /* none: EFAULT */
+    }
+}
+
 void bh_batch_memory(void) {
   bh_huge_arrays = true;
   ssize_t never = -1; /* decay time -1: freed pages are never purged */
   (void)mallctl("arenas.dirty_decay_ms", NULL, NULL, &never, sizeof never);
   (void)mallctl("arenas.muzzy_decay_ms", NULL, NULL, &never, sizeof never);
+  batch_hooks();
   unsigned n = 0; /* the arenas made already: one by one */
   size_t sz = sizeof n;
   if (mallctl("arenas.narenas", &n, &sz, NULL, 0) != 0)
