@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "core_internal.h"
 #include "test_harness.h"
@@ -119,13 +120,15 @@ TEST(huge_calloc) {
   for (int round = 0; round < 4; round++) {
     size_t bytes = sizes[round];
     unsigned char *p;
-    if (round < 2) { /* a block malloc faulted in already: dirty */
-      size_t huge = kvp__huge_size(bytes);
-      raw = malloc(huge);
-      ASSERT_NOT_NULL(raw);
+    size_t huge = kvp__huge_size(bytes);
+    if (round < 2) { /* memory faulted in already (mapped fresh, so none
+                        but what is written here is in memory): dirty */
+      raw = mmap(NULL, huge, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      ASSERT_TRUE(raw != MAP_FAILED);
       memset(raw, 0xa5, round == 0 ? huge : huge / 2);
       p = kvp__huge_place(raw, bytes);
-      size_t whole = 5 * 2 * mib; /* the 2 MiB pages p's bytes lie in */
+      size_t whole = (bytes + 2 * mib - 1) / (2 * mib) * (2 * mib);
       size_t pg = (size_t)sysconf(_SC_PAGESIZE);
       size_t dirty = (unsigned char *)raw + huge / 2 - p; /* round 1 */
       size_t full = dirty / (2 * mib) * (2 * mib);   /* all in memory */
@@ -156,7 +159,10 @@ TEST(huge_calloc) {
       if (kb >= 0)
         ASSERT_GE(kb, 2048); /* at least one huge page */
     }
-    free(raw);
+    if (round < 2)
+      ASSERT_EQ(munmap(raw, huge), 0);
+    else
+      free(raw);
   }
 }
 
