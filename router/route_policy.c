@@ -38,6 +38,11 @@ int kvp_policy_reads_matches(kvp_policy p) {
   return p != KVP_POLICY_ROUND_ROBIN; /* pick_round_robin: rr_next, online() */
 }
 
+int kvp_policy_compares_matches(kvp_policy p) {
+  /* pick_round_robin, pick_least_loaded: load and rotation only */
+  return p != KVP_POLICY_ROUND_ROBIN && p != KVP_POLICY_LEAST_LOADED;
+}
+
 int kvp_policy_parse(const char *name, kvp_policy *out) {
   if (name == NULL || out == NULL)
     return KVP_EINVAL;
@@ -1202,10 +1207,44 @@ static void decision_none(kvp_decision *out) {
   }
 }
 
-/* The decision itself; r, req and out are not NULL. */
+/* The chosen worker's match from fn (kvp_router_route_chosen), its terms
+ * recomputed with it; the picker runs again so that its keys and score for
+ * the chosen are those of that match (its choice reads no match: the same
+ * worker).  A failing fn leaves the worker matching nothing, flagged as a
+ * failed index query; a match out of range is the caller's error. */
+static int chosen_match(kvp_router *r, const route_ctx *x, kvp_match_fn fn,
+                        void *ctx, pick *p) {
+  kvp_worker_match m = {.worker = p->chosen};
+  if (fn(ctx, p->chosen, &m) < 0) {
+    p->flags |= KVP_DECISION_NO_INDEX;
+    return 0;
+  }
+  uint64_t sum = 0;
+  for (int k = 0; k < KVP_TIER_COUNT_; k++)
+    sum += m.blocks[k];
+  if (sum > x->req->n_blocks || (m.flags & ~KVP_MATCH_UNCERTAIN))
+    return req_bad("match_fn(worker %u): %" PRIu64 " blocks of a %zu-block "
+                   "chain, flags 0x%x", p->chosen, sum, x->req->n_blocks,
+                   m.flags);
+  kvp__route_cand *c = &r->cand[p->chosen];
+  memcpy(c->m, m.blocks, sizeof c->m);
+  c->mflags = m.flags;
+  cand_terms(r, x, p->chosen);
+  pick again = *p;
+  pickers[r->o.policy](r, x, &again);
+  if (again.chosen != p->chosen)
+    return KVP_ESTATE; /* unreachable: the picker reads no match */
+  *p = again;
+  return 0;
+}
+
+/* The decision itself; r, req and out are not NULL.  fn non-NULL: no
+ * matches given, the chosen worker's asked for after the choice
+ * (kvp_router_route_chosen). */
 static int route_pick(kvp_router *r, const kvp_route_request *req,
                       const kvp_worker_match *matches, size_t n_matches,
-                      uint8_t flags, kvp_decision *out) {
+                      kvp_match_fn fn, void *ctx, uint8_t flags,
+                      kvp_decision *out) {
   route_ctx x;
   int rc = ctx_init(r, req, &x);
   if (rc == 0)
@@ -1220,6 +1259,8 @@ static int route_pick(kvp_router *r, const kvp_route_request *req,
   pickers[r->o.policy](r, &x, &p);
   if (p.chosen >= r->n || !online(r, p.chosen))
     return KVP_ESTATE; /* unreachable: every picker returns an online worker */
+  if (fn != NULL && (rc = chosen_match(r, &x, fn, ctx, &p)) < 0)
+    return rc;
   uint32_t second = fill_decision(r, &x, &p, out);
   uint32_t g =
       p.best_unguarded == KVP_WORKER_NONE ? p.chosen : p.best_unguarded;
@@ -1238,10 +1279,11 @@ static int route_pick(kvp_router *r, const kvp_route_request *req,
 /* route_pick with the request's eligible workers in force (online()). */
 static int route_core(kvp_router *r, const kvp_route_request *req,
                       const kvp_worker_match *matches, size_t n_matches,
-                      uint8_t flags, kvp_decision *out) {
+                      kvp_match_fn fn, void *ctx, uint8_t flags,
+                      kvp_decision *out) {
   r->elig = req->n_eligible_words ? req->eligible : NULL;
   r->elig_words = req->n_eligible_words;
-  int rc = route_pick(r, req, matches, n_matches, flags, out);
+  int rc = route_pick(r, req, matches, n_matches, fn, ctx, flags, out);
   r->elig = NULL;
   r->elig_words = 0;
   return rc;
@@ -1253,7 +1295,17 @@ int kvp_router_route_matches(kvp_router *r, const kvp_route_request *req,
   decision_none(out);
   if (r == NULL || req == NULL || out == NULL)
     return KVP_EINVAL;
-  return route_core(r, req, matches, n_matches, 0, out);
+  return route_core(r, req, matches, n_matches, NULL, NULL, 0, out);
+}
+
+int kvp_router_route_chosen(kvp_router *r, const kvp_route_request *req,
+                            kvp_match_fn fn, void *ctx, kvp_decision *out) {
+  decision_none(out);
+  if (r == NULL || req == NULL || out == NULL || fn == NULL)
+    return KVP_EINVAL;
+  if (kvp_policy_compares_matches(r->o.policy))
+    return KVP_ENOTSUP;
+  return route_core(r, req, NULL, 0, fn, ctx, KVP_DECISION_CHOSEN_ONLY, out);
 }
 
 /* The index's view as the router's match array: workers it cannot route to
@@ -1291,7 +1343,7 @@ int kvp_router_route(kvp_router *r, kvp_index *ix, const kvp_route_request *req,
   size_t nm =
       got > 0 ? matches_from_index(r, (size_t)got < r->n ? (size_t)got : r->n)
               : 0;
-  rc = route_core(r, req, r->wm, nm, flags, out);
+  rc = route_core(r, req, r->wm, nm, NULL, NULL, flags, out);
   if (rc < 0 || !r->o.record_routed)
     return rc;
   rc = kvp_index_record_routed(ix, out->worker, req->keys, nq, now_ns);

@@ -451,6 +451,53 @@ TEST(index_bisects_as_it_walks) {
   bh_trace_free(&t);
 }
 
+/* least_loaded compares no matches (kvp_policy_compares_matches): with
+ * every event applied at once its run reads the chosen worker's match from
+ * that worker's cache (kvp_router_route_chosen) and keeps no index, with
+ * every answer the run that feeds the index and queries it (verify_index)
+ * gives, tiers evicting.  Dropped or delayed events, or routed records,
+ * leave the index behind the caches: those runs keep it. */
+TEST(least_loaded_without_index) {
+  bh_trace t;
+  load_generated(13, &t);
+  for (int mode = 0; mode < 4; mode++) {
+    bh_sim_opts o = tiny_opts(KVP_POLICY_LEAST_LOADED, 6);
+    o.cl.hbm_blocks = o.cl.dram_blocks = o.cl.nvme_blocks = 3000;
+    o.drop_events = mode == 1 ? 0.3 : 0;
+    o.delay_events_s = mode == 2 ? 0.5 : 0;
+    o.router.record_routed = mode == 3;
+    bh_result a, b;
+    run(&t, &o, &a);
+    ASSERT_GT(a.evicted_blocks, 0u);
+    ASSERT_GT(a.tot.reused_tokens, 0u);
+    ASSERT_GT(a.events_published, 0u);
+    if (mode > 0) { /* the index kept and queried */
+      ASSERT_GT(a.ix.events_applied, 0u);
+      ASSERT_GT(a.index_queries, 0u);
+      bh_result_free(&a);
+      continue;
+    }
+    ASSERT_EQ(a.ix.events_applied, 0u);
+    ASSERT_EQ(a.index_queries, 0u);
+    o.verify_index = true;
+    run(&t, &o, &b);
+    ASSERT_GT(b.ix.events_applied, 0u);
+    ASSERT_GT(b.index_queries, 0u);
+    ASSERT_EQ(b.index_mismatches, 0u);
+    ASSERT_MEM_EQ(&a.tot, &b.tot, sizeof a.tot);
+    ASSERT_MEM_EQ(&a.ttft, &b.ttft, sizeof a.ttft);
+    ASSERT_EQ(a.evicted_blocks, b.evicted_blocks);
+    ASSERT_MEM_EQ(a.demoted_bytes, b.demoted_bytes, sizeof a.demoted_bytes);
+    ASSERT_EQ(a.events_published, b.events_published);
+    ASSERT_EQ(a.event_blocks, b.event_blocks);
+    ASSERT_TRUE(a.imbalance == b.imbalance);
+    ASSERT_TRUE(a.sim_seconds == b.sim_seconds);
+    bh_result_free(&a);
+    bh_result_free(&b);
+  }
+  bh_trace_free(&t);
+}
+
 /* round_robin and random read no matches (kvp_policy_reads_matches), so
  * their runs keep no index: every answer equals the run that feeds it
  * (verify_index), with tiers evicting and events dropped and delayed; the
@@ -927,7 +974,7 @@ TEST(batch_memory) {
   }
 }
 
-TEST_MAIN(TEST_ENTRY(config_router_agrees), TEST_ENTRY(cache_hint_stale), TEST_ENTRY(cache_table_robin_hood), TEST_ENTRY(cache_release_tail_first), TEST_ENTRY(index_bisects_as_it_walks), TEST_ENTRY(unread_index_not_fed), TEST_ENTRY(other_worker_cause_brute_force),
+TEST_MAIN(TEST_ENTRY(config_router_agrees), TEST_ENTRY(cache_hint_stale), TEST_ENTRY(cache_table_robin_hood), TEST_ENTRY(cache_release_tail_first), TEST_ENTRY(index_bisects_as_it_walks), TEST_ENTRY(unread_index_not_fed), TEST_ENTRY(least_loaded_without_index), TEST_ENTRY(other_worker_cause_brute_force),
           TEST_ENTRY(cache_match_agrees), TEST_ENTRY(cache_match_hinted), TEST_ENTRY(tiny_exact), TEST_ENTRY(tiny_tiers),
           TEST_ENTRY(routing_follows_events), TEST_ENTRY(prompt_drift),
           TEST_ENTRY(promote_from_last_tier), TEST_ENTRY(dram_policy_exact),

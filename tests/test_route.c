@@ -565,6 +565,159 @@ TEST(round_robin_reads_no_matches) {
   free(keys);
 }
 
+/* kvp_router_route_chosen's match: the chosen worker's entry of the array
+ * the twin router gets whole; counts the calls and checks the worker. */
+typedef struct chosen_ctx {
+  const kvp_worker_match *m;
+  size_t n;
+  int calls, fail;
+  uint32_t asked;
+} chosen_ctx;
+
+static int chosen_fn(void *ctx, uint32_t w, kvp_worker_match *out) {
+  chosen_ctx *c = ctx;
+  c->calls++;
+  c->asked = w;
+  if (c->fail)
+    return KVP_EIO;
+  for (size_t i = 0; i < c->n; i++)
+    if (c->m[i].worker == w) {
+      memcpy(out->blocks, c->m[i].blocks, sizeof out->blocks);
+      out->flags = c->m[i].flags;
+    }
+  return 0;
+}
+
+/* round_robin and least_loaded choose on load: asked for the chosen
+ * worker's match alone they decide as a twin given every worker's (random
+ * matches over all tiers, some uncertain; loads, offline workers and
+ * completions the same to both), reuse and in-flight tokens included; only
+ * the others' matches are unknown.  The policies that compare matches
+ * refuse; a failing fn reuses nothing; a match longer than the chain is
+ * refused with nothing recorded. */
+TEST(chosen_match_only) {
+  enum { W = 6, NB = 40 };
+  ASSERT_EQ(kvp_policy_compares_matches(KVP_POLICY_ROUND_ROBIN), 0);
+  ASSERT_EQ(kvp_policy_compares_matches(KVP_POLICY_LEAST_LOADED), 0);
+  for (int p = 0; p < KVP_POLICY_COUNT_; p++)
+    if (p != KVP_POLICY_ROUND_ROBIN && p != KVP_POLICY_LEAST_LOADED)
+      ASSERT_EQ(kvp_policy_compares_matches((kvp_policy)p), 1);
+  ASSERT_EQ(kvp_policy_compares_matches((kvp_policy)KVP_POLICY_COUNT_), 1);
+  kvp_key *keys = keys_new(NB, 9);
+  const kvp_policy pols[] = {KVP_POLICY_ROUND_ROBIN, KVP_POLICY_LEAST_LOADED};
+  for (int p = 0; p < 2; p++) {
+    kvp_router *a = router_new(pols[p], W, 0), *b = router_new(pols[p], W, 0);
+    int reused = 0;
+    for (uint64_t i = 1; i <= 3000; i++) {
+      if (kvt_rand_below(8) == 0) {
+        kvp_worker_load l = {0};
+        uint32_t w = kvt_rand_below(W);
+        l.flags = w != 0 && kvt_rand_below(3) == 0 ? KVP_WORKER_OFFLINE : 0;
+        l.prefill_tokens = kvt_rand_below(5000);
+        l.queued_requests = kvt_rand_below(4);
+        ASSERT_OK(kvp_router_set_load(a, w, &l));
+        ASSERT_OK(kvp_router_set_load(b, w, &l));
+      }
+      kvp_worker_match m[W];
+      size_t nm = 0;
+      for (uint32_t w = 0; w < W; w++) {
+        if (kvt_rand_below(4) == 0)
+          continue; /* holds nothing */
+        kvp_worker_match x = {.worker = w};
+        uint32_t left = NB;
+        for (int k = 0; k < KVP_TIER_COUNT_; k++) {
+          x.blocks[k] = kvt_rand_below(left / 2 + 1);
+          left -= x.blocks[k];
+        }
+        x.flags = kvt_rand_below(5) == 0 ? KVP_MATCH_UNCERTAIN : 0;
+        m[nm++] = x;
+      }
+      kvp_route_request q =
+          req_of(keys, NB, NB * BS + kvt_rand_below(BS), 0, i);
+      chosen_ctx c = {m, nm, 0, 0, 0};
+      kvp_decision da, db;
+      ASSERT_OK(kvp_router_route_matches(a, &q, m, nm, &da));
+      ASSERT_OK(kvp_router_route_chosen(b, &q, chosen_fn, &c, &db));
+      ASSERT_EQ(c.calls, 1);
+      ASSERT_EQ(c.asked, da.worker);
+      ASSERT_EQ(db.worker, da.worker);
+      ASSERT_EQ(db.reason, da.reason);
+      ASSERT_EQ(db.flags, da.flags | KVP_DECISION_CHOSEN_ONLY);
+      ASSERT_EQ(db.uncached_tokens, da.uncached_tokens);
+      ASSERT_EQ(db.avoided_tokens, da.avoided_tokens);
+      ASSERT_TRUE(db.avoided_s == da.avoided_s && db.load_s == da.load_s);
+      ASSERT_MEM_EQ(db.matched_tokens, da.matched_tokens,
+                    sizeof da.matched_tokens);
+      ASSERT_MEM_EQ(db.reused_tier_tokens, da.reused_tier_tokens,
+                    sizeof da.reused_tier_tokens);
+      ASSERT_MEM_EQ(db.load_bytes, da.load_bytes, sizeof da.load_bytes);
+      ASSERT_EQ(db.matched_elsewhere_tokens, 0u);
+      ASSERT_EQ(db.n_top, da.n_top);
+      ASSERT_MEM_EQ(&db.top[0], &da.top[0], sizeof da.top[0]);
+      for (unsigned k = 1; k < da.n_top; k++) /* same order, no matches */
+        ASSERT_EQ(db.top[k].worker, da.top[k].worker);
+      reused += da.avoided_tokens > 0;
+      for (uint32_t w = 0; w < W; w++) {
+        uint64_t na, ta, nb2, tb;
+        ASSERT_OK(kvp_router_inflight(a, w, &na, &ta, NULL));
+        ASSERT_OK(kvp_router_inflight(b, w, &nb2, &tb, NULL));
+        ASSERT_EQ(na, nb2);
+        ASSERT_EQ(ta, tb);
+      }
+      if (kvt_rand_below(2)) {
+        ASSERT_OK(kvp_router_complete(a, da.worker, i));
+        ASSERT_OK(kvp_router_complete(b, db.worker, i));
+      }
+    }
+    ASSERT_GT(reused, 300);
+    /* fn fails: the chosen worker reuses nothing, said as a failed query */
+    kvp_worker_match all = hbm(0, NB);
+    chosen_ctx f = {&all, 1, 0, 1, 0};
+    kvp_route_request q = req_of(keys, NB, NB * BS, 0, 0);
+    kvp_decision d;
+    ASSERT_OK(kvp_router_route_chosen(b, &q, chosen_fn, &f, &d));
+    ASSERT_EQ(f.calls, 1);
+    ASSERT_EQ(d.avoided_tokens, 0u);
+    ASSERT_EQ(d.uncached_tokens, (uint64_t)NB * BS);
+    ASSERT_TRUE((d.flags & KVP_DECISION_NO_INDEX) != 0);
+    /* a match longer than the chain: refused, nothing put in flight */
+    uint64_t before[W];
+    for (uint32_t w = 0; w < W; w++)
+      ASSERT_OK(kvp_router_inflight(b, w, &before[w], NULL, NULL));
+    kvp_worker_match too_long[W];
+    for (uint32_t w = 0; w < W; w++)
+      too_long[w] = hbm(w, NB + 1);
+    chosen_ctx t = {too_long, W, 0, 0, 0};
+    ASSERT_EQ(kvp_router_route_chosen(b, &q, chosen_fn, &t, &d), KVP_EINVAL);
+    ASSERT_EQ(d.worker, KVP_WORKER_NONE);
+    for (uint32_t w = 0; w < W; w++) {
+      uint64_t n;
+      ASSERT_OK(kvp_router_inflight(b, w, &n, NULL, NULL));
+      ASSERT_EQ(n, before[w]);
+    }
+    ASSERT_EQ(kvp_router_route_chosen(b, &q, NULL, NULL, &d), KVP_EINVAL);
+    kvp_router_destroy(a);
+    kvp_router_destroy(b);
+  }
+  /* the policies that compare matches need them all */
+  for (int p = 0; p < KVP_POLICY_COUNT_; p++) {
+    if (!kvp_policy_compares_matches((kvp_policy)p))
+      continue;
+    kvp_router *r = router_new((kvp_policy)p, W, 0);
+    kvp_route_request q = req_of(keys, NB, NB * BS, 0, 1);
+    chosen_ctx c = {NULL, 0, 0, 0, 0};
+    kvp_decision d;
+    ASSERT_EQ(kvp_router_route_chosen(r, &q, chosen_fn, &c, &d), KVP_ENOTSUP);
+    ASSERT_EQ(c.calls, 0);
+    ASSERT_EQ(d.worker, KVP_WORKER_NONE);
+    uint64_t n;
+    ASSERT_OK(kvp_router_inflight(r, 0, &n, NULL, NULL));
+    ASSERT_EQ(n, 0u);
+    kvp_router_destroy(r);
+  }
+  free(keys);
+}
+
 TEST(least_loaded_counts_inflight) {
   kvp_router *r = router_new(KVP_POLICY_LEAST_LOADED, 3, 0);
   set_load(r, 0, 0, 1, 1000, 0, 0.0);
@@ -1575,6 +1728,7 @@ TEST_MAIN(TEST_ENTRY(policy_names_and_model_math),
           TEST_ENTRY(affinity_within_epsilon),
           TEST_ENTRY(no_herding_across_replicas),
           TEST_ENTRY(round_robin_skips_offline), TEST_ENTRY(round_robin_reads_no_matches),
+          TEST_ENTRY(chosen_match_only),
           TEST_ENTRY(least_loaded_counts_inflight),
           TEST_ENTRY(prefix_greedy_ties_to_least_loaded),
           TEST_ENTRY(sglang_cache_aware_branches),

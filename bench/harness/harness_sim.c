@@ -226,6 +226,9 @@ struct sim {
   kvp_index *ix;
   bool ix_fed; /* events reach ix: its policy reads matches, or verify_index
                   (kvp_policy_reads_matches; round_robin and random do not) */
+  bool chosen_only; /* least_loaded, every event at once: the chosen
+                       worker's match read from its cache, no index (route) */
+  const kvp_route_request *rq; /* the request being routed (chosen_only) */
   kvp_router *rt;
   kvp_ledger *led;
   worker *w;
@@ -927,6 +930,24 @@ static uint64_t sec_to_ns(double sec) {
   return sec >= 18e9 ? UINT64_MAX : (uint64_t)(sec * 1e9);
 }
 
+/* kvp_router_route_chosen's match (sim.chosen_only): what worker w's own
+ * cache holds of the chain, within the index's query length.  With every
+ * event applied at once, none lost and no routed records, the index holds
+ * exactly what the caches do, so this is the answer its query would give
+ * (test_bench_sim least_loaded_without_index); read from one cache, it
+ * spares a policy that compares no matches the index's upkeep (an update
+ * per residency change, a random line of a table that outgrows the CPU's
+ * caches with the cluster). */
+static int cache_match(void *ctx, uint32_t w, kvp_worker_match *out) {
+  struct sim *s = ctx;
+  size_t n = s->rq->n_blocks < KVP_INDEX_CHAIN_MAX ? s->rq->n_blocks
+                                                   : KVP_INDEX_CHAIN_MAX;
+  uint64_t m = bh_cache_match(&s->w[w].c, s->rq->keys, n, s->xtiers, s->xnodes);
+  for (uint64_t j = 0; j < m; j++)
+    out->blocks[s->xtiers[j]]++;
+  return 0;
+}
+
 static int route(struct sim *s, uint32_t i, uint32_t *out) {
   const bh_req *q = &s->t->reqs[i];
   if (s->o->policy == BH_POLICY_RANDOM) {
@@ -959,7 +980,10 @@ static int route(struct sim *s, uint32_t i, uint32_t *out) {
                           .tenant = q->tenant};
   kvp_decision d;
   int rc;
-  if (s->ix_fed) {
+  if (s->chosen_only) {
+    s->rq = &rq;
+    rc = kvp_router_route_chosen(s->rt, &rq, cache_match, s, &d);
+  } else if (s->ix_fed) {
     pend_flush(s); /* the query sees every event published before it */
     rc = kvp_router_route(s->rt, s->ix, &rq, sec_to_ns(s->now), &d);
   } else { /* the same worker without the index's matches */
@@ -1064,7 +1088,17 @@ static int sim_setup(struct sim *s, const bh_trace *t, const bh_sim_opts *o,
   s->infinite = o->policy == BH_POLICY_INFINITE;
   /* round_robin's and random's choices read no matches: their runs keep no
    * index (the same answers, without its work), unless it is verified */
-  s->ix_fed = !s->infinite &&
+  /* least_loaded compares no matches: with every event reaching the index
+   * at once and intact, the chosen worker's cache answers for it
+   * (cache_match); delayed or dropped events, routed records or
+   * verify_index keep the index */
+  s->chosen_only =
+      o->policy < KVP_POLICY_COUNT_ &&
+      kvp_policy_reads_matches((kvp_policy)o->policy) &&
+      !kvp_policy_compares_matches((kvp_policy)o->policy) &&
+      !o->verify_index && o->drop_events == 0 && o->delay_events_s == 0 &&
+      !o->router.record_routed;
+  s->ix_fed = !s->infinite && !s->chosen_only &&
               (o->verify_index ||
                (o->policy < KVP_POLICY_COUNT_ &&
                 kvp_policy_reads_matches((kvp_policy)o->policy)));

@@ -110,6 +110,12 @@ KVP_API const char *kvp_policy_name(kvp_policy p);
  * same worker, in the same order (its receipts then quote no matches).
  * Returns 1 or 0; 1 outside the enum. */
 KVP_API int kvp_policy_reads_matches(kvp_policy p);
+/* Whether the policy weighs every worker's match in its choice.  0 for
+ * round_robin and least_loaded, which choose on load alone: of the matches
+ * they read only the chosen worker's, which sizes the decision's reuse and
+ * the uncached tokens it leaves in flight (kvp_router_route_chosen asks for
+ * that one alone).  Returns 1 or 0; 1 outside the enum. */
+KVP_API int kvp_policy_compares_matches(kvp_policy p);
 
 /* ---- model and GPU ----------------------------------------------------------
  * Zero value = the defaults named per field.  A spec that is not all zero must
@@ -386,6 +392,8 @@ typedef struct kvp_route_candidate {
 #define KVP_DECISION_REPLACED 0x4u /* request id was in flight (retry): moved */
 #define KVP_DECISION_NO_INDEX 0x8u /* index query failed: routed on load only */
 #define KVP_DECISION_NOT_RECORDED 0x10u /* record_routed failed (see log) */
+#define KVP_DECISION_CHOSEN_ONLY 0x20u /* kvp_router_route_chosen: only the
+                                          chosen worker's match was read */
 
 typedef struct kvp_decision {
   uint32_t worker;     /* chosen, or KVP_WORKER_NONE on failure */
@@ -444,7 +452,30 @@ KVP_API int kvp_router_route_matches(kvp_router *r,
                                      const kvp_worker_match *matches,
                                      size_t n_matches, kvp_decision *out);
 
-/* The same, with the per-worker matches taken from the locality index:
+/* The chosen worker's match, asked for by kvp_router_route_chosen: fill
+ * out->blocks and out->flags (worker is set; blocks zero, flags zero on
+ * entry).  Return 0, or a negative error: the decision then reuses nothing
+ * on it, as a failed index query (KVP_DECISION_NO_INDEX). */
+typedef int (*kvp_match_fn)(void *ctx, uint32_t worker, kvp_worker_match *out);
+
+/* Routes with a policy that chooses on load alone
+ * (kvp_policy_compares_matches() == 0), reading one match: the chosen
+ * worker's, from fn, after the choice.  The decision equals
+ * kvp_router_route_matches' given every worker's match (the same worker,
+ * reuse, uncached tokens and in-flight record), except that the others'
+ * matches are not known: matched_elsewhere_tokens and their entries in
+ * top[] quote none, and flags has KVP_DECISION_CHOSEN_ONLY.  For a caller
+ * that can answer one worker's match cheaply and keeps no index for these
+ * policies (the simulator: each worker's own cache).  Returns as
+ * kvp_router_route_matches; KVP_EINVAL also for a NULL fn or a match fn
+ * filled out of range (more blocks than the chain, unknown flags), and
+ * KVP_ENOTSUP for a policy that compares matches. */
+KVP_API int kvp_router_route_chosen(kvp_router *r,
+                                    const kvp_route_request *req,
+                                    kvp_match_fn fn, void *ctx,
+                                    kvp_decision *out);
+
+/* kvp_router_route_matches with the per-worker matches taken from the index:
  * kvp_index_query() over req->keys (at most KVP_INDEX_CHAIN_MAX blocks: a
  * prefix of a prefix match is still one) with routed records valid at
  * now_ns.  Index workers >= n_workers are ignored; a worker the index flags
