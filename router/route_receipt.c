@@ -289,11 +289,12 @@ static void json_candidate(kvp_text *b, const kvp_route_candidate *c) {
 
 static void json_flags(kvp_text *b, const kvp_decision *d) {
   static const char *const names[] = {"untracked", "all_guarded", "replaced",
-                                      "no_index", "not_recorded"};
+                                      "no_index", "not_recorded",
+                                      "chosen_only"};
   const char *sep = "";
   json_key(b, "flags");
   kvp_text_puts(b, "[");
-  for (int i = 0; i < 5; i++)
+  for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
     if (d->flags & (1u << i)) {
       kvp_text_printf(b, "%s\"%s\"", sep, names[i]);
       sep = ",";

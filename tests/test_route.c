@@ -657,6 +657,16 @@ TEST(chosen_match_only) {
       for (unsigned k = 1; k < da.n_top; k++) /* same order, no matches */
         ASSERT_EQ(db.top[k].worker, da.top[k].worker);
       reused += da.avoided_tokens > 0;
+      if (i == 1) { /* the receipt says whose match was read */
+        json_t *ja = receipt(&da), *jb = receipt(&db);
+        json_t *fa = route_get(ja, "flags"), *fb = route_get(jb, "flags");
+        ASSERT_EQ(json_array_size(fb), json_array_size(fa) + 1);
+        ASSERT_STR_EQ(json_string_value(json_array_get(
+                          fb, json_array_size(fb) - 1)),
+                      "chosen_only");
+        json_decref(ja);
+        json_decref(jb);
+      }
       for (uint32_t w = 0; w < W; w++) {
         uint64_t na, ta, nb2, tb;
         ASSERT_OK(kvp_router_inflight(a, w, &na, &ta, NULL));
