@@ -455,7 +455,8 @@ KVP_API int kvp_router_route_matches(kvp_router *r,
 /* The chosen worker's match, asked for by kvp_router_route_chosen: fill
  * out->blocks and out->flags (worker is set; blocks zero, flags zero on
  * entry).  Return 0, or a negative error: the decision then reuses nothing
- * on it, as a failed index query (KVP_DECISION_NO_INDEX). */
+ * on it, as a failed index query (KVP_DECISION_NO_INDEX).  Called once,
+ * inside the decision: it must not call the router. */
 typedef int (*kvp_match_fn)(void *ctx, uint32_t worker, kvp_worker_match *out);
 
 /* Routes with a policy that chooses on load alone
