@@ -313,6 +313,7 @@ int bh_cache_node_new(cache *c, kvp_key k, uint32_t *out) {
   c->nodes[x].hits = 0;
   c->nodes[x].reuses = 0;
   c->nodes[x].adm = 0;
+  c->nodes[x].unannounced = 0;
   tab_put(c->tab, c->mask, (slot){x + 1, bh_cache_hash32(k.lo)});
   c->used++;
   *out = x;
@@ -353,7 +354,9 @@ static int land(cache *c, const tier_move *m) {
   kvp_key key = c->nodes[m->id].key;
   int rc;
   c->count[m->from]--; /* off its tier's policy already */
-  if ((rc = publish(c, m->from, false, &key)) < 0)
+  if (c->nodes[m->id].unannounced) /* its store never went out */
+    c->nodes[m->id].unannounced = 0;
+  else if ((rc = publish(c, m->from, false, &key)) < 0)
     return rc;
   if (m->to < 0) {
     node_del(c, m->id);
@@ -483,6 +486,7 @@ int bh_cache_to_hbm_at(cache *c, uint32_t hint, kvp_key key, kvp_class cls,
   c->nodes[x].cls = (uint8_t)(c->classes ? cls : KVP_CLASS_VOLATILE);
   if ((rc = bh_cache_tier_insert(c, x, KVP_TIER_HBM)) < 0)
     return rc;
+  c->nodes[x].unannounced = 1;
   *fresh = true;
   return 0;
 }

@@ -32,6 +32,10 @@ typedef struct bh_cache_node {
   uint8_t hits; /* reuses since it last entered its tier (saturates at 3) */
   uint8_t reuses; /* reuses since it was first cached (saturates at 255) */
   uint8_t adm;    /* NVMe admission cell + 1 while on NVMe, else 0 */
+  uint8_t unannounced; /* 1: new in HBM (bh_cache_to_hbm_at, *fresh), its
+                          store not yet published by the caller
+                          (bh_cache_announce): leaving HBM first, it is not
+                          published as removed (what was never stored) */
 } bh_cache_node;
 
 typedef struct bh_cache_stats {
@@ -161,7 +165,10 @@ int bh_cache_node_new(bh_cache *c, kvp_key k, uint32_t *out);
 int bh_cache_tier_insert(bh_cache *c, uint32_t x, int k);
 /* Block key now in HBM (hit there, loaded from below, or new), seen as
  * class cls by the request at hand; *fresh: it was not cached (the caller
- * publishes its store, batched into runs as engines do). */
+ * publishes its store, batched into runs as engines do, and then calls
+ * bh_cache_announce; until it does, the block is unannounced: should it
+ * leave HBM first, its removal from HBM is not published either, its
+ * demotion's store below is). */
 int bh_cache_to_hbm(bh_cache *c, kvp_key key, kvp_class cls, bool *fresh);
 /* The same, with hint = the node bh_cache_find returned for key earlier
  * (BH_NONE: none): used when it still holds key, which saves the table
@@ -169,6 +176,18 @@ int bh_cache_to_hbm(bh_cache *c, kvp_key key, kvp_class cls, bool *fresh);
  * not wanted): the block's node, now in HBM. */
 int bh_cache_to_hbm_at(bh_cache *c, uint32_t hint, kvp_key key, kvp_class cls,
                        bool *fresh, uint32_t *out);
+/* Whether node v still holds the key whose 64-bit hash (key.lo, what KV
+ * events carry) is lo, new in HBM and unannounced: the caller's pending
+ * store of it stands (else it left HBM before it was announced, and the
+ * node may hold another key since). */
+static inline bool bh_cache_unannounced(const bh_cache *c, uint32_t v,
+                                        uint64_t lo) {
+  return v < c->n_nodes && c->nodes[v].unannounced && c->nodes[v].key.lo == lo;
+}
+/* Node v's store was published: from now on its moves are. */
+static inline void bh_cache_announce(bh_cache *c, uint32_t v) {
+  c->nodes[v].unannounced = 0;
+}
 /* A request's blocks keys[0..n) released as vLLM frees them, tail first:
  * each one still in HBM becomes the most recently used there, the last
  * block first, so the chain's head goes last.  With the stability classes

@@ -105,9 +105,10 @@ typedef struct eworker {
   uint64_t decode_tokens;
   /* run of new blocks being published as one BlockStored: blocks
    * run_first.. of one request, whose salt (NULL: none) the run borrows;
-   * added last block first, [run_front, run_n) pending (run_flush) */
+   * added last block first, [0, run_n) pending (run_flush) */
   uint64_t *run;
-  uint32_t run_front, run_n, run_cap, run_first;
+  uint32_t *run_node; /* run[i]'s node */
+  uint32_t run_n, run_cap, run_first;
   const char *run_salt, *run_lora;
   uint64_t run_parent;
   bool run_has_parent;
@@ -163,30 +164,50 @@ static const char *lora_path(const engine *e, const char *name) {
 }
 
 /* The pending run (the simulator's flush_run): a request's new blocks
- * enter HBM last block first and are announced in chain order, one
- * BlockStored, when a resident block (their parent) or the loop's end
- * closes the run; a pending block evicted first (always the run's front)
- * leaves it unannounced. */
+ * enter HBM last block first and are announced in chain order when a
+ * resident block (their parent) or the loop's end closes the run.  A
+ * pending block that leaves HBM first is never announced, nor its removal
+ * from HBM (the cache knows it unannounced); its demotion is.  So the run
+ * goes out as the pieces of it still pending, one BlockStored each, whose
+ * parent is the chain block before it (under LRU: one piece). */
 static int run_flush(eworker *x) {
-  uint32_t a = x->run_front, b = x->run_n, bs = x->e->o.block_size;
-  x->run_front = x->run_n = 0;
-  if (a == b)
+  uint32_t n = x->run_n, bs = x->e->o.block_size;
+  x->run_n = 0;
+  if (n == 0)
     return 0;
-  for (uint32_t i = a, j = b - 1; i < j; i++, j--) { /* chain order */
+  for (uint32_t i = 0, j = n - 1; i < j; i++, j--) { /* chain order */
     uint64_t t = x->run[i];
     x->run[i] = x->run[j];
     x->run[j] = t;
+    uint32_t u = x->run_node[i];
+    x->run_node[i] = x->run_node[j];
+    x->run_node[j] = u;
     for (uint32_t k = 0; k < bs; k++) {
-      uint32_t u = x->run_tok[(size_t)i * bs + k];
+      u = x->run_tok[(size_t)i * bs + k];
       x->run_tok[(size_t)i * bs + k] = x->run_tok[(size_t)j * bs + k];
       x->run_tok[(size_t)j * bs + k] = u;
     }
   }
-  bh_kvpub_extras ex = {x->run_salt, x->run_first, x->run_lora,
-                        lora_id(x->e, x->run_lora)};
-  return bh_kvpub_stored(x->pub, x->run + a, b - a,
-                         x->run_has_parent ? &x->run_parent : NULL,
-                         x->run_tok + (size_t)a * bs, bs, "GPU", &ex);
+  for (uint32_t i = 0; i < n;) {
+    if (!bh_cache_unannounced(&x->c, x->run_node[i], x->run[i])) {
+      i++;
+      continue;
+    }
+    uint32_t a = i;
+    for (; i < n && bh_cache_unannounced(&x->c, x->run_node[i], x->run[i]);
+         i++)
+      bh_cache_announce(&x->c, x->run_node[i]);
+    bh_kvpub_extras ex = {x->run_salt, x->run_first + a, x->run_lora,
+                          lora_id(x->e, x->run_lora)};
+    const uint64_t *parent = a > 0             ? &x->run[a - 1]
+                             : x->run_has_parent ? &x->run_parent
+                                                 : NULL;
+    int rc = bh_kvpub_stored(x->pub, x->run + a, i - a, parent,
+                             x->run_tok + (size_t)a * bs, bs, "GPU", &ex);
+    if (rc < 0)
+      return rc;
+  }
+  return 0;
 }
 
 /* The cache's hook: demotions, promotions, evictions (one block each). */
@@ -194,11 +215,6 @@ static int on_residency(void *ctx, uint32_t id, int tier, bool stored,
                         const kvp_key *key) {
   engine *e = ctx;
   eworker *x = &e->w[id];
-  if (!stored && tier == KVP_TIER_HBM && x->run_front < x->run_n &&
-      x->run[x->run_front] == key->lo) {
-    x->run_front++; /* never announced: nothing to remove */
-    return 0;
-  }
   if (!stored)
     return bh_kvpub_removed(x->pub, &key->lo, 1, medium_of(tier));
   uint32_t v = bh_cache_find(&x->c, *key);
@@ -209,7 +225,7 @@ static int on_residency(void *ctx, uint32_t id, int tier, bool stored,
                          e->o.block_size, medium_of(tier), NULL);
 }
 
-static int run_add(eworker *x, const ereq *r, uint32_t j) {
+static int run_add(eworker *x, const ereq *r, uint32_t j, uint32_t v) {
   uint32_t bs = x->e->o.block_size;
   if (x->run_n == x->run_cap) {
     uint32_t nc = x->run_cap ? x->run_cap * 2 : 64;
@@ -217,6 +233,10 @@ static int run_add(eworker *x, const ereq *r, uint32_t j) {
     if (nr == NULL)
       return KVP_ENOMEM;
     x->run = nr;
+    uint32_t *nn = realloc(x->run_node, nc * sizeof *nn);
+    if (nn == NULL)
+      return KVP_ENOMEM;
+    x->run_node = nn;
     uint32_t *nt = realloc(x->run_tok, (size_t)nc * bs * sizeof *nt);
     if (nt == NULL)
       return KVP_ENOMEM;
@@ -230,6 +250,7 @@ static int run_add(eworker *x, const ereq *r, uint32_t j) {
   x->run_parent = j > 0 ? r->keys[j - 1].lo : 0;
   memcpy(x->run_tok + (size_t)x->run_n * bs, r->a.tokens + (size_t)j * bs,
          bs * sizeof(uint32_t));
+  x->run_node[x->run_n] = v;
   x->run[x->run_n++] = r->keys[j].lo;
   return 0;
 }
@@ -237,18 +258,19 @@ static int run_add(eworker *x, const ereq *r, uint32_t j) {
 /* Block j of r into HBM; a new block joins the pending stored run. */
 static int block_to_hbm(eworker *x, const ereq *r, uint32_t j) {
   bool fresh;
-  int rc = bh_cache_to_hbm(&x->c, r->keys[j], KVP_CLASS_VOLATILE, &fresh);
+  uint32_t v;
+  int rc = bh_cache_to_hbm_at(&x->c, BH_NONE, r->keys[j], KVP_CLASS_VOLATILE,
+                              &fresh, &v);
   if (rc < 0)
     return rc;
   if (!fresh) /* the run's parent: resident */
     return run_flush(x);
   if ((rc = ntok_fit(x)) < 0)
     return rc;
-  uint32_t v = bh_cache_find(&x->c, r->keys[j]);
   uint32_t bs = x->e->o.block_size;
   memcpy(x->ntok + (size_t)v * bs, r->a.tokens + (size_t)j * bs,
          bs * sizeof(uint32_t));
-  return run_add(x, r, j);
+  return run_add(x, r, j, v);
 }
 
 /* ---- HTTP replies ---------------------------------------------------------- */
@@ -992,6 +1014,7 @@ static void engine_teardown(engine *e) {
     bh_cache_free(&x->c);
     free(x->ntok);
     free(x->run);
+    free(x->run_node);
     free(x->run_tok);
   }
   free(e->w);

@@ -212,7 +212,8 @@ typedef struct worker {
   size_t found_cap;
   /* pending stored run (HBM): see flush_run */
   kvp_key *run;
-  size_t run_front, run_n, run_cap;
+  uint32_t *run_node; /* run[i]'s node */
+  size_t run_n, run_cap;
   kvp_key run_parent;
   bool run_has_parent;
   kvp_ledger_record rec; /* of cur */
@@ -492,45 +493,53 @@ static int publish_now(struct sim *s, uint32_t w, int tier, bool stored,
 
 /* A worker's pending stored run: the new blocks of the request at hand,
  * added as its loop meets them, the last block first (a request's blocks
- * enter HBM tail first: see prefill_done), announced in chain order, one
- * event, when a resident block (its parent) or the loop's end closes it.
- * Other keys' events go out meanwhile: their order against the run's does
- * not matter.  But a pending block may be evicted before it is announced:
- * once a request fills HBM, its own blocks are the least recently used of
- * their class, the first added first, so that is always the run's front.
- * It leaves the run unannounced, and its removal from HBM is not published
- * (publish); its demotion is. */
+ * enter HBM tail first: see prefill_done), announced in chain order when a
+ * resident block (its parent) or the loop's end closes it.  Other keys'
+ * events go out meanwhile: their order against the run's does not matter.
+ * But a pending block may leave HBM before it is announced (once a request
+ * fills HBM it evicts its own blocks): its store and its removal from HBM
+ * are then never published (the cache knows it unannounced), its demotion
+ * is.  So the run goes out as the pieces of it still pending, each one
+ * event whose parent is the chain block before it: under LRU the blocks
+ * that left are the first added, the chain's tail, and the rest is one
+ * event; S3-FIFO can take any (a ghost hit enters the main queue). */
 static int flush_run(struct sim *s, uint32_t w) {
   worker *x = &s->w[w];
-  size_t a = x->run_front, b = x->run_n;
-  x->run_front = x->run_n = 0;
-  if (a == b)
+  size_t n = x->run_n;
+  x->run_n = 0;
+  if (n == 0)
     return 0;
-  for (size_t i = a, j = b - 1; i < j; i++, j--) { /* chain order */
+  for (size_t i = 0, j = n - 1; i < j; i++, j--) { /* chain order */
     kvp_key t = x->run[i];
     x->run[i] = x->run[j];
     x->run[j] = t;
+    uint32_t u = x->run_node[i];
+    x->run_node[i] = x->run_node[j];
+    x->run_node[j] = u;
   }
-  return publish_now(s, w, KVP_TIER_HBM, true,
-                     x->run_has_parent ? &x->run_parent : NULL, x->run + a,
-                     b - a);
+  cache *c = &x->c;
+  for (size_t i = 0; i < n;) {
+    if (!bh_cache_unannounced(c, x->run_node[i], x->run[i].lo)) {
+      i++;
+      continue;
+    }
+    size_t a = i;
+    for (; i < n && bh_cache_unannounced(c, x->run_node[i], x->run[i].lo); i++)
+      bh_cache_announce(c, x->run_node[i]);
+    const kvp_key *parent = a > 0             ? &x->run[a - 1]
+                            : x->run_has_parent ? &x->run_parent
+                                                : NULL;
+    int rc = publish_now(s, w, KVP_TIER_HBM, true, parent, x->run + a, i - a);
+    if (rc < 0)
+      return rc;
+  }
+  return 0;
 }
 
-static int publish(struct sim *s, uint32_t w, int tier, bool stored,
-                   const kvp_key *k) {
-  worker *x = &s->w[w];
-  if (!stored && tier == KVP_TIER_HBM && x->run_front < x->run_n &&
-      kvp_key_eq(x->run[x->run_front], *k)) {
-    x->run_front++; /* never announced: nothing to remove */
-    return 0;
-  }
-  return publish_now(s, w, tier, stored, NULL, k, 1);
-}
-
-/* The cache's residency changes, as events (a pending run first). */
+/* The cache's residency changes, as events. */
 static int cache_publish(void *ctx, uint32_t w, int tier, bool stored,
                          const kvp_key *key) {
-  return publish(ctx, w, tier, stored, key);
+  return publish_now(ctx, w, tier, stored, NULL, key, 1);
 }
 
 /* Block now in HBM (loaded, recomputed or new), of class cls for the
@@ -540,7 +549,10 @@ static int cache_publish(void *ctx, uint32_t w, int tier, bool stored,
 static int to_hbm(struct sim *s, uint32_t w, cache *c, uint32_t hint,
                   kvp_key key, const kvp_key *parent, kvp_class cls,
                   bool *fresh, uint32_t *node) {
-  int rc = bh_cache_to_hbm_at(c, hint, key, cls, fresh, node);
+  uint32_t v;
+  int rc = bh_cache_to_hbm_at(c, hint, key, cls, fresh, &v);
+  if (node != NULL)
+    *node = v;
   if (rc < 0 || s->infinite)
     return rc;
   if (!*fresh) /* the run's parent: resident */
@@ -557,8 +569,13 @@ static int to_hbm(struct sim *s, uint32_t w, cache *c, uint32_t hint,
     if (nr == NULL)
       return KVP_ENOMEM;
     wk->run = nr;
+    uint32_t *nn = realloc(wk->run_node, nc * sizeof *nn);
+    if (nn == NULL)
+      return KVP_ENOMEM;
+    wk->run_node = nn;
     wk->run_cap = nc;
   }
+  wk->run_node[wk->run_n] = v;
   wk->run[wk->run_n++] = key;
   return 0;
 }
@@ -1225,6 +1242,7 @@ static void sim_teardown(struct sim *s) {
     bh_cache_free(&s->w[v].c);
     free(s->w[v].q);
     free(s->w[v].run);
+    free(s->w[v].run_node);
     free(s->w[v].found);
   }
   if (s->infinite)
