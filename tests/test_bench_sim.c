@@ -466,6 +466,21 @@ TEST(index_bisects_as_it_walks) {
   bh_trace_free(&t);
 }
 
+/* Two runs of the same trace and settings, one keeping the index and one
+ * not: every outcome equal. */
+static void assert_same_outcome(const bh_result *a, const bh_result *b) {
+  ASSERT_MEM_EQ(&a->tot, &b->tot, sizeof a->tot);
+  ASSERT_MEM_EQ(&a->ttft, &b->ttft, sizeof a->ttft);
+  ASSERT_EQ(a->evicted_blocks, b->evicted_blocks);
+  ASSERT_MEM_EQ(a->demoted_bytes, b->demoted_bytes, sizeof a->demoted_bytes);
+  ASSERT_EQ(a->events_published, b->events_published);
+  ASSERT_EQ(a->events_dropped, b->events_dropped);
+  ASSERT_EQ(a->events_delayed, b->events_delayed);
+  ASSERT_EQ(a->event_blocks, b->event_blocks);
+  ASSERT_TRUE(a->imbalance == b->imbalance);
+  ASSERT_TRUE(a->sim_seconds == b->sim_seconds);
+}
+
 /* least_loaded compares no matches (kvp_policy_compares_matches): with
  * every event applied at once its run reads the chosen worker's match from
  * that worker's cache (kvp_router_route_chosen) and keeps no index, with
@@ -503,14 +518,7 @@ TEST(least_loaded_without_index) {
     ASSERT_GT(b.ix.events_applied, 0u);
     ASSERT_GT(b.index_queries, 0u);
     ASSERT_EQ(b.index_mismatches, 0u);
-    ASSERT_MEM_EQ(&a.tot, &b.tot, sizeof a.tot);
-    ASSERT_MEM_EQ(&a.ttft, &b.ttft, sizeof a.ttft);
-    ASSERT_EQ(a.evicted_blocks, b.evicted_blocks);
-    ASSERT_MEM_EQ(a.demoted_bytes, b.demoted_bytes, sizeof a.demoted_bytes);
-    ASSERT_EQ(a.events_published, b.events_published);
-    ASSERT_EQ(a.event_blocks, b.event_blocks);
-    ASSERT_TRUE(a.imbalance == b.imbalance);
-    ASSERT_TRUE(a.sim_seconds == b.sim_seconds);
+    assert_same_outcome(&a, &b);
     bh_result_free(&a);
     bh_result_free(&b);
   }
@@ -547,16 +555,7 @@ TEST(unread_index_not_fed) {
       ASSERT_GT(b.ix.events_applied, 0u);
       if (mode == 0) /* dropped events leave it behind, as they should */
         ASSERT_EQ(b.index_mismatches, 0u);
-      ASSERT_MEM_EQ(&a.tot, &b.tot, sizeof a.tot);
-      ASSERT_MEM_EQ(&a.ttft, &b.ttft, sizeof a.ttft);
-      ASSERT_EQ(a.evicted_blocks, b.evicted_blocks);
-      ASSERT_MEM_EQ(a.demoted_bytes, b.demoted_bytes, sizeof a.demoted_bytes);
-      ASSERT_EQ(a.events_published, b.events_published);
-      ASSERT_EQ(a.events_dropped, b.events_dropped);
-      ASSERT_EQ(a.events_delayed, b.events_delayed);
-      ASSERT_EQ(a.event_blocks, b.event_blocks);
-      ASSERT_TRUE(a.imbalance == b.imbalance);
-      ASSERT_TRUE(a.sim_seconds == b.sim_seconds);
+      assert_same_outcome(&a, &b);
       if (mode == 1)
         ASSERT_GT(a.events_dropped, 0u);
       if (mode == 2)
