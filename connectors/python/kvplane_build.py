@@ -289,6 +289,11 @@ typedef struct kvp_decision { uint32_t worker; uint8_t policy; uint8_t reason;
 int kvp_router_route_matches(kvp_router *r, const kvp_route_request *req,
                              const kvp_worker_match *matches,
                              size_t n_matches, kvp_decision *out);
+typedef int (*kvp_match_fn)(void *ctx, uint32_t worker, kvp_worker_match *out);
+int kvp_router_route_chosen(kvp_router *r, const kvp_route_request *req,
+                            kvp_match_fn fn, void *ctx, kvp_decision *out);
+int kvp_policy_compares_matches(kvp_policy p);
+#define KVP_DECISION_CHOSEN_ONLY ...
 int kvp_router_route(kvp_router *r, kvp_index *ix,
                      const kvp_route_request *req, uint64_t now_ns,
                      kvp_decision *out);
@@ -476,6 +481,7 @@ extern "Python" void kvp_py_log_sink(void *, kvp_log_level, const char *,
 extern "Python" int kvp_py_write(void *, const char *, size_t);
 extern "Python" int kvp_py_tier_resident(void *, const kvp_tier_resident *);
 extern "Python" void kvp_py_tier_event(void *, const kvp_tier_event *);
+extern "Python" int kvp_py_chosen_match(void *, uint32_t, kvp_worker_match *);
 """
 
 

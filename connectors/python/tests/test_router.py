@@ -98,6 +98,50 @@ def test_decision_fields_and_matches(hasher):
     assert r.inflight(1)["requests"] == 0
 
 
+def test_chosen_match_only(hasher):
+    """least_loaded asked for the chosen worker's match alone decides as a
+    twin given every worker's (kvp_router_route_chosen)."""
+    keys = hasher.hash(range(200))
+    full = kvplane.Router(3, 16, "least_loaded")
+    lazy = kvplane.Router(3, 16, "least_loaded")
+    assert not kvplane.Policy.LEAST_LOADED.compares_matches
+    assert kvplane.Policy.KVPLANE_COST.compares_matches
+    ms = [kvplane.WorkerMatch(0, {"hbm": 4}),
+          kvplane.WorkerMatch(1, {"hbm": 2, "dram": 8}),
+          kvplane.WorkerMatch(2, {"nvme": 5}, uncertain=True)]
+    by = {m.worker: m for m in ms}
+    asked = []
+
+    def one(w):
+        asked.append(w)
+        return by.get(w)
+
+    for i in range(12):
+        for r in (full, lazy):
+            r.set_load(i % 3, kvplane.WorkerLoad(prefill_tokens=97 * i))
+        a = full.route(keys, matches=ms, prompt_tokens=200, request=f"q{i}")
+        b = lazy.route(keys, chosen_match=one, prompt_tokens=200, request=f"q{i}")
+        assert asked[-1] == a.worker == b.worker
+        assert b.uncached_tokens == a.uncached_tokens
+        assert b.matched_tokens == a.matched_tokens
+        assert b.flags == a.flags | 0x20  # KVP_DECISION_CHOSEN_ONLY
+        assert "chosen_only" in b.receipt()["route"]["flags"]
+        assert lazy.inflight(b.worker) == full.inflight(a.worker)
+    assert len(asked) == 12 and set(asked) == {0, 1, 2}
+    before = [lazy.inflight(w) for w in range(3)]
+    with pytest.raises(ZeroDivisionError):  # nothing routed
+        lazy.route(keys, chosen_match=lambda w: 1 // 0, prompt_tokens=200)
+    assert [lazy.inflight(w) for w in range(3)] == before
+    with pytest.raises(kvplane.InvalidArgumentError):  # longer than the chain
+        lazy.route(keys, prompt_tokens=200,
+                   chosen_match=lambda w: kvplane.WorkerMatch(w, {"hbm": 13}))
+    with pytest.raises(kvplane.KvplaneError) as e:
+        kvplane.Router(2, 16).route(keys, chosen_match=lambda w: None)
+    assert e.value.name == "KVP_ENOTSUP"
+    with pytest.raises(TypeError):
+        lazy.route(keys, matches=ms, chosen_match=one)
+
+
 def test_router_errors():
     with pytest.raises(kvplane.InvalidArgumentError):
         kvplane.Router(2, 0)  # block_size is required

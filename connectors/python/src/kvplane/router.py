@@ -7,7 +7,7 @@ from __future__ import annotations
 import enum
 import json
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from ._kvplane import ffi, lib
 from ._util import (CLASS_COUNT, TIER_COUNT, KeysLike, StabilityClass, Tier,
@@ -35,6 +35,13 @@ class Policy(enum.IntEnum):
     @property
     def label(self) -> str:
         return _s(lib.kvp_policy_name(self))
+
+    @property
+    def compares_matches(self) -> bool:
+        """kvp_policy_compares_matches: False for round_robin and
+        least_loaded, which choose on load and read only the chosen
+        worker's match (Router.route(chosen_match=...))."""
+        return bool(lib.kvp_policy_compares_matches(self))
 
 
 # kvp_reason, in enum order (router/route_receipt.c spells them so in
@@ -242,11 +249,22 @@ class Router:
               prompt_tokens: int = 0, session: Optional[str] = None,
               request: Optional[str] = None, tenant: Optional[str] = None,
               cls: Optional[Classification] = None,
-              now_ns: Optional[int] = None) -> Decision:
+              now_ns: Optional[int] = None,
+              chosen_match: Optional[Callable[[int], Optional[WorkerMatch]]] = None
+              ) -> Decision:
         """Route one request: per-worker matches from ``index`` (its query at
-        ``now_ns``) or given as ``matches``.  Ids are the caller's strings;
-        the router gets their kvp_id64 (request None: the router assigns
-        one).  Raises on failure (e.g. StateError: every worker offline)."""
+        ``now_ns``) or given as ``matches``; or, for a policy that chooses on
+        load alone (``Policy.compares_matches`` False), ``chosen_match(worker)``
+        gives the chosen worker's match only, asked for after the choice
+        (kvp_router_route_chosen: the others' matches then go unquoted, flag
+        KVP_DECISION_CHOSEN_ONLY; None: it holds nothing).  An exception it
+        raises is re-raised here and nothing is routed.  Ids are the caller's
+        strings; the router gets their kvp_id64 (request None: the router
+        assigns one).  Raises on failure (e.g. StateError: every worker
+        offline; KvplaneError KVP_ENOTSUP: chosen_match with a policy that
+        compares matches)."""
+        if chosen_match is not None and (index is not None or matches):
+            raise TypeError("Router.route: chosen_match excludes index and matches")
         k = as_keys(keys)
         q = ffi.new("kvp_route_request *")
         q.keys, q.n_blocks, q.prompt_tokens = k.ptr, len(k), prompt_tokens
@@ -254,7 +272,13 @@ class Router:
         q.session_id, q.request_id, q.tenant = id64(session), id64(request), id64(tenant)
         q.block_size = self.block_size
         d = ffi.new("kvp_decision *")
-        if index is not None:
+        if chosen_match is not None:
+            st = [chosen_match, None]
+            h = ffi.new_handle(st)
+            rc = lib.kvp_router_route_chosen(self._r, q, lib.kvp_py_chosen_match, h, d)
+            if st[1] is not None:
+                raise st[1]
+        elif index is not None:
             now = lib.kvp_now_ns() if now_ns is None else now_ns
             rc = lib.kvp_router_route(self._r, index._ix, q, now, d)
         else:
@@ -283,6 +307,26 @@ class Router:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+# Flags no match may carry: the router refuses the decision (KVP_EINVAL) and
+# records nothing, so an exception in chosen_match routes nothing.
+_REFUSE = 0x80000000
+
+
+@ffi.def_extern()
+def kvp_py_chosen_match(opaque: Any, worker: int, out: Any) -> int:
+    st = ffi.from_handle(opaque)
+    try:
+        m = st[0](int(worker))
+        if m is not None:
+            out.flags = lib.KVP_MATCH_UNCERTAIN if m.uncertain else 0
+            for t, n in m.blocks.items():
+                out.blocks[tier_of(t)] = n
+    except BaseException as exc:  # never unwind into C; re-raised by route()
+        st[1] = exc
+        out.flags = _REFUSE
+    return 0
 
 
 def _matches(ms: Sequence[WorkerMatch]) -> tuple:
