@@ -415,9 +415,81 @@ TEST(generator) {
   free(b);
 }
 
+/* bh_trace_finish numbers the distinct keys: equal numbers exactly where
+ * the keys are equal, 0..n_kids-1 in order of first arrival; checked by
+ * sorting every (key, number) pair, on sessions whose prompts drift (the
+ * shared prefix with the last turn ends early), sub-agents and a Mooncake
+ * trace without sessions. */
+typedef struct key_num {
+  kvp_key k;
+  uint32_t id;
+} key_num;
+
+static int key_num_cmp(const void *a, const void *b) {
+  const key_num *x = a, *y = b;
+  if (x->k.hi != y->k.hi)
+    return x->k.hi < y->k.hi ? -1 : 1;
+  if (x->k.lo != y->k.lo)
+    return x->k.lo < y->k.lo ? -1 : 1;
+  return 0;
+}
+
+static void check_key_numbers(const bh_trace *t) {
+  ASSERT_TRUE(t->kid != NULL);
+  key_num *v = malloc((t->n_keys + 1) * sizeof *v);
+  ASSERT_TRUE(v != NULL);
+  size_t n = 0;
+  uint32_t next = 0;
+  for (size_t i = 0; i < t->n_reqs; i++) /* arrival order */
+    for (uint32_t j = 0; j < t->reqs[i].n_blocks; j++) {
+      uint32_t id = t->kid[t->reqs[i].key_off + j];
+      ASSERT_LE(id, next); /* a new number is the next one */
+      next += id == next;
+      v[n++] = (key_num){keys_of(t, i)[j], id};
+    }
+  ASSERT_EQ((size_t)next, t->n_kids);
+  qsort(v, n, sizeof *v, key_num_cmp);
+  size_t distinct = 0;
+  for (size_t i = 0; i < n; i++) {
+    bool same = i > 0 && kvp_key_eq(v[i].k, v[i - 1].k);
+    distinct += !same;
+    if (same)
+      ASSERT_EQ(v[i].id, v[i - 1].id);
+  }
+  ASSERT_EQ(distinct, t->n_kids); /* so different keys, different numbers */
+  free(v);
+}
+
+TEST(key_numbers) {
+  bh_gen_opts o = {.seed = 7, .sessions = 12, .drift = 0.3, .subagent_p = 0.3};
+  char *a = NULL, err[512];
+  size_t na = 0;
+  FILE *m = open_memstream(&a, &na);
+  ASSERT_OK(bh_gen(&o, m));
+  fclose(m);
+  bh_trace t;
+  ASSERT_OK(read_str(a, na, BH_FMT_KVPLANE, &quiet_stop, &t, err, sizeof err));
+  ASSERT_OK(bh_trace_finish(&t));
+  ASSERT_GT(t.n_kids, 100u);
+  ASSERT_LT(t.n_kids, t.n_keys); /* turns share blocks */
+  check_key_numbers(&t);
+  bh_trace_free(&t);
+  free(a);
+  ASSERT_OK(read_str(MOON_GOOD, strlen(MOON_GOOD), BH_FMT_MOONCAKE,
+                     &quiet_stop, &t, err, sizeof err));
+  ASSERT_OK(bh_trace_finish(&t));
+  /* full blocks [1 2], [1 2] and [1]: the keys of 1 and of 1 2 */
+  ASSERT_EQ(t.n_kids, 2u);
+  ASSERT_EQ(t.kid[t.reqs[1].key_off + 1], 1u);
+  ASSERT_EQ(t.kid[t.reqs[2].key_off], 0u);
+  check_key_numbers(&t);
+  bh_trace_free(&t);
+}
+
 TEST_MAIN(TEST_ENTRY(mooncake_good), TEST_ENTRY(mooncake_bad_records),
           TEST_ENTRY(mooncake_ids_cover_prompt),
           TEST_ENTRY(zstd_transparent_and_truncated),
           TEST_ENTRY(agentic_sessions), TEST_ENTRY(agentic_bad),
           TEST_ENTRY(bailian_sessions), TEST_ENTRY(kvplane_format_roundtrip),
-          TEST_ENTRY(generator), TEST_ENTRY(bundled_traces))
+          TEST_ENTRY(generator), TEST_ENTRY(key_numbers),
+          TEST_ENTRY(bundled_traces))

@@ -93,6 +93,13 @@ typedef struct bh_trace {
   size_t n_reqs, cap_reqs;
   kvp_key *keys;
   size_t n_keys, cap_keys;
+  /* kid[i]: keys[i]'s number among the trace's distinct keys, 0..n_kids-1
+   * (bh_trace_finish numbers them): what a simulator tracks per distinct
+   * block in a bitmap of n_kids bits, not a hash set of keys (which at 20x
+   * the bundled agentic sessions is a random DRAM line per block; the
+   * bitmap stays in the CPU's caches) */
+  uint32_t *kid;
+  size_t n_kids;
   kvp_segment_mark *marks;
   size_t n_marks, cap_marks;
   char **names; /* names[0] = "" */
@@ -116,9 +123,14 @@ int bh_read(bh_src *s, bh_format f, const bh_read_opts *o, bh_trace *t,
  * name order), format detected when BH_FMT_AUTO. */
 int bh_read_path(const char *path, bh_format f, const bh_read_opts *o,
                  bh_trace *t, char *err, size_t cap);
-/* Sorts by arrival (stable) and classifies every request with the
- * production kvp_stability (marks where present).  Call once after reads. */
+/* Sorts by arrival (stable), classifies every request with the production
+ * kvp_stability (marks where present) and numbers the distinct keys (kid).
+ * Call once after reads; KVP_ERANGE past 2^32 - 1 distinct keys. */
 int bh_trace_finish(bh_trace *t);
+/* How many blocks two prompts' chained keys share from the start: equal
+ * keys at j mean equal prefixes up to j, so a binary search. */
+uint64_t bh_keys_common_prefix(const kvp_key *a, uint64_t na,
+                               const kvp_key *b, uint64_t nb);
 /* Adds a request from global block ids (chained into keys here). */
 int bh_trace_add(bh_trace *t, const bh_req *r, const uint64_t *ids,
                  size_t n_ids, const kvp_segment_mark *marks, size_t n_marks);

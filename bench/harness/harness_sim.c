@@ -109,59 +109,22 @@ int bh_cluster_resolve(bh_cluster *c, uint32_t block_size) {
 typedef bh_cache cache;
 #define PREFETCH_AHEAD BH_PREFETCH_AHEAD
 
-/* ---- the infinite bound's keys --------------------------------------------------
- * Membership only (it never evicts), so the keys live in the table itself:
- * one cache line per lookup in a set that grows with the trace. */
-typedef struct keyset {
-  kvp_key *v; /* {0, 0} = empty; the key {0, 0} itself is has_zero */
-  size_t mask, n;
-  bool has_zero;
-} keyset;
-
-static bool key_zero(kvp_key k) { return k.lo == 0 && k.hi == 0; }
-
-static size_t key_home(kvp_key k, size_t mask) {
-  return (size_t)(k.lo * 0x9E3779B97F4A7C15ull >> 17) & mask;
+/* ---- sets of the trace's distinct keys -----------------------------------------
+ * A bit per key number (bh_trace.kid): the infinite bound's "sent before"
+ * and every run's "ever cached" are read and set a block at a time, and the
+ * bitmap of 20x the bundled agentic sessions' 5M distinct keys is 0.6 MiB,
+ * in the CPU's caches, where a hash set of the keys was a random DRAM line
+ * per block (docs/performance.md, fifteenth pass). */
+static uint64_t *bits_new(const bh_trace *t) {
+  return calloc(t->n_kids / 64 + 1, sizeof(uint64_t));
 }
 
-static bool keyset_has(const keyset *ks, kvp_key k) {
-  if (key_zero(k) || ks->v == NULL)
-    return key_zero(k) && ks->has_zero;
-  for (size_t i = key_home(k, ks->mask);; i = (i + 1) & ks->mask) {
-    if (kvp_key_eq(ks->v[i], k))
-      return true;
-    if (key_zero(ks->v[i]))
-      return false;
-  }
+static bool bit_has(const uint64_t *b, uint32_t id) {
+  return b[id >> 6] >> (id & 63) & 1u;
 }
 
-static void keyset_put(kvp_key *v, size_t mask, kvp_key k) {
-  size_t i = key_home(k, mask);
-  while (!key_zero(v[i]) && !kvp_key_eq(v[i], k))
-    i = (i + 1) & mask;
-  v[i] = k;
-}
-
-static int keyset_add(keyset *ks, kvp_key k) {
-  if (key_zero(k)) {
-    ks->has_zero = true;
-    return 0;
-  }
-  if ((ks->n + 1) * 2 > ks->mask + 1) {
-    size_t nm = ks->mask ? ks->mask * 2 + 1 : 4095;
-    kvp_key *nv = calloc(nm + 1, sizeof *nv);
-    if (nv == NULL)
-      return KVP_ENOMEM;
-    for (size_t i = 0; ks->v != NULL && i <= ks->mask; i++)
-      if (!key_zero(ks->v[i]))
-        keyset_put(nv, nm, ks->v[i]);
-    free(ks->v);
-    ks->v = nv;
-    ks->mask = nm;
-  }
-  keyset_put(ks->v, ks->mask, k);
-  ks->n++;
-  return 0;
+static void bit_set(uint64_t *b, uint32_t id) {
+  b[id >> 6] |= 1ull << (id & 63);
 }
 
 /* ---- the simulation ---------------------------------------------------------- */
@@ -235,7 +198,8 @@ struct sim {
   worker *w;
   uint32_t nw;
   cache inf; /* BH_POLICY_INFINITE: the one shared cache (its counts) */
-  keyset inf_keys; /* ... and what it holds: every key sent so far */
+  uint64_t *inf_keys; /* ... and what it holds: a bit per key sent so far
+                         (bits_new) */
   bool infinite;
   ev *heap;
   size_t heap_n, heap_cap;
@@ -262,10 +226,8 @@ struct sim {
   size_t pend_n, pend_cap;
   kvp_key *pend_keys;
   size_t pend_nkeys, pend_kcap;
-  /* global "ever cached" fingerprints, for miss causes */
-  uint64_t *seen;  /* ... in the block seen_raw */
-  void *seen_raw;
-  size_t seen_mask, seen_n;
+  /* global "ever cached", a bit per key number, for miss causes */
+  uint64_t *seen;
   uint8_t *tiers; /* scratch: tier of each matched block */
   uint8_t *xtiers; /* scratch: another worker's match (held_run) */
   uint32_t *xnodes;
@@ -332,55 +294,6 @@ static ev ev_pop(struct sim *s) {
   if (s->heap_n > 0)
     s->heap[i] = last;
   return top;
-}
-
-/* ---- "ever cached" set ------------------------------------------------------ */
-static bool seen_has(const struct sim *s, uint64_t fp) {
-  fp |= 1;
-  for (size_t i = (fp * 0x9E3779B97F4A7C15ull >> 17) & s->seen_mask;;
-       i = (i + 1) & s->seen_mask) {
-    if (s->seen[i] == fp)
-      return true;
-    if (s->seen[i] == 0)
-      return false;
-  }
-}
-
-/* Loads fp's home line ahead of a seen_add (a new block's, one random
- * line each in a set that grows with the trace). */
-static void seen_prefetch(const struct sim *s, uint64_t fp) {
-  fp |= 1;
-  __builtin_prefetch(&s->seen[(fp * 0x9E3779B97F4A7C15ull >> 17) & s->seen_mask]);
-}
-
-static int seen_add(struct sim *s, uint64_t fp) {
-  if ((s->seen_n + 1) * 2 > s->seen_mask + 1) {
-    size_t nm = s->seen_mask * 2 + 1;
-    void *raw;
-    uint64_t *ns = bh_big_calloc(nm + 1, sizeof *ns, &raw);
-    if (ns == NULL)
-      return KVP_ENOMEM;
-    for (size_t i = 0; i <= s->seen_mask; i++)
-      if (s->seen[i] != 0) {
-        size_t j = (s->seen[i] * 0x9E3779B97F4A7C15ull >> 17) & nm;
-        while (ns[j] != 0)
-          j = (j + 1) & nm;
-        ns[j] = s->seen[i];
-      }
-    free(s->seen_raw);
-    s->seen = ns;
-    s->seen_raw = raw;
-    s->seen_mask = nm;
-  }
-  fp |= 1;
-  size_t i = (fp * 0x9E3779B97F4A7C15ull >> 17) & s->seen_mask;
-  while (s->seen[i] != 0 && s->seen[i] != fp)
-    i = (i + 1) & s->seen_mask;
-  if (s->seen[i] == 0) {
-    s->seen[i] = fp;
-    s->seen_n++;
-  }
-  return 0;
 }
 
 /* ---- index events ------------------------------------------------------------
@@ -547,8 +460,8 @@ static int cache_publish(void *ctx, uint32_t w, int tier, bool stored,
  * pending stored run (flush_run), a resident one ends it.  *fresh: it was
  * not cached. */
 static int to_hbm(struct sim *s, uint32_t w, cache *c, uint32_t hint,
-                  kvp_key key, const kvp_key *parent, kvp_class cls,
-                  bool *fresh, uint32_t *node) {
+                  kvp_key key, uint32_t kid, const kvp_key *parent,
+                  kvp_class cls, bool *fresh, uint32_t *node) {
   uint32_t v;
   int rc = bh_cache_to_hbm_at(c, hint, key, cls, fresh, &v);
   if (node != NULL)
@@ -557,8 +470,7 @@ static int to_hbm(struct sim *s, uint32_t w, cache *c, uint32_t hint,
     return rc;
   if (!*fresh) /* the run's parent: resident */
     return flush_run(s, w);
-  if ((rc = seen_add(s, key.lo)) < 0)
-    return rc;
+  bit_set(s->seen, kid);
   worker *wk = &s->w[w];
   wk->run_has_parent = parent != NULL; /* the run's first block's */
   if (parent)
@@ -628,21 +540,6 @@ static uint32_t bucket_of(const struct sim *s, uint32_t i) {
   return b < n ? b : n - 1;
 }
 
-/* How many blocks two prompts' chained keys share from the start: equal
- * keys at j mean equal prefixes up to j, so a binary search. */
-static uint64_t common_prefix(const kvp_key *a, uint64_t na, const kvp_key *b,
-                              uint64_t nb) {
-  uint64_t hi = na < nb ? na : nb, lo = 0;
-  while (lo < hi) {
-    uint64_t mid = lo + (hi - lo + 1) / 2;
-    if (kvp_key_eq(a[mid - 1], b[mid - 1]))
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  return lo;
-}
-
 /* How many of keys[from..to) worker v holds from `from` on, in a row (any
  * tier): bh_cache_match's pipeline, its answers in the scratch arrays. */
 static uint64_t held_run(const struct sim *s, uint32_t v, const kvp_key *keys,
@@ -663,10 +560,10 @@ static uint64_t held_run(const struct sim *s, uint32_t v, const kvp_key *keys,
  * Those probes are prefetched together: one cold line per worker, fetched in
  * parallel rather than one after another. */
 static uint64_t run_elsewhere(const struct sim *s, uint32_t w,
-                              const kvp_key *keys, uint64_t m, uint64_t n,
-                              const sess_hint *h) {
+                              const kvp_key *keys, const uint32_t *kid,
+                              uint64_t m, uint64_t n, const sess_hint *h) {
   uint64_t best = m;
-  if (m >= n || !seen_has(s, keys[m].lo))
+  if (m >= n || !bit_has(s->seen, kid[m]))
     return m; /* never cached anywhere: no worker holds it (most prompts'
                  first miss is new content), so no probe of every worker */
   uint32_t first = NONE;
@@ -692,8 +589,8 @@ static uint64_t run_elsewhere(const struct sim *s, uint32_t w,
 /* bh_sim_opts.verify_causes: run_elsewhere's answer against the longest
  * run from m of any other worker, block by block. */
 static void verify_cause(struct sim *s, uint32_t w, const kvp_key *keys,
-                         uint64_t m, uint64_t n, const sess_hint *h,
-                         uint64_t got) {
+                         const uint32_t *kid, uint64_t m, uint64_t n,
+                         const sess_hint *h, uint64_t got) {
   uint64_t want = m;
   for (uint32_t v = 0; v < s->nw; v++) {
     uint64_t e = m;
@@ -703,7 +600,7 @@ static void verify_cause(struct sim *s, uint32_t w, const kvp_key *keys,
   }
   s->res->cause_mismatches += got != want;
   s->res->cause_hinted += h != NULL && h->n > m && h->worker != w && m < n &&
-                          seen_has(s, keys[m].lo);
+                          bit_has(s->seen, kid[m]);
 }
 
 static int start_prefill(struct sim *s, uint32_t w) {
@@ -718,6 +615,7 @@ static int start_prefill(struct sim *s, uint32_t w) {
   x->cur_start = s->now;
   const bh_req *q = &s->t->reqs[i];
   const kvp_key *keys = s->t->keys + q->key_off;
+  const uint32_t *kid = s->t->kid + q->key_off;
   cache *c = cache_of(s, w);
   uint64_t n = q->n_blocks, m = 0, cut = 0, bs = s->bs;
   if (s->infinite) {
@@ -762,12 +660,12 @@ static int start_prefill(struct sim *s, uint32_t w) {
   r->miss_tokens[KVP_MISS_PARTIAL_BLOCK] = q->in_tokens - n * bs;
   r->miss_tokens[KVP_MISS_NOT_WORTH_LOADING] = (m - cut) * bs;
   const sess_hint *h = q->session ? &s->hint[q->session] : NULL;
-  uint64_t other = s->infinite ? m : run_elsewhere(s, w, keys, m, n, h);
+  uint64_t other = s->infinite ? m : run_elsewhere(s, w, keys, kid, m, n, h);
   if (s->o->verify_causes && !s->infinite)
-    verify_cause(s, w, keys, m, n, h, other);
+    verify_cause(s, w, keys, kid, m, n, h, other);
   uint64_t ev_end = other;
   if (!s->infinite)
-    while (ev_end < n && seen_has(s, keys[ev_end].lo))
+    while (ev_end < n && bit_has(s->seen, kid[ev_end]))
       ev_end++;
   /* never-seen blocks where the session's previous turn had a block:
    * the prompt changed under them (prompt drift), not new content */
@@ -775,7 +673,7 @@ static int start_prefill(struct sim *s, uint32_t w) {
   if (s->prev_req[i] != NONE) {
     const bh_req *p = &s->t->reqs[s->prev_req[i]];
     const kvp_key *pk = s->t->keys + p->key_off;
-    uint64_t lo = common_prefix(pk, p->n_blocks, keys, n);
+    uint64_t lo = bh_keys_common_prefix(pk, p->n_blocks, keys, n);
     /* blocks equal to the last turn's but not cached yet are in flight
      * (never seen); the ones after the divergence are drift */
     d0 = lo > ev_end ? lo : ev_end;
@@ -798,7 +696,7 @@ static int start_prefill(struct sim *s, uint32_t w) {
   for (uint64_t j = cut; j-- > 0 && rc == 0 && !s->infinite;) {
     if (j >= PREFETCH_AHEAD) /* the policy entry the touch moves */
       kvp__tier_policy_prefetch(c->hot, x->found[j - PREFETCH_AHEAD]);
-    rc = to_hbm(s, w, c, x->found[j], keys[j], j ? &keys[j - 1] : NULL,
+    rc = to_hbm(s, w, c, x->found[j], keys[j], kid[j], j ? &keys[j - 1] : NULL,
                 blk_class(q, j), &fresh, NULL);
   }
   if (rc == 0)
@@ -841,6 +739,7 @@ static int prefill_done(struct sim *s, uint32_t w, uint32_t i) {
   worker *x = &s->w[w];
   const bh_req *q = &s->t->reqs[i];
   const kvp_key *keys = s->t->keys + q->key_off;
+  const uint32_t *kid = s->t->kid + q->key_off;
   cache *c = cache_of(s, w);
   int rc = 0;
   bool fresh;
@@ -854,11 +753,9 @@ static int prefill_done(struct sim *s, uint32_t w, uint32_t i) {
    * first), then the whole chain is released (bh_cache_release: head most
    * recently used).  So each worker's HBM, and HBM + DRAM, stays a prefix
    * of every chain: the router's index bisects (kvp_index_opts.
-   * prefix_closed).  Those past the worker's match (m) are new: their
-   * "ever cached" slots are loaded ahead too.  rkeys: the keys last first,
-   * for bh_cache_prefetch's forward pipeline. */
+   * prefix_closed).  rkeys: the keys last first, for bh_cache_prefetch's
+   * forward pipeline. */
   uint64_t from = x->rec.reused_tokens / s->bs, n = q->n_blocks;
-  uint64_t m = from + x->rec.miss_tokens[KVP_MISS_NOT_WORTH_LOADING] / s->bs;
   uint64_t nn = s->infinite ? 0 : n - from;
   for (uint64_t r = 0; r < nn; r++)
     s->rkeys[r] = keys[n - 1 - r];
@@ -883,9 +780,7 @@ static int prefill_done(struct sim *s, uint32_t w, uint32_t i) {
   for (uint64_t r = 0; r < nn && rc == 0; r++) {
     uint64_t j = n - 1 - r;
     bh_cache_prefetch(c, s->rkeys, r, nn);
-    if (r + PREFETCH_AHEAD < nn && j - PREFETCH_AHEAD >= m)
-      seen_prefetch(s, s->rkeys[r + PREFETCH_AHEAD].lo);
-    rc = to_hbm(s, w, c, NONE, keys[j], j ? &keys[j - 1] : NULL,
+    rc = to_hbm(s, w, c, NONE, keys[j], kid[j], j ? &keys[j - 1] : NULL,
                 blk_class(q, j), &fresh, hn ? &hn[j] : NULL);
   }
   if (rc == 0)
@@ -1021,29 +916,21 @@ static int arrive(struct sim *s, uint32_t i) {
   if (q->session)
     s->sess_last[q->session] = i;
   if (s->infinite) { /* everything sent before is cached, at once */
-    const kvp_key *keys = s->t->keys + q->key_off;
+    const uint32_t *kid = s->t->kid + q->key_off;
     uint32_t m = 0, n = q->n_blocks;
-    keyset *ks = &s->inf_keys;
     if (s->prev_req[i] != NONE) { /* the session's last prompt: all sent */
       const bh_req *p = &s->t->reqs[s->prev_req[i]];
-      m = (uint32_t)common_prefix(s->t->keys + p->key_off, p->n_blocks, keys,
-                                  n);
+      m = (uint32_t)bh_keys_common_prefix(s->t->keys + p->key_off,
+                                          p->n_blocks, s->t->keys + q->key_off,
+                                          n);
     }
-    for (; m < n; m++) {
-      if (m + PREFETCH_AHEAD < n && ks->v != NULL)
-        __builtin_prefetch(&ks->v[key_home(keys[m + PREFETCH_AHEAD], ks->mask)]);
-      if (!keyset_has(ks, keys[m]))
-        break;
-    }
+    while (m < n && bit_has(s->inf_keys, kid[m]))
+      m++;
     s->inf_reuse[i] = m;
     s->est_uncached[i] = q->in_tokens - (uint64_t)m * s->bs;
     /* chained keys: none after the first new one was sent before */
-    for (uint32_t j = m; j < n; j++) {
-      if (j + PREFETCH_AHEAD < n && ks->v != NULL)
-        __builtin_prefetch(&ks->v[key_home(keys[j + PREFETCH_AHEAD], ks->mask)]);
-      if (keyset_add(ks, keys[j]) < 0)
-        return KVP_ENOMEM;
-    }
+    for (uint32_t j = m; j < n; j++)
+      bit_set(s->inf_keys, kid[j]);
     s->inf.count[KVP_TIER_HBM] += q->n_blocks - m;
   }
   sample_occupancy(s, bucket_of(s, i));
@@ -1181,8 +1068,11 @@ static int sim_setup(struct sim *s, const bh_trace *t, const bh_sim_opts *o,
     if (t->reqs[i].session)
       s->hint[t->reqs[i].session].left++;
   memset(s->sess_last, 0xff, (t->n_names + 1) * sizeof *s->sess_last);
-  s->seen_mask = 4095;
-  s->seen = s->seen_raw = calloc(s->seen_mask + 1, sizeof *s->seen);
+  if (t->kid == NULL && n > 0)
+    return KVP_EINVAL; /* bh_trace_finish numbers the keys */
+  s->seen = bits_new(t);
+  if (s->infinite && (s->inf_keys = bits_new(t)) == NULL)
+    return KVP_ENOMEM;
   uint32_t maxb = 1;
   for (size_t i = 0; i < n; i++)
     if (t->reqs[i].n_blocks > maxb)
@@ -1247,7 +1137,7 @@ static void sim_teardown(struct sim *s) {
   }
   if (s->infinite)
     bh_cache_free(&s->inf);
-  free(s->inf_keys.v);
+  free(s->inf_keys);
   free(s->w);
   free(s->req_worker);
   free(s->inf_reuse);
@@ -1259,7 +1149,7 @@ static void sim_teardown(struct sim *s) {
     free(s->hint[k].nodes);
   free(s->hint);
   free(s->q_seen);
-  free(s->seen_raw);
+  free(s->seen);
   free(s->pend);
   free(s->pend_keys);
   free(s->tiers);

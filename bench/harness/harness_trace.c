@@ -68,6 +68,7 @@ void bh_trace_free(bh_trace *t) {
   free(t->names);
   free(t->reqs);
   free(t->keys);
+  free(t->kid);
   free(t->marks);
   memset(t, 0, sizeof *t);
 }
@@ -967,13 +968,124 @@ static int req_cmp(const void *a, const void *b) {
   return x->seq < y->seq ? -1 : x->seq > y->seq;
 }
 
+/* ---- distinct keys ----------------------------------------------------------
+ * Numbered in arrival order.  A session's turn mostly repeats its last
+ * one's prompt, and equal chained keys at j mean equal prefixes up to j, so
+ * the prefix it shares with that turn (a binary search) copies its numbers;
+ * only the rest is looked up, in a table of the distinct keys (open
+ * addressing, full 128-bit compare), its slots prefetched ahead. */
+typedef struct kid_slot {
+  kvp_key k;
+  uint32_t id; /* + 1; 0 = empty */
+} kid_slot;
+
+typedef struct kid_tab {
+  kid_slot *v;
+  size_t mask, n;
+} kid_tab;
+
+static size_t kid_home(kvp_key k, size_t mask) {
+  return (size_t)((k.lo ^ k.hi) * 0x9E3779B97F4A7C15ull >> 17) & mask;
+}
+
+static int kid_grow(kid_tab *h) {
+  size_t nm = h->mask ? h->mask * 2 + 1 : 4095;
+  kid_slot *nv = calloc(nm + 1, sizeof *nv);
+  if (nv == NULL)
+    return KVP_ENOMEM;
+  for (size_t i = 0; h->v != NULL && i <= h->mask; i++)
+    if (h->v[i].id != 0) {
+      size_t j = kid_home(h->v[i].k, nm);
+      while (nv[j].id != 0)
+        j = (j + 1) & nm;
+      nv[j] = h->v[i];
+    }
+  free(h->v);
+  h->v = nv;
+  h->mask = nm;
+  return 0;
+}
+
+/* keys[j]'s number: found, or the next one (*next) given. */
+static int kid_of(kid_tab *h, kvp_key k, uint32_t *next, uint32_t *out) {
+  if ((h->n + 1) * 4 > (h->mask + 1) * 3 && kid_grow(h) < 0)
+    return KVP_ENOMEM;
+  size_t i = kid_home(k, h->mask);
+  for (; h->v[i].id != 0; i = (i + 1) & h->mask)
+    if (kvp_key_eq(h->v[i].k, k)) {
+      *out = h->v[i].id - 1;
+      return 0;
+    }
+  if (*next == UINT32_MAX - 1)
+    return KVP_ERANGE; /* ids are stored + 1 */
+  h->v[i] = (kid_slot){k, *next + 1};
+  h->n++;
+  *out = (*next)++;
+  return 0;
+}
+
+uint64_t bh_keys_common_prefix(const kvp_key *a, uint64_t na,
+                               const kvp_key *b, uint64_t nb) {
+  uint64_t hi = na < nb ? na : nb, lo = 0;
+  while (lo < hi) {
+    uint64_t mid = lo + (hi - lo + 1) / 2;
+    if (kvp_key_eq(a[mid - 1], b[mid - 1]))
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
+static int number_keys(bh_trace *t) {
+  enum { AHEAD = 8 };
+  uint32_t *kid = malloc((t->n_keys ? t->n_keys : 1) * sizeof *kid);
+  uint32_t *last = malloc((t->n_names ? t->n_names : 1) * sizeof *last);
+  kid_tab h = {0};
+  uint32_t next = 0;
+  int rc = kid == NULL || last == NULL || kid_grow(&h) < 0 ? KVP_ENOMEM : 0;
+  for (size_t s = 0; rc == 0 && s < t->n_names; s++)
+    last[s] = UINT32_MAX;
+  for (size_t i = 0; i < t->n_reqs && rc == 0; i++) {
+    const bh_req *q = &t->reqs[i];
+    const kvp_key *k = t->keys + q->key_off;
+    uint64_t j = 0, n = q->n_blocks;
+    if (q->session != 0 && last[q->session] != UINT32_MAX) {
+      const bh_req *p = &t->reqs[last[q->session]];
+      j = bh_keys_common_prefix(t->keys + p->key_off, p->n_blocks, k, n);
+      memcpy(kid + q->key_off, kid + p->key_off, j * sizeof *kid);
+    }
+    if (q->session != 0)
+      last[q->session] = (uint32_t)i;
+    for (; j < n && rc == 0; j++) {
+      if (j + AHEAD < n)
+        __builtin_prefetch(&h.v[kid_home(k[j + AHEAD], h.mask)]);
+      rc = kid_of(&h, k[j], &next, &kid[q->key_off + j]);
+    }
+  }
+  free(h.v);
+  free(last);
+  if (rc < 0) {
+    free(kid);
+    return rc;
+  }
+  free(t->kid);
+  t->kid = kid;
+  t->n_kids = next;
+  return 0;
+}
+
 int bh_trace_finish(bh_trace *t) {
   if (t->n_reqs == 0)
     return 0;
+  if (t->n_reqs > UINT32_MAX - 1)
+    return KVP_ERANGE;
   qsort(t->reqs, t->n_reqs, sizeof *t->reqs, req_cmp);
-  kvp_stability *st;
-  int rc = kvp_stability_create(NULL, NULL, &st);
+  int rc = number_keys(t);
   if (rc < 0)
+    return rc;
+  kvp_stability *st;
+  if ((rc = kvp_stability_create(NULL, NULL, &st)) < 0)
     return rc;
   for (size_t i = 0; i < t->n_reqs && rc >= 0; i++) {
     bh_req *q = &t->reqs[i];
