@@ -1068,8 +1068,10 @@ static int sim_setup(struct sim *s, const bh_trace *t, const bh_sim_opts *o,
     if (t->reqs[i].session)
       s->hint[t->reqs[i].session].left++;
   memset(s->sess_last, 0xff, (t->n_names + 1) * sizeof *s->sess_last);
-  if (t->kid == NULL && n > 0)
-    return KVP_EINVAL; /* bh_trace_finish numbers the keys */
+  if (t->kid == NULL && n > 0) { /* bh_trace_finish numbers the keys */
+    snprintf(err, cap, "trace not finished: call bh_trace_finish first");
+    return KVP_EINVAL;
+  }
   s->seen = bits_new(t);
   if (s->infinite && (s->inf_keys = bits_new(t)) == NULL)
     return KVP_ENOMEM;
