@@ -93,6 +93,8 @@ typedef struct bh_trace {
   size_t n_reqs, cap_reqs;
   kvp_key *keys;
   size_t n_keys, cap_keys;
+  bool keys_mapped; /* keys lie in their own mapping (bh_trace_add grows
+                       them by mremap past 64 MiB), freed by munmap */
   /* kid[i]: keys[i]'s number among the trace's distinct keys, 0..n_kids-1
    * (bh_trace_finish numbers them): what a simulator tracks per distinct
    * block in a bitmap of n_kids bits, not a hash set of keys (which at 20x
