@@ -434,9 +434,18 @@ static int key_num_cmp(const void *a, const void *b) {
   return 0;
 }
 
+/* The prompts' blocks: t->n_keys counts the keys stored, which requests
+ * that extend the last one added share. */
+static size_t all_blocks(const bh_trace *t) {
+  size_t n = 0;
+  for (size_t i = 0; i < t->n_reqs; i++)
+    n += t->reqs[i].n_blocks;
+  return n;
+}
+
 static void check_key_numbers(const bh_trace *t) {
   ASSERT_TRUE(t->kid != NULL);
-  key_num *v = malloc((t->n_keys + 1) * sizeof *v);
+  key_num *v = malloc((all_blocks(t) + 1) * sizeof *v);
   ASSERT_TRUE(v != NULL);
   size_t n = 0;
   uint32_t next = 0;
@@ -471,7 +480,7 @@ TEST(key_numbers) {
   ASSERT_OK(read_str(a, na, BH_FMT_KVPLANE, &quiet_stop, &t, err, sizeof err));
   ASSERT_OK(bh_trace_finish(&t));
   ASSERT_GT(t.n_kids, 100u);
-  ASSERT_LT(t.n_kids, t.n_keys); /* turns share blocks */
+  ASSERT_LT(t.n_kids, all_blocks(&t)); /* turns share blocks */
   check_key_numbers(&t);
   bh_trace_free(&t);
   free(a);
@@ -486,10 +495,64 @@ TEST(key_numbers) {
   bh_trace_free(&t);
 }
 
+/* keys[0..n) of ids chained from block size bs's seed, computed apart: a
+ * trace of that one request. */
+static void keys_alone(uint32_t bs, const uint64_t *ids, size_t n,
+                       kvp_key *out) {
+  bh_trace u;
+  bh_trace_init(&u);
+  u.block_size = bs;
+  bh_req r = {0};
+  ASSERT_OK(bh_trace_add(&u, &r, ids, n, NULL, 0));
+  ASSERT_EQ(u.n_keys, n);
+  memcpy(out, u.keys, n * sizeof *out);
+  bh_trace_free(&u);
+}
+
+/* A request that starts with every block of the last one added shares its
+ * keys (same key_off, only the new blocks stored); any other is stored
+ * apart; either way each request's keys are its own chain's. */
+TEST(shared_keys) {
+  static const uint64_t a[] = {1, 2, 3}, b[] = {1, 2, 3, 4, 5},
+                        c[] = {1, 2, 9}, e[] = {7},
+                        g[] = {1, 2, 3, 4, 5, 6};
+  const struct {
+    const uint64_t *ids;
+    size_t n;
+    uint32_t bs;
+  } q[] = {{a, 3, 16}, {b, 5, 16}, {c, 3, 16}, {c, 3, 16},
+           {e, 1, 16}, {b, 5, 16}, {b, 2, 16}, {g, 6, 32}};
+  /* b extends a; c diverges at its third block; c again extends c whole;
+   * e and b start over; b's first 2 blocks are a prefix of b but not all
+   * of it; g extends b's first 2 blocks under another block size */
+  const uint64_t off[] = {0, 0, 5, 5, 8, 9, 14, 16}, stored = 22;
+  bh_trace t;
+  bh_trace_init(&t);
+  for (size_t i = 0; i < sizeof q / sizeof q[0]; i++) {
+    t.block_size = q[i].bs;
+    bh_req r = {.session = 0};
+    ASSERT_OK(bh_trace_add(&t, &r, q[i].ids, q[i].n, NULL, 0));
+  }
+  ASSERT_EQ(t.n_keys, stored);
+  for (size_t i = 0; i < sizeof q / sizeof q[0]; i++) {
+    kvp_key want[8];
+    ASSERT_EQ(t.reqs[i].key_off, off[i]);
+    ASSERT_EQ(t.reqs[i].n_blocks, q[i].n);
+    keys_alone(q[i].bs, q[i].ids, q[i].n, want);
+    for (size_t j = 0; j < q[i].n; j++)
+      ASSERT_KEY_EQ(keys_of(&t, i)[j], want[j]);
+  }
+  ASSERT_OK(bh_trace_finish(&t));
+  /* distinct: 1 .. 1-5 (5), 1 2 9 (1), 7 (1), the 32-token chain (6) */
+  ASSERT_EQ(t.n_kids, 13u);
+  check_key_numbers(&t);
+  bh_trace_free(&t);
+}
+
 TEST_MAIN(TEST_ENTRY(mooncake_good), TEST_ENTRY(mooncake_bad_records),
           TEST_ENTRY(mooncake_ids_cover_prompt),
           TEST_ENTRY(zstd_transparent_and_truncated),
           TEST_ENTRY(agentic_sessions), TEST_ENTRY(agentic_bad),
           TEST_ENTRY(bailian_sessions), TEST_ENTRY(kvplane_format_roundtrip),
           TEST_ENTRY(generator), TEST_ENTRY(key_numbers),
-          TEST_ENTRY(bundled_traces))
+          TEST_ENTRY(shared_keys), TEST_ENTRY(bundled_traces))

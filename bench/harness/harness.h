@@ -95,6 +95,12 @@ typedef struct bh_trace {
   size_t n_keys, cap_keys;
   bool keys_mapped; /* keys lie in their own mapping (bh_trace_add grows
                        them by mremap past 64 MiB), freed by munmap */
+  /* bh_trace_add's note of the last request added: its ids (a request
+   * that starts with all of them shares its keys) and the block size its
+   * keys were chained under */
+  uint64_t *last_ids;
+  size_t n_last_ids, cap_last_ids;
+  uint32_t last_bs;
   /* kid[i]: keys[i]'s number among the trace's distinct keys, 0..n_kids-1
    * (bh_trace_finish numbers them): what a simulator tracks per distinct
    * block in a bitmap of n_kids bits, not a hash set of keys (which at 20x

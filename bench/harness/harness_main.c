@@ -550,12 +550,16 @@ static int load_trace(const cli *c, const char *path, bh_trace *t) {
     return rc;
   }
   snprintf(t->label, sizeof t->label, "%s", path);
+  uint64_t blocks = 0; /* the prompts' (t->n_keys: the distinct runs stored) */
+  for (size_t i = 0; i < t->n_reqs; i++)
+    blocks += t->reqs[i].n_blocks;
   if (!c->quiet)
     fprintf(stderr,
             "kvplane-bench: read %s: %zu requests (%llu malformed skipped), "
-            "%zu blocks of %u tokens in %.2f s\n",
-            path, t->n_reqs, (unsigned long long)t->records_bad, t->n_keys,
-            t->block_size, (double)(kvp_now_ns() - t0) / 1e9);
+            "%llu blocks of %u tokens in %.2f s\n",
+            path, t->n_reqs, (unsigned long long)t->records_bad,
+            (unsigned long long)blocks, t->block_size,
+            (double)(kvp_now_ns() - t0) / 1e9);
   return 0;
 }
 
