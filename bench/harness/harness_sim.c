@@ -1033,8 +1033,9 @@ static int sim_setup(struct sim *s, const bh_trace *t, const bh_sim_opts *o,
         blk / (s->cl.nvme_write_bw > 0 ? s->cl.nvme_write_bw : s->cl.gpu.bw[2]);
   }
   /* The index's tables sized up front for the most keys it can hold: the
-   * cluster's blocks, or the trace's if fewer (an upper bound: a key held
-   * twice counts once).  Grown from small they were rebuilt ~20 times on
+   * cluster's blocks, or the trace's distinct keys if fewer (bh_trace_finish
+   * numbers them: the index holds one entry per key, however many workers
+   * hold it).  Grown from small they were rebuilt ~20 times on
    * the way (x1.4, every key copied) and ran at loads up to 7/8; sized
    * so, they stay about half full or less, where a lookup reads one line
    * (kvp_index_opts.expected_keys).  bench_harness_scale: 1x ~15 % more
@@ -1044,8 +1045,8 @@ static int sim_setup(struct sim *s, const bh_trace *t, const bh_sim_opts *o,
                                      s->cl.nvme_blocks);
   kvp_index_opts io = {.max_workers = s->nw,
                        .expected_keys = !s->ix_fed ? 0
-                                        : most < t->n_keys ? most
-                                                           : t->n_keys,
+                                        : most < t->n_kids ? most
+                                                           : t->n_kids,
                        .prefix_closed = !o->index_walk && s->cl.tier_policy
                                                           [KVP_TIER_HBM] ==
                                                       KVP_TIER_POLICY_LRU};
