@@ -63,13 +63,16 @@ def scaled_dir(src, k, out):
         die("%s: no *.json[.zst] session files" % src)
     os.makedirs(out, exist_ok=True)
     for f in files:
-        if f.endswith(".zst"):
-            raw = subprocess.run(["zstd", "-q", "-dc", f], check=True,
-                                 stdout=subprocess.PIPE).stdout
-        else:
-            with open(f, "rb") as fh:
-                raw = fh.read()
-        d = json.loads(raw)
+        try:
+            if f.endswith(".zst"):
+                raw = subprocess.run(["zstd", "-q", "-dc", f], check=True,
+                                     stdout=subprocess.PIPE).stdout
+            else:
+                with open(f, "rb") as fh:
+                    raw = fh.read()
+            d = json.loads(raw)
+        except (OSError, subprocess.CalledProcessError, ValueError) as e:
+            die("%s: cannot read it as a JSON session file: %s" % (f, e))
         if not isinstance(d, dict) or "id" not in d or "requests" not in d:
             die("%s: not an agentic session file (no id / requests)" % f)
         if d.get("hash_id_scope", "local") != "local":

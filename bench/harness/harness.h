@@ -64,7 +64,9 @@ typedef struct bh_req {
   uint64_t in_tokens;  /* prompt tokens */
   uint32_t out_tokens; /* output tokens */
   uint32_t n_blocks;   /* full blocks keyed: min(ids, in_tokens / block) */
-  uint64_t key_off;    /* keys[key_off .. key_off + n_blocks) */
+  uint64_t key_off;    /* keys[key_off .. key_off + n_blocks): shared with
+                          the request added before it when this one
+                          extends it (bh_trace_add); read-only */
   uint32_t mark_off;   /* marks[mark_off .. mark_off + n_marks) */
   uint32_t n_marks;
   uint32_t session;    /* index into names (0 = none) */
@@ -92,7 +94,7 @@ typedef struct bh_trace {
   bh_req *reqs;
   size_t n_reqs, cap_reqs;
   kvp_key *keys;
-  size_t n_keys, cap_keys;
+  size_t n_keys, cap_keys; /* keys stored, fewer than the prompts' blocks */
   bool keys_mapped; /* keys lie in their own mapping (bh_trace_add grows
                        them by mremap past 64 MiB), freed by munmap */
   /* bh_trace_add's note of the last request added: its ids (a request
