@@ -11,7 +11,9 @@
 #include <jemalloc/jemalloc.h>
 
 #include "harness.h"
+#include "core_internal.h"
 #include "harness_cache.h"
+#include "harness_region.h"
 #include "test_harness.h"
 
 static const bh_read_opts stop = {.on_error = BH_ERR_STOP, .quiet = true};
@@ -958,6 +960,116 @@ TEST(config_router_agrees) {
   ASSERT_DOUBLE_NEAR(so.cl.gpu.latency_s[KVP_TIER_NVME], 150e-6, 0);
 }
 
+/* Regions (harness_region.h): big allocations carved in order, 64-byte
+ * aligned and apart; small ones and those past the end from malloc; a
+ * region given back is the one taken next for as much or less, its pages
+ * still in memory; a bigger request maps a new one. */
+TEST(region_carves_and_keeps) {
+  bh_region_drain();
+  bh_region *r = NULL;
+  ASSERT_EQ(bh_region_take(0, &r), KVP_EINVAL);
+  ASSERT_EQ(bh_region_take(1, NULL), KVP_EINVAL);
+  ASSERT_OK(bh_region_take((size_t)3 << 20, &r));
+  ASSERT_EQ(bh_region_size(r), (size_t)4 << 20); /* whole 2 MiB pages */
+  ASSERT_EQ((uintptr_t)bh_region_base(r) % ((size_t)2 << 20), 0u);
+  kvp_allocator a = bh_region_allocator(r);
+  unsigned char *small = kvp__malloc(&a, 100);
+  unsigned char *p1 = kvp__malloc(&a, BH_REGION_MIN + 1);
+  unsigned char *p2 = kvp__calloc(&a, (size_t)1 << 20, 1);
+  ASSERT_NOT_NULL(small);
+  ASSERT_FALSE(bh_region_has(r, small));
+  ASSERT_TRUE(bh_region_has(r, p1));
+  ASSERT_TRUE(bh_region_has(r, p2));
+  ASSERT_EQ((uintptr_t)p1 % 64, 0u);
+  ASSERT_EQ((uintptr_t)p2 % 64, 0u);
+  ASSERT_GE((uintptr_t)p2, (uintptr_t)p1 + BH_REGION_MIN + 1);
+  ASSERT_EQ(bh_region_used(r), (size_t)(p2 - p1) + ((size_t)1 << 20));
+  memset(p1, 0x5a, BH_REGION_MIN + 1);
+  memset(p2, 0x5a, (size_t)1 << 20);
+  unsigned char *big = kvp__malloc(&a, (size_t)3 << 20); /* no room left */
+  ASSERT_NOT_NULL(big);
+  ASSERT_FALSE(bh_region_has(r, big));
+  kvp__free(&a, big, (size_t)3 << 20);
+  kvp__free(&a, small, 100);
+  kvp__free(&a, p1, BH_REGION_MIN + 1); /* nothing: the region's */
+  size_t peak = bh_region_peak(r);
+  ASSERT_EQ(peak, bh_region_used(r));
+  bh_region_give(r);
+  bh_region *again = NULL;
+  ASSERT_OK(bh_region_take((size_t)1 << 20, &again));
+  ASSERT_TRUE(again == r); /* the kept one: big enough */
+  ASSERT_EQ(bh_region_used(again), 0u);
+  ASSERT_EQ(bh_region_peak(again), peak);
+  ASSERT_EQ(kvt_resident_pages(bh_region_base(again), peak),
+            kvt_pages(bh_region_base(again), peak)); /* still in memory */
+  a = bh_region_allocator(again);
+  unsigned char *q = kvp__calloc(&a, BH_REGION_MIN, 1);
+  ASSERT_TRUE(q == p1); /* the same offsets again, cleared by calloc */
+  size_t nonzero = 0;
+  for (size_t i = 0; i < BH_REGION_MIN; i++)
+    nonzero += q[i] != 0;
+  ASSERT_EQ(nonzero, 0u);
+  bh_region *other = NULL;
+  ASSERT_OK(bh_region_take((size_t)1 << 20, &other)); /* again is taken */
+  ASSERT_FALSE(other == again);
+  bh_region_give(other);
+  bh_region_give(again);
+  bh_region *bigger = NULL;
+  ASSERT_OK(bh_region_take((size_t)9 << 20, &bigger));
+  ASSERT_GE(bh_region_size(bigger), (size_t)9 << 20);
+  ASSERT_EQ(bh_region_peak(bigger), 0u); /* a new mapping */
+  bh_region_give(bigger);
+  bh_region_give(NULL);
+  bh_region_drain();
+}
+
+/* Batch simulations carve their workers' arrays from a region the process
+ * keeps: one run without, one with a fresh region, one with the region the
+ * run before left dirty give the same results, with kvtier's placement
+ * (LRU and S3-FIFO, whose ghosts come from the region too) evicting down
+ * all three tiers and every worker's index digest checked. */
+TEST(region_sims_agree) {
+  bh_trace t;
+  read_shared("traces/mooncake_conversation.jsonl.zst", 2000, &t);
+  const int pols[] = {KVP_POLICY_KVPLANE_COST, BH_POLICY_RANDOM};
+  for (int k = 0; k < 2; k++)
+    for (size_t i = 0; i < 2; i++) {
+      bh_region_drain();
+      bh_sim_opts o = tiny_opts(pols[i], 4);
+      o.cl.hbm_blocks = 2048;
+      o.cl.dram_blocks = 2048;
+      o.cl.nvme_blocks = 4096;
+      for (int j = 0; j < 3; j++)
+        o.cl.tier_policy[j] =
+            k ? KVP_TIER_POLICY_S3FIFO : KVP_TIER_POLICY_LRU;
+      o.verify_index = true;
+      bh_result a, b, c;
+      run(&t, &o, &a);
+      bh_huge_arrays = true; /* what bh_batch_memory sets */
+      run(&t, &o, &b);
+      run(&t, &o, &c);
+      bh_huge_arrays = false;
+      same(&a, &b);
+      same(&a, &c);
+      ASSERT_MEM_EQ(a.demoted_bytes, c.demoted_bytes, sizeof a.demoted_bytes);
+      ASSERT_EQ(a.evicted_blocks, c.evicted_blocks);
+      ASSERT_GT(a.evicted_blocks, 0u); /* NVMe full: down every tier */
+      ASSERT_EQ(a.index_mismatches, 0u);
+      ASSERT_EQ(c.index_mismatches, 0u);
+      bh_region *r = NULL; /* the simulations gave theirs back */
+      ASSERT_OK(bh_region_take(1, &r));
+      ASSERT_GE(bh_region_size(r),
+                (size_t)o.cl.workers * bh_cache_reserve_bytes(&o.cl));
+      ASSERT_GT(bh_region_peak(r), (size_t)o.cl.workers * 4096 * 16);
+      bh_region_give(r);
+      bh_result_free(&a);
+      bh_result_free(&b);
+      bh_result_free(&c);
+    }
+  bh_region_drain();
+  bh_trace_free(&t);
+}
+
 /* bh_batch_memory: memory calloc hands back again is cleared in place
  * (still in memory: no page to fault in again), below jemalloc's oversize
  * threshold and above it, and calling it twice changes nothing.  Where
@@ -998,4 +1110,5 @@ TEST_MAIN(TEST_ENTRY(config_router_agrees), TEST_ENTRY(cache_hint_stale), TEST_E
           TEST_ENTRY(promote_from_last_tier), TEST_ENTRY(dram_policy_exact),
           TEST_ENTRY(deterministic),
           TEST_ENTRY(invariants_mooncake), TEST_ENTRY(invariants_agentic),
-          TEST_ENTRY(infinite_brute_force), TEST_ENTRY(batch_memory))
+          TEST_ENTRY(infinite_brute_force), TEST_ENTRY(region_carves_and_keeps),
+          TEST_ENTRY(region_sims_agree), TEST_ENTRY(batch_memory))

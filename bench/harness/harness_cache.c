@@ -38,8 +38,51 @@ void *bh_big_calloc(size_t n, size_t size, void **raw) {
   return *raw = calloc(n ? n : 1, size);
 }
 
+/* The cache's arrays: from its allocator when it has one (a region's, in
+ * batch simulations: not zeroed unless `zero`), else bh_big_calloc's. */
+static void *arr_alloc(cache *c, size_t n, size_t size, bool zero,
+                       void **raw) {
+  if (c->alloc.alloc == NULL)
+    return bh_big_calloc(n, size, raw);
+  size_t bytes;
+  if (__builtin_mul_overflow(n ? n : 1, size, &bytes))
+    return *raw = NULL;
+  void *p = *raw = kvp__malloc(&c->alloc, bytes);
+  if (p != NULL && zero)
+    memset(p, 0, bytes);
+  return p;
+}
+
+static void arr_free(cache *c, void *raw, size_t bytes) {
+  if (c->alloc.alloc == NULL)
+    free(raw);
+  else
+    kvp__free(&c->alloc, raw, bytes);
+}
+
+size_t bh_cache_reserve_bytes(const bh_cluster *cl) {
+  uint64_t ids = cl->hbm_blocks + cl->dram_blocks + cl->nvme_blocks + 1;
+  uint64_t tab = 1024;
+  while (tab * 3 < (ids < TAB_RESERVE_MAX ? ids : TAB_RESERVE_MAX) * 4)
+    tab *= 2;
+  if (ids > RESERVE_MAX)
+    ids = RESERVE_MAX;
+  /* the table and nodes, kvtier's entries (16 bytes an id) and S3-FIFO
+   * ghosts (4 bytes an id, rounded up to a power of two, a tier each) with
+   * room to spare: what is not carved is only address space */
+  return (size_t)(tab * sizeof(bh_cache_slot) + ids * sizeof(bh_cache_node) +
+                  ids * 48 + ((size_t)1 << 20));
+}
+
 int bh_cache_init(cache *c, const bh_cluster *cl, bool policies) {
+  return bh_cache_init_in(c, cl, policies, NULL);
+}
+
+int bh_cache_init_in(cache *c, const bh_cluster *cl, bool policies,
+                     const kvp_allocator *alloc) {
   memset(c, 0, sizeof *c);
+  if (alloc != NULL && alloc->alloc != NULL && alloc->free != NULL)
+    c->alloc = *alloc;
   c->free_list = NONE;
   c->classes = !cl->tier_no_classes;
   c->cap[0] = cl->hbm_blocks;
@@ -54,12 +97,13 @@ int bh_cache_init(cache *c, const bh_cluster *cl, bool policies) {
     c->mask = c->mask * 2 + 1;
   /* the table and the nodes are read at random, a line per block: 2 MiB
    * pages when they are that big, in batch simulations (bh_big_calloc) */
-  c->tab = bh_big_calloc(c->mask + 1, sizeof *c->tab, &c->tab_raw);
+  c->tab = arr_alloc(c, c->mask + 1, sizeof *c->tab, true, &c->tab_raw);
   if (c->tab == NULL)
     return KVP_ENOMEM;
   if (policies) {
     ids = ids < RESERVE_MAX ? ids : RESERVE_MAX;
-    c->nodes = bh_big_calloc(ids, sizeof *c->nodes, &c->nodes_raw);
+    /* not cleared: a node is read only once bh_cache_node_new set it */
+    c->nodes = arr_alloc(c, ids, sizeof *c->nodes, false, &c->nodes_raw);
     if (c->nodes == NULL)
       return KVP_ENOMEM;
     c->cap_nodes = (uint32_t)ids;
@@ -74,7 +118,8 @@ int bh_cache_init(cache *c, const bh_cluster *cl, bool policies) {
     if (co.gate_opts.ghost_slots == 0) /* about as many rejects as NVMe holds */
       co.gate_opts.ghost_slots =
           c->cap[2] < (1u << 20) ? (uint32_t)c->cap[2] : 1u << 20;
-    int rc = kvp__tier_cascade_create(&co, NULL, &c->cas);
+    int rc = kvp__tier_cascade_create(
+        &co, c->alloc.alloc != NULL ? &c->alloc : NULL, &c->cas);
     if (rc < 0)
       return rc;
     c->hot = pol_of(c, KVP_TIER_HBM);
@@ -84,8 +129,8 @@ int bh_cache_init(cache *c, const bh_cluster *cl, bool policies) {
 }
 
 void bh_cache_free(cache *c) {
-  free(c->tab_raw);
-  free(c->nodes_raw);
+  arr_free(c, c->tab_raw, (c->mask + 1) * sizeof *c->tab);
+  arr_free(c, c->nodes_raw, (size_t)c->cap_nodes * sizeof *c->nodes);
   kvp__tier_cascade_destroy(c->cas);
 }
 
@@ -209,7 +254,7 @@ static int tab_grow(cache *c) {
   if (nm > UINT32_MAX)
     return KVP_ENOMEM;
   void *raw;
-  slot *nt = bh_big_calloc(nm + 1, sizeof *nt, &raw);
+  slot *nt = arr_alloc(c, nm + 1, sizeof *nt, true, &raw);
   if (nt == NULL)
     return KVP_ENOMEM;
   for (size_t i = 0; i <= c->mask; i++) {
@@ -217,7 +262,7 @@ static int tab_grow(cache *c) {
     if (v.idx != 0)
       tab_put(nt, nm, v);
   }
-  free(c->tab_raw);
+  arr_free(c, c->tab_raw, (c->mask + 1) * sizeof *c->tab);
   c->tab = nt;
   c->tab_raw = raw;
   c->mask = nm;
@@ -289,16 +334,17 @@ int bh_cache_node_new(cache *c, kvp_key k, uint32_t *out) {
     if (c->n_nodes == c->cap_nodes) {
       uint32_t nc = c->cap_nodes ? c->cap_nodes * 2 : 1024;
       node *nn;
-      if (c->nodes_raw == c->nodes) { /* malloc's own: may grow in place */
+      if (c->alloc.alloc == NULL && c->nodes_raw == c->nodes) {
+        /* malloc's own: may grow in place */
         if ((nn = realloc(c->nodes, (size_t)nc * sizeof *nn)) == NULL)
           return KVP_ENOMEM;
         c->nodes_raw = nn;
-      } else { /* in 2 MiB pages (past RESERVE_MAX) */
+      } else { /* in 2 MiB pages (past RESERVE_MAX), or the allocator's */
         void *raw;
-        if ((nn = bh_big_calloc(nc, sizeof *nn, &raw)) == NULL)
+        if ((nn = arr_alloc(c, nc, sizeof *nn, false, &raw)) == NULL)
           return KVP_ENOMEM;
         memcpy(nn, c->nodes, (size_t)c->cap_nodes * sizeof *nn);
-        free(c->nodes_raw);
+        arr_free(c, c->nodes_raw, (size_t)c->cap_nodes * sizeof *nn);
         c->nodes_raw = raw;
       }
       c->nodes = nn;

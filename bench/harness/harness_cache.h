@@ -79,6 +79,8 @@ typedef struct bh_cache {
   bh_cache_node *nodes;
   void *tab_raw, *nodes_raw; /* the blocks tab and nodes lie in */
   uint32_t n_nodes, cap_nodes, free_list;
+  kvp_allocator alloc; /* the arrays' and kvtier's (alloc NULL: malloc's,
+                          2 MiB pages by bh_big_calloc) */
   tier_cascade *cas; /* kvtier's placement: a policy per tier and the NVMe
                         gate (or none: every demotion is written); NULL: no
                         placement (the infinite bound's cache) */
@@ -98,6 +100,13 @@ typedef struct bh_cache {
  * adm_cost, block_bytes and the publish hook after init.  Returns 0 or
  * KVP_ENOMEM / a kvtier error. */
 int bh_cache_init(bh_cache *c, const bh_cluster *cl, bool policies);
+/* About what bh_cache_init_in takes from its allocator for a worker of cl
+ * with policies (more rather than less). */
+size_t bh_cache_reserve_bytes(const bh_cluster *cl);
+/* The same, the arrays and kvtier's placement from `alloc` (NULL: as
+ * bh_cache_init): a batch simulation's region (harness_region.h). */
+int bh_cache_init_in(bh_cache *c, const bh_cluster *cl, bool policies,
+                     const kvp_allocator *alloc);
 void bh_cache_free(bh_cache *c);
 /* Node of key k, or BH_NONE. */
 uint32_t bh_cache_find(const bh_cache *c, kvp_key k);

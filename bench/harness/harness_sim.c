@@ -26,6 +26,7 @@
 
 #include "harness.h"
 #include "harness_cache.h"
+#include "harness_region.h"
 
 #define NONE UINT32_MAX
 
@@ -183,6 +184,9 @@ typedef struct worker {
 } worker;
 
 struct sim {
+  bh_region *region; /* the workers' arrays, in batch simulations (NULL:
+                        malloc's) */
+  kvp_allocator ralloc; /* over region */
   const bh_trace *t;
   const bh_sim_opts *o;
   bh_cluster cl;
@@ -1089,10 +1093,18 @@ static int sim_setup(struct sim *s, const bh_trace *t, const bh_sim_opts *o,
       s->tiers == NULL || s->rkeys == NULL ||
       s->xtiers == NULL || s->xnodes == NULL)
     return KVP_ENOMEM;
+  /* batch simulations: the workers' arrays from a region the process keeps
+   * between simulations (harness_region.h), so each after the first finds
+   * their pages in memory */
+  if (bh_huge_arrays &&
+      bh_region_take((size_t)s->nw * bh_cache_reserve_bytes(&s->cl),
+                     &s->region) == 0)
+    s->ralloc = bh_region_allocator(s->region);
   for (uint32_t v = 0; v < s->nw; v++) {
     s->w[v].cur = NONE;
     if ((rc = kvp_index_worker_add(s->ix, v)) < 0 ||
-        (rc = bh_cache_init(&s->w[v].c, &s->cl, true)) < 0)
+        (rc = bh_cache_init_in(&s->w[v].c, &s->cl, true,
+                               s->region ? &s->ralloc : NULL)) < 0)
       return rc;
     bh_cache *c = &s->w[v].c;
     c->adm_cost = s->adm_cost;
@@ -1164,6 +1176,7 @@ static void sim_teardown(struct sim *s) {
   kvp_router_destroy(s->rt);
   kvp_index_destroy(s->ix);
   kvp_ledger_destroy(s->led);
+  bh_region_give(s->region); /* after every cache carved from it */
 }
 
 static int sim_loop(struct sim *s) {
