@@ -96,7 +96,8 @@ int bh_cache_init_in(cache *c, const bh_cluster *cl, bool policies,
   while ((c->mask + 1) * 3 < tab_ids * 4)
     c->mask = c->mask * 2 + 1;
   /* the table and the nodes are read at random, a line per block: 2 MiB
-   * pages when they are that big, in batch simulations (bh_big_calloc) */
+   * pages in batch simulations (their region, or bh_big_calloc when they
+   * are that big) */
   c->tab = arr_alloc(c, c->mask + 1, sizeof *c->tab, true, &c->tab_raw);
   if (c->tab == NULL)
     return KVP_ENOMEM;
