@@ -11,6 +11,19 @@
 #include <jemalloc/jemalloc.h>
 
 #include "harness.h"
+#if defined(__SANITIZE_ADDRESS__)
+#define KVT_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KVT_ASAN 1
+#endif
+#endif
+#ifdef KVT_ASAN
+#include <sanitizer/asan_interface.h>
+#else
+#define KVT_ASAN 0
+#endif
+
 #include "core_internal.h"
 #include "harness_cache.h"
 #include "harness_region.h"
@@ -986,6 +999,12 @@ TEST(region_carves_and_keeps) {
   ASSERT_EQ(bh_region_used(r), (size_t)(p2 - p1) + ((size_t)1 << 20));
   memset(p1, 0x5a, BH_REGION_MIN + 1);
   memset(p2, 0x5a, (size_t)1 << 20);
+#if KVT_ASAN
+  /* under ASan: the padding after p1 and the uncarved rest are poisoned */
+  ASSERT_TRUE(__asan_address_is_poisoned(p1 + BH_REGION_MIN + 1));
+  ASSERT_TRUE(__asan_address_is_poisoned(p2 + ((size_t)1 << 20)));
+  ASSERT_FALSE(__asan_address_is_poisoned(p1 + BH_REGION_MIN));
+#endif
   unsigned char *big = kvp__malloc(&a, (size_t)3 << 20); /* no room left */
   ASSERT_NOT_NULL(big);
   ASSERT_FALSE(bh_region_has(r, big));
@@ -995,6 +1014,9 @@ TEST(region_carves_and_keeps) {
   size_t peak = bh_region_peak(r);
   ASSERT_EQ(peak, bh_region_used(r));
   bh_region_give(r);
+#if KVT_ASAN
+  ASSERT_TRUE(__asan_address_is_poisoned(p2)); /* given back: poisoned */
+#endif
   bh_region *again = NULL;
   ASSERT_OK(bh_region_take((size_t)1 << 20, &again));
   ASSERT_TRUE(again == r); /* the kept one: big enough */

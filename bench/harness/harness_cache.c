@@ -60,11 +60,18 @@ static void arr_free(cache *c, void *raw, size_t bytes) {
     kvp__free(&c->alloc, raw, bytes);
 }
 
+/* The table's slots for ids (reserved up to TAB_RESERVE_MAX): a power of
+ * two, at least 1024, at a load of at most 3/4. */
+static uint64_t tab_slots(uint64_t ids) {
+  uint64_t tab_ids = ids < TAB_RESERVE_MAX ? ids : TAB_RESERVE_MAX, n = 1024;
+  while (n * 3 < tab_ids * 4)
+    n *= 2;
+  return n;
+}
+
 size_t bh_cache_reserve_bytes(const bh_cluster *cl) {
   uint64_t ids = cl->hbm_blocks + cl->dram_blocks + cl->nvme_blocks + 1;
-  uint64_t tab = 1024;
-  while (tab * 3 < (ids < TAB_RESERVE_MAX ? ids : TAB_RESERVE_MAX) * 4)
-    tab *= 2;
+  uint64_t tab = tab_slots(ids);
   if (ids > RESERVE_MAX)
     ids = RESERVE_MAX;
   /* the table and nodes, kvtier's entries (16 bytes an id) and S3-FIFO
@@ -91,10 +98,7 @@ int bh_cache_init_in(cache *c, const bh_cluster *cl, bool policies,
   if (!policies)
     c->cap[0] = UINT64_MAX, c->cap[1] = c->cap[2] = 0;
   uint64_t ids = policies ? c->cap[0] + c->cap[1] + c->cap[2] + 1 : 0;
-  uint64_t tab_ids = ids < TAB_RESERVE_MAX ? ids : TAB_RESERVE_MAX;
-  c->mask = 1023; /* then a load of at most 3/4 for tab_ids */
-  while ((c->mask + 1) * 3 < tab_ids * 4)
-    c->mask = c->mask * 2 + 1;
+  c->mask = tab_slots(ids) - 1;
   /* the table and the nodes are read at random, a line per block: 2 MiB
    * pages in batch simulations (their region, or bh_big_calloc when they
    * are that big) */

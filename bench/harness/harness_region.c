@@ -7,6 +7,26 @@
 
 #include "harness_region.h"
 
+/* Under AddressSanitizer the region is poisoned but for what is carved (the
+ * 64-byte padding between carvings stays poisoned) and all of it again when
+ * given back: what malloc'd arrays had, an overflow or a use after the
+ * simulation caught. */
+#if defined(__SANITIZE_ADDRESS__)
+#define BH_REGION_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define BH_REGION_ASAN 1
+#endif
+#endif
+#ifdef BH_REGION_ASAN
+#include <sanitizer/asan_interface.h>
+#define POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define POISON(p, n) ((void)(p), (void)(n))
+#define UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
 #define HUGE_PAGE ((size_t)2 << 20)
 #define KEEP_MAX 8 /* regions kept at most (one per simulation at a time) */
 
@@ -23,6 +43,7 @@ static bh_region *kept[KEEP_MAX];
 static unsigned n_kept;
 
 static void region_unmap(bh_region *r) {
+  UNPOISON(r->base, r->size); /* the next mapping there starts clean */
   munmap(r->map, r->map_len);
   free(r);
 }
@@ -45,6 +66,7 @@ static bh_region *region_map(size_t size) {
 #ifdef MADV_HUGEPAGE
   (void)madvise(r->base, size, MADV_HUGEPAGE); /* a hint: fine without */
 #endif
+  POISON(r->base, size);
   return r;
 }
 
@@ -83,6 +105,7 @@ int bh_region_take(size_t bytes, bh_region **out) {
 void bh_region_give(bh_region *r) {
   if (r == NULL)
     return;
+  POISON(r->base, r->used);
   r->used = 0;
   pthread_mutex_lock(&keep_mu);
   bool keep = n_kept < KEEP_MAX;
@@ -118,6 +141,7 @@ static void *region_alloc(void *opaque, size_t size) {
   size_t need = (size + 63) & ~(size_t)63;
   if (size >= BH_REGION_MIN && need >= size && need <= r->size - r->used) {
     void *p = r->base + r->used;
+    UNPOISON(p, size);
     r->used += need;
     if (r->used > r->peak)
       r->peak = r->used;
