@@ -94,7 +94,9 @@ typedef struct tier_admit_opts {
                                  min_samples) */
   uint32_t ghost_slots;       /* rejected fingerprints remembered; 0 =
                                  65536; rounded up to a power of two,
-                                 <= 1 << 24 */
+                                 <= 1 << 24; 8 bytes each, allocated
+                                 only once the mode is not all (all
+                                 never rejects) */
 } tier_admit_opts;
 
 /* One block's costs, in seconds. */
@@ -119,7 +121,9 @@ int kvp__tier_admit_create(const tier_admit_opts *o, const kvp_allocator *alloc,
                            tier_admit **out);
 void kvp__tier_admit_destroy(tier_admit *a); /* NULL ok */
 /* Changes the options; the learned counts stay (ghost_slots is fixed at
- * create and ignored here).  0 or KVP_EINVAL as for create. */
+ * create and ignored here).  0, KVP_EINVAL as for create, or KVP_ENOMEM
+ * (the ghosts of a gate leaving mode all: the options are left as they
+ * were). */
 int kvp__tier_admit_opts_set(tier_admit *a, const tier_admit_opts *o);
 void kvp__tier_admit_opts_get(const tier_admit *a, tier_admit_opts *o);
 /* The pure inequality: 1 when p * (recompute_s - read_s) >= write_weight *
@@ -140,7 +144,8 @@ void kvp__tier_admit_note(tier_admit *a, kvp_class cls, uint32_t hits,
 /* The same by the block's token (0: nothing to note; a NULL gate ok). */
 void kvp__tier_admit_note_cell(tier_admit *a, tier_cell cell, bool reused);
 /* A block (fingerprint fp of its key) the gate rejected: remembered; a
- * ghost it displaces counts as not reused. */
+ * ghost it displaces counts as not reused.  A gate that was always in mode
+ * all has no ghosts: nothing is remembered. */
 void kvp__tier_admit_reject(tier_admit *a, uint64_t fp, kvp_class cls,
                             uint32_t hits);
 /* A key not held was asked for (a miss, or a put of a new block): if fp is

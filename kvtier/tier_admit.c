@@ -23,9 +23,20 @@ struct tier_admit {
   kvp_allocator a;
   tier_admit_opts o; /* resolved: no zero means-default left */
   cell c[NCELL];
-  uint64_t *ghost; /* fingerprint with the low 4 bits = cell + 1; 0 empty */
+  /* fingerprint with the low 4 bits = cell + 1; 0 empty.  Only a gate
+   * that can reject keeps one: mode all never rejects, so it has none
+   * (NULL) until its mode changes (ghosts_need). */
+  uint64_t *ghost;
   uint32_t ghost_mask;
 };
+
+/* a's ghost table, allocated the first time its mode can reject. */
+static int ghosts_need(tier_admit *a) {
+  if (a->ghost != NULL || a->o.mode == KVP_TIER_ADMIT_ALL)
+    return 0;
+  a->ghost = kvp__calloc(&a->a, (size_t)a->ghost_mask + 1, sizeof *a->ghost);
+  return a->ghost != NULL ? 0 : KVP_ENOMEM;
+}
 
 int kvp_tier_admission_parse(const char *name, kvp_tier_admission *out) {
   static const char *const names[] = {"gate", "hits", "all"};
@@ -78,12 +89,11 @@ int kvp__tier_admit_create(const tier_admit_opts *o,
     return KVP_ENOMEM;
   a->a = kvp__allocator(alloc);
   a->o = r;
-  a->ghost = kvp__calloc(&a->a, r.ghost_slots, sizeof *a->ghost);
-  if (a->ghost == NULL) {
+  a->ghost_mask = r.ghost_slots - 1;
+  if (ghosts_need(a) < 0) {
     kvp__free(&a->a, a, sizeof *a);
     return KVP_ENOMEM;
   }
-  a->ghost_mask = r.ghost_slots - 1;
   *out = a;
   return 0;
 }
@@ -91,7 +101,8 @@ int kvp__tier_admit_create(const tier_admit_opts *o,
 void kvp__tier_admit_destroy(tier_admit *a) {
   if (a == NULL)
     return;
-  kvp__free(&a->a, a->ghost, ((size_t)a->ghost_mask + 1) * sizeof *a->ghost);
+  if (a->ghost != NULL)
+    kvp__free(&a->a, a->ghost, ((size_t)a->ghost_mask + 1) * sizeof *a->ghost);
   kvp_allocator al = a->a;
   kvp__free(&al, a, sizeof *a);
 }
@@ -101,7 +112,12 @@ int kvp__tier_admit_opts_set(tier_admit *a, const tier_admit_opts *o) {
   if (a == NULL || resolve(o, &r) < 0)
     return KVP_EINVAL;
   r.ghost_slots = a->o.ghost_slots;
+  tier_admit_opts was = a->o;
   a->o = r;
+  if (ghosts_need(a) < 0) { /* left as it was */
+    a->o = was;
+    return KVP_ENOMEM;
+  }
   return 0;
 }
 
@@ -182,7 +198,7 @@ static uint32_t ghost_idx(const tier_admit *a, uint64_t fp) {
 
 void kvp__tier_admit_reject(tier_admit *a, uint64_t fp, kvp_class cls,
                             uint32_t hits) {
-  if (a == NULL)
+  if (a == NULL || a->ghost == NULL) /* mode all: decide never says no */
     return;
   uint64_t *g = &a->ghost[ghost_idx(a, fp)];
   uint64_t v = (fp & ~UINT64_C(15)) | kvp__tier_admit_cell(cls, hits);
@@ -192,7 +208,7 @@ void kvp__tier_admit_reject(tier_admit *a, uint64_t fp, kvp_class cls,
 }
 
 int kvp__tier_admit_seen(tier_admit *a, uint64_t fp) {
-  if (a == NULL)
+  if (a == NULL || a->ghost == NULL) /* no gate, or one that never rejected */
     return 0;
   uint64_t *g = &a->ghost[ghost_idx(a, fp)];
   if (*g == 0 || (*g & ~UINT64_C(15)) != (fp & ~UINT64_C(15)))

@@ -4,6 +4,7 @@
  * with outcomes (NVMe read-backs and ghosts of rejected blocks), decay,
  * modes, bad options. */
 #include <math.h>
+#include <stdlib.h>
 
 #include "kvtier_place.h"
 #include "test_harness.h"
@@ -190,6 +191,74 @@ TEST(modes_and_bad_opts) {
   kvp__tier_admit_destroy(a);
 }
 
+/* Mode all never rejects, so a gate in it keeps no ghost table (8 bytes a
+ * slot: at 1 << 20 slots, 8 MiB a worker that kvplane-bench's default
+ * `nvme_admission: all` had allocated, cleared and probed per new block
+ * for nothing).  Leaving mode all allocates it; a failed allocation leaves
+ * the options as they were. */
+typedef struct ghost_acct {
+  size_t live, peak;
+  bool fail;
+} ghost_acct;
+
+static void *acct_alloc(void *o, size_t n) {
+  ghost_acct *c = o;
+  if (c->fail)
+    return NULL;
+  void *p = malloc(n);
+  if (p != NULL && (c->live += n) > c->peak)
+    c->peak = c->live;
+  return p;
+}
+
+static void acct_free(void *o, void *p, size_t n) {
+  ghost_acct *c = o;
+  if (p != NULL)
+    c->live -= n;
+  free(p);
+}
+
+TEST(mode_all_keeps_no_ghosts) {
+  const size_t ghosts = (size_t)8 << 20; /* 1 << 20 slots of 8 bytes */
+  ghost_acct ac = {0};
+  kvp_allocator al = {acct_alloc, acct_free, &ac};
+  tier_admit_opts o = {.mode = KVP_TIER_ADMIT_ALL, .ghost_slots = 1u << 20};
+  tier_admit *a;
+  ASSERT_OK(kvp__tier_admit_create(&o, &al, &a));
+  ASSERT_TRUE(ac.live > 0 && ac.live < ghosts);
+  tier_admit_cost never = {1e-6, 1e-3, 1e-3};
+  ASSERT_EQ(kvp__tier_admit_decide(a, KVP_CLASS_VOLATILE, 0, &never), 1);
+  kvp__tier_admit_reject(a, 0x1230, KVP_CLASS_VOLATILE, 0); /* nowhere */
+  ASSERT_EQ(kvp__tier_admit_seen(a, 0x1230), 0);
+  /* to gate, the allocation failing: still mode all, still no ghosts */
+  ac.fail = true;
+  tier_admit_opts g = {.mode = KVP_TIER_ADMIT_GATE, .ghost_slots = 1u << 20};
+  ASSERT_ERR(kvp__tier_admit_opts_set(a, &g), KVP_ENOMEM);
+  tier_admit_opts got;
+  kvp__tier_admit_opts_get(a, &got);
+  ASSERT_EQ((int)got.mode, (int)KVP_TIER_ADMIT_ALL);
+  ASSERT_EQ(kvp__tier_admit_decide(a, KVP_CLASS_VOLATILE, 0, &never), 1);
+  ASSERT_TRUE(ac.live < ghosts);
+  /* to gate: the ghosts are there and remember a reject */
+  ac.fail = false;
+  ASSERT_OK(kvp__tier_admit_opts_set(a, &g));
+  ASSERT_TRUE(ac.live >= ghosts);
+  ASSERT_EQ(kvp__tier_admit_decide(a, KVP_CLASS_VOLATILE, 0, &never), 0);
+  kvp__tier_admit_reject(a, 0x1230, KVP_CLASS_VOLATILE, 0);
+  ASSERT_EQ(kvp__tier_admit_seen(a, 0x1230), 1);
+  /* back to all: the table stays, and its ghosts still teach */
+  ASSERT_OK(kvp__tier_admit_opts_set(a, &o));
+  kvp__tier_admit_reject(a, 0x4560, KVP_CLASS_SEMI, 0); /* by hand */
+  ASSERT_EQ(kvp__tier_admit_seen(a, 0x4560), 1);
+  kvp__tier_admit_destroy(a);
+  ASSERT_EQ(ac.live, (size_t)0);
+  /* created in gate mode: the table from the start */
+  ASSERT_OK(kvp__tier_admit_create(&g, &al, &a));
+  ASSERT_TRUE(ac.live >= ghosts);
+  kvp__tier_admit_destroy(a);
+  ASSERT_EQ(ac.live, (size_t)0);
+}
+
 /* The cascade: a victim only while the tier is full, its destination the
  * next tier present, the gate on the way into NVMe (a reject is a ghost, an
  * admit carries its cell), a victim held below already just leaves. */
@@ -268,5 +337,6 @@ TEST(cell_token) {
 
 TEST_MAIN(TEST_ENTRY(pays), TEST_ENTRY(cold_start_rule),
           TEST_ENTRY(estimator_moves), TEST_ENTRY(decay), TEST_ENTRY(ghosts),
-          TEST_ENTRY(modes_and_bad_opts), TEST_ENTRY(cascade),
+          TEST_ENTRY(modes_and_bad_opts), TEST_ENTRY(mode_all_keeps_no_ghosts),
+          TEST_ENTRY(cascade),
           TEST_ENTRY(cell_token))
