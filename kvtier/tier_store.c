@@ -1059,6 +1059,7 @@ int kvp_tier_set(kvp_tier_store *t, kvp_tier_opt opt, int64_t v) {
   if (v < lo || v > hi)
     return KVP_ERANGE;
   pthread_mutex_lock(&t->mu);
+  kvp_tier_admission was = t->o.admission;
   switch (opt) {
   case KVP_TIER_OPT_DRAM_BYTES:
     t->dram_cap = (uint64_t)v;
@@ -1090,8 +1091,10 @@ int kvp_tier_set(kvp_tier_store *t, kvp_tier_opt opt, int64_t v) {
   case KVP_TIER_OPT_STAGE_AHEAD: t->no_stage_ahead = v == 0; break;
   case KVP_TIER_OPT_LOAD_UNLOCKED: t->scatter_locked = v == 0; break;
   }
-  if (rc == 0)
-    rc = admit_sync(t);
+  /* admit_sync fails only for the gate's ghosts, wanted by an admission
+   * leaving all (KVP_ENOMEM): the store then stays on the old one */
+  if (rc == 0 && (rc = admit_sync(t)) < 0)
+    t->o.admission = was;
   pthread_mutex_unlock(&t->mu);
   return rc;
 }

@@ -649,6 +649,16 @@ static void nvme_idle(kvp_tier_io_backend be) {
  * cell has admit_min_samples of them, a block the gate rejects is not
  * written (a stable one too, when recomputing beats loading), and volatile
  * blocks whose ghosts came back are written without a reuse. */
+/* malloc, or NULL while *opaque (a bool) is set */
+static void *may_fail_alloc(void *opaque, size_t n) {
+  return *(bool *)opaque ? NULL : malloc(n);
+}
+
+static void may_fail_free(void *opaque, void *p, size_t n) {
+  (void)opaque, (void)n;
+  free(p);
+}
+
 static void nvme_admission(kvp_tier_io_backend be) {
   char dir[256];
   tt_mkdir(dir, sizeof dir);
@@ -746,6 +756,24 @@ static void nvme_admission(kvp_tier_io_backend be) {
   o.admit_write_weight = -1;
   ASSERT_ERR(kvp_tier_create(&o, NULL, &t), KVP_EINVAL);
   kvp_log_set_level(KVP_LOG_ERROR);
+  /* admission all keeps no ghost table; leaving it allocates one, and when
+   * that fails the store stays on all, reporting KVP_ENOMEM */
+  bool fail = false;
+  kvp_allocator fa = {may_fail_alloc, may_fail_free, &fail};
+  o.admit_write_weight = 0;
+  o.admission = KVP_TIER_ADMIT_ALL;
+  ASSERT_OK(kvp_tier_create(&o, &fa, &t));
+  int64_t v = -1;
+  fail = true;
+  ASSERT_ERR(kvp_tier_set(t, KVP_TIER_OPT_ADMISSION, KVP_TIER_ADMIT_GATE),
+             KVP_ENOMEM);
+  ASSERT_OK(kvp_tier_opt_get(t, KVP_TIER_OPT_ADMISSION, &v));
+  ASSERT_EQ(v, (int64_t)KVP_TIER_ADMIT_ALL);
+  fail = false;
+  ASSERT_OK(kvp_tier_set(t, KVP_TIER_OPT_ADMISSION, KVP_TIER_ADMIT_GATE));
+  ASSERT_OK(kvp_tier_opt_get(t, KVP_TIER_OPT_ADMISSION, &v));
+  ASSERT_EQ(v, (int64_t)KVP_TIER_ADMIT_GATE);
+  kvp_tier_destroy(t);
 #undef S
 #undef V
   tt_rmdir(dir);

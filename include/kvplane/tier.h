@@ -388,7 +388,9 @@ typedef enum kvp_tier_opt {
    * bench_tier --contention) */
   KVP_TIER_OPT_LOAD_UNLOCKED = 13
 } kvp_tier_opt;
-/* Returns 0, KVP_EINVAL (unknown option), KVP_ERANGE (outside bounds). */
+/* Returns 0, KVP_EINVAL (unknown option), KVP_ERANGE (outside bounds) or
+ * KVP_ENOMEM (KVP_TIER_OPT_ADMISSION leaving all, which keeps no ghost
+ * table, and the table cannot be allocated: the admission stays all). */
 KVP_API int kvp_tier_set(kvp_tier_store *t, kvp_tier_opt opt, int64_t value);
 KVP_API int kvp_tier_opt_get(kvp_tier_store *t, kvp_tier_opt opt,
                              int64_t *value);
