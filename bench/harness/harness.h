@@ -165,6 +165,12 @@ typedef struct bh_cluster {
   kvp_gpu_spec gpu;
   double hbm_bw;         /* decode: weight + KV reads, bytes/s; 0 = 3.35e12 */
   double decode_base_s;  /* per decode step overhead; 0 = 2e-3 */
+  /* Per prefill, on top of the compute: a fixed step (HTTP, scheduling,
+   * the forward pass's launch) and a cost per token read from the prefix
+   * cache (HBM hits).  0 = none (an H100's are small beside 8B-model
+   * compute); calibrated from a measured engine (bench/live/vllm/fleet.py:
+   * a CPU vLLM's are not). */
+  double prefill_base_s, cached_token_s;
   double max_batch;      /* continuous batching limit; 0 = 256 */
   /* Placement per tier (HBM, DRAM, NVMe): kvtier's tier_policy, the
    * code its store runs.  bh_cluster_defaults: HBM lru (the engine's own

@@ -625,6 +625,13 @@ double bh_timing_decode_s(const bh_timing *t, uint32_t decoding,
   return (double)out_tokens * step * share;
 }
 
+double bh_timing_step_s(const bh_timing *t, const uint64_t blocks[3],
+                        uint64_t from, uint64_t to) {
+  return t->cl.prefill_base_s +
+         (double)blocks[0] * t->bs * t->cl.cached_token_s +
+         bh_timing_load_s(t, blocks) + bh_timing_prefill_s(t, from, to);
+}
+
 uint64_t bh_timing_cut(const bh_timing *t, const uint8_t *tiers, uint64_t m,
                        uint64_t in_tokens) {
   uint64_t cnt[3] = {0, 0, 0}, cut = 0;

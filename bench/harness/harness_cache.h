@@ -226,6 +226,11 @@ void bh_timing_setup(bh_timing *t, bh_cluster *cl, uint32_t block_size,
 double bh_timing_load_s(const bh_timing *t, const uint64_t blocks[3]);
 /* Seconds to prefill tokens [from, to) of a prompt. */
 double bh_timing_prefill_s(const bh_timing *t, uint64_t from, uint64_t to);
+/* A whole prefill step: the cluster's fixed prefill_base_s, blocks[0] HBM
+ * hits at cached_token_s a token, the loads of blocks[1..2] and the
+ * compute of tokens [from, to). */
+double bh_timing_step_s(const bh_timing *t, const uint64_t blocks[3],
+                        uint64_t from, uint64_t to);
 /* Seconds to decode out_tokens for a prompt of in_tokens joining a batch of
  * `decoding` requests holding decode_tokens KV tokens. */
 double bh_timing_decode_s(const bh_timing *t, uint32_t decoding,

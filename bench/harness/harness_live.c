@@ -220,9 +220,10 @@ static void log_req(const live *L, const lreq *r, uint64_t prompt,
                                           ? 0
                                           : L->t->reqs[0].t / L->o.speed;
   fprintf(L->req_log,
-          "{\"i\":%u,\"w\":%u,\"send\":%.6f,\"ttft\":%.6f,"
+          "{\"i\":%u,\"w\":%u,\"send\":%.6f,\"ttft\":%.6f,\"e2e\":%.6f,"
           "\"tokens\":%llu,\"cached\":%llu}\n",
           r->i, r->tgt, (r->t_send - L->t0) * k - first, r->ttft * k,
+          (now_s() - r->t_send) * k,
           (unsigned long long)prompt, (unsigned long long)cached);
 }
 
@@ -561,7 +562,7 @@ static void live_usage(FILE *f) {
   fputs("usage: kvplane-bench live --target URL [--target URL ...] [--direct]\n"
         "         [--engine-file F] [--model NAME] [--speed X]\n"
         "         [--closed-loop N] [--time-scale X] [--limit N] [--retries N]\n"
-        "         [--timeout S] [--text-prompts] [--req-log PREFIX]\n"
+        "         [--timeout S] [--text-prompts] [--req-log PREFIX] [--vocab N]\n"
         "         [--format F] [--out DIR] [--quiet] [--no-progress]\n"
         "         [--compare-offline --hbm-blocks N] TRACE...\n"
         "Replays TRACE as streamed /v1/completions with token-id prompts\n"
@@ -574,6 +575,9 @@ static void live_usage(FILE *f) {
         "no token ids).\n"
         "--time-scale X: the engines' (arrivals at trace time / X, TTFTs\n"
         "reported x X, in trace seconds).\n"
+        "--vocab N: token ids drawn from [256, N) (default 128256, the\n"
+        "emulated workers'; a real engine: ids its model and tokenizer\n"
+        "take, e.g. 32767 for bench/live/vllm/tiny_model.py's).\n"
         "--req-log PREFIX: PREFIX.live.jsonl (and PREFIX.offline.jsonl, the\n"
         "simulator's) with one JSON line per request, by trace index.\n", f);
 }
@@ -629,6 +633,13 @@ static int live_opt(live_opts *o, int c, const char *v) {
   case 'x': o->text = true; return 0;
   case 'R': o->req_log = v; return 0;
   case 'B': o->hbm_blocks = strtoull(v, &end, 10); return *end ? -1 : 0;
+  case 'V': { /* token ids drawn from [256, N): the served model's vocabulary */
+    unsigned long long n = strtoull(v, &end, 10);
+    if (*end || v[0] == '-' || n < 512 || n > (1ull << 31))
+      return -1;
+    o->vocab = (uint32_t)n;
+    return 0;
+  }
   case 'X': o->time_scale = strtod(v, &end);
             return *end || !(o->time_scale > 0) ? -1 : 0;
   default: return -1;
@@ -646,7 +657,7 @@ static int live_args(live_opts *o, int argc, char **argv) {
       {"no-progress", 0, 0, 'P'},  {"compare-offline", 0, 0, 'C'},
       {"hbm-blocks", 1, 0, 'B'},   {"time-scale", 1, 0, 'X'},
       {"text-prompts", 0, 0, 'x'}, {"req-log", 1, 0, 'R'},
-      {"help", 0, 0, 'h'},
+      {"vocab", 1, 0, 'V'},        {"help", 0, 0, 'h'},
       {0, 0, 0, 0}};
   int c;
   optind = 1;

@@ -504,10 +504,6 @@ static kvp_class blk_class(const bh_req *q, uint64_t j) {
 }
 
 /* ---- engine timing -------------------------------------------------------------- */
-static double load_s(const struct sim *s, const uint64_t blocks[3]) {
-  return bh_timing_load_s(&s->tm, blocks);
-}
-
 static double prefill_s(const struct sim *s, uint64_t from, uint64_t to) {
   return bh_timing_prefill_s(&s->tm, from, to);
 }
@@ -707,7 +703,7 @@ static int start_prefill(struct sim *s, uint32_t w) {
     rc = flush_run(s, w);
   if (rc < 0)
     return rc;
-  double dur = load_s(s, cnt) + prefill_s(s, cut * bs, q->in_tokens);
+  double dur = bh_timing_step_s(&s->tm, cnt, cut * bs, q->in_tokens);
   x->assigned += r->recomputed_tokens;
   /* time series: by arrival bucket */
   uint32_t b = bucket_of(s, i);

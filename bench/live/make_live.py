@@ -41,10 +41,18 @@ SHARED = os.path.join(os.path.dirname(ROOT), "shared")
 # LIMIT requests keep their arrival times (~300 s of trace).
 TRACES = [
     {"name": "cc_agentic", "path": os.path.join(SHARED, "traces", "cc_agentic"),
-     "limit": 200, "closed_loop": 8},
+     "limit": 200, "closed_loop": 8,
+     # real vLLM: 64-token blocks at 1/32 (an engine block = 16 trace
+     # blocks), prompts <= 4096 tokens, 2 requests in flight a worker
+     "vllm": {"limit": 150, "closed_loop": 6, "shrink": 32, "max_prompt": 4096,
+              "max_output": 32}},
     {"name": "mooncake_conversation",
      "path": os.path.join(SHARED, "traces", "mooncake_conversation.jsonl.zst"),
-     "limit": 1000, "closed_loop": 0},
+     "limit": 1000, "closed_loop": 0,
+     # real vLLM: 512-token blocks at 1/16 (one engine block each), the
+     # arrival rate from the calibrated prefill speed (--utilisation)
+     "vllm": {"limit": 400, "closed_loop": 0, "shrink": 16, "max_prompt": 4096,
+              "max_output": 32}},
 ]
 
 
@@ -53,6 +61,10 @@ def log(msg):
 
 
 from loopports import free_port  # noqa: E402 (below the ephemeral range)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "vllm"))
+import fleet as vf  # noqa: E402 (the real-vLLM cluster; standard library only)
 
 
 def http_ok(url, timeout=1.0):
@@ -214,7 +226,7 @@ def fleet_row(binary, replicas, sync):
             "token_ids": True}
 
 
-def live_rows(peers_ok, routerd):
+def live_rows(peers_ok, routerd, fleets=True):
     rows = [{"name": "direct", "label": "direct round robin", "router": None,
              "peer": False},
             {"name": "direct_ids", "label": "direct round robin, token ids",
@@ -236,7 +248,7 @@ def live_rows(peers_ok, routerd):
     if routerd:
         rows.append(routerd_row(routerd, True))
         rows.append(routerd_row(routerd, False))
-        if find_bin("nats-server") and find_bin("nginx"):
+        if fleets and find_bin("nats-server") and find_bin("nginx"):
             rows.append(fleet_row(routerd, 3, True))
             rows.append(fleet_row(routerd, 3, False))
     return rows
@@ -255,17 +267,72 @@ def scrape(url):
     return val.get("vllm:prompt_tokens_total", 0), val.get("vllm:prefix_cache_hits_total", 0)
 
 
-def live_row(a, tr, bs, row, d):
-    os.makedirs(d, exist_ok=True)
-    ready = os.path.join(d, "engine.json")
-    eng = Proc([a.bench, "engine", "--workers", str(a.workers), "--block-size", str(bs),
-                "--time-scale", str(a.time_scale), "--max-model-len", "1048576",
-                "--ready-file", ready], os.path.join(d, "engine.log"))
-    rt = None
-    try:
+class EmulatedCluster:
+    """A fresh emulated cluster (kvplane-bench engine) for every row."""
+
+    def __init__(self, a):
+        self.a = a
+        self.eng = None
+
+    def start(self, d, bs):
+        a = self.a
+        ready = os.path.join(d, "engine.json")
+        self.eng = Proc([a.bench, "engine", "--workers", str(a.workers), "--block-size",
+                         str(bs), "--time-scale", str(a.time_scale), "--max-model-len",
+                         "1048576", "--ready-file", ready], os.path.join(d, "engine.log"))
         wait_for(lambda: os.path.exists(ready), 20, "the engine's ready file")
         with open(ready) as f:
             ctx = json.load(f)
+        return ctx, ready
+
+    def check(self, d):
+        if self.eng.p.poll() is not None:  # ours: nothing else may end it
+            raise RuntimeError("the engine exited (%d) during the replay; see %s"
+                               % (self.eng.p.returncode, d))
+
+    def before(self, ctx):
+        return [scrape(w["url"]) for w in ctx["workers"]]
+
+    def stop(self):
+        if self.eng:
+            self.eng.stop()
+            self.eng = None
+
+
+class VllmCluster:
+    """One cluster of real vLLM workers for every row: each row starts from
+    empty prefix caches (/reset_prefix_cache) and reads the engines' own
+    counters as differences."""
+
+    def __init__(self, a, fleet):
+        self.a, self.fleet = a, fleet
+
+    def start(self, d, bs):
+        ctx = self.fleet.ctx()
+        vf.reset(ctx)
+        ready = os.path.join(d, "engine.json")
+        with open(ready, "w") as f:
+            json.dump(ctx, f, indent=1)
+        return ctx, ready
+
+    def check(self, d):
+        for i, p in enumerate(self.fleet.procs):
+            if p.poll() is not None:
+                raise RuntimeError("vLLM worker %d exited (%d) during the replay; see %s"
+                                   % (i, p.returncode, self.fleet.dir))
+
+    def before(self, ctx):
+        return [scrape(w["url"]) for w in ctx["workers"]]
+
+    def stop(self):
+        pass
+
+
+def live_row(a, tr, bs, row, d, cluster):
+    os.makedirs(d, exist_ok=True)
+    rt = None
+    try:
+        ctx, ready = cluster.start(d, bs)
         ctx.update(port=free_port(), prom_port=free_port(), venv=a.venv, dir=d)
         target = ["--direct", "--engine-file", ready]
         if row["router"]:
@@ -274,30 +341,50 @@ def live_row(a, tr, bs, row, d):
             wait_for(lambda: rt.p.poll() is None and http_ok(url + "/health"), 60,
                      row["label"] + " /health")
             target = ["--target", url]
+        base = cluster.before(ctx)
         argv = [a.bench, "live"] + target + [
-            "--time-scale", str(a.time_scale), "--model", ctx["model"],
-            "--limit", str(tr["limit"]), "--no-progress", "--out", os.path.join(d, "out")]
+            "--time-scale", str(ctx.get("time_scale") or a.time_scale), "--model",
+            ctx["model"], "--limit", str(tr["limit"]), "--no-progress",
+            "--out", os.path.join(d, "out"), "--req-log", os.path.join(d, "req")]
+        if ctx.get("vocab"):
+            argv += ["--vocab", str(ctx["vocab"])]
+        if tr.get("speed"):
+            argv += ["--speed", "%g" % tr["speed"]]
         if tr["closed_loop"]:
             argv += ["--closed-loop", str(tr["closed_loop"])]
         if not row.get("token_ids"):
             argv += ["--text-prompts"]
         with open(os.path.join(d, "live.log"), "w") as f:
-            rc = subprocess.call(argv + [tr["path"]], stdout=f, stderr=subprocess.STDOUT)
-        if eng.p.poll() is not None:  # ours: nothing else may end it
-            raise RuntimeError("the engine exited (%d) during the replay; see %s"
-                               % (eng.p.returncode, d))
-        per = [scrape(w["url"]) for w in ctx["workers"]]
+            rc = subprocess.call(argv + [tr.get("scaled") or tr["path"]], stdout=f,
+                                 stderr=subprocess.STDOUT)
+        cluster.check(d)
+        after = [scrape(w["url"]) for w in ctx["workers"]]
+        per = [(x[0] - b[0], x[1] - b[1]) for x, b in zip(after, base)]
     finally:
         if rt:
             rt.stop()
-        eng.stop()
+        cluster.stop()
     res = result_of(os.path.join(d, "out", "results.json"), rc, per,
                     os.path.join(d, "live.log"))
+    res.update(e2e_of(os.path.join(d, "req.live.jsonl")))
     fj = os.path.join(d, "fleet", "fleet.json")
     if row.get("fleet") and os.path.exists(fj):
         with open(fj) as f:
             res["fleet"] = json.load(f)
     return res
+
+
+def e2e_of(path):
+    """Request completion time (send to last byte) p50 / mean, from the
+    replay's --req-log."""
+    try:
+        with open(path) as f:
+            v = sorted(json.loads(x)["e2e"] for x in f if x.strip())
+    except (OSError, ValueError, KeyError):
+        return {}
+    if not v:
+        return {}
+    return {"e2e_p50": v[len(v) // 2], "e2e_mean": sum(v) / len(v)}
 
 
 def errors_of(logpath):
@@ -327,14 +414,20 @@ def result_of(path, rc, per, logpath):
 # ---- offline ------------------------------------------------------------------------
 def offline(a, tr, d):
     os.makedirs(d, exist_ok=True)
-    argv = [a.bench, "run", "--workers", str(a.workers), "--dram-gb", "0",
-            "--nvme-gb", "0", "--no-tier-classes", "--policies",
-            "kvplane_cost,round_robin", "--limit", str(tr["limit"]), "--no-progress",
-            "--quiet", "--out", os.path.join(d, "out")]
+    argv = [a.bench, "run"]
+    if tr.get("config"):  # the real engines' calibrated cluster
+        argv += ["--config", tr["config"]]
+    argv += ["--workers", str(a.workers), "--dram-gb", "0",
+             "--nvme-gb", "0", "--no-tier-classes", "--policies",
+             "kvplane_cost,round_robin", "--limit", str(tr["limit"]), "--no-progress",
+             "--quiet", "--out", os.path.join(d, "out")]
     if tr["closed_loop"]:
         argv += ["--closed-loop", str(tr["closed_loop"])]
+    if tr.get("speed"):
+        argv += ["--speed", "%g" % tr["speed"]]
     with open(os.path.join(d, "run.log"), "w") as f:
-        rc = subprocess.call(argv + [tr["path"]], stdout=f, stderr=subprocess.STDOUT)
+        rc = subprocess.call(argv + [tr.get("scaled") or tr["path"]], stdout=f,
+                             stderr=subprocess.STDOUT)
     if rc != 0:
         raise RuntimeError("kvplane-bench run failed (%d); see %s/run.log" % (rc, d))
     with open(os.path.join(d, "out", "results.json")) as f:
@@ -361,12 +454,12 @@ def ratio(v, ref):
     return "%.2f" % (v / ref) if v is not None and ref else "-"
 
 
-COLS = ("%-32s %6s %4s %6s %8s %8s %8s %6s  %6s %6s %6s %6s")
+COLS = ("%-32s %6s %4s %6s %7s %8s %8s %8s %8s %8s %6s  %6s %6s %6s %6s")
 
 
 def table(sections):
-    out = [COLS % ("row", "reqs", "err", "hit%", "p50", "p95", "p99", "imbal",
-                   "hit/kv", "p50/kv", "p95/kv", "p99/kv")]
+    out = [COLS % ("row", "reqs", "err", "hit%", "eng%", "p50", "p95", "p99", "mean",
+                   "e2e p50", "imbal", "hit/kv", "p50/kv", "p95/kv", "p99/kv")]
     for s in sections:
         out.append("")
         out.append("%s: %s" % (s["trace"], s["what"]))
@@ -379,16 +472,20 @@ def table(sections):
             out.append(COLS % (
                 r["label"] + (" *" if r["reference"] else ""), r["requests"],
                 "-" if r["errors"] is None else r["errors"],
-                "%.1f" % (100 * r["hit_rate"]), ms(r["ttft_p50"]), ms(r["ttft_p95"]),
-                ms(r["ttft_p99"]),
+                "%.1f" % (100 * r["hit_rate"]),
+                "-" if r.get("engine_hit_rate") is None else "%.1f" % (100 * r["engine_hit_rate"]),
+                ms(r["ttft_p50"]), ms(r["ttft_p95"]), ms(r["ttft_p99"]), ms(r["ttft_mean"]),
+                ms(r.get("e2e_p50")),
                 "-" if r["imbalance"] is None else "%.2f" % r["imbalance"],
                 ratio(r["hit_rate"], ref["hit_rate"]), ratio(r["ttft_p50"], ref["ttft_p50"]),
                 ratio(r["ttft_p95"], ref["ttft_p95"]), ratio(r["ttft_p99"], ref["ttft_p99"])))
     out.append("")
     out.append("* the reference row (x/kv = this row / it): kvplane-routerd live when it "
-               "ran, else kvplane's offline kvplane_cost.\nTTFT in trace "
-               "seconds (live: x the time scale); imbal = max / mean uncached "
-               "prompt tokens per worker (offline: prefill per worker).")
+               "ran, else kvplane's offline kvplane_cost.\nhit%: cached prompt tokens "
+               "by the responses' usage; eng%: by the workers' own /metrics "
+               "(prefix_cache_hits / prompt_tokens).\nTTFT and e2e (send to last "
+               "byte) in trace seconds (live: x the time scale); imbal = max / mean "
+               "uncached prompt tokens per worker (offline: prefill per worker).")
     fleets = [(s["trace"], r) for s in sections for r in s["rows"] if r.get("fleet")]
     if fleets:
         out.append("replicas behind nginx (sync over NATS: lag publish -> apply; msgs "
@@ -407,7 +504,7 @@ def table(sections):
 
 CSV_KEYS = ("trace", "row", "label", "reference", "requests", "errors", "hit_rate",
             "engine_hit_rate", "ttft_p50", "ttft_p95", "ttft_p99", "ttft_mean",
-            "imbalance", "wall_s")
+            "e2e_p50", "e2e_mean", "imbalance", "wall_s")
 
 
 def write_results(a, sections, text):
@@ -426,15 +523,17 @@ def write_results(a, sections, text):
 
 
 # ---- main ---------------------------------------------------------------------------------
-def one_trace(a, tr, peers_ok, k, n):
+def one_trace(a, tr, peers_ok, k, n, cluster):
     d = os.path.join(a.out, tr["name"])
+    if a.engine == "vllm":
+        prepare_scaled(a, tr, d)
     log("[%d/%d] %s: offline prediction (kvplane-bench run)" % (k, n, tr["name"]))
     bs, off = offline(a, tr, os.path.join(d, "offline"))
     rows = [dict(off["kvplane_cost"], name="offline_kvplane_cost",
                  label="kvplane (offline kvplane_cost)", reference=True),
             dict(off["round_robin"], name="offline_round_robin",
                  label="offline round_robin", reference=False)]
-    lrows = live_rows(peers_ok, a.routerd)
+    lrows = live_rows(peers_ok, a.routerd, fleets=a.engine != "vllm")
     if any(r.get("reference") for r in lrows):
         rows[0]["reference"] = False
     for j, row in enumerate(lrows, 1):
@@ -447,7 +546,8 @@ def one_trace(a, tr, peers_ok, k, n):
                                                 row["label"]))
         t0 = time.monotonic()
         try:
-            r = dict(live_row(a, tr, bs, row, os.path.join(d, row["name"])), **base)
+            r = dict(live_row(a, tr, bs, row, os.path.join(d, row["name"]), cluster),
+                     **base)
             log("      %d requests, hit %.1f%%, TTFT p50 %s, %.0f s" % (
                 r["requests"], 100 * r["hit_rate"], ms(r["ttft_p50"]),
                 time.monotonic() - t0))
@@ -455,10 +555,111 @@ def one_trace(a, tr, peers_ok, k, n):
             r = dict(base, failed=str(e))
             log("      FAILED: %s" % e)
         rows.append(r)
-    what = "first %d requests, %s, %d workers, block %d, time scale %g" % (
-        tr["limit"], "closed loop %d" % tr["closed_loop"] if tr["closed_loop"]
-        else "at trace time", a.workers, bs, a.time_scale)
+    if a.engine == "vllm":
+        what = ("first %d requests scaled 1/%d (block %d, prompts <= %d tokens), %s, "
+                "%d real vLLM workers (%s)" % (
+                    tr["limit"], tr["shrink"], bs, tr["max_prompt"],
+                    "closed loop %d" % tr["closed_loop"] if tr["closed_loop"]
+                    else "arrivals at trace time / %.3g (utilisation %.2f)" % (
+                        tr["speed"], a.utilisation), a.workers, cluster.fleet.isolation_mode()))
+    else:
+        what = "first %d requests, %s, %d workers, block %d, time scale %g" % (
+            tr["limit"], "closed loop %d" % tr["closed_loop"] if tr["closed_loop"]
+            else "at trace time", a.workers, bs, a.time_scale)
     return {"trace": tr["name"], "what": what, "block_size": bs, "rows": rows}
+
+
+# ---- real vLLM ---------------------------------------------------------------------
+def prepare_scaled(a, tr, d):
+    """tr's first LIMIT requests in kvplane format, scaled for the real
+    engines (scale_trace.py), and the arrival speed that loads the cluster
+    to --utilisation (open-loop traces)."""
+    os.makedirs(d, exist_ok=True)
+    raw = os.path.join(d, "trace.jsonl")
+    tr["scaled"] = os.path.join(d, "trace.scaled.jsonl")
+    with open(os.path.join(d, "scale.log"), "w") as f:
+        if subprocess.call([a.bench, "convert", "--limit", str(tr["limit"]), tr["path"],
+                            raw], stdout=f, stderr=f) != 0:
+            raise RuntimeError("kvplane-bench convert failed; see %s/scale.log" % d)
+        if subprocess.call([sys.executable, os.path.join(HERE, "scale_trace.py"),
+                            "--shrink", str(tr["shrink"]), "--block-size",
+                            str(vf.BLOCK), "--max-prompt", str(tr["max_prompt"]),
+                            "--max-output", str(tr["max_output"]), raw, tr["scaled"]],
+                           stdout=f, stderr=f) != 0:
+            raise RuntimeError("scale_trace.py failed; see %s/scale.log" % d)
+    tr["config"] = a.calib_yaml
+    if not tr["closed_loop"]:
+        tr["speed"] = arrival_speed(tr["scaled"], a.calib, a.workers, a.utilisation)
+        log("      %s: arrivals at trace time / %.3g load the %d workers to %.2f "
+            "(ideal reuse, calibrated prefill)" % (tr["name"], tr["speed"], a.workers,
+                                                   a.utilisation))
+
+
+def arrival_speed(path, cal, workers, util):
+    """The speed (trace time / X) at which the trace's prefill work, with
+    every repeated prefix reused (the best any router does), keeps `util`
+    of the workers busy, by the calibrated model."""
+    with open(path) as f:
+        lines = f.read().splitlines()
+    bs = json.loads(lines[0])["block_size"]
+    seen, work, t = set(), 0.0, []
+    for line in lines[1:]:
+        q = json.loads(line)
+        t.append(q["t"])
+        hit = 0
+        for h in q["hash_ids"]:
+            if h not in seen:
+                break
+            hit += 1
+        seen.update(q["hash_ids"])
+        c, n = min(hit * bs, q["in"]), q["in"]
+        work += (cal["base_s"] + cal["cached_token_s"] * c + cal["a_s_per_token"] * (n - c)
+                 + cal["c_s_per_token2"] * (n * n - c * c))
+    span = max(t) - min(t) if t else 0
+    if span <= 0 or work <= 0:
+        return 1.0
+    return min(1000.0, max(0.01, util * workers * span / work))
+
+
+def start_vllm(a):
+    """The real cluster (bench/live/vllm/setup.sh, fleet.py), calibrated;
+    None with the reason printed when it cannot run here."""
+    setup = os.path.join(HERE, "vllm", "setup.sh")
+    p = subprocess.run([setup], stdout=subprocess.PIPE, stderr=None, text=True)
+    if p.returncode == 77:
+        log("SKIP ENGINE=vllm: PyPI cannot be reached and the real-vLLM venv is not "
+            "installed (bench/live/vllm/setup.sh says why above)")
+        return None
+    if p.returncode != 0:
+        raise RuntimeError("bench/live/vllm/setup.sh failed (%d)" % p.returncode)
+    python = p.stdout.strip().splitlines()[-1]
+    model = os.path.join(ROOT, ".cache", "vllm-tiny")
+    fl = vf.Fleet(python, model, a.workers, os.path.join(a.out, "vllm-fleet"),
+                  a.worker_cpus or None, a.kv_cache_mib << 20)
+    try:
+        fl.start()
+        ctx = fl.ctx()
+        log("calibrating the timing model on the workers (cold and cached prefills) ...")
+        a.calib = vf.calibrate(ctx)
+        a.calib_yaml = os.path.join(a.out, "vllm-calibrated.yaml")
+        with open(a.calib_yaml, "w") as f:
+            f.write(a.calib["yaml"])
+        with open(os.path.join(a.out, "vllm-calibration.json"), "w") as f:
+            json.dump(a.calib, f, indent=1)
+        log("      cold prefill %.3g s + %.3g s/token + %.3g s/token^2; cached %.3g "
+            "s/token: %s" % (a.calib["base_s"], a.calib["a_s_per_token"],
+                             a.calib["c_s_per_token2"], a.calib["cached_token_s"],
+                             a.calib_yaml))
+        if a.isolation:
+            idle, busy, r = vf.isolation(ctx)
+            a.isolation_result = {"idle_s": idle, "busy_s": busy, "ratio": r}
+            log("      isolation: worker 0's cold TTFT p50 %.3f s with its neighbours "
+                "idle, %.3f s with them saturated (%.2fx)" % (
+                    idle[len(idle) // 2], busy[len(busy) // 2], r))
+    except BaseException:
+        fl.stop()
+        raise
+    return fl
 
 
 def main():
@@ -467,27 +668,63 @@ def main():
                                                     "kvplane-bench"))
     ap.add_argument("--venv", default=os.path.join(ROOT, ".venv-peers"))
     ap.add_argument("--out", default=os.path.join(ROOT, "build-run", "live-report"))
-    ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--time-scale", type=float, default=20)
+    ap.add_argument("--engine", choices=("emulated", "vllm"), default="emulated",
+                    help="emulated: kvplane-bench engine (a fresh cluster a row); "
+                    "vllm: real vLLM workers (CPU build, bench/live/vllm/), one "
+                    "cluster reset between rows")
+    ap.add_argument("--workers", type=int, default=0,
+                    help="workers (default 4 emulated, 3 vllm)")
+    ap.add_argument("--time-scale", type=float, default=20,
+                    help="emulated workers only (real ones run at 1)")
     ap.add_argument("--traces", default=",".join(t["name"] for t in TRACES),
                     help="comma-separated subset of: %(default)s")
     ap.add_argument("--limit", type=int, default=0,
                     help="requests per trace (default: each trace's own cap)")
+    ap.add_argument("--utilisation", type=float, default=0.6,
+                    help="vllm: open-loop arrival rate chosen so the prefill work, "
+                    "ideally reused, keeps this share of the workers busy")
+    ap.add_argument("--worker-cpus", type=float, default=0,
+                    help="vllm: CPU quota per worker (default (CPUs - 0.5) / workers)")
+    ap.add_argument("--kv-cache-mib", type=int, default=256,
+                    help="vllm: KV cache per worker (MiB)")
+    ap.add_argument("--no-isolation-check", dest="isolation", action="store_false",
+                    help="vllm: skip the measurement of one worker's TTFT beside busy ones")
     ap.add_argument("--no-peers", action="store_true", help="direct and offline only")
     ap.add_argument("--routerd", default=os.environ.get("KVPLANE_ROUTERD"),
                     help="kvplane-routerd binary: adds its row (default $KVPLANE_ROUTERD)")
     a = ap.parse_args()
+    a.workers = a.workers or (3 if a.engine == "vllm" else 4)
     if not os.access(a.bench, os.X_OK):
         sys.exit("make_live: %s is not built (make build-run)" % a.bench)
     os.makedirs(a.out, exist_ok=True)
     peers_ok = "--no-peers" if a.no_peers else ensure_peers(a.venv, a.out)
     want = a.traces.split(",")
-    trs = [dict(t) for t in TRACES if t["name"] in want]
+    trs = [dict(t, **(t.get("vllm", {}) if a.engine == "vllm" else {}))
+           for t in TRACES if t["name"] in want]
     for t in trs:
         t["limit"] = a.limit or t["limit"]
     t0 = time.monotonic()
-    sections = [one_trace(a, t, peers_ok, k, len(trs)) for k, t in enumerate(trs, 1)]
+    a.isolation_result = None
+    if a.engine == "vllm":
+        fl = start_vllm(a)
+        if fl is None:
+            return 0
+        cluster = VllmCluster(a, fl)
+    else:
+        fl, cluster = None, EmulatedCluster(a)
+    try:
+        sections = [one_trace(a, t, peers_ok, k, len(trs), cluster)
+                    for k, t in enumerate(trs, 1)]
+    finally:
+        if fl:
+            fl.stop()
     text = table(sections)
+    if a.isolation_result:
+        r = a.isolation_result
+        text += ("\nworker isolation (%s): worker 0's cold 1024-token TTFT p50 %.3f s, "
+                 "neighbours idle; %.3f s, neighbours saturated (%.2fx)" % (
+                     fl.isolation_mode(), r["idle_s"][len(r["idle_s"]) // 2],
+                     r["busy_s"][len(r["busy_s"]) // 2], r["ratio"]))
     write_results(a, sections, text)
     log("\n" + text)
     log("\nresults: %s/{table.txt,live.csv,live.json} and per row %s/TRACE/ROW/ "
