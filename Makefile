@@ -51,13 +51,18 @@ run: build-run
 # $(LIVE_OUT), with kvplane-routerd's row (built here; needs libnats, which
 # `deps` installs) as the reference.  LIVE_ARGS: bench/live/make_live.py
 # --help (--time-scale, --workers, --traces, --limit).  ~5 min on 2 cores.
-LIVE_OUT ?= $(RUN_BUILD)/live-report
+# ENGINE=vllm: the same rows on REAL vLLM workers (vLLM's CPU build in the
+# git-ignored .venv-vllm, installed when missing; a tiny model built here;
+# each worker in its own CPU cgroup), the traces scaled to them and the
+# offline prediction calibrated on them (docs/live.md).  ~30 min on 2 cores.
+ENGINE ?= emulated
+LIVE_OUT ?= $(RUN_BUILD)/live-report$(if $(filter vllm,$(ENGINE)),-vllm)
 LIVE_ARGS ?=
 live: deps build-run
 	cmake --build $(RUN_BUILD) -j $(JOBS) --target kvplane_routerd
 	python3 bench/live/make_live.py --bench $(RUN_BUILD)/bench/kvplane-bench \
 	  --routerd $(RUN_BUILD)/connectors/kvplane-routerd \
-	  --venv $(CURDIR)/.venv-peers --out $(LIVE_OUT) $(LIVE_ARGS)
+	  --venv $(CURDIR)/.venv-peers --engine $(ENGINE) --out $(LIVE_OUT) $(LIVE_ARGS)
 
 # KVP_BENCH_JOBS=1: kvplane-bench runs its simulations one at a time inside the
 # tests (ctest already runs $(JOBS) tests at once; tests that check timing stay
