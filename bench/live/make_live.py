@@ -184,9 +184,11 @@ def routerd_config(ctx, path):
              "  kv_events: [%s]" % ", ".join(w["kv_events"] for w in ws),
              "  kv_replay: [%s]" % ", ".join(w["kv_replay"] for w in ws),
              "namespace:",
-             "  model_id: %s" % ctx["model"],
-             "model:",
-             "  block_size: %d" % ctx["block_size"]]
+             "  model_id: %s" % ctx["model"]]
+    # real engines: the calibrated model: and gpu: (the cost model's prefill
+    # speed is the CPU workers', not an H100's); else the block size alone
+    lines += ctx.get("routerd_model_yaml") or ["model:",
+                                               "  block_size: %d" % ctx["block_size"]]
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -309,6 +311,7 @@ class VllmCluster:
 
     def start(self, d, bs):
         ctx = self.fleet.ctx()
+        ctx["routerd_model_yaml"] = self.a.calib["routerd_yaml"]
         vf.reset(ctx)
         ready = os.path.join(d, "engine.json")
         with open(ready, "w") as f:

