@@ -114,9 +114,17 @@ class CpuShare:
             return
         try:
             os.makedirs(self.base, exist_ok=True)
+            # the workers' group outweighs the host's other tasks (a build
+            # beside the run): each worker gets its quota, as a server its
+            # cores, whatever else the machine does
             if self.kind == "v2":
                 with open(os.path.join(self.base, "cgroup.subtree_control"), "w") as f:
                     f.write("+cpu")
+                with open(os.path.join(self.base, "cpu.weight"), "w") as f:
+                    f.write("1000")
+            else:
+                with open(os.path.join(self.base, "cpu.shares"), "w") as f:
+                    f.write("10240")
         except OSError as e:
             self.why = "cannot write %s: %s" % (self.base, e)
             self.kind = None
