@@ -34,9 +34,11 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "kvplane.h"
 #include "kvplane/events.h"
+#include "rd_idx_req.h"
 #include "rd_req.h"
 
 #define RD_URL_MAX 256
@@ -51,6 +53,14 @@ typedef struct rd_cfg {
   char admin_listen[RD_URL_MAX];   /* "" = no admin listener */
   char admin_token[RD_URL_MAX];    /* "" = no bearer token asked */
   char indexer_listen[RD_URL_MAX]; /* "" = no KV-indexer service */
+  char indexer_token[RD_URL_MAX];  /* its /register, /unregister: this
+                                      token or admin_token ("" both: none) */
+  bool indexer_routes;             /* /register with a url adds a routing
+                                      target (else 403: config/admin only) */
+  char salt_secret[RD_URL_MAX];    /* the tenant salts' key; "" = random at
+                                      start (restart-only) */
+  char response_headers_s[8];      /* auto / true / false, as written */
+  int response_headers;            /* RD_HDRS_* */
   char receipts[RD_URL_MAX];       /* "" none, "-" stdout, else a file */
   char tenant_header[64];          /* maps to the namespace salt */
   char session_header[64];
@@ -83,9 +93,21 @@ typedef struct rd_cfg {
   char path[RD_URL_MAX]; /* the file, for SIGHUP */
 } rd_cfg;
 
+/* routerd.response_headers: whether replies carry x-kvplane-worker,
+ * -cached-tokens, -reason (what the router knows of the shared cache) */
+enum { RD_HDRS_AUTO = 0, /* on, except on a request that names a tenant */
+       RD_HDRS_ON, RD_HDRS_OFF };
+/* the longest tenant / session id (header or "user") taken: longer -> 400 */
+#define RD_ID_MAX (RD_REQ_ID_MAX - 1)
+
 /* Loads and validates path (YAML) into *c.  Returns 0 or -1 with
  * "file:line: ..." in err. */
 int rd_cfg_load(const char *path, rd_cfg *c, char *err, size_t cap);
+/* Whether host:port binds loopback only (127.x, localhost, ::1). */
+bool rd_loopback(const char *hostport);
+/* Prints to f what is allowed but unsafe in c (the front door off
+ * loopback, tenants without a salt_secret); returns how many lines. */
+int rd_cfg_warn(const rd_cfg *c, FILE *f);
 /* host:port -> parts; 0 or -1 */
 int rd_split_hostport(const char *s, char *host, size_t cap, uint16_t *port);
 
@@ -114,6 +136,7 @@ typedef struct rd_worker {
    * url -- indexed from its events, never routed nor scraped */
   char instance[RD_REQ_ID_MAX];
   bool instance_int, index_only;
+  bool registered; /* added by the indexer's /register: it may remove it */
   uint32_t dp_rank;
   kvp_events *ev;
   struct kvp_events_js *js; /* kv_events "js:NAME": read from JetStream */
@@ -235,6 +258,9 @@ struct rd_server {
   struct evhttp *admin, *indexer_http;
   struct event *sig_term, *sig_int, *sig_hup, *tick, *js_tick;
   kvp_namespace ns, text_ns;
+  /* the tenant salts' HMAC key (rd_salt_for): from routerd.salt_secret or
+   * random, set before the loops start and never changed */
+  unsigned char salt_key[RD_SALT_KEY_LEN];
   kvp_hasher *hasher, *text_hasher;
   kvp_index *ix;
   kvp_router *router;
@@ -335,6 +361,14 @@ void rd_reply_obj(struct evhttp_request *hr, int code, json_t *o);
 
 /* ---- admin (rd_admin.c), metrics (rd_metrics.c) ------------------------- */
 void rd_on_admin(struct evhttp_request *hr, void *arg);
+/* Whether hr carries "Authorization: Bearer T" (scheme in any case) with T
+ * tok1 or tok2 (compared in constant time; "" = not that one; both "": no
+ * token asked).  Otherwise: logged (what, the peer), answered 401 with
+ * WWW-Authenticate, false. */
+bool rd_authorized(struct evhttp_request *hr, const char *what,
+                   const char *tok1, const char *tok2);
+void rd_peer(struct evhttp_request *hr, char *out, size_t cap); /* "addr:port" */
+const char *rd_method_name(enum evhttp_cmd_type m);
 void rd_metrics_write(rd_server *s, struct evbuffer *b); /* any loop */
 /* The config's workers list applied (added / drained-removed); -1 when
  * some were refused (logged) */

@@ -9,6 +9,8 @@
 #include <errno.h>
 #include <event2/buffer.h>
 #include <getopt.h>
+#include <openssl/rand.h>
+#include <openssl/sha.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,10 +40,23 @@ static int make_hashers(rd_server *s) {
   return 0;
 }
 
+/* routerd.salt_secret hashed to the HMAC key, or a random key */
+static int make_salt_key(rd_server *s) {
+  const char *sec = s->cfg.salt_secret;
+  if (*sec)
+    return SHA256((const unsigned char *)sec, strlen(sec), s->salt_key)
+               ? 0 : -1;
+  if (RAND_bytes(s->salt_key, sizeof s->salt_key) != 1)
+    return -1;
+  kvp_log(KVP_LOG_INFO, "routerd", "tenant cache salts: a random key (no "
+          "routerd.salt_secret): they change at each start");
+  return 0;
+}
+
 static int make_core(rd_server *s) {
   kvp_index_opts io = {.max_workers = (uint32_t)s->cfg.max_workers,
                        .approx_ttl_ns = (uint64_t)(s->cfg.approx_ttl_s * 1e9)};
-  if (make_hashers(s) < 0 || kvp_index_create(&io, NULL, &s->ix) < 0 ||
+  if (make_salt_key(s) < 0 || make_hashers(s) < 0 || kvp_index_create(&io, NULL, &s->ix) < 0 ||
       kvp_router_create(&s->cfg.ropts, NULL, &s->router) < 0 ||
       kvp_ledger_create(NULL, NULL, &s->ledger) < 0 || rd_workers_init(s) < 0)
     return -1;
@@ -266,6 +281,7 @@ int main(int argc, char **argv) {
     free(s); /* its mutexes: never locked, nothing to destroy */
     return 2;
   }
+  rd_cfg_warn(&s->cfg, stderr);
   if (check) {
     printf("kvplane-routerd: %s: ok (policy %s, block size %u)\n", cfg,
            s->cfg.policy, s->cfg.ropts.block_size);

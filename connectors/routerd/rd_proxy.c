@@ -25,8 +25,8 @@ typedef struct rd_call {
   char *body; /* forwarded */
   size_t body_len;
   char path[64];
-  char tenant[RD_REQ_ID_MAX], session[RD_REQ_ID_MAX], salt[3 * RD_REQ_ID_MAX];
-  char auth[1024];
+  char tenant[RD_REQ_ID_MAX], session[RD_REQ_ID_MAX], salt[RD_SALT_MAX];
+  char *auth; /* the client's Authorization (any length), or NULL */
   bool text_mode, completed, started, paused, done;
   int lora; /* the adapter it names (index in s->lora), -1 none */
   kvp_key *keys;
@@ -104,6 +104,7 @@ static void call_free(rd_call *c) {
   if (c->held)
     evbuffer_free(c->held);
   rd_req_free(&c->q);
+  free(c->auth);
   free(c->body);
   free(c->keys);
   free(c);
@@ -289,12 +290,25 @@ static int on_up_header(struct evhttp_request *ur, void *arg) {
   return c->hr ? 0 : -1;
 }
 
+/* routerd.response_headers: auto sends them except on a tenant's request
+ * (they tell what the shared cache holds) */
+static bool headers_on(const rd_call *c) {
+  int h = c->l->cfg.response_headers;
+  return h == RD_HDRS_ON || (h == RD_HDRS_AUTO && *c->tenant == '\0');
+}
+
 static void start_reply(rd_call *c, struct evhttp_request *ur) {
   struct evkeyvalq *oh = evhttp_request_get_output_headers(c->hr);
   const char *ct = evhttp_find_header(evhttp_request_get_input_headers(ur),
                                       "Content-Type");
   char num[32];
   evhttp_add_header(oh, "Content-Type", ct ? ct : "application/json");
+  if (!headers_on(c)) {
+    evhttp_send_reply_start(c->hr, c->code,
+                            evhttp_request_get_response_code_line(ur));
+    c->started = true;
+    return;
+  }
   evhttp_add_header(oh, "x-kvplane-worker", c->w->url);
   snprintf(num, sizeof num, "%llu", (unsigned long long)c->d.avoided_tokens);
   evhttp_add_header(oh, "x-kvplane-cached-tokens", num);
@@ -344,8 +358,9 @@ static void relay_held(rd_call *c) {
   detach(c);
   evhttp_add_header(evhttp_request_get_output_headers(c->hr), "Content-Type",
                     "application/json");
-  evhttp_add_header(evhttp_request_get_output_headers(c->hr),
-                    "x-kvplane-worker", c->w->url);
+  if (headers_on(c))
+    evhttp_add_header(evhttp_request_get_output_headers(c->hr),
+                      "x-kvplane-worker", c->w->url);
   evhttp_send_reply(c->hr, c->code, "Error", b);
   evbuffer_free(b);
   c->hr = NULL;
@@ -413,7 +428,7 @@ static int start_upstream(rd_call *c, rd_worker *w) {
   struct evkeyvalq *h = evhttp_request_get_output_headers(c->ur);
   evhttp_add_header(h, "Host", w->host);
   evhttp_add_header(h, "Content-Type", "application/json");
-  if (*c->auth)
+  if (c->auth)
     evhttp_add_header(h, "Authorization", c->auth);
   evbuffer_add(evhttp_request_get_output_buffer(c->ur), c->body, c->body_len);
   if (evhttp_make_request(c->uc, c->ur, EVHTTP_REQ_POST, c->path) < 0) {
@@ -705,22 +720,30 @@ static void render(rd_call *c) {
 }
 
 /* ---- the front door ------------------------------------------------------------- */
-static void copy_header(struct evhttp_request *hr, const char *name, char *dst,
-                        size_t cap) {
+/* header `name` into dst: 0, or -1 when it is longer than RD_ID_MAX
+ * bytes (a 400: it is never cut, two long names would merge) */
+static int copy_header(struct evhttp_request *hr, const char *name, char *dst,
+                       size_t cap) {
   const char *v = name && *name
                       ? evhttp_find_header(evhttp_request_get_input_headers(hr), name)
                       : NULL;
+  if (v && strlen(v) >= cap)
+    return -1;
   snprintf(dst, cap, "%s", v ? v : "");
+  return 0;
 }
 
-/* A tenant's requests carry the namespace salt to the engine too (vLLM's
- * cache_salt), so neither the engine's cache nor the index can match one
- * tenant's blocks for another's prompt. */
+/* The cache salt (rd_salt_for) of the tenant and the request's own
+ * cache_salt goes to the engine too, spliced into the body: neither the
+ * engine's cache nor the index can match one tenant's blocks for another's
+ * prompt, and no client can name another tenant's salt. */
 static int set_body(rd_call *c, const char *body, size_t len) {
-  rd_salt_for(c->tenant, c->q.cache_salt, c->salt, sizeof c->salt);
-  if (*c->tenant) {
+  if (rd_salt_for(c->s->salt_key, c->tenant, c->q.cache_salt, c->salt,
+                  sizeof c->salt) < 0)
+    return -1;
+  if (*c->salt) {
     c->body = rd_req_with_salt(body, len, c->salt, &c->body_len);
-    RD_COUNT(c->l, tenant_salted, 1);
+    RD_COUNT(c->l, tenant_salted, *c->tenant != '\0');
     return c->body ? 0 : -1;
   }
   c->body = malloc(len ? len : 1);
@@ -728,6 +751,33 @@ static int set_body(rd_call *c, const char *body, size_t len) {
     return -1;
   memcpy(c->body, body, len);
   c->body_len = len;
+  return 0;
+}
+
+/* tenant, session (header, else "user") and Authorization into c; -1:
+ * replied 400 */
+static int take_headers(rd_call *c, struct evhttp_request *hr) {
+  const rd_cfg *cf = &c->l->cfg;
+  const char *bad = copy_header(hr, cf->tenant_header, c->tenant,
+                                sizeof c->tenant) < 0   ? cf->tenant_header
+                    : copy_header(hr, cf->session_header, c->session,
+                                  sizeof c->session) < 0 ? cf->session_header
+                                                         : NULL;
+  if (bad) {
+    char m[200];
+    snprintf(m, sizeof m, "header %s is longer than %d bytes", bad, RD_ID_MAX);
+    RD_COUNT(c->l, bad_requests, 1);
+    rd_reply_error(hr, 400, bad, m);
+    return -1;
+  }
+  const char *a = evhttp_find_header(evhttp_request_get_input_headers(hr),
+                                     "Authorization");
+  if (a && (c->auth = strdup(a)) == NULL) {
+    rd_reply_error(hr, 500, "", "out of memory");
+    return -1;
+  }
+  if (*c->session == '\0')
+    snprintf(c->session, sizeof c->session, "%s", c->q.user);
   return 0;
 }
 
@@ -755,11 +805,10 @@ static void on_generate(rd_loop *l, struct evhttp_request *hr, rd_kind kind,
     free(c);
     return;
   }
-  copy_header(hr, l->cfg.tenant_header, c->tenant, sizeof c->tenant);
-  copy_header(hr, l->cfg.session_header, c->session, sizeof c->session);
-  copy_header(hr, "Authorization", c->auth, sizeof c->auth);
-  if (*c->session == '\0')
-    snprintf(c->session, sizeof c->session, "%s", c->q.user);
+  if (take_headers(c, hr) < 0) {
+    call_free(c);
+    return;
+  }
   const rd_lora *lo = rd_lora_find(s, c->q.model);
   c->lora = lo ? (int)(lo - s->lora) : -1;
   if (set_body(c, body, len) < 0) {

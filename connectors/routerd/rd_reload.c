@@ -29,6 +29,7 @@ static const fixed_key fixed[] = {
     FIXED_("listen", listen, true),
     FIXED_("admin_listen", admin_listen, true),
     FIXED_("indexer_listen", indexer_listen, true),
+    FIXED_("salt_secret", salt_secret, true),
     FIXED_("threads", threads_s, true),
     FIXED_(NULL, threads, false),
     FIXED_("max_workers", max_workers, false),

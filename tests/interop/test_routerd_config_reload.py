@@ -62,6 +62,7 @@ def write_cfg(listen_port, max_body, policy, tenant_header, block_size=BS, routi
   max_body: {max_body}
   policy: {policy}
   tenant_header: {tenant_header}
+  response_headers: true
   retries: 2
   client_timeout: 1s
 workers:
