@@ -354,6 +354,10 @@ int rd_tick_arm(rd_server *s);
 void rd_on_http(struct evhttp_request *hr, void *arg); /* arg: its rd_loop */
 void rd_reply_error(struct evhttp_request *hr, int status, const char *param,
                     const char *msg);
+/* false: hr's framing is ambiguous (two Content-Length, or one with
+ * Transfer-Encoding): answered 400 with Connection: close (every listener
+ * checks it first) */
+bool rd_framing_ok(struct evhttp_request *hr);
 /* A JSON reply: text j (NULL: a 500 without a body, e.g. out of memory), or
  * object o (its reference taken, NULL alike). */
 void rd_reply_json(struct evhttp_request *hr, int code, const char *j);

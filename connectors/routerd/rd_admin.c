@@ -186,7 +186,7 @@ void rd_on_admin(struct evhttp_request *hr, void *arg) {
   const char *uri = evhttp_request_get_uri(hr);
   size_t plen = strcspn(uri, "?");
   enum evhttp_cmd_type m = evhttp_request_get_command(hr);
-  if (!rd_authorized(hr, "admin", s->cfg.admin_token, ""))
+  if (!rd_framing_ok(hr) || !rd_authorized(hr, "admin", s->cfg.admin_token, ""))
     return;
   bool workers = plen == 14 && strncmp(uri, "/admin/workers", 14) == 0;
   bool drain = strncmp(uri, "/admin/workers/drain", plen) == 0 && plen == 20;

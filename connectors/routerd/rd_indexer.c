@@ -642,6 +642,8 @@ static void on_indexer(struct evhttp_request *hr, void *arg) {
   static void (*const get_fn[])(rd_server *, struct evhttp_request *) = {
       on_workers, on_dump};
   s->indexer->requests++;
+  if (!rd_framing_ok(hr))
+    return;
   for (size_t i = 0; i < 4; i++)
     if (strcmp(path, posts[i]) == 0) {
       if (!post)

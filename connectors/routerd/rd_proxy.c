@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 typedef struct rd_call {
   rd_server *s;
@@ -54,7 +55,7 @@ void rd_reply_json(struct evhttp_request *hr, int code, const char *j) {
     evbuffer_add(b, j, strlen(j));
   evhttp_add_header(evhttp_request_get_output_headers(hr), "Content-Type",
                     "application/json");
-  evhttp_send_reply(hr, j ? code : 500, code < 300 && j ? "OK" : "Error", b);
+  evhttp_send_reply(hr, j ? code : 500, NULL, b); /* NULL: code's phrase */
   if (b)
     evbuffer_free(b);
 }
@@ -64,6 +65,29 @@ void rd_reply_obj(struct evhttp_request *hr, int code, json_t *o) {
   json_decref(o);
   rd_reply_json(hr, code, j);
   free(j);
+}
+
+/* RFC 9112 section 6.3: a request with two Content-Length headers, or one
+ * with Transfer-Encoding, is framed ambiguously (a proxy in front may have
+ * read another body than libevent, which takes the first length or the
+ * chunks): 400 and the connection closed, so the rest is never read as a
+ * request of its own (smuggling). */
+bool rd_framing_ok(struct evhttp_request *hr) {
+  struct evkeyvalq *h = evhttp_request_get_input_headers(hr);
+  int n_cl = 0;
+  bool te = false;
+  for (struct evkeyval *kv = h->tqh_first; kv; kv = kv->next.tqe_next) {
+    n_cl += strcasecmp(kv->key, "Content-Length") == 0;
+    te = te || strcasecmp(kv->key, "Transfer-Encoding") == 0;
+  }
+  if (n_cl <= 1 && !(te && n_cl))
+    return true;
+  evhttp_add_header(evhttp_request_get_output_headers(hr), "Connection",
+                    "close");
+  rd_reply_error(hr, 400, "", n_cl > 1 ? "more than one Content-Length header"
+                 : "Content-Length together with Transfer-Encoding (RFC 9112 "
+                   "section 6.3)");
+  return false;
 }
 
 void rd_reply_error(struct evhttp_request *hr, int status, const char *param,
@@ -361,7 +385,7 @@ static void relay_held(rd_call *c) {
   if (headers_on(c))
     evhttp_add_header(evhttp_request_get_output_headers(c->hr),
                       "x-kvplane-worker", c->w->url);
-  evhttp_send_reply(c->hr, c->code, "Error", b);
+  evhttp_send_reply(c->hr, c->code, NULL, b);
   evbuffer_free(b);
   c->hr = NULL;
 }
@@ -584,6 +608,24 @@ static int decide(rd_call *c, kvp_route_request *rq, uint64_t now,
   return rc;
 }
 
+/* A prompt longer than the router takes (routing.max_blocks blocks) is the
+ * client's error: a 400, not the router's refusal as a 500. */
+static bool too_long(rd_call *c, uint64_t prompt) {
+  uint64_t bs = c->l->cfg.ropts.block_size ? c->l->cfg.ropts.block_size : 16;
+  uint64_t mb = c->l->cfg.ropts.max_blocks ? c->l->cfg.ropts.max_blocks
+                                           : 1u << 20;
+  if (c->n_keys <= mb && prompt <= (mb + 1) * bs)
+    return false;
+  char m[200];
+  snprintf(m, sizeof m, "the prompt is too long: %llu tokens, this router "
+           "takes at most %llu (max_blocks %llu x block size %llu)",
+           (unsigned long long)prompt, (unsigned long long)(mb * bs),
+           (unsigned long long)mb, (unsigned long long)bs);
+  RD_COUNT(c->l, bad_requests, 1);
+  end_call(c, 400, m);
+  return true;
+}
+
 static void route(rd_call *c) {
   rd_server *s = c->s;
   rd_loop *l = c->l;
@@ -594,6 +636,8 @@ static void route(rd_call *c) {
     end_call(c, 500, "could not hash the prompt");
     return;
   }
+  if (too_long(c, prompt))
+    return;
   RD_COUNT(l, text_mode, c->text_mode);
   RD_COUNT(l, token_mode, !c->text_mode);
   kvp_route_request rq = {
@@ -887,6 +931,10 @@ static void on_metrics(rd_server *s, struct evhttp_request *hr) {
 void rd_on_http(struct evhttp_request *hr, void *arg) {
   rd_loop *l = arg;
   rd_server *s = l->s;
+  if (!rd_framing_ok(hr)) {
+    RD_COUNT(l, bad_requests, 1);
+    return;
+  }
   const char *uri = evhttp_request_get_uri(hr);
   size_t plen = strcspn(uri, "?");
   enum evhttp_cmd_type m = evhttp_request_get_command(hr);

@@ -26,19 +26,18 @@ Checks:
   5. response_headers: auto leaves x-kvplane-* off a tenant's reply, on an
      untenanted one; false: off for all.
 """
-import http.server as hsrv
 import json
 import os
 import re
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from testports import free_port  # noqa: E402
+from rd_fakeworker import Fake, fake_worker  # noqa: E402
 
 RD, W = sys.argv[1], sys.argv[2]
 os.makedirs(W, exist_ok=True)
@@ -51,45 +50,6 @@ def check(cond, msg):
     if not cond:
         failures.append(msg)
         print("FAIL:", msg, flush=True)
-
-
-class Fake(hsrv.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    seen = []  # (path, headers, body bytes), shared by every fake worker
-
-    def log_message(self, *a):
-        pass
-
-    def reply(self, code, body, ctype="application/json"):
-        b = body.encode()
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(b)))
-        self.end_headers()
-        self.wfile.write(b)
-
-    def do_GET(self):
-        if self.path == "/metrics":
-            self.reply(200, "vllm:num_requests_running 0\n", "text/plain")
-        elif self.path == "/v1/models":
-            self.reply(200, '{"object":"list","data":[{"id":"m"}]}')
-        else:
-            self.reply(404, "{}")
-
-    def do_POST(self):
-        n = int(self.headers.get("Content-Length", "0"))
-        body = self.rfile.read(n)
-        Fake.seen.append((self.path, dict(self.headers), body))
-        self.reply(200, json.dumps({"id": "x", "object": "text_completion",
-                                    "choices": [{"text": "ok", "index": 0}],
-                                    "usage": {"prompt_tokens": 1}}))
-
-
-def fake_worker():
-    port = free_port()
-    srv = hsrv.ThreadingHTTPServer(("127.0.0.1", port), Fake)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    return "http://127.0.0.1:%d" % port
 
 
 def http(method, url, body=None, headers=None, raw=None):

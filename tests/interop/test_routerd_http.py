@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""kvplane-routerd's HTTP edge (issue 38, HTTP correctness), hand-made
+requests on raw sockets against recording fake workers (rd_fakeworker.py),
+stdlib only.
+
+  test_routerd_http.py KVPLANE_ROUTERD WORK_DIR
+
+Checks: two Content-Length headers, or one with Transfer-Encoding: 400 with
+an OpenAI error body and the connection closed, the smuggled second request
+never served (RFC 9112 section 6.3), on the front door and the admin
+listener; the router's own errors carry the code's reason phrase (404 Not
+Found, 401 Unauthorized), not "Error"; a token-id prompt longer than
+the router's max_blocks is a 400, not a 500; a worker's 5xx body held for a retry
+is capped (routerd.max_upstream_body) and counted.
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from testports import free_port  # noqa: E402
+from rd_fakeworker import Fake, fake_worker  # noqa: E402
+
+RD, W = sys.argv[1], sys.argv[2]
+os.makedirs(W, exist_ok=True)
+BS = 16
+procs = []
+failures = []
+
+
+def check(cond, msg):
+    if not cond:
+        failures.append(msg)
+        print("FAIL:", msg, flush=True)
+
+
+def raw(port, data, timeout=3.0):
+    """data sent on one connection -> (every byte read until the peer
+    closed or timeout, whether it closed)"""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    s.sendall(data)
+    got, closed = b"", False
+    end = time.time() + timeout
+    try:
+        while time.time() < end:
+            b = s.recv(65536)
+            if not b:
+                closed = True
+                break
+            got += b
+    except socket.timeout:
+        pass
+    s.close()
+    return got, closed
+
+
+def http(method, url, body=None, headers=None):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers=dict(headers or {}))
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.reason, r.headers, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.reason, e.headers, e.read()
+
+
+class Failing(Fake):
+    """a worker answering every completion with a large 503 body"""
+
+    def do_POST(self):
+        n = int(self.headers.get("Content-Length", "0"))
+        self.rfile.read(n)
+        Fake.seen.append((self.path, dict(self.headers), b""))
+        self.reply(503, json.dumps({"error": {"message": "x" * (1 << 20)}}))
+
+
+w_ok = fake_worker()
+w_bad = fake_worker(Failing)
+port, admin = free_port(), free_port()
+front = "http://127.0.0.1:%d" % port
+cfg = os.path.join(W, "rd.yaml")
+with open(cfg, "w") as f:
+    f.write("""routerd:
+  listen: 127.0.0.1:%d
+  admin_listen: 127.0.0.1:%d
+  admin_token: adm
+  render: false
+  scrape_interval: 100ms
+  retries: 0
+workers:
+  urls: [%s]
+model:
+  block_size: %d
+""" % (port, admin, w_ok, BS))
+log = open(os.path.join(W, "rd.log"), "w")
+procs.append(subprocess.Popen([RD, "--config", cfg], stdout=log,
+                              stderr=subprocess.STDOUT))
+end = time.time() + 10
+while time.time() < end:
+    try:
+        if http("GET", front + "/v1/models")[0] == 200:
+            break
+    except OSError:
+        time.sleep(0.05)
+else:
+    raise SystemExit("FAIL: routerd did not come up")
+
+# ---- request smuggling --------------------------------------------------------------
+body = b'{"model":"m","prompt":[1,2,3],"max_tokens":1}'
+smuggled = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
+cases = {
+    "two Content-Length": (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                           b"Content-Type: application/json\r\n"
+                           b"Content-Length: %d\r\nContent-Length: %d\r\n\r\n"
+                           % (len(body), len(body) + len(smuggled))
+                           + body + smuggled),
+    "the same Content-Length twice": (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n"
+        b"Content-Length: %d\r\n\r\n" % (len(body), len(body)) + body + smuggled),
+    "Content-Length with Transfer-Encoding": (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"
+        % (len(body), body) + smuggled),
+}
+for what, req in cases.items():
+    n0 = len(Fake.seen)
+    got, closed = raw(port, req)
+    head = got.split(b"\r\n", 1)[0]
+    check(head == b"HTTP/1.1 400 Bad Request", "%s: 400 Bad Request (%r)" % (what, head))
+    check(got.count(b"HTTP/1.1 ") == 1, "%s: the smuggled request is not served: %r"
+          % (what, got[:400]))
+    check(closed, "%s: the connection is closed" % what)
+    # (libevent 2.1 refuses Content-Length with chunked itself, with its
+    # HTML page: it has no hook for its own errors)
+    check(b'"error":{' in got or "Transfer" in what,
+          "%s: an OpenAI error body: %r" % (what, got[-300:]))
+    check(len(Fake.seen) == n0, "%s: nothing reached a worker" % what)
+got, closed = raw(admin, b"GET /admin/workers HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
+                  b"Content-Length: 0\r\nAuthorization: Bearer adm\r\n\r\n")
+check(got.startswith(b"HTTP/1.1 400 ") and closed, "admin: two Content-Length: 400 + close")
+got, closed = raw(port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n"
+                  b"\r\n" % len(body) + body, timeout=2)
+check(got.startswith(b"HTTP/1.1 200 "), "one Content-Length still works: %r" % got[:100])
+
+# ---- reason phrases ----------------------------------------------------------------------
+st, reason, h, b = http("GET", front + "/nope")
+check(st == 404 and reason == "Not Found" and b'"error"' in b,
+      "404 Not Found with a JSON body (%d %r)" % (st, reason))
+st, reason, h, b = http("GET", "http://127.0.0.1:%d/admin/workers" % admin)
+check(st == 401 and reason == "Unauthorized", "401 Unauthorized (%d %r)" % (st, reason))
+
+# ---- too many token ids ----------------------------------------------------------------
+# the router takes 2^20 blocks (kvp_router_opts.max_blocks' default): one
+# more block of token ids, 34 MB of JSON, under max_body's 64 MiB
+n = ((1 << 20) + 2) * BS
+big = b'{"model":"m","max_tokens":1,"prompt":[' + b"7," * (n - 1) + b"7]}"
+req = urllib.request.Request(front + "/v1/completions", data=big, method="POST",
+                             headers={"Content-Type": "application/json"})
+try:
+    with urllib.request.urlopen(req, timeout=30) as r:
+        st, b = r.status, r.read()
+except urllib.error.HTTPError as e:
+    st, b = e.code, e.read()
+check(st == 400 and b"max_blocks" in b, "a prompt over max_blocks: 400 (%d %s)"
+      % (st, b[:200]))
+st, reason, h, b = http("POST", front + "/v1/completions",
+                        {"model": "m", "prompt": list(range(1, 3 * BS)), "max_tokens": 1})
+check(st == 200, "a prompt within max_blocks: 200 (%d)" % st)
+
+for p in procs:
+    p.terminate()
+for p in procs:
+    p.wait(10)
+if failures:
+    print("test_routerd_http: %d failed" % len(failures))
+    print(open(os.path.join(W, "rd.log")).read()[-3000:])
+    sys.exit(1)
+print("test_routerd_http: ok")
