@@ -35,6 +35,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/time.h>
 
 #include "kvplane.h"
 #include "kvplane/events.h"
@@ -68,6 +69,8 @@ typedef struct rd_cfg {
   char hash_algo[32];              /* native: xxh3_128 / sha256 */
   uint64_t max_workers;            /* worker slots (index, router) */
   uint64_t max_body, max_headers;  /* bytes */
+  uint64_t max_upstream_body;      /* what is read whole from a worker (a
+                                      held 5xx, render, scrape): bytes */
   uint64_t retries;                /* other workers tried before failing */
   uint64_t breaker_failures;       /* consecutive failures that open it */
   uint64_t stream_buffer;          /* client bytes queued before upstream
@@ -271,6 +274,9 @@ struct rd_server {
   atomic_bool draining;
   double drain_deadline;
   atomic_uint_fast64_t inflight; /* upstream requests, every loop's */
+  /* worker replies over max_upstream_body, by what: held 5xx, render,
+   * scrape (any loop: relaxed adds, /metrics reads) */
+  atomic_uint_fast64_t upstream_over[3];
   uint64_t next_id;              /* under mu */
   /* SIGHUP (rd_reload.c), written under mu */
   uint64_t reloads_ok, reloads_refused;
@@ -282,6 +288,11 @@ struct rd_server {
 };
 
 double rd_now(void); /* monotonic seconds */
+/* seconds -> struct timeval (every timer and timeout of the daemon) */
+static inline struct timeval rd_tv(double s) {
+  struct timeval tv = {(time_t)s, (suseconds_t)((s - (double)(time_t)s) * 1e6)};
+  return tv;
+}
 void rd_js_tick_arm(rd_server *s); /* a JetStream-fed worker exists */
 
 int rd_workers_init(rd_server *s);

@@ -323,8 +323,7 @@ struct evhttp_connection *rd_conn_get(rd_loop *l, rd_worker *w) {
       evhttp_connection_base_new(l->base, NULL, w->host, w->port);
   if (c == NULL)
     return NULL;
-  double t = l->cfg.request_timeout_s;
-  struct timeval tv = {(time_t)t, (suseconds_t)((t - (double)(time_t)t) * 1e6)};
+  struct timeval tv = rd_tv(l->cfg.request_timeout_s);
   evhttp_connection_set_timeout_tv(c, &tv);
   evhttp_connection_set_retries(c, 0);
   return c;

@@ -16,11 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static struct timeval tv_of(double s) {
-  struct timeval tv = {(time_t)s, (suseconds_t)((s - (double)(time_t)s) * 1e6)};
-  return tv;
-}
-
 static int make_hashers(rd_server *s) {
   const rd_cfg *c = &s->cfg;
   kvp_hash_algo a;
@@ -66,7 +61,7 @@ static int make_core(rd_server *s) {
 void rd_http_limits(const rd_cfg *c, struct evhttp *h) {
   evhttp_set_max_body_size(h, (ev_ssize_t)c->max_body);
   evhttp_set_max_headers_size(h, (ev_ssize_t)c->max_headers);
-  struct timeval tv = tv_of(c->client_timeout_s);
+  struct timeval tv = rd_tv(c->client_timeout_s);
   evhttp_set_timeout_tv(h, &tv);
 }
 
@@ -159,7 +154,7 @@ static int open_receipts(rd_server *s) {
 }
 
 int rd_tick_arm(rd_server *s) {
-  struct timeval tv = tv_of(s->cfg.scrape_interval_s);
+  struct timeval tv = rd_tv(s->cfg.scrape_interval_s);
   return event_add(s->tick, &tv); /* pending: rescheduled */
 }
 

@@ -136,6 +136,21 @@ static uint64_t sum_at(rd_server *s, size_t off) {
 }
 #define SUM(s, f) sum_at((s), offsetof(rd_counters, f))
 
+/* worker replies read whole (held 5xx, render, scrapes) over
+ * routerd.max_upstream_body */
+static void upstream_over(rd_server *s, struct evbuffer *b) {
+  static const char *const what[] = {"held_5xx", "render", "scrape"};
+  evbuffer_add_printf(b, "# HELP kvplane_routerd_upstream_body_over_limit_total "
+                      "worker replies over routerd.max_upstream_body (not read "
+                      "whole), by what was read\n# TYPE kvplane_routerd_upstream_"
+                      "body_over_limit_total counter\n");
+  for (int i = 0; i < 3; i++)
+    evbuffer_add_printf(b, "kvplane_routerd_upstream_body_over_limit_total{"
+                        "what=\"%s\"} %llu\n", what[i], (unsigned long long)
+                        atomic_load_explicit(&s->upstream_over[i],
+                                             memory_order_relaxed));
+}
+
 static void counters(rd_server *s, struct evbuffer *b) {
   counter(b, "requests_total", "generation requests received",
           SUM(s, requests));
@@ -212,6 +227,7 @@ out:
 void rd_metrics_write(rd_server *s, struct evbuffer *b) {
   counters(s, b);
   threads(s, b);
+  upstream_over(s, b);
   evbuffer_add_printf(b, "# TYPE kvplane_routerd_inflight gauge\n"
                       "kvplane_routerd_inflight %llu\n",
                       (unsigned long long)atomic_load_explicit(

@@ -42,6 +42,7 @@ typedef struct rd_call {
   enum evhttp_request_error uerr;
   bool uerr_set;
   struct evbuffer *held; /* a 5xx body kept while a retry is possible */
+  bool held_over;        /* ... it went over max_upstream_body: dropped */
   char tail[256];        /* last relayed bytes: usage.cached_tokens */
   size_t tail_len;
   double t0, t_first, t_render;
@@ -256,6 +257,8 @@ static void complete_once(rd_call *c) {
 /* The claim on c->w goes last: the slot may be freed right after. */
 static void upstream_end(rd_call *c) {
   if (c->w) {
+    if (c->uc) /* back in the pool: no cap on what it relays (render's) */
+      evhttp_connection_set_max_body_size(c->uc, -1);
     if (c->uc)
       rd_conn_put(c->l, c->w, c->uc);
     rd_worker_release(c->w);
@@ -344,11 +347,27 @@ static void start_reply(rd_call *c, struct evhttp_request *ur) {
   c->started = true;
 }
 
+/* A 5xx body kept for a retry, up to max_upstream_body: past it, dropped
+ * (once counted) and the client gets the router's own error instead. */
+static void hold(rd_call *c, struct evbuffer *in) {
+  size_t n = evbuffer_get_length(in);
+  if (!c->held_over &&
+      evbuffer_get_length(c->held) + n <= c->l->cfg.max_upstream_body) {
+    evbuffer_add_buffer(c->held, in);
+    return;
+  }
+  if (!c->held_over)
+    atomic_fetch_add_explicit(&c->s->upstream_over[0], 1, memory_order_relaxed);
+  c->held_over = true;
+  evbuffer_drain(c->held, evbuffer_get_length(c->held));
+  evbuffer_drain(in, n);
+}
+
 static void on_up_chunk(struct evhttp_request *ur, void *arg) {
   rd_call *c = arg;
   struct evbuffer *in = evhttp_request_get_input_buffer(ur);
   if (c->held)
-    evbuffer_add_buffer(c->held, in);
+    hold(c, in);
   else if (c->hr && evbuffer_get_length(in) > 0) {
     if (!c->started)
       start_reply(c, ur);
@@ -390,6 +409,12 @@ static void relay_held(rd_call *c) {
   c->hr = NULL;
 }
 
+/* the client's reply (not started) is the router's error; the call goes on */
+static void end_client(rd_call *c, int status, const char *msg) {
+  detach(c);
+  finish_client(c, status, msg);
+}
+
 static void on_up_done(struct evhttp_request *ur, void *arg) {
   rd_call *c = arg;
   rd_worker *w = c->w;
@@ -406,7 +431,12 @@ static void on_up_done(struct evhttp_request *ur, void *arg) {
     return;
   }
   if (c->held) {
-    if (c->hr)
+    if (c->hr && c->held_over) {
+      char m[160];
+      snprintf(m, sizeof m, "the worker answered %d with a body over "
+               "routerd.max_upstream_body", c->code);
+      end_client(c, c->code, m);
+    } else if (c->hr)
       relay_held(c);
     rd_lock(c->s);
     w->errors[RD_ERR_5XX]++;
@@ -697,6 +727,9 @@ static void on_render(struct evhttp_request *ur, void *arg) {
   struct evbuffer *in = ur ? evhttp_request_get_input_buffer(ur) : NULL;
   hist_record(c->l, c->l->h_render,
               (uint64_t)((rd_now() - c->t_render) * 1e9));
+  bool over = c->uerr_set && c->uerr == EVREQ_HTTP_DATA_TOO_LONG;
+  if (over) /* the worker is fine: its reply was too large to read whole */
+    atomic_fetch_add_explicit(&c->s->upstream_over[1], 1, memory_order_relaxed);
   if (code == 400 && c->hr) { /* the request itself is bad: say so */
     struct evbuffer *b = evbuffer_new();
     evbuffer_add_buffer(b, in);
@@ -717,7 +750,7 @@ static void on_render(struct evhttp_request *ur, void *arg) {
   c->text_mode = o == NULL || take_render_ids(c, o) < 0;
   RD_COUNT(c->l, render_fail, c->text_mode);
   json_decref(o);
-  if (code == 0)
+  if (code == 0 && !over)
     rd_worker_failed(c->w, RD_ERR_CONNECT);
   upstream_end(c);
   c->w = NULL;
@@ -749,6 +782,9 @@ static void render(rd_call *c) {
   }
   RD_COUNT(l, render_calls, 1);
   c->t_render = rd_now();
+  evhttp_request_set_error_cb(c->ur, on_up_error);
+  evhttp_connection_set_max_body_size(c->uc,
+                                      (ev_ssize_t)l->cfg.max_upstream_body);
   struct evkeyvalq *h = evhttp_request_get_output_headers(c->ur);
   evhttp_add_header(h, "Host", w->host);
   evhttp_add_header(h, "Content-Type", "application/json");

@@ -405,9 +405,7 @@ int rd_sync_start(rd_server *s, char *err, size_t cap) {
     if (!y->peers[i].req || !y->peers[i].tok)
       return snprintf(err, cap, "out of memory"), -1;
   }
-  struct timeval tv = {(time_t)s->cfg.snapshot_interval_s,
-                       (suseconds_t)((s->cfg.snapshot_interval_s -
-                                      (double)(time_t)s->cfg.snapshot_interval_s) * 1e6)};
+  struct timeval tv = rd_tv(s->cfg.snapshot_interval_s);
   if (kvp_hist_create(NULL, &y->lag) < 0 ||
       (y->ev_snap = event_new(s->base, -1, EV_PERSIST, on_snapshot, y)) == NULL ||
       event_add(y->ev_snap, &tv) < 0)

@@ -72,17 +72,37 @@ def http(method, url, body=None, headers=None):
 
 
 class Failing(Fake):
-    """a worker answering every completion with a large 503 body"""
+    """a worker answering every completion with a 1 MiB 503 body, its render
+    endpoint with 1 MiB of token ids"""
 
     def do_POST(self):
         n = int(self.headers.get("Content-Length", "0"))
         self.rfile.read(n)
-        Fake.seen.append((self.path, dict(self.headers), b""))
+        if self.path.endswith("/render"):
+            self.reply(200, json.dumps({"token_ids": [1] * (1 << 19)}))
+            return
         self.reply(503, json.dumps({"error": {"message": "x" * (1 << 20)}}))
+
+
+class BigScrape(Fake):
+    """a worker whose /metrics is 1 MiB"""
+
+    def do_GET(self):
+        if self.path == "/metrics":
+            self.reply(200, "# x\n" * (1 << 18), "text/plain")
+        else:
+            Fake.do_GET(self)
+
+
+def metric(url, name):
+    text = http("GET", url + "/metrics")[3].decode()
+    return sum(float(l.split()[-1]) for l in text.splitlines()
+               if l.startswith(name))
 
 
 w_ok = fake_worker()
 w_bad = fake_worker(Failing)
+w_big = fake_worker(BigScrape)
 port, admin = free_port(), free_port()
 front = "http://127.0.0.1:%d" % port
 cfg = os.path.join(W, "rd.yaml")
@@ -173,6 +193,41 @@ check(st == 400 and b"max_blocks" in b, "a prompt over max_blocks: 400 (%d %s)"
 st, reason, h, b = http("POST", front + "/v1/completions",
                         {"model": "m", "prompt": list(range(1, 3 * BS)), "max_tokens": 1})
 check(st == 200, "a prompt within max_blocks: 200 (%d)" % st)
+
+# ---- what is read whole from a worker is capped and counted ----------------------
+port2 = free_port()
+front2 = "http://127.0.0.1:%d" % port2
+cfg2 = os.path.join(W, "rd2.yaml")
+with open(cfg2, "w") as f:
+    f.write("""routerd:
+  listen: 127.0.0.1:%d
+  render: true
+  scrape_interval: 50ms
+  retries: 1
+  policy: round_robin
+  max_upstream_body: 64K
+workers:
+  urls: [%s, %s, %s]
+model:
+  block_size: %d
+""" % (port2, w_bad, w_ok, w_big, BS))
+procs.append(subprocess.Popen([RD, "--config", cfg2], stdout=log,
+                              stderr=subprocess.STDOUT))
+end = time.time() + 10
+while time.time() < end:
+    try:
+        if http("GET", front2 + "/v1/models")[0] == 200:
+            break
+    except OSError:
+        time.sleep(0.05)
+time.sleep(0.5)  # w_big's scrapes fail: its breaker opens
+codes = [http("POST", front2 + "/v1/completions",
+              {"model": "m", "prompt": "hello %d" % i, "max_tokens": 1})[0]
+         for i in range(6)]
+check(codes == [200] * 6, "the 1 MiB 5xx bodies are retried away: %s" % codes)
+for what in ("held_5xx", "render", "scrape"):
+    v = metric(front2, 'kvplane_routerd_upstream_body_over_limit_total{what="%s"}' % what)
+    check(v >= 1, "%s over max_upstream_body counted (%s)" % (what, v))
 
 for p in procs:
     p.terminate()
