@@ -69,6 +69,9 @@ typedef struct rd_cfg {
   char hash_algo[32];              /* native: xxh3_128 / sha256 */
   uint64_t max_workers;            /* worker slots (index, router) */
   uint64_t max_body, max_headers;  /* bytes */
+  uint64_t max_connections;        /* client connections, all front doors */
+  uint64_t max_inflight;           /* generation requests at once; 0 = any */
+  double client_request_timeout_s; /* a request's headers + body arrive */
   uint64_t max_upstream_body;      /* what is read whole from a worker (a
                                       held 5xx, render, scrape): bytes */
   uint64_t retries;                /* other workers tried before failing */
@@ -184,6 +187,7 @@ typedef struct rd_lora {
 /* One loop's counters: written by its thread only (a relaxed load and store,
  * no locked add), read by /metrics on any loop. */
 typedef struct rd_counters {
+  atomic_uint_fast64_t conns_cut, conns_refused, overloaded;
   atomic_uint_fast64_t requests, bad_requests, no_worker, retries,
       client_cancels, render_calls, render_fail, text_mode, token_mode,
       predicted_cached, reported_cached, reported_n, tenant_salted;
@@ -202,6 +206,10 @@ typedef struct rd_pool {
   size_t n, cap;
   uint64_t gen; /* rd_worker.gen they were made under */
 } rd_pool;
+
+/* The front door's guard (rd_guard.c): the whole-request deadline and the
+ * connection cap of one loop's evhttp. */
+typedef struct rd_guard rd_guard;
 
 typedef struct rd_loop {
   rd_server *s;
@@ -224,8 +232,17 @@ typedef struct rd_loop {
   pthread_mutex_t hmu;              /* the histograms: /metrics merges */
   kvp_hist *h_render, *h_route;     /* ns */
   kvp_hist *h_wait, *h_held;        /* the decision's s->mu: ns */
+  rd_guard *guard;
   rd_counters cnt;
 } rd_loop;
+
+/* On l->http (made): guards the connections it accepts from now on.
+ * 0 or -1. */
+int rd_guard_create(rd_loop *l, rd_guard **out);
+/* hr (its connection guarded) is being answered: no deadline until its
+ * reply ends */
+void rd_guard_begin(rd_guard *g, struct evhttp_request *hr);
+void rd_guard_destroy(rd_guard *g); /* after evhttp_free; NULL ok */
 
 /* Makes s->cfg.threads loops (loop 0 on s->base) with their front doors on
  * s->cfg.listen; threads > 1: each loop has its own SO_REUSEPORT socket.
@@ -274,6 +291,7 @@ struct rd_server {
   atomic_bool draining;
   double drain_deadline;
   atomic_uint_fast64_t inflight; /* upstream requests, every loop's */
+  atomic_uint_fast64_t calls;    /* generation requests admitted, not done */
   /* worker replies over max_upstream_body, by what: held 5xx, render,
    * scrape (any loop: relaxed adds, /metrics reads) */
   atomic_uint_fast64_t upstream_over[3];

@@ -196,7 +196,7 @@ static int loop_init(rd_server *s, rd_loop *l, uint32_t idx) {
                   event_add(l->wake, NULL) < 0))
     return -1;
   l->http = rd_http_new(l->base, &l->cfg, rd_on_http, l);
-  return l->http ? 0 : -1;
+  return l->http && rd_guard_create(l, &l->guard) == 0 ? 0 : -1;
 }
 
 int rd_loops_create(rd_server *s) {
@@ -274,6 +274,7 @@ static void loop_free(rd_loop *l) {
   free(l->pool);
   if (l->http)
     evhttp_free(l->http);
+  rd_guard_destroy(l->guard); /* its references: after evhttp's */
   if (l->wake)
     event_free(l->wake);
   if (l->wake_fd >= 0)

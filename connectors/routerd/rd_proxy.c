@@ -129,6 +129,7 @@ static void call_free(rd_call *c) {
   if (c->held)
     evbuffer_free(c->held);
   rd_req_free(&c->q);
+  atomic_fetch_sub_explicit(&c->s->calls, 1, memory_order_relaxed);
   free(c->auth);
   free(c->body);
   free(c->keys);
@@ -875,6 +876,7 @@ static void on_generate(rd_loop *l, struct evhttp_request *hr, rd_kind kind,
   }
   c->s = s;
   c->l = l;
+  atomic_fetch_add_explicit(&s->calls, 1, memory_order_relaxed);
   c->t0 = rd_now();
   c->d.worker = KVP_WORKER_NONE;
   snprintf(c->path, sizeof c->path, "%s", path);
@@ -882,7 +884,7 @@ static void on_generate(rd_loop *l, struct evhttp_request *hr, rd_kind kind,
   if (rd_req_parse(kind, body, len, &c->q, &er) < 0) {
     RD_COUNT(l, bad_requests, 1);
     rd_reply_error(hr, er.status, er.param, er.message);
-    free(c);
+    call_free(c);
     return;
   }
   if (take_headers(c, hr) < 0) {
@@ -964,9 +966,24 @@ static void on_metrics(rd_server *s, struct evhttp_request *hr) {
   evbuffer_free(b);
 }
 
+/* routerd.max_inflight generation requests at once (every loop's): past
+ * it a 503 with Retry-After, as nginx's limit_conn answers */
+static bool overloaded(rd_loop *l, struct evhttp_request *hr) {
+  uint64_t cap = l->cfg.max_inflight;
+  if (cap == 0 ||
+      atomic_load_explicit(&l->s->calls, memory_order_relaxed) < cap)
+    return false;
+  RD_COUNT(l, overloaded, 1);
+  evhttp_add_header(evhttp_request_get_output_headers(hr), "Retry-After", "1");
+  rd_reply_error(hr, 503, "", "too many requests in flight (routerd."
+                 "max_inflight): retry shortly");
+  return true;
+}
+
 void rd_on_http(struct evhttp_request *hr, void *arg) {
   rd_loop *l = arg;
   rd_server *s = l->s;
+  rd_guard_begin(l->guard, hr);
   if (!rd_framing_ok(hr)) {
     RD_COUNT(l, bad_requests, 1);
     return;
@@ -981,6 +998,8 @@ void rd_on_http(struct evhttp_request *hr, void *arg) {
                !strcmp(path, "/v1/chat/completions"))) {
     if (s->draining)
       rd_reply_error(hr, 503, "", "the router is shutting down");
+    else if (overloaded(l, hr))
+      return;
     else
       on_generate(l, hr, path[4] == 'c' && path[5] == 'h' ? RD_CHAT
                                                           : RD_COMPLETIONS,

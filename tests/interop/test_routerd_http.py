@@ -94,6 +94,14 @@ class BigScrape(Fake):
             Fake.do_GET(self)
 
 
+class Slow(Fake):
+    """a worker taking 1.5 s per completion"""
+
+    def do_POST(self):
+        time.sleep(1.5)
+        Fake.do_POST(self)
+
+
 def metric(url, name):
     text = http("GET", url + "/metrics")[3].decode()
     return sum(float(l.split()[-1]) for l in text.splitlines()
@@ -228,6 +236,84 @@ check(codes == [200] * 6, "the 1 MiB 5xx bodies are retried away: %s" % codes)
 for what in ("held_5xx", "render", "scrape"):
     v = metric(front2, 'kvplane_routerd_upstream_body_over_limit_total{what="%s"}' % what)
     check(v >= 1, "%s over max_upstream_body counted (%s)" % (what, v))
+
+# ---- slowloris, connection and in-flight caps -----------------------------------------
+w_slow = fake_worker(Slow)
+port3 = free_port()
+front3 = "http://127.0.0.1:%d" % port3
+cfg3 = os.path.join(W, "rd3.yaml")
+with open(cfg3, "w") as f:
+    f.write("""routerd:
+  listen: 127.0.0.1:%d
+  render: false
+  client_timeout: 10s
+  client_request_timeout: 1s
+  max_connections: 4
+  max_inflight: 1
+workers:
+  urls: [%s]
+model:
+  block_size: %d
+""" % (port3, w_slow, BS))
+procs.append(subprocess.Popen([RD, "--config", cfg3], stdout=log,
+                              stderr=subprocess.STDOUT))
+end = time.time() + 10
+while time.time() < end:
+    try:
+        if http("GET", front3 + "/health")[0] in (200, 503):
+            break
+    except OSError:
+        time.sleep(0.05)
+# a byte every 0.2 s: the idle timeout (10 s) never fires, the deadline does
+s = socket.create_connection(("127.0.0.1", port3), timeout=5)
+s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+t0, closed = time.time(), False
+while time.time() - t0 < 4 and not closed:
+    try:
+        s.sendall(b"X")
+        time.sleep(0.2)
+    except OSError:
+        closed = True
+        break
+    s.setblocking(False)
+    try:
+        closed = s.recv(1024) == b""
+    except BlockingIOError:
+        pass
+    except OSError:
+        closed = True
+    s.setblocking(True)
+took = time.time() - t0
+s.close()
+check(closed and took < 2.5, "slowloris: cut by client_request_timeout 1s (closed %s after "
+      "%.1f s)" % (closed, took))
+check(metric(front3, "kvplane_routerd_client_connections_cut_total") >= 1,
+      "the cut connection is counted")
+# max_connections 4: four open, the fifth refused with 503 + Retry-After
+held = [socket.create_connection(("127.0.0.1", port3), timeout=5) for _ in range(4)]
+time.sleep(0.1)
+got, closed = raw(port3, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+check(got.startswith(b"HTTP/1.1 503 ") and b"Retry-After: 1" in got and closed,
+      "the fifth connection: 503 + Retry-After, closed: %r" % got[:200])
+for h in held:
+    h.close()
+time.sleep(0.6)  # the sweep collects the closed ones
+# max_inflight 1: a second request while one waits on the slow worker
+import threading  # noqa: E402
+first = []
+t = threading.Thread(target=lambda: first.append(http(
+    "POST", front3 + "/v1/completions", {"model": "m", "prompt": [1, 2], "max_tokens": 1})[0]))
+t.start()
+time.sleep(0.5)
+st, reason, h, b = http("POST", front3 + "/v1/completions",
+                        {"model": "m", "prompt": [1, 2], "max_tokens": 1})
+t.join()
+check(st == 503 and h.get("Retry-After") == "1" and b"max_inflight" in b,
+      "over max_inflight: 503 + Retry-After (%d %s)" % (st, b[:150]))
+check(first == [200], "the request in flight is served: %s" % first)
+st, reason, h, b = http("POST", front3 + "/v1/completions",
+                        {"model": "m", "prompt": [1, 2], "max_tokens": 1})
+check(st == 200, "once it ended, the next one is served (%d)" % st)
 
 for p in procs:
     p.terminate()
