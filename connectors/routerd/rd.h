@@ -233,6 +233,9 @@ typedef struct rd_loop {
   kvp_hist *h_render, *h_route;     /* ns */
   kvp_hist *h_wait, *h_held;        /* the decision's s->mu: ns */
   rd_guard *guard;
+  /* workers named by host name resolve through it, not a blocking
+   * getaddrinfo on the loop (NULL: evdns could not start: blocking) */
+  struct evdns_base *dns;
   rd_counters cnt;
 } rd_loop;
 

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 
 typedef struct rd_call {
   rd_server *s;
@@ -29,6 +30,8 @@ typedef struct rd_call {
   char tenant[RD_REQ_ID_MAX], session[RD_REQ_ID_MAX], salt[RD_SALT_MAX];
   char *auth; /* the client's Authorization (any length), or NULL */
   bool text_mode, completed, started, paused, done;
+  bool rendering;    /* the upstream request is the render call */
+  struct event *ct;  /* connect_timeout while c->uc connects, or NULL */
   int lora; /* the adapter it names (index in s->lora), -1 none */
   kvp_key *keys;
   size_t n_keys;
@@ -128,6 +131,8 @@ static void call_free(rd_call *c) {
   complete_once(c);
   if (c->held)
     evbuffer_free(c->held);
+  if (c->ct)
+    event_free(c->ct);
   rd_req_free(&c->q);
   atomic_fetch_sub_explicit(&c->s->calls, 1, memory_order_relaxed);
   free(c->auth);
@@ -257,6 +262,8 @@ static void complete_once(rd_call *c) {
 
 /* The claim on c->w goes last: the slot may be freed right after. */
 static void upstream_end(rd_call *c) {
+  if (c->ct)
+    evtimer_del(c->ct);
   if (c->w) {
     if (c->uc) /* back in the pool: no cap on what it relays (render's) */
       evhttp_connection_set_max_body_size(c->uc, -1);
@@ -466,6 +473,44 @@ static int up_refused(rd_call *c) {
   return -1;
 }
 
+/* ---- connect_timeout: libevent 2.1 connects under the request's timeout
+ * (request_timeout, 600 s), so the router times the connect itself: a timer
+ * armed after evhttp_make_request while the socket is not connected yet. */
+static bool connected(struct evhttp_connection *cn) {
+  evutil_socket_t fd =
+      bufferevent_getfd(evhttp_connection_get_bufferevent(cn));
+  struct sockaddr_storage a;
+  socklen_t n = sizeof a;
+  return fd >= 0 && getpeername(fd, (struct sockaddr *)&a, &n) == 0;
+}
+
+static void render_failed(rd_call *c);
+
+static void on_connect_timeout(evutil_socket_t fd, short what, void *arg) {
+  (void)fd, (void)what;
+  rd_call *c = arg;
+  if (c->ur == NULL || c->uc == NULL || connected(c->uc))
+    return;
+  evhttp_cancel_request(c->ur); /* no callback; the connection reset */
+  c->ur = NULL;
+  evhttp_connection_free(c->uc); /* not back to the pool */
+  c->uc = NULL;
+  if (c->rendering)
+    render_failed(c);
+  else
+    up_failed(c, RD_ERR_TIMEOUT);
+}
+
+static void arm_connect(rd_call *c) {
+  if (connected(c->uc))
+    return;
+  if (c->ct == NULL)
+    c->ct = evtimer_new(c->l->base, on_connect_timeout, c);
+  struct timeval tv = rd_tv(c->l->cfg.connect_timeout_s);
+  if (c->ct)
+    evtimer_add(c->ct, &tv);
+}
+
 /* w: claimed (claim_next) */
 static int start_upstream(rd_call *c, rd_worker *w) {
   c->w = w;
@@ -492,6 +537,7 @@ static int start_upstream(rd_call *c, rd_worker *w) {
   }
   rd_conn_nodelay(c->uc);
   rd_conn_flush(c->uc);
+  arm_connect(c);
   return 0;
 }
 
@@ -724,6 +770,7 @@ static int take_render_ids(rd_call *c, json_t *o) {
 
 static void on_render(struct evhttp_request *ur, void *arg) {
   rd_call *c = arg;
+  c->rendering = false;
   int code = ur ? evhttp_request_get_response_code(ur) : 0;
   struct evbuffer *in = ur ? evhttp_request_get_input_buffer(ur) : NULL;
   hist_record(c->l, c->l->h_render,
@@ -796,8 +843,23 @@ static void render(rd_call *c) {
     c->w = NULL;
     c->text_mode = true;
     route(c);
-  } else
-    rd_conn_nodelay(c->uc);
+    return;
+  }
+  rd_conn_nodelay(c->uc);
+  c->rendering = true;
+  arm_connect(c);
+}
+
+/* the render call's worker did not connect within connect_timeout: text
+ * mode (the connection already freed) */
+static void render_failed(rd_call *c) {
+  c->rendering = false;
+  c->text_mode = true;
+  RD_COUNT(c->l, render_fail, 1);
+  rd_worker_failed(c->w, RD_ERR_TIMEOUT);
+  upstream_end(c);
+  c->w = NULL;
+  route(c);
 }
 
 /* ---- the front door ------------------------------------------------------------- */

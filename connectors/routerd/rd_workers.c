@@ -489,7 +489,8 @@ static void on_probe_error(enum evhttp_request_error e, void *arg) {
 static bool probe_get(rd_worker *w, const char *path,
                       void (*cb)(struct evhttp_request *, void *)) {
   if (w->probe == NULL) {
-    w->probe = evhttp_connection_base_new(w->s->base, NULL, w->host, w->port);
+    w->probe = evhttp_connection_base_new(w->s->base, w->s->loops[0].dns,
+                                          w->host, w->port);
     if (w->probe == NULL)
       return false;
     struct timeval tv = rd_tv(w->s->cfg.connect_timeout_s);

@@ -126,7 +126,7 @@ workers:
   urls: [%s]
 model:
   block_size: %d
-""" % (port, admin, w_ok, BS))
+""" % (port, admin, w_ok.replace("127.0.0.1", "localhost"), BS))
 log = open(os.path.join(W, "rd.log"), "w")
 procs.append(subprocess.Popen([RD, "--config", cfg], stdout=log,
                               stderr=subprocess.STDOUT))
@@ -170,6 +170,7 @@ for what, req in cases.items():
     check(b'"error":{' in got or "Transfer" in what,
           "%s: an OpenAI error body: %r" % (what, got[-300:]))
     check(len(Fake.seen) == n0, "%s: nothing reached a worker" % what)
+# (w_ok is named "localhost" there: resolved through evdns)
 got, closed = raw(admin, b"GET /admin/workers HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
                   b"Content-Length: 0\r\nAuthorization: Bearer adm\r\n\r\n")
 check(got.startswith(b"HTTP/1.1 400 ") and closed, "admin: two Content-Length: 400 + close")
@@ -314,6 +315,69 @@ check(first == [200], "the request in flight is served: %s" % first)
 st, reason, h, b = http("POST", front3 + "/v1/completions",
                         {"model": "m", "prompt": [1, 2], "max_tokens": 1})
 check(st == 200, "once it ended, the next one is served (%d)" % st)
+
+# ---- connect_timeout applies upstream ------------------------------------------------
+# a listener that never accepts, its backlog full: a connect to it hangs
+# (the kernel drops the SYNs), as to a host gone from the network
+hole = socket.socket()
+hole.bind(("127.0.0.1", 0))
+hole.listen(0)
+fillers = []
+for _ in range(8):
+    f = socket.socket()
+    f.setblocking(False)
+    f.connect_ex(hole.getsockname())
+    fillers.append(f)
+time.sleep(0.2)
+probe = socket.socket()
+probe.settimeout(0.5)
+try:
+    probe.connect(hole.getsockname())
+    hangs = False
+except socket.timeout:
+    hangs = True
+probe.close()
+if not hangs:
+    print("note: this kernel completes connects to a full backlog: connect_timeout "
+          "not checked")
+else:
+    port4 = free_port()
+    front4 = "http://127.0.0.1:%d" % port4
+    cfg4 = os.path.join(W, "rd4.yaml")
+    with open(cfg4, "w") as f:
+        f.write("""routerd:
+  listen: 127.0.0.1:%d
+  render: false
+  connect_timeout: 300ms
+  request_timeout: 8s
+  retries: 1
+  breaker_failures: 1000
+  scrape_interval: 10s
+  policy: round_robin
+workers:
+  urls: [http://127.0.0.1:%d, %s]
+model:
+  block_size: %d
+""" % (port4, hole.getsockname()[1], w_ok, BS))
+    procs.append(subprocess.Popen([RD, "--config", cfg4], stdout=log,
+                                  stderr=subprocess.STDOUT))
+    end = time.time() + 10
+    while time.time() < end:
+        try:
+            if http("GET", front4 + "/health")[0] in (200, 503):
+                break
+        except OSError:
+            time.sleep(0.05)
+    for i in range(2):  # round robin: one of them tries the hole first
+        t0 = time.time()
+        st = http("POST", front4 + "/v1/completions",
+                  {"model": "m", "prompt": [9, i], "max_tokens": 1})[0]
+        took = time.time() - t0
+        check(st == 200 and took < 2.0, "connect_timeout 300ms: served by the "
+              "other worker in %.2f s (%d; request_timeout 8s)" % (took, st))
+    errs = metric(front4, 'kvplane_routerd_worker_errors_total{worker="http://127.0.0.1:%d",'
+                  'reason="timeout"}' % hole.getsockname()[1])
+    check(errs >= 1, "the hung connect counted as a timeout (%s)" % errs)
 
 for p in procs:
     p.terminate()
