@@ -262,7 +262,9 @@ void rd_loops_reconfigure(rd_server *s);
 void rd_lock(rd_server *s);
 void rd_unlock(rd_server *s);
 /* This loop's keep-alive connection to w (the caller holds a claim on w);
- * put it back when the request ended cleanly, free it otherwise. */
+ * rd_conn_put takes it back after any request, failed ones too (evhttp
+ * reconnects a reset connection on its next use); one the router gave up
+ * on mid-connect is freed instead (rd_proxy.c on_connect_timeout). */
 struct evhttp_connection *rd_conn_get(rd_loop *l, rd_worker *w);
 void rd_conn_put(rd_loop *l, rd_worker *w, struct evhttp_connection *c);
 
@@ -303,6 +305,7 @@ struct rd_server {
   uint64_t reloads_ok, reloads_refused;
   double config_ok_unix; /* last config applied (start or reload), unix s */
   bool reload_failed;    /* the last reload was refused */
+  bool restart_pending;  /* the last applied file changed restart-only keys */
   struct rd_indexer *indexer;
   struct rd_sync *sync;         /* NULL: one replica */
   uint64_t *peer_req, *peer_tok; /* per slot: the peers' in-flight load */

@@ -131,8 +131,8 @@ static int where(kvp_config *k, const char *sec, const char *key, char *err,
 
 /* routerd.threads: a count, or `auto` (the online CPUs, at most 16: past
  * that the one routing lock, not the CPUs, bounds the rate).  Replicas
- * sync from libnats on loop 0 and are not shared with the other loops yet:
- * refused together rather than raced. */
+ * work with any count: each loop publishes its own decisions
+ * (rd_sync.c). */
 static int check_threads(kvp_config *k, rd_cfg *c, char *err, size_t cap) {
   char *end;
   long n = strtol(c->threads_s, &end, 10);

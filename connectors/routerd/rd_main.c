@@ -236,6 +236,21 @@ static void stop(rd_server *s) {
   pthread_mutex_destroy(&s->rc_mu);
 }
 
+/* --check-config opens what the daemon will open, as it will: the receipts
+ * file to append (created if missing), else the daemon would exit at start
+ * and systemd restart it in a loop */
+static int check_paths(const rd_cfg *c) {
+  FILE *f = NULL;
+  if (rd_receipts_open(c->receipts, &f) < 0) {
+    fprintf(stderr, "kvplane-routerd: %s: routerd.receipts %s: %s\n", c->path,
+            c->receipts, strerror(errno));
+    return -1;
+  }
+  if (f && f != stdout)
+    fclose(f);
+  return 0;
+}
+
 static void usage(FILE *f) {
   fprintf(f, "usage: kvplane-routerd --config FILE [--check-config] "
              "[--log off|error|warn|info|debug]\n"
@@ -277,6 +292,10 @@ int main(int argc, char **argv) {
     return 2;
   }
   rd_cfg_warn(&s->cfg, stderr);
+  if (check && check_paths(&s->cfg) < 0) {
+    free(s);
+    return 2;
+  }
   if (check) {
     printf("kvplane-routerd: %s: ok (policy %s, block size %u)\n", cfg,
            s->cfg.policy, s->cfg.ropts.block_size);

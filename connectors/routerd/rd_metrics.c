@@ -114,9 +114,13 @@ static void reloads(rd_server *s, struct evbuffer *b) {
       "when the running config was applied (start or reload), unix time\n"
       "# TYPE kvplane_routerd_config_last_reload_success_timestamp_seconds "
       "gauge\n"
-      "kvplane_routerd_config_last_reload_success_timestamp_seconds %.3f\n",
+      "kvplane_routerd_config_last_reload_success_timestamp_seconds %.3f\n"
+      "# HELP kvplane_routerd_config_restart_pending whether the applied "
+      "config file changed keys that take a restart (running values kept)\n"
+      "# TYPE kvplane_routerd_config_restart_pending gauge\n"
+      "kvplane_routerd_config_restart_pending %d\n",
       (unsigned long long)s->reloads_ok, (unsigned long long)s->reloads_refused,
-      !s->reload_failed, s->config_ok_unix);
+      !s->reload_failed, s->config_ok_unix, s->restart_pending);
 }
 
 static int ev_write(void *opaque, const char *d, size_t n) {
@@ -246,6 +250,6 @@ void rd_metrics_write(rd_server *s, struct evbuffer *b) {
   events(s, b);
   js_metrics(s, b);
   rd_unlock(s);
-  rd_sync_metrics(s, b); /* replicas: thread 0 only (threads > 1 refused) */
+  rd_sync_metrics(s, b); /* replicas (any loop: see rd_sync_metrics) */
   kvp_ledger_prometheus_write(s->ledger, ev_write, b);
 }

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <time.h>
 
 typedef struct rd_call {
   rd_server *s;
@@ -236,9 +237,14 @@ static void account(rd_call *c) {
   RD_COUNT(c->l, predicted_cached, c->d.avoided_tokens);
   RD_COUNT(c->l, reported_cached, found ? rep : 0);
   RD_COUNT(c->l, reported_n, found);
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
   kvp_route_names nm = {.tenant = *c->tenant ? c->tenant : NULL,
-                        .session = *c->session ? c->session : NULL};
-  kvp_ledger_add_decision(c->s->ledger, &c->d, &nm); /* its own mutex */
+                        .session = *c->session ? c->session : NULL,
+                        .unix_time_ns = (uint64_t)ts.tv_sec * 1000000000u +
+                                        (uint64_t)ts.tv_nsec};
+  if (c->code < 400) /* served: a refused request reused nothing */
+    kvp_ledger_add_decision(c->s->ledger, &c->d, &nm); /* its own mutex */
   receipt(c, &nm, found, rep);
 }
 
@@ -390,12 +396,19 @@ static void on_up_error(enum evhttp_request_error e, void *arg) {
   c->uerr_set = true;
 }
 
+/* After the reply began (midstream) the client's stream ends with an error
+ * and the request is accounted (receipt status 502); before it, the next
+ * worker is tried. */
 static void up_failed(rd_call *c, rd_err_reason why) {
   rd_worker *w = c->w;
-  rd_worker_failed(w, why);
+  rd_worker_failed(w, c->started ? RD_ERR_MIDSTREAM : why);
   rd_lock(c->s);
   w->retried_away += !c->started;
   rd_unlock(c->s);
+  if (c->started) {
+    c->code = 502;
+    account(c);
+  }
   upstream_end(c);
   if (c->started)
     end_call(c, 502, "the worker failed after the reply began");
@@ -459,8 +472,8 @@ static void on_up_done(struct evhttp_request *ur, void *arg) {
     c->hr = NULL;
     rd_conn_flush(cc); /* may free the client's request and connection */
   }
-  if (c->code < 500)
-    rd_worker_ok(w, true);
+  if (c->code < 500) /* up; served only if it did not refuse it */
+    rd_worker_ok(w, c->code < 400);
   account(c);
   upstream_end(c);
   call_free(c);

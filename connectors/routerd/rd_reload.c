@@ -163,6 +163,9 @@ static int apply(rd_server *s, rd_cfg *c) {
     return -1;
   }
   int bad = apply_live(s, old_scrape);
+  rd_lock(s); /* /metrics reads it under s->mu */
+  s->restart_pending = n > 0;
+  rd_unlock(s);
   if (n > 0)
     kvp_log(KVP_LOG_WARN, "routerd", "reload: %s changed: %s a restart "
             "(running %s kept)", changed, n > 1 ? "they take" : "it takes",

@@ -102,6 +102,31 @@ class Slow(Fake):
         Fake.do_POST(self)
 
 
+class Midstream(Fake):
+    """a worker that dies after the first bytes of its reply"""
+
+    def do_POST(self):
+        n = int(self.headers.get("Content-Length", "0"))
+        self.rfile.read(n)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", "1000")
+        self.end_headers()
+        self.wfile.write(b'{"id": "x", "choi')
+        self.wfile.flush()
+        self.close_connection = True
+        self.connection.shutdown(socket.SHUT_RDWR)
+
+
+class Rejecting(Fake):
+    """a worker that answers every completion 400"""
+
+    def do_POST(self):
+        n = int(self.headers.get("Content-Length", "0"))
+        self.rfile.read(n)
+        self.reply(400, '{"error": {"message": "bad", "code": 400}}')
+
+
 def metric(url, name):
     text = http("GET", url + "/metrics")[3].decode()
     return sum(float(l.split()[-1]) for l in text.splitlines()
@@ -378,6 +403,68 @@ model:
     errs = metric(front4, 'kvplane_routerd_worker_errors_total{worker="http://127.0.0.1:%d",'
                   'reason="timeout"}' % hole.getsockname()[1])
     check(errs >= 1, "the hung connect counted as a timeout (%s)" % errs)
+
+# ---- operability: midstream failures, refused requests, receipts ----------------------
+bad_cfg = os.path.join(W, "bad-receipts.yaml")
+with open(bad_cfg, "w") as f:
+    f.write("routerd:\n  listen: 127.0.0.1:%d\n  receipts: %s/no/such/dir/r.jsonl\n"
+            % (free_port(), W))
+p = subprocess.run([RD, "--config", bad_cfg, "--check-config"], capture_output=True,
+                   text=True)
+check(p.returncode == 2 and "receipts" in p.stderr, "--check-config opens the receipts "
+      "path as the daemon will: rc %d %s" % (p.returncode, p.stderr))
+w_mid, w_rej = fake_worker(Midstream), fake_worker(Rejecting)
+port5 = free_port()
+front5 = "http://127.0.0.1:%d" % port5
+receipts = os.path.join(W, "receipts5.jsonl")
+if os.path.exists(receipts):
+    os.unlink(receipts)
+cfg5 = os.path.join(W, "rd5.yaml")
+with open(cfg5, "w") as f:
+    f.write("""routerd:
+  listen: 127.0.0.1:%d
+  render: false
+  retries: 0
+  receipts: %s
+  policy: round_robin
+  breaker_failures: 1000
+workers:
+  urls: [%s, %s]
+model:
+  block_size: %d
+""" % (port5, receipts, w_mid, w_rej, BS))
+procs.append(subprocess.Popen([RD, "--config", cfg5], stdout=log,
+                              stderr=subprocess.STDOUT))
+end = time.time() + 10
+while time.time() < end:
+    try:
+        if http("GET", front5 + "/health")[0] in (200, 503):
+            break
+    except OSError:
+        time.sleep(0.05)
+codes = []
+for i in range(4):
+    try:
+        codes.append(http("POST", front5 + "/v1/completions",
+                          {"model": "m", "prompt": [3, i], "max_tokens": 1})[0])
+    except Exception as e:  # the truncated reply
+        codes.append(type(e).__name__)
+time.sleep(0.3)
+mid = metric(front5, 'kvplane_routerd_worker_errors_total{worker="%s",reason="midstream"}'
+             % w_mid)
+check(mid >= 1, "midstream failures counted: %s (codes %s)" % (mid, codes))
+ok = metric(front5, 'kvplane_routerd_worker_requests_total{worker="%s",result="ok"}' % w_rej)
+check(400 in codes and ok == 0, "a worker's 400s are not counted as served (ok %s)" % ok)
+recs = [json.loads(l) for l in open(receipts).read().splitlines()] \
+    if os.path.exists(receipts) else []
+by = {}
+for r in recs:
+    by.setdefault(r["worker"], []).append(r)
+check(len(by.get(w_mid, [])) >= 1 and all(r["status"] == 502 for r in by[w_mid]),
+      "a midstream failure writes a receipt with status 502: %s" % by.get(w_mid))
+ts = [r["receipt"].get("unix_time_ns") for r in recs]
+check(recs and all(isinstance(t, int) and abs(t / 1e9 - time.time()) < 60 for t in ts),
+      "receipts carry the wall-clock unix_time_ns: %s" % ts)
 
 for p in procs:
     p.terminate()
