@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static int make_hashers(rd_server *s) {
   const rd_cfg *c = &s->cfg;
@@ -251,6 +252,25 @@ static int check_paths(const rd_cfg *c) {
   return 0;
 }
 
+/* The daemon's log lines carry the wall-clock time (UTC, milliseconds):
+ * "2026-11-28T21:44:11.123Z kvplane[warn] routerd: ...", one fprintf per
+ * line as the default sink (any thread). */
+static void log_sink(void *opaque, kvp_log_level level, const char *module,
+                     const char *msg) {
+  static const char *const names[] = {"off", "error", "warn", "info",
+                                      "debug", "trace"};
+  (void)opaque;
+  struct timespec ts;
+  struct tm tm;
+  char when[32] = "";
+  clock_gettime(CLOCK_REALTIME, &ts);
+  if (gmtime_r(&ts.tv_sec, &tm))
+    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &tm);
+  fprintf(stderr, "%s.%03ldZ kvplane[%s] %s: %s\n", when, ts.tv_nsec / 1000000,
+          (unsigned)level < 6 ? names[level] : "?", module ? module : "kvplane",
+          msg);
+}
+
 static void usage(FILE *f) {
   fprintf(f, "usage: kvplane-routerd --config FILE [--check-config] "
              "[--log off|error|warn|info|debug]\n"
@@ -280,6 +300,7 @@ int main(int argc, char **argv) {
   if (cfg == NULL || optind != argc)
     return usage(stderr), 2;
   signal(SIGPIPE, SIG_IGN);
+  kvp_log_set_sink(log_sink, NULL);
   rd_server *s = calloc(1, sizeof *s);
   char err[1024];
   if (s) {

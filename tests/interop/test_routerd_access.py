@@ -186,6 +186,11 @@ st2, _, _ = http("POST", A + "/admin/workers/undrain?url=" + wa,
 check(st == 202 and st2 == 202, "POST drain / undrain: %d %d" % (st, st2))
 check(re.search(r"admin: POST /admin/workers/drain\S* \(url %s\) from 127\.0\.0\.1"
                 % re.escape(wa), log_of("rd_a")) is not None, "admin actions logged")
+stamp = re.search(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)\.\d{3}Z kvplane\[warn\] routerd: admin:",
+                  log_of("rd_a"), re.M)
+check(stamp is not None and abs(time.mktime(time.strptime(stamp.group(1), "%Y-%m-%dT%H:%M:%S"))
+                                - time.timezone - time.time()) < 300,
+      "log lines carry a UTC wall-clock timestamp: %r" % log_of("rd_a")[:200])
 
 # ---- 4, 5. tenants --------------------------------------------------------------------
 def prompt(seed, n=6 * BS):
