@@ -434,11 +434,13 @@ int rd_sync_start(rd_server *s, char *err, size_t cap);
  * is made, only when replicas sync (a single router stays lock-free) */
 int rd_sync_thread_safe(void);
 void rd_sync_stop(rd_server *s);
-/* this replica routed d to w (keys: approximate residency it creates, may
- * be NULL/0) / its request's prefill is over */
-void rd_sync_decision(rd_server *s, const rd_worker *w, const kvp_decision *d,
+/* this replica routed d to the worker at url (keys: approximate residency
+ * it creates, may be NULL/0) / its request's prefill is over.  url: a copy
+ * taken while the slot could not change (under s->mu): the slot itself may
+ * be freed and reused by then */
+void rd_sync_decision(rd_server *s, const char *url, const kvp_decision *d,
                       const kvp_key *keys, size_t n_keys);
-void rd_sync_complete(rd_server *s, const rd_worker *w, uint64_t request_id,
+void rd_sync_complete(rd_server *s, const char *url, uint64_t request_id,
                       uint64_t tokens);
 void rd_sync_metrics(rd_server *s, struct evbuffer *b);
 

@@ -37,6 +37,7 @@ typedef struct rd_call {
   kvp_key *keys;
   size_t n_keys;
   kvp_decision d;
+  char d_url[RD_URL_MAX]; /* d.worker's url, copied under s->mu (replicas) */
   uint32_t tried[RD_WORKERS_MAX / 32];
   uint32_t attempts;
   rd_worker *w; /* current upstream */
@@ -260,8 +261,7 @@ static void complete_once(rd_call *c) {
     rd_lock(c->s);
     kvp_router_complete(c->s->router, c->d.worker, c->d.request_id);
     rd_unlock(c->s);
-    rd_sync_complete(c->s, &c->s->w[c->d.worker], c->d.request_id,
-                     c->d.uncached_tokens);
+    rd_sync_complete(c->s, c->d_url, c->d.request_id, c->d.uncached_tokens);
   }
   c->completed = true;
 }
@@ -685,6 +685,8 @@ static int decide(rd_call *c, kvp_route_request *rq, uint64_t now,
   }
   int rc = kvp_router_route_matches(s->router, rq, c->l->wm, nm, &c->d);
   *approx = rc == 0 && (c->text_mode || *s->w[c->d.worker].kv_events == '\0');
+  if (rc == 0 && s->sync) /* the slot is not claimed yet: copied here */
+    snprintf(c->d_url, sizeof c->d_url, "%s", s->w[c->d.worker].url);
   uint64_t t2 = kvp_now_ns();
   rd_unlock(s);
   pthread_mutex_lock(&c->l->hmu);
@@ -754,7 +756,7 @@ static void route(rd_call *c) {
   uint32_t id = c->d.worker;
   if (approx) /* approximate residency, shared with the other replicas */
     kvp_index_record_routed(s->ix, id, c->keys, c->n_keys, t0);
-  rd_sync_decision(s, &s->w[id], &c->d, approx ? c->keys : NULL,
+  rd_sync_decision(s, c->d_url, &c->d, approx ? c->keys : NULL,
                    approx ? c->n_keys : 0);
   l->rr = id + 1;
   try_next(c);
