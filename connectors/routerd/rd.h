@@ -69,7 +69,6 @@ typedef struct rd_cfg {
   char hash_algo[32];              /* native: xxh3_128 / sha256 */
   uint64_t max_workers;            /* worker slots (index, router) */
   uint64_t max_body, max_headers;  /* bytes */
-  uint64_t max_connections;        /* client connections, all front doors */
   uint64_t max_inflight;           /* generation requests at once; 0 = any */
   double client_request_timeout_s; /* a request's headers + body arrive */
   uint64_t max_upstream_body;      /* what is read whole from a worker (a
@@ -187,7 +186,7 @@ typedef struct rd_lora {
 /* One loop's counters: written by its thread only (a relaxed load and store,
  * no locked add), read by /metrics on any loop. */
 typedef struct rd_counters {
-  atomic_uint_fast64_t conns_cut, conns_refused, overloaded;
+  atomic_uint_fast64_t conns_cut, overloaded;
   atomic_uint_fast64_t requests, bad_requests, no_worker, retries,
       client_cancels, render_calls, render_fail, text_mode, token_mode,
       predicted_cached, reported_cached, reported_n, tenant_salted;
@@ -207,8 +206,8 @@ typedef struct rd_pool {
   uint64_t gen; /* rd_worker.gen they were made under */
 } rd_pool;
 
-/* The front door's guard (rd_guard.c): the whole-request deadline and the
- * connection cap of one loop's evhttp. */
+/* The front door's guard (rd_guard.c): the whole-request deadline of one
+ * loop's evhttp. */
 typedef struct rd_guard rd_guard;
 
 typedef struct rd_loop {
@@ -239,8 +238,8 @@ typedef struct rd_loop {
   rd_counters cnt;
 } rd_loop;
 
-/* On l->http (made): guards the connections it accepts from now on.
- * 0 or -1. */
+/* On l->http (made), thread 0 before the loops run: guards the
+ * connections it accepts from now on.  0 or -1. */
 int rd_guard_create(rd_loop *l, rd_guard **out);
 /* hr (its connection guarded) is being answered: no deadline until its
  * reply ends */

@@ -1,97 +1,103 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* kvplane-routerd front-door guard: libevent 2.1's evhttp has an idle
  * timeout only, so a client sending a byte a second keeps a connection (and
- * its memory) for ever, and it takes any number of connections.  Each loop
- * keeps its accepted connections here (evhttp_set_bevcb: their bufferevent,
- * one reference held so a freed one is still safe to look at) and a sweep
- * cuts the ones whose request has not arrived whole within
- * routerd.client_request_timeout of the connection's accept or its last
- * reply; past routerd.max_connections a new connection gets a 503 with
- * Retry-After and is closed.  All on the loop's own thread. */
+ * its memory) for ever.  Each accepted connection's input buffer reports
+ * every read here (evhttp_set_bevcb + evbuffer_add_cb, the bufferevent as
+ * the callback's argument: alive whenever its buffer calls); per socket the
+ * guard keeps when the request now arriving began, and a read that comes
+ * more than routerd.client_request_timeout after it shuts the socket down
+ * (evhttp then reads EOF and frees the connection as usual).  No reference
+ * to the bufferevent is held and no socket is closed here: a held one kept
+ * its events past evhttp's free and the epoll changelist then changed a
+ * closed fd ("Epoll MOD ... Bad file descriptor").  All on the loop's own
+ * thread. */
 #include "rd.h"
 
+#include <event2/buffer.h>
 #include <event2/bufferevent.h>
-#include <event2/http_struct.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 
-typedef struct guard_conn {
-  struct bufferevent *bev; /* referenced: valid after evhttp freed it */
-  double since;            /* accepted, or its last reply ended */
-  bool busy;               /* a request is being answered */
-} guard_conn;
+typedef struct guard_fd {
+  const struct bufferevent *bev; /* compared only, never dereferenced */
+  double since;                  /* the request now arriving began; 0 none */
+  bool busy;                     /* it arrived whole: being answered */
+} guard_fd;
+
+#define FRESH_MAX 256 /* accepted, not read from yet (a ring) */
 
 struct rd_guard {
   rd_loop *l;
-  struct event *sweep;
-  guard_conn *c;
-  size_t n, cap;
+  guard_fd *fd; /* by socket */
+  size_t n_fd;
+  const struct bufferevent *fresh[FRESH_MAX];
+  size_t n_fresh;
 };
 
-/* evhttp freed it (bufferevent_free clears the callbacks) */
-static bool gone(struct bufferevent *bev) {
-  bufferevent_data_cb rd = NULL, wr = NULL;
-  bufferevent_event_cb ev = NULL;
-  void *arg;
-  bufferevent_getcb(bev, &rd, &wr, &ev, &arg);
-  return rd == NULL && ev == NULL;
+/* bases -> guards (evbuffer callbacks know the bufferevent, not the loop) */
+static struct {
+  struct event_base *base;
+  rd_guard *g;
+} guards[RD_THREADS_MAX];
+
+static rd_guard *guard_of(struct event_base *b) {
+  for (size_t i = 0; i < RD_THREADS_MAX && guards[i].base; i++)
+    if (guards[i].base == b)
+      return guards[i].g;
+  return NULL;
 }
 
-static void drop(rd_guard *g, size_t i) {
-  bufferevent_decref(g->c[i].bev);
-  g->c[i] = g->c[--g->n];
-}
-
-static void collect(rd_guard *g) {
-  for (size_t i = 0; i < g->n;)
-    if (gone(g->c[i].bev))
-      drop(g, i);
-    else
-      i++;
-}
-
-/* the client sees EOF; evhttp reads it and frees the connection */
-static void cut(struct bufferevent *bev) {
-  evutil_socket_t fd = bufferevent_getfd(bev);
-  if (fd >= 0)
-    shutdown(fd, SHUT_RDWR);
-}
-
-static void on_sweep(evutil_socket_t fd, short what, void *arg) {
-  (void)fd, (void)what;
-  rd_guard *g = arg;
-  double now = rd_now(), limit = g->l->cfg.client_request_timeout_s;
-  collect(g);
-  for (size_t i = 0; i < g->n; i++)
-    if (!g->c[i].busy && now - g->c[i].since > limit) {
-      cut(g->c[i].bev);
-      g->c[i].since = now + 3600; /* cut once */
-      RD_COUNT(g->l, conns_cut, 1);
-    }
-}
-
-static const char refuse_body[] =
-    "{\"error\":{\"message\":\"too many client connections (routerd.max_"
-    "connections)\",\"type\":\"ServiceUnavailableError\",\"param\":null,"
-    "\"code\":503}}";
-
-/* after evhttp gave the bufferevent its socket: the 503, then EOF */
-static void on_refuse(evutil_socket_t fd, short what, void *arg) {
-  (void)fd, (void)what;
-  struct bufferevent *bev = arg;
-  evutil_socket_t s = gone(bev) ? -1 : bufferevent_getfd(bev);
-  if (s >= 0) {
-    char m[512];
-    int n = snprintf(m, sizeof m, "HTTP/1.1 503 Service Unavailable\r\n"
-                     "Content-Type: application/json\r\nRetry-After: 1\r\n"
-                     "Connection: close\r\nContent-Length: %zu\r\n\r\n%s",
-                     sizeof refuse_body - 1, refuse_body);
-    ssize_t r = send(s, m, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
-    (void)r; /* best effort: a full socket buffer just closes */
-    shutdown(s, SHUT_RDWR);
+static guard_fd *slot(rd_guard *g, evutil_socket_t fd) {
+  if (fd < 0)
+    return NULL;
+  if ((size_t)fd >= g->n_fd) {
+    size_t n = (size_t)fd + 64;
+    guard_fd *t = realloc(g->fd, n * sizeof *t);
+    if (t == NULL)
+      return NULL;
+    memset(t + g->n_fd, 0, (n - g->n_fd) * sizeof *t);
+    g->fd = t;
+    g->n_fd = n;
   }
-  bufferevent_decref(bev);
+  return &g->fd[fd];
+}
+
+/* whether bev was accepted since its socket's slot was last reset */
+static bool take_fresh(rd_guard *g, const struct bufferevent *bev) {
+  for (size_t i = 0; i < FRESH_MAX; i++)
+    if (g->fresh[i] == bev) {
+      g->fresh[i] = NULL;
+      return true;
+    }
+  return false;
+}
+
+static void on_input(struct evbuffer *in, const struct evbuffer_cb_info *info,
+                     void *arg) {
+  (void)in;
+  struct bufferevent *bev = arg;
+  if (info->n_added == 0)
+    return;
+  rd_guard *g = guard_of(bufferevent_get_base(bev));
+  evutil_socket_t fd = bufferevent_getfd(bev);
+  guard_fd *s = g ? slot(g, fd) : NULL;
+  if (s == NULL)
+    return;
+  double now = rd_now();
+  if (take_fresh(g, bev) || s->bev != bev)
+    *s = (guard_fd){bev, 0, false};
+  if (s->busy)
+    return;
+  if (s->since == 0) {
+    s->since = now;
+    return;
+  }
+  if (now - s->since <= g->l->cfg.client_request_timeout_s)
+    return;
+  shutdown(fd, SHUT_RDWR); /* evhttp reads EOF: the connection freed */
+  s->since = now + 1e9;    /* once */
+  RD_COUNT(g->l, conns_cut, 1);
 }
 
 static struct bufferevent *on_accept(struct event_base *base, void *arg) {
@@ -99,81 +105,58 @@ static struct bufferevent *on_accept(struct event_base *base, void *arg) {
   struct bufferevent *bev =
       bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
   if (bev == NULL)
-    return NULL; /* evhttp makes its own */
-  uint64_t max = g->l->cfg.max_connections;
-  uint32_t nl = g->l->s->n_loops ? g->l->s->n_loops : 1;
-  if (g->n >= (max + nl - 1) / nl)
-    collect(g);
-  if (g->n >= (max + nl - 1) / nl) {
-    RD_COUNT(g->l, conns_refused, 1);
-    bufferevent_incref(bev);
-    struct timeval now = {0, 0};
-    if (event_base_once(base, -1, EV_TIMEOUT, on_refuse, bev, &now) < 0)
-      bufferevent_decref(bev);
-    return bev;
-  }
-  if (g->n == g->cap) {
-    size_t nc = g->cap ? 2 * g->cap : 64;
-    guard_conn *c = realloc(g->c, nc * sizeof *c);
-    if (c == NULL)
-      return bev; /* unguarded, still served */
-    g->c = c;
-    g->cap = nc;
-  }
-  bufferevent_incref(bev);
-  g->c[g->n++] = (guard_conn){bev, rd_now(), false};
+    return NULL; /* evhttp makes its own, unguarded */
+  g->fresh[g->n_fresh++ % FRESH_MAX] = bev;
+  evbuffer_add_cb(bufferevent_get_input(bev), on_input, bev);
   return bev;
 }
 
-static guard_conn *find(rd_guard *g, struct evhttp_request *hr) {
+static guard_fd *slot_of(rd_guard *g, struct evhttp_request *hr) {
   struct evhttp_connection *cn = evhttp_request_get_connection(hr);
   struct bufferevent *bev = cn ? evhttp_connection_get_bufferevent(cn) : NULL;
-  for (size_t i = 0; bev && i < g->n; i++)
-    if (g->c[i].bev == bev)
-      return &g->c[i];
-  return NULL;
+  guard_fd *s = bev ? slot(g, bufferevent_getfd(bev)) : NULL;
+  return s && s->bev == bev ? s : NULL;
 }
 
 static void on_complete(struct evhttp_request *hr, void *arg) {
-  guard_conn *c = find(arg, hr);
-  if (c) {
-    c->busy = false;
-    c->since = rd_now();
-  }
+  guard_fd *s = slot_of(arg, hr);
+  if (s) /* the next request's first byte starts its time */
+    *s = (guard_fd){s->bev, 0, false};
 }
 
 void rd_guard_begin(rd_guard *g, struct evhttp_request *hr) {
-  guard_conn *c = g ? find(g, hr) : NULL;
-  if (c == NULL)
+  guard_fd *s = g ? slot_of(g, hr) : NULL;
+  if (s == NULL)
     return;
-  c->busy = true;
+  s->busy = true;
   evhttp_request_set_on_complete_cb(hr, on_complete, g);
 }
 
+/* thread 0, before the loops run */
 int rd_guard_create(rd_loop *l, rd_guard **out) {
   rd_guard *g = calloc(1, sizeof *g);
-  if (g == NULL)
-    return -1;
-  g->l = l;
-  struct timeval tv = {0, 250000};
-  g->sweep = event_new(l->base, -1, EV_PERSIST, on_sweep, g);
-  if (g->sweep == NULL || event_add(g->sweep, &tv) < 0) {
-    rd_guard_destroy(g);
+  size_t i = 0;
+  while (i < RD_THREADS_MAX && guards[i].base && guards[i].base != l->base)
+    i++;
+  if (g == NULL || i == RD_THREADS_MAX) {
+    free(g);
     return -1;
   }
+  g->l = l;
+  guards[i].base = l->base;
+  guards[i].g = g;
   evhttp_set_bevcb(l->http, on_accept, g);
   *out = g;
   return 0;
 }
 
-/* after evhttp_free (its connections freed: only references left) */
+/* after evhttp_free */
 void rd_guard_destroy(rd_guard *g) {
   if (g == NULL)
     return;
-  if (g->sweep)
-    event_free(g->sweep);
-  for (size_t i = 0; i < g->n; i++)
-    bufferevent_decref(g->c[i].bev);
-  free(g->c);
+  for (size_t i = 0; i < RD_THREADS_MAX; i++)
+    if (guards[i].g == g)
+      guards[i].g = NULL, guards[i].base = NULL;
+  free(g->fd);
   free(g);
 }

@@ -178,8 +178,6 @@ static void counters(rd_server *s, struct evbuffer *b) {
   counter(b, "client_connections_cut_total", "client connections closed: "
           "their request did not arrive whole within client_request_timeout",
           SUM(s, conns_cut));
-  counter(b, "client_connections_refused_total", "client connections "
-          "answered 503: over routerd.max_connections", SUM(s, conns_refused));
   counter(b, "overloaded_total", "requests answered 503: over "
           "routerd.max_inflight", SUM(s, overloaded));
   counter(b, "client_cancels_total", "clients gone before the end",
