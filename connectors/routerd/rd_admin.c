@@ -127,7 +127,9 @@ bool rd_authorized(struct evhttp_request *hr, const char *what,
     size_t n = strlen(t);
     while (n && (t[n - 1] == ' ' || t[n - 1] == '\t'))
       n--;
-    ok = (*tok1 && token_eq(t, n, tok1)) | (*tok2 && token_eq(t, n, tok2));
+    bool m1 = *tok1 && token_eq(t, n, tok1); /* both compared: no early */
+    bool m2 = *tok2 && token_eq(t, n, tok2); /* out on the first token */
+    ok = m1 || m2;
   }
   if (!ok) {
     char peer[80];
