@@ -32,7 +32,8 @@ struct rd_guard {
   guard_fd *fd; /* by socket */
   size_t n_fd;
   const struct bufferevent *fresh[FRESH_MAX];
-  size_t n_fresh;
+  size_t n_fresh;  /* accepted so far: the ring's next slot */
+  size_t waiting;  /* non-NULL entries of fresh: 0, no scan per read */
 };
 
 /* bases -> guards (evbuffer callbacks know the bufferevent, not the loop) */
@@ -65,9 +66,10 @@ static guard_fd *slot(rd_guard *g, evutil_socket_t fd) {
 
 /* whether bev was accepted since its socket's slot was last reset */
 static bool take_fresh(rd_guard *g, const struct bufferevent *bev) {
-  for (size_t i = 0; i < FRESH_MAX; i++)
+  for (size_t i = 0; g->waiting > 0 && i < FRESH_MAX; i++)
     if (g->fresh[i] == bev) {
       g->fresh[i] = NULL;
+      g->waiting--;
       return true;
     }
   return false;
@@ -106,7 +108,9 @@ static struct bufferevent *on_accept(struct event_base *base, void *arg) {
       bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
   if (bev == NULL)
     return NULL; /* evhttp makes its own, unguarded */
-  g->fresh[g->n_fresh++ % FRESH_MAX] = bev;
+  const struct bufferevent **f = &g->fresh[g->n_fresh++ % FRESH_MAX];
+  g->waiting += *f == NULL; /* a wrapped-over entry: never read from */
+  *f = bev;
   evbuffer_add_cb(bufferevent_get_input(bev), on_input, bev);
   return bev;
 }
