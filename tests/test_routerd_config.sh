@@ -7,7 +7,10 @@ set -u
 RD=$1 EX=$2 W=$3
 mkdir -p "$W"
 fail=0
-out=$("$RD" --config "$EX" --check-config 2>&1)
+# its receipts go to /var/log/kvplane (the unit's LogsDirectory): here, to W
+# (--check-config opens the path as the daemon will)
+sed "s|/var/log/kvplane/|$W/|" "$EX" > "$W/example.yaml"
+out=$("$RD" --config "$W/example.yaml" --check-config 2>&1)
 if [ $? -eq 0 ]; then echo "ok   example config: $out"; else echo "FAIL example config: $out"; fail=1; fi
 
 # bad NAME YAML EXPECTED: --check-config must exit 2 and print EXPECTED

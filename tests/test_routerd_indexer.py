@@ -111,6 +111,7 @@ def start_routerd(name, engine_hash, workers=""):
     with open(cfg, "w") as f:
         f.write("routerd:\n  listen: 127.0.0.1:%d\n  indexer_listen: "
                 "127.0.0.1:%d\n  render: false\n  scrape_interval: 100ms\n"
+                "  indexer_routes: true\n  response_headers: true\n"
                 "  max_body: 1048576\n"
                 "namespace:\n  model_id: %s\n  engine_hash: %s\n"
                 "model:\n  block_size: %d\n%s"

@@ -6,6 +6,7 @@
  * them, each checked against jansson's own view of the body. */
 #include <jansson.h>
 
+#include "rd_idx_req.h"
 #include "rd_req.h"
 #include "test_harness.h"
 
@@ -131,6 +132,24 @@ static int reference(const char *b, size_t n, uint32_t *ids, size_t *n_ids) {
   return rc;
 }
 
+/* a body the parser took: the salt spliced in reads back (jansson) as the
+ * same object with cache_salt set to it */
+static void check_splice(const char *b, size_t n) {
+  size_t out_n = 0;
+  char *s = rd_req_with_salt(b, n, "kvp1-Zz_9", &out_n);
+  ASSERT_NOT_NULL(s);
+  json_t *a = json_loadb(b, n, 0, NULL), *o = json_loadb(s, out_n, 0, NULL);
+  ASSERT_NOT_NULL(a);
+  ASSERT_NOT_NULL(o);
+  ASSERT_STR_EQ(json_string_value(json_object_get(o, "cache_salt")), "kvp1-Zz_9");
+  json_object_del(a, "cache_salt");
+  json_object_del(o, "cache_salt");
+  ASSERT_TRUE(json_equal(a, o));
+  json_decref(a);
+  json_decref(o);
+  free(s);
+}
+
 static void check_against_jansson(const char *b, size_t n) {
   uint32_t want[256];
   size_t n_want = 0;
@@ -145,8 +164,10 @@ static void check_against_jansson(const char *b, size_t n) {
     ASSERT_EQ(r.n_tokens, n_want);
     ASSERT_MEM_EQ(r.tokens, want, n_want * sizeof *want);
   }
-  if (rc == 0)
+  if (rc == 0) {
+    check_splice(b, n);
     rd_req_free(&r);
+  }
 }
 
 TEST(random_bodies_match_jansson) {
@@ -173,5 +194,82 @@ TEST(random_bodies_match_jansson) {
   ASSERT_GT(took, 19000u); /* the generator makes valid bodies */
 }
 
-TEST_MAIN(TEST_ENTRY(fast_path_reads_ids), TEST_ENTRY(fast_path_rejects_as_jansson),
+/* The derived cache salt: no client-chosen (tenant, salt) pair collides
+ * with another, none names another tenant's salt, and every salt is made
+ * of the characters vLLM takes, at most 128 of them. */
+static void salt_of(const unsigned char *key, const char *t, const char *s,
+                    char *out) {
+  ASSERT_TRUE(rd_salt_for(key, t, s, out, RD_SALT_MAX) >= 0);
+}
+
+static bool vllm_ok(const char *s) {
+  size_t n = strlen(s);
+  return n > 0 && n <= 128 && strspn(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghij"
+                                        "klmnopqrstuvwxyz0123456789_-") == n;
+}
+
+TEST(salt_cannot_collide_or_be_forged) {
+  static const unsigned char k1[RD_SALT_KEY_LEN] = {1}, k2[RD_SALT_KEY_LEN] = {2};
+  static const char *const pairs[][2] = {
+      {"a|b", ""}, {"a", "b"}, {"a", "|b"}, {"", "kvplane-tenant:a|b"},
+      {"", "a"}, {"a", ""}, {"t@x/y\\z", ""}, {"", "t@x/y\\z"}, {"ab", ""},
+      {"a", "b\x01"}, {"a\x01", "b"}};
+  size_t n = sizeof pairs / sizeof *pairs;
+  char got[16][RD_SALT_MAX];
+  for (size_t i = 0; i < n; i++) {
+    salt_of(k1, pairs[i][0], pairs[i][1], got[i]);
+    ASSERT_TRUE(vllm_ok(got[i]));
+    for (size_t j = 0; j < i; j++)
+      ASSERT_TRUE(strcmp(got[i], got[j]) != 0);
+  }
+  char again[RD_SALT_MAX], other[RD_SALT_MAX], none[RD_SALT_MAX];
+  salt_of(k1, "a|b", "", again); /* deterministic for one key */
+  ASSERT_STR_EQ(again, got[0]);
+  salt_of(k2, "a|b", "", other); /* another router secret: another salt */
+  ASSERT_TRUE(strcmp(other, got[0]) != 0);
+  salt_of(k1, "", "", none); /* nothing to salt: no salt */
+  ASSERT_STR_EQ(none, "");
+  char longt[4096];
+  memset(longt, 'x', sizeof longt - 1);
+  longt[sizeof longt - 1] = '\0';
+  salt_of(k1, longt, longt, again); /* any length: still 48 characters */
+  ASSERT_TRUE(vllm_ok(again));
+  ASSERT_EQ(rd_salt_for(k1, "a", "", again, 10), -1); /* too small: refused */
+}
+
+/* rd_req_with_salt splices: every byte but the salt's is the client's */
+static void expect_splice(const char *in, const char *out) {
+  size_t n = 0;
+  char *s = rd_req_with_salt(in, strlen(in), "kvp1-X_y", &n);
+  ASSERT_NOT_NULL(s);
+  ASSERT_STR_EQ(s, out);
+  ASSERT_EQ(n, strlen(out));
+  free(s);
+}
+
+TEST(salt_spliced_not_reserialised) {
+  expect_splice("{\"temperature\":0.10000000000000001,\"prompt\":[1,2]}",
+                "{\"temperature\":0.10000000000000001,\"prompt\":[1,2],"
+                "\"cache_salt\":\"kvp1-X_y\"}");
+  expect_splice(" { \"cache_salt\" : \"mine\" , \"x\":1e-7 } ",
+                " { \"cache_salt\" : \"kvp1-X_y\" , \"x\":1e-7 } ");
+  expect_splice("{\"a\":{\"cache_salt\":\"inner\"},\"cache_salt\":null}",
+                "{\"a\":{\"cache_salt\":\"inner\"},\"cache_salt\":\"kvp1-X_y\"}");
+  expect_splice("{}", "{\"cache_salt\":\"kvp1-X_y\"}");
+  /* an escaped spelling of the key: ours is appended last, JSON readers
+   * (jansson, Python's json) keep the last */
+  const char *esc = "{\"cache\\u005fsalt\":\"forged\"}";
+  size_t n = 0;
+  char *s = rd_req_with_salt(esc, strlen(esc), "kvp1-X_y", &n);
+  ASSERT_NOT_NULL(s);
+  json_t *o = json_loads(s, 0, NULL);
+  ASSERT_STR_EQ(json_string_value(json_object_get(o, "cache_salt")), "kvp1-X_y");
+  json_decref(o);
+  free(s);
+  ASSERT_NULL(rd_req_with_salt("[1]", 3, "kvp1-X_y", &n));
+}
+
+TEST_MAIN(TEST_ENTRY(salt_cannot_collide_or_be_forged),
+          TEST_ENTRY(salt_spliced_not_reserialised),
+          TEST_ENTRY(fast_path_reads_ids), TEST_ENTRY(fast_path_rejects_as_jansson),
           TEST_ENTRY(random_bodies_match_jansson))

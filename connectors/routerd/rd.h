@@ -34,9 +34,12 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <sys/time.h>
 
 #include "kvplane.h"
 #include "kvplane/events.h"
+#include "rd_idx_req.h"
 #include "rd_req.h"
 
 #define RD_URL_MAX 256
@@ -51,6 +54,14 @@ typedef struct rd_cfg {
   char admin_listen[RD_URL_MAX];   /* "" = no admin listener */
   char admin_token[RD_URL_MAX];    /* "" = no bearer token asked */
   char indexer_listen[RD_URL_MAX]; /* "" = no KV-indexer service */
+  char indexer_token[RD_URL_MAX];  /* its /register, /unregister: this
+                                      token or admin_token ("" both: none) */
+  bool indexer_routes;             /* /register with a url adds a routing
+                                      target (else 403: config/admin only) */
+  char salt_secret[RD_URL_MAX];    /* the tenant salts' key; "" = random at
+                                      start (restart-only) */
+  char response_headers_s[8];      /* auto / true / false, as written */
+  int response_headers;            /* RD_HDRS_* */
   char receipts[RD_URL_MAX];       /* "" none, "-" stdout, else a file */
   char tenant_header[64];          /* maps to the namespace salt */
   char session_header[64];
@@ -58,6 +69,10 @@ typedef struct rd_cfg {
   char hash_algo[32];              /* native: xxh3_128 / sha256 */
   uint64_t max_workers;            /* worker slots (index, router) */
   uint64_t max_body, max_headers;  /* bytes */
+  uint64_t max_inflight;           /* generation requests at once; 0 = any */
+  double client_request_timeout_s; /* a request's headers + body arrive */
+  uint64_t max_upstream_body;      /* what is read whole from a worker (a
+                                      held 5xx, render, scrape): bytes */
   uint64_t retries;                /* other workers tried before failing */
   uint64_t breaker_failures;       /* consecutive failures that open it */
   uint64_t stream_buffer;          /* client bytes queued before upstream
@@ -83,9 +98,21 @@ typedef struct rd_cfg {
   char path[RD_URL_MAX]; /* the file, for SIGHUP */
 } rd_cfg;
 
+/* routerd.response_headers: whether replies carry x-kvplane-worker,
+ * -cached-tokens, -reason (what the router knows of the shared cache) */
+enum { RD_HDRS_AUTO = 0, /* on, except on a request that names a tenant */
+       RD_HDRS_ON, RD_HDRS_OFF };
+/* the longest tenant / session id (header or "user") taken: longer -> 400 */
+#define RD_ID_MAX (RD_REQ_ID_MAX - 1)
+
 /* Loads and validates path (YAML) into *c.  Returns 0 or -1 with
  * "file:line: ..." in err. */
 int rd_cfg_load(const char *path, rd_cfg *c, char *err, size_t cap);
+/* Whether host:port binds loopback only (127.x, localhost, ::1). */
+bool rd_loopback(const char *hostport);
+/* Prints to f what is allowed but unsafe in c (the front door off
+ * loopback, tenants without a salt_secret); returns how many lines. */
+int rd_cfg_warn(const rd_cfg *c, FILE *f);
 /* host:port -> parts; 0 or -1 */
 int rd_split_hostport(const char *s, char *host, size_t cap, uint16_t *port);
 
@@ -114,6 +141,7 @@ typedef struct rd_worker {
    * url -- indexed from its events, never routed nor scraped */
   char instance[RD_REQ_ID_MAX];
   bool instance_int, index_only;
+  bool registered; /* added by the indexer's /register: it may remove it */
   uint32_t dp_rank;
   kvp_events *ev;
   struct kvp_events_js *js; /* kv_events "js:NAME": read from JetStream */
@@ -158,6 +186,7 @@ typedef struct rd_lora {
 /* One loop's counters: written by its thread only (a relaxed load and store,
  * no locked add), read by /metrics on any loop. */
 typedef struct rd_counters {
+  atomic_uint_fast64_t conns_cut, overloaded;
   atomic_uint_fast64_t requests, bad_requests, no_worker, retries,
       client_cancels, render_calls, render_fail, text_mode, token_mode,
       predicted_cached, reported_cached, reported_n, tenant_salted;
@@ -176,6 +205,10 @@ typedef struct rd_pool {
   size_t n, cap;
   uint64_t gen; /* rd_worker.gen they were made under */
 } rd_pool;
+
+/* The front door's guard (rd_guard.c): the whole-request deadline of one
+ * loop's evhttp. */
+typedef struct rd_guard rd_guard;
 
 typedef struct rd_loop {
   rd_server *s;
@@ -198,8 +231,20 @@ typedef struct rd_loop {
   pthread_mutex_t hmu;              /* the histograms: /metrics merges */
   kvp_hist *h_render, *h_route;     /* ns */
   kvp_hist *h_wait, *h_held;        /* the decision's s->mu: ns */
+  rd_guard *guard;
+  /* workers named by host name resolve through it, not a blocking
+   * getaddrinfo on the loop (NULL: evdns could not start: blocking) */
+  struct evdns_base *dns;
   rd_counters cnt;
 } rd_loop;
+
+/* On l->http (made), thread 0 before the loops run: guards the
+ * connections it accepts from now on.  0 or -1. */
+int rd_guard_create(rd_loop *l, rd_guard **out);
+/* hr (its connection guarded) is being answered: no deadline until its
+ * reply ends */
+void rd_guard_begin(rd_guard *g, struct evhttp_request *hr);
+void rd_guard_destroy(rd_guard *g); /* after evhttp_free; NULL ok */
 
 /* Makes s->cfg.threads loops (loop 0 on s->base) with their front doors on
  * s->cfg.listen; threads > 1: each loop has its own SO_REUSEPORT socket.
@@ -216,7 +261,9 @@ void rd_loops_reconfigure(rd_server *s);
 void rd_lock(rd_server *s);
 void rd_unlock(rd_server *s);
 /* This loop's keep-alive connection to w (the caller holds a claim on w);
- * put it back when the request ended cleanly, free it otherwise. */
+ * rd_conn_put takes it back after any request, failed ones too (evhttp
+ * reconnects a reset connection on its next use); one the router gave up
+ * on mid-connect is freed instead (rd_proxy.c on_connect_timeout). */
 struct evhttp_connection *rd_conn_get(rd_loop *l, rd_worker *w);
 void rd_conn_put(rd_loop *l, rd_worker *w, struct evhttp_connection *c);
 
@@ -235,6 +282,9 @@ struct rd_server {
   struct evhttp *admin, *indexer_http;
   struct event *sig_term, *sig_int, *sig_hup, *tick, *js_tick;
   kvp_namespace ns, text_ns;
+  /* the tenant salts' HMAC key (rd_salt_for): from routerd.salt_secret or
+   * random, set before the loops start and never changed */
+  unsigned char salt_key[RD_SALT_KEY_LEN];
   kvp_hasher *hasher, *text_hasher;
   kvp_index *ix;
   kvp_router *router;
@@ -245,17 +295,27 @@ struct rd_server {
   atomic_bool draining;
   double drain_deadline;
   atomic_uint_fast64_t inflight; /* upstream requests, every loop's */
+  atomic_uint_fast64_t calls;    /* generation requests admitted, not done */
+  /* worker replies over max_upstream_body, by what: held 5xx, render,
+   * scrape (any loop: relaxed adds, /metrics reads) */
+  atomic_uint_fast64_t upstream_over[3];
   uint64_t next_id;              /* under mu */
   /* SIGHUP (rd_reload.c), written under mu */
   uint64_t reloads_ok, reloads_refused;
   double config_ok_unix; /* last config applied (start or reload), unix s */
   bool reload_failed;    /* the last reload was refused */
+  bool restart_pending;  /* the last applied file changed restart-only keys */
   struct rd_indexer *indexer;
   struct rd_sync *sync;         /* NULL: one replica */
   uint64_t *peer_req, *peer_tok; /* per slot: the peers' in-flight load */
 };
 
 double rd_now(void); /* monotonic seconds */
+/* seconds -> struct timeval (every timer and timeout of the daemon) */
+static inline struct timeval rd_tv(double s) {
+  struct timeval tv = {(time_t)s, (suseconds_t)((s - (double)(time_t)s) * 1e6)};
+  return tv;
+}
 void rd_js_tick_arm(rd_server *s); /* a JetStream-fed worker exists */
 
 int rd_workers_init(rd_server *s);
@@ -328,6 +388,10 @@ int rd_tick_arm(rd_server *s);
 void rd_on_http(struct evhttp_request *hr, void *arg); /* arg: its rd_loop */
 void rd_reply_error(struct evhttp_request *hr, int status, const char *param,
                     const char *msg);
+/* false: hr's framing is ambiguous (two Content-Length, or one with
+ * Transfer-Encoding): answered 400 with Connection: close (every listener
+ * checks it first) */
+bool rd_framing_ok(struct evhttp_request *hr);
 /* A JSON reply: text j (NULL: a 500 without a body, e.g. out of memory), or
  * object o (its reference taken, NULL alike). */
 void rd_reply_json(struct evhttp_request *hr, int code, const char *j);
@@ -335,6 +399,14 @@ void rd_reply_obj(struct evhttp_request *hr, int code, json_t *o);
 
 /* ---- admin (rd_admin.c), metrics (rd_metrics.c) ------------------------- */
 void rd_on_admin(struct evhttp_request *hr, void *arg);
+/* Whether hr carries "Authorization: Bearer T" (scheme in any case) with T
+ * tok1 or tok2 (compared in constant time; "" = not that one; both "": no
+ * token asked).  Otherwise: logged (what, the peer), answered 401 with
+ * WWW-Authenticate, false. */
+bool rd_authorized(struct evhttp_request *hr, const char *what,
+                   const char *tok1, const char *tok2);
+void rd_peer(struct evhttp_request *hr, char *out, size_t cap); /* "addr:port" */
+const char *rd_method_name(enum evhttp_cmd_type m);
 void rd_metrics_write(rd_server *s, struct evbuffer *b); /* any loop */
 /* The config's workers list applied (added / drained-removed); -1 when
  * some were refused (logged) */
@@ -361,11 +433,13 @@ int rd_sync_start(rd_server *s, char *err, size_t cap);
  * is made, only when replicas sync (a single router stays lock-free) */
 int rd_sync_thread_safe(void);
 void rd_sync_stop(rd_server *s);
-/* this replica routed d to w (keys: approximate residency it creates, may
- * be NULL/0) / its request's prefill is over */
-void rd_sync_decision(rd_server *s, const rd_worker *w, const kvp_decision *d,
+/* this replica routed d to the worker at url (keys: approximate residency
+ * it creates, may be NULL/0) / its request's prefill is over.  url: a copy
+ * taken while the slot could not change (under s->mu): the slot itself may
+ * be freed and reused by then */
+void rd_sync_decision(rd_server *s, const char *url, const kvp_decision *d,
                       const kvp_key *keys, size_t n_keys);
-void rd_sync_complete(rd_server *s, const rd_worker *w, uint64_t request_id,
+void rd_sync_complete(rd_server *s, const char *url, uint64_t request_id,
                       uint64_t tokens);
 void rd_sync_metrics(rd_server *s, struct evbuffer *b);
 

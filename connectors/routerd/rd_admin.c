@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* kvplane-routerd admin listener (loopback by default, optional bearer
- * token) and SIGHUP reload: add, remove and drain workers while serving.
+/* kvplane-routerd admin listener (only with routerd.admin_listen; off
+ * loopback it needs admin_token, compared in constant time): add, remove
+ * and drain workers while serving.  Each change and each refused token is
+ * logged with the peer's address.
  *   GET    /admin/workers                     the workers and their state
  *   POST   /admin/workers   {"url", "kv_events"?, "kv_replay"?}   add one
  *   DELETE /admin/workers?url=U               drain, then remove when idle
@@ -12,10 +14,15 @@
 #include <event2/buffer.h>
 #include <event2/keyvalq_struct.h>
 #include <jansson.h>
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 static const char *const state_names[] = {"free", "up", "down", "draining"};
+
+static void log_action(struct evhttp_request *hr, int code, const char *url);
 
 
 /* s->mu: the front-door loops change inflight, requests, failures, state */
@@ -53,6 +60,7 @@ static void add(rd_server *s, struct evhttp_request *hr) {
              "\"kv_replay\"?: ...}");
   else
     id = rd_worker_add(s, url, ev, rp, err, sizeof err);
+  log_action(hr, id >= 0 ? 201 : 400, url);
   if (id >= 0)
     rd_reply_obj(hr, 201, json_pack("{s:i, s:s}", "id", id, "url", url));
   else
@@ -89,14 +97,90 @@ static rd_worker *by_query(rd_server *s, struct evhttp_request *hr) {
   return w;
 }
 
-static bool authorized(rd_server *s, struct evhttp_request *hr) {
-  if (*s->cfg.admin_token == '\0')
+/* constant time whatever the lengths: the digests are compared */
+static bool token_eq(const char *got, size_t n, const char *want) {
+  unsigned char a[SHA256_DIGEST_LENGTH], b[SHA256_DIGEST_LENGTH];
+  SHA256((const unsigned char *)got, n, a);
+  SHA256((const unsigned char *)want, strlen(want), b);
+  return CRYPTO_memcmp(a, b, sizeof a) == 0;
+}
+
+void rd_peer(struct evhttp_request *hr, char *out, size_t cap) {
+  struct evhttp_connection *cn = evhttp_request_get_connection(hr);
+  const char *addr = NULL;
+  uint16_t port = 0;
+  if (cn)
+    evhttp_connection_get_peer(cn, (char **)&addr, &port);
+  snprintf(out, cap, "%s:%u", addr ? addr : "?", port);
+}
+
+bool rd_authorized(struct evhttp_request *hr, const char *what,
+                   const char *tok1, const char *tok2) {
+  if (!*tok1 && !*tok2)
     return true;
   const char *a = evhttp_find_header(evhttp_request_get_input_headers(hr),
                                      "Authorization");
-  size_t n = strlen(s->cfg.admin_token);
-  return a && strncmp(a, "Bearer ", 7) == 0 && strlen(a + 7) == n &&
-         memcmp(a + 7, s->cfg.admin_token, n) == 0;
+  bool ok = false;
+  if (a && strncasecmp(a, "Bearer", 6) == 0 && (a[6] == ' ' || a[6] == '\t')) {
+    const char *t = a + 7;
+    t += strspn(t, " \t");
+    size_t n = strlen(t);
+    while (n && (t[n - 1] == ' ' || t[n - 1] == '\t'))
+      n--;
+    bool m1 = *tok1 && token_eq(t, n, tok1); /* both compared: no early */
+    bool m2 = *tok2 && token_eq(t, n, tok2); /* out on the first token */
+    ok = m1 || m2;
+  }
+  if (!ok) {
+    char peer[80];
+    rd_peer(hr, peer, sizeof peer);
+    kvp_log(KVP_LOG_WARN, "routerd", "%s: refused %s %s from %s: %s", what,
+            rd_method_name(evhttp_request_get_command(hr)),
+            evhttp_request_get_uri(hr), peer,
+            a ? "wrong bearer token" : "no bearer token");
+    evhttp_add_header(evhttp_request_get_output_headers(hr),
+                      "WWW-Authenticate", "Bearer realm=\"kvplane-routerd\"");
+    rd_reply_error(hr, 401, "", a ? "wrong bearer token"
+                                  : "a bearer token is required");
+  }
+  return ok;
+}
+
+const char *rd_method_name(enum evhttp_cmd_type m) {
+  switch (m) {
+  case EVHTTP_REQ_GET: return "GET";
+  case EVHTTP_REQ_POST: return "POST";
+  case EVHTTP_REQ_DELETE: return "DELETE";
+  case EVHTTP_REQ_PUT: return "PUT";
+  case EVHTTP_REQ_HEAD: return "HEAD";
+  default: return "OTHER";
+  }
+}
+
+/* every change an admin makes, with who made it */
+static void log_action(struct evhttp_request *hr, int code, const char *url) {
+  char peer[80];
+  rd_peer(hr, peer, sizeof peer);
+  kvp_log(KVP_LOG_WARN, "routerd", "admin: %s %s (url %s) from %s: %d",
+          rd_method_name(evhttp_request_get_command(hr)),
+          evhttp_request_get_uri(hr), url ? url : "-", peer, code);
+}
+
+static void mutate(rd_server *s, struct evhttp_request *hr, bool drain,
+                   bool undrain) {
+  rd_worker *w = by_query(s, hr);
+  if (w == NULL) {
+    log_action(hr, 404, NULL);
+    rd_reply_error(hr, 404, "url", "no worker with that ?url=");
+    return;
+  }
+  if (undrain)
+    rd_worker_undrain(w);
+  else
+    rd_worker_drain(w, !drain);
+  log_action(hr, 202, w->url);
+  rd_reply_obj(hr, 202, json_pack("{s:s, s:s}", "url", w->url, "state",
+                                  state_names[w->state]));
 }
 
 void rd_on_admin(struct evhttp_request *hr, void *arg) {
@@ -104,37 +188,27 @@ void rd_on_admin(struct evhttp_request *hr, void *arg) {
   const char *uri = evhttp_request_get_uri(hr);
   size_t plen = strcspn(uri, "?");
   enum evhttp_cmd_type m = evhttp_request_get_command(hr);
-  if (!authorized(s, hr)) {
-    rd_reply_obj(hr, 401, json_pack("{s:{s:s}}", "error", "message",
-                             "missing or wrong bearer token"));
+  if (!rd_framing_ok(hr) || !rd_authorized(hr, "admin", s->cfg.admin_token, ""))
     return;
-  }
   bool workers = plen == 14 && strncmp(uri, "/admin/workers", 14) == 0;
   bool drain = strncmp(uri, "/admin/workers/drain", plen) == 0 && plen == 20;
   bool undrain = strncmp(uri, "/admin/workers/undrain", plen) == 0 && plen == 22;
-  rd_worker *w;
-  if (workers && m == EVHTTP_REQ_GET)
+  bool index = plen == 12 && strncmp(uri, "/admin/index", 12) == 0;
+  bool post = m == EVHTTP_REQ_POST, get = m == EVHTTP_REQ_GET;
+  if (workers && get)
     list(s, hr);
-  else if (plen == 12 && strncmp(uri, "/admin/index", 12) == 0 &&
-           m == EVHTTP_REQ_GET)
+  else if (index && get)
     index_digests(s, hr);
-  else if (workers && m == EVHTTP_REQ_POST)
+  else if (workers && post)
     add(s, hr);
-  else if ((workers && m == EVHTTP_REQ_DELETE) || drain || undrain) {
-    if ((w = by_query(s, hr)) == NULL) {
-      rd_reply_obj(hr, 404, json_pack("{s:{s:s}}", "error", "message",
-                               "no worker with that ?url="));
-      return;
-    }
-    if (undrain)
-      rd_worker_undrain(w);
-    else
-      rd_worker_drain(w, !drain);
-    rd_reply_obj(hr, 202, json_pack("{s:s, s:s}", "url", w->url, "state",
-                             state_names[w->state]));
+  else if ((workers && m == EVHTTP_REQ_DELETE) || ((drain || undrain) && post))
+    mutate(s, hr, drain, undrain);
+  else if (workers || index || drain || undrain) {
+    evhttp_add_header(evhttp_request_get_output_headers(hr), "Allow",
+                      workers ? "GET, POST, DELETE" : index ? "GET" : "POST");
+    rd_reply_error(hr, 405, "", "method not allowed here");
   } else
-    rd_reply_obj(hr, 404, json_pack("{s:{s:s}}", "error", "message",
-                             "no such admin endpoint"));
+    rd_reply_error(hr, 404, "", "no such admin endpoint");
 }
 
 /* ---- the config's worker list is the truth (start, SIGHUP) -------------- */

@@ -21,11 +21,15 @@ static void defaults(rd_cfg *c) {
   c->max_workers = 64;
   c->max_body = 64u << 20;
   c->max_headers = 64u << 10;
+  c->max_upstream_body = 16u << 20;
+  c->max_inflight = 4096;
+  c->client_request_timeout_s = 60;
   c->retries = 2;
   c->breaker_failures = 3;
   c->stream_buffer = 1u << 20;
   c->render = true;
   snprintf(c->threads_s, sizeof c->threads_s, "1");
+  snprintf(c->response_headers_s, sizeof c->response_headers_s, "auto");
   c->connect_timeout_s = 2;
   c->request_timeout_s = 600;
   c->client_timeout_s = 30;
@@ -47,6 +51,11 @@ static int bind_own(kvp_config *k, rd_cfg *c, char *err, size_t cap) {
       KVP_CFG_STR("admin_listen", c->admin_listen, sizeof c->admin_listen),
       KVP_CFG_STR("admin_token", c->admin_token, sizeof c->admin_token),
       KVP_CFG_STR("indexer_listen", c->indexer_listen, sizeof c->indexer_listen),
+      KVP_CFG_STR("indexer_token", c->indexer_token, sizeof c->indexer_token),
+      KVP_CFG_BOOL("indexer_routes", &c->indexer_routes),
+      KVP_CFG_STR("salt_secret", c->salt_secret, sizeof c->salt_secret),
+      KVP_CFG_STR("response_headers", c->response_headers_s,
+                  sizeof c->response_headers_s),
       KVP_CFG_STR("receipts", c->receipts, sizeof c->receipts),
       KVP_CFG_STR("tenant_header", c->tenant_header, sizeof c->tenant_header),
       KVP_CFG_STR("session_header", c->session_header, sizeof c->session_header),
@@ -54,6 +63,10 @@ static int bind_own(kvp_config *k, rd_cfg *c, char *err, size_t cap) {
       KVP_CFG_U64("max_workers", &c->max_workers, 1, RD_WORKERS_MAX),
       KVP_CFG_SIZE("max_body", &c->max_body, 1024, 1u << 30),
       KVP_CFG_SIZE("max_headers", &c->max_headers, 1024, 1u << 24),
+      KVP_CFG_U64("max_inflight", &c->max_inflight, 0, 1u << 24),
+      KVP_CFG_DURATION("client_request_timeout", &c->client_request_timeout_s,
+                       0.001, 86400, 1),
+      KVP_CFG_SIZE("max_upstream_body", &c->max_upstream_body, 4096, 1u << 30),
       KVP_CFG_U64("retries", &c->retries, 0, 16),
       KVP_CFG_U64("breaker_failures", &c->breaker_failures, 1, 1000),
       KVP_CFG_SIZE("stream_buffer", &c->stream_buffer, 4096, 1u << 30),
@@ -116,8 +129,8 @@ static int where(kvp_config *k, const char *sec, const char *key, char *err,
 
 /* routerd.threads: a count, or `auto` (the online CPUs, at most 16: past
  * that the one routing lock, not the CPUs, bounds the rate).  Replicas
- * sync from libnats on loop 0 and are not shared with the other loops yet:
- * refused together rather than raced. */
+ * work with any count: each loop publishes its own decisions
+ * (rd_sync.c). */
 static int check_threads(kvp_config *k, rd_cfg *c, char *err, size_t cap) {
   char *end;
   long n = strtol(c->threads_s, &end, 10);
@@ -132,6 +145,53 @@ static int check_threads(kvp_config *k, rd_cfg *c, char *err, size_t cap) {
   return 0;
 }
 
+bool rd_loopback(const char *hostport) {
+  char host[RD_URL_MAX];
+  uint16_t port;
+  if (rd_split_hostport(hostport, host, sizeof host, &port) < 0)
+    return false;
+  return strncmp(host, "127.", 4) == 0 || strcmp(host, "localhost") == 0 ||
+         strcmp(host, "::1") == 0 || strcmp(host, "[::1]") == 0;
+}
+
+/* A listener that changes what the router routes to (admin, the indexer's
+ * /register) reachable from other hosts without a token: refused. */
+static int check_access(kvp_config *k, rd_cfg *c, char *err, size_t cap) {
+  static const char *const rh[] = {"auto", "true", "false"};
+  c->response_headers = -1;
+  for (int i = 0; i < 3; i++)
+    if (strcmp(c->response_headers_s, rh[i]) == 0)
+      c->response_headers = i;
+  if (c->response_headers < 0)
+    return where(k, "routerd", "response_headers", err, cap,
+                 "expected auto, true or false");
+  if (*c->admin_listen && !rd_loopback(c->admin_listen) && !*c->admin_token)
+    return where(k, "routerd", "admin_listen", err, cap, "off loopback "
+                 "without routerd.admin_token: anyone who reaches it could "
+                 "add or remove workers; set admin_token");
+  if (*c->indexer_listen && !rd_loopback(c->indexer_listen) &&
+      !*c->admin_token && !*c->indexer_token)
+    return where(k, "routerd", "indexer_listen", err, cap, "off loopback "
+                 "without routerd.indexer_token (or admin_token): anyone who "
+                 "reaches it could register or unregister workers; set one");
+  return 0;
+}
+
+int rd_cfg_warn(const rd_cfg *c, FILE *f) {
+  int n = 0;
+  if (!rd_loopback(c->listen))
+    n += fprintf(f, "kvplane-routerd: WARNING: routerd.listen %s is off "
+                 "loopback and the front door asks no token (it passes the "
+                 "client's Authorization to the workers): put it behind a "
+                 "firewall or an authenticating proxy\n", c->listen) > 0;
+  if (!*c->salt_secret && *c->nats_url)
+    n += fprintf(f, "kvplane-routerd: WARNING: replicas without "
+                 "routerd.salt_secret: each replica derives tenant cache "
+                 "salts from its own random key, so a tenant's prefixes are "
+                 "not shared between replicas; set the same secret on all\n") > 0;
+  return n;
+}
+
 static int check(kvp_config *k, rd_cfg *c, char *err, size_t cap) {
   char host[RD_URL_MAX];
   uint16_t port;
@@ -140,7 +200,7 @@ static int check(kvp_config *k, rd_cfg *c, char *err, size_t cap) {
   size_t nu = count_items(c->urls);
   if (rd_split_hostport(c->listen, host, sizeof host, &port) < 0)
     return where(k, "routerd", "listen", err, cap, "expected host:port");
-  if (check_threads(k, c, err, cap) < 0)
+  if (check_threads(k, c, err, cap) < 0 || check_access(k, c, err, cap) < 0)
     return -1;
   if (kvp_policy_parse(c->policy, &p) < 0)
     return where(k, "routerd", "policy", err, cap, "unknown policy (kvplane_"

@@ -6,6 +6,10 @@
 
 #include <ctype.h>
 #include <jansson.h>
+#include <openssl/core_names.h>
+#include <openssl/evp.h>
+#include <openssl/params.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -274,11 +278,62 @@ void rd_ix_free(rd_ix_req *r) {
   r->n_tokens = r->n_hashes = 0;
 }
 
-void rd_salt_for(const char *tenant, const char *cache_salt, char *out,
-                 size_t cap) {
-  if (tenant && *tenant)
-    snprintf(out, cap, "kvplane-tenant:%s%s%s", tenant,
-             cache_salt && *cache_salt ? "|" : "", cache_salt ? cache_salt : "");
-  else
-    snprintf(out, cap, "%s", cache_salt ? cache_salt : "");
+static void put_len(unsigned char *p, uint64_t n) {
+  for (int i = 7; i >= 0; i--, n >>= 8)
+    p[i] = (unsigned char)(n & 0xff);
+}
+
+/* base64url without padding: 32 bytes -> 43 characters */
+static size_t b64url(const unsigned char *in, size_t n, char *out) {
+  static const char a[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                          "0123456789-_";
+  size_t k = 0;
+  for (size_t i = 0; i < n; i += 3) {
+    uint32_t v = (uint32_t)in[i] << 16;
+    v |= i + 1 < n ? (uint32_t)in[i + 1] << 8 : 0;
+    v |= i + 2 < n ? in[i + 2] : 0;
+    size_t chars = i + 2 < n ? 4 : i + 1 < n ? 3 : 2;
+    for (size_t j = 0; j < chars; j++)
+      out[k++] = a[(v >> (18 - 6 * j)) & 63];
+  }
+  out[k] = '\0';
+  return k;
+}
+
+/* HMAC, fetched once (a provider lookup per request otherwise); kept to
+ * the process's end */
+static EVP_MAC *hmac;
+static pthread_once_t hmac_once = PTHREAD_ONCE_INIT;
+static void hmac_fetch(void) { hmac = EVP_MAC_fetch(NULL, "HMAC", NULL); }
+
+int rd_salt_for(const unsigned char key[RD_SALT_KEY_LEN], const char *tenant,
+                const char *cache_salt, char *out, size_t cap) {
+  size_t nt = tenant ? strlen(tenant) : 0;
+  size_t ns = cache_salt ? strlen(cache_salt) : 0;
+  unsigned char mac[EVP_MAX_MD_SIZE], len[8];
+  if (cap == 0)
+    return -1;
+  *out = '\0';
+  if (nt == 0 && ns == 0)
+    return 0;
+  if (cap < RD_SALT_MAX)
+    return -1;
+  pthread_once(&hmac_once, hmac_fetch);
+  EVP_MAC_CTX *x = hmac ? EVP_MAC_CTX_new(hmac) : NULL;
+  OSSL_PARAM ps[] = {OSSL_PARAM_construct_utf8_string("digest", "SHA256", 0),
+                     OSSL_PARAM_construct_end()};
+  size_t got = 0;
+  int ok = x && EVP_MAC_init(x, key, RD_SALT_KEY_LEN, ps) == 1;
+  put_len(len, nt);
+  ok = ok && EVP_MAC_update(x, len, 8) == 1 &&
+       EVP_MAC_update(x, (const unsigned char *)(nt ? tenant : ""), nt) == 1;
+  put_len(len, ns);
+  ok = ok && EVP_MAC_update(x, len, 8) == 1 &&
+       EVP_MAC_update(x, (const unsigned char *)(ns ? cache_salt : ""), ns) == 1 &&
+       EVP_MAC_final(x, mac, &got, sizeof mac) == 1 && got == 32;
+  EVP_MAC_CTX_free(x);
+  if (!ok)
+    return -1;
+  memcpy(out, "kvp1-", 5);
+  return 5 + (int)b64url(mac, 32, out + 5);
 }

@@ -63,11 +63,20 @@ int rd_ix_parse(rd_ix_op op, const char *body, size_t len, rd_ix_req *out,
                 rd_req_err *err);
 void rd_ix_free(rd_ix_req *r);
 
-/* The cache salt the front door hashes a request with: a tenant (header)
- * becomes "kvplane-tenant:T", joined to the request's own cache_salt with
- * '|'; no tenant: the cache_salt as is ("" = none).  Shared by rd_proxy.c
- * and the indexer so /query matches what the front door indexed. */
-void rd_salt_for(const char *tenant, const char *cache_salt, char *out,
-                 size_t cap);
+/* The cache salt the front door hashes a request with and sends to the
+ * engine (vLLM's cache_salt): "kvp1-" + base64url (no padding) of
+ * HMAC-SHA256(key, len64be(tenant) tenant len64be(salt) salt), the tenant
+ * from its header ("" = none) and salt the request's own cache_salt ("" =
+ * none); "" when both are empty.  A client can neither forge another
+ * tenant's salt (it does not know the router's key) nor collide two
+ * (tenant, salt) pairs (length-prefixed); the result is 48 characters of
+ * [A-Za-z0-9_-], which vLLM accepts.  Shared by rd_proxy.c and the indexer
+ * so /query matches what the front door indexed.  cap >= RD_SALT_MAX;
+ * returns the length written, or -1 (cap too small, or OpenSSL failed:
+ * out is ""). */
+#define RD_SALT_KEY_LEN 32
+#define RD_SALT_MAX 64
+int rd_salt_for(const unsigned char key[RD_SALT_KEY_LEN], const char *tenant,
+                const char *cache_salt, char *out, size_t cap);
 
 #endif

@@ -122,8 +122,18 @@ static int add_worker(rd_server *s, const rd_ix_req *r, uint32_t dp,
 
 static void named(rd_worker *w, const rd_ix_req *r, uint32_t dp) {
   snprintf(w->instance, sizeof w->instance, "%s", r->instance);
+  w->registered = true;
   w->instance_int = r->instance_int;
   w->dp_rank = dp;
+}
+
+static void log_change(struct evhttp_request *hr, const char *what,
+                       const rd_worker *w) {
+  char peer[80];
+  rd_peer(hr, peer, sizeof peer);
+  kvp_log(KVP_LOG_WARN, "routerd", "indexer: %s instance %s dp_rank %u "
+          "(%s) from %s", what, inst_name(w), w->dp_rank,
+          w->index_only ? "index only" : w->url, peer);
 }
 
 static void on_register(rd_server *s, struct evhttp_request *hr) {
@@ -135,6 +145,13 @@ static void on_register(rd_server *s, struct evhttp_request *hr) {
   int id = -1;
   if (check_scope(s, hr, &r, 400) < 0)
     goto out;
+  if (*r.url && !s->cfg.indexer_routes) {
+    reply_error(s, hr, 403, "registering a worker with a url would route "
+                "user requests to it: this router takes routing targets from "
+                "its config and admin API only (routerd.indexer_routes: "
+                "false); register without a url to index its events");
+    goto out;
+  }
   if (find_instance(s, r.instance, dp, 0)) {
     snprintf(err, sizeof err, "instance %s dp_rank %u is already registered",
              r.instance, dp);
@@ -146,6 +163,7 @@ static void on_register(rd_server *s, struct evhttp_request *hr) {
     goto out;
   }
   named(&s->w[id], &r, dp);
+  log_change(hr, "registered", &s->w[id]);
   if (r.dialect == RD_IX_MOONCAKE)
     rd_reply_obj(hr, 201, json_pack("{s:s, s:o}", "status", "registered successfully",
                              "instance_id", inst_json(&s->w[id])));
@@ -164,15 +182,24 @@ static void on_unregister(rd_server *s, struct evhttp_request *hr) {
   const char *tenant = *r.tenant ? r.tenant : "default";
   if (check_scope(s, hr, &r, 404) < 0)
     goto out;
+  int foreign = 0;
   for (rd_worker *w = find_instance(s, r.instance, r.dp_rank, 0); w;
        w = find_instance(s, r.instance, r.dp_rank, w->id + 1)) {
+    if (!w->registered) { /* config's or admin's: removed there */
+      foreign++;
+      continue;
+    }
     char k[RD_URL_MAX + 160];
     snprintf(k, sizeof k, "%s|%s|%u", r.instance, tenant, w->dp_rank);
     json_array_append_new(gone, json_string(k));
+    log_change(hr, "unregistered", w);
     rd_worker_drain(w, true);
     rd_worker_reap(w);
   }
-  if (json_array_size(gone) == 0) {
+  if (json_array_size(gone) == 0 && foreign)
+    reply_error(s, hr, 403, "that worker comes from the config or the admin "
+                "API: remove it there, not through the indexer");
+  else if (json_array_size(gone) == 0) {
     char m[300];
     snprintf(m, sizeof m, "instance %s is not registered", r.instance);
     reply_error(s, hr, 404, m);
@@ -409,9 +436,13 @@ static void on_query(rd_server *s, struct evhttp_request *hr) {
     rd_ix_free(&r);
     return;
   }
-  char salt[3 * RD_REQ_ID_MAX];
+  char salt[RD_SALT_MAX];
   const char *tenant = strcmp(r.tenant, "default") == 0 ? "" : r.tenant;
-  rd_salt_for(tenant, r.cache_salt, salt, sizeof salt);
+  if (rd_salt_for(s->salt_key, tenant, r.cache_salt, salt, sizeof salt) < 0) {
+    reply_error(s, hr, 500, "could not derive the cache salt");
+    rd_ix_free(&r);
+    return;
+  }
   size_t nb = r.n_tokens / kvp_hasher_block_size(s->hasher);
   kvp_key *keys = malloc((nb ? nb : 1) * sizeof *keys);
   kvp_extras ex = {.cache_salt = *salt ? salt : NULL,
@@ -611,9 +642,15 @@ static void on_indexer(struct evhttp_request *hr, void *arg) {
   static void (*const get_fn[])(rd_server *, struct evhttp_request *) = {
       on_workers, on_dump};
   s->indexer->requests++;
+  if (!rd_framing_ok(hr))
+    return;
   for (size_t i = 0; i < 4; i++)
     if (strcmp(path, posts[i]) == 0) {
-      post ? post_fn[i](s, hr) : reply_error(s, hr, 405, "use POST");
+      if (!post)
+        reply_error(s, hr, 405, "use POST");
+      else if (i >= 2 || rd_authorized(hr, "indexer", s->cfg.indexer_token,
+                                       s->cfg.admin_token))
+        post_fn[i](s, hr); /* /register, /unregister: the token's */
       return;
     }
   for (size_t i = 0; i < 2; i++)

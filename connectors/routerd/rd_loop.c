@@ -10,6 +10,7 @@
 #include "rd.h"
 
 #include <errno.h>
+#include <event2/dns.h>
 #include <event2/listener.h>
 #include <netdb.h>
 #include <stdio.h>
@@ -195,8 +196,13 @@ static int loop_init(rd_server *s, rd_loop *l, uint32_t idx) {
                       NULL ||
                   event_add(l->wake, NULL) < 0))
     return -1;
+  l->dns = evdns_base_new(l->base, EVDNS_BASE_INITIALIZE_NAMESERVERS |
+                                        EVDNS_BASE_DISABLE_WHEN_INACTIVE);
+  if (l->dns == NULL)
+    kvp_log(KVP_LOG_WARN, "routerd", "loop %u: evdns did not start (no "
+            "/etc/resolv.conf?): worker host names resolve blocking", idx);
   l->http = rd_http_new(l->base, &l->cfg, rd_on_http, l);
-  return l->http ? 0 : -1;
+  return l->http && rd_guard_create(l, &l->guard) == 0 ? 0 : -1;
 }
 
 int rd_loops_create(rd_server *s) {
@@ -274,6 +280,9 @@ static void loop_free(rd_loop *l) {
   free(l->pool);
   if (l->http)
     evhttp_free(l->http);
+  rd_guard_destroy(l->guard); /* its references: after evhttp's */
+  if (l->dns) /* no connection left that resolves */
+    evdns_base_free(l->dns, 0);
   if (l->wake)
     event_free(l->wake);
   if (l->wake_fd >= 0)
@@ -320,11 +329,10 @@ struct evhttp_connection *rd_conn_get(rd_loop *l, rd_worker *w) {
   if (p->n > 0)
     return p->idle[--p->n];
   struct evhttp_connection *c =
-      evhttp_connection_base_new(l->base, NULL, w->host, w->port);
+      evhttp_connection_base_new(l->base, l->dns, w->host, w->port);
   if (c == NULL)
     return NULL;
-  double t = l->cfg.request_timeout_s;
-  struct timeval tv = {(time_t)t, (suseconds_t)((t - (double)(time_t)t) * 1e6)};
+  struct timeval tv = rd_tv(l->cfg.request_timeout_s);
   evhttp_connection_set_timeout_tv(c, &tv);
   evhttp_connection_set_retries(c, 0);
   return c;

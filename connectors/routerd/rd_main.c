@@ -9,15 +9,13 @@
 #include <errno.h>
 #include <event2/buffer.h>
 #include <getopt.h>
+#include <openssl/rand.h>
+#include <openssl/sha.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static struct timeval tv_of(double s) {
-  struct timeval tv = {(time_t)s, (suseconds_t)((s - (double)(time_t)s) * 1e6)};
-  return tv;
-}
+#include <time.h>
 
 static int make_hashers(rd_server *s) {
   const rd_cfg *c = &s->cfg;
@@ -38,10 +36,23 @@ static int make_hashers(rd_server *s) {
   return 0;
 }
 
+/* routerd.salt_secret hashed to the HMAC key, or a random key */
+static int make_salt_key(rd_server *s) {
+  const char *sec = s->cfg.salt_secret;
+  if (*sec)
+    return SHA256((const unsigned char *)sec, strlen(sec), s->salt_key)
+               ? 0 : -1;
+  if (RAND_bytes(s->salt_key, sizeof s->salt_key) != 1)
+    return -1;
+  kvp_log(KVP_LOG_INFO, "routerd", "tenant cache salts: a random key (no "
+          "routerd.salt_secret): they change at each start");
+  return 0;
+}
+
 static int make_core(rd_server *s) {
   kvp_index_opts io = {.max_workers = (uint32_t)s->cfg.max_workers,
                        .approx_ttl_ns = (uint64_t)(s->cfg.approx_ttl_s * 1e9)};
-  if (make_hashers(s) < 0 || kvp_index_create(&io, NULL, &s->ix) < 0 ||
+  if (make_salt_key(s) < 0 || make_hashers(s) < 0 || kvp_index_create(&io, NULL, &s->ix) < 0 ||
       kvp_router_create(&s->cfg.ropts, NULL, &s->router) < 0 ||
       kvp_ledger_create(NULL, NULL, &s->ledger) < 0 || rd_workers_init(s) < 0)
     return -1;
@@ -51,7 +62,7 @@ static int make_core(rd_server *s) {
 void rd_http_limits(const rd_cfg *c, struct evhttp *h) {
   evhttp_set_max_body_size(h, (ev_ssize_t)c->max_body);
   evhttp_set_max_headers_size(h, (ev_ssize_t)c->max_headers);
-  struct timeval tv = tv_of(c->client_timeout_s);
+  struct timeval tv = rd_tv(c->client_timeout_s);
   evhttp_set_timeout_tv(h, &tv);
 }
 
@@ -144,7 +155,7 @@ static int open_receipts(rd_server *s) {
 }
 
 int rd_tick_arm(rd_server *s) {
-  struct timeval tv = tv_of(s->cfg.scrape_interval_s);
+  struct timeval tv = rd_tv(s->cfg.scrape_interval_s);
   return event_add(s->tick, &tv); /* pending: rescheduled */
 }
 
@@ -226,6 +237,40 @@ static void stop(rd_server *s) {
   pthread_mutex_destroy(&s->rc_mu);
 }
 
+/* --check-config opens what the daemon will open, as it will: the receipts
+ * file to append (created if missing), else the daemon would exit at start
+ * and systemd restart it in a loop */
+static int check_paths(const rd_cfg *c) {
+  FILE *f = NULL;
+  if (rd_receipts_open(c->receipts, &f) < 0) {
+    fprintf(stderr, "kvplane-routerd: %s: routerd.receipts %s: %s\n", c->path,
+            c->receipts, strerror(errno));
+    return -1;
+  }
+  if (f && f != stdout)
+    fclose(f);
+  return 0;
+}
+
+/* The daemon's log lines carry the wall-clock time (UTC, milliseconds):
+ * "2026-11-28T21:44:11.123Z kvplane[warn] routerd: ...", one fprintf per
+ * line as the default sink (any thread). */
+static void log_sink(void *opaque, kvp_log_level level, const char *module,
+                     const char *msg) {
+  static const char *const names[] = {"off", "error", "warn", "info",
+                                      "debug", "trace"};
+  (void)opaque;
+  struct timespec ts;
+  struct tm tm;
+  char when[32] = "";
+  clock_gettime(CLOCK_REALTIME, &ts);
+  if (gmtime_r(&ts.tv_sec, &tm))
+    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &tm);
+  fprintf(stderr, "%s.%03ldZ kvplane[%s] %s: %s\n", when, ts.tv_nsec / 1000000,
+          (unsigned)level < 6 ? names[level] : "?", module ? module : "kvplane",
+          msg);
+}
+
 static void usage(FILE *f) {
   fprintf(f, "usage: kvplane-routerd --config FILE [--check-config] "
              "[--log off|error|warn|info|debug]\n"
@@ -255,6 +300,7 @@ int main(int argc, char **argv) {
   if (cfg == NULL || optind != argc)
     return usage(stderr), 2;
   signal(SIGPIPE, SIG_IGN);
+  kvp_log_set_sink(log_sink, NULL);
   rd_server *s = calloc(1, sizeof *s);
   char err[1024];
   if (s) {
@@ -264,6 +310,11 @@ int main(int argc, char **argv) {
   if (s == NULL || rd_cfg_load(cfg, &s->cfg, err, sizeof err) < 0) {
     fprintf(stderr, "kvplane-routerd: %s\n", s ? err : "out of memory");
     free(s); /* its mutexes: never locked, nothing to destroy */
+    return 2;
+  }
+  rd_cfg_warn(&s->cfg, stderr);
+  if (check && check_paths(&s->cfg) < 0) {
+    free(s);
     return 2;
   }
   if (check) {

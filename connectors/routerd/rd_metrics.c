@@ -7,8 +7,10 @@
 #include "kvplane/events_nats.h"
 
 #include <event2/buffer.h>
+#include <jansson.h>
 #include <stddef.h>
 #include <stdlib.h>
+#include <string.h>
 
 static const char *const state_names[] = {"free", "up", "down", "draining"};
 static const char *const err_names[] = {"connect", "5xx", "midstream",
@@ -39,11 +41,20 @@ static void hist(struct evbuffer *b, const char *name, const char *help,
 
 /* s->mu held: the loops change these */
 static void workers(rd_server *s, struct evbuffer *b) {
-  evbuffer_add_printf(b, "# TYPE kvplane_routerd_worker_requests_total counter\n"
-                      "# TYPE kvplane_routerd_worker_errors_total counter\n"
-                      "# TYPE kvplane_routerd_worker_inflight gauge\n"
-                      "# TYPE kvplane_routerd_worker_up gauge\n"
-                      "# TYPE kvplane_routerd_worker_load gauge\n");
+  evbuffer_add_printf(b,
+      "# HELP kvplane_routerd_worker_requests_total requests per worker: sent, "
+      "ok (answered under 400)\n"
+      "# TYPE kvplane_routerd_worker_requests_total counter\n"
+      "# HELP kvplane_routerd_worker_errors_total failed requests per worker, "
+      "by reason (connect, 5xx, midstream, timeout)\n"
+      "# TYPE kvplane_routerd_worker_errors_total counter\n"
+      "# HELP kvplane_routerd_worker_inflight requests relaying now\n"
+      "# TYPE kvplane_routerd_worker_inflight gauge\n"
+      "# HELP kvplane_routerd_worker_up routable (1) or not, with its state\n"
+      "# TYPE kvplane_routerd_worker_up gauge\n"
+      "# HELP kvplane_routerd_worker_load its scraped load and the router's "
+      "prefill tokens in flight\n"
+      "# TYPE kvplane_routerd_worker_load gauge\n");
   for (uint32_t i = 0; i < s->n_w; i++) {
     const rd_worker *w = &s->w[i];
     if (w->state == RD_W_FREE)
@@ -114,9 +125,13 @@ static void reloads(rd_server *s, struct evbuffer *b) {
       "when the running config was applied (start or reload), unix time\n"
       "# TYPE kvplane_routerd_config_last_reload_success_timestamp_seconds "
       "gauge\n"
-      "kvplane_routerd_config_last_reload_success_timestamp_seconds %.3f\n",
+      "kvplane_routerd_config_last_reload_success_timestamp_seconds %.3f\n"
+      "# HELP kvplane_routerd_config_restart_pending whether the applied "
+      "config file changed keys that take a restart (running values kept)\n"
+      "# TYPE kvplane_routerd_config_restart_pending gauge\n"
+      "kvplane_routerd_config_restart_pending %d\n",
       (unsigned long long)s->reloads_ok, (unsigned long long)s->reloads_refused,
-      !s->reload_failed, s->config_ok_unix);
+      !s->reload_failed, s->config_ok_unix, s->restart_pending);
 }
 
 static int ev_write(void *opaque, const char *d, size_t n) {
@@ -136,6 +151,21 @@ static uint64_t sum_at(rd_server *s, size_t off) {
 }
 #define SUM(s, f) sum_at((s), offsetof(rd_counters, f))
 
+/* worker replies read whole (held 5xx, render, scrapes) over
+ * routerd.max_upstream_body */
+static void upstream_over(rd_server *s, struct evbuffer *b) {
+  static const char *const what[] = {"held_5xx", "render", "scrape"};
+  evbuffer_add_printf(b, "# HELP kvplane_routerd_upstream_body_over_limit_total "
+                      "worker replies over routerd.max_upstream_body (not read "
+                      "whole), by what was read\n# TYPE kvplane_routerd_upstream_"
+                      "body_over_limit_total counter\n");
+  for (int i = 0; i < 3; i++)
+    evbuffer_add_printf(b, "kvplane_routerd_upstream_body_over_limit_total{"
+                        "what=\"%s\"} %llu\n", what[i], (unsigned long long)
+                        atomic_load_explicit(&s->upstream_over[i],
+                                             memory_order_relaxed));
+}
+
 static void counters(rd_server *s, struct evbuffer *b) {
   counter(b, "requests_total", "generation requests received",
           SUM(s, requests));
@@ -145,6 +175,11 @@ static void counters(rd_server *s, struct evbuffer *b) {
           SUM(s, no_worker));
   counter(b, "retries_total", "attempts on a next-best worker",
           SUM(s, retries));
+  counter(b, "client_connections_cut_total", "client connections closed: "
+          "their request did not arrive whole within client_request_timeout",
+          SUM(s, conns_cut));
+  counter(b, "overloaded_total", "requests answered 503: over "
+          "routerd.max_inflight", SUM(s, overloaded));
   counter(b, "client_cancels_total", "clients gone before the end",
           SUM(s, client_cancels));
   counter(b, "render_calls_total", "render calls to a worker",
@@ -163,7 +198,9 @@ static void counters(rd_server *s, struct evbuffer *b) {
           "reported (usage.prompt_tokens_details)", SUM(s, reported_cached));
   counter(b, "reported_responses_total", "responses that reported cached "
           "tokens", SUM(s, reported_n));
-  evbuffer_add_printf(b, "# TYPE kvplane_routerd_decisions_total counter\n");
+  evbuffer_add_printf(b, "# HELP kvplane_routerd_decisions_total routing "
+                      "decisions by reason\n# TYPE kvplane_routerd_decisions_"
+                      "total counter\n");
   for (int r = 0; r < KVP_REASON_COUNT_; r++)
     evbuffer_add_printf(b, "kvplane_routerd_decisions_total{reason=\"%s\"} %llu\n",
                         kvp_reason_name((kvp_reason)r),
@@ -209,10 +246,133 @@ out:
     kvp_hist_destroy(h[k]);
 }
 
-void rd_metrics_write(rd_server *s, struct evbuffer *b) {
+/* ---- exposition text: one HELP and TYPE per family, families whole ------
+ * The parts above (and the events and ledger modules' own writers) emit a
+ * family per worker or per part; the text format wants each family once,
+ * its samples together (promtool check metrics). */
+typedef struct fam {
+  const char *help, *type; /* the line's text after the name; NULL none */
+  int help_len, type_len;
+  struct evbuffer *samples;
+} fam;
+
+typedef struct fams {
+  json_t *by_name; /* name -> index */
+  fam *f;
+  size_t n, cap;
+  char **names;
+} fams;
+
+static fam *fam_get(fams *F, const char *name, size_t len, bool create) {
+  char key[256];
+  if (len >= sizeof key)
+    len = sizeof key - 1;
+  memcpy(key, name, len);
+  key[len] = '\0';
+  json_t *i = json_object_get(F->by_name, key);
+  if (i || !create)
+    return i ? &F->f[json_integer_value(i)] : NULL;
+  if (F->n == F->cap) {
+    size_t nc = F->cap ? 2 * F->cap : 64;
+    fam *f = realloc(F->f, nc * sizeof *f);
+    char **nm = f ? realloc(F->names, nc * sizeof *nm) : NULL;
+    if (f)
+      F->f = f;
+    if (nm == NULL)
+      return NULL;
+    F->names = nm;
+    F->cap = nc;
+  }
+  fam *f = &F->f[F->n];
+  memset(f, 0, sizeof *f);
+  if ((f->samples = evbuffer_new()) == NULL ||
+      (F->names[F->n] = strdup(key)) == NULL) {
+    if (f->samples)
+      evbuffer_free(f->samples);
+    return NULL;
+  }
+  json_object_set_new(F->by_name, key, json_integer((json_int_t)F->n));
+  F->n++;
+  return f;
+}
+
+/* a sample's family: its own name, or the summary / histogram it is the
+ * _sum, _count or _bucket of */
+static fam *sample_fam(fams *F, const char *name, size_t len) {
+  static const char *const sfx[] = {"_sum", "_count", "_bucket"};
+  fam *f = fam_get(F, name, len, false);
+  for (int i = 0; f == NULL && i < 3; i++) {
+    size_t k = strlen(sfx[i]);
+    if (len > k && memcmp(name + len - k, sfx[i], k) == 0)
+      f = fam_get(F, name, len - k, false);
+  }
+  return f ? f : fam_get(F, name, len, true);
+}
+
+static void take_line(fams *F, const char *p, size_t n) {
+  bool help = n > 7 && memcmp(p, "# HELP ", 7) == 0;
+  bool type = n > 7 && memcmp(p, "# TYPE ", 7) == 0;
+  if (help || type) {
+    const char *nm = p + 7, *sp = memchr(nm, ' ', n - 7);
+    size_t nl = sp ? (size_t)(sp - nm) : n - 7;
+    fam *f = fam_get(F, nm, nl, true);
+    const char *t = sp ? sp + 1 : p + n;
+    int tl = (int)(p + n - t);
+    if (f && help && f->help == NULL)
+      f->help = t, f->help_len = tl;
+    else if (f && type && f->type == NULL)
+      f->type = t, f->type_len = tl;
+    return;
+  }
+  if (n == 0 || *p == '#')
+    return;
+  size_t nl = strcspn(p, "{ ");
+  fam *f = sample_fam(F, p, nl < n ? nl : n);
+  if (f) {
+    evbuffer_add(f->samples, p, n);
+    evbuffer_add(f->samples, "\n", 1);
+  }
+}
+
+static void regroup(struct evbuffer *raw, struct evbuffer *b) {
+  fams F = {.by_name = json_object()};
+  size_t len = evbuffer_get_length(raw);
+  const char *t = len ? (const char *)evbuffer_pullup(raw, -1) : "";
+  for (size_t i = 0; F.by_name && t && i < len;) {
+    const char *e = memchr(t + i, '\n', len - i);
+    size_t n = e ? (size_t)(e - (t + i)) : len - i;
+    take_line(&F, t + i, n);
+    i += n + 1;
+  }
+  for (size_t i = 0; i < F.n; i++) {
+    fam *f = &F.f[i];
+    if (f->help)
+      evbuffer_add_printf(b, "# HELP %s %.*s\n", F.names[i], f->help_len,
+                          f->help);
+    else /* the parts without their own: see docs/routerd.md#metrics */
+      evbuffer_add_printf(b, "# HELP %s kvplane (docs/routerd.md#metrics)\n",
+                          F.names[i]);
+    if (f->type)
+      evbuffer_add_printf(b, "# TYPE %s %.*s\n", F.names[i], f->type_len,
+                          f->type);
+    evbuffer_add_buffer(b, f->samples);
+    evbuffer_free(f->samples);
+    free(F.names[i]);
+  }
+  free(F.f);
+  free(F.names);
+  json_decref(F.by_name);
+}
+
+void rd_metrics_write(rd_server *s, struct evbuffer *out) {
+  struct evbuffer *b = evbuffer_new();
+  if (b == NULL)
+    return;
   counters(s, b);
   threads(s, b);
-  evbuffer_add_printf(b, "# TYPE kvplane_routerd_inflight gauge\n"
+  upstream_over(s, b);
+  evbuffer_add_printf(b, "# HELP kvplane_routerd_inflight upstream requests "
+                      "now, every loop's\n# TYPE kvplane_routerd_inflight gauge\n"
                       "kvplane_routerd_inflight %llu\n",
                       (unsigned long long)atomic_load_explicit(
                           &s->inflight, memory_order_relaxed));
@@ -223,6 +383,8 @@ void rd_metrics_write(rd_server *s, struct evbuffer *b) {
   events(s, b);
   js_metrics(s, b);
   rd_unlock(s);
-  rd_sync_metrics(s, b); /* replicas: thread 0 only (threads > 1 refused) */
+  rd_sync_metrics(s, b); /* replicas (any loop: see rd_sync_metrics) */
   kvp_ledger_prometheus_write(s->ledger, ev_write, b);
+  regroup(b, out);
+  evbuffer_free(b);
 }

@@ -16,6 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <time.h>
 
 typedef struct rd_call {
   rd_server *s;
@@ -25,13 +28,16 @@ typedef struct rd_call {
   char *body; /* forwarded */
   size_t body_len;
   char path[64];
-  char tenant[RD_REQ_ID_MAX], session[RD_REQ_ID_MAX], salt[3 * RD_REQ_ID_MAX];
-  char auth[1024];
+  char tenant[RD_REQ_ID_MAX], session[RD_REQ_ID_MAX], salt[RD_SALT_MAX];
+  char *auth; /* the client's Authorization (any length), or NULL */
   bool text_mode, completed, started, paused, done;
+  bool rendering;    /* the upstream request is the render call */
+  struct event *ct;  /* connect_timeout while c->uc connects, or NULL */
   int lora; /* the adapter it names (index in s->lora), -1 none */
   kvp_key *keys;
   size_t n_keys;
   kvp_decision d;
+  char d_url[RD_URL_MAX]; /* d.worker's url, copied under s->mu (replicas) */
   uint32_t tried[RD_WORKERS_MAX / 32];
   uint32_t attempts;
   rd_worker *w; /* current upstream */
@@ -41,6 +47,7 @@ typedef struct rd_call {
   enum evhttp_request_error uerr;
   bool uerr_set;
   struct evbuffer *held; /* a 5xx body kept while a retry is possible */
+  bool held_over;        /* ... it went over max_upstream_body: dropped */
   char tail[256];        /* last relayed bytes: usage.cached_tokens */
   size_t tail_len;
   double t0, t_first, t_render;
@@ -54,7 +61,7 @@ void rd_reply_json(struct evhttp_request *hr, int code, const char *j) {
     evbuffer_add(b, j, strlen(j));
   evhttp_add_header(evhttp_request_get_output_headers(hr), "Content-Type",
                     "application/json");
-  evhttp_send_reply(hr, j ? code : 500, code < 300 && j ? "OK" : "Error", b);
+  evhttp_send_reply(hr, j ? code : 500, NULL, b); /* NULL: code's phrase */
   if (b)
     evbuffer_free(b);
 }
@@ -64,6 +71,29 @@ void rd_reply_obj(struct evhttp_request *hr, int code, json_t *o) {
   json_decref(o);
   rd_reply_json(hr, code, j);
   free(j);
+}
+
+/* RFC 9112 section 6.3: a request with two Content-Length headers, or one
+ * with Transfer-Encoding, is framed ambiguously (a proxy in front may have
+ * read another body than libevent, which takes the first length or the
+ * chunks): 400 and the connection closed, so the rest is never read as a
+ * request of its own (smuggling). */
+bool rd_framing_ok(struct evhttp_request *hr) {
+  struct evkeyvalq *h = evhttp_request_get_input_headers(hr);
+  int n_cl = 0;
+  bool te = false;
+  for (struct evkeyval *kv = h->tqh_first; kv; kv = kv->next.tqe_next) {
+    n_cl += strcasecmp(kv->key, "Content-Length") == 0;
+    te = te || strcasecmp(kv->key, "Transfer-Encoding") == 0;
+  }
+  if (n_cl <= 1 && !(te && n_cl))
+    return true;
+  evhttp_add_header(evhttp_request_get_output_headers(hr), "Connection",
+                    "close");
+  rd_reply_error(hr, 400, "", n_cl > 1 ? "more than one Content-Length header"
+                 : "Content-Length together with Transfer-Encoding (RFC 9112 "
+                   "section 6.3)");
+  return false;
 }
 
 void rd_reply_error(struct evhttp_request *hr, int status, const char *param,
@@ -103,7 +133,11 @@ static void call_free(rd_call *c) {
   complete_once(c);
   if (c->held)
     evbuffer_free(c->held);
+  if (c->ct)
+    event_free(c->ct);
   rd_req_free(&c->q);
+  atomic_fetch_sub_explicit(&c->s->calls, 1, memory_order_relaxed);
+  free(c->auth);
   free(c->body);
   free(c->keys);
   free(c);
@@ -204,9 +238,14 @@ static void account(rd_call *c) {
   RD_COUNT(c->l, predicted_cached, c->d.avoided_tokens);
   RD_COUNT(c->l, reported_cached, found ? rep : 0);
   RD_COUNT(c->l, reported_n, found);
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
   kvp_route_names nm = {.tenant = *c->tenant ? c->tenant : NULL,
-                        .session = *c->session ? c->session : NULL};
-  kvp_ledger_add_decision(c->s->ledger, &c->d, &nm); /* its own mutex */
+                        .session = *c->session ? c->session : NULL,
+                        .unix_time_ns = (uint64_t)ts.tv_sec * 1000000000u +
+                                        (uint64_t)ts.tv_nsec};
+  if (c->code < 400) /* served: a refused request reused nothing */
+    kvp_ledger_add_decision(c->s->ledger, &c->d, &nm); /* its own mutex */
   receipt(c, &nm, found, rep);
 }
 
@@ -222,15 +261,18 @@ static void complete_once(rd_call *c) {
     rd_lock(c->s);
     kvp_router_complete(c->s->router, c->d.worker, c->d.request_id);
     rd_unlock(c->s);
-    rd_sync_complete(c->s, &c->s->w[c->d.worker], c->d.request_id,
-                     c->d.uncached_tokens);
+    rd_sync_complete(c->s, c->d_url, c->d.request_id, c->d.uncached_tokens);
   }
   c->completed = true;
 }
 
 /* The claim on c->w goes last: the slot may be freed right after. */
 static void upstream_end(rd_call *c) {
+  if (c->ct)
+    evtimer_del(c->ct);
   if (c->w) {
+    if (c->uc) /* back in the pool: no cap on what it relays (render's) */
+      evhttp_connection_set_max_body_size(c->uc, -1);
     if (c->uc)
       rd_conn_put(c->l, c->w, c->uc);
     rd_worker_release(c->w);
@@ -289,12 +331,25 @@ static int on_up_header(struct evhttp_request *ur, void *arg) {
   return c->hr ? 0 : -1;
 }
 
+/* routerd.response_headers: auto sends them except on a tenant's request
+ * (they tell what the shared cache holds) */
+static bool headers_on(const rd_call *c) {
+  int h = c->l->cfg.response_headers;
+  return h == RD_HDRS_ON || (h == RD_HDRS_AUTO && *c->tenant == '\0');
+}
+
 static void start_reply(rd_call *c, struct evhttp_request *ur) {
   struct evkeyvalq *oh = evhttp_request_get_output_headers(c->hr);
   const char *ct = evhttp_find_header(evhttp_request_get_input_headers(ur),
                                       "Content-Type");
   char num[32];
   evhttp_add_header(oh, "Content-Type", ct ? ct : "application/json");
+  if (!headers_on(c)) {
+    evhttp_send_reply_start(c->hr, c->code,
+                            evhttp_request_get_response_code_line(ur));
+    c->started = true;
+    return;
+  }
   evhttp_add_header(oh, "x-kvplane-worker", c->w->url);
   snprintf(num, sizeof num, "%llu", (unsigned long long)c->d.avoided_tokens);
   evhttp_add_header(oh, "x-kvplane-cached-tokens", num);
@@ -306,11 +361,27 @@ static void start_reply(rd_call *c, struct evhttp_request *ur) {
   c->started = true;
 }
 
+/* A 5xx body kept for a retry, up to max_upstream_body: past it, dropped
+ * (once counted) and the client gets the router's own error instead. */
+static void hold(rd_call *c, struct evbuffer *in) {
+  size_t n = evbuffer_get_length(in);
+  if (!c->held_over &&
+      evbuffer_get_length(c->held) + n <= c->l->cfg.max_upstream_body) {
+    evbuffer_add_buffer(c->held, in);
+    return;
+  }
+  if (!c->held_over)
+    atomic_fetch_add_explicit(&c->s->upstream_over[0], 1, memory_order_relaxed);
+  c->held_over = true;
+  evbuffer_drain(c->held, evbuffer_get_length(c->held));
+  evbuffer_drain(in, n);
+}
+
 static void on_up_chunk(struct evhttp_request *ur, void *arg) {
   rd_call *c = arg;
   struct evbuffer *in = evhttp_request_get_input_buffer(ur);
   if (c->held)
-    evbuffer_add_buffer(c->held, in);
+    hold(c, in);
   else if (c->hr && evbuffer_get_length(in) > 0) {
     if (!c->started)
       start_reply(c, ur);
@@ -325,12 +396,19 @@ static void on_up_error(enum evhttp_request_error e, void *arg) {
   c->uerr_set = true;
 }
 
+/* After the reply began (midstream) the client's stream ends with an error
+ * and the request is accounted (receipt status 502); before it, the next
+ * worker is tried. */
 static void up_failed(rd_call *c, rd_err_reason why) {
   rd_worker *w = c->w;
-  rd_worker_failed(w, why);
+  rd_worker_failed(w, c->started ? RD_ERR_MIDSTREAM : why);
   rd_lock(c->s);
   w->retried_away += !c->started;
   rd_unlock(c->s);
+  if (c->started) {
+    c->code = 502;
+    account(c);
+  }
   upstream_end(c);
   if (c->started)
     end_call(c, 502, "the worker failed after the reply began");
@@ -344,11 +422,18 @@ static void relay_held(rd_call *c) {
   detach(c);
   evhttp_add_header(evhttp_request_get_output_headers(c->hr), "Content-Type",
                     "application/json");
-  evhttp_add_header(evhttp_request_get_output_headers(c->hr),
-                    "x-kvplane-worker", c->w->url);
-  evhttp_send_reply(c->hr, c->code, "Error", b);
+  if (headers_on(c))
+    evhttp_add_header(evhttp_request_get_output_headers(c->hr),
+                      "x-kvplane-worker", c->w->url);
+  evhttp_send_reply(c->hr, c->code, NULL, b);
   evbuffer_free(b);
   c->hr = NULL;
+}
+
+/* the client's reply (not started) is the router's error; the call goes on */
+static void end_client(rd_call *c, int status, const char *msg) {
+  detach(c);
+  finish_client(c, status, msg);
 }
 
 static void on_up_done(struct evhttp_request *ur, void *arg) {
@@ -367,7 +452,12 @@ static void on_up_done(struct evhttp_request *ur, void *arg) {
     return;
   }
   if (c->held) {
-    if (c->hr)
+    if (c->hr && c->held_over) {
+      char m[160];
+      snprintf(m, sizeof m, "the worker answered %d with a body over "
+               "routerd.max_upstream_body", c->code);
+      end_client(c, c->code, m);
+    } else if (c->hr)
       relay_held(c);
     rd_lock(c->s);
     w->errors[RD_ERR_5XX]++;
@@ -382,8 +472,8 @@ static void on_up_done(struct evhttp_request *ur, void *arg) {
     c->hr = NULL;
     rd_conn_flush(cc); /* may free the client's request and connection */
   }
-  if (c->code < 500)
-    rd_worker_ok(w, true);
+  if (c->code < 500) /* up; served only if it did not refuse it */
+    rd_worker_ok(w, c->code < 400);
   account(c);
   upstream_end(c);
   call_free(c);
@@ -394,6 +484,44 @@ static int up_refused(rd_call *c) {
   rd_worker_failed(c->w, RD_ERR_CONNECT);
   upstream_end(c);
   return -1;
+}
+
+/* ---- connect_timeout: libevent 2.1 connects under the request's timeout
+ * (request_timeout, 600 s), so the router times the connect itself: a timer
+ * armed after evhttp_make_request while the socket is not connected yet. */
+static bool connected(struct evhttp_connection *cn) {
+  evutil_socket_t fd =
+      bufferevent_getfd(evhttp_connection_get_bufferevent(cn));
+  struct sockaddr_storage a;
+  socklen_t n = sizeof a;
+  return fd >= 0 && getpeername(fd, (struct sockaddr *)&a, &n) == 0;
+}
+
+static void render_failed(rd_call *c);
+
+static void on_connect_timeout(evutil_socket_t fd, short what, void *arg) {
+  (void)fd, (void)what;
+  rd_call *c = arg;
+  if (c->ur == NULL || c->uc == NULL || connected(c->uc))
+    return;
+  evhttp_cancel_request(c->ur); /* no callback; the connection reset */
+  c->ur = NULL;
+  evhttp_connection_free(c->uc); /* not back to the pool */
+  c->uc = NULL;
+  if (c->rendering)
+    render_failed(c);
+  else
+    up_failed(c, RD_ERR_TIMEOUT);
+}
+
+static void arm_connect(rd_call *c) {
+  if (connected(c->uc))
+    return;
+  if (c->ct == NULL)
+    c->ct = evtimer_new(c->l->base, on_connect_timeout, c);
+  struct timeval tv = rd_tv(c->l->cfg.connect_timeout_s);
+  if (c->ct)
+    evtimer_add(c->ct, &tv);
 }
 
 /* w: claimed (claim_next) */
@@ -413,7 +541,7 @@ static int start_upstream(rd_call *c, rd_worker *w) {
   struct evkeyvalq *h = evhttp_request_get_output_headers(c->ur);
   evhttp_add_header(h, "Host", w->host);
   evhttp_add_header(h, "Content-Type", "application/json");
-  if (*c->auth)
+  if (c->auth)
     evhttp_add_header(h, "Authorization", c->auth);
   evbuffer_add(evhttp_request_get_output_buffer(c->ur), c->body, c->body_len);
   if (evhttp_make_request(c->uc, c->ur, EVHTTP_REQ_POST, c->path) < 0) {
@@ -422,6 +550,7 @@ static int start_upstream(rd_call *c, rd_worker *w) {
   }
   rd_conn_nodelay(c->uc);
   rd_conn_flush(c->uc);
+  arm_connect(c);
   return 0;
 }
 
@@ -556,6 +685,8 @@ static int decide(rd_call *c, kvp_route_request *rq, uint64_t now,
   }
   int rc = kvp_router_route_matches(s->router, rq, c->l->wm, nm, &c->d);
   *approx = rc == 0 && (c->text_mode || *s->w[c->d.worker].kv_events == '\0');
+  if (rc == 0 && s->sync) /* the slot is not claimed yet: copied here */
+    snprintf(c->d_url, sizeof c->d_url, "%s", s->w[c->d.worker].url);
   uint64_t t2 = kvp_now_ns();
   rd_unlock(s);
   pthread_mutex_lock(&c->l->hmu);
@@ -569,6 +700,24 @@ static int decide(rd_call *c, kvp_route_request *rq, uint64_t now,
   return rc;
 }
 
+/* A prompt longer than the router takes (routing.max_blocks blocks) is the
+ * client's error: a 400, not the router's refusal as a 500. */
+static bool too_long(rd_call *c, uint64_t prompt) {
+  uint64_t bs = c->l->cfg.ropts.block_size ? c->l->cfg.ropts.block_size : 16;
+  uint64_t mb = c->l->cfg.ropts.max_blocks ? c->l->cfg.ropts.max_blocks
+                                           : 1u << 20;
+  if (c->n_keys <= mb && prompt <= (mb + 1) * bs)
+    return false;
+  char m[200];
+  snprintf(m, sizeof m, "the prompt is too long: %llu tokens, this router "
+           "takes at most %llu (max_blocks %llu x block size %llu)",
+           (unsigned long long)prompt, (unsigned long long)(mb * bs),
+           (unsigned long long)mb, (unsigned long long)bs);
+  RD_COUNT(c->l, bad_requests, 1);
+  end_call(c, 400, m);
+  return true;
+}
+
 static void route(rd_call *c) {
   rd_server *s = c->s;
   rd_loop *l = c->l;
@@ -579,6 +728,8 @@ static void route(rd_call *c) {
     end_call(c, 500, "could not hash the prompt");
     return;
   }
+  if (too_long(c, prompt))
+    return;
   RD_COUNT(l, text_mode, c->text_mode);
   RD_COUNT(l, token_mode, !c->text_mode);
   kvp_route_request rq = {
@@ -605,7 +756,7 @@ static void route(rd_call *c) {
   uint32_t id = c->d.worker;
   if (approx) /* approximate residency, shared with the other replicas */
     kvp_index_record_routed(s->ix, id, c->keys, c->n_keys, t0);
-  rd_sync_decision(s, &s->w[id], &c->d, approx ? c->keys : NULL,
+  rd_sync_decision(s, c->d_url, &c->d, approx ? c->keys : NULL,
                    approx ? c->n_keys : 0);
   l->rr = id + 1;
   try_next(c);
@@ -634,10 +785,14 @@ static int take_render_ids(rd_call *c, json_t *o) {
 
 static void on_render(struct evhttp_request *ur, void *arg) {
   rd_call *c = arg;
+  c->rendering = false;
   int code = ur ? evhttp_request_get_response_code(ur) : 0;
   struct evbuffer *in = ur ? evhttp_request_get_input_buffer(ur) : NULL;
   hist_record(c->l, c->l->h_render,
               (uint64_t)((rd_now() - c->t_render) * 1e9));
+  bool over = c->uerr_set && c->uerr == EVREQ_HTTP_DATA_TOO_LONG;
+  if (over) /* the worker is fine: its reply was too large to read whole */
+    atomic_fetch_add_explicit(&c->s->upstream_over[1], 1, memory_order_relaxed);
   if (code == 400 && c->hr) { /* the request itself is bad: say so */
     struct evbuffer *b = evbuffer_new();
     evbuffer_add_buffer(b, in);
@@ -658,7 +813,7 @@ static void on_render(struct evhttp_request *ur, void *arg) {
   c->text_mode = o == NULL || take_render_ids(c, o) < 0;
   RD_COUNT(c->l, render_fail, c->text_mode);
   json_decref(o);
-  if (code == 0)
+  if (code == 0 && !over)
     rd_worker_failed(c->w, RD_ERR_CONNECT);
   upstream_end(c);
   c->w = NULL;
@@ -690,6 +845,9 @@ static void render(rd_call *c) {
   }
   RD_COUNT(l, render_calls, 1);
   c->t_render = rd_now();
+  evhttp_request_set_error_cb(c->ur, on_up_error);
+  evhttp_connection_set_max_body_size(c->uc,
+                                      (ev_ssize_t)l->cfg.max_upstream_body);
   struct evkeyvalq *h = evhttp_request_get_output_headers(c->ur);
   evhttp_add_header(h, "Host", w->host);
   evhttp_add_header(h, "Content-Type", "application/json");
@@ -700,27 +858,50 @@ static void render(rd_call *c) {
     c->w = NULL;
     c->text_mode = true;
     route(c);
-  } else
-    rd_conn_nodelay(c->uc);
+    return;
+  }
+  rd_conn_nodelay(c->uc);
+  c->rendering = true;
+  arm_connect(c);
+}
+
+/* the render call's worker did not connect within connect_timeout: text
+ * mode (the connection already freed) */
+static void render_failed(rd_call *c) {
+  c->rendering = false;
+  c->text_mode = true;
+  RD_COUNT(c->l, render_fail, 1);
+  rd_worker_failed(c->w, RD_ERR_TIMEOUT);
+  upstream_end(c);
+  c->w = NULL;
+  route(c);
 }
 
 /* ---- the front door ------------------------------------------------------------- */
-static void copy_header(struct evhttp_request *hr, const char *name, char *dst,
-                        size_t cap) {
+/* header `name` into dst: 0, or -1 when it is longer than RD_ID_MAX
+ * bytes (a 400: it is never cut, two long names would merge) */
+static int copy_header(struct evhttp_request *hr, const char *name, char *dst,
+                       size_t cap) {
   const char *v = name && *name
                       ? evhttp_find_header(evhttp_request_get_input_headers(hr), name)
                       : NULL;
+  if (v && strlen(v) >= cap)
+    return -1;
   snprintf(dst, cap, "%s", v ? v : "");
+  return 0;
 }
 
-/* A tenant's requests carry the namespace salt to the engine too (vLLM's
- * cache_salt), so neither the engine's cache nor the index can match one
- * tenant's blocks for another's prompt. */
+/* The cache salt (rd_salt_for) of the tenant and the request's own
+ * cache_salt goes to the engine too, spliced into the body: neither the
+ * engine's cache nor the index can match one tenant's blocks for another's
+ * prompt, and no client can name another tenant's salt. */
 static int set_body(rd_call *c, const char *body, size_t len) {
-  rd_salt_for(c->tenant, c->q.cache_salt, c->salt, sizeof c->salt);
-  if (*c->tenant) {
+  if (rd_salt_for(c->s->salt_key, c->tenant, c->q.cache_salt, c->salt,
+                  sizeof c->salt) < 0)
+    return -1;
+  if (*c->salt) {
     c->body = rd_req_with_salt(body, len, c->salt, &c->body_len);
-    RD_COUNT(c->l, tenant_salted, 1);
+    RD_COUNT(c->l, tenant_salted, *c->tenant != '\0');
     return c->body ? 0 : -1;
   }
   c->body = malloc(len ? len : 1);
@@ -728,6 +909,33 @@ static int set_body(rd_call *c, const char *body, size_t len) {
     return -1;
   memcpy(c->body, body, len);
   c->body_len = len;
+  return 0;
+}
+
+/* tenant, session (header, else "user") and Authorization into c; -1:
+ * replied 400 */
+static int take_headers(rd_call *c, struct evhttp_request *hr) {
+  const rd_cfg *cf = &c->l->cfg;
+  const char *bad = copy_header(hr, cf->tenant_header, c->tenant,
+                                sizeof c->tenant) < 0   ? cf->tenant_header
+                    : copy_header(hr, cf->session_header, c->session,
+                                  sizeof c->session) < 0 ? cf->session_header
+                                                         : NULL;
+  if (bad) {
+    char m[200];
+    snprintf(m, sizeof m, "header %s is longer than %d bytes", bad, RD_ID_MAX);
+    RD_COUNT(c->l, bad_requests, 1);
+    rd_reply_error(hr, 400, bad, m);
+    return -1;
+  }
+  const char *a = evhttp_find_header(evhttp_request_get_input_headers(hr),
+                                     "Authorization");
+  if (a && (c->auth = strdup(a)) == NULL) {
+    rd_reply_error(hr, 500, "", "out of memory");
+    return -1;
+  }
+  if (*c->session == '\0')
+    snprintf(c->session, sizeof c->session, "%s", c->q.user);
   return 0;
 }
 
@@ -745,6 +953,7 @@ static void on_generate(rd_loop *l, struct evhttp_request *hr, rd_kind kind,
   }
   c->s = s;
   c->l = l;
+  atomic_fetch_add_explicit(&s->calls, 1, memory_order_relaxed);
   c->t0 = rd_now();
   c->d.worker = KVP_WORKER_NONE;
   snprintf(c->path, sizeof c->path, "%s", path);
@@ -752,14 +961,13 @@ static void on_generate(rd_loop *l, struct evhttp_request *hr, rd_kind kind,
   if (rd_req_parse(kind, body, len, &c->q, &er) < 0) {
     RD_COUNT(l, bad_requests, 1);
     rd_reply_error(hr, er.status, er.param, er.message);
-    free(c);
+    call_free(c);
     return;
   }
-  copy_header(hr, l->cfg.tenant_header, c->tenant, sizeof c->tenant);
-  copy_header(hr, l->cfg.session_header, c->session, sizeof c->session);
-  copy_header(hr, "Authorization", c->auth, sizeof c->auth);
-  if (*c->session == '\0')
-    snprintf(c->session, sizeof c->session, "%s", c->q.user);
+  if (take_headers(c, hr) < 0) {
+    call_free(c);
+    return;
+  }
   const rd_lora *lo = rd_lora_find(s, c->q.model);
   c->lora = lo ? (int)(lo - s->lora) : -1;
   if (set_body(c, body, len) < 0) {
@@ -835,9 +1043,28 @@ static void on_metrics(rd_server *s, struct evhttp_request *hr) {
   evbuffer_free(b);
 }
 
+/* routerd.max_inflight generation requests at once (every loop's): past
+ * it a 503 with Retry-After, as nginx's limit_conn answers */
+static bool overloaded(rd_loop *l, struct evhttp_request *hr) {
+  uint64_t cap = l->cfg.max_inflight;
+  if (cap == 0 ||
+      atomic_load_explicit(&l->s->calls, memory_order_relaxed) < cap)
+    return false;
+  RD_COUNT(l, overloaded, 1);
+  evhttp_add_header(evhttp_request_get_output_headers(hr), "Retry-After", "1");
+  rd_reply_error(hr, 503, "", "too many requests in flight (routerd."
+                 "max_inflight): retry shortly");
+  return true;
+}
+
 void rd_on_http(struct evhttp_request *hr, void *arg) {
   rd_loop *l = arg;
   rd_server *s = l->s;
+  rd_guard_begin(l->guard, hr);
+  if (!rd_framing_ok(hr)) {
+    RD_COUNT(l, bad_requests, 1);
+    return;
+  }
   const char *uri = evhttp_request_get_uri(hr);
   size_t plen = strcspn(uri, "?");
   enum evhttp_cmd_type m = evhttp_request_get_command(hr);
@@ -848,6 +1075,8 @@ void rd_on_http(struct evhttp_request *hr, void *arg) {
                !strcmp(path, "/v1/chat/completions"))) {
     if (s->draining)
       rd_reply_error(hr, 503, "", "the router is shutting down");
+    else if (overloaded(l, hr))
+      return;
     else
       on_generate(l, hr, path[4] == 'c' && path[5] == 'h' ? RD_CHAT
                                                           : RD_COMPLETIONS,

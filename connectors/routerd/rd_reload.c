@@ -29,6 +29,7 @@ static const fixed_key fixed[] = {
     FIXED_("listen", listen, true),
     FIXED_("admin_listen", admin_listen, true),
     FIXED_("indexer_listen", indexer_listen, true),
+    FIXED_("salt_secret", salt_secret, true),
     FIXED_("threads", threads_s, true),
     FIXED_(NULL, threads, false),
     FIXED_("max_workers", max_workers, false),
@@ -111,12 +112,13 @@ static void receipts_reopen(rd_server *s) {
  * the new connect_timeout now.  (Request connections take theirs when made;
  * pooled keep-alive ones keep the old one until they close.) */
 static void probe_timeouts(rd_server *s) {
-  double t = s->cfg.connect_timeout_s;
-  struct timeval tv = {(time_t)t,
-                       (suseconds_t)((t - (double)(time_t)t) * 1e6)};
+  struct timeval tv = rd_tv(s->cfg.connect_timeout_s);
   for (uint32_t i = 0; i < s->n_w; i++)
-    if (s->w[i].state != RD_W_FREE && s->w[i].probe)
+    if (s->w[i].state != RD_W_FREE && s->w[i].probe) {
       evhttp_connection_set_timeout_tv(s->w[i].probe, &tv);
+      evhttp_connection_set_max_body_size(s->w[i].probe,
+                                          (ev_ssize_t)s->cfg.max_upstream_body);
+    }
 }
 
 /* Everything but the router's options (applied first: they may refuse). */
@@ -161,6 +163,9 @@ static int apply(rd_server *s, rd_cfg *c) {
     return -1;
   }
   int bad = apply_live(s, old_scrape);
+  rd_lock(s); /* /metrics reads it under s->mu */
+  s->restart_pending = n > 0;
+  rd_unlock(s);
   if (n > 0)
     kvp_log(KVP_LOG_WARN, "routerd", "reload: %s changed: %s a restart "
             "(running %s kept)", changed, n > 1 ? "they take" : "it takes",

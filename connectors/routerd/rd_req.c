@@ -330,16 +330,54 @@ void rd_req_free(rd_req *r) {
   r->n_tokens = r->text_len = 0;
 }
 
+/* The top-level "cache_salt" key's value in b (the key's bytes as sent):
+ * [*v0, *v1), left alone when there is none.  *close: the index of the
+ * object's closing '}'; *empty: it has no member.  false: b is not an
+ * object this scan can walk (the caller parsed it with jansson first). */
+static bool find_salt(const char *b, size_t n, size_t *v0, size_t *v1,
+                      size_t *close, bool *empty) {
+  size_t i = skip_ws(b, 0, n);
+  if (i >= n || b[i] != '{')
+    return false;
+  i = skip_ws(b, i + 1, n);
+  *empty = i < n && b[i] == '}';
+  while (i < n && b[i] == '"') {
+    size_t k0 = i + 1, k1 = skip_str(b, i, n);
+    i = skip_ws(b, k1, n);
+    if (i >= n || b[i] != ':')
+      return false;
+    i = skip_ws(b, i + 1, n);
+    size_t end = skip_value(b, i, n);
+    if (k1 - k0 == 11 && memcmp(b + k0, "cache_salt\"", 11) == 0)
+      *v0 = i, *v1 = end;
+    i = skip_ws(b, end, n);
+    if (i < n && b[i] == ',')
+      i = skip_ws(b, i + 1, n);
+  }
+  *close = i;
+  return i < n && b[i] == '}';
+}
+
 char *rd_req_with_salt(const char *body, size_t len, const char *salt,
                        size_t *out_len) {
-  json_t *o = json_loadb(body, len, 0, NULL);
-  char *s = NULL;
-  if (json_is_object(o) &&
-      json_object_set_new(o, "cache_salt", json_string(salt)) == 0)
-    s = json_dumps(o, JSON_COMPACT);
-  json_decref(o);
-  if (s != NULL)
-    *out_len = strlen(s);
+  size_t v0 = 0, v1 = 0, close = 0, sl = strlen(salt);
+  bool empty = false;
+  if (!find_salt(body, len, &v0, &v1, &close, &empty))
+    return NULL;
+  bool replace = v1 > v0;
+  size_t head = replace ? v0 : close, tail = replace ? v1 : close;
+  char *s = malloc(len + sl + 32);
+  if (s == NULL)
+    return NULL;
+  size_t k = 0;
+  memcpy(s, body, head);
+  k = head;
+  k += (size_t)sprintf(s + k, "%s\"%s\"", replace ? "" : empty ? "\"cache_salt\":"
+                                                    : ",\"cache_salt\":", salt);
+  memcpy(s + k, body + tail, len - tail);
+  k += len - tail;
+  s[k] = '\0';
+  *out_len = k;
   return s;
 }
 

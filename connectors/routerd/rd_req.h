@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* kvplane-routerd: what the router reads from an OpenAI request body.  A
  * pure function over untrusted bytes (tests/fuzz/fuzz_routerd_req.c): the
- * body is only read, never rewritten, except to add a tenant's cache_salt
- * (rd_req_with_salt). */
+ * body is only read, never rewritten, except to set the cache_salt the
+ * router derives (rd_req_with_salt, spliced in). */
 #ifndef KVP_ROUTERD_REQ_H
 #define KVP_ROUTERD_REQ_H
 
@@ -47,9 +47,12 @@ int rd_req_parse(rd_kind kind, const char *body, size_t len, rd_req *out,
                  rd_req_err *err);
 void rd_req_free(rd_req *r);
 
-/* body with "cache_salt": salt added (the body must be a JSON object: it
- * parsed); malloc'd NUL-terminated, its length in *out_len; NULL on ENOMEM or
- * a body that does not parse. */
+/* body with its top-level "cache_salt" set to salt ([A-Za-z0-9_-] only):
+ * the value replaced in place, or the member appended last (a second
+ * spelling of the key, e.g. escaped, is then overridden: JSON readers keep
+ * the last).  Every other byte is kept as sent (numbers, token ids).  The
+ * body must have parsed as a JSON object.  malloc'd NUL-terminated, its
+ * length in *out_len; NULL on ENOMEM or a body that is not an object. */
 char *rd_req_with_salt(const char *body, size_t len, const char *salt,
                        size_t *out_len);
 

@@ -57,10 +57,20 @@ struct rd_sync {
   uint32_t replica; /* replicas.replica_id (restart-only), read by any loop */
   /* published from any loop */
   _Atomic uint64_t pub[4], pub_fail, skipped_down;
-  /* thread 0 only (the subscription is drained there) */
-  uint64_t recv[4], malformed, newer, unknown_worker, own;
+  /* written by thread 0 only (the subscription is drained there), read by
+   * /metrics on any loop: single-writer atomics (Y_COUNT) */
+  atomic_uint_fast64_t recv[4], malformed, newer, unknown_worker, own;
+  pthread_mutex_t lag_mu; /* thread 0 records, any loop's /metrics reads */
   kvp_hist *lag; /* ns */
 };
+
+/* a counter only thread 0 writes: a relaxed load and store, no locked add
+ * (as RD_COUNT) */
+#define Y_COUNT(v)                                                             \
+  atomic_store_explicit(&(v), atomic_load_explicit(&(v), memory_order_relaxed) \
+                                  + 1, memory_order_relaxed)
+#define Y_READ(v) ((unsigned long long)atomic_load_explicit(&(v),             \
+                                                            memory_order_relaxed))
 
 static uint64_t wall_ns(void) {
   struct timespec ts;
@@ -132,7 +142,7 @@ static peer *peer_get(rd_sync *y, uint32_t replica) {
 static void apply_delta(rd_sync *y, peer *p, const rd_sync_msg *m) {
   rd_worker *w = rd_worker_find(y->s, m->url);
   if (w == NULL) {
-    y->unknown_worker++;
+    Y_COUNT(y->unknown_worker);
     return;
   }
   uint32_t i = w->id;
@@ -158,7 +168,7 @@ static void apply_snapshot(rd_sync *y, peer *p, const rd_sync_msg *m) {
   for (size_t k = 0; k < m->n_loads; k++) {
     rd_worker *w = rd_worker_find(y->s, m->loads[k].url);
     if (w == NULL) {
-      y->unknown_worker++;
+      Y_COUNT(y->unknown_worker);
       continue;
     }
     p->req[w->id] = m->loads[k].requests;
@@ -172,20 +182,26 @@ static void handle(rd_sync *y, natsMsg *nm) {
   rd_sync_msg m;
   int rc = rd_sync_decode(natsMsg_GetData(nm), (size_t)natsMsg_GetDataLength(nm), &m);
   if (rc != 0) {
-    rc < 0 ? y->malformed++ : y->newer++;
+    if (rc < 0)
+      Y_COUNT(y->malformed);
+    else
+      Y_COUNT(y->newer);
     return;
   }
   if (m.replica == y->replica) {
     /* not echoed (NoEcho): another process runs with this replica id */
-    if (y->own++ == 0)
+    Y_COUNT(y->own);
+    if (Y_READ(y->own) == 1)
       kvp_log(KVP_LOG_ERROR, "routerd", "another replica publishes with this "
               "replica's id %u: give each replica its own replicas.id "
               "(its messages are ignored)", m.replica);
   } else {
     peer *p = peer_get(y, m.replica);
     uint64_t now = wall_ns();
-    y->recv[m.type]++;
+    Y_COUNT(y->recv[m.type]);
+    pthread_mutex_lock(&y->lag_mu);
     kvp_hist_record(y->lag, now > m.wall_ns ? now - m.wall_ns : 0);
+    pthread_mutex_unlock(&y->lag_mu);
     if (p) {
       p->last_seen = rd_now();
       if (m.type == RD_SYNC_SNAPSHOT)
@@ -280,7 +296,7 @@ static void publish(rd_sync *y, const rd_sync_msg *m) {
   free(b);
 }
 
-void rd_sync_decision(rd_server *s, const rd_worker *w, const kvp_decision *d,
+void rd_sync_decision(rd_server *s, const char *url, const kvp_decision *d,
                       const kvp_key *keys, size_t n_keys) {
   if (s->sync == NULL)
     return;
@@ -292,11 +308,11 @@ void rd_sync_decision(rd_server *s, const rd_worker *w, const kvp_decision *d,
                    .session_id = d->session_id,
                    .keys = (kvp_key *)keys,
                    .n_keys = n_keys < RD_SYNC_KEYS_MAX ? n_keys : RD_SYNC_KEYS_MAX};
-  snprintf(m.url, sizeof m.url, "%s", w->url);
+  snprintf(m.url, sizeof m.url, "%s", url);
   publish(s->sync, &m);
 }
 
-void rd_sync_complete(rd_server *s, const rd_worker *w, uint64_t request_id,
+void rd_sync_complete(rd_server *s, const char *url, uint64_t request_id,
                       uint64_t tokens) {
   if (s->sync == NULL)
     return;
@@ -305,7 +321,7 @@ void rd_sync_complete(rd_server *s, const rd_worker *w, uint64_t request_id,
                    .wall_ns = wall_ns(),
                    .request_id = request_id,
                    .tokens = tokens};
-  snprintf(m.url, sizeof m.url, "%s", w->url);
+  snprintf(m.url, sizeof m.url, "%s", url);
   publish(s->sync, &m);
 }
 
@@ -393,6 +409,7 @@ int rd_sync_start(rd_server *s, char *err, size_t cap) {
   if (y == NULL || (s->peer_req = calloc(s->n_w, sizeof *s->peer_req)) == NULL ||
       (s->peer_tok = calloc(s->n_w, sizeof *s->peer_tok)) == NULL)
     return snprintf(err, cap, "out of memory"), free(y), -1;
+  pthread_mutex_init(&y->lag_mu, NULL);
   s->sync = y;
   y->s = s;
   y->replica = s->cfg.ropts.replica_id;
@@ -405,9 +422,7 @@ int rd_sync_start(rd_server *s, char *err, size_t cap) {
     if (!y->peers[i].req || !y->peers[i].tok)
       return snprintf(err, cap, "out of memory"), -1;
   }
-  struct timeval tv = {(time_t)s->cfg.snapshot_interval_s,
-                       (suseconds_t)((s->cfg.snapshot_interval_s -
-                                      (double)(time_t)s->cfg.snapshot_interval_s) * 1e6)};
+  struct timeval tv = rd_tv(s->cfg.snapshot_interval_s);
   if (kvp_hist_create(NULL, &y->lag) < 0 ||
       (y->ev_snap = event_new(s->base, -1, EV_PERSIST, on_snapshot, y)) == NULL ||
       event_add(y->ev_snap, &tv) < 0)
@@ -438,6 +453,7 @@ void rd_sync_stop(rd_server *s) {
   for (int i = 0; i < PEERS_MAX; i++)
     free(y->peers[i].req), free(y->peers[i].tok);
   kvp_hist_destroy(y->lag);
+  pthread_mutex_destroy(&y->lag_mu);
   free(y);
   s->sync = NULL;
   free(s->peer_req);
@@ -453,7 +469,9 @@ void rd_sync_metrics(rd_server *s, struct evbuffer *b) {
   for (int i = 0; i < PEERS_MAX; i++)
     peers += y->peers[i].used;
   kvp_hist_summary h;
+  pthread_mutex_lock(&y->lag_mu);
   kvp_hist_summarize(y->lag, &h);
+  pthread_mutex_unlock(&y->lag_mu);
   const char *t[4] = {"", "decision", "complete", "snapshot"};
   evbuffer_add_printf(b, "# TYPE kvplane_routerd_sync_connected gauge\n"
       "kvplane_routerd_sync_connected %d\n# TYPE kvplane_routerd_sync_peers gauge\n"
@@ -464,7 +482,7 @@ void rd_sync_metrics(rd_server *s, struct evbuffer *b) {
     evbuffer_add_printf(b, "kvplane_routerd_sync_published_total{type=\"%s\"} %llu\n"
                         "kvplane_routerd_sync_received_total{type=\"%s\"} %llu\n",
                         t[i], (unsigned long long)atomic_load(&y->pub[i]), t[i],
-                        (unsigned long long)y->recv[i]);
+                        Y_READ(y->recv[i]));
   evbuffer_add_printf(b, "# TYPE kvplane_routerd_sync_errors_total counter\n"
       "kvplane_routerd_sync_errors_total{reason=\"publish\"} %llu\n"
       "kvplane_routerd_sync_errors_total{reason=\"skipped_while_down\"} %llu\n"
@@ -480,9 +498,8 @@ void rd_sync_metrics(rd_server *s, struct evbuffer *b) {
       "kvplane_routerd_sync_lag_seconds_count %llu\n",
       (unsigned long long)atomic_load(&y->pub_fail),
       (unsigned long long)atomic_load(&y->skipped_down),
-      (unsigned long long)y->malformed, (unsigned long long)y->newer,
-      (unsigned long long)y->unknown_worker,
-      (unsigned long long)y->own,
+      Y_READ(y->malformed), Y_READ(y->newer), Y_READ(y->unknown_worker),
+      Y_READ(y->own),
       (unsigned long long)atomic_load(&y->disconnects), (double)h.p50 * 1e-9,
       (double)h.p99 * 1e-9, (unsigned long long)h.count);
 }

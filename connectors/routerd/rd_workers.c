@@ -480,19 +480,29 @@ static void on_models(struct evhttp_request *hr, void *arg) {
   json_decref(o);
 }
 
+static void on_probe_error(enum evhttp_request_error e, void *arg) {
+  rd_worker *w = arg;
+  if (e == EVREQ_HTTP_DATA_TOO_LONG) /* over max_upstream_body */
+    atomic_fetch_add_explicit(&w->s->upstream_over[2], 1, memory_order_relaxed);
+}
+
 static bool probe_get(rd_worker *w, const char *path,
                       void (*cb)(struct evhttp_request *, void *)) {
   if (w->probe == NULL) {
-    w->probe = evhttp_connection_base_new(w->s->base, NULL, w->host, w->port);
+    w->probe = evhttp_connection_base_new(w->s->base, w->s->loops[0].dns,
+                                          w->host, w->port);
     if (w->probe == NULL)
       return false;
-    double t = w->s->cfg.connect_timeout_s;
-    struct timeval tv = {(time_t)t, (suseconds_t)((t - (double)(time_t)t) * 1e6)};
+    struct timeval tv = rd_tv(w->s->cfg.connect_timeout_s);
     evhttp_connection_set_timeout_tv(w->probe, &tv);
+    /* a scrape is read whole: capped (a failed scrape, counted) */
+    evhttp_connection_set_max_body_size(w->probe,
+                                        (ev_ssize_t)w->s->cfg.max_upstream_body);
   }
   struct evhttp_request *r = evhttp_request_new(cb, w);
   if (r == NULL)
     return false;
+  evhttp_request_set_error_cb(r, on_probe_error);
   evhttp_add_header(evhttp_request_get_output_headers(r), "Host", w->host);
   if (evhttp_make_request(w->probe, r, EVHTTP_REQ_GET, path) < 0)
     return false; /* r was freed by libevent */

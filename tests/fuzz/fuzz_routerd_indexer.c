@@ -57,7 +57,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   } else if (e.status != 400 || e.message[0] == '\0' || r.tokens || r.hashes) {
     abort();
   }
-  char salt[3 * RD_REQ_ID_MAX];
-  rd_salt_for(size > 2 ? "t" : "", (const char *)"", salt, sizeof salt);
+  static const unsigned char key[RD_SALT_KEY_LEN] = {1};
+  char salt[RD_SALT_MAX];
+  if (rd_salt_for(key, size > 2 ? "t" : "", "", salt, sizeof salt) < 0)
+    abort();
   return 0;
 }

@@ -63,6 +63,7 @@ with open(cfg, "w") as f:
   listen: 127.0.0.1:{port}
   admin_listen: 127.0.0.1:{admin}
   receipts: {receipts}
+  response_headers: true
   scrape_interval: 50ms
   breaker_failures: 2
   breaker_cooldown: 60s

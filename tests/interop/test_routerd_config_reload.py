@@ -62,6 +62,7 @@ def write_cfg(listen_port, max_body, policy, tenant_header, block_size=BS, routi
   max_body: {max_body}
   policy: {policy}
   tenant_header: {tenant_header}
+  response_headers: true
   retries: 2
   client_timeout: 1s
 workers:
@@ -170,6 +171,8 @@ check(code == 200 and last["receipt"].get("tenant") in (None, ""),
 
 log = open(logf).read()
 want = "reload: listen, model.block_size changed: they take a restart (running values kept)"
+check(metric(m, "kvplane_routerd_config_restart_pending") == 1,
+      "restart-only keys changed: config_restart_pending 1")
 check(want in log, "restart-only changes named in one WARN line: %s" %
       [l for l in log.splitlines() if "take" in l and "restart" in l])
 check(wait_http(base + "/health", 2) and not wait_http(f"http://127.0.0.1:{port_new}/health", 0.5),
