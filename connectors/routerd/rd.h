@@ -45,6 +45,7 @@
 #define RD_URL_MAX 256
 #define RD_WORKERS_MAX 256
 #define RD_EV_FDS 4
+#define RD_SCRAPE_MAX_S 5.0 /* the longest a paced scrape waits */
 #define RD_THREADS_MAX 64  /* routerd.threads */
 #define RD_THREADS_AUTO 16 /* `auto`: online CPUs, at most this many */
 
@@ -83,6 +84,10 @@ typedef struct rd_cfg {
   bool engine_hash;                /* events keyed by the engine's hashes */
   double connect_timeout_s, request_timeout_s, client_timeout_s;
   double scrape_interval_s, breaker_cooldown_s, drain_timeout_s;
+  /* a worker's /metrics scrapes take at most this share of its wall time:
+   * the next one waits max(scrape_interval, last scrape's duration /
+   * budget), at most RD_SCRAPE_MAX_S; 0 = every scrape_interval */
+  double scrape_budget;
   double approx_ttl_s;             /* routed records (text mode, no events) */
   /* workers: parallel lists joined with ',' ("-" = none) */
   char urls[8192], kv_events[8192], kv_replay[8192];
@@ -152,6 +157,9 @@ typedef struct rd_worker {
   atomic_uint_fast64_t gen;
   struct evhttp_connection *probe; /* /metrics scrape (thread 0) */
   bool probe_busy;
+  /* scrape pacing (thread 0): when the last /metrics was sent, how long it
+   * took to answer, when the next one is due (rd_now) */
+  double scrape_sent, scrape_s, scrape_next;
   uint32_t fails;          /* consecutive */
   double open_until;       /* circuit breaker */
   uint64_t inflight;       /* requests relaying now */

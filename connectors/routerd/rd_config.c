@@ -34,6 +34,7 @@ static void defaults(rd_cfg *c) {
   c->request_timeout_s = 600;
   c->client_timeout_s = 30;
   c->scrape_interval_s = 0.25;
+  c->scrape_budget = 0.02;
   c->breaker_cooldown_s = 5;
   c->drain_timeout_s = 30;
   c->approx_ttl_s = 120;
@@ -76,6 +77,7 @@ static int bind_own(kvp_config *k, rd_cfg *c, char *err, size_t cap) {
       KVP_CFG_DURATION("request_timeout", &c->request_timeout_s, 0.001, 86400, 1),
       KVP_CFG_DURATION("client_timeout", &c->client_timeout_s, 0.001, 3600, 1),
       KVP_CFG_DURATION("scrape_interval", &c->scrape_interval_s, 0.01, 3600, 1),
+      KVP_CFG_F64("scrape_budget", &c->scrape_budget, 0, 1),
       KVP_CFG_DURATION("breaker_cooldown", &c->breaker_cooldown_s, 0.01, 3600, 1),
       KVP_CFG_DURATION("drain_timeout", &c->drain_timeout_s, 0, 3600, 1),
       KVP_CFG_DURATION("approx_ttl", &c->approx_ttl_s, 0.001, 86400, 1),

@@ -54,7 +54,10 @@ static void workers(rd_server *s, struct evbuffer *b) {
       "# TYPE kvplane_routerd_worker_up gauge\n"
       "# HELP kvplane_routerd_worker_load its scraped load and the router's "
       "prefill tokens in flight\n"
-      "# TYPE kvplane_routerd_worker_load gauge\n");
+      "# TYPE kvplane_routerd_worker_load gauge\n"
+      "# HELP kvplane_routerd_worker_scrape_seconds its last /metrics scrape's "
+      "duration and the interval scrapes are paced at (routerd.scrape_budget)\n"
+      "# TYPE kvplane_routerd_worker_scrape_seconds gauge\n");
   for (uint32_t i = 0; i < s->n_w; i++) {
     const rd_worker *w = &s->w[i];
     if (w->state == RD_W_FREE)
@@ -76,6 +79,12 @@ static void workers(rd_server *s, struct evbuffer *b) {
         (unsigned long long)w->inflight, u, w->load.running_requests, u,
         w->load.queued_requests, u, w->load.kv_util, u,
         (unsigned long long)tok);
+    evbuffer_add_printf(b,
+        "kvplane_routerd_worker_scrape_seconds{worker=\"%s\",what=\"duration\"} %g\n"
+        "kvplane_routerd_worker_scrape_seconds{worker=\"%s\",what=\"interval\"} %g\n",
+        u, w->scrape_s, u, w->scrape_next > w->scrape_sent
+                               ? w->scrape_next - w->scrape_sent
+                               : s->cfg.scrape_interval_s);
     for (int e = 0; e < 4; e++)
       evbuffer_add_printf(b, "kvplane_routerd_worker_errors_total{worker=\"%s\","
                           "reason=\"%s\"} %llu\n", u, err_names[e],

@@ -510,12 +510,35 @@ static bool probe_get(rd_worker *w, const char *path,
   return true;
 }
 
+/* The next scrape of w is due after the configured interval or, when its
+ * /metrics is slow to answer, after long enough that scrapes take at most
+ * scrape_budget of its time.  vLLM renders ~57 KB of Prometheus text in
+ * Python on its API server, ~20-25 ms idle on a CPU worker of half a core:
+ * every 250 ms that was a fifth of the worker's CPU, and its decode and
+ * prefill slowed by as much (docs/live.md, real vLLM). */
+static void scrape_pace(rd_worker *w) {
+  const rd_cfg *c = &w->s->cfg;
+  double gap = c->scrape_interval_s;
+  if (c->scrape_budget > 0) {
+    double paced = w->scrape_s / c->scrape_budget;
+    if (paced > RD_SCRAPE_MAX_S)
+      paced = RD_SCRAPE_MAX_S;
+    if (paced > gap)
+      gap = paced;
+  }
+  w->scrape_next = w->scrape_sent + gap;
+}
+
 static void on_scrape(struct evhttp_request *hr, void *arg) {
   rd_worker *w = arg;
   w->probe_busy = false;
   if (w->state == RD_W_FREE)
     return;
   w->scrapes++;
+  rd_lock(w->s); /* /metrics on other loops reads them under it */
+  w->scrape_s = rd_now() - w->scrape_sent;
+  scrape_pace(w);
+  rd_unlock(w->s);
   if (hr == NULL || evhttp_request_get_response_code(hr) != 200) {
     w->scrape_fail++;
     rd_worker_failed(w, RD_ERR_CONNECT);
@@ -545,7 +568,12 @@ void rd_workers_tick(rd_server *s) {
       on_events(-1, 0, w);
     if (rd_worker_reap(w) || w->index_only)
       continue;
-    if (!w->probe_busy && !probe_get(w, "/metrics", on_scrape)) {
+    if (w->probe_busy || rd_now() < w->scrape_next)
+      continue;
+    rd_lock(s);
+    w->scrape_sent = rd_now();
+    rd_unlock(s);
+    if (!probe_get(w, "/metrics", on_scrape)) {
       w->scrape_fail++;
       rd_worker_failed(w, RD_ERR_CONNECT);
     }
