@@ -34,12 +34,12 @@ void *kvp__realloc(const kvp_allocator *a, void *p, size_t old_size,
  * transparent huge pages.  Each one all in memory already (malloc hands back
  * memory it faulted in before) is cleared in place: dropping it only to
  * fault it in again was most of a batch simulation's kernel time
- * (docs/performance.md, thirteenth pass).  The others are dropped
+ * (docs/performance.md, "Tried").  The others are dropped
  * (MADV_DONTNEED: they read as zero and fault in, huge where the kernel
  * can, when first touched).  Where madvise is refused the bytes are zeroed
  * by hand.  Meant to spare random reads TLB misses (under a hypervisor each
  * walks two page tables); on the dev VM no end-to-end gain survived a
- * balanced A/B for these arrays alone (docs/performance.md, ninth pass).
+ * balanced A/B for these arrays alone (docs/methodology.md, "A/B order bias").
  * Free the block, not the pointer returned.
  * kvp__huge_calloc does both (calloc under 2 MiB); *block is what to free. */
 size_t kvp__huge_size(size_t bytes);
