@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* core internals shared with the modules DESIGN.md lets use core (router,
- * kvtier, kernels; connectors are clients of the public API and do not):
+/* core internals shared with the modules docs/architecture.md lets use core
+ * (router, kvtier, kernels; connectors are clients of the public API and do not):
  * the one allocation helper, logging macros, small checks.  Not installed. */
 #ifndef KVP_CORE_INTERNAL_H
 #define KVP_CORE_INTERNAL_H

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* connectors/events internals: the decoder's scratch, the re-key map, the
  * per-source state machine.  Only the public headers are included: this
- * module is a client of libkvplane (DESIGN.md). */
+ * module is a client of libkvplane (docs/architecture.md). */
 #ifndef KVP_EVENTS_INTERNAL_H
 #define KVP_EVENTS_INTERNAL_H
 
