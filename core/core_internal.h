@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* core internals shared with the modules docs/architecture.md lets use core
- * (router, kvtier, kernels; connectors are clients of the public API and do not):
- * the one allocation helper, logging macros, small checks.  Not installed. */
+ * (router, kvtier, kernels; connectors are clients of the public API and do
+ * not): the one allocation helper, logging macros, small checks, the config
+ * bindings' error message.  Not installed. */
 #ifndef KVP_CORE_INTERNAL_H
 #define KVP_CORE_INTERNAL_H
 
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -55,6 +57,17 @@ static inline bool kvp__mul_ok(size_t n, size_t size, size_t *out) {
 
 /* Strict UTF-8 (no overlongs, no surrogates, <= U+10FFFF); len bytes. */
 bool kvp__utf8_valid(const char *s, size_t len);
+
+/* A config binding's error, as every module that binds a section writes it:
+ * "FILE:LINE: SEC.KEY: " (or "FILE:LINE: SEC: " when key is NULL) and the
+ * message, into err (cap bytes, cut to fit; nothing when cap is 0).  LINE
+ * as kvp_config_key_line gives it.  Returns KVP_EINVAL. */
+#if defined(__GNUC__) || defined(__clang__)
+__attribute__((format(printf, 7, 0)))
+#endif
+int kvp__config_verr(char *err, size_t cap, const char *file, int line,
+                     const char *sec, const char *key, const char *fmt,
+                     va_list ap);
 
 /* The ledger's receipt JSON object for a record that passes
  * kvp_ledger_check, without its closing brace, so that the router's receipts
