@@ -54,6 +54,19 @@ static int fail(char *err, size_t cap, int code, const char *fmt, ...) {
   return code;
 }
 
+int kvp__config_verr(char *err, size_t cap, const char *file, int line,
+                     const char *sec, const char *key, const char *fmt,
+                     va_list ap) {
+  if (cap == 0)
+    return KVP_EINVAL;
+  int n = key != NULL
+              ? snprintf(err, cap, "%s:%d: %s.%s: ", file, line, sec, key)
+              : snprintf(err, cap, "%s:%d: %s: ", file, line, sec);
+  if (n >= 0 && (size_t)n < cap)
+    vsnprintf(err + n, cap - (size_t)n, fmt, ap);
+  return KVP_EINVAL;
+}
+
 static char *dup_n(const kvp_allocator *a, const char *s, size_t n) {
   char *d = kvp__malloc(a, n + 1);
   if (d != NULL) {

@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* core internals shared with the modules DESIGN.md lets use core (router,
- * kvtier, kernels; connectors are clients of the public API and do not):
- * the one allocation helper, logging macros, small checks.  Not installed. */
+/* core internals shared with the modules docs/architecture.md lets use core
+ * (router, kvtier, kernels; connectors are clients of the public API and do
+ * not): the one allocation helper, logging macros, small checks, the config
+ * bindings' error message.  Not installed. */
 #ifndef KVP_CORE_INTERNAL_H
 #define KVP_CORE_INTERNAL_H
 
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -34,12 +36,12 @@ void *kvp__realloc(const kvp_allocator *a, void *p, size_t old_size,
  * transparent huge pages.  Each one all in memory already (malloc hands back
  * memory it faulted in before) is cleared in place: dropping it only to
  * fault it in again was most of a batch simulation's kernel time
- * (docs/performance.md, thirteenth pass).  The others are dropped
+ * (docs/performance.md, "Tried").  The others are dropped
  * (MADV_DONTNEED: they read as zero and fault in, huge where the kernel
  * can, when first touched).  Where madvise is refused the bytes are zeroed
  * by hand.  Meant to spare random reads TLB misses (under a hypervisor each
  * walks two page tables); on the dev VM no end-to-end gain survived a
- * balanced A/B for these arrays alone (docs/performance.md, ninth pass).
+ * balanced A/B for these arrays alone (docs/methodology.md, "A/B order bias").
  * Free the block, not the pointer returned.
  * kvp__huge_calloc does both (calloc under 2 MiB); *block is what to free. */
 size_t kvp__huge_size(size_t bytes);
@@ -55,6 +57,17 @@ static inline bool kvp__mul_ok(size_t n, size_t size, size_t *out) {
 
 /* Strict UTF-8 (no overlongs, no surrogates, <= U+10FFFF); len bytes. */
 bool kvp__utf8_valid(const char *s, size_t len);
+
+/* A config binding's error, as every module that binds a section writes it:
+ * "FILE:LINE: SEC.KEY: " (or "FILE:LINE: SEC: " when key is NULL) and the
+ * message, into err (cap bytes, cut to fit; nothing when cap is 0).  LINE
+ * as kvp_config_key_line gives it.  Returns KVP_EINVAL. */
+#if defined(__GNUC__) || defined(__clang__)
+__attribute__((format(printf, 7, 0)))
+#endif
+int kvp__config_verr(char *err, size_t cap, const char *file, int line,
+                     const char *sec, const char *key, const char *fmt,
+                     va_list ap);
 
 /* The ledger's receipt JSON object for a record that passes
  * kvp_ledger_check, without its closing brace, so that the router's receipts

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core_internal.h"
 #include "kvplane/config.h"
 #include "kvplane/tier.h"
 
@@ -19,16 +20,11 @@ static int bad(kvp_config *c, const char *key, char *err, size_t cap,
                const char *fmt, ...) {
   const char *name = "";
   int line = kvp_config_key_line(c, SEC, key, &name);
-  if (cap == 0)
-    return KVP_EINVAL;
-  int n = snprintf(err, cap, "%s:%d: " SEC ".%s: ", name, line, key);
-  if (n >= 0 && (size_t)n < cap) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err + n, cap - (size_t)n, fmt, ap);
-    va_end(ap);
-  }
-  return KVP_EINVAL;
+  va_list ap;
+  va_start(ap, fmt);
+  int rc = kvp__config_verr(err, cap, name, line, SEC, key, fmt, ap);
+  va_end(ap);
+  return rc;
 }
 
 /* v among names[0..n) -> its index; else the error. */

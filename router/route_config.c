@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core_internal.h"
 #include "kvplane/config.h"
 #include "kvplane/route.h"
 
@@ -33,16 +34,11 @@ static int bad(const kvp_config *c, const char *sec, char *err, size_t cap,
   int line = 0;
   for (size_t i = 0; i < NFIELDS(keys) && line <= 0; i++)
     line = kvp_config_key_line(c, sec, keys[i], &name);
-  if (cap == 0)
-    return KVP_EINVAL;
-  int n = snprintf(err, cap, "%s:%d: %s: ", name, line, sec);
-  if (n >= 0 && (size_t)n < cap) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err + n, cap - (size_t)n, fmt, ap);
-    va_end(ap);
-  }
-  return KVP_EINVAL;
+  va_list ap;
+  va_start(ap, fmt);
+  int rc = kvp__config_verr(err, cap, name, line, sec, NULL, fmt, ap);
+  va_end(ap);
+  return rc;
 }
 
 static int bind_model(kvp_config *c, route_cfg *r, char *err, size_t cap) {

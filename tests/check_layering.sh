@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# DESIGN.md's module table, checked on the sources: a module may include its
-# own headers, the public include/ headers and the private headers of the
+# docs/architecture.md's module table, checked on the sources: a module may
+# include its own headers, the public include/ headers and the private headers of the
 # modules it may use -- never another module's folder by relative path.
 # Connectors are clients of the library: the public headers only.
 # (The build enforces the same through PRIVATE include paths.)

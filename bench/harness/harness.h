@@ -291,7 +291,7 @@ int bh_cluster_resolve(bh_cluster *c, uint32_t block_size);
  *   memory it reuses with memset: with jemalloc's own hooks it drops it and
  *   every page faults in again.  Runs after the first fault in almost
  *   nothing, and a 20x replay's index, tables and holder sets lie in 2 MiB
- *   pages (docs/performance.md, thirteenth pass).
+ *   pages (docs/performance.md, "Tried").
  * - The simulated workers' cache tables and node arrays and the "ever
  *   cached" set, read at random a line per block, lie in 2 MiB pages when
  *   they are that big (bh_big_calloc).  Not in the engine: a huge page's

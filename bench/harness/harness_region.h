@@ -8,7 +8,7 @@
  * each simulation of `kvplane-bench run` touched ~180 MB that the one
  * before it had not (jemalloc split and reused its freed extents in another
  * order), and on this class of VM a page touched for the first time costs
- * ~2 s per GB (docs/performance.md, seventeenth pass).  A region is one
+ * ~2 s per GB (docs/methodology.md, "Machines").  A region is one
  * reservation in 2 MiB pages handed out by bumping: the same cluster carves
  * the same offsets every time, and the arrays lie packed (no 2 MiB page per
  * array, which a worker's 1 MB table half filled). */

@@ -115,7 +115,7 @@ typedef bh_cache cache;
  * and every run's "ever cached" are read and set a block at a time, and the
  * bitmap of 20x the bundled agentic sessions' 5M distinct keys is 0.6 MiB,
  * in the CPU's caches, where a hash set of the keys was a random DRAM line
- * per block (docs/performance.md, fifteenth pass). */
+ * per block (docs/performance.md, "Tried"). */
 static uint64_t *bits_new(const bh_trace *t) {
   return calloc(t->n_kids / 64 + 1, sizeof(uint64_t));
 }
@@ -1040,7 +1040,7 @@ static int sim_setup(struct sim *s, const bh_trace *t, const bh_sim_opts *o,
    * so, they stay about half full or less, where a lookup reads one line
    * (kvp_index_opts.expected_keys).  bench_harness_scale: 1x ~15 % more
    * requests/s, 20x 0-9 % (within this VM's noise; docs/performance.md,
-   * seventh pass). */
+   * "Tried"). */
   uint64_t most = (uint64_t)s->nw * (s->cl.hbm_blocks + s->cl.dram_blocks +
                                      s->cl.nvme_blocks);
   kvp_index_opts io = {.max_workers = s->nw,

@@ -45,12 +45,7 @@ typedef struct workload {
 } workload;
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static uint64_t rnd(void) {
-  uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
+static uint64_t rnd(void) { return bench_splitmix(&rng); }
 
 /* CPU time of the calling thread: the subscriber's own cost, whatever the
  * publisher thread on the other core does. */

@@ -57,12 +57,7 @@ typedef struct workload {
 } workload;
 
 static uint64_t rng_state = 42;
-static uint64_t rnd(void) {
-  uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+static uint64_t rnd(void) { return bench_splitmix(&rng_state); }
 
 static uint64_t mix(uint64_t x) {
   x ^= x >> 31;

@@ -37,12 +37,7 @@ typedef struct result {
 } result;
 
 static uint64_t rng = 0x6b7670706c616e65ull;
-static uint64_t next_rand(void) {
-  uint64_t z = (rng += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+static uint64_t next_rand(void) { return bench_splitmix(&rng); }
 
 /* Median of `reps` timed runs of fn(arg) after reps/10+1 warm-ups, in ns. */
 static double median_ns(void (*fn)(void *arg, int rep), void *arg, int reps) {

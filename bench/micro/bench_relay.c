@@ -29,6 +29,7 @@
 #include <msgpack.h>
 #include <zmq.h>
 
+#include "bench_util.h"
 #include "kvplane.h"
 #include "kvplane/events.h"
 #include "kvplane/events_nats.h"
@@ -47,12 +48,7 @@ typedef struct payload {
 } payload;
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static uint64_t rnd(void) {
-  uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
+static uint64_t rnd(void) { return bench_splitmix(&rng); }
 
 static void die(const char *what) {
   fprintf(stderr, "bench_relay: %s\n", what);

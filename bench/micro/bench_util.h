@@ -106,6 +106,12 @@ static inline uint64_t bench_mix64(uint64_t z) { /* splitmix64's finalizer */
   return z ^ (z >> 31);
 }
 
+/* splitmix64: the next number of the sequence *state seeds (the benches'
+ * workloads; reproducible from the seed). */
+static inline uint64_t bench_splitmix(uint64_t *state) {
+  return bench_mix64(*state += 0x9E3779B97F4A7C15ull);
+}
+
 /* The slot holding fp, or the empty one where it would go (cap > 0). */
 static inline size_t bench_set_slot(const bench_set *s, uint64_t fp) {
   size_t i = (size_t)bench_mix64(fp) & (s->cap - 1);

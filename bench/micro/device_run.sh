@@ -3,11 +3,14 @@
 # One call on the GPU machine: the CUDA tests, compute-sanitizer memcheck,
 # the SASS check with that machine's cuobjdump, and bench_kernels.
 #   bench/micro/device_run.sh BIN_DIR OUT_DIR
-# BIN_DIR holds test_kernels, bench_kernels and the cubins built here (the
-# GPU image lacks kvplane's Debian build deps; the binaries need only libc).
+# BIN_DIR holds test_kernels, bench_kernels and the cubins built here, and
+# lib/ with the Debian .so files they link beyond libc and libstdc++
+# (libjemalloc.so.2 and libxxhash.so.0, which the GPU image lacks:
+# `ldd BIN_DIR/test_kernels` lists them).
 set -u
 bin=$1 out=$2
 mkdir -p "$out"
+export LD_LIBRARY_PATH=$bin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 src=$(cd "$(dirname "$0")/../.." && pwd)
 {
   date -u; nvidia-smi -L; nvidia-smi --query-gpu=driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv

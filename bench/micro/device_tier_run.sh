@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# bench_tier on another machine (e.g. the GPU machine, which has a real NVMe
-# disk and more cores than the 2-core CI VM), from binaries built here:
+# bench_tier on another machine (e.g. the GPU machine, which has more cores
+# than the 2-core CI VM; its disk is virtio too, not NVMe: the script prints
+# which block device backs the directory), from binaries built here:
 #   bench/micro/device_tier_run.sh BIN_DIR OUT_DIR [bench_tier args...]
 # BIN_DIR holds bench_tier, fio (Debian's fio 3.33 source package, built
 # without optional engines so it needs only libc + zlib) and lib/ with the

@@ -46,6 +46,19 @@ void *kvp__ev_alloc(const kvp_allocator *a, size_t n) {
   return a && a->alloc ? a->alloc(a->opaque, n) : malloc(n);
 }
 
+char *kvp__ev_strdup(const kvp_allocator *a, const char *s) {
+  size_t n = strlen(s) + 1;
+  char *c = kvp__ev_alloc(a, n);
+  if (c != NULL)
+    memcpy(c, s, n);
+  return c;
+}
+
+void kvp__ev_strfree(const kvp_allocator *a, char *s) {
+  if (s != NULL)
+    kvp__ev_free(a, s, strlen(s) + 1);
+}
+
 void *kvp__ev_calloc(const kvp_allocator *a, size_t n, size_t size) {
   if (size != 0 && n > SIZE_MAX / size)
     return NULL;

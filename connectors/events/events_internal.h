@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* connectors/events internals: the decoder's scratch, the re-key map, the
  * per-source state machine.  Only the public headers are included: this
- * module is a client of libkvplane (DESIGN.md). */
+ * module is a client of libkvplane (docs/architecture.md). */
 #ifndef KVP_EVENTS_INTERNAL_H
 #define KVP_EVENTS_INTERNAL_H
 
@@ -19,6 +19,10 @@
 void *kvp__ev_alloc(const kvp_allocator *a, size_t n);
 void *kvp__ev_calloc(const kvp_allocator *a, size_t n, size_t size);
 void kvp__ev_free(const kvp_allocator *a, void *p, size_t n);
+/* A copy of s through a (NULL when out of memory), and its release (NULL
+ * allowed): the size handed to a->free is strlen + 1. */
+char *kvp__ev_strdup(const kvp_allocator *a, const char *s);
+void kvp__ev_strfree(const kvp_allocator *a, char *s);
 /* Grows *p (an array of *cap elements of `size` bytes) to hold at least
  * `need`; 0 or KVP_ENOMEM (then *p is untouched). */
 int kvp__ev_grow(const kvp_allocator *a, void **p, size_t *cap, size_t need,

@@ -75,14 +75,6 @@ struct kvp_events_js {
   _Atomic uint64_t subscribed;
 };
 
-static char *str_dup(const kvp_allocator *a, const char *s) {
-  size_t n = strlen(s) + 1;
-  char *c = kvp__ev_alloc(a, n);
-  if (c != NULL)
-    memcpy(c, s, n);
-  return c;
-}
-
 static void add(_Atomic uint64_t *c, uint64_t v) {
   atomic_fetch_add_explicit(c, v, memory_order_relaxed);
 }
@@ -565,7 +557,7 @@ int kvp_events_js_create(kvp_events *ev, const kvp_events_js_opts *o,
   if ((rc = sync_init(js)) < 0 ||
       (rc = make_sources(js, prefix, names)) < 0)
     goto fail;
-  js->stream = str_dup(a, d.stream ? d.stream : "KVPLANE_EVENTS");
+  js->stream = kvp__ev_strdup(a, d.stream ? d.stream : "KVPLANE_EVENTS");
   if (js->stream == NULL) {
     rc = KVP_ENOMEM;
     goto fail;
@@ -621,12 +613,10 @@ void kvp_events_js_destroy(kvp_events_js *js) {
     js->q_head = (js->q_head + 1) % QUEUE_CAP;
   }
   for (size_t i = 0; js->src != NULL && i < js->n; i++)
-    if (js->src[i].subject != NULL)
-      kvp__ev_free(js->a, js->src[i].subject, strlen(js->src[i].subject) + 1);
+    kvp__ev_strfree(js->a, js->src[i].subject);
   kvp__ev_free(js->a, js->src, js->n * sizeof *js->src);
   kvp__ev_free(js->a, js->q, QUEUE_CAP * sizeof *js->q);
-  if (js->stream != NULL)
-    kvp__ev_free(js->a, js->stream, strlen(js->stream) + 1);
+  kvp__ev_strfree(js->a, js->stream);
   pthread_cond_destroy(&js->cv_data);
   pthread_cond_destroy(&js->cv_room);
   pthread_cond_destroy(&js->cv_keeper);

@@ -103,19 +103,6 @@ static char *offset_endpoint(const kvp_allocator *a, const char *ep,
   return out;
 }
 
-static char *dup_str(const kvp_allocator *a, const char *s) {
-  size_t n = strlen(s) + 1;
-  char *c = kvp__ev_alloc(a, n);
-  if (c != NULL)
-    memcpy(c, s, n);
-  return c;
-}
-
-static void free_str(const kvp_allocator *a, char *s) {
-  if (s != NULL)
-    kvp__ev_free(a, s, strlen(s) + 1);
-}
-
 /* ---- sockets --------------------------------------------------------------------- */
 
 static int zerr(const char *what, const char *ep) {
@@ -792,8 +779,8 @@ static int ring_init(kvp_events *ev, source *s, bool pending) {
 static int external_init(kvp_events *ev, source *s, size_t i) {
   char name[32];
   snprintf(name, sizeof name, "external:%zu", i);
-  s->endpoint = dup_str(ev->ap, name);
-  s->topic = dup_str(ev->ap, "");
+  s->endpoint = kvp__ev_strdup(ev->ap, name);
+  s->topic = kvp__ev_strdup(ev->ap, "");
   if (s->endpoint == NULL || s->topic == NULL)
     return KVP_ENOMEM;
   s->d.endpoint = s->d.replay_endpoint = NULL;
@@ -817,7 +804,7 @@ static int source_init(kvp_events *ev, source *s, const kvp_events_source *d,
   s->replay_endpoint = d->replay_endpoint
                            ? offset_endpoint(a, d->replay_endpoint, d->dp_rank)
                            : NULL;
-  s->topic = dup_str(a, d->topic ? d->topic : "");
+  s->topic = kvp__ev_strdup(a, d->topic ? d->topic : "");
   if (s->endpoint == NULL || s->topic == NULL ||
       (d->replay_endpoint && s->replay_endpoint == NULL)) {
     kvp_log(KVP_LOG_ERROR, EV_MOD, "source %zu (%s): dp_rank %" PRIu32
@@ -857,9 +844,9 @@ static void source_fini(kvp_events *ev, source *s) {
   kvp__ev_free(a, s->ring, s->ring_cap * sizeof *s->ring);
   if (s->ap.ix != NULL)
     kvp__ev_apply_fini(&s->ap);
-  free_str(a, s->endpoint);
-  free_str(a, s->replay_endpoint);
-  free_str(a, s->topic);
+  kvp__ev_strfree(a, s->endpoint);
+  kvp__ev_strfree(a, s->replay_endpoint);
+  kvp__ev_strfree(a, s->topic);
 }
 
 void kvp_events_destroy(kvp_events *ev) {

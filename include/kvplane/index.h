@@ -5,8 +5,8 @@
  * chain of block keys, how long a prefix does every worker hold, and where.
  *
  * Keys are kept as 64-bit fingerprints (kvp_key.lo): two keys with equal `lo`
- * are the same key to the index (DESIGN.md: indexes may store a fingerprint;
- * tier stores check the full key).  Fingerprints 0 and 1 are reserved
+ * are the same key to the index (docs/architecture.md: indexes may store a
+ * fingerprint; tier stores check the full key).  Fingerprints 0 and 1 are reserved
  * internally and alias 2 and 3.
  *
  * Consistency: every event is applied block by block; a concurrent query sees

@@ -14,6 +14,7 @@
 #include "cuda_api.h"
 #include "kernels_args.h"
 #include "kernels_internal.h"
+#include "kernels_ring.h"
 
 extern const unsigned char kvp__cuda_fatbin[];
 extern const size_t kvp__cuda_fatbin_size;
@@ -79,7 +80,7 @@ int kvp__cuda_probe(char *why, size_t cap) {
 }
 
 /* ---- per device ---------------------------------------------------------------- */
-#define RING 8
+#define RING KVP__RING
 static const unsigned widths[5] = {16, 8, 4, 2, 1};
 
 /* A launch-argument slot.  Its kernel tells the host it is done with it
@@ -92,16 +93,14 @@ static const unsigned widths[5] = {16, 8, 4, 2, 1};
  * atomic and fences at the kernel's tail cost ~10% of a 16 MiB D2D gather
  * (0.77x of memcpy at 2 KiB pages against 0.87x with these words). */
 #define MAX_CTAS KVP__MAX_CTAS
-typedef struct arg_slot {
-  bool pending;    /* launched, release words not all seen yet */
+/* What CUDA keeps per ring slot beside kvp__ring_slot (pending there:
+ * launched, release words not all seen yet). */
+typedef struct slot_state {
   uint32_t gen;    /* the value its last launch publishes; never 0 */
   uint32_t ctas;   /* its last launch's grid */
   uint64_t rep_tag; /* its last launch had a GPU repeat check with this tag,
                      * not settled yet (kvp__dev_ops.async_error); 0: none */
-  uint32_t *host;  /* mapped pinned: ids then slots */
-  CUdeviceptr dev; /* its device address */
-  size_t cap; /* uint32 entries */
-} arg_slot;
+} slot_state;
 
 typedef struct cuda_dev {
   CUdevice dev;
@@ -112,8 +111,8 @@ typedef struct cuda_dev {
   CUfunction fn_repeat; /* kvp_repeat_check */
   CUstream own;
   int sms, cc_major, cc_minor;
-  arg_slot ring[RING];
-  unsigned ring_next;
+  kvp__ring ring;       /* launch-argument slots (kernels_ring.h) */
+  slot_state sx[RING];  /* and what CUDA keeps per slot */
   volatile uint32_t *done_host; /* RING x MAX_CTAS release words, mapped pinned */
   CUdeviceptr done_dev;        /* their device address */
   /* GPU repeat checks (KVP_XFER_IDS_UNIQUE): per slot a device flag the
@@ -169,7 +168,7 @@ static int load_module(kvp_device *d) {
   return 0;
 }
 
-static int slot_wait(kvp_device *d, unsigned i);
+static const kvp__ring_ops ring_ops;
 
 static void cuda_close(kvp_device *d) {
   cuda_dev *c = CD(d);
@@ -179,16 +178,10 @@ static void cuda_close(kvp_device *d) {
     cu.cuCtxSetCurrent(c->ctx);
     if (c->own)
       cu.cuStreamSynchronize(c->own);
-    for (unsigned i = 0; i < RING; i++) {
-      arg_slot *s = &c->ring[i];
-      /* a kernel may still read it: wait (on an error, free anyway; a
-       * caller's stream that never runs again would hang here, as the
-       * transfer it queued never completes either) */
-      if (s->pending)
-        slot_wait(d, i);
-      if (s->host)
-        cu.cuMemFreeHost(s->host);
-    }
+    /* a kernel may still read a slot: wait (on an error, free anyway; a
+     * caller's stream that never runs again would hang here, as the
+     * transfer it queued never completes either) */
+    kvp__ring_free(d, &c->ring, &ring_ops, true);
     if (c->done_host)
       cu.cuMemFreeHost((void *)c->done_host);
     if (c->rep_err_host)
@@ -469,11 +462,11 @@ static void cuda_layout_release(kvp_device *d, kvp_kv_layout *l) {
 /* True when every CTA of slot i's last launch has stored its release word
  * (acquire: pairs with the device's store, after its last slot read). */
 static bool slot_released(const cuda_dev *c, unsigned i) {
-  const arg_slot *s = &c->ring[i];
+  const slot_state *x = &c->sx[i];
   const volatile uint32_t *w = c->done_host + (size_t)i * MAX_CTAS;
   uint32_t off = 0;
-  for (uint32_t b = 0; b < s->ctas; b++)
-    off |= __atomic_load_n(&w[b], __ATOMIC_ACQUIRE) ^ s->gen;
+  for (uint32_t b = 0; b < x->ctas; b++)
+    off |= __atomic_load_n(&w[b], __ATOMIC_ACQUIRE) ^ x->gen;
   return off == 0;
 }
 
@@ -484,7 +477,7 @@ static bool slot_released(const cuda_dev *c, unsigned i) {
  * surfaces here instead of a hang). */
 static int slot_wait(kvp_device *d, unsigned i) {
   cuda_dev *c = CD(d);
-  arg_slot *s = &c->ring[i];
+  kvp__ring_slot *s = &c->ring.slot[i];
   uint64_t t0 = 0, last_check = 0, nap = 1000;
   for (unsigned spin = 0;; spin++) {
     if (slot_released(c, i)) {
@@ -512,49 +505,50 @@ static int slot_wait(kvp_device *d, unsigned i) {
   }
 }
 
-/* A ring slot big enough for `need` uint32 entries, free of earlier work.
- * Slots are mapped pinned memory the kernel reads directly. */
-static int ring_take(kvp_device *d, size_t need, arg_slot **out) {
+/* A slot about to be reused: its repeat check is over, so keep a finding
+ * for the next sync. */
+static void slot_reuse(kvp_device *d, unsigned i) {
   cuda_dev *c = CD(d);
-  unsigned i = c->ring_next;
-  arg_slot *s = &c->ring[i];
-  c->ring_next = (i + 1) % RING;
-  int rc;
-  if (s->pending && (rc = slot_wait(d, i)) < 0)
-    return rc;
-  if (s->rep_tag) { /* its repeat check is over: keep a finding for the next sync */
-    c->rep_found |= c->rep_err_host[i] == s->rep_tag;
-    s->rep_tag = 0;
+  slot_state *x = &c->sx[i];
+  if (x->rep_tag) {
+    c->rep_found |= c->rep_err_host[i] == x->rep_tag;
+    x->rep_tag = 0;
   }
-  if (s->cap < need) {
-    size_t cap = need < 4096 ? 4096 : need + need / 2;
-    if (s->host)
-      cu.cuMemFreeHost(s->host), s->host = NULL;
-    s->cap = 0;
-    CK(d, cu.cuMemHostAlloc((void **)&s->host, cap * 4,
-                            CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
-    CK(d, cu.cuMemHostGetDevicePointer(&s->dev, s->host, 0));
-    s->cap = cap;
-  }
-  *out = s;
+}
+
+/* Slots are mapped pinned memory the kernel reads directly. */
+static int slot_host_alloc(kvp_device *d, size_t bytes, uint32_t **host,
+                           uint64_t *dev) {
+  CUdeviceptr p;
+  CK(d, cu.cuMemHostAlloc((void **)host, bytes,
+                          CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
+  CK(d, cu.cuMemHostGetDevicePointer(&p, *host, 0));
+  *dev = p;
   return 0;
 }
+
+static void slot_host_free(kvp_device *d, uint32_t *host) {
+  (void)d;
+  cu.cuMemFreeHost(host);
+}
+
+static const kvp__ring_ops ring_ops = {.wait = slot_wait,
+                                       .reuse = slot_reuse,
+                                       .host_alloc = slot_host_alloc,
+                                       .host_free = slot_host_free};
 
 static int cuda_args_take(kvp_device *d, size_t entries, uint32_t **host,
                           void **slot) {
   int rc = set_ctx(d);
-  arg_slot *s = NULL;
-  if (rc < 0 || (rc = ring_take(d, entries, &s)) < 0)
-    return rc;
-  *host = s->host;
-  *slot = s;
-  return 0;
+  return rc < 0 ? rc
+                : kvp__ring_args_take(d, &CD(d)->ring, &ring_ops, entries, host,
+                                      slot);
 }
 
 /* Queues kvp_repeat_check over the slot's ids on st and arms the copy's
  * gate (kernels_args.h).  The layout's owner entries are made (zeroed, on
  * st) on first use; tags are never reused, so they are never cleared. */
-static int launch_repeat_check(kvp_device *d, const kvp__plan *p, arg_slot *s,
+static int launch_repeat_check(kvp_device *d, const kvp__plan *p, unsigned i,
                                CUstream st, kvp__launch *L) {
   cuda_dev *c = CD(d);
   kvp_kv_layout *l = (kvp_kv_layout *)p->layout;
@@ -569,7 +563,6 @@ static int launch_repeat_check(kvp_device *d, const kvp__plan *p, arg_slot *s,
     }
     l->repeat_owner_dev = o;
   }
-  const unsigned i = (unsigned)(s - c->ring);
   kvp_repeat_args ra = {.ids = L->args.ids, .owner = l->repeat_owner_dev,
                         .flag = c->rep_flag + i * sizeof(uint64_t),
                         .tag = ++c->rep_next, .n = p->n};
@@ -580,7 +573,7 @@ static int launch_repeat_check(kvp_device *d, const kvp__plan *p, arg_slot *s,
   L->args.repeat_flag = ra.flag;
   L->args.repeat_tag = ra.tag;
   L->args.repeat_err = c->rep_err_dev + i * sizeof(uint64_t);
-  s->rep_tag = ra.tag;
+  c->sx[i].rep_tag = ra.tag;
   return 0;
 }
 
@@ -592,11 +585,11 @@ static int cuda_async_error(kvp_device *d) {
     return KVP_EINVAL;
   }
   for (unsigned i = 0; i < RING; i++) {
-    arg_slot *s = &c->ring[i];
-    if (!s->rep_tag || !slot_released(c, i))
+    slot_state *x = &c->sx[i];
+    if (!x->rep_tag || !slot_released(c, i))
       continue; /* none, or its copy has not run yet */
-    bool found = c->rep_err_host[i] == s->rep_tag; /* ordered before the words */
-    s->rep_tag = 0;
+    bool found = c->rep_err_host[i] == x->rep_tag; /* ordered before the words */
+    x->rep_tag = 0;
     if (found)
       return KVP_EINVAL;
   }
@@ -608,69 +601,51 @@ static int cuda_run_kernel(kvp_device *d, const kvp__plan *p) {
   int rc = set_ctx(d);
   if (rc < 0)
     return rc;
-  arg_slot *s = p->arg_slot;
-  if (!s) { /* not filled during validation (calibration) */
-    size_t need = p->slots ? 2 * (size_t)p->n : p->n;
-    if ((rc = ring_take(d, need, &s)) < 0)
-      return rc;
-    memcpy(s->host, p->ids, p->n * sizeof(uint32_t));
-    if (p->slots)
-      memcpy(s->host + p->n, p->slots, p->n * sizeof(uint32_t));
-  }
+  unsigned i; /* the slot validation filled, or one filled now (calibration) */
+  if ((rc = kvp__ring_plan_slot(d, &c->ring, &ring_ops, p, &i)) < 0)
+    return rc;
+  kvp__ring_slot *s = &c->ring.slot[i];
+  slot_state *x = &c->sx[i];
   CUstream st = S(d, p->stream);
   kvp__launch L;
   kvp__launch_plan(d, p, s->dev, p->slots ? s->dev + (uint64_t)p->n * 4 : 0, &L);
-  const unsigned i = (unsigned)(s - c->ring);
-  s->gen = s->gen + 1 ? s->gen + 1 : 1;
+  x->gen = x->gen + 1 ? x->gen + 1 : 1;
   L.args.done_word = c->done_dev + (uint64_t)i * MAX_CTAS * sizeof(uint32_t);
-  L.args.done_gen = s->gen;
+  L.args.done_gen = x->gen;
   KVP_TRACE(KVP_TR_LAUNCH0); /* the launch stage: both kernels' launches */
-  if (p->gpu_repeat_check && (rc = launch_repeat_check(d, p, s, st, &L)) < 0)
+  if (p->gpu_repeat_check && (rc = launch_repeat_check(d, p, i, st, &L)) < 0)
     return rc;
   void *params[] = {&L.args};
   CK(d, cu.cuLaunchKernel(c->fn[L.width_index], L.ctas, 1, 1, L.threads, 1, 1,
                           0, st, params, NULL));
   KVP_TRACE(KVP_TR_LAUNCHED);
-  s->ctas = L.ctas;
+  x->ctas = L.ctas;
   s->pending = true;
   return 0;
 }
 
-/* One cuMemcpy2DAsync per run of adjacent blocks (adjacent ids and slots)
- * and chunk: a row per block, pitches = the two strides. */
+/* One run of adjacent blocks of one chunk (kvp__copy_runs): one
+ * cuMemcpyAsync when its rows are contiguous, else a cuMemcpy2DAsync. */
+static int cuda_copy2d(kvp_device *d, void *stream, uint64_t dst,
+                       uint64_t dpitch, uint64_t src, uint64_t spitch,
+                       uint64_t width, uint32_t rows) {
+  CUstream st = stream;
+  if (rows == 1 || (spitch == width && dpitch == width)) {
+    CK(d, cu.cuMemcpyAsync(dst, src, rows * width, st));
+    return 0;
+  }
+  CUDA_MEMCPY2D m = {.srcMemoryType = CU_MEMORYTYPE_UNIFIED,
+                     .srcDevice = src, .srcPitch = spitch,
+                     .dstMemoryType = CU_MEMORYTYPE_UNIFIED,
+                     .dstDevice = dst, .dstPitch = dpitch,
+                     .WidthInBytes = width, .Height = rows};
+  CK(d, cu.cuMemcpy2DAsync(&m, st));
+  return 0;
+}
+
 static int cuda_run_copy_engine(kvp_device *d, const kvp__plan *p) {
   int rc = set_ctx(d);
-  if (rc < 0)
-    return rc;
-  const kvp_kv_layout_info *in = &p->layout->info;
-  CUstream st = S(d, p->stream);
-  const uint64_t sp = (uint64_t)in->n_chunks * in->chunk_bytes; /* staging pitch */
-  for (uint32_t i = 0; i < p->n;) {
-    uint32_t j = i + 1;
-    uint64_t si = p->slots ? p->slots[i] : i;
-    while (j < p->n && p->ids[j] == p->ids[i] + (j - i) &&
-           (p->slots ? p->slots[j] : j) == si + (j - i))
-      j++;
-    for (uint32_t c = 0; c < in->n_chunks; c++) {
-      uint64_t paged = p->layout->chunk_base[c] + p->ids[i] * in->block_stride;
-      uint64_t stage = p->staging + (si * in->n_chunks + c) * in->chunk_bytes;
-      uint64_t src = p->scatter ? stage : paged, dst = p->scatter ? paged : stage;
-      uint64_t spitch = p->scatter ? sp : in->block_stride;
-      uint64_t dpitch = p->scatter ? in->block_stride : sp;
-      if (j - i == 1 || (spitch == in->chunk_bytes && dpitch == in->chunk_bytes)) {
-        CK(d, cu.cuMemcpyAsync(dst, src, (j - i) * in->chunk_bytes, st));
-        continue;
-      }
-      CUDA_MEMCPY2D m = {.srcMemoryType = CU_MEMORYTYPE_UNIFIED,
-                         .srcDevice = src, .srcPitch = spitch,
-                         .dstMemoryType = CU_MEMORYTYPE_UNIFIED,
-                         .dstDevice = dst, .dstPitch = dpitch,
-                         .WidthInBytes = in->chunk_bytes, .Height = j - i};
-      CK(d, cu.cuMemcpy2DAsync(&m, st));
-    }
-    i = j;
-  }
-  return 0;
+  return rc < 0 ? rc : kvp__copy_runs(d, p, S(d, p->stream), cuda_copy2d);
 }
 
 void kvp__cuda_native(const kvp_device *d, CUcontext *ctx, CUstream *own,

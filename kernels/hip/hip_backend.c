@@ -13,6 +13,7 @@
 
 #include "kernels_args.h"
 #include "kernels_internal.h"
+#include "kernels_ring.h"
 
 /* generated: one raw code object per gfx target (hip_code_objects.c) */
 struct kvp__hip_co {
@@ -118,24 +119,16 @@ int kvp__hip_probe(char *why, size_t cap) {
   return 1;
 }
 
-#define RING 8
+#define RING KVP__RING
 static const unsigned widths[5] = {16, 8, 4, 2, 1};
-
-typedef struct hip_slot {
-  hipEvent_t done;
-  bool pending;
-  uint32_t *host;
-  void *dev;
-  size_t cap;
-} hip_slot;
 
 typedef struct hip_dev {
   int ordinal;
   hipModule_t mod;
   hipFunction_t fn[5];
   hipStream_t own;
-  hip_slot ring[RING];
-  unsigned ring_next;
+  kvp__ring ring;        /* launch-argument slots (kernels_ring.h) */
+  hipEvent_t done[RING]; /* recorded after each slot's last launch */
 } hip_dev;
 
 #define HD(d) ((hip_dev *)(d)->priv)
@@ -156,6 +149,8 @@ static int set_dev(kvp_device *d) {
   return 0;
 }
 
+static const kvp__ring_ops ring_ops;
+
 static void hip_close(kvp_device *d) {
   hip_dev *h = HD(d);
   if (!h)
@@ -163,12 +158,10 @@ static void hip_close(kvp_device *d) {
   hip.hipSetDevice(h->ordinal);
   if (h->own)
     hip.hipStreamSynchronize(h->own);
-  for (int i = 0; i < RING; i++) {
-    if (h->ring[i].done)
-      hip.hipEventDestroy(h->ring[i].done);
-    if (h->ring[i].host)
-      hip.hipHostFree(h->ring[i].host);
-  }
+  for (int i = 0; i < RING; i++)
+    if (h->done[i])
+      hip.hipEventDestroy(h->done[i]);
+  kvp__ring_free(d, &h->ring, &ring_ops, false);
   if (h->own)
     hip.hipStreamDestroy(h->own);
   if (h->mod)
@@ -217,7 +210,7 @@ static int hip_open(kvp_device *d, const kvp_device_opts *o) {
       rc = fail(d, r, "hipModuleGetFunction");
   }
   for (int i = 0; i < RING && rc >= 0; i++)
-    if ((r = hip.hipEventCreateWithFlags(&h->ring[i].done, hipEventDisableTiming)))
+    if ((r = hip.hipEventCreateWithFlags(&h->done[i], hipEventDisableTiming)))
       rc = fail(d, r, "hipEventCreateWithFlags");
   hip.hipDeviceGetName(name, sizeof name, h->ordinal);
   snprintf(d->name, sizeof d->name, "%s (HIP, %s code object)", name, arch);
@@ -362,90 +355,71 @@ static void hip_layout_release(kvp_device *d, kvp_kv_layout *l) {
     hip.hipFree((void *)(uintptr_t)l->chunk_table_dev);
 }
 
-static int ring_take(kvp_device *d, size_t need, hip_slot **out) {
+static int slot_wait(kvp_device *d, unsigned i) {
   hip_dev *h = HD(d);
-  hip_slot *s = &h->ring[h->ring_next];
-  h->ring_next = (h->ring_next + 1) % RING;
-  if (s->pending) {
-    HK(d, hip.hipEventSynchronize(s->done));
-    s->pending = false;
-  }
-  if (s->cap < need) {
-    size_t cap = need < 4096 ? 4096 : need + need / 2;
-    if (s->host)
-      hip.hipHostFree(s->host), s->host = NULL;
-    s->cap = 0;
-    HK(d, hip.hipHostMalloc((void **)&s->host, cap * 4,
-                            hipHostMallocPortable | hipHostMallocMapped));
-    HK(d, hip.hipHostGetDevicePointer(&s->dev, s->host, 0));
-    s->cap = cap;
-  }
-  *out = s;
+  HK(d, hip.hipEventSynchronize(h->done[i]));
+  h->ring.slot[i].pending = false;
   return 0;
 }
+
+static int slot_host_alloc(kvp_device *d, size_t bytes, uint32_t **host,
+                           uint64_t *dev) {
+  void *p = NULL;
+  HK(d, hip.hipHostMalloc((void **)host, bytes,
+                          hipHostMallocPortable | hipHostMallocMapped));
+  HK(d, hip.hipHostGetDevicePointer(&p, *host, 0));
+  *dev = (uint64_t)(uintptr_t)p;
+  return 0;
+}
+
+static void slot_host_free(kvp_device *d, uint32_t *host) {
+  (void)d;
+  hip.hipHostFree(host);
+}
+
+static const kvp__ring_ops ring_ops = {.wait = slot_wait,
+                                       .host_alloc = slot_host_alloc,
+                                       .host_free = slot_host_free};
 
 static int hip_args_take(kvp_device *d, size_t entries, uint32_t **host,
                          void **slot) {
   int rc = set_dev(d);
-  hip_slot *s = NULL;
-  if (rc < 0 || (rc = ring_take(d, entries, &s)) < 0)
-    return rc;
-  *host = s->host;
-  *slot = s;
-  return 0;
+  return rc < 0 ? rc
+                : kvp__ring_args_take(d, &HD(d)->ring, &ring_ops, entries, host,
+                                      slot);
 }
 
 static int hip_run_kernel(kvp_device *d, const kvp__plan *p) {
+  hip_dev *h = HD(d);
+  unsigned i; /* the slot validation filled, or one filled now (calibration) */
   int rc = set_dev(d);
-  if (rc < 0)
+  if (rc < 0 || (rc = kvp__ring_plan_slot(d, &h->ring, &ring_ops, p, &i)) < 0)
     return rc;
-  hip_slot *s = p->arg_slot;
-  if (!s) {
-    size_t need = p->slots ? 2 * (size_t)p->n : p->n;
-    if ((rc = ring_take(d, need, &s)) < 0)
-      return rc;
-    memcpy(s->host, p->ids, p->n * sizeof(uint32_t));
-    if (p->slots)
-      memcpy(s->host + p->n, p->slots, p->n * sizeof(uint32_t));
-  }
+  kvp__ring_slot *s = &h->ring.slot[i];
   hipStream_t st = S(d, p->stream);
-  uint64_t dev_ids = (uint64_t)(uintptr_t)s->dev;
   kvp__launch L;
-  kvp__launch_plan(d, p, dev_ids, p->slots ? dev_ids + (uint64_t)p->n * 4 : 0, &L);
+  kvp__launch_plan(d, p, s->dev, p->slots ? s->dev + (uint64_t)p->n * 4 : 0, &L);
   void *params[] = {&L.args};
-  HK(d, hip.hipModuleLaunchKernel(HD(d)->fn[L.width_index], L.ctas, 1, 1,
+  HK(d, hip.hipModuleLaunchKernel(h->fn[L.width_index], L.ctas, 1, 1,
                                   L.threads, 1, 1, 0, st, params, NULL));
-  HK(d, hip.hipEventRecord(s->done, st));
+  HK(d, hip.hipEventRecord(h->done[i], st));
   s->pending = true;
+  return 0;
+}
+
+/* One run of adjacent blocks of one chunk (kvp__copy_runs). */
+static int hip_copy2d(kvp_device *d, void *stream, uint64_t dst,
+                      uint64_t dpitch, uint64_t src, uint64_t spitch,
+                      uint64_t width, uint32_t rows) {
+  HK(d, hip.hipMemcpy2DAsync((void *)(uintptr_t)dst, dpitch,
+                             (const void *)(uintptr_t)src, spitch, width, rows,
+                             hipMemcpyDefault, stream));
   return 0;
 }
 
 static int hip_run_copy_engine(kvp_device *d, const kvp__plan *p) {
   int rc = set_dev(d);
-  if (rc < 0)
-    return rc;
-  const kvp_kv_layout_info *in = &p->layout->info;
-  hipStream_t st = S(d, p->stream);
-  const uint64_t sp = (uint64_t)in->n_chunks * in->chunk_bytes;
-  for (uint32_t i = 0; i < p->n;) {
-    uint32_t j = i + 1;
-    uint64_t si = p->slots ? p->slots[i] : i;
-    while (j < p->n && p->ids[j] == p->ids[i] + (j - i) &&
-           (p->slots ? p->slots[j] : j) == si + (j - i))
-      j++;
-    for (uint32_t c = 0; c < in->n_chunks; c++) {
-      uint64_t paged = p->layout->chunk_base[c] + p->ids[i] * in->block_stride;
-      uint64_t stage = p->staging + (si * in->n_chunks + c) * in->chunk_bytes;
-      uint64_t src = p->scatter ? stage : paged, dst = p->scatter ? paged : stage;
-      uint64_t spitch = p->scatter ? sp : in->block_stride;
-      uint64_t dpitch = p->scatter ? in->block_stride : sp;
-      HK(d, hip.hipMemcpy2DAsync((void *)(uintptr_t)dst, dpitch,
-                                 (const void *)(uintptr_t)src, spitch,
-                                 in->chunk_bytes, j - i, hipMemcpyDefault, st));
-    }
-    i = j;
-  }
-  return 0;
+  return rc < 0 ? rc : kvp__copy_runs(d, p, S(d, p->stream), hip_copy2d);
 }
 
 const kvp__dev_ops kvp__hip_ops = {
