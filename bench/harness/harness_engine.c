@@ -21,6 +21,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
+#include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -90,6 +91,15 @@ typedef struct ereq {
   uint64_t id;
   long created;
   bool started_reply;
+  /* the POST on its way through the worker's parser thread (parse_main):
+   * the loop hands over kind and body; the parser fills a, keys and
+   * n_blocks (a completion to admit) or status and reply (any other
+   * answer: render, tokenize, an error) */
+  bh_api_kind kind;
+  struct evbuffer *body;
+  int status;  /* 0: a completion to admit */
+  char *reply; /* the body of that answer (NULL: out of memory) */
+  bool bad;    /* the request was refused (counted in `failed`) */
 } ereq;
 
 /* A worker: everything below is touched only by its own thread (setup,
@@ -101,8 +111,17 @@ typedef struct eworker {
   pthread_t th;
   bool th_started;
   struct event_base *base;
-  kvp_hasher *hasher; /* not thread-safe: one a worker */
-  struct event *svc, *stop;
+  kvp_hasher *hasher; /* the parser thread's alone */
+  struct event *svc, *stop, *parsed;
+  /* the parser thread: POST bodies in arrival order (todo, under pmu),
+   * parsed and hashed off the loop, handed back in the same order (done,
+   * under pmu; the eventfd wakes the loop) */
+  pthread_t pth;
+  bool pth_started, p_quit;
+  pthread_mutex_t pmu;
+  pthread_cond_t pcv;
+  ereq *todo_head, *todo_tail, *done_head, *done_tail;
+  int efd;
   bool stopped; /* the loop ended because the engine stops */
   int rc;       /* setup's, then the loop's */
   struct evhttp *http;
@@ -320,12 +339,6 @@ static void reply_obj(struct evhttp_request *hr, int code, json_t *o) {
   json_decref(o);
 }
 
-static void reply_err(struct evhttp_request *hr, const bh_api_err *er) {
-  char *s = bh_api_error_json(er);
-  reply_json(hr, er->status, s ? s : "{}");
-  free(s);
-}
-
 static json_t *usage_json(const ereq *r) {
   uint64_t p = r->a.n_tokens, c = r->a.max_tokens;
   return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)p,
@@ -457,6 +470,9 @@ static void ereq_free(ereq *r) {
     event_free(r->tm);
   free(r->keys);
   bh_api_req_free(&r->a);
+  if (r->body)
+    evbuffer_free(r->body);
+  free(r->reply);
   free(r);
 }
 
@@ -645,52 +661,26 @@ static int64_t request_index(struct evhttp_request *hr) {
   return v && (errno || end == v || *end || n < 0) ? -1 : n;
 }
 
-static int admit(eworker *x, struct evhttp_request *hr, bh_api_req *a,
-                 double t_arrive) {
+/* On the loop, a parsed completion (its keys hashed): into the queue. */
+static void admit(eworker *x, ereq *r) {
   engine *e = x->e;
-  ereq *r = calloc(1, sizeof *r);
-  if (r == NULL)
-    return KVP_ENOMEM;
-  r->e = e;
-  r->w = x->id;
-  r->hr = hr;
-  r->t_arrive = t_arrive;
-  r->a = *a;
-  memset(a, 0, sizeof *a);
   pthread_mutex_lock(&e->mu);
   uint64_t nth = ++e->next_id;
   if (nth == 1)
-    e->t_first = t_arrive;
+    e->t_first = r->t_arrive;
   pthread_mutex_unlock(&e->mu);
   r->id = nth ^ ((uint64_t)x->id << 48);
   r->created = (long)time(NULL);
-  size_t nb = r->a.n_tokens / e->o.block_size;
-  r->keys = malloc((nb ? nb : 1) * sizeof *r->keys);
-  kvp_extras ex = {.cache_salt = r->a.cache_salt, /* block 0, as vLLM */
-                   .lora_name = r->a.lora_name, /* every block */
-                   .lora_path = lora_path(e, r->a.lora_name)};
-  int n = r->keys ? kvp_hasher_hash(x->hasher, r->a.tokens, r->a.n_tokens,
-                                    &ex, r->keys, nb, NULL)
-                  : KVP_ENOMEM;
-  if (n < 0) {
-    ereq_free(r);
-    return n;
-  }
-  r->n_blocks = (uint32_t)n;
-  r->rid = request_index(hr);
   r->q_seen = x->q_len + (x->cur != NULL);
-  evhttp_connection_set_closecb(evhttp_request_get_connection(hr),
-                                on_client_gone, r);
   if (x->q_tail)
     x->q_tail->next = r;
   else
     x->q_head = r;
   x->q_tail = r;
   x->q_len++;
-  if (r->a.stream)
+  if (r->a.stream && r->hr)
     start_reply(r);
   try_start(x);
-  return 0;
 }
 
 /* ---- endpoints -------------------------------------------------------------- */
@@ -715,38 +705,148 @@ static json_t *render_one(const engine *e, const bh_api_req *a) {
   return o;
 }
 
-static void do_post(eworker *x, struct evhttp_request *hr, bh_api_kind k,
-                    double t_arrive) {
-  struct evbuffer *in = evhttp_request_get_input_buffer(hr);
-  size_t len = evbuffer_get_length(in);
-  const char *body = (const char *)evbuffer_pullup(in, -1);
-  bh_api_req a;
+static char *oom_json(void) {
+  bh_api_err oom = {500, "InternalServerError", "", "out of memory"};
+  return bh_api_error_json(&oom);
+}
+
+/* In the parser thread: r's body parsed (and a completion's prompt hashed
+ * into its block keys), or the answer to send instead.  Touches r, the
+ * worker's hasher and read-only engine state only. */
+static void parse_one(eworker *x, ereq *r) {
+  const engine *e = x->e;
+  size_t len = evbuffer_get_length(r->body);
+  const char *body = len ? (const char *)evbuffer_pullup(r->body, -1) : "";
   bh_api_err er;
-  if (bh_api_parse(&x->e->api, k, body ? body : "", body ? len : 0, &a,
-                   &er) < 0) {
-    x->failed++;
-    reply_err(hr, &er);
+  int rc = bh_api_parse(&e->api, r->kind, body ? body : "", body ? len : 0,
+                        &r->a, &er);
+  evbuffer_free(r->body);
+  r->body = NULL;
+  if (rc < 0) {
+    memset(&r->a, 0, sizeof r->a);
+    r->bad = true;
+    r->status = er.status;
+    r->reply = bh_api_error_json(&er);
     return;
   }
-  if (k == BH_API_COMPLETIONS || k == BH_API_CHAT) {
-    if (admit(x, hr, &a, t_arrive) < 0) {
-      bh_api_err oom = {500, "InternalServerError", "", "out of memory"};
-      reply_err(hr, &oom);
+  if (r->kind == BH_API_COMPLETIONS || r->kind == BH_API_CHAT) {
+    size_t nb = r->a.n_tokens / e->o.block_size;
+    r->keys = malloc((nb ? nb : 1) * sizeof *r->keys);
+    kvp_extras ex = {.cache_salt = r->a.cache_salt, /* block 0, as vLLM */
+                     .lora_name = r->a.lora_name, /* every block */
+                     .lora_path = lora_path(e, r->a.lora_name)};
+    int n = r->keys ? kvp_hasher_hash(x->hasher, r->a.tokens, r->a.n_tokens,
+                                      &ex, r->keys, nb, NULL)
+                    : KVP_ENOMEM;
+    if (n < 0) {
+      r->status = 500;
+      r->reply = oom_json();
+      return;
     }
-    bh_api_req_free(&a);
+    r->n_blocks = (uint32_t)n;
     return;
   }
   json_t *o;
-  if (k == BH_API_TOKENIZE)
-    o = json_pack("{s:I, s:I, s:o, s:n}", "count", (json_int_t)a.n_tokens,
-                  "max_model_len", (json_int_t)x->e->o.max_model_len,
-                  "tokens", ids_json(a.tokens, a.n_tokens), "token_strs");
-  else if (k == BH_API_COMPLETIONS_RENDER)
-    o = json_pack("[o]", render_one(x->e, &a));
+  if (r->kind == BH_API_TOKENIZE)
+    o = json_pack("{s:I, s:I, s:o, s:n}", "count", (json_int_t)r->a.n_tokens,
+                  "max_model_len", (json_int_t)e->o.max_model_len,
+                  "tokens", ids_json(r->a.tokens, r->a.n_tokens), "token_strs");
+  else if (r->kind == BH_API_COMPLETIONS_RENDER)
+    o = json_pack("[o]", render_one(e, &r->a));
   else
-    o = render_one(x->e, &a);
-  reply_obj(hr, 200, o);
-  bh_api_req_free(&a);
+    o = render_one(e, &r->a);
+  r->reply = o ? json_dumps(o, JSON_COMPACT) : NULL;
+  json_decref(o);
+  r->status = r->reply ? 200 : 500;
+  if (r->reply == NULL)
+    r->reply = oom_json();
+}
+
+static void *parse_main(void *arg) {
+  eworker *x = arg;
+  pthread_mutex_lock(&x->pmu);
+  for (;;) {
+    while (x->todo_head == NULL && !x->p_quit)
+      pthread_cond_wait(&x->pcv, &x->pmu);
+    ereq *r = x->todo_head;
+    if (r == NULL)
+      break; /* quit, nothing left */
+    x->todo_head = r->next;
+    if (x->todo_head == NULL)
+      x->todo_tail = NULL;
+    r->next = NULL;
+    pthread_mutex_unlock(&x->pmu);
+    parse_one(x, r);
+    pthread_mutex_lock(&x->pmu);
+    if (x->done_tail)
+      x->done_tail->next = r;
+    else
+      x->done_head = r;
+    x->done_tail = r;
+    uint64_t one = 1;
+    if (write(x->efd, &one, sizeof one) < 0) { /* EAGAIN: already readable */
+    }
+  }
+  pthread_mutex_unlock(&x->pmu);
+  return NULL;
+}
+
+/* On the loop: the parser's results, in arrival order. */
+static void on_parsed(evutil_socket_t fd, short ev, void *arg) {
+  (void)ev;
+  eworker *x = arg;
+  uint64_t n;
+  if (read(fd, &n, sizeof n) < 0) { /* EAGAIN: drained already */
+  }
+  pthread_mutex_lock(&x->pmu);
+  ereq *r = x->done_head;
+  x->done_head = x->done_tail = NULL;
+  pthread_mutex_unlock(&x->pmu);
+  while (r != NULL) {
+    ereq *next = r->next;
+    r->next = NULL;
+    if (r->status == 0) {
+      admit(x, r);
+    } else {
+      x->failed += r->bad;
+      detach(r);
+      if (r->hr)
+        reply_json(r->hr, r->status, r->reply ? r->reply : "{}");
+      ereq_free(r);
+    }
+    r = next;
+  }
+}
+
+/* A POST: its body (moved out of libevent's buffer) goes to the parser
+ * thread; the request is watched for its client leaving from now on. */
+static void do_post(eworker *x, struct evhttp_request *hr, bh_api_kind k,
+                    double t_arrive) {
+  ereq *r = calloc(1, sizeof *r);
+  if (r == NULL || (r->body = evbuffer_new()) == NULL ||
+      evbuffer_add_buffer(r->body, evhttp_request_get_input_buffer(hr)) < 0) {
+    char *s = oom_json();
+    reply_json(hr, 500, s ? s : "{}");
+    free(s);
+    ereq_free(r);
+    return;
+  }
+  r->e = x->e;
+  r->w = x->id;
+  r->hr = hr;
+  r->kind = k;
+  r->t_arrive = t_arrive;
+  r->rid = request_index(hr);
+  evhttp_connection_set_closecb(evhttp_request_get_connection(hr),
+                                on_client_gone, r);
+  pthread_mutex_lock(&x->pmu);
+  if (x->todo_tail)
+    x->todo_tail->next = r;
+  else
+    x->todo_head = r;
+  x->todo_tail = r;
+  pthread_cond_signal(&x->pcv);
+  pthread_mutex_unlock(&x->pmu);
 }
 
 static void metric(struct evbuffer *b, const char *name, const char *type,
@@ -992,19 +1092,46 @@ static int worker_init(eworker *x) {
   struct timeval svc = {0, 5000};
   x->svc = event_new(x->base, -1, EV_PERSIST, on_service, x);
   x->stop = event_new(x->base, e->stop_fd[0], EV_READ, on_stop, x);
-  if (x->svc == NULL || x->stop == NULL)
+  if ((x->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
+    return -errno;
+  x->parsed = event_new(x->base, x->efd, EV_READ | EV_PERSIST, on_parsed, x);
+  if (x->svc == NULL || x->stop == NULL || x->parsed == NULL)
     return KVP_ENOMEM;
   event_add(x->svc, &svc);
   event_add(x->stop, NULL);
+  event_add(x->parsed, NULL);
+  int err = pthread_create(&x->pth, NULL, parse_main, x);
+  if (err != 0)
+    return -err;
+  x->pth_started = true;
   return 0;
+}
+
+/* The requests the parser holds or handed back, unanswered: not watched
+ * any more (evhttp_free closes their connections), freed. */
+static void free_list(ereq *r) {
+  while (r != NULL) {
+    ereq *n = r->next;
+    detach(r);
+    ereq_free(r);
+    r = n;
+  }
 }
 
 /* In the worker's thread, once its loop ended (or its setup failed). */
 static void worker_teardown(eworker *x) {
-  for (ereq *r = x->q_head, *n; r; r = n) {
-    n = r->next;
-    ereq_free(r);
+  if (x->pth_started) {
+    pthread_mutex_lock(&x->pmu);
+    x->p_quit = true;
+    pthread_cond_signal(&x->pcv);
+    pthread_mutex_unlock(&x->pmu);
+    pthread_join(x->pth, NULL);
+    x->pth_started = false;
   }
+  free_list(x->todo_head);
+  free_list(x->done_head);
+  x->todo_head = x->todo_tail = x->done_head = x->done_tail = NULL;
+  free_list(x->q_head);
   x->q_head = x->q_tail = NULL;
   if (x->http)
     evhttp_free(x->http);
@@ -1013,6 +1140,10 @@ static void worker_teardown(eworker *x) {
     event_free(x->svc);
   if (x->stop)
     event_free(x->stop);
+  if (x->parsed)
+    event_free(x->parsed);
+  if (x->efd >= 0)
+    close(x->efd);
   if (x->base)
     event_base_free(x->base);
   kvp_hasher_destroy(x->hasher);
@@ -1083,6 +1214,9 @@ static int engine_setup(engine *e) {
   for (uint32_t v = 0; v < e->o.workers; v++) {
     e->w[v].e = e;
     e->w[v].id = v;
+    e->w[v].efd = -1;
+    pthread_mutex_init(&e->w[v].pmu, NULL);
+    pthread_cond_init(&e->w[v].pcv, NULL);
   }
   return 0;
 }
@@ -1130,6 +1264,10 @@ static int engine_stop(engine *e) {
 }
 
 static void engine_teardown(engine *e) {
+  for (uint32_t v = 0; e->w && v < e->o.workers; v++) {
+    pthread_cond_destroy(&e->w[v].pcv);
+    pthread_mutex_destroy(&e->w[v].pmu);
+  }
   free(e->w);
   e->w = NULL;
   if (e->zctx)
