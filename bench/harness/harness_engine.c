@@ -6,10 +6,12 @@
  * decode under continuous batching up to --max-num-seqs, TTFT = queue +
  * prefill of the uncached tokens + tier load time, all divided by
  * --time-scale.  One thread and one event loop per worker (its own HTTP
- * server, ZeroMQ sockets, hasher, cache and timers), so one worker's JSON
- * parsing and hashing never delays another's timers; the main thread binds
- * nothing, waits for every worker to be bound, announces them and waits for
- * SIGINT / SIGTERM (docs/live.md). */
+ * server, ZeroMQ sockets, cache and timers) and a parser thread beside it
+ * (POST bodies parsed and hashed in arrival order, handed back to the
+ * loop), so no request's JSON parsing and hashing delays a timer, on its
+ * worker or another; the main thread binds nothing, waits for every worker
+ * to be bound, announces them and waits for SIGINT / SIGTERM
+ * (docs/live.md, "Threads"). */
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
