@@ -415,9 +415,12 @@ def test_live():
     # jitter and HTTP multiplied by the time scale, on a shared host): a
     # bound of 2x either way here; the gap is printed (docs/live.md has
     # measurements within 15%).
+    # (under TSan the engine runs 5-15x slower, multiplied by the time
+    # scale: there only a sanity bound; its point is the threads' races)
+    hi = 20 if os.environ.get("KVP_TEST_TSAN") else 2
     for q in ("p50", "p95"):
         ratio = live["ttft_s"][q] / off["ttft_s"][q]
-        check(0.5 <= ratio <= 2, "TTFT %s live/offline %.2f" % (q, ratio))
+        check(0.5 <= ratio <= hi, "TTFT %s live/offline %.2f" % (q, ratio))
     for name in ("report.html", "results.csv"):
         check(os.path.getsize(os.path.join(out, name)) > 0, name)
 

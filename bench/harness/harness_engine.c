@@ -5,7 +5,13 @@
  * and timing model (harness_cache.c) -- a FIFO queue, one prefill at a time,
  * decode under continuous batching up to --max-num-seqs, TTFT = queue +
  * prefill of the uncached tokens + tier load time, all divided by
- * --time-scale.  One thread, one event loop; see docs/live.md. */
+ * --time-scale.  One thread and one event loop per worker (its own HTTP
+ * server, ZeroMQ sockets, cache and timers) and a parser thread beside it
+ * (POST bodies parsed and hashed in arrival order, handed back to the
+ * loop), so no request's JSON parsing and hashing delays a timer, on its
+ * worker or another; the main thread binds nothing, waits for every worker
+ * to be bound, announces them and waits for SIGINT / SIGTERM
+ * (docs/live.md, "Threads"). */
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -16,6 +22,8 @@
 #include <sys/socket.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <pthread.h>
+#include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -28,6 +36,7 @@
 #include <zmq.h>
 
 #include "harness_api.h"
+#include "harness_api_ids.h"
 #include "harness_cache.h"
 #include "harness_kvpub.h"
 #include "harness_live.h"
@@ -85,11 +94,39 @@ typedef struct ereq {
   uint64_t id;
   long created;
   bool started_reply;
+  /* the POST on its way through the worker's parser thread (parse_main):
+   * the loop hands over kind and body; the parser fills a, keys and
+   * n_blocks (a completion to admit) or status and reply (any other
+   * answer: render, tokenize, an error) */
+  bh_api_kind kind;
+  struct evbuffer *body;
+  int status;  /* 0: a completion to admit */
+  char *reply; /* the body of that answer (NULL: out of memory) */
+  bool bad;    /* the request was refused (counted in `failed`) */
 } ereq;
 
+/* A worker: everything below is touched only by its own thread (setup,
+ * loop and teardown); the main thread reads url/kv_ep/replay_ep/port once
+ * the worker said it is bound (engine.mu), and joins it. */
 typedef struct eworker {
   struct engine *e;
   uint32_t id;
+  pthread_t th;
+  bool th_started;
+  struct event_base *base;
+  kvp_hasher *hasher; /* the parser thread's alone */
+  struct event *svc, *stop, *parsed;
+  /* the parser thread: POST bodies in arrival order (todo, under pmu),
+   * parsed and hashed off the loop, handed back in the same order (done,
+   * under pmu; the eventfd wakes the loop) */
+  pthread_t pth;
+  bool pth_started, p_quit;
+  pthread_mutex_t pmu;
+  pthread_cond_t pcv;
+  ereq *todo_head, *todo_tail, *done_head, *done_tail;
+  int efd;
+  bool stopped; /* the loop ended because the engine stops */
+  int rc;       /* setup's, then the loop's */
   struct evhttp *http;
   uint32_t port;
   char url[96], kv_ep[128], replay_ep[128];
@@ -117,19 +154,28 @@ typedef struct eworker {
   uint64_t queries, hits, prompt_tokens, gen_tokens, done, failed;
 } eworker;
 
+/* Shared by the workers' threads: read-only once they start (options,
+ * timing model, API config, the ZeroMQ context, which is thread-safe), the
+ * request log (one fprintf a line: stdio locks the FILE), and the few
+ * fields under mu. */
 typedef struct engine {
   eng_opts o;
-  struct event_base *base;
   void *zctx;
   eworker *w;
-  kvp_hasher *hasher;
   kvp_router *rt; /* only for the resolved GPU spec (bh_timing_setup) */
   bh_timing tm;
   bh_api_cfg api;
-  uint64_t next_id;
   FILE *req_log;
-  double t_first; /* the first request's arrival (--req-log's zero) */
-  struct event *svc, *sig_int, *sig_term;
+  int stop_fd[2]; /* the workers watch [0]; closing [1] stops them all */
+  pthread_mutex_t mu;
+  pthread_cond_t cv; /* a worker finished its setup */
+  /* under mu */
+  uint32_t n_up;   /* workers whose setup ended (bound or failed) */
+  int setup_rc;    /* the first setup failure */
+  uint64_t next_id;
+  double t_first; /* the first request's arrival (--req-log's zero); set
+                   * once under mu by the first admission, read after the
+                   * reader's own admission took mu */
 } engine;
 
 /* ---- residency events ---------------------------------------------------- */
@@ -296,12 +342,6 @@ static void reply_obj(struct evhttp_request *hr, int code, json_t *o) {
   json_decref(o);
 }
 
-static void reply_err(struct evhttp_request *hr, const bh_api_err *er) {
-  char *s = bh_api_error_json(er);
-  reply_json(hr, er->status, s ? s : "{}");
-  free(s);
-}
-
 static json_t *usage_json(const ereq *r) {
   uint64_t p = r->a.n_tokens, c = r->a.max_tokens;
   return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)p,
@@ -433,6 +473,9 @@ static void ereq_free(ereq *r) {
     event_free(r->tm);
   free(r->keys);
   bh_api_req_free(&r->a);
+  if (r->body)
+    evbuffer_free(r->body);
+  free(r->reply);
   free(r);
 }
 
@@ -471,9 +514,10 @@ static void arm(ereq *r, double at, event_callback_fn fn) {
   /* libevent times a timer from the loop's cached clock, read before this
    * callback began its work (JSON, hashing): refresh it, or the timer
    * fires that much early */
-  event_base_update_cache_time(r->e->base);
+  struct event_base *base = r->e->w[r->w].base;
+  event_base_update_cache_time(base);
   if (r->tm == NULL)
-    r->tm = evtimer_new(r->e->base, on_timer, r);
+    r->tm = evtimer_new(base, on_timer, r);
   if (r->tm)
     evtimer_add(r->tm, &tv);
 }
@@ -620,49 +664,26 @@ static int64_t request_index(struct evhttp_request *hr) {
   return v && (errno || end == v || *end || n < 0) ? -1 : n;
 }
 
-static int admit(eworker *x, struct evhttp_request *hr, bh_api_req *a,
-                 double t_arrive) {
+/* On the loop, a parsed completion (its keys hashed): into the queue. */
+static void admit(eworker *x, ereq *r) {
   engine *e = x->e;
-  ereq *r = calloc(1, sizeof *r);
-  if (r == NULL)
-    return KVP_ENOMEM;
-  r->e = e;
-  r->w = x->id;
-  r->hr = hr;
-  r->t_arrive = t_arrive;
-  r->a = *a;
-  memset(a, 0, sizeof *a);
-  r->id = ++e->next_id ^ ((uint64_t)x->id << 48);
+  pthread_mutex_lock(&e->mu);
+  uint64_t nth = ++e->next_id;
+  if (nth == 1)
+    e->t_first = r->t_arrive;
+  pthread_mutex_unlock(&e->mu);
+  r->id = nth ^ ((uint64_t)x->id << 48);
   r->created = (long)time(NULL);
-  size_t nb = r->a.n_tokens / e->o.block_size;
-  r->keys = malloc((nb ? nb : 1) * sizeof *r->keys);
-  kvp_extras ex = {.cache_salt = r->a.cache_salt, /* block 0, as vLLM */
-                   .lora_name = r->a.lora_name, /* every block */
-                   .lora_path = lora_path(e, r->a.lora_name)};
-  int n = r->keys ? kvp_hasher_hash(e->hasher, r->a.tokens, r->a.n_tokens,
-                                    &ex, r->keys, nb, NULL)
-                  : KVP_ENOMEM;
-  if (n < 0) {
-    ereq_free(r);
-    return n;
-  }
-  r->n_blocks = (uint32_t)n;
-  r->rid = request_index(hr);
   r->q_seen = x->q_len + (x->cur != NULL);
-  if (e->next_id == 1)
-    e->t_first = t_arrive;
-  evhttp_connection_set_closecb(evhttp_request_get_connection(hr),
-                                on_client_gone, r);
   if (x->q_tail)
     x->q_tail->next = r;
   else
     x->q_head = r;
   x->q_tail = r;
   x->q_len++;
-  if (r->a.stream)
+  if (r->a.stream && r->hr)
     start_reply(r);
   try_start(x);
-  return 0;
 }
 
 /* ---- endpoints -------------------------------------------------------------- */
@@ -687,38 +708,149 @@ static json_t *render_one(const engine *e, const bh_api_req *a) {
   return o;
 }
 
-static void do_post(eworker *x, struct evhttp_request *hr, bh_api_kind k,
-                    double t_arrive) {
-  struct evbuffer *in = evhttp_request_get_input_buffer(hr);
-  size_t len = evbuffer_get_length(in);
-  const char *body = (const char *)evbuffer_pullup(in, -1);
-  bh_api_req a;
+static char *oom_json(void) {
+  bh_api_err oom = {500, "InternalServerError", "", "out of memory"};
+  return bh_api_error_json(&oom);
+}
+
+/* In the parser thread: r's body parsed (and a completion's prompt hashed
+ * into its block keys), or the answer to send instead.  Touches r, the
+ * worker's hasher and read-only engine state only. */
+static void parse_one(eworker *x, ereq *r) {
+  const engine *e = x->e;
+  size_t len = evbuffer_get_length(r->body);
+  const char *body = len ? (const char *)evbuffer_pullup(r->body, -1) : "";
   bh_api_err er;
-  if (bh_api_parse(&x->e->api, k, body ? body : "", body ? len : 0, &a,
-                   &er) < 0) {
-    x->failed++;
-    reply_err(hr, &er);
+  /* token-id prompts without a JSON value per id (the same result) */
+  int rc = bh_api_parse_fast(&e->api, r->kind, body ? body : "",
+                             body ? len : 0, &r->a, &er);
+  evbuffer_free(r->body);
+  r->body = NULL;
+  if (rc < 0) {
+    memset(&r->a, 0, sizeof r->a);
+    r->bad = true;
+    r->status = er.status;
+    r->reply = bh_api_error_json(&er);
     return;
   }
-  if (k == BH_API_COMPLETIONS || k == BH_API_CHAT) {
-    if (admit(x, hr, &a, t_arrive) < 0) {
-      bh_api_err oom = {500, "InternalServerError", "", "out of memory"};
-      reply_err(hr, &oom);
+  if (r->kind == BH_API_COMPLETIONS || r->kind == BH_API_CHAT) {
+    size_t nb = r->a.n_tokens / e->o.block_size;
+    r->keys = malloc((nb ? nb : 1) * sizeof *r->keys);
+    kvp_extras ex = {.cache_salt = r->a.cache_salt, /* block 0, as vLLM */
+                     .lora_name = r->a.lora_name, /* every block */
+                     .lora_path = lora_path(e, r->a.lora_name)};
+    int n = r->keys ? kvp_hasher_hash(x->hasher, r->a.tokens, r->a.n_tokens,
+                                      &ex, r->keys, nb, NULL)
+                    : KVP_ENOMEM;
+    if (n < 0) {
+      r->status = 500;
+      r->reply = oom_json();
+      return;
     }
-    bh_api_req_free(&a);
+    r->n_blocks = (uint32_t)n;
     return;
   }
   json_t *o;
-  if (k == BH_API_TOKENIZE)
-    o = json_pack("{s:I, s:I, s:o, s:n}", "count", (json_int_t)a.n_tokens,
-                  "max_model_len", (json_int_t)x->e->o.max_model_len,
-                  "tokens", ids_json(a.tokens, a.n_tokens), "token_strs");
-  else if (k == BH_API_COMPLETIONS_RENDER)
-    o = json_pack("[o]", render_one(x->e, &a));
+  if (r->kind == BH_API_TOKENIZE)
+    o = json_pack("{s:I, s:I, s:o, s:n}", "count", (json_int_t)r->a.n_tokens,
+                  "max_model_len", (json_int_t)e->o.max_model_len,
+                  "tokens", ids_json(r->a.tokens, r->a.n_tokens), "token_strs");
+  else if (r->kind == BH_API_COMPLETIONS_RENDER)
+    o = json_pack("[o]", render_one(e, &r->a));
   else
-    o = render_one(x->e, &a);
-  reply_obj(hr, 200, o);
-  bh_api_req_free(&a);
+    o = render_one(e, &r->a);
+  r->reply = o ? json_dumps(o, JSON_COMPACT) : NULL;
+  json_decref(o);
+  r->status = r->reply ? 200 : 500;
+  if (r->reply == NULL)
+    r->reply = oom_json();
+}
+
+static void *parse_main(void *arg) {
+  eworker *x = arg;
+  pthread_mutex_lock(&x->pmu);
+  for (;;) {
+    while (x->todo_head == NULL && !x->p_quit)
+      pthread_cond_wait(&x->pcv, &x->pmu);
+    ereq *r = x->todo_head;
+    if (r == NULL)
+      break; /* quit, nothing left */
+    x->todo_head = r->next;
+    if (x->todo_head == NULL)
+      x->todo_tail = NULL;
+    r->next = NULL;
+    pthread_mutex_unlock(&x->pmu);
+    parse_one(x, r);
+    pthread_mutex_lock(&x->pmu);
+    if (x->done_tail)
+      x->done_tail->next = r;
+    else
+      x->done_head = r;
+    x->done_tail = r;
+    uint64_t one = 1;
+    if (write(x->efd, &one, sizeof one) < 0) { /* EAGAIN: already readable */
+    }
+  }
+  pthread_mutex_unlock(&x->pmu);
+  return NULL;
+}
+
+/* On the loop: the parser's results, in arrival order. */
+static void on_parsed(evutil_socket_t fd, short ev, void *arg) {
+  (void)ev;
+  eworker *x = arg;
+  uint64_t n;
+  if (read(fd, &n, sizeof n) < 0) { /* EAGAIN: drained already */
+  }
+  pthread_mutex_lock(&x->pmu);
+  ereq *r = x->done_head;
+  x->done_head = x->done_tail = NULL;
+  pthread_mutex_unlock(&x->pmu);
+  while (r != NULL) {
+    ereq *next = r->next;
+    r->next = NULL;
+    if (r->status == 0) {
+      admit(x, r);
+    } else {
+      x->failed += r->bad;
+      detach(r);
+      if (r->hr)
+        reply_json(r->hr, r->status, r->reply ? r->reply : "{}");
+      ereq_free(r);
+    }
+    r = next;
+  }
+}
+
+/* A POST: its body (moved out of libevent's buffer) goes to the parser
+ * thread; the request is watched for its client leaving from now on. */
+static void do_post(eworker *x, struct evhttp_request *hr, bh_api_kind k,
+                    double t_arrive) {
+  ereq *r = calloc(1, sizeof *r);
+  if (r == NULL || (r->body = evbuffer_new()) == NULL ||
+      evbuffer_add_buffer(r->body, evhttp_request_get_input_buffer(hr)) < 0) {
+    char *s = oom_json();
+    reply_json(hr, 500, s ? s : "{}");
+    free(s);
+    ereq_free(r);
+    return;
+  }
+  r->e = x->e;
+  r->w = x->id;
+  r->hr = hr;
+  r->kind = k;
+  r->t_arrive = t_arrive;
+  r->rid = request_index(hr);
+  evhttp_connection_set_closecb(evhttp_request_get_connection(hr),
+                                on_client_gone, r);
+  pthread_mutex_lock(&x->pmu);
+  if (x->todo_tail)
+    x->todo_tail->next = r;
+  else
+    x->todo_head = r;
+  x->todo_tail = r;
+  pthread_cond_signal(&x->pcv);
+  pthread_mutex_unlock(&x->pmu);
 }
 
 static void metric(struct evbuffer *b, const char *name, const char *type,
@@ -875,21 +1007,22 @@ static void on_http(struct evhttp_request *hr, void *arg) {
                "{\"detail\":\"Not Found\"}");
 }
 
-/* ---- setup ------------------------------------------------------------------- */
+/* ---- setup: a thread per worker ------------------------------------------------- */
 static void on_service(evutil_socket_t fd, short ev, void *arg) {
   (void)fd, (void)ev;
-  engine *e = arg;
-  for (uint32_t v = 0; v < e->o.workers; v++)
-    bh_kvpub_service(e->w[v].pub);
+  bh_kvpub_service(((eworker *)arg)->pub);
 }
 
-static void on_signal(evutil_socket_t fd, short ev, void *arg) {
+/* The stop pipe's write end was closed (engine_stop): leave the loop. */
+static void on_stop(evutil_socket_t fd, short ev, void *arg) {
   (void)fd, (void)ev;
-  event_base_loopexit(((engine *)arg)->base, NULL);
+  eworker *x = arg;
+  x->stopped = true;
+  event_base_loopexit(x->base, NULL);
 }
 
 static int bind_http(engine *e, eworker *x) {
-  x->http = evhttp_new(e->base);
+  x->http = evhttp_new(x->base);
   if (x->http == NULL)
     return KVP_ENOMEM;
   evhttp_set_max_body_size(x->http, 64 << 20);
@@ -915,6 +1048,8 @@ static int bind_http(engine *e, eworker *x) {
   return 0;
 }
 
+/* The publisher's sockets are created, bound, used and closed by the
+ * worker's thread alone (ZeroMQ sockets are not thread-safe). */
 static int bind_events(engine *e, eworker *x) {
   char ep[160], rep[160];
   uint32_t p = e->o.kv_port ? e->o.kv_port + 2 * x->id : 0;
@@ -927,10 +1062,21 @@ static int bind_events(engine *e, eworker *x) {
   return rc;
 }
 
-static int worker_init(engine *e, uint32_t v) {
-  eworker *x = &e->w[v];
-  x->e = e;
-  x->id = v;
+static int make_hasher(const engine *e, kvp_hasher **out) {
+  kvp_namespace_desc d = {.model_id = e->o.model,
+                         .block_size = e->o.block_size};
+  kvp_namespace ns;
+  kvp_hasher_opts ho = {.algo = KVP_HASH_SHA256_CBOR,
+                        .python_hash_seed = e->o.hash_seed,
+                        .vllm_compat = KVP_VLLM_COMPAT_0_33};
+  int rc = kvp_namespace_init(&d, &ns);
+  return rc < 0 ? rc : kvp_hasher_create(&ns, &ho, NULL, out);
+}
+
+/* In the worker's thread: its loop, hasher, cache, HTTP server and
+ * publisher, the replay service timer and the stop watch. */
+static int worker_init(eworker *x) {
+  engine *e = x->e;
   int rc = bh_cache_init(&x->c, &e->o.cl, true);
   if (rc < 0)
     return rc;
@@ -940,27 +1086,110 @@ static int worker_init(engine *e, uint32_t v) {
   x->c.adm_cost.write_s = x->c.adm_cost.read_s;
   x->c.publish = on_residency;
   x->c.publish_ctx = e;
-  x->c.publish_id = v;
+  x->c.publish_id = x->id;
+  if ((rc = make_hasher(e, &x->hasher)) < 0)
+    return rc;
+  if ((x->base = bh_live_event_base()) == NULL)
+    return KVP_ENOMEM;
   if ((rc = bind_http(e, x)) < 0 || (rc = bind_events(e, x)) < 0)
     return rc;
+  struct timeval svc = {0, 5000};
+  x->svc = event_new(x->base, -1, EV_PERSIST, on_service, x);
+  x->stop = event_new(x->base, e->stop_fd[0], EV_READ, on_stop, x);
+  if ((x->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
+    return -errno;
+  x->parsed = event_new(x->base, x->efd, EV_READ | EV_PERSIST, on_parsed, x);
+  if (x->svc == NULL || x->stop == NULL || x->parsed == NULL)
+    return KVP_ENOMEM;
+  event_add(x->svc, &svc);
+  event_add(x->stop, NULL);
+  event_add(x->parsed, NULL);
+  int err = pthread_create(&x->pth, NULL, parse_main, x);
+  if (err != 0)
+    return -err;
+  x->pth_started = true;
   return 0;
 }
 
-static int make_hasher(engine *e) {
-  kvp_namespace_desc d = {.model_id = e->o.model,
-                         .block_size = e->o.block_size};
-  kvp_namespace ns;
-  kvp_hasher_opts ho = {.algo = KVP_HASH_SHA256_CBOR,
-                        .python_hash_seed = e->o.hash_seed,
-                        .vllm_compat = KVP_VLLM_COMPAT_0_33};
-  int rc = kvp_namespace_init(&d, &ns);
-  return rc < 0 ? rc : kvp_hasher_create(&ns, &ho, NULL, &e->hasher);
+/* The requests the parser holds or handed back, unanswered: not watched
+ * any more (evhttp_free closes their connections), freed. */
+static void free_list(ereq *r) {
+  while (r != NULL) {
+    ereq *n = r->next;
+    detach(r);
+    ereq_free(r);
+    r = n;
+  }
 }
 
+/* In the worker's thread, once its loop ended (or its setup failed). */
+static void worker_teardown(eworker *x) {
+  if (x->pth_started) {
+    pthread_mutex_lock(&x->pmu);
+    x->p_quit = true;
+    pthread_cond_signal(&x->pcv);
+    pthread_mutex_unlock(&x->pmu);
+    pthread_join(x->pth, NULL);
+    x->pth_started = false;
+  }
+  free_list(x->todo_head);
+  free_list(x->done_head);
+  x->todo_head = x->todo_tail = x->done_head = x->done_tail = NULL;
+  free_list(x->q_head);
+  x->q_head = x->q_tail = NULL;
+  if (x->http)
+    evhttp_free(x->http);
+  bh_kvpub_destroy(x->pub);
+  if (x->svc)
+    event_free(x->svc);
+  if (x->stop)
+    event_free(x->stop);
+  if (x->parsed)
+    event_free(x->parsed);
+  if (x->efd >= 0)
+    close(x->efd);
+  if (x->base)
+    event_base_free(x->base);
+  kvp_hasher_destroy(x->hasher);
+  bh_cache_free(&x->c);
+  free(x->ntok);
+  free(x->run);
+  free(x->run_node);
+  free(x->run_tok);
+}
+
+static void *worker_main(void *arg) {
+  eworker *x = arg;
+  engine *e = x->e;
+  int rc = worker_init(x);
+  pthread_mutex_lock(&e->mu);
+  if (rc < 0 && e->setup_rc == 0)
+    e->setup_rc = rc;
+  e->n_up++;
+  pthread_cond_signal(&e->cv);
+  pthread_mutex_unlock(&e->mu);
+  if (rc == 0) {
+    /* a loop that ends on its own (an error) ends the engine: the main
+     * thread waits in sigwait (bh_engine_main) */
+    if (event_base_dispatch(x->base) < 0 || !x->stopped) {
+      rc = KVP_EIO;
+      kill(getpid(), SIGTERM);
+    }
+  }
+  x->rc = rc;
+  worker_teardown(x);
+  return NULL;
+}
+
+/* The shared pieces: resolved cluster, timing model, API config, request
+ * log, ZeroMQ context, stop pipe, lock.  Binds nothing. */
 static int engine_setup(engine *e) {
   bh_cluster *cl = &e->o.cl;
   cl->workers = e->o.workers;
   cl->tier_no_classes = true; /* no stability classifier on the wire */
+  e->stop_fd[0] = e->stop_fd[1] = -1;
+  pthread_mutex_init(&e->mu, NULL);
+  pthread_cond_init(&e->cv, NULL);
   int rc = bh_cluster_resolve(cl, e->o.block_size);
   if (rc < 0) {
     fprintf(stderr, "kvplane-bench engine: bad cluster (workers 1..4096, "
@@ -970,8 +1199,7 @@ static int engine_setup(engine *e) {
   bh_sim_opts so = {.cl = *cl, .policy = KVP_POLICY_ROUND_ROBIN};
   kvp_router_opts ro;
   bh_sim_router_opts(&so, e->o.block_size, &ro);
-  if ((rc = kvp_router_create(&ro, NULL, &e->rt)) < 0 ||
-      (rc = make_hasher(e)) < 0)
+  if ((rc = kvp_router_create(&ro, NULL, &e->rt)) < 0)
     return rc;
   bh_timing_setup(&e->tm, cl, e->o.block_size, e->rt);
   e->api = (bh_api_cfg){e->o.model, e->o.vocab, e->o.max_model_len, {0}, 0};
@@ -981,57 +1209,81 @@ static int engine_setup(engine *e) {
     return -errno;
   if (e->req_log)
     setvbuf(e->req_log, NULL, _IOLBF, 0); /* readable while it runs */
-  e->base = bh_live_event_base();
+  if (pipe(e->stop_fd) != 0)
+    return -errno;
   e->zctx = zmq_ctx_new();
   e->w = calloc(e->o.workers, sizeof *e->w);
-  if (e->base == NULL || e->zctx == NULL || e->w == NULL)
+  if (e->zctx == NULL || e->w == NULL)
     return KVP_ENOMEM;
-  for (uint32_t v = 0; v < e->o.workers; v++)
-    if ((rc = worker_init(e, v)) < 0)
-      return rc;
-  struct timeval svc = {0, 5000};
-  e->svc = event_new(e->base, -1, EV_PERSIST, on_service, e);
-  e->sig_int = evsignal_new(e->base, SIGINT, on_signal, e);
-  e->sig_term = evsignal_new(e->base, SIGTERM, on_signal, e);
-  if (e->svc == NULL || e->sig_int == NULL || e->sig_term == NULL)
-    return KVP_ENOMEM;
-  event_add(e->svc, &svc);
-  event_add(e->sig_int, NULL);
-  event_add(e->sig_term, NULL);
+  for (uint32_t v = 0; v < e->o.workers; v++) {
+    e->w[v].e = e;
+    e->w[v].id = v;
+    e->w[v].efd = -1;
+    pthread_mutex_init(&e->w[v].pmu, NULL);
+    pthread_cond_init(&e->w[v].pcv, NULL);
+  }
   return 0;
+}
+
+/* Starts the workers' threads and waits until every one is bound (or one
+ * failed).  SIGINT / SIGTERM are blocked here first, so the threads inherit
+ * the mask and only engine_run's sigwait takes them. */
+static int engine_start(engine *e) {
+  uint32_t started = 0;
+  int rc = 0;
+  for (uint32_t v = 0; v < e->o.workers && rc == 0; v++) {
+    int err = pthread_create(&e->w[v].th, NULL, worker_main, &e->w[v]);
+    if (err != 0) {
+      rc = -err;
+      break;
+    }
+    e->w[v].th_started = true;
+    started++;
+  }
+  pthread_mutex_lock(&e->mu);
+  while (e->n_up < started)
+    pthread_cond_wait(&e->cv, &e->mu);
+  if (rc == 0)
+    rc = e->setup_rc;
+  pthread_mutex_unlock(&e->mu);
+  return rc;
+}
+
+/* Stops and joins every started worker; the first worker error, if any. */
+static int engine_stop(engine *e) {
+  int rc = 0;
+  if (e->stop_fd[1] >= 0) {
+    close(e->stop_fd[1]); /* EOF: readable in every worker's loop */
+    e->stop_fd[1] = -1;
+  }
+  for (uint32_t v = 0; e->w && v < e->o.workers; v++) {
+    if (!e->w[v].th_started)
+      continue;
+    pthread_join(e->w[v].th, NULL);
+    e->w[v].th_started = false;
+    if (e->w[v].rc < 0 && rc == 0)
+      rc = e->w[v].rc;
+  }
+  return rc;
 }
 
 static void engine_teardown(engine *e) {
   for (uint32_t v = 0; e->w && v < e->o.workers; v++) {
-    eworker *x = &e->w[v];
-    for (ereq *r = x->q_head, *n; r; r = n) {
-      n = r->next;
-      ereq_free(r);
-    }
-    if (x->http)
-      evhttp_free(x->http);
-    bh_kvpub_destroy(x->pub);
-    bh_cache_free(&x->c);
-    free(x->ntok);
-    free(x->run);
-    free(x->run_node);
-    free(x->run_tok);
+    pthread_cond_destroy(&e->w[v].pcv);
+    pthread_mutex_destroy(&e->w[v].pmu);
   }
   free(e->w);
-  if (e->svc)
-    event_free(e->svc);
-  if (e->sig_int)
-    event_free(e->sig_int);
-  if (e->sig_term)
-    event_free(e->sig_term);
+  e->w = NULL;
   if (e->zctx)
-    zmq_ctx_term(e->zctx);
-  if (e->base)
-    event_base_free(e->base);
-  kvp_hasher_destroy(e->hasher);
+    zmq_ctx_term(e->zctx); /* every socket closed by its thread */
+  for (int i = 0; i < 2; i++)
+    if (e->stop_fd[i] >= 0)
+      close(e->stop_fd[i]);
   kvp_router_destroy(e->rt);
   if (e->req_log)
     fclose(e->req_log);
+  pthread_cond_destroy(&e->cv);
+  pthread_mutex_destroy(&e->mu);
 }
 
 /* One line per worker on stdout and, with --ready-file, the same as JSON
@@ -1200,13 +1452,25 @@ int bh_engine_main(int argc, char **argv) {
   if (rc != 0)
     return rc > 0 ? 0 : 2;
   signal(SIGPIPE, SIG_IGN);
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, NULL);
   rc = engine_setup(&e);
   if (rc >= 0)
-    rc = announce(&e);
+    rc = engine_start(&e);
   if (rc >= 0)
-    rc = event_base_dispatch(e.base) < 0 ? KVP_EIO : 0;
-  else
+    rc = announce(&e);
+  if (rc >= 0) {
+    int sig;
+    sigwait(&stop, &sig); /* SIGINT, SIGTERM, or a worker's loop failed */
+  } else {
     fprintf(stderr, "kvplane-bench engine: %s\n", kvp_strerror(rc));
+  }
+  int wrc = engine_stop(&e);
+  if (rc >= 0)
+    rc = wrc;
   engine_teardown(&e);
   return rc < 0 ? 1 : 0;
 }

@@ -6,7 +6,9 @@
  * the context, and its cache salt, if any, is one vLLM accepts; a
  * rejection is 400/404 with a message and a JSON error body that parses
  * back with the same code; a request naming the adapter runs on it (the
- * cfg's own string), any other runs on the base model. */
+ * cfg's own string), any other runs on the base model.  The engine's fast
+ * path for token-id prompts (bh_api_parse_fast) returns exactly what
+ * bh_api_parse does, errors included. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +16,7 @@
 #include <jansson.h>
 
 #include "harness_api.h"
+#include "harness_api_ids.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -58,16 +61,42 @@ static void check_err(const bh_api_err *e) {
   free(s);
 }
 
+static void check_same(const bh_api_req *a, const bh_api_err *ea, int ra,
+                       const bh_api_req *b, const bh_api_err *eb, int rb) {
+  if (ra != rb)
+    abort();
+  if (ra < 0) {
+    if (ea->status != eb->status || strcmp(ea->type, eb->type) ||
+        strcmp(ea->param, eb->param) || strcmp(ea->message, eb->message))
+      abort();
+    return;
+  }
+  if (a->kind != b->kind || a->n_tokens != b->n_tokens ||
+      memcmp(a->tokens, b->tokens, a->n_tokens * sizeof *a->tokens) ||
+      a->max_tokens != b->max_tokens || a->stream != b->stream ||
+      a->include_usage != b->include_usage ||
+      a->max_tokens_set != b->max_tokens_set ||
+      strcmp(a->request_id, b->request_id) || a->lora_name != b->lora_name ||
+      (a->cache_salt == NULL) != (b->cache_salt == NULL) ||
+      (a->cache_salt && strcmp(a->cache_salt, b->cache_salt)))
+    abort();
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size == 0 || size > (1u << 20))
     return 0;
   bh_api_kind k = (bh_api_kind)(data[0] % BH_API_KIND_COUNT_);
-  bh_api_req r;
-  bh_api_err e;
-  if (bh_api_parse(&cfg, k, (const char *)data + 1, size - 1, &r, &e) == 0)
+  bh_api_req r, f;
+  bh_api_err e, fe;
+  int rc = bh_api_parse(&cfg, k, (const char *)data + 1, size - 1, &r, &e);
+  if (rc == 0)
     check_ok(&r, k);
   else
     check_err(&e);
+  int fr = bh_api_parse_fast(&cfg, k, (const char *)data + 1, size - 1, &f,
+                             &fe);
+  check_same(&r, &e, rc, &f, &fe, fr);
   bh_api_req_free(&r);
+  bh_api_req_free(&f);
   return 0;
 }
