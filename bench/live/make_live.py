@@ -192,6 +192,10 @@ def routerd_config(ctx, path):
              # the emulation runs time_scale x faster: so must the router's
              # view of the workers' load (/metrics every 250 ms of trace time)
              "  scrape_interval: %.4fs" % scaled(ctx, 0.25),
+             # emulated workers answer /metrics from C in microseconds; at
+             # time scale X a paced gap would stretch X-fold in trace time:
+             # pace only real engines (routerd.scrape_budget, docs/routerd.md)
+             "  scrape_budget: %g" % (0.02 if (ctx.get("time_scale") or 1) <= 1 else 0),
              "workers:",
              "  urls: [%s]" % ", ".join(w["url"] for w in ws),
              "  kv_events: [%s]" % ", ".join(w["kv_events"] for w in ws),
