@@ -177,7 +177,11 @@ static void nvme_demote_promote(kvp_tier_io_backend be) {
   for (uint64_t i = 0; i < 200; i++)
     put_k(t, &ns, K(i, i), 64 * KB, 0, i % 2 ? KVP_CLASS_STABLE : KVP_CLASS_VOLATILE);
   ASSERT_OK(kvp_tier_stats_get(t, &st));
-  ASSERT_GT(st.demotions, 50);
+  /* 64 blocks fit the 4 MiB region (all of it holds blocks: the jemalloc
+   * arena's metadata no longer takes a chunk), volatile ones go first: of
+   * the 100 stable ones 36 are demoted */
+  ASSERT_EQ(st.dram_blocks, 64);
+  ASSERT_GE(st.demotions, 36);
   ASSERT_GT(st.drops_volatile, 50);
   ASSERT_LE(st.dram_used_bytes, 4 * MB);
   int nv = 0;
@@ -1272,9 +1276,9 @@ TEST(events_feed_index) {
   ASSERT_OK(kvp_tier_create(&o, NULL, &t));
   kvp_namespace ns = tt_ns("a", 16);
   ASSERT_OK(kvp_tier_ns_add(t, &ns, NULL));
-  for (uint64_t i = 0; i < 64; i++)
+  for (uint64_t i = 0; i < 96; i++) /* 64 fit the region */
     put_k(t, &ns, K(i, 8), 64 * KB, 0, KVP_CLASS_STABLE);
-  ASSERT_EQ(kvp_tier_evict(t, &ns, K(63, 8)), 1);
+  ASSERT_EQ(kvp_tier_evict(t, &ns, K(95, 8)), 1);
   kvp_tier_stats st;
   ASSERT_OK(kvp_tier_stats_get(t, &st));
   ASSERT_EQ(l.stored[KVP_TIER_DRAM] - l.removed[KVP_TIER_DRAM], (int)st.dram_blocks);
