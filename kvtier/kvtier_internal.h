@@ -62,8 +62,9 @@ typedef struct tier_dram tier_dram;
 int kvp__tier_dram_create(uint64_t bytes, kvp_tier_huge huge,
                           const kvp_allocator *a, tier_dram **out);
 void kvp__tier_dram_destroy(tier_dram *d);
-/* A block of len bytes: a fixed-size slot when len == fixed (> 0), else the
- * jemalloc arena.  Sets *pool and *charged (bytes counted against the DRAM
+/* A block of len bytes: a fixed-size slot when len == fixed (> 0), else a
+ * size class's slot (up to 256 KiB) or a run of 64 KiB pages; 64-byte
+ * aligned.  Sets *pool and *charged (bytes counted against the DRAM
  * capacity).  NULL when the region has no room. */
 void *kvp__tier_dram_alloc(tier_dram *d, size_t len, uint64_t fixed,
                            uint32_t *pool, uint64_t *charged);

@@ -16,14 +16,14 @@
 #include "kvtier_place.h"
 
 #define TIER_NIL UINT32_MAX
-#define TIER_POOL_ARENA UINT32_MAX /* tier_entry.pool: the jemalloc arena */
+#define TIER_POOL_RUN UINT32_MAX /* tier_entry.pool: a run of its own pages */
 
 typedef struct tier_entry {
   kvp_key ns, key;
   uint64_t len;
   void *dram;           /* NULL: not in DRAM */
   uint64_t dram_charge; /* bytes charged to the DRAM capacity */
-  uint32_t pool;        /* the DRAM region's slot pool or TIER_POOL_ARENA */
+  uint32_t pool;        /* the DRAM region's slot pool or TIER_POOL_RUN */
   int32_t nclass;       /* NVMe slab class, -1: not on NVMe */
   uint64_t nslot;
   uint64_t nsum;        /* XXH3-64 of the NVMe payload (its header's) */

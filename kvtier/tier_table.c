@@ -89,7 +89,7 @@ uint32_t kvp__tier_table_new(tier_table *tb, kvp_key ns, kvp_key key) {
     id = tb->n++;
   }
   tb->ents[id] = (tier_entry){.ns = ns, .key = key, .nclass = -1, .live = 1,
-                             .pool = TIER_POOL_ARENA, .next_free = TIER_NIL};
+                             .pool = TIER_POOL_RUN, .next_free = TIER_NIL};
   tab_put(tb, id);
   return id;
 }

@@ -5,10 +5,14 @@
  * does; invariants on the bundled traces (no policy above the infinite
  * bound, reused + recomputed = prompt, nothing rejected by the ledger);
  * identical output for identical seeds. */
+#include <errno.h>
 #include <math.h>
 #include <unistd.h>
 
 #include <jemalloc/jemalloc.h>
+#ifdef KVP_JEMALLOC_WEAK /* sanitizer builds link no jemalloc (bench/harness) */
+#pragma weak mallctl
+#endif
 
 #include "harness.h"
 #if defined(__SANITIZE_ADDRESS__)
@@ -28,6 +32,13 @@
 #include "harness_cache.h"
 #include "harness_region.h"
 #include "test_harness.h"
+
+/* mallctl, or ENOENT where jemalloc is not linked. */
+static int je_mallctl(const char *name, void *old, size_t *oldlen, void *new_,
+                      size_t newlen) {
+  int (*volatile fn)(const char *, void *, size_t *, void *, size_t) = mallctl;
+  return fn != NULL ? fn(name, old, oldlen, new_, newlen) : ENOENT;
+}
 
 static const bh_read_opts stop = {.on_error = BH_ERR_STOP, .quiet = true};
 
@@ -1103,9 +1114,9 @@ TEST(batch_memory) {
   uint64_t a0 = 0, a1 = 0;
   size_t sz = sizeof a0;
   void *probe = NULL;
-  bool je = mallctl("thread.allocated", &a0, &sz, NULL, 0) == 0 &&
+  bool je = je_mallctl("thread.allocated", &a0, &sz, NULL, 0) == 0 &&
             (probe = malloc(1u << 20)) != NULL &&
-            mallctl("thread.allocated", &a1, &sz, NULL, 0) == 0 && a1 > a0;
+            je_mallctl("thread.allocated", &a1, &sz, NULL, 0) == 0 && a1 > a0;
   free(probe);
   const size_t sizes[2] = {(size_t)6 << 20, (size_t)24 << 20};
   for (int round = 0; round < 4; round++) {

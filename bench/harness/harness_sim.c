@@ -14,6 +14,7 @@
  * of unbounded size that holds every block from the moment its request
  * arrives; no policy can reuse more) and "random" (uniform routing). */
 #include <assert.h>
+#include <errno.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -1249,6 +1250,17 @@ static void summarize(struct sim *s) {
     se->hit[b] = s->s_prompt[b] > 0 ? s->s_reused[b] / s->s_prompt[b] : NAN;
 }
 
+/* mallctl, or ENOENT where jemalloc is not linked (sanitizer builds:
+ * KVP_JEMALLOC_WEAK, bench/harness/CMakeLists.txt). */
+#ifdef KVP_JEMALLOC_WEAK
+#pragma weak mallctl
+#endif
+static int je_mallctl(const char *name, void *old, size_t *oldlen, void *new_,
+                      size_t newlen) {
+  int (*volatile fn)(const char *, void *, size_t *, void *, size_t) = mallctl;
+  return fn != NULL ? fn(name, old, oldlen, new_, newlen) : ENOENT;
+}
+
 /* Batch memory: every jemalloc arena's extent hooks forward to jemalloc's
  * own (je_own), and each new mapping asks for transparent huge pages.  An
  * arena whose hooks are not jemalloc's own clears the memory it hands back
@@ -1320,7 +1332,7 @@ static extent_hooks_t hk; /* filled from je_own: NULL where it has none */
 static void batch_hooks(void) {
   extent_hooks_t *own = NULL;
   size_t sz = sizeof own;
-  if (mallctl("arena.0.extent_hooks", &own, &sz, NULL, 0) != 0 ||
+  if (je_mallctl("arena.0.extent_hooks", &own, &sz, NULL, 0) != 0 ||
       own == NULL || own == &hk)
     return; /* not jemalloc's malloc, or done already */
   je_own = own;
@@ -1336,37 +1348,37 @@ static void batch_hooks(void) {
       je_own->merge ? hk_merge : NULL};
   size_t over = 0; /* an allocation this big makes the huge arena: now */
   sz = sizeof over;
-  if (mallctl("opt.oversize_threshold", &over, &sz, NULL, 0) == 0 && over) {
+  if (je_mallctl("opt.oversize_threshold", &over, &sz, NULL, 0) == 0 && over) {
     void *volatile big = malloc(over);
     free(big);
   }
   unsigned n = 0;
   sz = sizeof n;
   extent_hooks_t *mine = &hk;
-  if (mallctl("arenas.narenas", &n, &sz, NULL, 0) == 0)
+  if (je_mallctl("arenas.narenas", &n, &sz, NULL, 0) == 0)
     for (unsigned a = 0; a < n; a++) {
       char key[64];
       snprintf(key, sizeof key, "arena.%u.extent_hooks", a);
-      (void)mallctl(key, NULL, NULL, &mine, sizeof mine); /* none: EFAULT */
+      (void)je_mallctl(key, NULL, NULL, &mine, sizeof mine); /* none: EFAULT */
     }
 }
 
 void bh_batch_memory(void) {
   bh_huge_arrays = true;
   ssize_t never = -1; /* decay time -1: freed pages are never purged */
-  (void)mallctl("arenas.dirty_decay_ms", NULL, NULL, &never, sizeof never);
-  (void)mallctl("arenas.muzzy_decay_ms", NULL, NULL, &never, sizeof never);
+  (void)je_mallctl("arenas.dirty_decay_ms", NULL, NULL, &never, sizeof never);
+  (void)je_mallctl("arenas.muzzy_decay_ms", NULL, NULL, &never, sizeof never);
   batch_hooks();
   unsigned n = 0; /* the arenas made already: one by one */
   size_t sz = sizeof n;
-  if (mallctl("arenas.narenas", &n, &sz, NULL, 0) != 0)
+  if (je_mallctl("arenas.narenas", &n, &sz, NULL, 0) != 0)
     return; /* not jemalloc's malloc */
   for (unsigned a = 0; a < n; a++)
     for (int k = 0; k < 2; k++) {
       char key[64];
       snprintf(key, sizeof key, "arena.%u.%s_decay_ms", a,
                k ? "muzzy" : "dirty");
-      (void)mallctl(key, NULL, NULL, &never, sizeof never); /* unused: -1 */
+      (void)je_mallctl(key, NULL, NULL, &never, sizeof never); /* unused: -1 */
     }
 }
 

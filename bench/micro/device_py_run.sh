@@ -49,8 +49,6 @@ setup() {
 setup > "$O/pip.txt" 2>&1 || { tail -20 "$O/pip.txt"; echo "set-up failed (pip.txt)"; exit 2; }
 tail -2 "$O/pip.txt"
 
-# Debian's libjemalloc has initial-exec TLS: room for it (docs/python.md)
-export GLIBC_TUNABLES=glibc.rtld.optional_static_tls=8192
 export LD_LIBRARY_PATH=$L${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} KVP_LOG=warn
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONDONTWRITEBYTECODE=1
 export PYTHONPATH=$V${PYTHONPATH:+:$PYTHONPATH}

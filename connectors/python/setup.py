@@ -10,9 +10,11 @@ Where libkvplane comes from, first match wins:
                           folder sits in, two levels up) in build_temp;
                           CMAKE_ARGS adds configure options.
 The archives are linked into the extension (the wheel bundles libkvplane);
-their system dependencies (libxxhash, libcbor, libcrypto, libyaml,
-libjemalloc, liburing, libzmq, libmsgpackc) stay shared, read from the
-build's kvplane.pc and pkg-config.
+their system dependencies (libxxhash, libcbor, libcrypto, libyaml, liburing,
+libzmq, libmsgpackc) stay shared, read from the build's kvplane.pc and
+pkg-config; `auditwheel repair` copies them into a manylinux wheel
+(docs/python.md "A wheel for users").  None has initial-exec TLS, so the
+extension loads into any Python process (test_python_wheel checks).
 """
 import os
 import re
@@ -97,13 +99,6 @@ class BuildExt(build_ext):
                 raise SystemExit(f"kvplane: {bdir / lib} is missing (build "
                                  "targets kvplane_static kvplane_events_static)")
         cfg = link_config(bdir)
-        # libstdc++ must come before libjemalloc in the extension's NEEDED
-        # list: libzmq (C++) binds operator new/delete in that order, and
-        # jemalloc exports them -- zmq then hands jemalloc memory to glibc's
-        # free() ("free(): invalid pointer" at zmq_bind).  LDFLAGS lands
-        # right after "gcc -shared", ahead of every -l.
-        os.environ["LDFLAGS"] = ("-Wl,--push-state,--no-as-needed -lstdc++ "
-                                 "-Wl,--pop-state " + os.environ.get("LDFLAGS", ""))
         for ext in self.extensions:
             for field, values in cfg.items():
                 setattr(ext, field, list(getattr(ext, field) or []) + values)

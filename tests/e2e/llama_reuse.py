@@ -15,7 +15,6 @@ bit-identical to the same decode step over the original past_key_values.
 
   python3 tests/e2e/llama_reuse.py [--dtype bf16|fp32] [--blocks 24]
 Exit 0 pass, 1 fail, 77 skip (no torch / CUDA / transformers).
-Needs GLIBC_TUNABLES=glibc.rtld.optional_static_tls=8192 (docs/python.md);
 bench/micro/device_py_run.sh runs it on the GPU machine.
 """
 import argparse
@@ -26,7 +25,7 @@ import sys
 # comparable bit for bit.
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
-try:  # before torch: libkvplane's jemalloc wants static TLS early
+try:
     import kvplane
     KVPLANE_ERROR = None
 except ImportError as e:

