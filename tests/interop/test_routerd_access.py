@@ -38,18 +38,12 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from testports import free_port  # noqa: E402
 from rd_fakeworker import Fake, fake_worker  # noqa: E402
+from rd_testlib import check, failures  # noqa: E402 (shared ok/FAIL checks)
 
 RD, W = sys.argv[1], sys.argv[2]
 os.makedirs(W, exist_ok=True)
 BS = 16
 procs = []
-failures = []
-
-
-def check(cond, msg):
-    if not cond:
-        failures.append(msg)
-        print("FAIL:", msg, flush=True)
 
 
 def http(method, url, body=None, headers=None, raw=None):
