@@ -261,7 +261,8 @@ static void complete_once(rd_call *c) {
     rd_lock(c->s);
     kvp_router_complete(c->s->router, c->d.worker, c->d.request_id);
     rd_unlock(c->s);
-    rd_sync_complete(c->s, c->d_url, c->d.request_id, c->d.uncached_tokens);
+    rd_sync_complete(c->s, c->d_url, c->d.request_id, c->d.uncached_tokens,
+                     c->d.session_id);
   }
   c->completed = true;
 }
@@ -675,6 +676,7 @@ static int decide(rd_call *c, kvp_route_request *rq, uint64_t now,
   uint64_t elig[RD_WORKERS_MAX / 64];
   rd_lock(s);
   uint64_t t1 = kvp_now_ns();
+  rd_sync_turn_over(s, rq->session_id);
   rq->request_id = ++s->next_id;
   if (c->lora >= 0) { /* only the workers that have its adapter loaded */
     memset(elig, 0, sizeof elig);
