@@ -15,7 +15,7 @@ bit-identical to the same decode step over the original past_key_values.
 
   python3 tests/e2e/llama_reuse.py [--dtype bf16|fp32] [--blocks 24]
 Exit 0 pass, 1 fail, 77 skip (no torch / CUDA / transformers).
-bench/micro/device_py_run.sh runs it on the GPU machine.
+bench/micro/gpu_run.sh runs it on the GPU machine (docs/bench.md#gpu-figures).
 """
 import argparse
 import os
