@@ -152,6 +152,7 @@ typedef struct eworker {
   uint32_t *run_tok;
   /* counters (GET /metrics) */
   uint64_t queries, hits, prompt_tokens, gen_tokens, done, failed;
+  uint64_t client_gone; /* requests whose client hung up before the end */
 } eworker;
 
 /* Shared by the workers' threads: read-only once they start (options,
@@ -483,10 +484,12 @@ static void on_client_gone(struct evhttp_connection *c, void *arg) {
   (void)c;
   ereq *r = arg;
   /* libevent detaches an unfinished request from its dead connection and
-   * leaves it to us: free it, then finish the work and send nothing */
+   * leaves it to us: free it, then finish the work and send nothing (the
+   * simulator models no aborts); counted, so a test sees the hang-up */
   if (r->hr && evhttp_request_get_connection(r->hr) == NULL)
     evhttp_request_free(r->hr);
   r->hr = NULL;
+  r->e->w[r->w].client_gone++;
 }
 
 static void detach(ereq *r) {
@@ -875,6 +878,9 @@ static void do_metrics(eworker *x, struct evhttp_request *hr) {
   metric(b, "vllm:prompt_tokens", "counter", m, (double)x->prompt_tokens);
   metric(b, "vllm:generation_tokens", "counter", m, (double)x->gen_tokens);
   metric(b, "vllm:request_success", "counter", m, (double)x->done);
+  /* the emulator's own: requests whose client (the router) hung up */
+  metric(b, "kvplane_engine_client_disconnects", "counter", m,
+         (double)x->client_gone);
   evhttp_add_header(evhttp_request_get_output_headers(hr), "Content-Type",
                     "text/plain; version=0.0.4; charset=utf-8");
   evhttp_send_reply(hr, 200, "OK", b);
