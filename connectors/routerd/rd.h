@@ -198,6 +198,7 @@ typedef struct rd_counters {
   atomic_uint_fast64_t requests, bad_requests, no_worker, retries,
       client_cancels, render_calls, render_fail, text_mode, token_mode,
       predicted_cached, reported_cached, reported_n, tenant_salted;
+  atomic_uint_fast64_t stream_pauses; /* backpressure (routerd.stream_buffer) */
   atomic_uint_fast64_t reasons[KVP_REASON_COUNT_];
 } rd_counters;
 #define RD_COUNT(l, f, n)                                                     \

@@ -309,6 +309,7 @@ static void relay(rd_call *c, struct evbuffer *in) {
   if (evbuffer_get_length(bufferevent_get_output(cb)) > c->l->cfg.stream_buffer &&
       c->uc) { /* backpressure: stop reading the worker until it drains */
     bufferevent_disable(evhttp_connection_get_bufferevent(c->uc), EV_READ);
+    RD_COUNT(c->l, stream_pauses, !c->paused);
     c->paused = true;
     evhttp_send_reply_chunk_with_cb(c->hr, in, on_client_drained, c);
   } else
