@@ -43,6 +43,9 @@ typedef struct source {
   bool need_verify;   /* the SUB lost a connection: resync on next batch */
   bool replaying;
   bool replay_verify; /* asked from the last batch applied: check it */
+  bool replay_probe;  /* asked by an idle probe or after a disconnect: what
+                         it brings beyond the last batch was missed live */
+  bool probe_found;   /* ... and it brought some (the gap counted once) */
   bool replay_first;  /* a batch came back for this replay */
   bool replay_discard; /* the answer is from another publisher: ignore */
   uint64_t replay_from;
@@ -266,6 +269,7 @@ static void send_replay(kvp_events *ev, source *s, uint64_t from, bool verify) {
   set_replaying(s, true);
   s->replay_from = from;
   s->replay_verify = verify;
+  s->replay_probe = s->probe_found = false;
   s->replay_first = s->replay_discard = false;
   uint32_t t = ev->o.replay_timeout_ms ? ev->o.replay_timeout_ms : 2000;
   s->replay_deadline_ns = now_ns() + (uint64_t)t * 1000000u;
@@ -278,6 +282,23 @@ static void resync(kvp_events *ev, source *s) {
     return;
   s->last_heard_ns = now_ns();
   send_replay(ev, s, s->have_last ? s->next - 1 : s->next, s->have_last);
+}
+
+/* A resync not started by a gap seen live (an idle probe, a reconnect):
+ * batches it finds past the last one were lost without a trace -- a lost
+ * tail, or what was sent while disconnected -- and are counted as a gap
+ * found late (stats.gaps, batches_missed) as they are applied. */
+static void resync_probe(kvp_events *ev, source *s) {
+  resync(ev, s);
+  s->replay_probe = s->replaying;
+}
+
+/* seq waits in the pending queue: it came live during the replay */
+static bool pending_has(const source *s, uint64_t seq) {
+  for (size_t i = 0; i < s->n_pending; i++)
+    if (s->pending[i].seq == seq)
+      return true;
+  return false;
 }
 
 static void pend_push(kvp_events *ev, source *s, uint64_t seq, zmq_msg_t *m) {
@@ -357,7 +378,7 @@ static void on_live(kvp_events *ev, source *s, uint64_t seq, zmq_msg_t *m) {
   s->last_heard_ns = now_ns();
   if (s->need_verify && s->dealer != NULL && !s->replaying) {
     s->need_verify = false;
-    resync(ev, s);
+    resync_probe(ev, s);
   }
   if (s->replaying) {
     pend_push(ev, s, seq, m);
@@ -440,6 +461,12 @@ static void on_replayed(kvp_events *ev, source *s, uint64_t seq,
   }
   if (seq > s->next)
     lost_until(s, seq);
+  if (s->replay_probe && !pending_has(s, seq)) {
+    if (!s->probe_found)
+      ev_add(&s->ctr.gaps, 1);
+    s->probe_found = true;
+    ev_add(&s->ctr.batches_missed, 1);
+  }
   apply(ev, s, seq, m, true);
 }
 
@@ -591,7 +618,7 @@ static void check_timers(kvp_events *ev) {
     } else if (!s->replaying && s->dealer != NULL &&
                ev->o.probe_idle_ms != UINT32_MAX &&
                now - s->last_heard_ns >= probe * 1000000u) {
-      resync(ev, s); /* quiet for a while: check we still follow it */
+      resync_probe(ev, s); /* quiet for a while: check we still follow it */
     }
   }
 }

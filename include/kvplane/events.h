@@ -272,7 +272,9 @@ typedef struct kvp_events_stats {
   uint64_t blocks_stored;
   uint64_t blocks_removed;
   uint64_t clears;       /* AllBlocksCleared applied */
-  uint64_t gaps;         /* sequence gaps seen on live streams */
+  uint64_t gaps;         /* sequence gaps seen on live streams, or found
+                            late: a probe's replay bringing batches past the
+                            last one (a lost tail, a reconnect) */
   uint64_t batches_missed;   /* batches those gaps skipped */
   uint64_t replays;          /* replay requests sent */
   uint64_t batches_replayed; /* batches applied from replay */
