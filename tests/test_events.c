@@ -947,6 +947,28 @@ static void test_idle_probe(void) {
   fx_close(&f);
 }
 
+/* The lag is the delivered batches' (wall clock at delivery - their ts):
+ * it stays put while the worker is idle; the idle time is its own gauge. */
+static void test_lag_idle(void) {
+  fixture f;
+  fx_open(&f, false, KVP_EVENTS_ENGINE_HASH, 0);
+  send_stored(&f, 0, H, 1, NULL, "GPU", true);
+  pump_until(f.ev, &f.t, 1);
+  kvp_events_stats a = stats(f.ev);
+  pump(f.ev, &f.t, 300);
+  kvp_events_stats b = stats(f.ev);
+  /* (doubles: ASSERT_TRUE, the typed asserts compare integers) */
+  ASSERT_TRUE(a.lag_seconds > 1e7); /* the test batches' ts is in 2023 */
+  ASSERT_TRUE(b.lag_seconds == a.lag_seconds);
+  ASSERT_TRUE(b.idle_seconds >= a.idle_seconds + 0.25);
+  ASSERT_TRUE(a.idle_seconds < 0.25);
+  char buf[8192];
+  ASSERT_GT(kvp_events_prometheus(f.ev, buf, sizeof buf), 0);
+  ASSERT_NOT_NULL(strstr(buf, "# TYPE kvplane_events_idle_seconds gauge\n"));
+  ASSERT_NOT_NULL(strstr(buf, "kvplane_events_idle_seconds{source=\"0\""));
+  fx_close(&f);
+}
+
 /* ---- a subscriber slower than its publisher ------------------------------------- */
 
 /* A publisher outruns a subscriber that does not read (SNDHWM and RCVHWM 8
@@ -1208,6 +1230,7 @@ int main(void) {
   test_restart();
   test_restart_replayed();
   test_idle_probe();
+  test_lag_idle();
   test_slow_subscriber(true);
   test_slow_subscriber(false);
   test_bad_payload();

@@ -941,22 +941,32 @@ static double wall_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static double lag_of(const source *s) {
+static double bits_d(const _Atomic uint64_t *v) {
   union {
     uint64_t u;
     double d;
-  } ts = {.u = atomic_load_explicit(&s->ctr.last_ts_bits,
-                                    memory_order_relaxed)};
-  return ts.u == 0 ? 0.0 : wall_s() - ts.d;
+  } x = {.u = atomic_load_explicit(v, memory_order_relaxed)};
+  return x.d; /* 0 bits: 0.0 */
+}
+
+/* the last batch's lag at delivery (not growing while the source is idle) */
+static double lag_of(const source *s) { return bits_d(&s->ctr.last_lag_bits); }
+
+/* since the last batch was applied; 0 before the first */
+static double idle_of(const source *s) {
+  double at = bits_d(&s->ctr.last_applied_bits);
+  return at == 0 ? 0.0 : wall_s() - at;
 }
 
 static void add_source(const source *s, kvp_events_stats *o) {
 #define EV_SUM_(n) o->n += atomic_load_explicit(&s->ctr.n, memory_order_relaxed);
   EV_STATS(EV_SUM_)
 #undef EV_SUM_
-  double lag = lag_of(s);
+  double lag = lag_of(s), idle = idle_of(s);
   if (lag > o->lag_seconds)
     o->lag_seconds = lag;
+  if (idle > o->idle_seconds)
+    o->idle_seconds = idle;
 }
 
 int kvp_events_stats_get(kvp_events *ev, uint32_t source_id,
@@ -1021,6 +1031,25 @@ static void prom_family(kvp_events *ev, pbuf *b, const char *name,
   }
 }
 
+/* a gauge in seconds per source, in fixed point by hand: printf's %f
+ * follows LC_NUMERIC, and a host program under a comma-decimal locale would
+ * break the exposition */
+static void prom_seconds(kvp_events *ev, pbuf *b, const char *name,
+                         double (*of)(const source *)) {
+  pb(b, "# TYPE kvplane_events_%s gauge\n", name);
+  for (size_t i = 0; i < ev->n_src; i++) {
+    char ep[512];
+    (void)esc(ep, sizeof ep, ev->src[i].endpoint);
+    double v = of(&ev->src[i]);
+    long long us = (long long)(v * 1e6 + (v < 0 ? -0.5 : 0.5));
+    unsigned long long mag = us < 0 ? (unsigned long long)-us : (unsigned long long)us;
+    pb(b, "kvplane_events_%s{source=\"%zu\",worker=\"%" PRIu32
+          "\",endpoint=\"%s\"} %s%llu.%06llu\n",
+       name, i, ev->src[i].d.worker, ep, us < 0 ? "-" : "", mag / 1000000u,
+       mag % 1000000u);
+  }
+}
+
 int kvp_events_prometheus(kvp_events *ev, char *buf, size_t cap) {
   if (ev == NULL || (buf == NULL && cap > 0))
     return KVP_EINVAL;
@@ -1031,20 +1060,8 @@ int kvp_events_prometheus(kvp_events *ev, char *buf, size_t cap) {
                   strcmp(#n, "replaying") == 0);
   EV_STATS(EV_PROM_)
 #undef EV_PROM_
-  pb(&b, "# TYPE kvplane_events_lag_seconds gauge\n");
-  for (size_t i = 0; i < ev->n_src; i++) {
-    char ep[512];
-    (void)esc(ep, sizeof ep, ev->src[i].endpoint);
-    /* fixed point by hand: printf's %f follows LC_NUMERIC, and a host
-     * program under a comma-decimal locale would break the exposition */
-    double lag = lag_of(&ev->src[i]);
-    long long us = (long long)(lag * 1e6 + (lag < 0 ? -0.5 : 0.5));
-    unsigned long long mag = us < 0 ? (unsigned long long)-us : (unsigned long long)us;
-    pb(&b, "kvplane_events_lag_seconds{source=\"%zu\",worker=\"%" PRIu32
-           "\",endpoint=\"%s\"} %s%llu.%06llu\n",
-       i, ev->src[i].d.worker, ep, us < 0 ? "-" : "", mag / 1000000u,
-       mag % 1000000u);
-  }
+  prom_seconds(ev, &b, "lag_seconds", lag_of);
+  prom_seconds(ev, &b, "idle_seconds", idle_of);
   if (cap > 0 && b.len >= cap)
     buf[cap - 1] = 0;
   return b.len > INT32_MAX ? KVP_ERANGE : (int)b.len;

@@ -300,8 +300,10 @@ typedef struct kvp_events_stats {
   uint64_t disconnects;     /* SUB connections lost (each makes a resync;
                                one lost before its handshake counts too) */
   uint64_t replaying;       /* sources with a replay in flight now (gauge) */
-  double lag_seconds;       /* wall clock - ts of the last batch applied */
-  uint64_t reserved[2];
+  double lag_seconds;       /* the last batch applied: wall clock at its
+                               delivery - its ts (fixed once applied) */
+  double idle_seconds;      /* since the last batch was applied (wall) */
+  uint64_t reserved[1];
 } kvp_events_stats;
 
 /* All sources (source = UINT32_MAX) or one.  Thread-safe (counters read
