@@ -738,6 +738,11 @@ static void route(rd_call *c) {
       .session_id = *c->session ? kvp_id64(c->session) : 0,
       .tenant = *c->tenant ? kvp_id64(c->tenant) : 0,
       .block_size = c->text_mode ? 0 : l->cfg.ropts.block_size};
+  size_t seen; /* the ledger's never_seen vs evicted */
+  if (kvp_index_seen_prefix(s->ix, c->keys, c->n_keys, &seen) == 0) {
+    rq.seen_blocks = (uint32_t)seen;
+    rq.flags |= KVP_ROUTE_SEEN;
+  }
   bool approx;
   rc = decide(c, &rq, t0, &approx);
   hist_record(l, l->h_route, kvp_now_ns() - t0);

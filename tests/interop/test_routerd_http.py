@@ -542,6 +542,12 @@ for i in range(4):
                           {"model": "m", "prompt": [3, i], "max_tokens": 1})[0])
     except Exception as e:  # the truncated reply
         codes.append(type(e).__name__)
+# a prompt of 3 whole blocks no worker ever held: its miss is never_seen
+try:
+    http("POST", front5 + "/v1/completions",
+         {"model": "m", "prompt": list(range(500, 500 + 3 * BS)), "max_tokens": 1})
+except Exception:  # noqa: BLE001 -- a midstream failure: its receipt counts
+    pass
 time.sleep(0.3)
 mid = metric(front5, 'kvplane_routerd_worker_errors_total{worker="%s",reason="midstream"}'
              % w_mid)
@@ -555,6 +561,11 @@ for r in recs:
     by.setdefault(r["worker"], []).append(r)
 check(len(by.get(w_mid, [])) >= 1 and all(r["status"] == 502 for r in by[w_mid]),
       "a midstream failure writes a receipt with status 502: %s" % by.get(w_mid))
+fresh = [r["receipt"]["miss_tokens"] for r in recs
+         if r["receipt"]["prompt_tokens"] == 3 * BS]
+check(len(fresh) == 1 and fresh[0]["never_seen"] == 3 * BS and fresh[0]["unknown"] == 0
+      and fresh[0]["evicted"] == 0,
+      "a never-seen prompt's miss is never_seen, not unknown: %s" % fresh)
 ts = [r["receipt"].get("unix_time_ns") for r in recs]
 check(recs and all(isinstance(t, int) and abs(t / 1e9 - time.time()) < 60 for t in ts),
       "receipts carry the wall-clock unix_time_ns: %s" % ts)
