@@ -16,6 +16,7 @@ is capped (routerd.max_upstream_body) and counted; the errors libevent answers
 on its own (400/413/417/501) are JSON with reason phrases; routerd.max_connections
 refuses connections past it with 503 + Retry-After.
 """
+import atexit
 import json
 import os
 import socket
@@ -34,6 +35,14 @@ RD, W = sys.argv[1], sys.argv[2]
 os.makedirs(W, exist_ok=True)
 BS = 16
 procs = []
+
+
+@atexit.register
+def _stop_routers():
+    """a check that raises (a router that did not start) leaves none behind"""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
 
 
 def raw(port, data, timeout=3.0):
