@@ -252,8 +252,7 @@ static void account(rd_call *c) {
 /* ---- the upstream request ------------------------------------------------------- */
 static void detach(rd_call *c) {
   if (c->hr)
-    evhttp_connection_set_closecb(evhttp_request_get_connection(c->hr), NULL,
-                                  NULL);
+    rd_guard_on_gone(c->l->guard, c->hr, NULL, NULL);
 }
 
 static void complete_once(rd_call *c) {
@@ -742,6 +741,11 @@ static void route(rd_call *c) {
       .session_id = *c->session ? kvp_id64(c->session) : 0,
       .tenant = *c->tenant ? kvp_id64(c->tenant) : 0,
       .block_size = c->text_mode ? 0 : l->cfg.ropts.block_size};
+  size_t seen; /* the ledger's never_seen vs evicted */
+  if (kvp_index_seen_prefix(s->ix, c->keys, c->n_keys, &seen) == 0) {
+    rq.seen_blocks = (uint32_t)seen;
+    rq.flags |= KVP_ROUTE_SEEN;
+  }
   bool approx;
   rc = decide(c, &rq, t0, &approx);
   hist_record(l, l->h_route, kvp_now_ns() - t0);
@@ -979,8 +983,7 @@ static void on_generate(rd_loop *l, struct evhttp_request *hr, rd_kind kind,
     return;
   }
   c->hr = hr;
-  evhttp_connection_set_closecb(evhttp_request_get_connection(hr),
-                                on_client_gone, c);
+  rd_guard_on_gone(l->guard, hr, on_client_gone, c);
   if (c->q.tokens)
     route(c);
   else if (l->cfg.render)
@@ -1063,7 +1066,15 @@ static bool overloaded(rd_loop *l, struct evhttp_request *hr) {
 void rd_on_http(struct evhttp_request *hr, void *arg) {
   rd_loop *l = arg;
   rd_server *s = l->s;
-  rd_guard_begin(l->guard, hr);
+  if (!rd_guard_begin(l->guard, hr)) {
+    evhttp_add_header(evhttp_request_get_output_headers(hr), "Retry-After",
+                      "1");
+    evhttp_add_header(evhttp_request_get_output_headers(hr), "Connection",
+                      "close");
+    rd_reply_error(hr, 503, "", "too many client connections (routerd."
+                   "max_connections): retry shortly");
+    return;
+  }
   if (!rd_framing_ok(hr)) {
     RD_COUNT(l, bad_requests, 1);
     return;
