@@ -66,8 +66,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole)
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from . import (Device, Extras, HashAlgo, Hasher, Key, KvLayout, Namespace, Tier,
-               TierLink, TierStore)
+from . import (Device, Extras, HashAlgo, Hasher, Key, KvLayout, KvplaneError, Namespace,
+               Tier, TierLink, TierStore)
 
 log = logging.getLogger("kvplane.vllm")
 
@@ -131,7 +131,8 @@ COUNTERS = (
     "unsupported",        # requests not offered (multimodal, prompt embeds)
     "loads", "blocks_loaded", "load_failed_blocks",
     "saves", "blocks_saved", "save_failed_blocks", "blocks_save_skipped",
-    "blocks_replaced",    # NVMe-only blocks vLLM recomputed: rewritten
+    "blocks_replaced",    # suspect NVMe blocks vLLM recomputed: rewritten
+    "lookup_ns", "load_ns", "save_ns",  # time spent (monotonic ns)
 )
 
 
@@ -146,7 +147,8 @@ class Store:
         self.lock = threading.Lock()
         self.counters = {c: 0 for c in COUNTERS}
         self.dirty = True
-        self.scratch = bytearray(block_bytes)
+        self.scratch = bytearray(0)
+        self.suspect: Set[Key] = set()
 
     def count(self, name: str, n: int = 1) -> None:
         if n:
@@ -156,30 +158,58 @@ class Store:
 
     def lookup(self, keys: List[Key]) -> Tuple[int, int]:
         """How many of ``keys`` (a prefix) kvtier can give now, and how many
-        of those were read back from NVMe: an NVMe-only block is read and
-        verified here (and promoted to DRAM), so a bad slot is a miss now,
-        not a failed load later."""
-        n = nvme = 0
-        with self.lock:  # one scratch buffer
-            for k in keys:
-                t = self.store.contains(self.ns, k)
-                if t is None:
+        of those were read back from NVMe: NVMe-only blocks are read here
+        (one batch of reads at a time, verified, promoted to DRAM), so a bad
+        slot is a miss now, not a failed load later."""
+        tiers: List[Tier] = []
+        for k in keys:
+            t = self.store.contains(self.ns, k)
+            if t is None:
+                break
+            tiers.append(t)
+        t0 = time.monotonic_ns()
+        nv = [i for i, t in enumerate(tiers) if t == Tier.NVME]
+        n, bad = len(tiers), 0
+        with self.lock:  # one scratch area
+            for c in range(0, len(nv), self.BATCH):
+                idx = nv[c:c + self.BATCH]
+                got = self._read(idx, keys)
+                fail = next((j for j, g in enumerate(got)
+                             if g is None or g[1] != self.block_bytes), None)
+                if fail is not None:
+                    n, bad = idx[fail], 1
+                    # the blocks behind a bad slot will be recomputed; any of
+                    # them kvtier holds on NVMe is suspect (same file, same
+                    # damage?): wait_for_save replaces it with the fresh KV
+                    if len(self.suspect) > 65536:
+                        self.suspect.clear()
+                    self.suspect.update(keys[i] for i in nv if i > n)
                     break
-                if t == Tier.NVME:
-                    got = self.store.get_into(self.ns, k, self.scratch)
-                    if got is None or got[1] != self.block_bytes:
-                        self.counters["verify_failed"] += 1
-                        break
-                    nvme += 1
-                n += 1
+            nvme = sum(1 for i in nv if i < n)
             c = self.counters
             c["lookups"] += 1
+            c["verify_failed"] += bad
             c["lookup_hit_blocks"] += n
             c["lookup_nvme_blocks"] += nvme
             c["lookup_dram_blocks"] += n - nvme
+            c["lookup_ns"] += time.monotonic_ns() - t0
             self.dirty = True
         self.flush()
         return n, nvme
+
+    BATCH = 64  # NVMe blocks read per batch (scratch: BATCH blocks)
+
+    def _read(self, idx: List[int], keys: List[Key]) -> List[Any]:
+        bb = self.block_bytes
+        if len(self.scratch) < len(idx) * bb:
+            self.scratch = bytearray(self.BATCH * bb)
+        mv = memoryview(self.scratch)
+        outs = [mv[j * bb:(j + 1) * bb] for j in range(len(idx))]
+        ks = [keys[i] for i in idx]
+        try:
+            return self.store.get_batch(self.ns, ks, outs)
+        except KvplaneError:  # an item's own error: ask one by one
+            return [self.store.get_into(self.ns, k, o) for k, o in zip(ks, outs)]
 
     def snapshot(self) -> Dict[str, Any]:
         with self.lock:
@@ -515,6 +545,7 @@ class KvtierConnector(KVConnectorBase_V1):
         st = self.store
         if st is None or not isinstance(meta, KvtierConnectorMetadata) or not meta.loads:
             return
+        t0 = time.monotonic_ns()
         for x in meta.loads:
             got = st.link.load(x.keys, x.block_ids)
             st.count("loads")
@@ -523,6 +554,7 @@ class KvtierConnector(KVConnectorBase_V1):
             if first < len(got):  # from the first failure on: vLLM recomputes
                 self._load_errors.update(x.block_ids[first:])
                 st.count("load_failed_blocks", len(got) - first)
+        st.count("load_ns", time.monotonic_ns() - t0)
         st.flush()
 
     def wait_for_layer_load(self, layer_name: str) -> None:
@@ -537,14 +569,14 @@ class KvtierConnector(KVConnectorBase_V1):
         st = self.store
         if st is None or not isinstance(meta, KvtierConnectorMetadata) or not meta.saves:
             return
+        t0 = time.monotonic_ns()
         for x in meta.saves:
             todo = []
             for i, k in enumerate(x.keys):
                 t = st.store.contains(st.ns, k)
-                if t == Tier.NVME:
-                    # vLLM computed a block kvtier holds on NVMe only: the
-                    # lookup stopped before it (a slot that failed its checks
-                    # on the way), so the slot is suspect; fresh KV replaces it
+                if t == Tier.NVME and k in st.suspect:
+                    # behind a slot that failed its checks: fresh KV replaces it
+                    st.suspect.discard(k)
                     st.store.evict(st.ns, k)
                     st.count("blocks_replaced")
                     t = None
@@ -563,6 +595,7 @@ class KvtierConnector(KVConnectorBase_V1):
                 self._warn_once("save", "kvplane.vllm: kvtier refused %d of %d blocks "
                                 "(first error %d)", len(res) - ok, len(res),
                                 next(v for v in res if v < 0))
+        st.count("save_ns", time.monotonic_ns() - t0)
         st.flush()
 
     def get_block_ids_with_load_errors(self) -> Set[int]:
