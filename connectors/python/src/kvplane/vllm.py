@@ -419,7 +419,13 @@ class KvtierConnector(KVConnectorBase_V1):
         ex = Extras(lora_name=lora.lora_name if lora is not None else None,
                     cache_salt=request.cache_salt or None,
                     lora_path=getattr(lora, "lora_path", None) if lora is not None else None)
-        keys = list(self._hasher_for().hash(toks, ex))
+        try:
+            keys = list(self._hasher_for().hash(toks, ex))
+        except (KvplaneError, ValueError) as e:  # e.g. xxhash without PYTHONHASHSEED
+            self._count("unsupported")
+            self._warn_once("hasher", "kvplane.vllm: cannot reproduce vLLM's block "
+                            "hashes (%s): requests miss", e)
+            return None
         theirs = request.block_hashes
         n = min(len(theirs), len(keys))
         if any(_key_of(theirs[i]) != keys[i] for i in range(n)):
@@ -516,6 +522,12 @@ class KvtierConnector(KVConnectorBase_V1):
                                  f"contiguous (shape {list(t.shape)}, strides "
                                  f"{list(t.stride())}); the connector moves whole "
                                  "contiguous blocks")
+            nb = getattr(self._kv_cache_config, "num_blocks", None)
+            if nb is not None and t.shape[0] != nb:
+                raise ValueError(f"kvplane.vllm: layer {name}'s KV cache has shape "
+                                 f"{list(t.shape)}: blocks are not its first dimension "
+                                 f"({nb} blocks; e.g. K and V in separate planes), a "
+                                 "layout this adapter does not move yet")
             per_block = t[0].numel()
             if per_block % self.block_size:
                 raise ValueError(f"kvplane.vllm: layer {name}: {per_block} elements a "
