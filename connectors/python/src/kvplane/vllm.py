@@ -158,34 +158,32 @@ class Store:
 
     def lookup(self, keys: List[Key]) -> Tuple[int, int]:
         """How many of ``keys`` (a prefix) kvtier can give now, and how many
-        of those were read back from NVMe: NVMe-only blocks are read here
-        (one batch of reads at a time, verified, promoted to DRAM), so a bad
-        slot is a miss now, not a failed load later."""
-        tiers: List[Tier] = []
-        for k in keys:
-            t = self.store.contains(self.ns, k)
-            if t is None:
-                break
-            tiers.append(t)
+        of those were read back from NVMe.  The blocks are read, BATCH at a
+        time, in one store call each (one GIL release per batch, not one per
+        key: the worker's own loop holds the GIL between them): an NVMe block
+        is verified then (and promoted to DRAM), so a bad slot is a miss now,
+        not a failed load later; a DRAM block costs a copy into scratch."""
         t0 = time.monotonic_ns()
-        nv = [i for i, t in enumerate(tiers) if t == Tier.NVME]
-        n, bad = len(tiers), 0
+        n = nvme = bad = 0
         with self.lock:  # one scratch area
-            for c in range(0, len(nv), self.BATCH):
-                idx = nv[c:c + self.BATCH]
-                got = self._read(idx, keys)
-                fail = next((j for j, g in enumerate(got)
-                             if g is None or g[1] != self.block_bytes), None)
-                if fail is not None:
-                    n, bad = idx[fail], 1
-                    # the blocks behind a bad slot will be recomputed; any of
-                    # them kvtier holds on NVMe is suspect (same file, same
-                    # damage?): wait_for_save replaces it with the fresh KV
-                    if len(self.suspect) > 65536:
-                        self.suspect.clear()
-                    self.suspect.update(keys[i] for i in nv if i > n)
+            for c in range(0, len(keys), self.BATCH):
+                ks = keys[c:c + self.BATCH]
+                before = self.store.stats().checksum_failures
+                got = self._read(ks)
+                stop = next((j for j, g in enumerate(got)
+                             if g is None or g[1] != self.block_bytes), len(got))
+                n += stop
+                nvme += sum(1 for g in got[:stop] if g[0] == Tier.NVME)
+                if stop < len(got):
+                    if self.store.stats().checksum_failures > before:
+                        bad = 1
+                        # the blocks behind a bad slot will be recomputed; any
+                        # of them still on NVMe only is suspect (same file,
+                        # same damage?): wait_for_save replaces it
+                        if len(self.suspect) > 65536:
+                            self.suspect.clear()
+                        self.suspect.update(keys[c + stop + 1:])
                     break
-            nvme = sum(1 for i in nv if i < n)
             c = self.counters
             c["lookups"] += 1
             c["verify_failed"] += bad
@@ -197,15 +195,14 @@ class Store:
         self.flush()
         return n, nvme
 
-    BATCH = 64  # NVMe blocks read per batch (scratch: BATCH blocks)
+    BATCH = 64  # blocks read per store call (scratch: BATCH blocks)
 
-    def _read(self, idx: List[int], keys: List[Key]) -> List[Any]:
+    def _read(self, ks: List[Key]) -> List[Any]:
         bb = self.block_bytes
-        if len(self.scratch) < len(idx) * bb:
+        if len(self.scratch) < len(ks) * bb:
             self.scratch = bytearray(self.BATCH * bb)
         mv = memoryview(self.scratch)
-        outs = [mv[j * bb:(j + 1) * bb] for j in range(len(idx))]
-        ks = [keys[i] for i in idx]
+        outs = [mv[j * bb:(j + 1) * bb] for j in range(len(ks))]
         try:
             return self.store.get_batch(self.ns, ks, outs)
         except KvplaneError:  # an item's own error: ask one by one
