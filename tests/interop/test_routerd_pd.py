@@ -134,6 +134,9 @@ def test_flow(front, ws):
     check(code == 200 and "[DONE]" in raw and chunks and
           chunks[-1]["usage"]["completion_tokens"] == 6 and len(text) == 6,
           "1. streamed: the decode leg's stream reaches the client whole")
+    end = time.time() + 5  # written once the reply has ended
+    while len(receipts("pd")) < 2 and time.time() < end:
+        time.sleep(0.05)
     rc = receipts("pd")
     check(len(rc) == 2 and all(r["pd"]["leg"] == "decode" and
                                r["pd"]["prefill_worker"] in P and
