@@ -112,6 +112,7 @@ typedef struct ereq {
   uint32_t *kv_ids;
   uint32_t n_kv_ids;
   uint32_t pull_from, pull_to; /* a decode leg's blocks crossing the link */
+  double t_pulled; /* ... and when they are in (real s; 0: no pull) */
 } ereq;
 
 /* A worker: everything below is touched only by its own thread (setup,
@@ -683,7 +684,8 @@ static void start_prefill(eworker *x, ereq *r) {
   double dur = bh_timing_load_s(&e->tm, cnt) +
                bh_timing_prefill_s(&e->tm, r->cached, r->a.n_tokens);
   x->cur = r;
-  double start = r->t_arrive > x->gpu_free ? r->t_arrive : x->gpu_free;
+  double ready = r->t_pulled > r->t_arrive ? r->t_pulled : r->t_arrive;
+  double start = ready > x->gpu_free ? ready : x->gpu_free;
   r->t_start = start;
   r->t_prefill_end = x->gpu_free = start + dur / e->o.time_scale;
   arm(r, r->t_prefill_end, on_prefill_done);
@@ -774,7 +776,8 @@ static void pull_kv(eworker *x, ereq *r) {
   x->kv_pull_bytes += (uint64_t)bytes;
   r->pull_from = m;
   r->pull_to = k->n_blocks;
-  arm(r, r->t_arrive + s / e->o.time_scale, on_pulled);
+  r->t_pulled = r->t_arrive + s / e->o.time_scale;
+  arm(r, r->t_pulled, on_pulled);
 }
 
 /* On the loop, a parsed completion (its keys hashed): into the queue, a

@@ -26,41 +26,139 @@ static json_t *load_object(const char *b, size_t n, char *err, size_t cap,
   return NULL;
 }
 
-static int dump(json_t *o, char **out, size_t *out_len, char *err,
-                size_t cap) {
-  *out = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(17));
-  json_decref(o);
-  if (*out == NULL)
-    return fail(err, cap, "out of memory");
-  *out_len = strlen(*out);
+/* ---- the bodies: top-level members dropped and appended, every other
+ * byte kept as sent (a prompt of token ids is never re-encoded) --------- */
+static size_t skip_ws(const char *b, size_t i, size_t n) {
+  while (i < n && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r'))
+    i++;
+  return i;
+}
+
+/* b[i] == '"': the index past its closing quote, n when there is none */
+static size_t skip_str(const char *b, size_t i, size_t n) {
+  for (i++; i < n; i++) {
+    if (b[i] == '\\')
+      i++;
+    else if (b[i] == '"')
+      return i + 1;
+  }
+  return n;
+}
+
+/* a value from b[i]: the index of the ',' or '}' after a scalar, or past
+ * the closing bracket of an object or array */
+static size_t skip_value(const char *b, size_t i, size_t n) {
+  size_t depth = 0;
+  while (i < n) {
+    char c = b[i];
+    if (c == '"') {
+      i = skip_str(b, i, n);
+      if (depth == 0)
+        return i;
+      continue;
+    }
+    if (c == '{' || c == '[')
+      depth++;
+    else if ((c == '}' || c == ']') && depth > 0 && --depth == 0)
+      return i + 1;
+    else if (depth == 0 && (c == ',' || c == '}' || c == ']'))
+      return i;
+    i++;
+  }
+  return n;
+}
+
+/* Index in drop[] of the key b[0..n) (its bytes as sent), or -1. */
+static int key_index(const char *b, size_t n, const char *const *drop,
+                     size_t nd) {
+  for (size_t j = 0; j < nd; j++)
+    if (strlen(drop[j]) == n && memcmp(b, drop[j], n) == 0)
+      return (int)j;
+  return -1;
+}
+
+/* The object body[0..len) without its top-level members named in drop
+ * (bit j of *seen: drop[j] was there), with `add` (members' text, may be
+ * "") appended: malloc'd into *out.  A key spelled with escapes is not
+ * recognised: kept, and then overridden by the appended member (JSON
+ * readers -- Python's, jansson -- keep the last).  0 or -1 (not an object
+ * this scan can walk; the caller parsed it first) / out of memory. */
+static int rewrite(const char *body, size_t len, const char *const *drop,
+                   size_t nd, const char *add, unsigned *seen, char **out,
+                   size_t *out_len) {
+  size_t i = skip_ws(body, 0, len), al = strlen(add), k = 1;
+  char *o = malloc(len + al + 3);
+  *seen = 0;
+  if (o == NULL || i >= len || body[i] != '{')
+    goto bad;
+  o[0] = '{';
+  for (i = skip_ws(body, i + 1, len); i < len && body[i] == '"';) {
+    size_t k0 = i, k1 = skip_str(body, i, len), c = skip_ws(body, k1, len);
+    if (c >= len || body[c] != ':')
+      goto bad;
+    size_t e = skip_value(body, skip_ws(body, c + 1, len), len);
+    int j = key_index(body + k0 + 1, k1 - k0 - 2, drop, nd);
+    if (j >= 0)
+      *seen |= 1u << j;
+    else {
+      if (k > 1)
+        o[k++] = ',';
+      memcpy(o + k, body + k0, e - k0);
+      k += e - k0;
+    }
+    i = skip_ws(body, e, len);
+    if (i < len && body[i] == ',') /* a comma between members, or the end */
+      i = skip_ws(body, i + 1, len);
+    else if (i < len && body[i] != '}')
+      goto bad;
+  }
+  if (i >= len || body[i] != '}')
+    goto bad;
+  if (al && k > 1)
+    o[k++] = ',';
+  memcpy(o + k, add, al);
+  k += al;
+  o[k++] = '}';
+  o[k] = '\0';
+  *out = o;
+  *out_len = k;
   return 0;
+bad:
+  free(o);
+  return -1;
 }
 
 int rd_pd_prefill_body(const char *body, size_t len, char **out,
                        size_t *out_len, char *err, size_t cap) {
-  json_t *o = load_object(body, len, err, cap, "the request body");
-  json_t *kv = json_pack("{s:b, s:b, s:n, s:n, s:n, s:n}", "do_remote_decode",
-                         1, "do_remote_prefill", 0, "remote_engine_id",
-                         "remote_block_ids", "remote_host", "remote_port");
-  if (o == NULL || kv == NULL) {
-    json_decref(o);
-    json_decref(kv);
-    return o ? fail(err, cap, "out of memory") : -1;
+  static const char *const drop[] = {
+      "max_completion_tokens", "kv_transfer_params", "stream", "max_tokens",
+      "stream_options", "min_tokens", "min_completion_tokens"};
+  char *tmp = NULL;
+  size_t n;
+  unsigned seen;
+  *out = NULL;
+  if (rewrite(body, len, drop, sizeof drop / sizeof *drop,
+              "\"kv_transfer_params\":{\"do_remote_decode\":true,"
+              "\"do_remote_prefill\":false,\"remote_engine_id\":null,"
+              "\"remote_block_ids\":null,\"remote_host\":null,"
+              "\"remote_port\":null},\"stream\":false,\"max_tokens\":1",
+              &seen, &tmp, &n) < 0)
+    return fail(err, cap, "the request body is not a JSON object");
+  if (!(seen & 1)) { /* max_completion_tokens only where it was given */
+    *out = tmp;
+    *out_len = n;
+    return 0;
   }
-  int rc = json_object_set_new(o, "kv_transfer_params", kv) |
-           json_object_set_new(o, "stream", json_false()) |
-           json_object_set_new(o, "max_tokens", json_integer(1));
-  if (json_object_get(o, "max_completion_tokens"))
-    rc |= json_object_set_new(o, "max_completion_tokens", json_integer(1));
-  static const char *const drop[] = {"stream_options", "min_tokens",
-                                     "min_completion_tokens"};
-  for (size_t i = 0; i < sizeof drop / sizeof *drop; i++)
-    json_object_del(o, drop[i]); /* -1: it was not there */
-  if (rc != 0) {
-    json_decref(o);
+  *out = malloc(n + 32);
+  if (*out == NULL) {
+    free(tmp);
     return fail(err, cap, "out of memory");
   }
-  return dump(o, out, out_len, err, cap);
+  memcpy(*out, tmp, n - 1); /* its closing brace replaced */
+  *out_len = n - 1 + (size_t)sprintf(*out + n - 1,
+                                     ",\"max_completion_tokens\":1}");
+  free(tmp);
+  return 0;
 }
 
 static bool is_block_id(json_t *v) {
@@ -149,17 +247,14 @@ int rd_pd_take_params(const char *reply, size_t len, rd_pd_params *p,
 
 int rd_pd_decode_body(const char *body, size_t len, const char *params,
                       char **out, size_t *out_len, char *err, size_t cap) {
-  json_t *o = load_object(body, len, err, cap, "the request body");
-  json_t *kv = o ? load_object(params, strlen(params), err, cap,
-                               "kv_transfer_params")
-                 : NULL;
-  if (kv == NULL) {
-    json_decref(o);
-    return -1;
-  }
-  if (json_object_set_new(o, "kv_transfer_params", kv) != 0) {
-    json_decref(o);
+  static const char *const drop[] = {"kv_transfer_params"};
+  unsigned seen;
+  char *add = malloc(strlen(params) + 32);
+  *out = NULL;
+  if (add == NULL)
     return fail(err, cap, "out of memory");
-  }
-  return dump(o, out, out_len, err, cap);
+  sprintf(add, "\"kv_transfer_params\":%s", params);
+  int rc = rewrite(body, len, drop, 1, add, &seen, out, out_len);
+  free(add);
+  return rc < 0 ? fail(err, cap, "the request body is not a JSON object") : 0;
 }

@@ -15,8 +15,10 @@
  *   decode leg   the client's body with those kv_transfer_params, as given
  *                (keys the router does not read pass through).
  *
- * The legs' bodies are re-encoded by jansson: numbers keep their values,
- * not always their spelling. */
+ * The legs' bodies keep the client's bytes but for the members named: those
+ * are dropped and the new ones appended (a prompt of token ids is copied,
+ * never re-encoded).  A key the client spelled with escapes is overridden
+ * by the appended member: JSON readers keep the last. */
 #ifndef KVP_ROUTERD_PD_MSG_H
 #define KVP_ROUTERD_PD_MSG_H
 
@@ -33,8 +35,9 @@ typedef struct rd_pd_params {
   uint32_t n_groups; /* 0: a flat list */
 } rd_pd_params;
 
-/* The prefill leg's body from the client's (a JSON object).  Returns 0 with
- * *out malloc'd (NUL-terminated, *out_len bytes) or -1 with err. */
+/* The prefill leg's body from the client's (a JSON object: the caller
+ * parsed it; any bytes are safe).  Returns 0 with *out malloc'd
+ * (NUL-terminated, *out_len bytes) or -1 with err. */
 int rd_pd_prefill_body(const char *body, size_t len, char **out,
                        size_t *out_len, char *err, size_t cap);
 /* The prefill worker's 200 answer reply[0..len): its kv_transfer_params

@@ -4,10 +4,11 @@
  * byte picks what the rest is: a prefill worker's answer (its
  * kv_transfer_params taken), or a client's body (both legs' bodies made).
  * Checks: a refusal says why; accepted parameters are within the limits
- * and re-read to the same fields; a prefill body asks for one token,
- * unstreamed, with do_remote_decode; a decode body carries the parameters
- * given. */
+ * and re-read to the same fields; of a client's JSON object, a prefill body
+ * asks for one token, unstreamed, with do_remote_decode, a decode body
+ * carries the parameters given, and both keep every other member equal. */
 #include <jansson.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,21 +46,50 @@ static void check_params(const char *b, size_t n) {
   free(params);
 }
 
+static bool ours(const char *key) {
+  static const char *const k[] = {"max_completion_tokens", "kv_transfer_params",
+                                  "stream", "max_tokens", "stream_options",
+                                  "min_tokens", "min_completion_tokens"};
+  for (size_t i = 0; i < sizeof k / sizeof *k; i++)
+    if (strcmp(key, k[i]) == 0)
+      return true;
+  return false;
+}
+
+/* every member of `in` but the legs' own kept, equal, in out */
+static void same_rest(json_t *in, json_t *out) {
+  const char *key;
+  json_t *v;
+  json_object_foreach(in, key, v) if (!ours(key) &&
+                                      !json_equal(v, json_object_get(out, key)))
+      abort();
+}
+
 static void check_bodies(const char *b, size_t n) {
   char err[256] = "", *pre = NULL, *dec = NULL;
   size_t pn = 0, dn = 0;
-  if (rd_pd_prefill_body(b, n, &pre, &pn, err, sizeof err) < 0) {
-    if (err[0] == '\0' || pre != NULL)
-      abort();
+  json_t *in = json_loadb(b, n, JSON_REJECT_DUPLICATES, NULL);
+  int rc = rd_pd_prefill_body(b, n, &pre, &pn, err, sizeof err);
+  if (rc < 0 && (err[0] == '\0' || pre != NULL))
+    abort();
+  if (!json_is_object(in)) { /* what the router never passes: any result */
+    json_decref(in);
+    free(pre);
     return;
   }
+  if (rc < 0)
+    abort(); /* a JSON object the scan could not walk */
   json_t *o = json_loadb(pre, pn, 0, NULL);
   json_t *kv = json_object_get(o, "kv_transfer_params");
   if (o == NULL || !json_is_false(json_object_get(o, "stream")) ||
       json_integer_value(json_object_get(o, "max_tokens")) != 1 ||
       !json_is_true(json_object_get(kv, "do_remote_decode")) ||
-      json_object_get(o, "stream_options") != NULL)
+      json_object_get(o, "stream_options") != NULL ||
+      json_object_get(o, "min_tokens") != NULL ||
+      (json_object_get(in, "max_completion_tokens") &&
+       json_integer_value(json_object_get(o, "max_completion_tokens")) != 1))
     abort();
+  same_rest(in, o);
   json_decref(o);
   static const char params[] = "{\"do_remote_prefill\":true,\"x\":[1]}";
   if (rd_pd_decode_body(b, n, params, &dec, &dn, err, sizeof err) < 0)
@@ -69,7 +99,9 @@ static void check_bodies(const char *b, size_t n) {
   if (!json_is_true(json_object_get(kv, "do_remote_prefill")) ||
       !json_is_array(json_object_get(kv, "x")))
     abort();
+  same_rest(in, o);
   json_decref(o);
+  json_decref(in);
   free(pre);
   free(dec);
 }

@@ -44,6 +44,8 @@ procs = []
 def start_router(name, urls, roles, kv_events=None, extra=""):
     port = free_port()
     cfg = os.path.join(W, name + ".yaml")
+    if os.path.exists(os.path.join(W, name + ".receipts")):  # a rerun's
+        os.unlink(os.path.join(W, name + ".receipts"))
     ev = ("  kv_events: [%s]\n" % ", ".join(kv_events)) if kv_events else ""
     with open(cfg, "w") as f:
         f.write("routerd:\n  listen: 127.0.0.1:%d\n  scrape_interval: 50ms\n"
