@@ -185,6 +185,9 @@ typedef struct rd_worker {
   bool lora_known;
   kvp_worker_load load;
   rd_role role; /* written under s->mu (rd_pd_set_role) */
+  /* P/D, under s->mu: prompt tokens of the decode legs this router relays
+   * to it now -- the KV its decode batch reads every step */
+  uint64_t pd_decode_tokens;
   /* counters */
   uint64_t requests, ok, retried_away, errors[4]; /* rd_err_reason */
   uint64_t scrapes, scrape_fail;
@@ -458,6 +461,15 @@ bool rd_role_serves(const rd_worker *w, rd_role leg);
  * worker slot.  Returns the new count. */
 size_t rd_pd_decode_matches(rd_server *s, kvp_worker_match *wm, size_t nm,
                             uint64_t n_pull);
+/* The decode leg's candidates (under s->mu), into the eligible bit set
+ * elig (cleared first): of the routable decode workers, those whose
+ * transfer (the blocks of the first n_pull they lack, from wm) plus decode
+ * load (out_tokens x the KV of the decode legs relayed to them now, read
+ * every step at HBM bandwidth) is within 5 % (+ 0.1 ms) of the best: the
+ * cost model then chooses among them.  Returns how many. */
+uint32_t rd_pd_decode_eligible(rd_server *s, const kvp_worker_match *wm,
+                               size_t nm, uint64_t n_pull, uint64_t prompt,
+                               uint32_t out_tokens, uint64_t *elig);
 void rd_pd_metrics(rd_server *s, struct evbuffer *b); /* cfg.pd only */
 
 /* ---- SIGHUP (rd_reload.c) ------------------------------------------------ */

@@ -60,6 +60,56 @@ size_t rd_pd_decode_matches(rd_server *s, kvp_worker_match *wm, size_t nm,
   return nm;
 }
 
+static uint64_t own_blocks(const kvp_worker_match *wm, size_t nm,
+                           uint32_t id) {
+  uint64_t own = 0;
+  for (size_t i = 0; i < nm; i++)
+    for (int t = 0; wm[i].worker == id && t < KVP_TIER_COUNT_; t++)
+      own += t == KVP_TIER_REMOTE ? 0 : wm[i].blocks[t];
+  return own;
+}
+
+/* Seconds the decode leg on w costs beyond the others: the transfer of
+ * the blocks it lacks, and the decode-batch KV it would read each step. */
+static double decode_cost(rd_server *s, const rd_worker *w, uint64_t lack,
+                          uint64_t prompt, uint32_t out_tokens) {
+  const kvp_router_opts *o = &s->cfg.ropts;
+  double kvb = kvp_model_kv_bytes_per_token(&o->model);
+  double link = kvp_router_bandwidth(s->router, KVP_TIER_REMOTE);
+  double hbm = kvp_router_bandwidth(s->router, KVP_TIER_HBM);
+  double lat = o->gpu.latency_s[KVP_TIER_REMOTE] > 0
+                   ? o->gpu.latency_s[KVP_TIER_REMOTE] : 50e-6;
+  double xfer = lack ? lat + (double)lack * o->block_size * kvb / link : 0;
+  double step = hbm > 0 ? (double)(w->pd_decode_tokens + prompt) * kvb / hbm
+                        : 0;
+  return xfer + (double)out_tokens * step;
+}
+
+uint32_t rd_pd_decode_eligible(rd_server *s, const kvp_worker_match *wm,
+                               size_t nm, uint64_t n_pull, uint64_t prompt,
+                               uint32_t out_tokens, uint64_t *elig) {
+  double cost[RD_WORKERS_MAX], best = -1;
+  for (uint32_t id = 0; id < s->n_w; id++) {
+    const rd_worker *w = &s->w[id];
+    cost[id] = -1;
+    if (!rd_worker_routable(w) || !rd_role_serves(w, RD_ROLE_DECODE))
+      continue;
+    uint64_t own = own_blocks(wm, nm, id);
+    cost[id] = decode_cost(s, w, own < n_pull ? n_pull - own : 0, prompt,
+                           out_tokens);
+    if (best < 0 || cost[id] < best)
+      best = cost[id];
+  }
+  uint32_t n = 0;
+  memset(elig, 0, ((s->n_w + 63) / 64) * sizeof *elig);
+  for (uint32_t id = 0; id < s->n_w; id++)
+    if (cost[id] >= 0 && cost[id] <= best * 1.05 + 1e-4) {
+      elig[id / 64] |= 1ull << (id % 64);
+      n++;
+    }
+  return n;
+}
+
 #define LOAD(f) atomic_load_explicit(&s->pd.f, memory_order_relaxed)
 
 static void counter(struct evbuffer *b, const char *name, const char *help,

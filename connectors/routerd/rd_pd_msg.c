@@ -128,6 +128,39 @@ bad:
   return -1;
 }
 
+static uint32_t read_count(const char *b, size_t i, size_t n) {
+  uint64_t v = 0;
+  size_t d = 0;
+  for (; i < n && b[i] >= '0' && b[i] <= '9' && d < 10; i++, d++)
+    v = v * 10 + (uint64_t)(b[i] - '0');
+  return v > UINT32_MAX ? UINT32_MAX : (uint32_t)v;
+}
+
+uint32_t rd_pd_max_tokens(const char *body, size_t len) {
+  uint32_t mt = 0, mct = 0;
+  size_t i = skip_ws(body, 0, len);
+  if (i >= len || body[i] != '{')
+    return 0;
+  for (i = skip_ws(body, i + 1, len); i < len && body[i] == '"';) {
+    size_t k0 = i, k1 = skip_str(body, i, len), c = skip_ws(body, k1, len);
+    if (c >= len || body[c] != ':')
+      return 0;
+    size_t v = skip_ws(body, c + 1, len), e = skip_value(body, v, len);
+    size_t kl = k1 - k0 - 2;
+    if (kl == 10 && memcmp(body + k0 + 1, "max_tokens", 10) == 0)
+      mt = read_count(body, v, e);
+    else if (kl == 21 &&
+             memcmp(body + k0 + 1, "max_completion_tokens", 21) == 0)
+      mct = read_count(body, v, e);
+    i = skip_ws(body, e, len);
+    if (i < len && body[i] == ',')
+      i = skip_ws(body, i + 1, len);
+    else
+      break;
+  }
+  return mct ? mct : mt;
+}
+
 int rd_pd_prefill_body(const char *body, size_t len, char **out,
                        size_t *out_len, char *err, size_t cap) {
   static const char *const drop[] = {

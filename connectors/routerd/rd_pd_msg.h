@@ -40,6 +40,10 @@ typedef struct rd_pd_params {
  * (NUL-terminated, *out_len bytes) or -1 with err. */
 int rd_pd_prefill_body(const char *body, size_t len, char **out,
                        size_t *out_len, char *err, size_t cap);
+/* The client's max_completion_tokens, else max_tokens (top-level, a
+ * non-negative integer as written); 0 when neither is (the body: a JSON
+ * object; any bytes are safe). */
+uint32_t rd_pd_max_tokens(const char *body, size_t len);
 /* The prefill worker's 200 answer reply[0..len): its kv_transfer_params
  * checked into *p and, as given, into *params (malloc'd compact JSON).
  * Returns 0, or -1 with err saying what is wrong (no parameters, not a

@@ -64,6 +64,8 @@ typedef struct rd_call {
     uint32_t pre_attempts;
     double t_prefill; /* its answer came, s after t0 */
     rd_pd_params params; /* its kv_transfer_params */
+    uint32_t out_tokens; /* the client's max_tokens (16 when not given) */
+    bool kv_held; /* prompt counted in c->w's pd_decode_tokens */
   } pd;
 } rd_call;
 
@@ -322,6 +324,12 @@ static void complete_once(rd_call *c) {
 static void upstream_end(rd_call *c) {
   if (c->ct)
     evtimer_del(c->ct);
+  if (c->w && c->pd.kv_held) { /* claim_next's */
+    rd_lock(c->s);
+    c->w->pd_decode_tokens -= c->pd.prompt;
+    rd_unlock(c->s);
+    c->pd.kv_held = false;
+  }
   if (c->w) {
     if (c->uc) /* back in the pool: no cap on what it relays (render's) */
       evhttp_connection_set_max_body_size(c->uc, -1);
@@ -739,6 +747,10 @@ static rd_worker *claim_next(rd_call *c) {
         rd_worker_claim(&s->w[id], true))
       w = &s->w[id];
   }
+  if (w && c->leg == RD_ROLE_DECODE) { /* its KV, until upstream_end */
+    w->pd_decode_tokens += c->pd.prompt;
+    c->pd.kv_held = true;
+  }
   rd_unlock(s);
   return w;
 }
@@ -867,8 +879,14 @@ static int decide(rd_call *c, kvp_route_request *rq, uint64_t now,
     rq->eligible = elig;
     rq->n_eligible_words = (s->n_w + 63) / 64;
   }
-  if (c->leg == RD_ROLE_DECODE) /* the prefix: local, or pulled */
+  if (c->leg == RD_ROLE_DECODE) { /* transfer + decode load; the prefix */
+    uint64_t dec[RD_WORKERS_MAX / 64];
+    rd_pd_decode_eligible(s, c->l->wm, nm, pull_blocks(c, nq), c->pd.prompt,
+                          c->pd.out_tokens, dec);
+    for (uint32_t i = 0; i < (s->n_w + 63) / 64; i++)
+      elig[i] &= dec[i];
     nm = rd_pd_decode_matches(s, c->l->wm, nm, pull_blocks(c, nq));
+  }
   int rc = kvp_router_route_matches(s->router, rq, c->l->wm, nm, &c->d);
   *approx = rc == 0 && (c->text_mode || *s->w[c->d.worker].kv_events == '\0');
   if (rc == 0 && s->sync) /* the slot is not claimed yet: copied here */
@@ -970,6 +988,9 @@ static int pd_begin(rd_call *c) {
   }
   c->pd.body = c->body;
   c->pd.body_len = c->body_len;
+  c->pd.out_tokens = rd_pd_max_tokens(c->body, c->body_len);
+  if (c->pd.out_tokens == 0) /* the OpenAI completions default */
+    c->pd.out_tokens = 16;
   c->body = b;
   c->body_len = n;
   c->leg = RD_ROLE_PREFILL;

@@ -13,6 +13,8 @@ the failures, recording fake workers.
      prefill worker that holds it;
   3. decode affinity: a session's next turn decodes where its prefix is,
      predicted to move only its new blocks (and the worker pulls only those);
+     decode load: while one decode worker streams a long decode, new
+     requests decode on the other;
   4. a failing prefill worker (500) retries the prefill leg only, a failing
      decode worker (503) the decode leg only;
   5. bad kv_transfer_params from a prefill worker: the next prefill worker,
@@ -185,6 +187,31 @@ def test_affinity(front, ws):
           "blocks, and only those crossed (%d/4)" % moved_only_new)
 
 
+def test_decode_load(front, ws):
+    import threading
+    D = [w["url"] for w in ws if w["role"] == "decode"]
+    seen = {}
+
+    def long_decode():
+        code, h, _ = post(front, {"prompt": prompt(800, 64), "max_tokens": 3000,
+                                  "stream": True})
+        seen["long"] = h.get("x-kvplane-worker")
+
+    t = threading.Thread(target=long_decode)
+    t.start()
+    time.sleep(0.3)  # its prefill is over, its decode runs (~0.7 s at 20x)
+    others = []
+    for k in range(3):
+        code, h, _ = post(front, {"prompt": prompt(900 + k, 8),
+                                  "max_tokens": 200})
+        others.append(h.get("x-kvplane-worker"))
+    t.join()
+    busy = seen.get("long")
+    check(busy in D and all(o in D and o != busy for o in others),
+          "3. while %s decodes 3000 tokens of 64 blocks, new requests decode on "
+          "the other decode worker (%s)" % (busy, others))
+
+
 class Fail500(Fake):
     def do_POST(self):
         n = int(self.headers.get("Content-Length", "0"))
@@ -321,6 +348,7 @@ def main():
         test_flow(front, ws)
         test_holder(front, ws)
         test_affinity(front, ws)
+        test_decode_load(front, ws)
         test_retries(ws)
         test_bad_params(ws)
     finally:
