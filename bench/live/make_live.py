@@ -701,6 +701,7 @@ def one_trace_pd(a, tr, peers_ok, k, n):
     d = os.path.join(a.out, tr["name"])
     bs, _ = offline(a, tr, os.path.join(d, "offline"))  # the trace's block size
     pd, flat = pd_rows(peers_ok, a.routerd)
+    flat = [] if a.pd_only else flat
     rows = []
     pd_cluster = EmulatedCluster(a, ["--prefill", str(a.prefill), "--decode",
                                      str(a.decode), "--link-gbps", "%g" % a.link_gbps])
@@ -893,6 +894,8 @@ def main():
     ap.add_argument("--pd", action="store_true",
                     help="the P/D A/B (emulated): P/D rows on --prefill + --decode "
                     "workers, then the flat rows on as many")
+    ap.add_argument("--pd-only", action="store_true",
+                    help="--pd: the P/D rows alone (repeat runs)")
     ap.add_argument("--prefill", type=int, default=2, help="--pd: prefill workers")
     ap.add_argument("--decode", type=int, default=2, help="--pd: decode workers")
     ap.add_argument("--link-gbps", type=float, default=25,
