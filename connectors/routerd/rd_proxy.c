@@ -66,6 +66,10 @@ typedef struct rd_call {
     rd_pd_params params; /* its kv_transfer_params */
     uint32_t out_tokens; /* the client's max_tokens (16 when not given) */
     bool kv_held; /* prompt counted in c->w's pd_decode_tokens */
+    /* X-Request-Id on both legs: the client's, else one made up; vLLM takes
+     * it as the request's id, which older NIXL connectors match between
+     * the prefill and the decode instance (toy_proxy_server.py sends one) */
+    char xrid[RD_REQ_ID_MAX];
   } pd;
 } rd_call;
 
@@ -714,6 +718,8 @@ static int start_upstream(rd_call *c, rd_worker *w) {
   evhttp_add_header(h, "Content-Type", "application/json");
   if (c->auth)
     evhttp_add_header(h, "Authorization", c->auth);
+  if (c->leg != RD_ROLE_BOTH) /* P/D: the same id on both legs */
+    evhttp_add_header(h, "X-Request-Id", c->pd.xrid);
   evbuffer_add(evhttp_request_get_output_buffer(c->ur), c->body, c->body_len);
   if (evhttp_make_request(c->uc, c->ur, EVHTTP_REQ_POST, c->path) < 0) {
     c->ur = NULL; /* freed by libevent */
@@ -978,9 +984,22 @@ static void route_leg(rd_call *c, uint64_t t0) {
 
 /* P/D: the prefill leg's body replaces the client's, kept for the decode
  * leg.  -1: answered (400: a body jansson cannot re-encode). */
-static int pd_begin(rd_call *c) {
+static int pd_begin(rd_call *c, struct evhttp_request *hr) {
   char err[256], *b;
   size_t n;
+  const char *id =
+      hr ? evhttp_find_header(evhttp_request_get_input_headers(hr),
+                              "X-Request-Id")
+         : NULL;
+  if (id && *id && strlen(id) < sizeof c->pd.xrid &&
+      strcspn(id, "\r\n") == strlen(id))
+    snprintf(c->pd.xrid, sizeof c->pd.xrid, "%s", id);
+  else /* unique per router replica and request */
+    snprintf(c->pd.xrid, sizeof c->pd.xrid, "kvplane-pd-%u-%u-%llu-%llx",
+             c->l->cfg.ropts.replica_id, c->l->idx,
+             (unsigned long long)atomic_load_explicit(&c->l->cnt.requests,
+                                                      memory_order_relaxed),
+             (unsigned long long)kvp_now_ns());
   if (rd_pd_prefill_body(c->body, c->body_len, &b, &n, err, sizeof err) < 0) {
     RD_COUNT(c->l, bad_requests, 1);
     end_call(c, 400, err);
@@ -1012,7 +1031,7 @@ static void route(rd_call *c) {
   RD_COUNT(l, text_mode, c->text_mode);
   RD_COUNT(l, token_mode, !c->text_mode);
   c->pd.prompt = prompt;
-  if (l->cfg.pd && pd_begin(c) < 0)
+  if (l->cfg.pd && pd_begin(c, c->hr) < 0)
     return;
   route_leg(c, t0);
 }

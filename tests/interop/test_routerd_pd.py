@@ -237,6 +237,37 @@ class NoParams(BadParams):
     params = None
 
 
+class GoodParams(BadParams):
+    params = {"do_remote_prefill": True, "do_remote_decode": False,
+              "remote_block_ids": [[0, 1], [2, 3]], "remote_engine_id": "p0",
+              "remote_host": "10.0.0.7", "remote_port": 5600,
+              "remote_request_id": "abc", "tp_size": 1}
+
+
+def test_request_ids():
+    """Both legs carry one X-Request-Id (vLLM's request id, which older
+    NIXL connectors match between the two instances): the client's, or one
+    the router makes; the decode leg gets the prefill's parameters as given
+    (grouped block ids, keys the router does not read)."""
+    Fake.seen.clear()
+    p, d = fake_worker(GoodParams), fake_worker(Fake)
+    _, front = start_router("pd-ids", [p, d], ["prefill", "decode"])
+    req = urllib.request.Request(
+        front + "/v1/completions",
+        json.dumps({"prompt": prompt(950, 2), "max_tokens": 5}).encode(),
+        {"Content-Type": "application/json", "X-Request-Id": "client-7"})
+    urllib.request.urlopen(req, timeout=10).read()
+    post(front, {"prompt": prompt(951, 2), "max_tokens": 5})
+    ids = [s[1].get("X-Request-Id") for s in Fake.seen]
+    check(len(ids) == 4 and ids[0] == ids[1] == "client-7" and
+          ids[2] == ids[3] and ids[2] and ids[2] != "client-7",
+          "1. both legs carry one X-Request-Id: the client's, else the "
+          "router's own (%s)" % ids)
+    kv = json.loads(Fake.seen[1][2]).get("kv_transfer_params")
+    check(kv == GoodParams.params, "1. the decode leg's kv_transfer_params "
+          "are the prefill's as given (groups, unknown keys)")
+
+
 def test_retries(ws):
     P = [w["url"] for w in ws if w["role"] == "prefill"]
     D = [w["url"] for w in ws if w["role"] == "decode"]
@@ -350,6 +381,7 @@ def main():
         test_affinity(front, ws)
         test_decode_load(front, ws)
         test_retries(ws)
+        test_request_ids()
         test_bad_params(ws)
     finally:
         for p in procs:
