@@ -461,6 +461,11 @@ def live_row(a, tr, bs, row, d, cluster):
     res.update(e2e_of(os.path.join(d, "req.live.jsonl")))
     res.update(decode_of(os.path.join(d, "req.live.jsonl"), a))
     res["xfer_bytes"] = pulled
+    # where prompts are prefilled (P/D: the prefill workers; else all): the
+    # workers' own prefix-cache hit rate (a decode worker counts what it
+    # pulled as cached)
+    pf = [x for x, w in zip(per, ctx["workers"]) if w.get("role", "both") != "decode"]
+    res["prefill_hit_rate"] = sum(h for _, h in pf) / max(1, sum(pt for pt, _ in pf))
     fj = os.path.join(d, "fleet", "fleet.json")
     if row.get("fleet") and os.path.exists(fj):
         with open(fj) as f:
@@ -631,7 +636,7 @@ def table(sections):
 CSV_KEYS = ("trace", "row", "label", "reference", "requests", "errors", "hit_rate",
             "engine_hit_rate", "ttft_p50", "ttft_p95", "ttft_p99", "ttft_mean",
             "e2e_p50", "e2e_mean", "imbalance", "wall_s", "tpot_p50", "tpot_p99",
-            "xfer_bytes", "slo_share")
+            "xfer_bytes", "slo_share", "prefill_hit_rate")
 
 
 def write_results(a, sections, text):
@@ -733,11 +738,11 @@ def one_trace_pd(a, tr, peers_ok, k, n):
     return {"trace": tr["name"], "what": what, "block_size": bs, "rows": rows}
 
 
-PD_COLS = "%-30s %5s %4s %6s %8s %8s %8s %8s %8s %9s %6s"
+PD_COLS = "%-30s %5s %4s %7s %8s %8s %8s %8s %8s %9s %6s"
 
 
 def pd_table(a, sections):
-    out = [PD_COLS % ("row", "reqs", "err", "hit%", "TTFT p50", "p95", "p99",
+    out = [PD_COLS % ("row", "reqs", "err", "pf hit%", "TTFT p50", "p95", "p99",
                       "TPOT p50", "p99", "xfer GB", "slo%")]
     for s in sections:
         out += ["", "%s: %s" % (s["trace"], s["what"])]
@@ -748,7 +753,8 @@ def pd_table(a, sections):
                 continue
             out.append(PD_COLS % (
                 r["label"] + (" *" if r["reference"] else ""), r["requests"],
-                "-" if r["errors"] is None else r["errors"], "%.1f" % (100 * r["hit_rate"]),
+                "-" if r["errors"] is None else r["errors"],
+                "%.1f" % (100 * r.get("prefill_hit_rate", r["hit_rate"])),
                 ms(r["ttft_p50"]), ms(r["ttft_p95"]), ms(r["ttft_p99"]),
                 ms(r.get("tpot_p50")), ms(r.get("tpot_p99")),
                 "%.2f" % (r.get("xfer_bytes", 0) / 1e9),
@@ -761,7 +767,9 @@ def pd_table(a, sections):
                 best[key] = min(ok, key=lambda r: r[key])["label"]
         out.append("best of the P/D rows: TTFT p95 %s; TPOT p99 %s" % (
             best.get("ttft_p95", "-"), best.get("tpot_p99", "-")))
-    out += ["", "TTFT, TPOT in trace seconds (live: x the time scale); TPOT = (e2e - "
+    out += ["", "pf hit%: the prefix-cache hit rate where prompts are prefilled (the "
+            "prefill workers' /metrics; flat rows: every worker's).",
+            "TTFT, TPOT in trace seconds (live: x the time scale); TPOT = (e2e - "
             "TTFT) / (completion tokens - 1); xfer: KV bytes the decode workers pulled "
             "(their kvplane_emul:kv_pull_bytes); slo%%: requests with TTFT <= %gs and "
             "TPOT <= %gms" % (a.slo_ttft, a.slo_tpot * 1e3)]

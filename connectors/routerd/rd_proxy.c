@@ -1274,6 +1274,9 @@ static void on_generate(rd_loop *l, struct evhttp_request *hr, rd_kind kind,
     return;
   }
   c->hr = hr;
+  /* a stream's last small writes (its [DONE], the chunked end) must not
+   * wait out the client's delayed ACK behind Nagle (~40 ms each) */
+  rd_conn_nodelay(evhttp_request_get_connection(hr));
   evhttp_connection_set_closecb(evhttp_request_get_connection(hr),
                                 on_client_gone, c);
   if (c->q.tokens)
