@@ -19,7 +19,9 @@ the failures, recording fake workers.
      decode worker (503) the decode leg only;
   5. bad kv_transfer_params from a prefill worker: the next prefill worker,
      or a 502 naming the problem; the router stays up; --check-config
-     refuses bad roles.
+     refuses bad roles;
+  6. the front door writes a stream's small pieces at once (TCP_NODELAY on
+     the client's connection: no 40 ms delayed-ACK stall before the last).
 
 usage: test_routerd_pd.py KVPLANE_BENCH KVPLANE_ROUTERD WORK_DIR
 """
@@ -369,6 +371,63 @@ def test_bad_params(ws):
               "5. --check-config refuses roles %s" % roles)
 
 
+class TwoPieces(Fake):
+    """A stream of two small events 2 ms apart, then its end (its own
+    socket without Nagle, as vLLM's uvicorn and the emulated workers)."""
+    def setup(self):
+        super().setup()
+        import socket
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def do_POST(self):
+        n = int(self.headers.get("Content-Length", "0"))
+        self.rfile.read(n)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for k, ev in enumerate((b"data: a\n\n", b"data: b\n\n")):
+            if k:
+                time.sleep(0.002)
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(ev), ev))
+            self.wfile.flush()
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+
+def test_nodelay():
+    """On a keep-alive connection (the client's ACKs delayed by then; a
+    fresh one ACKs at once) the end of each stream follows its first piece
+    by the worker's 2 ms, not the 40 ms of Nagle behind a delayed ACK."""
+    import socket
+    _, front = start_router("nodelay", [fake_worker(TwoPieces)], ["both"])
+    port = int(front.rsplit(":", 1)[1])
+    body = json.dumps({"prompt": [1, 2, 3], "stream": True}).encode()
+    sk = socket.create_connection(("127.0.0.1", port))
+    gaps = []
+    for _ in range(12):
+        sk.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                   b"application/json\r\nContent-Length: %d\r\n\r\n%s"
+                   % (len(body), body))
+        got, ta = b"", None
+        end = time.time() + 5
+        while time.time() < end and not got.endswith(b"0\r\n\r\n"):
+            d = sk.recv(4096)
+            if not d:
+                break
+            got += d
+            if ta is None and b"data: a" in got:
+                ta = time.time()
+        if ta is not None and got.endswith(b"0\r\n\r\n"):
+            gaps.append(time.time() - ta)
+    sk.close()
+    gaps = sorted(gaps[1:])
+    check(len(gaps) == 11 and gaps[5] < 0.02,
+          "6. a stream's end follows its first piece at once through the "
+          "router (median %.1f ms; Nagle behind a delayed ACK: ~40)" %
+          (1e3 * gaps[len(gaps) // 2] if gaps else -1))
+
+
 def main():
     try:
         _, ws = start_engine(B, W, "pd-engine", 0, BS, procs,
@@ -383,6 +442,7 @@ def main():
         test_retries(ws)
         test_request_ids()
         test_bad_params(ws)
+        test_nodelay()
     finally:
         for p in procs:
             p.terminate()
