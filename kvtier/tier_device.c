@@ -60,9 +60,9 @@ struct kvp_tier_link {
   /* per round, nstage entries each */
   void **ptr;
   size_t *len, *cap;
-  uint32_t *ids, *slots;
+  uint32_t *ids, *slots; /* two rounds' sets (direct saves use both) */
   uint32_t *pins;     /* load: the pinned entries' ids */
-  tier_resv *resv;    /* save: the reserved slots */
+  tier_resv *resv;    /* save: the reserved slots (two rounds' sets) */
   int *res;
   uint64_t *seen;     /* load: repeat check over block ids, a bit per block */
   /* zero-copy loads (and saves: direct_save): the store's DRAM region,
@@ -74,6 +74,7 @@ struct kvp_tier_link {
   kvp_key *gkeys;
   uint32_t *gids;
   int *gres;
+  kvp_event *ev[2];   /* direct saves: each in-flight round's gather done */
   kvp_tier_link_stats st;
 };
 
@@ -89,11 +90,13 @@ static void link_free(kvp_tier_link *l) {
   kvp__free(&l->a, l->ptr, n * sizeof *l->ptr);
   kvp__free(&l->a, l->len, n * sizeof *l->len);
   kvp__free(&l->a, l->cap, n * sizeof *l->cap);
-  kvp__free(&l->a, l->ids, n * sizeof *l->ids);
-  kvp__free(&l->a, l->slots, n * sizeof *l->slots);
+  kvp__free(&l->a, l->ids, 2 * n * sizeof *l->ids);
+  kvp__free(&l->a, l->slots, 2 * n * sizeof *l->slots);
   kvp__free(&l->a, l->res, n * sizeof *l->res);
   kvp__free(&l->a, l->pins, n * sizeof *l->pins);
-  kvp__free(&l->a, l->resv, n * sizeof *l->resv);
+  kvp__free(&l->a, l->resv, 2 * n * sizeof *l->resv);
+  for (int i = 0; i < 2; i++)
+    kvp_event_destroy(l->ev[i]);
   kvp__free(&l->a, l->gi, n * sizeof *l->gi);
   kvp__free(&l->a, l->gkeys, n * sizeof *l->gkeys);
   kvp__free(&l->a, l->gids, n * sizeof *l->gids);
@@ -129,11 +132,11 @@ static int link_alloc(kvp_tier_link *l) {
   l->ptr = kvp__calloc(&l->a, n, sizeof *l->ptr);
   l->len = kvp__calloc(&l->a, n, sizeof *l->len);
   l->cap = kvp__calloc(&l->a, n, sizeof *l->cap);
-  l->ids = kvp__calloc(&l->a, n, sizeof *l->ids);
-  l->slots = kvp__calloc(&l->a, n, sizeof *l->slots);
+  l->ids = kvp__calloc(&l->a, 2 * n, sizeof *l->ids);
+  l->slots = kvp__calloc(&l->a, 2 * n, sizeof *l->slots);
   l->res = kvp__calloc(&l->a, n, sizeof *l->res);
   l->pins = kvp__calloc(&l->a, n, sizeof *l->pins);
-  l->resv = kvp__calloc(&l->a, n, sizeof *l->resv);
+  l->resv = kvp__calloc(&l->a, 2 * n, sizeof *l->resv);
   l->seen = kvp__calloc(&l->a, words(l->nblocks), sizeof *l->seen);
   l->gi = kvp__calloc(&l->a, n, sizeof *l->gi);
   l->gkeys = kvp__calloc(&l->a, n, sizeof *l->gkeys);
@@ -222,6 +225,10 @@ int kvp_tier_link_create(kvp_tier_store *t, kvp_device *dev,
     return rc;
   }
   link_direct(l);
+  /* without events a direct save runs its rounds one after the other */
+  for (int i = 0; l->direct_save && i < 2; i++)
+    if (kvp_event_create(dev, &l->ev[i]) < 0)
+      l->ev[i] = NULL;
   *out = l;
   return 0;
 }
@@ -268,60 +275,171 @@ static int64_t region_slot(const kvp_tier_link *l, const void *p) {
   return (int64_t)(off / l->bb);
 }
 
-/* The reserved blocks of res[0..m) as gather targets l->ids/l->slots[0..*h);
+/* A round of a direct save: keys/ids/res[0..m), its reservations, gather
+ * targets and event in set `set` of two, so that the next round reserves
+ * (under the store's lock) while this round's gather runs, and this round
+ * commits while the next one's runs (docs/kvtier.md#saves). */
+typedef struct save_rd {
+  const kvp_key *keys;
+  const uint32_t *ids;
+  int *res;
+  uint32_t m, h; /* blocks, of which gathered */
+  unsigned set;
+  bool ev;       /* its gather's end is recorded in l->ev[set] */
+} save_rd;
+
+static tier_resv *rd_resv(const kvp_tier_link *l, const save_rd *r) {
+  return l->resv + (size_t)r->set * l->nstage;
+}
+
+/* The reserved blocks of r as gather targets (its set of l->ids/l->slots);
  * false when a slot is not at a block-size multiple (never, by link_direct's
  * conditions: then the round is staged). */
-static bool save_targets(kvp_tier_link *l, const uint32_t *ids, uint32_t m,
-                         const int *res, uint32_t *h) {
-  *h = 0;
-  for (uint32_t i = 0; i < m; i++) {
-    if (res[i] != 0)
+static bool save_targets(kvp_tier_link *l, save_rd *r) {
+  const tier_resv *rv = rd_resv(l, r);
+  uint32_t *ti = l->ids + (size_t)r->set * l->nstage;
+  uint32_t *ts = l->slots + (size_t)r->set * l->nstage;
+  r->h = 0;
+  for (uint32_t i = 0; i < r->m; i++) {
+    if (r->res[i] != 0)
       continue;
-    int64_t slot = region_slot(l, l->resv[i].p);
+    int64_t slot = region_slot(l, rv[i].p);
     if (slot < 0)
       return false;
-    l->ids[*h] = ids[i];
-    l->slots[(*h)++] = (uint32_t)slot;
+    ti[r->h] = r->ids[i];
+    ts[r->h++] = (uint32_t)slot;
   }
   return true;
 }
 
-/* One round of a save straight into DRAM: reserve slots (the keys already
- * stored need no gather), gather into them with the store's lock released,
- * commit -- or cancel on a failed gather: the reservations go back and
- * nothing stored before is touched. */
-static int save_direct(kvp_tier_link *l, kvp_stream *s, const kvp_key *keys,
-                       const uint32_t *ids, uint32_t m,
-                       const kvp_tier_put_opts *po, int *res) {
+/* Reserves r's slots (the keys already stored need no gather) and submits
+ * its gather into them.  0 submitted (or nothing to gather); 1 a slot not
+ * at a block multiple: nothing reserved, stage the round; < 0 failed,
+ * nothing reserved. */
+static int round_begin(kvp_tier_link *l, kvp_stream *s, save_rd *r,
+                       const kvp_tier_put_opts *po) {
   kvp_tier_store *t = l->t;
-  uint32_t h = 0;
+  tier_resv *rv = rd_resv(l, r);
   pthread_mutex_lock(&t->mu);
-  kvp__tier_reserve(t, l->ns.seed, keys, m, l->bb, po, l->resv, res);
-  bool ok = save_targets(l, ids, m, res, &h);
+  kvp__tier_reserve(t, l->ns.seed, r->keys, r->m, l->bb, po, rv, r->res);
+  bool ok = save_targets(l, r);
   if (!ok)
-    kvp__tier_cancel(t, l->resv, res, m);
+    kvp__tier_cancel(t, rv, r->res, r->m);
   pthread_mutex_unlock(&t->mu);
   if (!ok)
-    return save_staged(l, s, keys, ids, m, po, res);
-  kvp_xfer x = {.layout = l->lay, .block_ids = l->ids, .n = h,
-                .method = KVP_XFER_AUTO, .staging = l->dram_base,
-                .staging_bytes = l->dram_len, .staging_slots = l->slots};
-  int rc = h == 0 ? 0 : kvp_device_gather(l->dev, s, &x);
-  if (rc >= 0 && h > 0)
-    rc = sync_stream(l, s);
+    return 1;
+  kvp_xfer x = {.layout = l->lay,
+                .block_ids = l->ids + (size_t)r->set * l->nstage,
+                .n = r->h, .method = KVP_XFER_AUTO, .staging = l->dram_base,
+                .staging_bytes = l->dram_len,
+                .staging_slots = l->slots + (size_t)r->set * l->nstage};
+  int rc = r->h == 0 ? 0 : kvp_device_gather(l->dev, s, &x);
+  r->ev = rc >= 0 && r->h > 0 && l->ev[r->set] != NULL &&
+          kvp_event_record(l->ev[r->set], s) == 0;
+  if (rc < 0) { /* nothing was submitted */
+    pthread_mutex_lock(&t->mu);
+    kvp__tier_cancel(t, rv, r->res, r->m);
+    pthread_mutex_unlock(&t->mu);
+  }
+  return rc < 0 ? rc : 0;
+}
+
+/* Waits for r's gather, then commits it -- or cancels on a failed gather:
+ * the reservations go back and nothing stored before is touched.  The
+ * blocks stored, or the error. */
+static int round_end(kvp_tier_link *l, kvp_stream *s, save_rd *r,
+                     const kvp_tier_put_opts *po) {
+  kvp_tier_store *t = l->t;
+  int rc = 0;
+  if (r->h > 0)
+    rc = r->ev ? kvp_event_synchronize(l->ev[r->set]) : sync_stream(l, s);
   pthread_mutex_lock(&t->mu);
   if (rc < 0)
-    kvp__tier_cancel(t, l->resv, res, m);
+    kvp__tier_cancel(t, rd_resv(l, r), r->res, r->m);
   else
-    kvp__tier_commit(t, l->ns.seed, keys, m, l->bb, po, l->resv, res);
+    kvp__tier_commit(t, l->ns.seed, r->keys, r->m, l->bb, po, rd_resv(l, r),
+                     r->res);
   pthread_mutex_unlock(&t->mu);
   if (rc < 0)
     return rc;
-  l->st.gathers += h > 0;
-  l->st.blocks_saved_direct += h;
+  l->st.gathers += r->h > 0;
+  l->st.blocks_saved_direct += r->h;
   int done = 0;
-  for (uint32_t i = 0; i < m; i++)
-    done += res[i] > 0;
+  for (uint32_t i = 0; i < r->m; i++)
+    done += r->res[i] > 0;
+  return done;
+}
+
+/* Two rounds in flight only where the DRAM budget holds them with room to
+ * spare (reserved slots cannot be evicted to make room for the next). */
+static bool save_pipelined(kvp_tier_link *l) {
+  if (l->ev[0] == NULL || l->ev[1] == NULL)
+    return false;
+  pthread_mutex_lock(&l->t->mu);
+  bool room = l->t->dram_cap / 4 >= (uint64_t)l->nstage * l->bb;
+  pthread_mutex_unlock(&l->t->mu);
+  return room;
+}
+
+/* Counts a finished round into *done (its blocks) or *err (the first
+ * error; the round's results are set). */
+static void round_done(kvp_tier_link *l, save_rd *r, int rc, int *done,
+                       int *err) {
+  if (rc < 0) {
+    fill(r->res, r->m, rc);
+    if (*err == 0)
+      *err = rc;
+    return;
+  }
+  l->st.blocks_saved += (uint64_t)rc;
+  l->st.blocks_save_failed += r->m - (uint64_t)rc;
+  *done += rc;
+}
+
+/* A save straight into DRAM, round by round; with two rounds in flight
+ * (save_pipelined) round k+1 is reserved and submitted before round k is
+ * waited for and committed.  A key twice in one call: the later round may
+ * gather it too, and its commit is then the duplicate (commit_one). */
+static int save_direct(kvp_tier_link *l, kvp_stream *s, const kvp_key *keys,
+                       const uint32_t *ids, size_t n,
+                       const kvp_tier_put_opts *po, int *results) {
+  const bool pipe = save_pipelined(l);
+  save_rd rd[2];
+  save_rd *live = NULL; /* the round whose gather is in flight */
+  int done = 0, err = 0;
+  size_t off = 0;
+  for (unsigned k = 0; off < n && err == 0; off += l->nstage, k++) {
+    save_rd *r = &rd[k & 1];
+    *r = (save_rd){.keys = keys + off, .ids = ids + off, .res = results + off,
+                   .m = n - off < l->nstage ? (uint32_t)(n - off) : l->nstage,
+                   .set = pipe ? (k & 1) : 0};
+    if (!pipe && live != NULL) {
+      round_done(l, live, round_end(l, s, live, po), &done, &err);
+      live = NULL;
+      if (err < 0)
+        break;
+    }
+    int rc = round_begin(l, s, r, po);
+    l->st.rounds_overlapped += rc == 0 && live != NULL;
+    if (live != NULL) { /* the previous round, while this one's gather runs */
+      round_done(l, live, round_end(l, s, live, po), &done, &err);
+      live = NULL;
+    }
+    if (rc == 0) {
+      live = r;
+      continue;
+    }
+    if (rc == 1) /* staged: nothing of this round is reserved */
+      rc = err == 0 ? save_staged(l, s, r->keys, r->ids, r->m, po, r->res)
+                    : err;
+    round_done(l, r, rc, &done, &err);
+  }
+  if (live != NULL)
+    round_done(l, live, round_end(l, s, live, po), &done, &err);
+  if (err < 0) {
+    fill(results + off, n - off, err);
+    return err;
+  }
   return done;
 }
 
@@ -336,19 +454,6 @@ static int save_ids_ok(const kvp_tier_link *l, const uint32_t *ids, size_t n) {
   return 0;
 }
 
-/* One round of a save: ids/keys[0..m), m <= nstage. */
-static int save_round(kvp_tier_link *l, kvp_stream *s, const kvp_key *keys,
-                      const uint32_t *ids, uint32_t m,
-                      const kvp_tier_put_opts *po, int *res) {
-  int rc = l->direct_save ? save_direct(l, s, keys, ids, m, po, res)
-                          : save_staged(l, s, keys, ids, m, po, res);
-  if (rc < 0)
-    return rc;
-  l->st.blocks_saved += (uint64_t)rc;
-  l->st.blocks_save_failed += m - (uint64_t)rc;
-  return rc;
-}
-
 int kvp_tier_save(kvp_tier_link *l, kvp_stream *s, const kvp_key *keys,
                   const uint32_t *block_ids, size_t n,
                   const kvp_tier_put_opts *po, int *results) {
@@ -360,15 +465,20 @@ int kvp_tier_save(kvp_tier_link *l, kvp_stream *s, const kvp_key *keys,
   int done = save_ids_ok(l, block_ids, n);
   if (done < 0)
     fill(results, n, done);
-  for (size_t off = 0; done >= 0 && off < n; off += l->nstage) {
+  else if (l->direct_save)
+    done = save_direct(l, s, keys, block_ids, n, po, results);
+  for (size_t off = 0; !l->direct_save && done >= 0 && off < n;
+       off += l->nstage) {
     uint32_t m = n - off < l->nstage ? (uint32_t)(n - off) : l->nstage;
-    int rc = save_round(l, s, keys + off, block_ids + off, m, po,
-                        results + off);
+    int rc = save_staged(l, s, keys + off, block_ids + off, m, po,
+                         results + off);
     if (rc < 0) {
       fill(results + off, n - off, rc);
       done = rc;
       break;
     }
+    l->st.blocks_saved += (uint64_t)rc;
+    l->st.blocks_save_failed += m - (uint64_t)rc;
     done += rc;
   }
   pthread_mutex_unlock(&l->mu);

@@ -253,6 +253,61 @@ TEST(save_direct) {
   cache_free(&c);
 }
 
+/* Two rounds in flight (a DRAM budget of >= 4 rounds): every round after
+ * the first is reserved and submitted while the one before gathers; a key
+ * given twice in one call, in two rounds, keeps the first round's bytes (the
+ * later commit is its duplicate and returns its slot).  With a budget under
+ * four rounds the rounds run one after the other, same results. */
+static void save_rounds(uint32_t dram_blocks, bool overlap) {
+  cache c;
+  cache_init(&c);
+  kvp_tier_store *t = store_open(&c, dram_blocks);
+  kvp_tier_link *l;
+  ASSERT_OK(kvp_tier_link_create(t, g_dev, c.lay, &g_ns,
+                                 &(kvp_tier_link_opts){.staging_blocks = 4},
+                                 NULL, &l));
+  enum { N = 14 }; /* rounds of 4, 4, 4, 2 */
+  kvp_key keys[N];
+  uint32_t src[N], dst[N];
+  int res[N];
+  for (uint32_t i = 0; i < N; i++)
+    keys[i] = key_of(100 + i), src[i] = i, dst[i] = 60 + i;
+  keys[5] = keys[1]; /* round 1 repeats a key of round 0 */
+  ASSERT_EQ(kvp_tier_save(l, NULL, keys, src, N, NULL, res), N);
+  for (uint32_t i = 0; i < N; i++)
+    ASSERT_EQ(res[i], 1);
+  kvp_tier_link_stats ls;
+  ASSERT_OK(kvp_tier_link_stats_get(l, &ls));
+  ASSERT_EQ(ls.gathers, 4);
+  ASSERT_EQ(ls.rounds_overlapped, overlap ? 3 : 0);
+  ASSERT_EQ(ls.blocks_saved, N);
+  /* the repeat was gathered only when its round ran beside the first */
+  ASSERT_EQ(ls.blocks_saved_direct, overlap ? N : N - 1);
+  uint32_t uk[N - 1], ud[N - 1];
+  for (uint32_t i = 0, j = 0; i < N; i++)
+    if (i != 5) {
+      uk[j] = i, ud[j] = dst[i];
+      poison(&c, dst[i]);
+      j++;
+    }
+  kvp_key lk[N - 1];
+  for (uint32_t j = 0; j < N - 1; j++)
+    lk[j] = keys[uk[j]];
+  ASSERT_EQ(kvp_tier_load(l, NULL, lk, ud, N - 1, res), N - 1);
+  for (uint32_t j = 0; j < N - 1; j++)
+    ASSERT_TRUE(block_is(&c, ud[j], src[uk[j]], false));
+  kvp_tier_stats st;
+  ASSERT_OK(kvp_tier_stats_get(t, &st));
+  ASSERT_EQ(st.dram_blocks, N - 1);
+  check_no_leak(t, c.bb);
+  kvp_tier_link_destroy(l);
+  kvp_tier_destroy(t);
+  cache_free(&c);
+}
+
+TEST(save_rounds_overlap) { save_rounds(64, true); }
+TEST(save_rounds_serial) { save_rounds(15, false); }
+
 /* ---- races -------------------------------------------------------------------- */
 #define RKEYS 16
 #define ROUNDS 150
@@ -379,4 +434,5 @@ TEST(save_race_evict) { race(evicter, RKEYS + 8, false); }
 TEST(save_race_load) { race(loader, 64, true); }
 
 TEST_MAIN(TEST_ENTRY(reserve_visibility), TEST_ENTRY(save_direct),
+          TEST_ENTRY(save_rounds_overlap), TEST_ENTRY(save_rounds_serial),
           TEST_ENTRY(save_race_evict), TEST_ENTRY(save_race_load))

@@ -168,6 +168,7 @@ typedef struct eworker {
   uint64_t queries, hits, prompt_tokens, gen_tokens, done, failed;
   uint64_t pd_prefill_legs, pd_decode_legs, kv_pull_blocks, kv_pull_bytes,
       kv_pull_failed;
+  uint64_t client_gone; /* requests whose client hung up before the end */
 } eworker;
 
 /* Shared by the workers' threads: read-only once they start (options,
@@ -516,10 +517,12 @@ static void on_client_gone(struct evhttp_connection *c, void *arg) {
   (void)c;
   ereq *r = arg;
   /* libevent detaches an unfinished request from its dead connection and
-   * leaves it to us: free it, then finish the work and send nothing */
+   * leaves it to us: free it, then finish the work and send nothing (the
+   * simulator models no aborts); counted, so a test sees the hang-up */
   if (r->hr && evhttp_request_get_connection(r->hr) == NULL)
     evhttp_request_free(r->hr);
   r->hr = NULL;
+  r->e->w[r->w].client_gone++;
 }
 
 static void detach(ereq *r) {
@@ -989,16 +992,19 @@ static void do_metrics(eworker *x, struct evhttp_request *hr) {
   metric(b, "vllm:generation_tokens", "counter", m, (double)x->gen_tokens);
   metric(b, "vllm:request_success", "counter", m, (double)x->done);
   /* the emulator's own (P/D): legs served, KV pulled over the link */
-  metric(b, "kvplane_emul:pd_prefill_legs", "counter", m,
+  metric(b, "kvplane_engine_pd_prefill_legs", "counter", m,
          (double)x->pd_prefill_legs);
-  metric(b, "kvplane_emul:pd_decode_legs", "counter", m,
+  metric(b, "kvplane_engine_pd_decode_legs", "counter", m,
          (double)x->pd_decode_legs);
-  metric(b, "kvplane_emul:kv_pull_blocks", "counter", m,
+  metric(b, "kvplane_engine_kv_pull_blocks", "counter", m,
          (double)x->kv_pull_blocks);
-  metric(b, "kvplane_emul:kv_pull_bytes", "counter", m,
+  metric(b, "kvplane_engine_kv_pull_bytes", "counter", m,
          (double)x->kv_pull_bytes);
-  metric(b, "kvplane_emul:kv_pull_failed", "counter", m,
+  metric(b, "kvplane_engine_kv_pull_failed", "counter", m,
          (double)x->kv_pull_failed);
+  /* the emulator's own: requests whose client (the router) hung up */
+  metric(b, "kvplane_engine_client_disconnects", "counter", m,
+         (double)x->client_gone);
   evhttp_add_header(evhttp_request_get_output_headers(hr), "Content-Type",
                     "text/plain; version=0.0.4; charset=utf-8");
   evhttp_send_reply(hr, 200, "OK", b);

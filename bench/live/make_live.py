@@ -474,10 +474,10 @@ def live_row(a, tr, bs, row, d, cluster):
 
 
 def scrape_emul(url, name):
-    """An emulated worker's own counter (kvplane_emul:NAME_total), 0 if none."""
+    """An emulated worker's own counter (kvplane_engine_NAME_total), 0 if none."""
     with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
         for line in r.read().decode().splitlines():
-            if line.startswith("kvplane_emul:%s_total{" % name):
+            if line.startswith("kvplane_engine_%s_total{" % name):
                 return float(line.rsplit(" ", 1)[1])
     return 0.0
 
@@ -771,7 +771,7 @@ def pd_table(a, sections):
             "prefill workers' /metrics; flat rows: every worker's).",
             "TTFT, TPOT in trace seconds (live: x the time scale); TPOT = (e2e - "
             "TTFT) / (completion tokens - 1); xfer: KV bytes the decode workers pulled "
-            "(their kvplane_emul:kv_pull_bytes); slo%%: requests with TTFT <= %gs and "
+            "(their kvplane_engine_kv_pull_bytes); slo%%: requests with TTFT <= %gs and "
             "TPOT <= %gms" % (a.slo_ttft, a.slo_tpot * 1e3)]
     return "\n".join(out)
 

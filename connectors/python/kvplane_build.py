@@ -433,6 +433,7 @@ typedef struct kvp_tier_link_stats { uint64_t saves; uint64_t loads;
   uint64_t blocks_saved; uint64_t blocks_save_failed; uint64_t blocks_loaded;
   uint64_t blocks_missed; uint64_t wrong_length; uint64_t gathers;
   uint64_t scatters; uint64_t blocks_direct; uint64_t blocks_saved_direct;
+  uint64_t rounds_overlapped;
   ...; } kvp_tier_link_stats;
 int kvp_tier_link_create(kvp_tier_store *t, kvp_device *dev,
                          const kvp_kv_layout *layout, const kvp_namespace *ns,

@@ -216,6 +216,7 @@ typedef struct rd_counters {
   atomic_uint_fast64_t requests, bad_requests, no_worker, retries,
       client_cancels, render_calls, render_fail, text_mode, token_mode,
       predicted_cached, reported_cached, reported_n, tenant_salted;
+  atomic_uint_fast64_t stream_pauses; /* backpressure (routerd.stream_buffer) */
   atomic_uint_fast64_t reasons[KVP_REASON_COUNT_];
 } rd_counters;
 #define RD_COUNT(l, f, n)                                                     \
@@ -500,7 +501,10 @@ void rd_sync_stop(rd_server *s);
 void rd_sync_decision(rd_server *s, const char *url, const kvp_decision *d,
                       const kvp_key *keys, size_t n_keys);
 void rd_sync_complete(rd_server *s, const char *url, uint64_t request_id,
-                      uint64_t tokens);
+                      uint64_t tokens, uint64_t session_id);
+/* Under s->mu, before routing a turn of session_id: a peer's earlier turn
+ * of that session still counted in flight is over (rd_sync.c, peer_turn). */
+void rd_sync_turn_over(rd_server *s, uint64_t session_id);
 void rd_sync_metrics(rd_server *s, struct evbuffer *b);
 
 /* ---- indexer service (rd_indexer.c) ------------------------------------- */

@@ -191,6 +191,9 @@ static void counters(rd_server *s, struct evbuffer *b) {
           "routerd.max_inflight", SUM(s, overloaded));
   counter(b, "client_cancels_total", "clients gone before the end",
           SUM(s, client_cancels));
+  counter(b, "stream_pauses_total", "times a reply's worker was not read "
+          "while the client had more than routerd.stream_buffer unsent",
+          SUM(s, stream_pauses));
   counter(b, "render_calls_total", "render calls to a worker",
           SUM(s, render_calls));
   counter(b, "render_failures_total", "render calls that gave no token ids "

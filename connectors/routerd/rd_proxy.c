@@ -319,7 +319,8 @@ static void complete_once(rd_call *c) {
     rd_lock(c->s);
     kvp_router_complete(c->s->router, c->d.worker, c->d.request_id);
     rd_unlock(c->s);
-    rd_sync_complete(c->s, c->d_url, c->d.request_id, c->d.uncached_tokens);
+    rd_sync_complete(c->s, c->d_url, c->d.request_id, c->d.uncached_tokens,
+                     c->d.session_id);
   }
   c->completed = true;
 }
@@ -372,6 +373,7 @@ static void relay(rd_call *c, struct evbuffer *in) {
   if (evbuffer_get_length(bufferevent_get_output(cb)) > c->l->cfg.stream_buffer &&
       c->uc) { /* backpressure: stop reading the worker until it drains */
     bufferevent_disable(evhttp_connection_get_bufferevent(c->uc), EV_READ);
+    RD_COUNT(c->l, stream_pauses, !c->paused);
     c->paused = true;
     evhttp_send_reply_chunk_with_cb(c->hr, in, on_client_drained, c);
   } else
@@ -874,6 +876,7 @@ static int decide(rd_call *c, kvp_route_request *rq, uint64_t now,
   uint64_t elig[RD_WORKERS_MAX / 64];
   rd_lock(s);
   uint64_t t1 = kvp_now_ns();
+  rd_sync_turn_over(s, rq->session_id);
   rq->request_id = ++s->next_id;
   /* only the workers that have its adapter loaded (and serve its leg) */
   if (c->lora >= 0 || c->leg != RD_ROLE_BOTH) {

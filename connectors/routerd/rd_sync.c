@@ -33,6 +33,8 @@
 #include <unistd.h>
 
 #define PEERS_MAX 64
+#define TURNS_MAX 4096  /* peers' session turns in flight, direct-mapped */
+#define RETIRED_MAX 1024 /* turns retired here, awaiting their completion */
 
 typedef struct peer {
   uint32_t replica;
@@ -40,6 +42,25 @@ typedef struct peer {
   double last_seen;
   uint64_t *req, *tok; /* per worker slot */
 } peer;
+
+/* A session's turn a peer routed, in flight there (its decision named the
+ * session).  When the session's next turn reaches this replica first, that
+ * turn is over -- a client sends the next turn after the last reply -- but
+ * the peer's completion may still be on its way: it is published as the
+ * reply ends, and on a loaded host the client's next request can arrive
+ * before it.  Counted, it makes the session's own worker look one request
+ * busier and moves the session (docs/routerd.md#replicas).  Direct-mapped
+ * by session: a collision forgets the older turn, which then completes as
+ * before. */
+typedef struct peer_turn {
+  uint64_t session, request_id, tokens;
+  uint32_t replica, slot;
+} peer_turn;
+
+typedef struct retired_turn {
+  uint64_t request_id; /* 0: free */
+  uint32_t replica;
+} retired_turn;
 
 struct rd_sync {
   rd_server *s;
@@ -52,7 +73,12 @@ struct rd_sync {
   atomic_int connected;
   atomic_int closed; /* libnats' last callback ran (rd_sync_stop waits) */
   atomic_ullong disconnects, reconnects;
+  /* peers, turns and retired: under the routing lock (rd_lock): thread 0
+   * applies peers' messages, any loop retires a turn as it routes */
   peer peers[PEERS_MAX];
+  peer_turn turns[TURNS_MAX];
+  retired_turn retired[RETIRED_MAX];
+  _Atomic uint64_t n_retired, n_retired_done;
   char subj[3][160];
   uint32_t replica; /* replicas.replica_id (restart-only), read by any loop */
   /* published from any loop */
@@ -102,6 +128,7 @@ static void on_reconnected(natsConnection *nc, void *arg) {
 }
 
 /* ---- peers' state ---------------------------------------------------------------- */
+/* Under the routing lock (the router, shared with the front-door loops). */
 static void resum(rd_sync *y, uint32_t slot) {
   rd_server *s = y->s;
   uint64_t r = 0, t = 0;
@@ -110,11 +137,53 @@ static void resum(rd_sync *y, uint32_t slot) {
       r += y->peers[i].req[slot];
       t += y->peers[i].tok[slot];
     }
-  rd_lock(s); /* the router, shared with the front-door loops */
   s->peer_req[slot] = r;
   s->peer_tok[slot] = t;
   rd_worker_sync(&s->w[slot]);
-  rd_unlock(s);
+}
+
+static uint64_t mix64(uint64_t x) { /* splitmix64's finaliser */
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+static size_t turn_home(uint64_t session) {
+  return (size_t)(mix64(session) & (TURNS_MAX - 1));
+}
+
+static retired_turn *retired_home(rd_sync *y, uint32_t replica, uint64_t id) {
+  return &y->retired[mix64(id ^ (uint64_t)replica << 40) & (RETIRED_MAX - 1)];
+}
+
+static void peer_dec(peer *p, uint32_t slot, uint64_t tokens) {
+  p->req[slot] -= p->req[slot] > 0;
+  p->tok[slot] -= p->tok[slot] > tokens ? tokens : p->tok[slot];
+}
+
+static peer *peer_find(rd_sync *y, uint32_t replica) {
+  for (int i = 0; i < PEERS_MAX; i++)
+    if (y->peers[i].used && y->peers[i].replica == replica)
+      return &y->peers[i];
+  return NULL;
+}
+
+void rd_sync_turn_over(rd_server *s, uint64_t session_id) {
+  rd_sync *y = s->sync;
+  if (y == NULL || session_id == 0)
+    return;
+  peer_turn *t = &y->turns[turn_home(session_id)];
+  if (t->session != session_id)
+    return;
+  t->session = 0;
+  peer *p = peer_find(y, t->replica);
+  if (p == NULL || t->slot >= s->n_w)
+    return;
+  peer_dec(p, t->slot, t->tokens);
+  resum(y, t->slot);
+  *retired_home(y, t->replica, t->request_id) =
+      (retired_turn){.request_id = t->request_id, .replica = t->replica};
+  atomic_fetch_add_explicit(&y->n_retired, 1, memory_order_relaxed);
 }
 
 static void peer_zero(rd_sync *y, peer *p) {
@@ -139,30 +208,39 @@ static peer *peer_get(rd_sync *y, uint32_t replica) {
   return free_p;
 }
 
-static void apply_delta(rd_sync *y, peer *p, const rd_sync_msg *m) {
-  rd_worker *w = rd_worker_find(y->s, m->url);
-  if (w == NULL) {
-    Y_COUNT(y->unknown_worker);
-    return;
-  }
-  uint32_t i = w->id;
+/* A completion of a turn retired here (rd_sync_turn_over) was counted
+ * down then: true, and the record goes. */
+static bool was_retired(rd_sync *y, const rd_sync_msg *m) {
+  retired_turn *r = retired_home(y, m->replica, m->request_id);
+  if (r->request_id != m->request_id || r->replica != m->replica)
+    return false;
+  r->request_id = 0;
+  atomic_fetch_add_explicit(&y->n_retired_done, 1, memory_order_relaxed);
+  return true;
+}
+
+/* Under the routing lock. */
+static void apply_delta(rd_sync *y, peer *p, uint32_t i, const rd_sync_msg *m) {
+  peer_turn *t = m->session_id ? &y->turns[turn_home(m->session_id)] : NULL;
   if (m->type == RD_SYNC_DECISION) {
     p->req[i]++;
     p->tok[i] += m->tokens;
-    if (m->n_keys)
-      kvp_index_record_routed(y->s->ix, i, m->keys, m->n_keys, kvp_now_ns());
-    if (m->session_id) { /* the session's next turn here keeps its worker */
-      rd_lock(y->s);
+    if (t) { /* the session's next turn here keeps its worker */
       kvp_router_session_set(y->s->router, m->session_id, i);
-      rd_unlock(y->s);
+      *t = (peer_turn){.session = m->session_id, .request_id = m->request_id,
+                       .tokens = m->tokens, .replica = m->replica, .slot = i};
     }
   } else {
-    p->req[i] -= p->req[i] > 0;
-    p->tok[i] -= p->tok[i] > m->tokens ? m->tokens : p->tok[i];
+    if (t && t->session == m->session_id && t->request_id == m->request_id &&
+        t->replica == m->replica)
+      t->session = 0; /* over before this replica saw the next turn */
+    if (!was_retired(y, m))
+      peer_dec(p, i, m->tokens);
   }
   resum(y, i);
 }
 
+/* Under the routing lock. */
 static void apply_snapshot(rd_sync *y, peer *p, const rd_sync_msg *m) {
   peer_zero(y, p);
   for (size_t k = 0; k < m->n_loads; k++) {
@@ -196,19 +274,30 @@ static void handle(rd_sync *y, natsMsg *nm) {
               "replica's id %u: give each replica its own replicas.id "
               "(its messages are ignored)", m.replica);
   } else {
-    peer *p = peer_get(y, m.replica);
     uint64_t now = wall_ns();
     Y_COUNT(y->recv[m.type]);
     pthread_mutex_lock(&y->lag_mu);
     kvp_hist_record(y->lag, now > m.wall_ns ? now - m.wall_ns : 0);
     pthread_mutex_unlock(&y->lag_mu);
+    rd_worker *w = NULL;
+    if (m.type != RD_SYNC_SNAPSHOT &&
+        (w = rd_worker_find(y->s, m.url)) == NULL) {
+      Y_COUNT(y->unknown_worker);
+      rd_sync_msg_free(&m);
+      return;
+    }
+    if (w && m.type == RD_SYNC_DECISION && m.n_keys) /* lock-free index */
+      kvp_index_record_routed(y->s->ix, w->id, m.keys, m.n_keys, kvp_now_ns());
+    rd_lock(y->s);
+    peer *p = peer_get(y, m.replica);
     if (p) {
       p->last_seen = rd_now();
       if (m.type == RD_SYNC_SNAPSHOT)
         apply_snapshot(y, p, &m);
       else
-        apply_delta(y, p, &m);
+        apply_delta(y, p, w->id, &m);
     }
+    rd_unlock(y->s);
   }
   rd_sync_msg_free(&m);
 }
@@ -313,14 +402,15 @@ void rd_sync_decision(rd_server *s, const char *url, const kvp_decision *d,
 }
 
 void rd_sync_complete(rd_server *s, const char *url, uint64_t request_id,
-                      uint64_t tokens) {
+                      uint64_t tokens, uint64_t session_id) {
   if (s->sync == NULL)
     return;
   rd_sync_msg m = {.type = RD_SYNC_COMPLETE,
                    .replica = s->sync->replica,
                    .wall_ns = wall_ns(),
                    .request_id = request_id,
-                   .tokens = tokens};
+                   .tokens = tokens,
+                   .session_id = session_id};
   snprintf(m.url, sizeof m.url, "%s", url);
   publish(s->sync, &m);
 }
@@ -350,6 +440,7 @@ static void on_snapshot(evutil_socket_t fd, short what, void *arg) {
     publish(y, &m);
   free(l);
   double now = rd_now();
+  rd_lock(s);
   for (int i = 0; i < PEERS_MAX; i++) {
     peer *p = &y->peers[i];
     if (p->used && now - p->last_seen > s->cfg.peer_timeout_s) {
@@ -361,6 +452,7 @@ static void on_snapshot(evutil_socket_t fd, short what, void *arg) {
         resum(y, k);
     }
   }
+  rd_unlock(s);
 }
 
 /* ---- set-up ------------------------------------------------------------------- */
@@ -495,11 +587,19 @@ void rd_sync_metrics(rd_server *s, struct evbuffer *b) {
       "# TYPE kvplane_routerd_sync_lag_seconds summary\n"
       "kvplane_routerd_sync_lag_seconds{quantile=\"0.5\"} %.9f\n"
       "kvplane_routerd_sync_lag_seconds{quantile=\"0.99\"} %.9f\n"
-      "kvplane_routerd_sync_lag_seconds_count %llu\n",
+      "kvplane_routerd_sync_lag_seconds_count %llu\n"
+      "# HELP kvplane_routerd_sync_turns_retired_total peers' session turns this "
+      "replica counted over when the session's next turn reached it before the "
+      "peer's completion (done: that completion arrived)\n"
+      "# TYPE kvplane_routerd_sync_turns_retired_total counter\n"
+      "kvplane_routerd_sync_turns_retired_total{state=\"retired\"} %llu\n"
+      "kvplane_routerd_sync_turns_retired_total{state=\"done\"} %llu\n",
       (unsigned long long)atomic_load(&y->pub_fail),
       (unsigned long long)atomic_load(&y->skipped_down),
       Y_READ(y->malformed), Y_READ(y->newer), Y_READ(y->unknown_worker),
       Y_READ(y->own),
       (unsigned long long)atomic_load(&y->disconnects), (double)h.p50 * 1e-9,
-      (double)h.p99 * 1e-9, (unsigned long long)h.count);
+      (double)h.p99 * 1e-9, (unsigned long long)h.count,
+      (unsigned long long)atomic_load(&y->n_retired),
+      (unsigned long long)atomic_load(&y->n_retired_done));
 }

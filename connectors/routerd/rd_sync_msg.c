@@ -49,7 +49,7 @@ int rd_sync_encode(const rd_sync_msg *m, char **out, size_t *len) {
   msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
   int rc = 0;
   msgpack_pack_array(&pk, m->type == RD_SYNC_DECISION   ? 9
-                          : m->type == RD_SYNC_COMPLETE ? 7
+                          : m->type == RD_SYNC_COMPLETE ? 8
                                                         : 5);
   msgpack_pack_uint32(&pk, RD_SYNC_VERSION);
   msgpack_pack_uint32(&pk, (uint32_t)m->type);
@@ -67,10 +67,9 @@ int rd_sync_encode(const rd_sync_msg *m, char **out, size_t *len) {
     pack_str(&pk, m->url);
     msgpack_pack_uint64(&pk, m->request_id);
     msgpack_pack_uint64(&pk, m->tokens);
-    if (m->type == RD_SYNC_DECISION) {
+    if (m->type == RD_SYNC_DECISION)
       rc = pack_keys(&pk, m->keys, m->n_keys);
-      msgpack_pack_uint64(&pk, m->session_id);
-    }
+    msgpack_pack_uint64(&pk, m->session_id);
   }
   if (rc < 0 || sb.data == NULL) {
     msgpack_sbuffer_destroy(&sb);
@@ -147,12 +146,13 @@ static int decode_obj(const msgpack_object *o, rd_sync_msg *m) {
   m->replica = (uint32_t)rep;
   if (m->type == RD_SYNC_SNAPSHOT)
     return n == 5 ? get_loads(&a[4], m) : -1;
-  if (n != (m->type == RD_SYNC_DECISION ? 9u : 7u) ||
+  /* a completion's session came later in version 1: 7 fields without */
+  if ((m->type == RD_SYNC_DECISION ? n != 9u : n != 7u && n != 8u) ||
       get_str(&a[4], m->url, sizeof m->url) < 0 ||
       get_u64(&a[5], &m->request_id) < 0 || get_u64(&a[6], &m->tokens) < 0)
     return -1;
   if (m->type != RD_SYNC_DECISION)
-    return 0;
+    return n == 8u ? get_u64(&a[7], &m->session_id) : 0;
   return get_u64(&a[8], &m->session_id) < 0 ? -1 : get_keys(&a[7], m);
 }
 

@@ -3,7 +3,8 @@
  * replica alone knows, on NATS for its peers.  msgpack arrays, versioned:
  *   [1, 1 decision, replica, wall_ns, worker_url, request_id, tokens, keys,
  *    session_id (0 = none)]
- *   [1, 2 complete, replica, wall_ns, worker_url, request_id, tokens]
+ *   [1, 2 complete, replica, wall_ns, worker_url, request_id, tokens,
+ *    session_id (0 = none; absent in the first builds of version 1)]
  *   [1, 3 snapshot, replica, wall_ns, [[worker_url, requests, tokens]...]]
  * keys: bin of 16-byte block keys (hi, lo big-endian), approximate
  * residency the decision creates (text mode / workers without events; may
@@ -40,7 +41,7 @@ typedef struct rd_sync_msg {
   uint64_t wall_ns;
   char url[RD_SYNC_URL_MAX];  /* decision / complete */
   uint64_t request_id, tokens;
-  uint64_t session_id;        /* decision: kvp_id64 of the session, 0 = none */
+  uint64_t session_id;        /* decision, complete: kvp_id64 of the session, 0 = none */
   kvp_key *keys;              /* decision: malloc'd, n_keys */
   size_t n_keys;
   rd_sync_load *loads;        /* snapshot: malloc'd, n_loads */

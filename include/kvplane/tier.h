@@ -520,7 +520,10 @@ KVP_API int kvp_tier_dram_region(kvp_tier_store *t, void **base, size_t *len);
  *         the lock released, and committed: a reserved slot is in no index,
  *         policy or event until its commit (readers miss it, eviction
  *         cannot take it), and a failed gather returns every reservation of
- *         the round, storing nothing (stats blocks_saved_direct).
+ *         the round, storing nothing (stats blocks_saved_direct).  With
+ *         a DRAM budget of at least four rounds, two rounds are in flight:
+ *         the next round is reserved and its gather submitted before this
+ *         one's is waited for and committed (rounds_overlapped).
  *         Otherwise kvp_device_gather into a staging buffer registered with
  *         the device, then kvp_tier_put_batch of each staged block.  DRAM
  *         holds plaintext either way; an encrypted namespace's blocks are
@@ -584,7 +587,9 @@ typedef struct kvp_tier_link_stats {
                                      out of their DRAM slots (no staging copy) */
   uint64_t blocks_saved_direct;   /* gathered straight into reserved DRAM
                                      slots (no staging copy) */
-  uint64_t reserved[5];
+  uint64_t rounds_overlapped;     /* direct-save rounds reserved and submitted
+                                     while the round before was gathering */
+  uint64_t reserved[4];
 } kvp_tier_link_stats;
 
 /* Links store t, device dev and the engine's layout (made on dev) for the

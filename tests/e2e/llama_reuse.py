@@ -15,7 +15,7 @@ bit-identical to the same decode step over the original past_key_values.
 
   python3 tests/e2e/llama_reuse.py [--dtype bf16|fp32] [--blocks 24]
 Exit 0 pass, 1 fail, 77 skip (no torch / CUDA / transformers).
-bench/micro/device_py_run.sh runs it on the GPU machine.
+bench/micro/gpu_run.sh runs it on the GPU machine (docs/bench.md#gpu-figures).
 """
 import argparse
 import os
@@ -69,14 +69,27 @@ def model_of(dtype):
 
 
 def legacy(cache):
-    """[(K, V)] per layer, each [1, kv_heads, tokens, head_dim]."""
+    """[(K, V)] per layer, each [1, kv_heads, tokens, head_dim].  transformers
+    5.x keeps them in cache.layers[l].keys / .values; 4.x in key_cache /
+    value_cache lists or a tuple of pairs."""
+    if hasattr(cache, "layers"):
+        return [(cache.layers[l].keys, cache.layers[l].values) for l in range(LAYERS)]
     if isinstance(cache, DynamicCache):
         return [(cache.key_cache[l], cache.value_cache[l]) for l in range(LAYERS)]
     return [(k, v) for k, v in cache]
 
 
+def cache_of(kv):
+    """A DynamicCache holding copies of kv (5.x: the constructor takes the
+    pairs; 4.x: from_legacy_cache)."""
+    pairs = tuple((k.clone(), v.clone()) for k, v in kv)
+    if hasattr(DynamicCache, "from_legacy_cache"):
+        return DynamicCache.from_legacy_cache(pairs)
+    return DynamicCache(ddp_cache_data=pairs)
+
+
 def decode(model, token, kv):
-    cache = DynamicCache.from_legacy_cache(tuple((k.clone(), v.clone()) for k, v in kv))
+    cache = cache_of(kv)
     with torch.no_grad():
         return model(token, past_key_values=cache, use_cache=True).logits[:, -1]
 

@@ -38,7 +38,7 @@ LIBKVPLANE (optional; what CTest passes: build/libkvplane.so) is not loaded:
 the package carries its own libkvplane.  It only locates a build's package
 when `import kvplane` fails: the venv CTest's test_python makes beside it
 (DIR_OF_LIBKVPLANE/py/venv).  Otherwise install the package (pip install
-./connectors/python, or the wheel of bench/micro/device_py_prep.sh).
+./connectors/python, or the wheel of bench/micro/gpu_prep.sh).
 Exit 0 pass, 1 fail (kvplane not importable included), 77 skip (no PyTorch,
 no CUDA device, kvplane's CUDA backend unavailable).
 """

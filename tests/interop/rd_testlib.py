@@ -48,6 +48,15 @@ def metric(text, name):
     return None
 
 
+def metric_sum(text, name):
+    """The sum of every sample of `name`, whatever its labels (0 if none)."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            total += float(line.rsplit(None, 1)[1])
+    return total
+
+
 def start_engine(bench, work, name, n, block_size, procs, loras=(),
                  time_scale=20, extra=()):
     """`kvplane-bench engine` with n emulated vLLM workers (and LoRA adapters

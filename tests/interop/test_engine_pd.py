@@ -43,7 +43,7 @@ def post(url, body):
 def emul(url, name):
     text = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
     for line in text.splitlines():
-        if line.startswith("kvplane_emul:%s_total{" % name):
+        if line.startswith("kvplane_engine_%s_total{" % name):
             return float(line.split()[-1])
     return None
 

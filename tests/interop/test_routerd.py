@@ -24,8 +24,8 @@ import urllib.request
 
 import openai
 
-from rd_testlib import (check, failures, free_port, metric, start_engine, wait_http,
-                        workers_yaml)
+from rd_testlib import (check, failures, free_port, metric, metric_sum, start_engine,
+                        wait_http, workers_yaml)
 
 B, RD, W = sys.argv[1], sys.argv[2], sys.argv[3]
 os.makedirs(W, exist_ok=True)
@@ -211,6 +211,16 @@ code, _ = http("POST", abase + "/admin/workers", {"url": "ftp://x"})
 check(code == 400, "admin refuses a bad worker url")
 
 # ---- a client that hangs up mid-stream cancels its upstream request ------------
+def worker_gone():
+    """Requests whose client (the router) hung up, as the workers saw them."""
+    n = 0
+    for w in workers:
+        _, wm = http("GET", w["url"] + "/metrics")
+        n += metric_sum(wm, "kvplane_engine_client_disconnects_total")
+    return n
+
+
+gone0 = worker_gone()
 st = client.completions.create(model=MODEL, prompt=[9] * 40, max_tokens=3000, stream=True)
 for i, ch in enumerate(st):
     if i == 2:
@@ -219,12 +229,14 @@ st.close()
 t_end = time.time() + 3
 while time.time() < t_end:
     _, m = http("GET", base + "/metrics")
-    if metric(m, "kvplane_routerd_inflight") == 0:
+    if metric(m, "kvplane_routerd_inflight") == 0 and worker_gone() > gone0:
         break
     time.sleep(0.05)
 check(metric(m, "kvplane_routerd_client_cancels_total") >= 1 and metric(m, "kvplane_routerd_inflight") == 0,
       "a client gone mid-stream cancels upstream (cancels %s, in flight %s)" % (
           metric(m, "kvplane_routerd_client_cancels_total"), metric(m, "kvplane_routerd_inflight")))
+check(worker_gone() == gone0 + 1,
+      "the worker saw its connection from the router close mid-stream (%s -> %s)" % (gone0, worker_gone()))
 
 # ---- approximate mode: no events, no render: text chunks + routed records ------
 port2, admin2 = free_port(), free_port()
@@ -316,8 +328,17 @@ ths = [threading.Thread(target=load, args=(k,)) for k in range(6)]
 ths += [threading.Thread(target=load_stream, args=(k,)) for k in range(3)]
 for t in ths:
     t.start()
+# worker 3 dies with requests in flight: 0.3 s into the load (the other
+# workers' requests under way too, some retried), and only once its own
+# /metrics shows requests running -- asserted, not assumed
 time.sleep(0.3)
-eb.kill()  # worker 3 dies with requests in flight
+t_end, running = time.time() + 10, 0
+while time.time() < t_end and not running:
+    _, wm = http("GET", wb[0]["url"] + "/metrics")
+    running = metric_sum(wm, "vllm:num_requests_running")
+    time.sleep(0.01)
+check(running > 0, "worker 3 had %d requests running when it was killed" % running)
+eb.kill()
 for t in ths:
     t.join()
 check(len(results) == 48 and all(results),

@@ -12,7 +12,9 @@ never served (RFC 9112 section 6.3), on the front door and the admin
 listener; the router's own errors carry the code's reason phrase (404 Not
 Found, 401 Unauthorized), not "Error"; a token-id prompt longer than
 the router's max_blocks is a 400, not a 500; a worker's 5xx body held for a retry
-is capped (routerd.max_upstream_body) and counted.
+is capped (routerd.max_upstream_body) and counted; a streaming client that
+stops reading stops the router's reads of the worker (routerd.stream_buffer;
+a 40 MiB stream, counted pauses), and the whole stream arrives afterwards.
 """
 import json
 import os
@@ -110,6 +112,34 @@ class Midstream(Fake):
         self.wfile.flush()
         self.close_connection = True
         self.connection.shutdown(socket.SHUT_RDWR)
+
+
+class Streaming(Fake):
+    """a worker streaming SSE_EVENTS events of 64 KiB as fast as it may
+    write them (chunked), recording how many bytes it got out"""
+    written = [0]
+
+    def do_POST(self):
+        n = int(self.headers.get("Content-Length", "0"))
+        self.rfile.read(n)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        ev = b"data: " + json.dumps({"id": "x", "object": "text_completion", "choices": [
+            {"index": 0, "text": "y" * 65000}]}).encode() + b"\n\n"
+        try:
+            for i in range(SSE_EVENTS + 1):
+                b = ev if i < SSE_EVENTS else b"data: [DONE]\n\n"
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(b), b))
+                self.wfile.flush()
+                Streaming.written[0] += len(b)
+            self.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+
+SSE_EVENTS = 640  # 40 MiB: over what the socket buffers on the way hold (~14 MiB here)
 
 
 class Rejecting(Fake):
@@ -449,6 +479,57 @@ check(len(by.get(w_mid, [])) >= 1 and all(r["status"] == 502 for r in by[w_mid])
 ts = [r["receipt"].get("unix_time_ns") for r in recs]
 check(recs and all(isinstance(t, int) and abs(t / 1e9 - time.time()) < 60 for t in ts),
       "receipts carry the wall-clock unix_time_ns: %s" % ts)
+
+# ---- SSE backpressure: a client that does not read stops the worker's reads ----------
+w_sse = fake_worker(Streaming)
+port6 = free_port()
+front6 = "http://127.0.0.1:%d" % port6
+cfg6 = os.path.join(W, "rd6.yaml")
+with open(cfg6, "w") as f:
+    f.write("""routerd:
+  listen: 127.0.0.1:%d
+  render: false
+  stream_buffer: 64K
+  client_timeout: 30s
+workers:
+  urls: [%s]
+model:
+  block_size: %d
+""" % (port6, w_sse, BS))
+procs.append(subprocess.Popen([RD, "--config", cfg6], stdout=log,
+                              stderr=subprocess.STDOUT))
+end = time.time() + 10
+while time.time() < end:
+    try:
+        if http("GET", front6 + "/health")[0] in (200, 503):
+            break
+    except OSError:
+        time.sleep(0.05)
+total = SSE_EVENTS * (len(json.dumps({"id": "x", "object": "text_completion", "choices": [
+    {"index": 0, "text": "y" * 65000}]})) + 8) + len("data: [DONE]\n\n")
+s = socket.socket()  # its receive buffer grows only as it reads: ~128 KiB here
+s.settimeout(10)
+s.connect(("127.0.0.1", port6))
+body = json.dumps({"model": "m", "prompt": [1] * 32, "max_tokens": 10, "stream": True}).encode()
+s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+          b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+time.sleep(1.5)  # not reading: the router's buffer for this client passes stream_buffer
+held = Streaming.written[0]
+pauses = metric(front6, "kvplane_routerd_stream_pauses_total")
+got = b""
+while not got.endswith(b"0\r\n\r\n"):
+    b = s.recv(1 << 20)
+    if not b:
+        break
+    got += b
+s.close()
+check(pauses >= 1 and held < total // 2,
+      "a client that does not read pauses the worker's reads: %d pause(s), the worker got "
+      "%d of %d bytes out meanwhile" % (pauses, held, total))
+check(got.count(b"data: ") == SSE_EVENTS + 1 and b"data: [DONE]" in got and
+      Streaming.written[0] == total,
+      "then the whole stream arrives (%d events, %d bytes written)" % (got.count(b"data: "),
+                                                                    Streaming.written[0]))
 
 for p in procs:
     p.terminate()

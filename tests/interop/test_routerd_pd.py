@@ -86,7 +86,7 @@ def post(front, body, session=None, stream=False):
 def emul(url, name):
     t = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
     for line in t.splitlines():
-        if line.startswith("kvplane_emul:%s_total{" % name):
+        if line.startswith("kvplane_engine_%s_total{" % name):
             return float(line.split()[-1])
     return 0.0
 

@@ -80,9 +80,9 @@ def router(tag, rid, workers, nats_port, events=None, admin=None, threads=1):
                "  snapshot_interval: 50ms\n  peer_timeout: 500ms\n" % (nats_port, rid))
     ev = events or [w["kv_events"] for w in workers]
     rp = [w["kv_replay"] for w in workers] if events is None else ["-"] * len(workers)
-    # scrape_budget 0: the emulated workers (time scale 20) answer /metrics
+    # scrape_budget 0: the emulated workers (time scale 2) answer /metrics
     # from C; a gap paced by the answer time (the router's own loop, slow
-    # under ASan) would stretch 20-fold in trace time and blur the load view
+    # under ASan) would stretch in trace time and blur the load view
     # whose balance this test measures (make live does the same)
     with open(cfg, "w") as f:
         f.write("routerd:\n  listen: 127.0.0.1:%d\n  scrape_interval: 50ms\n"
@@ -131,6 +131,7 @@ def burst(fleet, seed, stats, during=None):
     def session(k):
         r = random.Random(seed * 1000 + k)
         hist = prefix + [r.randrange(1, 255) for _ in range(32)]
+        prev = None
         for t in range(TURNS):
             try:
                 out, w = fleet.post({"prompt": hist, "max_tokens": 16}, "s%d-%d" % (seed, k))
@@ -139,6 +140,8 @@ def burst(fleet, seed, stats, during=None):
                     stats["prompt"] += u["prompt_tokens"]
                     stats["cached"] += u["prompt_tokens_details"]["cached_tokens"]
                     stats["per_worker"][w] = stats["per_worker"].get(w, 0) + 1
+                    stats["moves"] += prev is not None and w != prev
+                prev = w
             except Exception as e:  # noqa: BLE001 -- every failure counts
                 with lock:
                     stats["errors"].append(repr(e))
@@ -158,7 +161,7 @@ def summary(stats):
     mean = sum(n) / len(n)
     return {"hit": 100.0 * stats["cached"] / max(1, stats["prompt"]),
             "imbalance": 100.0 * (max(n) / mean - 1) if mean else 0.0,
-            "per_worker": n, "errors": len(stats["errors"])}
+            "per_worker": n, "errors": len(stats["errors"]), "moves": stats["moves"]}
 
 
 def run(tag, replicas, sync, seed=1, during_fn=None):
@@ -170,7 +173,7 @@ def run(tag, replicas, sync, seed=1, during_fn=None):
     # second replica's loops publish their own decisions
     rs = [router(tag, i + 1, workers, np, threads=2 if sync and i == 1 else 1)
           for i in range(replicas)]
-    stats = {"prompt": 0, "cached": 0, "per_worker": {}, "errors": [],
+    stats = {"prompt": 0, "cached": 0, "per_worker": {}, "errors": [], "moves": 0,
              "workers": [w["url"] for w in workers]}
     ctx = {"rs": rs, "nats": npp, "nats_port": np, "workers": workers, "tag": tag}
     burst(Fleet([r[1] for r in rs]), seed, stats,
@@ -198,7 +201,7 @@ def stop_all():
 
 # ---- decision quality: one replica vs three with sync vs three without -------
 def summarize(rs):
-    out = {k: sum(r[k] for r in rs) / len(rs) for k in ("hit", "imbalance")}
+    out = {k: sum(r[k] for r in rs) / len(rs) for k in ("hit", "imbalance", "moves")}
     out["imb_each"] = [round(r["imbalance"], 1) for r in rs]
     out["errors"] = sum(r["errors"] for r in rs)
     out["per_worker"] = [r["per_worker"] for r in rs]
@@ -216,8 +219,12 @@ def compare():
                 continue
             r = run("%s%d" % (tag, seed), replicas, sync, seed=seed)
             if sync:
-                lags += [metric(metrics(x[1]), 'kvplane_routerd_sync_lag_seconds{quantile="0.99"}')
-                         for x in r["ctx"]["rs"]]
+                ms = [metrics(x[1]) for x in r["ctx"]["rs"]]
+                lags += [metric(m, 'kvplane_routerd_sync_lag_seconds{quantile="0.99"}')
+                         for m in ms]
+                for m in ms:
+                    RETIRED[0] += metric(m, 'kvplane_routerd_sync_turns_retired_total{state="retired"}') or 0
+                    RETIRED[1] += metric(m, 'kvplane_routerd_sync_turns_retired_total{state="done"}') or 0
                 m2 = metrics(r["ctx"]["rs"][1][1])
                 for i in range(2):
                     LOOPS[i] += metric(m2, 'kvplane_routerd_thread_requests_total{thread="%d"}' % i) or 0
@@ -236,14 +243,18 @@ def paired(a, b):
     return m, 1.96 * sd / len(d) ** 0.5
 
 LOOPS = [0, 0]  # requests the two-loop replica served on each loop
+RETIRED = [0, 0]  # peers' turns counted over early, and their completions seen
 raw, lags = compare()
 one, three, blind = summarize(raw["one"]), summarize(raw["sync"]), summarize(raw["blind"])
 print("  (averages over %d bursts, blind over %d; %d sessions x %d turns each)" % (
     len(SEEDS), min(BLIND, len(SEEDS)), SESSIONS, TURNS))
 for name, r in (("1 replica", one), ("3 replicas + NATS", three), ("3 replicas, no sync", blind)):
-    print("  %-20s hit %.1f %%  imbalance %.1f %%  requests per worker %s  errors %d" % (
-        name, r["hit"], r["imbalance"], r["per_worker"], r["errors"]))
+    print("  %-20s hit %.1f %%  imbalance %.1f %%  session moves %.2f per burst  "
+          "requests per worker %s  errors %d" % (
+              name, r["hit"], r["imbalance"], r["moves"], r["per_worker"], r["errors"]))
 print("  sync lag p99 per replica and burst: max %.4f s" % max(l or 0 for l in lags))
+print("  peers' turns retired by the session's next turn: %d (their late completions seen: %d)"
+      % tuple(RETIRED))
 check(one["errors"] == 0 and three["errors"] == 0, "no request failed")
 check(min(LOOPS) > 0, "the synced fleet's two-loop replica served on both loops: %s" % LOOPS)
 check(abs(three["hit"] - one["hit"]) <= 1.0,
@@ -322,7 +333,7 @@ if CLI:
     time.sleep(0.5)
     live_admin = free_port()
     live = router("jslive", 1, workers, 0, admin=live_admin)
-    stats = {"prompt": 0, "cached": 0, "per_worker": {}, "errors": [],
+    stats = {"prompt": 0, "cached": 0, "per_worker": {}, "errors": [], "moves": 0,
              "workers": [w["url"] for w in workers]}
     burst(Fleet([live[1]]), 5, stats)
     late_admin = free_port()

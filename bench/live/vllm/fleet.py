@@ -161,6 +161,28 @@ class CpuShare:
 
 
 # ---- the fleet ---------------------------------------------------------------
+def group_alive(pgid):
+    """A process of group pgid still exists (a zombie leader not counted:
+    the caller reaps it)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            st = open("/proc/%s/stat" % d).read()
+        except OSError:
+            continue
+        f = st[st.rindex(")") + 2:].split()
+        if int(f[2]) == pgid and f[0] != "Z":  # state, ppid, pgrp
+            return True
+    return False
+
+
 class Fleet:
     def __init__(self, python, model, n, workdir, cpus=None,
                  kv_bytes=256 << 20, max_num_seqs=32, start_timeout=600):
@@ -259,14 +281,27 @@ class Fleet:
         self.share.limit(self.cg_dirs[i], self.cpus)
 
     def kill(self, i, sig=signal.SIGTERM):
+        """Worker i's whole process group gone: the API server and its
+        EngineCore child, which outlives the server for seconds while it
+        tears down (a test or row after this one would share the cores with
+        it).  SIGKILL after 30 s."""
         p = self.procs[i]
         if p.poll() is None:
-            os.killpg(p.pid, sig)
             try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.time() + 30
+        while group_alive(p.pid):
+            if time.time() > deadline:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    break
+                deadline = time.time() + 30
+            p.poll()  # reaps the leader; the rest are reaped by init
+            time.sleep(0.1)
+        p.wait()
         self.logs[i].close()
 
     def isolation_mode(self):

@@ -443,6 +443,7 @@ class TierLinkStats:
     scatters: int
     blocks_direct: int
     blocks_saved_direct: int
+    rounds_overlapped: int
 
 
 class TierLink:
