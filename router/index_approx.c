@@ -226,6 +226,7 @@ int kvp_index_record_routed(kvp_index *ix, uint32_t worker_id,
   if (rc == 0)
     (void)approx_expire_locked(ix, now_ns);
   for (size_t i = 0; rc == 0 && i < n; i++) {
+    seen_note(ix, fp_of(keys[i]));
     rc = approx_record(ix, fp_of(keys[i]), worker_id, now_ns);
     created += rc > 0;
     rc = rc > 0 ? 0 : rc;

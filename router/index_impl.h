@@ -185,6 +185,11 @@ struct kvp_index {
   uint32_t adir_n, aused, afree, lru_head, lru_tail;
   aretired *aret;
   size_t aret_n, aret_cap;
+
+  /* every key ever resident or routed to (a Bloom filter of 2 probes: bits
+   * set relaxed, never cleared): kvp_index_seen_prefix */
+  _Atomic uint64_t *seen;
+  uint64_t seen_bits; /* a power of two */
 };
 
 /* A change to one worker's mask on one key (index_holders.c). */
@@ -202,6 +207,28 @@ static inline uint64_t mix64(uint64_t x) { /* murmur3 fmix64 */
   x ^= x >> 33;
   x *= 0xc4ceb9fe1a85ec53ull;
   return x ^ (x >> 33);
+}
+
+/* The filter's two bits for fp. */
+static inline void seen_bits_of(const kvp_index *ix, uint64_t fp,
+                                uint64_t b[2]) {
+  uint64_t h = mix64(fp ^ 0x5EE45EE45EE45EE4ull), m = ix->seen_bits - 1;
+  b[0] = h & m;
+  b[1] = (h >> 32 | h << 32) * 0x9E3779B97F4A7C15ull & m;
+}
+
+static inline void seen_note(kvp_index *ix, uint64_t fp) {
+  if (ix->seen == NULL)
+    return;
+  uint64_t b[2];
+  seen_bits_of(ix, fp, b);
+  for (int i = 0; i < 2; i++) {
+    _Atomic uint64_t *w = &ix->seen[b[i] >> 6];
+    uint64_t bit = 1ull << (b[i] & 63);
+    /* relaxed: a hint for the ledger, ordered with nothing */
+    if (!(atomic_load_explicit(w, memory_order_relaxed) & bit))
+      atomic_fetch_or_explicit(w, bit, memory_order_relaxed);
+  }
 }
 
 /* 0 and 1 mark empty and dead slots, so they alias 2 and 3. */

@@ -72,6 +72,7 @@ static int shard_update(kvp_index *ix, shard *sh, uint64_t fp, uint64_t h,
       (void)kvp__tab_find(t, fp, h, &ins);
     slot_claim(t, ins, fp, np);
     atomic_store_explicit(&sh->keys, t->live, memory_order_relaxed);
+    seen_note(ix, fp); /* a key made resident: ever seen */
     acc_note(a, fp, u);
     return 0;
   }

@@ -1161,6 +1161,10 @@ static uint32_t fill_decision(const kvp_router *r, const route_ctx *x,
   d->n_eligible = x->n_online;
   d->block_size = r->bs;
   d->hashed_tokens = (uint64_t)x->req->n_blocks * r->bs;
+  if (x->req->flags & KVP_ROUTE_SEEN) {
+    d->flags |= KVP_DECISION_SEEN;
+    d->seen_blocks = x->req->seen_blocks;
+  }
   d->request_id = x->id;
   d->session_id = x->req->session_id;
   d->tenant = x->req->tenant;

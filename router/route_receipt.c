@@ -198,7 +198,15 @@ static void miss_split(const kvp_decision *d, uint64_t m[KVP_MISS_COUNT_]) {
   uint64_t avoided = d->avoided_tokens < mine ? d->avoided_tokens : mine;
   m[KVP_MISS_NOT_WORTH_LOADING] = mine - avoided;
   m[KVP_MISS_OTHER_WORKER] = held - mine;
-  m[KVP_MISS_UNKNOWN] = hashed - held;
+  if (d->flags & KVP_DECISION_SEEN) { /* blocks are chained: past the seen
+                                         prefix, nothing was ever held */
+    uint64_t seen = (uint64_t)d->seen_blocks * d->block_size;
+    seen = seen < hashed ? seen : hashed;
+    m[KVP_MISS_EVICTED] = seen > held ? seen - held : 0;
+    m[KVP_MISS_NEVER_SEEN] = hashed - held - m[KVP_MISS_EVICTED];
+  } else {
+    m[KVP_MISS_UNKNOWN] = hashed - held;
+  }
   m[KVP_MISS_PARTIAL_BLOCK] = d->prompt_tokens - hashed;
 }
 

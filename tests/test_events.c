@@ -186,6 +186,7 @@ typedef struct tpub {
 
 static int test_no;
 static bool use_ipc;
+static int tp_sndhwm; /* the PUB's ZMQ_SNDHWM (0: ZeroMQ's); set before bind */
 
 /* Binds sock to ep (a tcp port the OS picks when ep ends in ":*"; then ep
  * becomes the bound endpoint).  A port just closed may still be taken:
@@ -203,6 +204,9 @@ static void tp_open(tpub *t, bool with_replay) {
   memset(t, 0, sizeof *t);
   t->ctx = zmq_ctx_new();
   t->pub = zmq_socket(t->ctx, ZMQ_PUB);
+  if (tp_sndhwm > 0)
+    ASSERT_EQ(zmq_setsockopt(t->pub, ZMQ_SNDHWM, &tp_sndhwm, sizeof tp_sndhwm),
+              0);
   if (use_ipc) {
     snprintf(t->ep, sizeof t->ep, "ipc:///tmp/kvp-test-events-%d-%d",
              getpid(), test_no);
@@ -943,6 +947,126 @@ static void test_idle_probe(void) {
   fx_close(&f);
 }
 
+/* The lag is the delivered batches' (wall clock at delivery - their ts):
+ * it stays put while the worker is idle; the idle time is its own gauge. */
+static void test_lag_idle(void) {
+  fixture f;
+  fx_open(&f, false, KVP_EVENTS_ENGINE_HASH, 0);
+  send_stored(&f, 0, H, 1, NULL, "GPU", true);
+  pump_until(f.ev, &f.t, 1);
+  kvp_events_stats a = stats(f.ev);
+  pump(f.ev, &f.t, 300);
+  kvp_events_stats b = stats(f.ev);
+  /* (doubles: ASSERT_TRUE, the typed asserts compare integers) */
+  ASSERT_TRUE(a.lag_seconds > 1e7); /* the test batches' ts is in 2023 */
+  ASSERT_TRUE(b.lag_seconds == a.lag_seconds);
+  ASSERT_TRUE(b.idle_seconds >= a.idle_seconds + 0.25);
+  ASSERT_TRUE(a.idle_seconds < 0.25);
+  char buf[8192];
+  ASSERT_GT(kvp_events_prometheus(f.ev, buf, sizeof buf), 0);
+  ASSERT_NOT_NULL(strstr(buf, "# TYPE kvplane_events_idle_seconds gauge\n"));
+  ASSERT_NOT_NULL(strstr(buf, "kvplane_events_idle_seconds{source=\"0\""));
+  fx_close(&f);
+}
+
+/* ---- a subscriber slower than its publisher ------------------------------------- */
+
+/* A publisher outruns a subscriber that does not read (SNDHWM and RCVHWM 8
+ * messages, batches of SLOW_BLOCKS blocks: far more than the pipes and the
+ * kernel's socket buffers hold), so ZeroMQ's PUB drops batches without a
+ * word.  Nothing may be lost silently: with a replay socket every batch is
+ * applied exactly once in the end and the index holds every block; without
+ * one, once a later batch shows the gap, every batch is either applied or
+ * counted missed, the source's residency is dropped (no block of a missed
+ * batch claimed) and the rest applied. */
+#define SLOW_N 48
+#define SLOW_BLOCKS 4096
+
+static uint64_t slow_hash(size_t b, size_t i) {
+  return ((uint64_t)(b + 1) << 32) | (uint64_t)(i + 1);
+}
+
+static void slow_send(tpub *t, uint64_t seq, uint64_t *h, const uint32_t *tok) {
+  for (size_t i = 0; i < SLOW_BLOCKS; i++)
+    h[i] = slow_hash((size_t)seq, i);
+  pk k;
+  pk_init(&k);
+  batch(&k, 1, -1);
+  stored_ev e = {.h = h, .n = SLOW_BLOCKS, .tokens = tok, .bs = 4,
+                 .medium = "GPU", .group = -1};
+  stored(&k, &e);
+  tp_send_pk(t, seq, &k, true);
+}
+
+static void test_slow_subscriber(bool replay) {
+  uint64_t *h = malloc(SLOW_BLOCKS * sizeof *h);
+  uint32_t *tok = malloc(SLOW_BLOCKS * 4 * sizeof *tok);
+  ASSERT_TRUE(h != NULL && tok != NULL);
+  for (size_t i = 0; i < SLOW_BLOCKS * 4; i++)
+    tok[i] = (uint32_t)(i % 1000) + 1;
+  fixture f;
+  memset(&f, 0, sizeof f);
+  use_ipc = true;
+  tp_sndhwm = 8;
+  tp_open(&f.t, replay);
+  use_ipc = false;
+  tp_sndhwm = 0;
+  ASSERT_OK(kvp_index_create(NULL, NULL, &f.ix));
+  ASSERT_OK(kvp_index_worker_add(f.ix, 0));
+  kvp_events_source src = {.endpoint = f.t.ep,
+                           .replay_endpoint = replay ? f.t.rep : NULL,
+                           .keying = KVP_EVENTS_ENGINE_HASH};
+  kvp_events_opts o = {.rcvhwm = 8, .probe_idle_ms = 300};
+  ASSERT_OK(kvp_events_create(f.ix, &src, 1, &o, NULL, &f.ev));
+  pump(f.ev, &f.t, 150);
+  for (uint64_t b = 0; b < SLOW_N; b++) /* the subscriber reads nothing */
+    slow_send(&f.t, b, h, tok);
+  uint64_t want = replay ? SLOW_N : SLOW_N + 1;
+  kvp_events_stats s = stats(f.ev);
+  for (int i = 0; i < 3000 && s.batches + s.batches_missed < want; i++) {
+    pump(f.ev, &f.t, 5);
+    s = stats(f.ev);
+    if (!replay && i == 300) /* drained by now: a later batch shows the gap */
+      slow_send(&f.t, SLOW_N, h, tok);
+  }
+  for (int i = 0; i < 1500 && s.replaying != 0; i++) {
+    pump(f.ev, &f.t, 2);
+    s = stats(f.ev);
+  }
+  printf("slow subscriber (%s replay): %" PRIu64 " batches applied, %" PRIu64
+         " missed, %" PRIu64 " gaps, %" PRIu64 " replayed, %" PRIu64
+         " residency drops\n", replay ? "with" : "without", s.batches,
+         s.batches_missed, s.gaps, s.batches_replayed, s.residency_drops);
+  ASSERT_GE(s.gaps, 1u); /* it was outrun, and knows it */
+  ASSERT_GE(s.batches_missed, 1u);
+  kvp_index_stats is;
+  ASSERT_OK(kvp_index_stats_get(f.ix, &is));
+  if (replay) {
+    ASSERT_EQ(s.batches, (uint64_t)SLOW_N); /* each exactly once */
+    ASSERT_EQ(s.residency_drops, 0u);
+    ASSERT_EQ(is.residencies, (uint64_t)SLOW_N * SLOW_BLOCKS);
+    for (size_t b = 0; b < SLOW_N; b++) { /* each batch's first blocks */
+      for (size_t i = 0; i < 4; i++)
+        h[i] = slow_hash(b, i);
+      ASSERT_EQ(held(f.ix, h, 4, KVP_TIER_HBM), 4u);
+    }
+  } else {
+    /* every batch accounted for: applied or counted missed */
+    ASSERT_EQ(s.batches + s.batches_missed, (uint64_t)SLOW_N + 1);
+    ASSERT_GE(s.residency_drops, 1u);
+    /* the drop forgot what came before the gap: only batches applied after
+     * it may be claimed, never a missed batch's blocks; the last is held */
+    ASSERT_LE(is.residencies, s.batches * (uint64_t)SLOW_BLOCKS);
+    ASSERT_LT(is.residencies, (uint64_t)SLOW_N * SLOW_BLOCKS);
+    for (size_t i = 0; i < 4; i++)
+      h[i] = slow_hash(SLOW_N, i);
+    ASSERT_EQ(held(f.ix, h, 4, KVP_TIER_HBM), 4u);
+  }
+  fx_close(&f);
+  free(h);
+  free(tok);
+}
+
 /* ---- external sources (kvp_events_feed) ------------------------------------------ */
 
 /* The same batches to a ZeroMQ source (worker 0, no replay socket) and to an
@@ -1106,6 +1230,9 @@ int main(void) {
   test_restart();
   test_restart_replayed();
   test_idle_probe();
+  test_lag_idle();
+  test_slow_subscriber(true);
+  test_slow_subscriber(false);
   test_bad_payload();
   test_rekey();
   test_groups();

@@ -541,6 +541,39 @@ TEST(approx_lru_cap) {
 /* ---- bad input
  * -------------------------------------------------------------------- */
 
+/* kvp_index_seen_prefix: a key once held (then removed everywhere) or
+ * routed to stays seen; one never stored is not (the filter's false
+ * positives aside: 64 fresh keys in a 1 MiB filter read as seen with
+ * probability ~1e-9 each). */
+TEST(seen_prefix) {
+  kvp_index *ix = mk(0, 2);
+  kvp_key k[8], fresh[64];
+  run(k, 9000, 8);
+  run(fresh, 77000, 64);
+  size_t n = 99;
+  ASSERT_OK(kvp_index_seen_prefix(ix, k, 8, &n));
+  ASSERT_EQ(n, 0u);
+  ASSERT_EQ(kvp_index_stored(ix, 0, 1, KVP_TIER_HBM, NULL, k, 3), 3);
+  ASSERT_OK(kvp_index_seen_prefix(ix, k, 8, &n));
+  ASSERT_EQ(n, 3u);
+  ASSERT_EQ(kvp_index_removed(ix, 0, 2, KVP_TIER_HBM, k, 3), 3);
+  ASSERT_OK(kvp_index_seen_prefix(ix, k, 8, &n)); /* evicted, not unseen */
+  ASSERT_EQ(n, 3u);
+  ASSERT_GE(kvp_index_record_routed(ix, 1, k, 5, 1000), 0);
+  ASSERT_OK(kvp_index_seen_prefix(ix, k, 8, &n));
+  ASSERT_EQ(n, 5u);
+  for (size_t i = 0; i < 64; i++) {
+    ASSERT_OK(kvp_index_seen_prefix(ix, &fresh[i], 1, &n));
+    ASSERT_EQ(n, 0u);
+  }
+  ASSERT_OK(kvp_index_seen_prefix(ix, NULL, 0, &n));
+  ASSERT_EQ(n, 0u);
+  ASSERT_ERR(kvp_index_seen_prefix(NULL, k, 1, &n), KVP_EINVAL);
+  ASSERT_ERR(kvp_index_seen_prefix(ix, NULL, 1, &n), KVP_EINVAL);
+  ASSERT_ERR(kvp_index_seen_prefix(ix, k, 1, NULL), KVP_EINVAL);
+  kvp_index_destroy(ix);
+}
+
 TEST(bad_input) {
   kvp_index *ix = NULL;
   kvp_index_opts o = {0};
@@ -1849,7 +1882,7 @@ TEST_MAIN(TEST_ENTRY(prefetch_changes_nothing), TEST_ENTRY(long_probes_fast),
           TEST_ENTRY(worker_ids_across_groups), TEST_ENTRY(gap_and_resync),
           TEST_ENTRY(resync_keeps_common_keys),
           TEST_ENTRY(digest_equality_and_divergence), TEST_ENTRY(approx_ttl),
-          TEST_ENTRY(approx_lru_cap), TEST_ENTRY(bad_input),
+          TEST_ENTRY(approx_lru_cap), TEST_ENTRY(seen_prefix), TEST_ENTRY(bad_input),
           TEST_ENTRY(allocator_accounting), TEST_ENTRY(out_of_memory),
           TEST_ENTRY(paths_agree_with_model),
           TEST_ENTRY(many_holders_spill_and_shrink),

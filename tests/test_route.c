@@ -1496,7 +1496,16 @@ static void expect_add(expect *e, const kvp_decision *d,
   t->miss_tokens[KVP_MISS_PARTIAL_BLOCK] += d->prompt_tokens - hashed;
   t->miss_tokens[KVP_MISS_NOT_WORTH_LOADING] += mine - d->avoided_tokens;
   t->miss_tokens[KVP_MISS_OTHER_WORKER] += held - mine;
-  t->miss_tokens[KVP_MISS_UNKNOWN] += hashed - held;
+  if (q->flags & KVP_ROUTE_SEEN) {
+    /* what no worker holds: evicted up to the seen prefix, never seen
+     * past it (the seen prefix may be shorter than held: a race) */
+    uint64_t seen = (uint64_t)q->seen_blocks * bs;
+    uint64_t ev = seen > held ? (seen < hashed ? seen : hashed) - held : 0;
+    t->miss_tokens[KVP_MISS_EVICTED] += ev;
+    t->miss_tokens[KVP_MISS_NEVER_SEEN] += hashed - held - ev;
+  } else {
+    t->miss_tokens[KVP_MISS_UNKNOWN] += hashed - held;
+  }
   for (int k = 0; k < KVP_TIER_COUNT_; k++) {
     t->reused_by_tier[k] += d->reused_tier_tokens[k];
     t->load_bytes[k] += d->reused_tier_tokens[k] * 131072u;
@@ -1558,6 +1567,10 @@ static void random_route(kvp_router *r, uint32_t n, uint32_t bs,
       left -= x.blocks[k];
     }
     m[(*nm)++] = x;
+  }
+  if (kvt_rand_below(2)) { /* the caller knows what was ever seen */
+    q->flags |= KVP_ROUTE_SEEN;
+    q->seen_blocks = (uint32_t)kvt_rand_below(nb + 1);
   }
   ASSERT_OK(kvp_router_route_matches(r, q, m, *nm, d));
   ASSERT_OK(kvp_router_complete(r, d->worker, d->request_id));

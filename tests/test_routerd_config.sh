@@ -49,4 +49,14 @@ else echo "FAIL bad worker url (rc $rc): $out"; fail=1; fi
 out=$("$RD" --config "$W/missing.yaml" --check-config 2>&1); rc=$?
 if [ $rc -eq 2 ] && grep -q "missing.yaml" <<< "$out"; then echo "ok   missing file: $out"
 else echo "FAIL missing file (rc $rc): $out"; fail=1; fi
+
+# every key rd_config.c binds has its row in docs/config.md: | `key` |
+root=$(cd "$(dirname "$0")/.." && pwd)
+missing=""
+for k in $(grep -o 'KVP_CFG_[A-Z0-9]*("[a-z_]*"' "$root/connectors/routerd/rd_config.c" |
+           sed 's/.*("//; s/"$//'); do
+  grep -qF -- "| \`$k\` |" "$root/docs/config.md" || missing="$missing $k"
+done
+if [ -z "$missing" ]; then echo "ok   every routerd key documented in docs/config.md"
+else echo "FAIL keys without a row in docs/config.md:$missing"; fail=1; fi
 exit $fail

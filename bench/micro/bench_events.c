@@ -216,9 +216,11 @@ static void *publisher(void *arg) {
     zmq_send(pub, s, 8, ZMQ_SNDMORE);
     zmq_send(pub, a->w->b[i].p, a->w->b[i].len, 0);
   }
-  nanosleep(&(struct timespec){0, 200000000}, NULL);
-  int zero = 0;
-  zmq_setsockopt(pub, ZMQ_LINGER, &zero, sizeof zero);
+  /* ZeroMQ's default linger: what is still queued for the subscriber is
+   * delivered before zmq_ctx_term returns (a linger of 0 dropped the tail
+   * a subscriber on a loaded machine had not read yet, which no subscriber
+   * without a replay socket can see: bench_events then lost thousands of
+   * batches with 0 gaps) */
   zmq_close(pub);
   return NULL;
 }
@@ -337,9 +339,10 @@ static int measure_wire(const cfg *c, const workload *w, const wire_path *p,
   if (st.batches != w->n || residencies(ix) != residencies(ix0) ||
       st.gaps != 0 || st.decode_errors != 0) {
     fprintf(stderr, "%s: %" PRIu64 " of %zu batches, %" PRIu64
-            " residencies (want %" PRIu64 "), %" PRIu64 " gaps\n",
-            p->name, st.batches, w->n, residencies(ix), residencies(ix0),
-            st.gaps);
+            " residencies (want %" PRIu64 "), %" PRIu64 " gaps, %" PRIu64
+            " missed, %" PRIu64 " queue drops\n", p->name, st.batches, w->n,
+            residencies(ix), residencies(ix0), st.gaps, st.batches_missed,
+            st.queue_drops);
     bad = 1;
   }
   row(p->name, blocks, t, floor_rate, cpu);

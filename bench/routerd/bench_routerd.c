@@ -1140,6 +1140,14 @@ int main(int argc, char **argv) {
     return rc < 0 ? 2 : 0;
   signal(SIGPIPE, SIG_IGN);
   mkdir(B.o.out, 0755);
+  /* absolute: nginx reads -c relative to its -p prefix, and the peers and
+   * replicas may change directory */
+  char *out = realpath(B.o.out, NULL);
+  if (out == NULL) {
+    fprintf(stderr, "bench_routerd: --out %s: %s\n", B.o.out, strerror(errno));
+    return 1;
+  }
+  B.o.out = out;
   if (make_bodies(&B) < 0 || br_stub_start(B.o.workers, &B.stub) < 0) {
     fprintf(stderr, "bench_routerd: cannot start the stub workers\n");
     return 1;
@@ -1156,5 +1164,6 @@ int main(int argc, char **argv) {
   write_fleet_csv(&B);
   rc = B.o.check ? check(&B) : 0;
   teardown(&B);
+  free(out);
   return rc;
 }

@@ -6,6 +6,8 @@
 
 #include "events_internal.h"
 
+#include <time.h>
+
 int kvp__ev_apply_init(ev_apply *a, kvp_index *ix, const kvp_allocator *alloc,
                        const kvp_events_source *s, ev_counters *ctr) {
   memset(a, 0, sizeof *a);
@@ -235,10 +237,16 @@ int kvp__ev_apply_batch(ev_apply *a, const kvp_kv_batch *b) {
   ev_add(&a->ctr->events, b->n_events);
   ev_add(&a->ctr->unknown_events, b->unknown_events);
   ev_add(&a->ctr->batches, 1);
+  /* the lag of what is delivered, fixed at delivery: it must not grow
+   * while the worker is idle (that is idle time, kept apart) */
+  struct timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
   union {
     double d;
     uint64_t u;
-  } ts = {.d = b->ts};
-  ev_set(&a->ctr->last_ts_bits, ts.u);
+  } at = {.d = (double)now.tv_sec + (double)now.tv_nsec * 1e-9}, lag;
+  lag.d = at.d - b->ts;
+  ev_set(&a->ctr->last_lag_bits, lag.u);
+  ev_set(&a->ctr->last_applied_bits, at.u);
   return first;
 }

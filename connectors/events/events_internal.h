@@ -81,7 +81,9 @@ typedef struct ev_counters {
 #define EV_FIELD_(n) _Atomic uint64_t n;
   EV_STATS(EV_FIELD_)
 #undef EV_FIELD_
-  _Atomic uint64_t last_ts_bits; /* double, as bits */
+  /* doubles, as bits: the last batch applied's lag at its delivery (wall
+   * clock then - its ts), and when it was applied (wall clock, s) */
+  _Atomic uint64_t last_lag_bits, last_applied_bits;
 } ev_counters;
 
 static inline void ev_add(_Atomic uint64_t *c, uint64_t v) {

@@ -43,6 +43,9 @@ typedef struct source {
   bool need_verify;   /* the SUB lost a connection: resync on next batch */
   bool replaying;
   bool replay_verify; /* asked from the last batch applied: check it */
+  bool replay_probe;  /* asked by an idle probe or after a disconnect: what
+                         it brings beyond the last batch was missed live */
+  bool probe_found;   /* ... and it brought some (the gap counted once) */
   bool replay_first;  /* a batch came back for this replay */
   bool replay_discard; /* the answer is from another publisher: ignore */
   uint64_t replay_from;
@@ -266,6 +269,7 @@ static void send_replay(kvp_events *ev, source *s, uint64_t from, bool verify) {
   set_replaying(s, true);
   s->replay_from = from;
   s->replay_verify = verify;
+  s->replay_probe = s->probe_found = false;
   s->replay_first = s->replay_discard = false;
   uint32_t t = ev->o.replay_timeout_ms ? ev->o.replay_timeout_ms : 2000;
   s->replay_deadline_ns = now_ns() + (uint64_t)t * 1000000u;
@@ -278,6 +282,23 @@ static void resync(kvp_events *ev, source *s) {
     return;
   s->last_heard_ns = now_ns();
   send_replay(ev, s, s->have_last ? s->next - 1 : s->next, s->have_last);
+}
+
+/* A resync not started by a gap seen live (an idle probe, a reconnect):
+ * batches it finds past the last one were lost without a trace -- a lost
+ * tail, or what was sent while disconnected -- and are counted as a gap
+ * found late (stats.gaps, batches_missed) as they are applied. */
+static void resync_probe(kvp_events *ev, source *s) {
+  resync(ev, s);
+  s->replay_probe = s->replaying;
+}
+
+/* seq waits in the pending queue: it came live during the replay */
+static bool pending_has(const source *s, uint64_t seq) {
+  for (size_t i = 0; i < s->n_pending; i++)
+    if (s->pending[i].seq == seq)
+      return true;
+  return false;
 }
 
 static void pend_push(kvp_events *ev, source *s, uint64_t seq, zmq_msg_t *m) {
@@ -357,7 +378,7 @@ static void on_live(kvp_events *ev, source *s, uint64_t seq, zmq_msg_t *m) {
   s->last_heard_ns = now_ns();
   if (s->need_verify && s->dealer != NULL && !s->replaying) {
     s->need_verify = false;
-    resync(ev, s);
+    resync_probe(ev, s);
   }
   if (s->replaying) {
     pend_push(ev, s, seq, m);
@@ -440,6 +461,12 @@ static void on_replayed(kvp_events *ev, source *s, uint64_t seq,
   }
   if (seq > s->next)
     lost_until(s, seq);
+  if (s->replay_probe && !pending_has(s, seq)) {
+    if (!s->probe_found)
+      ev_add(&s->ctr.gaps, 1);
+    s->probe_found = true;
+    ev_add(&s->ctr.batches_missed, 1);
+  }
   apply(ev, s, seq, m, true);
 }
 
@@ -591,7 +618,7 @@ static void check_timers(kvp_events *ev) {
     } else if (!s->replaying && s->dealer != NULL &&
                ev->o.probe_idle_ms != UINT32_MAX &&
                now - s->last_heard_ns >= probe * 1000000u) {
-      resync(ev, s); /* quiet for a while: check we still follow it */
+      resync_probe(ev, s); /* quiet for a while: check we still follow it */
     }
   }
 }
@@ -914,22 +941,32 @@ static double wall_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static double lag_of(const source *s) {
+static double bits_d(const _Atomic uint64_t *v) {
   union {
     uint64_t u;
     double d;
-  } ts = {.u = atomic_load_explicit(&s->ctr.last_ts_bits,
-                                    memory_order_relaxed)};
-  return ts.u == 0 ? 0.0 : wall_s() - ts.d;
+  } x = {.u = atomic_load_explicit(v, memory_order_relaxed)};
+  return x.d; /* 0 bits: 0.0 */
+}
+
+/* the last batch's lag at delivery (not growing while the source is idle) */
+static double lag_of(const source *s) { return bits_d(&s->ctr.last_lag_bits); }
+
+/* since the last batch was applied; 0 before the first */
+static double idle_of(const source *s) {
+  double at = bits_d(&s->ctr.last_applied_bits);
+  return at == 0 ? 0.0 : wall_s() - at;
 }
 
 static void add_source(const source *s, kvp_events_stats *o) {
 #define EV_SUM_(n) o->n += atomic_load_explicit(&s->ctr.n, memory_order_relaxed);
   EV_STATS(EV_SUM_)
 #undef EV_SUM_
-  double lag = lag_of(s);
+  double lag = lag_of(s), idle = idle_of(s);
   if (lag > o->lag_seconds)
     o->lag_seconds = lag;
+  if (idle > o->idle_seconds)
+    o->idle_seconds = idle;
 }
 
 int kvp_events_stats_get(kvp_events *ev, uint32_t source_id,
@@ -994,6 +1031,25 @@ static void prom_family(kvp_events *ev, pbuf *b, const char *name,
   }
 }
 
+/* a gauge in seconds per source, in fixed point by hand: printf's %f
+ * follows LC_NUMERIC, and a host program under a comma-decimal locale would
+ * break the exposition */
+static void prom_seconds(kvp_events *ev, pbuf *b, const char *name,
+                         double (*of)(const source *)) {
+  pb(b, "# TYPE kvplane_events_%s gauge\n", name);
+  for (size_t i = 0; i < ev->n_src; i++) {
+    char ep[512];
+    (void)esc(ep, sizeof ep, ev->src[i].endpoint);
+    double v = of(&ev->src[i]);
+    long long us = (long long)(v * 1e6 + (v < 0 ? -0.5 : 0.5));
+    unsigned long long mag = us < 0 ? (unsigned long long)-us : (unsigned long long)us;
+    pb(b, "kvplane_events_%s{source=\"%zu\",worker=\"%" PRIu32
+          "\",endpoint=\"%s\"} %s%llu.%06llu\n",
+       name, i, ev->src[i].d.worker, ep, us < 0 ? "-" : "", mag / 1000000u,
+       mag % 1000000u);
+  }
+}
+
 int kvp_events_prometheus(kvp_events *ev, char *buf, size_t cap) {
   if (ev == NULL || (buf == NULL && cap > 0))
     return KVP_EINVAL;
@@ -1004,20 +1060,8 @@ int kvp_events_prometheus(kvp_events *ev, char *buf, size_t cap) {
                   strcmp(#n, "replaying") == 0);
   EV_STATS(EV_PROM_)
 #undef EV_PROM_
-  pb(&b, "# TYPE kvplane_events_lag_seconds gauge\n");
-  for (size_t i = 0; i < ev->n_src; i++) {
-    char ep[512];
-    (void)esc(ep, sizeof ep, ev->src[i].endpoint);
-    /* fixed point by hand: printf's %f follows LC_NUMERIC, and a host
-     * program under a comma-decimal locale would break the exposition */
-    double lag = lag_of(&ev->src[i]);
-    long long us = (long long)(lag * 1e6 + (lag < 0 ? -0.5 : 0.5));
-    unsigned long long mag = us < 0 ? (unsigned long long)-us : (unsigned long long)us;
-    pb(&b, "kvplane_events_lag_seconds{source=\"%zu\",worker=\"%" PRIu32
-           "\",endpoint=\"%s\"} %s%llu.%06llu\n",
-       i, ev->src[i].d.worker, ep, us < 0 ? "-" : "", mag / 1000000u,
-       mag % 1000000u);
-  }
+  prom_seconds(ev, &b, "lag_seconds", lag_of);
+  prom_seconds(ev, &b, "idle_seconds", idle_of);
   if (cap > 0 && b.len >= cap)
     buf[cap - 1] = 0;
   return b.len > INT32_MAX ? KVP_ERANGE : (int)b.len;

@@ -71,6 +71,8 @@ typedef struct rd_cfg {
   char hash_algo[32];              /* native: xxh3_128 / sha256 */
   uint64_t max_workers;            /* worker slots (index, router) */
   uint64_t max_body, max_headers;  /* bytes */
+  uint64_t max_connections;        /* client connections, all front doors;
+                                      0 = any */
   uint64_t max_inflight;           /* generation requests at once; 0 = any */
   double client_request_timeout_s; /* a request's headers + body arrive */
   uint64_t max_upstream_body;      /* what is read whole from a worker (a
@@ -212,7 +214,8 @@ typedef struct rd_lora {
 /* One loop's counters: written by its thread only (a relaxed load and store,
  * no locked add), read by /metrics on any loop. */
 typedef struct rd_counters {
-  atomic_uint_fast64_t conns_cut, overloaded;
+  atomic_uint_fast64_t conns_cut, overloaded, conns_refused;
+  atomic_uint_fast64_t conns_open; /* a gauge: +1 admitted, -1 closed */
   atomic_uint_fast64_t requests, bad_requests, no_worker, retries,
       client_cancels, render_calls, render_fail, text_mode, token_mode,
       predicted_cached, reported_cached, reported_n, tenant_salted;
@@ -233,8 +236,8 @@ typedef struct rd_pool {
   uint64_t gen; /* rd_worker.gen they were made under */
 } rd_pool;
 
-/* The front door's guard (rd_guard.c): the whole-request deadline of one
- * loop's evhttp. */
+/* The front door's guard (rd_guard.c): the whole-request deadline and the
+ * connection cap of one loop's evhttp. */
 typedef struct rd_guard rd_guard;
 
 typedef struct rd_loop {
@@ -269,9 +272,20 @@ typedef struct rd_loop {
  * connections it accepts from now on.  0 or -1. */
 int rd_guard_create(rd_loop *l, rd_guard **out);
 /* hr (its connection guarded) is being answered: no deadline until its
- * reply ends */
-void rd_guard_begin(rd_guard *g, struct evhttp_request *hr);
+ * reply ends.  false: its connection is over routerd.max_connections (a 503
+ * already sent): answer it 503 too, nothing else. */
+bool rd_guard_begin(rd_guard *g, struct evhttp_request *hr);
+/* cb(arg) when hr's connection closes (evhttp_connection_set_closecb,
+ * which the guard holds on the connections it counts); NULL cb: none */
+void rd_guard_on_gone(rd_guard *g, struct evhttp_request *hr,
+                      void (*cb)(struct evhttp_connection *, void *),
+                      void *arg);
 void rd_guard_destroy(rd_guard *g); /* after evhttp_free; NULL ok */
+
+/* rd_errpage.c: evhttp's own error pages (400/413/417/501) rewritten as
+ * OpenAI JSON in bev's output; the bevcb for listeners without a guard */
+void rd_errpage_watch(struct bufferevent *bev);
+struct bufferevent *rd_errpage_bevcb(struct event_base *base, void *arg);
 
 /* Makes s->cfg.threads loops (loop 0 on s->base) with their front doors on
  * s->cfg.listen; threads > 1: each loop has its own SO_REUSEPORT socket.

@@ -22,6 +22,7 @@ static void defaults(rd_cfg *c) {
   c->max_body = 64u << 20;
   c->max_headers = 64u << 10;
   c->max_upstream_body = 16u << 20;
+  c->max_connections = 8192;
   c->max_inflight = 4096;
   c->client_request_timeout_s = 60;
   c->retries = 2;
@@ -64,6 +65,7 @@ static int bind_own(kvp_config *k, rd_cfg *c, char *err, size_t cap) {
       KVP_CFG_U64("max_workers", &c->max_workers, 1, RD_WORKERS_MAX),
       KVP_CFG_SIZE("max_body", &c->max_body, 1024, 1u << 30),
       KVP_CFG_SIZE("max_headers", &c->max_headers, 1024, 1u << 24),
+      KVP_CFG_U64("max_connections", &c->max_connections, 0, 1u << 24),
       KVP_CFG_U64("max_inflight", &c->max_inflight, 0, 1u << 24),
       KVP_CFG_DURATION("client_request_timeout", &c->client_request_timeout_s,
                        0.001, 86400, 1),

@@ -76,6 +76,7 @@ struct evhttp *rd_http_new(struct event_base *base, const rd_cfg *c,
   evhttp_set_allowed_methods(h, EVHTTP_REQ_GET | EVHTTP_REQ_POST |
                                     EVHTTP_REQ_DELETE);
   evhttp_set_gencb(h, cb, arg);
+  evhttp_set_bevcb(h, rd_errpage_bevcb, NULL); /* the guard's replaces it */
   return h;
 }
 

@@ -187,6 +187,14 @@ static void counters(rd_server *s, struct evbuffer *b) {
   counter(b, "client_connections_cut_total", "client connections closed: "
           "their request did not arrive whole within client_request_timeout",
           SUM(s, conns_cut));
+  counter(b, "client_connections_refused_total", "client connections "
+          "answered 503 and closed: over routerd.max_connections",
+          SUM(s, conns_refused));
+  evbuffer_add_printf(b, "# HELP kvplane_routerd_client_connections open "
+                      "client connections (front doors)\n# TYPE kvplane_"
+                      "routerd_client_connections gauge\nkvplane_routerd_"
+                      "client_connections %llu\n",
+                      (unsigned long long)SUM(s, conns_open));
   counter(b, "overloaded_total", "requests answered 503: over "
           "routerd.max_inflight", SUM(s, overloaded));
   counter(b, "client_cancels_total", "clients gone before the end",

@@ -310,8 +310,7 @@ static void account(rd_call *c) {
 /* ---- the upstream request ------------------------------------------------------- */
 static void detach(rd_call *c) {
   if (c->hr)
-    evhttp_connection_set_closecb(evhttp_request_get_connection(c->hr), NULL,
-                                  NULL);
+    rd_guard_on_gone(c->l->guard, c->hr, NULL, NULL);
 }
 
 static void complete_once(rd_call *c) {
@@ -949,6 +948,11 @@ static void route_leg(rd_call *c, uint64_t t0) {
                         ? sess ^ RD_PD_PREFILL_SESSION : sess,
       .tenant = *c->tenant ? kvp_id64(c->tenant) : 0,
       .block_size = c->text_mode ? 0 : l->cfg.ropts.block_size};
+  size_t seen; /* the ledger's never_seen vs evicted */
+  if (kvp_index_seen_prefix(s->ix, c->keys, c->n_keys, &seen) == 0) {
+    rq.seen_blocks = (uint32_t)seen;
+    rq.flags |= KVP_ROUTE_SEEN;
+  }
   bool approx;
   int rc = decide(c, &rq, t0, &approx);
   hist_record(l, l->h_route, kvp_now_ns() - t0);
@@ -1280,8 +1284,7 @@ static void on_generate(rd_loop *l, struct evhttp_request *hr, rd_kind kind,
   /* a stream's last small writes (its [DONE], the chunked end) must not
    * wait out the client's delayed ACK behind Nagle (~40 ms each) */
   rd_conn_nodelay(evhttp_request_get_connection(hr));
-  evhttp_connection_set_closecb(evhttp_request_get_connection(hr),
-                                on_client_gone, c);
+  rd_guard_on_gone(l->guard, hr, on_client_gone, c);
   if (c->q.tokens)
     route(c);
   else if (l->cfg.render)
@@ -1364,7 +1367,15 @@ static bool overloaded(rd_loop *l, struct evhttp_request *hr) {
 void rd_on_http(struct evhttp_request *hr, void *arg) {
   rd_loop *l = arg;
   rd_server *s = l->s;
-  rd_guard_begin(l->guard, hr);
+  if (!rd_guard_begin(l->guard, hr)) {
+    evhttp_add_header(evhttp_request_get_output_headers(hr), "Retry-After",
+                      "1");
+    evhttp_add_header(evhttp_request_get_output_headers(hr), "Connection",
+                      "close");
+    rd_reply_error(hr, 503, "", "too many client connections (routerd."
+                   "max_connections): retry shortly");
+    return;
+  }
   if (!rd_framing_ok(hr)) {
     RD_COUNT(l, bad_requests, 1);
     return;

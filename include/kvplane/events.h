@@ -272,7 +272,9 @@ typedef struct kvp_events_stats {
   uint64_t blocks_stored;
   uint64_t blocks_removed;
   uint64_t clears;       /* AllBlocksCleared applied */
-  uint64_t gaps;         /* sequence gaps seen on live streams */
+  uint64_t gaps;         /* sequence gaps seen on live streams, or found
+                            late: a probe's replay bringing batches past the
+                            last one (a lost tail, a reconnect) */
   uint64_t batches_missed;   /* batches those gaps skipped */
   uint64_t replays;          /* replay requests sent */
   uint64_t batches_replayed; /* batches applied from replay */
@@ -298,8 +300,10 @@ typedef struct kvp_events_stats {
   uint64_t disconnects;     /* SUB connections lost (each makes a resync;
                                one lost before its handshake counts too) */
   uint64_t replaying;       /* sources with a replay in flight now (gauge) */
-  double lag_seconds;       /* wall clock - ts of the last batch applied */
-  uint64_t reserved[2];
+  double lag_seconds;       /* the last batch applied: wall clock at its
+                               delivery - its ts (fixed once applied) */
+  double idle_seconds;      /* since the last batch was applied (wall) */
+  uint64_t reserved[1];
 } kvp_events_stats;
 
 /* All sources (source = UINT32_MAX) or one.  Thread-safe (counters read

@@ -275,6 +275,18 @@ static_assert(sizeof(kvp_index_match) == 40, "kvp_index_match is ABI");
 _Static_assert(sizeof(kvp_index_match) == 40, "kvp_index_match is ABI");
 #endif
 
+/* How many leading keys of keys[0..n) some worker has ever held (any tier,
+ * any time since the index was made) or been routed to
+ * (kvp_index_record_routed), into *out: for a chained prompt, the blocks past
+ * it were never seen, those before it and held by no worker now were
+ * evicted (kvp_route_request.seen_blocks).  A Bloom filter of two probes,
+ * 16 bits per expected_key (1 MiB at least): a key never seen reads as seen
+ * with ~1.4 % probability at that load, more beyond it; a key seen always
+ * reads as seen.  Returns 0 or KVP_EINVAL.  Thread-safe (relaxed reads: a
+ * key stored concurrently may read either way). */
+KVP_API int kvp_index_seen_prefix(kvp_index *ix, const kvp_key *keys,
+                                  size_t n, size_t *out);
+
 /* For the chain keys[0..n) (block 0 first), every worker holding at least its
  * first block, in increasing worker id, with the match defined above; routed
  * records count if not expired at now_ns (pass any value when approximate

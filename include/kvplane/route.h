@@ -345,8 +345,15 @@ typedef struct kvp_route_request {
    * online.  Read only during the call. */
   uint32_t n_eligible_words;
   const uint64_t *eligible;
-  uint32_t reserved[4];
+  /* With KVP_ROUTE_SEEN in flags: how many leading blocks of keys some
+   * worker ever held (kvp_index_seen_prefix).  The ledger then splits the
+   * blocks no online worker holds into evicted (before it) and never_seen
+   * (past it), instead of unknown. */
+  uint32_t seen_blocks;
+  uint32_t flags; /* KVP_ROUTE_* */
+  uint32_t reserved[2];
 } kvp_route_request;
+#define KVP_ROUTE_SEEN 0x1u /* seen_blocks is given */
 
 /* ---- decision and receipt ------------------------------------------------ */
 #define KVP_ROUTE_TOP 4
@@ -392,6 +399,7 @@ typedef struct kvp_route_candidate {
 #define KVP_DECISION_REPLACED 0x4u /* request id was in flight (retry): moved */
 #define KVP_DECISION_NO_INDEX 0x8u /* index query failed: routed on load only */
 #define KVP_DECISION_NOT_RECORDED 0x10u /* record_routed failed (see log) */
+#define KVP_DECISION_SEEN 0x40u /* seen_blocks given (KVP_ROUTE_SEEN) */
 #define KVP_DECISION_CHOSEN_ONLY 0x20u /* kvp_router_route_chosen: only the
                                           chosen worker's match was read */
 
@@ -431,7 +439,8 @@ typedef struct kvp_decision {
   uint64_t prompt_class_tokens[KVP_CLASS_COUNT_]; /* needs request.cls;
                                                      else all volatile */
   uint64_t load_bytes[KVP_TIER_COUNT_]; /* KV bytes of the reuse per tier */
-  uint8_t reserved[8];
+  uint32_t seen_blocks; /* the request's, with KVP_DECISION_SEEN */
+  uint8_t reserved[4];
 } kvp_decision;
 KVP_ROUTE_STATIC_ASSERT_(sizeof(kvp_decision) == 768,
                          "kvp_decision is ABI: grow into reserved");
@@ -533,8 +542,8 @@ typedef struct kvp_route_names {
  * tokens by cause: the tail past the hashed blocks partial_block, the
  * matched prefix the cost model chose not to load not_worth_loading, the
  * longer prefix held by another online worker on_other_worker, the rest
- * (held by no online worker in the index: never seen or evicted, the router
- * cannot tell) unknown.  Such a record always passes kvp_ledger_check.
+ * (held by no online worker in the index): with KVP_DECISION_SEEN, evicted
+ * within the request's seen_blocks and never_seen past them; else unknown.  Such a record always passes kvp_ledger_check.
  * names may be NULL.  Returns kvp_ledger_add's result, or KVP_EINVAL (NULL
  * l or d, a failed decision, a name that does not hash to its id).
  * Thread safety: the ledger's (any thread); d is only read. */

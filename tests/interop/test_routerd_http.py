@@ -12,10 +12,13 @@ never served (RFC 9112 section 6.3), on the front door and the admin
 listener; the router's own errors carry the code's reason phrase (404 Not
 Found, 401 Unauthorized), not "Error"; a token-id prompt longer than
 the router's max_blocks is a 400, not a 500; a worker's 5xx body held for a retry
-is capped (routerd.max_upstream_body) and counted; a streaming client that
+is capped (routerd.max_upstream_body) and counted; the errors libevent answers
+on its own (400/413/417/501) are JSON with reason phrases; routerd.max_connections
+refuses connections past it with 503 + Retry-After; a streaming client that
 stops reading stops the router's reads of the worker (routerd.stream_buffer;
 a 40 MiB stream, counted pauses), and the whole stream arrives afterwards.
 """
+import atexit
 import json
 import os
 import socket
@@ -34,6 +37,14 @@ RD, W = sys.argv[1], sys.argv[2]
 os.makedirs(W, exist_ok=True)
 BS = 16
 procs = []
+
+
+@atexit.register
+def _stop_routers():
+    """a check that raises (a router that did not start) leaves none behind"""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
 
 
 def raw(port, data, timeout=3.0):
@@ -214,10 +225,9 @@ for what, req in cases.items():
     check(got.count(b"HTTP/1.1 ") == 1, "%s: the smuggled request is not served: %r"
           % (what, got[:400]))
     check(closed, "%s: the connection is closed" % what)
-    # (libevent 2.1 refuses Content-Length with chunked itself, with its
-    # HTML page: it has no hook for its own errors)
-    check(b'"error":{' in got or "Transfer" in what,
-          "%s: an OpenAI error body: %r" % (what, got[-300:]))
+    # (libevent 2.1 refuses Content-Length with chunked itself: its page
+    # rewritten as JSON, rd_errpage.c)
+    check(b'"error":{' in got, "%s: an OpenAI error body: %r" % (what, got[-300:]))
     check(len(Fake.seen) == n0, "%s: nothing reached a worker" % what)
 # (w_ok is named "localhost" there: resolved through evdns)
 got, closed = raw(admin, b"GET /admin/workers HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
@@ -226,6 +236,66 @@ check(got.startswith(b"HTTP/1.1 400 ") and closed, "admin: two Content-Length: 4
 got, closed = raw(port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n"
                   b"\r\n" % len(body) + body, timeout=2)
 check(got.startswith(b"HTTP/1.1 200 "), "one Content-Length still works: %r" % got[:100])
+
+# ---- the errors libevent answers on its own: JSON, reason phrases ----------------
+
+
+def json_error(got, code, phrase, what):
+    """got is one whole reply: code + phrase, a JSON body (its length
+    declared) with error.code == code, then the connection closed"""
+    head, _, body = got.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    hdr = {l.split(b":", 1)[0].strip().lower(): l.split(b":", 1)[1].strip()
+           for l in lines[1:] if b":" in l}
+    try:
+        err = json.loads(body)["error"]
+    except (ValueError, KeyError, TypeError):
+        err = {}
+    check(lines[0] == b"HTTP/1.1 %d %s" % (code, phrase), "%s: status line %r"
+          % (what, lines[0]))
+    check(hdr.get(b"content-type") == b"application/json"
+          and hdr.get(b"content-length") == b"%d" % len(body)
+          and err.get("code") == code and err.get("message"),
+          "%s: an OpenAI JSON error body, its length declared: %r" % (what, got[:600]))
+    check(got.count(b"HTTP/1.1 ") == 1, "%s: one reply: %r" % (what, got[:600]))
+
+
+# (libevent's classes: a header line over max_headers is its 400, a chunk
+# size it cannot read its 413)
+big_hdr = b"X-Pad: " + b"a" * (70 << 10) + b"\r\n"
+errs = {
+    "a malformed request line": (b"GARBAGE\r\n\r\n", 400, b"Bad Request"),
+    "a header line without a colon": (b"GET /health HTTP/1.1\r\nHost: x\r\n"
+                                      b"no colon here\r\n\r\n", 400, b"Bad Request"),
+    "a bad chunk size": (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                         b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+                         413, b"Request Entity Too Large"),
+    "headers over max_headers": (b"GET /health HTTP/1.1\r\nHost: x\r\n" + big_hdr
+                                 + b"\r\n", 400, b"Bad Request"),
+    "a body over max_body": (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                             b"Content-Length: 100000000\r\n\r\n{", 413,
+                             b"Request Entity Too Large"),
+    "a method no listener takes": (b"PUT /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                                   b"Content-Length: 0\r\n\r\n", 501, b"Not Implemented"),
+    "an Expect it cannot meet": (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                                 b"Expect: 200-ok\r\nContent-Length: 2\r\n\r\n{}",
+                                 417, b"Expectation Failed"),
+}
+for what, (req, code, phrase) in errs.items():
+    got, closed = raw(port, req)
+    json_error(got, code, phrase, "front door, " + what)
+    check(closed, "front door, %s: the connection is closed" % what)
+got, closed = raw(admin, b"PUT /admin/workers HTTP/1.1\r\nHost: x\r\n\r\n")
+json_error(got, 501, b"Not Implemented", "admin, PUT")
+got, closed = raw(admin, b"GARBAGE\r\n\r\n")
+json_error(got, 400, b"Bad Request", "admin, a malformed request line")
+# a keep-alive connection: a good request, then a bad one; the first reply
+# untouched, the second JSON
+got, closed = raw(port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\nGARBAGE\r\n\r\n")
+first, _, rest = got.partition(b"HTTP/1.1 400")
+check(first.startswith(b"HTTP/1.1 200 OK") and b'{"status":"ok"}' in first,
+      "pipelined: the good request's reply first, as it was: %r" % got[:300])
+json_error(b"HTTP/1.1 400" + rest, 400, b"Bad Request", "pipelined, the bad one")
 
 # ---- reason phrases ----------------------------------------------------------------------
 st, reason, h, b = http("GET", front + "/nope")
@@ -355,6 +425,54 @@ st, reason, h, b = http("POST", front3 + "/v1/completions",
                         {"model": "m", "prompt": [1, 2], "max_tokens": 1})
 check(st == 200, "once it ended, the next one is served (%d)" % st)
 
+# ---- the connection cap ------------------------------------------------------------
+port6 = free_port()
+front6 = "http://127.0.0.1:%d" % port6
+cfg6 = os.path.join(W, "rd6.yaml")
+with open(cfg6, "w") as f:
+    f.write("""routerd:
+  listen: 127.0.0.1:%d
+  render: false
+  max_connections: 3
+workers:
+  urls: [%s]
+model:
+  block_size: %d
+""" % (port6, w_ok, BS))
+procs.append(subprocess.Popen([RD, "--config", cfg6], stdout=log,
+                              stderr=subprocess.STDOUT))
+end = time.time() + 10
+while time.time() < end:
+    try:
+        if http("GET", front6 + "/health")[0] in (200, 503):
+            break
+    except OSError:
+        time.sleep(0.05)
+time.sleep(0.2)
+held = [socket.create_connection(("127.0.0.1", port6), timeout=3) for _ in range(3)]
+held[0].sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")  # keep-alive
+held[0].recv(4096)
+time.sleep(0.2)
+got, closed = raw(port6, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+head = got.split(b"\r\n\r\n", 1)[0]
+check(got.startswith(b"HTTP/1.1 503 Service Unavailable\r\n") and b"Retry-After: 1" in head
+      and b"max_connections" in got and closed,
+      "a 4th connection over max_connections 3: 503 + Retry-After, closed: %r" % got[:300])
+got2, closed2 = raw(port6, b"")  # one that sends nothing is answered too
+check(got2.startswith(b"HTTP/1.1 503 ") and closed2,
+      "a silent connection over the cap: 503, closed: %r" % got2[:100])
+for c in held:
+    c.close()
+time.sleep(0.3)
+st, reason, h, b = http("GET", front6 + "/health")
+check(st == 200, "the held connections closed: served again (%d %r)" % (st, b[:100]))
+text = http("GET", front6 + "/metrics")[3].decode()
+vals = {l.split()[0]: float(l.split()[1]) for l in text.splitlines()
+        if l.startswith("kvplane_routerd_client_connections")}
+check(vals.get("kvplane_routerd_client_connections_refused_total", 0) >= 2
+      and vals.get("kvplane_routerd_client_connections") == 1,
+      "refusals counted, the open connections back to 1 (this scrape): %s" % vals)
+
 # ---- connect_timeout applies upstream ------------------------------------------------
 # a listener that never accepts, its backlog full: a connect to it hangs
 # (the kernel drops the SYNs), as to a host gone from the network
@@ -463,6 +581,12 @@ for i in range(4):
                           {"model": "m", "prompt": [3, i], "max_tokens": 1})[0])
     except Exception as e:  # the truncated reply
         codes.append(type(e).__name__)
+# a prompt of 3 whole blocks no worker ever held: its miss is never_seen
+try:
+    http("POST", front5 + "/v1/completions",
+         {"model": "m", "prompt": list(range(500, 500 + 3 * BS)), "max_tokens": 1})
+except Exception:  # noqa: BLE001 -- a midstream failure: its receipt counts
+    pass
 time.sleep(0.3)
 mid = metric(front5, 'kvplane_routerd_worker_errors_total{worker="%s",reason="midstream"}'
              % w_mid)
@@ -476,16 +600,21 @@ for r in recs:
     by.setdefault(r["worker"], []).append(r)
 check(len(by.get(w_mid, [])) >= 1 and all(r["status"] == 502 for r in by[w_mid]),
       "a midstream failure writes a receipt with status 502: %s" % by.get(w_mid))
+fresh = [r["receipt"]["miss_tokens"] for r in recs
+         if r["receipt"]["prompt_tokens"] == 3 * BS]
+check(len(fresh) == 1 and fresh[0]["never_seen"] == 3 * BS and fresh[0]["unknown"] == 0
+      and fresh[0]["evicted"] == 0,
+      "a never-seen prompt's miss is never_seen, not unknown: %s" % fresh)
 ts = [r["receipt"].get("unix_time_ns") for r in recs]
 check(recs and all(isinstance(t, int) and abs(t / 1e9 - time.time()) < 60 for t in ts),
       "receipts carry the wall-clock unix_time_ns: %s" % ts)
 
 # ---- SSE backpressure: a client that does not read stops the worker's reads ----------
 w_sse = fake_worker(Streaming)
-port6 = free_port()
-front6 = "http://127.0.0.1:%d" % port6
-cfg6 = os.path.join(W, "rd6.yaml")
-with open(cfg6, "w") as f:
+port7 = free_port()
+front7 = "http://127.0.0.1:%d" % port7
+cfg7 = os.path.join(W, "rd7.yaml")
+with open(cfg7, "w") as f:
     f.write("""routerd:
   listen: 127.0.0.1:%d
   render: false
@@ -495,13 +624,13 @@ workers:
   urls: [%s]
 model:
   block_size: %d
-""" % (port6, w_sse, BS))
-procs.append(subprocess.Popen([RD, "--config", cfg6], stdout=log,
+""" % (port7, w_sse, BS))
+procs.append(subprocess.Popen([RD, "--config", cfg7], stdout=log,
                               stderr=subprocess.STDOUT))
 end = time.time() + 10
 while time.time() < end:
     try:
-        if http("GET", front6 + "/health")[0] in (200, 503):
+        if http("GET", front7 + "/health")[0] in (200, 503):
             break
     except OSError:
         time.sleep(0.05)
@@ -509,13 +638,13 @@ total = SSE_EVENTS * (len(json.dumps({"id": "x", "object": "text_completion", "c
     {"index": 0, "text": "y" * 65000}]})) + 8) + len("data: [DONE]\n\n")
 s = socket.socket()  # its receive buffer grows only as it reads: ~128 KiB here
 s.settimeout(10)
-s.connect(("127.0.0.1", port6))
+s.connect(("127.0.0.1", port7))
 body = json.dumps({"model": "m", "prompt": [1] * 32, "max_tokens": 10, "stream": True}).encode()
 s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
           b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
 time.sleep(1.5)  # not reading: the router's buffer for this client passes stream_buffer
 held = Streaming.written[0]
-pauses = metric(front6, "kvplane_routerd_stream_pauses_total")
+pauses = metric(front7, "kvplane_routerd_stream_pauses_total")
 got = b""
 while not got.endswith(b"0\r\n\r\n"):
     b = s.recv(1 << 20)
