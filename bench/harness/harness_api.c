@@ -197,6 +197,95 @@ static int parse_salt(json_t *o, bh_api_req *r, bh_api_err *e) {
   return r->cache_salt ? 0 : fail(e, 400, NULL, "out of memory", NULL, NULL);
 }
 
+static bool is_block_id(json_t *v) {
+  return json_is_integer(v) && json_integer_value(v) >= 0;
+}
+
+/* A list of block ids: 1, a list of lists of them: 2, else 0. */
+static int id_list_depth(json_t *a) {
+  size_t i;
+  json_t *v;
+  int depth = json_is_array(json_array_get(a, 0)) ? 2 : 1;
+  if (!json_is_array(a))
+    return 0;
+  json_array_foreach(a, i, v) {
+    if (depth == 1 && !is_block_id(v))
+      return 0;
+    for (size_t j = 0; depth == 2 && j < json_array_size(v); j++)
+      if (!is_block_id(json_array_get(v, j)))
+        return 0;
+    if (depth == 2 && !json_is_array(v))
+      return 0;
+  }
+  return depth;
+}
+
+/* remote_block_ids: non-negative integers, flat or one list per KV cache
+ * group (the first group's length counts) */
+static int kvx_blocks(json_t *ids, bh_api_kvx *k, bh_api_err *e) {
+  int depth = id_list_depth(ids);
+  json_t *flat = depth == 2 ? json_array_get(ids, 0) : ids;
+  if (depth == 0)
+    return fail(e, 400, "kv_transfer_params", "remote_block_ids must be a "
+                "list of block ids (non-negative integers) or a list of "
+                "such lists", NULL, NULL);
+  if (json_array_size(flat) > BH_API_KVX_BLOCKS_MAX)
+    return fail(e, 400, "kv_transfer_params", "remote_block_ids holds more "
+                "than 1048576 block ids", NULL, NULL);
+  k->n_blocks = (uint32_t)json_array_size(flat);
+  return 0;
+}
+
+static int kvx_str(json_t *p, const char *key, char *dst, size_t cap,
+                   bh_api_err *e) {
+  json_t *v = json_object_get(p, key);
+  if (!json_is_string(v) || json_string_length(v) == 0 ||
+      json_string_length(v) >= cap)
+    return fail(e, 400, "kv_transfer_params", key, " must be a non-empty "
+                "string of at most 127 bytes for do_remote_prefill", NULL);
+  memcpy(dst, json_string_value(v), json_string_length(v) + 1);
+  return 0;
+}
+
+/* "kv_transfer_params" as the NIXL connector reads them: absent or null is
+ * an ordinary request; an object with do_remote_decode (the prefill leg)
+ * or do_remote_prefill (the decode leg: the remote_* keys required);
+ * anything else is refused.  Other keys pass (vLLM hands them to the
+ * connector). */
+static int parse_kvx(json_t *o, bh_api_req *r, bh_api_err *e) {
+  json_t *p = json_object_get(o, "kv_transfer_params");
+  if (p == NULL || json_is_null(p))
+    return 0;
+  if (!json_is_object(p))
+    return fail(e, 400, "kv_transfer_params", "kv_transfer_params must be "
+                "an object", NULL, NULL);
+  json_t *d = json_object_get(p, "do_remote_decode"),
+         *f = json_object_get(p, "do_remote_prefill");
+  if ((d && !json_is_boolean(d) && !json_is_null(d)) ||
+      (f && !json_is_boolean(f) && !json_is_null(f)))
+    return fail(e, 400, "kv_transfer_params", "do_remote_decode and "
+                "do_remote_prefill must be booleans", NULL, NULL);
+  if (json_is_true(d) && json_is_true(f))
+    return fail(e, 400, "kv_transfer_params", "do_remote_decode and "
+                "do_remote_prefill are both true", NULL, NULL);
+  bh_api_kvx *k = &r->kvx;
+  if (json_is_true(d))
+    k->mode = BH_KVX_REMOTE_DECODE;
+  if (!json_is_true(f))
+    return 0;
+  k->mode = BH_KVX_REMOTE_PREFILL;
+  json_t *port = json_object_get(p, "remote_port");
+  if (kvx_str(p, "remote_engine_id", k->engine_id, sizeof k->engine_id, e) < 0 ||
+      kvx_str(p, "remote_host", k->host, sizeof k->host, e) < 0)
+    return -1;
+  if (!json_is_integer(port) || json_integer_value(port) < 1 ||
+      json_integer_value(port) > 65535)
+    return fail(e, 400, "kv_transfer_params", "remote_port must be an "
+                "integer in [1, 65535]", NULL, NULL);
+  k->port = (uint32_t)json_integer_value(port);
+  return kvx_blocks(json_object_get(p, "remote_block_ids"), k, e);
+}
+
 static int parse_common(const bh_api_cfg *c, json_t *o, bh_api_req *r,
                         bh_api_err *e) {
   json_t *model = json_object_get(o, "model");
@@ -218,7 +307,9 @@ static int parse_common(const bh_api_cfg *c, json_t *o, bh_api_req *r,
   if (parse_max_tokens(o, r->kind, r, e) < 0 || parse_stream(o, r, e) < 0)
     return -1;
   /* /tokenize has no cache_salt field (vLLM ignores it there) */
-  return r->kind == BH_API_TOKENIZE ? 0 : parse_salt(o, r, e);
+  if (r->kind == BH_API_TOKENIZE)
+    return 0;
+  return parse_salt(o, r, e) < 0 ? -1 : parse_kvx(o, r, e);
 }
 
 static int parse_body(const bh_api_cfg *c, json_t *o, bh_api_req *r,

@@ -37,6 +37,30 @@ typedef struct bh_api_cfg {
   size_t n_lora;
 } bh_api_cfg;
 
+/* kv_transfer_params (vLLM's disaggregated prefill, the NIXL connector's
+ * keys): which leg of a P/D request this is.  REMOTE_DECODE: the prefill
+ * leg ("do_remote_decode": true): prefill, one token, answer with the
+ * parameters the decode leg needs.  REMOTE_PREFILL: the decode leg
+ * ("do_remote_prefill": true): remote_engine_id, remote_host, remote_port
+ * and remote_block_ids name where the prompt's KV is to be pulled from. */
+typedef enum bh_api_kvx_mode {
+  BH_KVX_NONE = 0,
+  BH_KVX_REMOTE_DECODE,
+  BH_KVX_REMOTE_PREFILL
+} bh_api_kvx_mode;
+
+#define BH_API_KVX_ID_MAX 128      /* remote_engine_id, remote_host */
+#define BH_API_KVX_BLOCKS_MAX (1u << 20) /* remote_block_ids' length */
+
+typedef struct bh_api_kvx {
+  bh_api_kvx_mode mode;
+  char engine_id[BH_API_KVX_ID_MAX], host[BH_API_KVX_ID_MAX];
+  uint32_t port;
+  /* remote_block_ids' length: a flat list of ids, or (vLLM >= 0.11, one
+   * list per KV cache group) the first group's */
+  uint32_t n_blocks;
+} bh_api_kvx;
+
 typedef struct bh_api_req {
   bh_api_kind kind;
   uint32_t *tokens; /* malloc'd prompt token ids */
@@ -52,6 +76,7 @@ typedef struct bh_api_req {
   /* the adapter the "model" field names (cfg's string), NULL = the base
    * model: it enters every block's hash (kvp_extras.lora_name), as vLLM */
   const char *lora_name;
+  bh_api_kvx kvx; /* "kv_transfer_params"; mode NONE when absent or null */
 } bh_api_req;
 
 #define BH_API_SALT_MAX 128 /* vLLM 0.33's _MAX_CACHE_SALT_LENGTH */

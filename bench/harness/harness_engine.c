@@ -63,6 +63,10 @@ typedef struct eng_opts {
   size_t n_lora;
   char lora_buf[BH_API_LORA_MAX][2][128];
   bh_cluster cl;
+  /* --prefill N --decode M: P/D roles (workers = N + M; 0 0 = no roles) and
+   * the modelled KV link between workers (docs/live.md, "P/D") */
+  uint32_t n_prefill, n_decode;
+  double link_gbps, link_latency_us;
 } eng_opts;
 
 struct engine;
@@ -103,6 +107,12 @@ typedef struct ereq {
   int status;  /* 0: a completion to admit */
   char *reply; /* the body of that answer (NULL: out of memory) */
   bool bad;    /* the request was refused (counted in `failed`) */
+  /* P/D: a prefill leg's block ids for the decode leg (its full blocks'
+   * cache nodes, as vLLM hands out its block table) */
+  uint32_t *kv_ids;
+  uint32_t n_kv_ids;
+  uint32_t pull_from, pull_to; /* a decode leg's blocks crossing the link */
+  double t_pulled; /* ... and when they are in (real s; 0: no pull) */
 } ereq;
 
 /* A worker: everything below is touched only by its own thread (setup,
@@ -150,8 +160,14 @@ typedef struct eworker {
   uint64_t run_parent;
   bool run_has_parent;
   uint32_t *run_tok;
+  /* P/D: the engine id its prefill legs name (kv_transfer_params'
+   * remote_engine_id; set before the threads start, read-only after) */
+  char engine_id[64];
+  const char *role; /* "prefill", "decode", "both" */
   /* counters (GET /metrics) */
   uint64_t queries, hits, prompt_tokens, gen_tokens, done, failed;
+  uint64_t pd_prefill_legs, pd_decode_legs, kv_pull_blocks, kv_pull_bytes,
+      kv_pull_failed;
   uint64_t client_gone; /* requests whose client hung up before the end */
 } eworker;
 
@@ -395,6 +411,20 @@ static json_t *choice(const ereq *r, const char *text, bool last, bool whole,
                    "finish_reason", fin, "stop_reason");
 }
 
+/* What the NIXL connector's request_finished returns for a prefill leg
+ * (do_remote_decode): the decode leg pulls these blocks from this engine. */
+static json_t *kvx_reply(const ereq *r) {
+  const eworker *x = &r->e->w[r->w];
+  json_t *ids = json_array();
+  for (uint32_t i = 0; ids && i < r->n_kv_ids; i++)
+    json_array_append_new(ids, json_integer(r->kv_ids[i]));
+  return json_pack("{s:b, s:b, s:o, s:s, s:s, s:I, s:i}", "do_remote_prefill",
+                   1, "do_remote_decode", 0, "remote_block_ids",
+                   ids ? ids : json_array(), "remote_engine_id", x->engine_id,
+                   "remote_host", r->e->o.host, "remote_port",
+                   (json_int_t)x->port, "tp_size", 1);
+}
+
 static void send_whole(ereq *r) {
   char *text = gen_text(r, 0, r->a.max_tokens);
   json_t *o = envelope(r, is_chat(r) ? "chat.completion" : "text_completion");
@@ -402,6 +432,8 @@ static void send_whole(ereq *r) {
                       json_pack("[o]", choice(r, text ? text : "", true,
                                               true, true)));
   json_object_set_new(o, "usage", usage_json(r));
+  if (r->a.kvx.mode == BH_KVX_REMOTE_DECODE)
+    json_object_set_new(o, "kv_transfer_params", kvx_reply(r));
   reply_obj(r->hr, 200, o);
   free(text);
 }
@@ -477,6 +509,7 @@ static void ereq_free(ereq *r) {
   if (r->body)
     evbuffer_free(r->body);
   free(r->reply);
+  free(r->kv_ids);
   free(r);
 }
 
@@ -574,6 +607,20 @@ static void log_req(const eworker *x, const ereq *r) {
           x->decoding, (mono_s() - r->t_prefill_end) * k);
 }
 
+/* A prefill leg's full blocks, as this worker holds them now: their cache
+ * nodes are the block ids handed to the decode leg (the run still resident;
+ * none when out of memory: the decode leg then pulls nothing). */
+static void keep_kv_ids(eworker *x, ereq *r) {
+  x->pd_prefill_legs++;
+  r->kv_ids = malloc((r->n_blocks ? r->n_blocks : 1) * sizeof *r->kv_ids);
+  for (uint32_t j = 0; r->kv_ids && j < r->n_blocks; j++) {
+    uint32_t v = bh_cache_find(&x->c, r->keys[j]);
+    if (v == BH_NONE)
+      break;
+    r->kv_ids[r->n_kv_ids++] = v;
+  }
+}
+
 static void on_prefill_done(evutil_socket_t fd, short ev, void *arg) {
   (void)fd, (void)ev;
   ereq *r = arg;
@@ -589,6 +636,8 @@ static void on_prefill_done(evutil_socket_t fd, short ev, void *arg) {
   bh_cache_release(&x->c, r->keys, NULL, r->cut);
   bh_kvpub_flush(x->pub);
   x->cur = NULL;
+  if (r->a.kvx.mode == BH_KVX_REMOTE_DECODE)
+    keep_kv_ids(x, r);
   double d = bh_timing_decode_s(&r->e->tm, x->decoding, x->decode_tokens,
                                 r->a.n_tokens, r->a.max_tokens);
   x->decoding++;
@@ -638,7 +687,8 @@ static void start_prefill(eworker *x, ereq *r) {
   double dur = bh_timing_load_s(&e->tm, cnt) +
                bh_timing_prefill_s(&e->tm, r->cached, r->a.n_tokens);
   x->cur = r;
-  double start = r->t_arrive > x->gpu_free ? r->t_arrive : x->gpu_free;
+  double ready = r->t_pulled > r->t_arrive ? r->t_pulled : r->t_arrive;
+  double start = ready > x->gpu_free ? ready : x->gpu_free;
   r->t_start = start;
   r->t_prefill_end = x->gpu_free = start + dur / e->o.time_scale;
   arm(r, r->t_prefill_end, on_prefill_done);
@@ -667,7 +717,74 @@ static int64_t request_index(struct evhttp_request *hr) {
   return v && (errno || end == v || *end || n < 0) ? -1 : n;
 }
 
-/* On the loop, a parsed completion (its keys hashed): into the queue. */
+static void enqueue(eworker *x, ereq *r) {
+  r->q_seen = x->q_len + (x->cur != NULL);
+  if (x->q_tail)
+    x->q_tail->next = r;
+  else
+    x->q_head = r;
+  x->q_tail = r;
+  x->q_len++;
+  try_start(x);
+}
+
+/* ---- P/D: the decode leg pulls the prompt's KV over the modelled link ------ */
+static const eworker *engine_by_id(const engine *e, const char *id) {
+  for (uint32_t v = 0; v < e->o.workers; v++)
+    if (strcmp(e->w[v].engine_id, id) == 0)
+      return &e->w[v];
+  return NULL;
+}
+
+/* The pulled blocks [from, to) are in HBM now (new ones announced, as vLLM
+ * publishes blocks a connector loaded); the request joins the queue, where
+ * its prefill finds them cached and computes the rest. */
+static void on_pulled(evutil_socket_t fd, short ev, void *arg) {
+  (void)fd, (void)ev;
+  ereq *r = arg;
+  eworker *x = &r->e->w[r->w];
+  uint32_t from = r->pull_from, to = r->pull_to;
+  int rc = 0;
+  for (uint32_t j = to; j-- > from && rc == 0;) /* last first, as a prefill */
+    rc = block_to_hbm(x, r, j);
+  if (rc == 0)
+    run_flush(x);
+  bh_kvpub_flush(x->pub);
+  enqueue(x, r);
+}
+
+/* A decode leg (do_remote_prefill): of the remote_block_ids, the blocks
+ * past this worker's own cached prefix cross the link (latency + bytes /
+ * bandwidth) before the request is queued.  A remote engine this cluster
+ * does not have, or more blocks than the prompt has, is a failed pull: the
+ * worker computes the prompt itself (vLLM's recompute on a KV load
+ * failure), counted. */
+static void pull_kv(eworker *x, ereq *r) {
+  engine *e = x->e;
+  const bh_api_kvx *k = &r->a.kvx;
+  x->pd_decode_legs++;
+  if (engine_by_id(e, k->engine_id) == NULL || k->n_blocks > r->n_blocks) {
+    x->kv_pull_failed++;
+    enqueue(x, r);
+    return;
+  }
+  uint32_t m = 0;
+  while (m < k->n_blocks && bh_cache_find(&x->c, r->keys[m]) != BH_NONE)
+    m++;
+  uint32_t n = k->n_blocks - m;
+  double bytes = (double)n * (double)e->tm.kvb * e->o.block_size;
+  double s = n ? e->o.link_latency_us * 1e-6 + bytes / (e->o.link_gbps * 1e9)
+               : 0;
+  x->kv_pull_blocks += n;
+  x->kv_pull_bytes += (uint64_t)bytes;
+  r->pull_from = m;
+  r->pull_to = k->n_blocks;
+  r->t_pulled = r->t_arrive + s / e->o.time_scale;
+  arm(r, r->t_pulled, on_pulled);
+}
+
+/* On the loop, a parsed completion (its keys hashed): into the queue, a
+ * decode leg after its KV pull. */
 static void admit(eworker *x, ereq *r) {
   engine *e = x->e;
   pthread_mutex_lock(&e->mu);
@@ -677,16 +794,12 @@ static void admit(eworker *x, ereq *r) {
   pthread_mutex_unlock(&e->mu);
   r->id = nth ^ ((uint64_t)x->id << 48);
   r->created = (long)time(NULL);
-  r->q_seen = x->q_len + (x->cur != NULL);
-  if (x->q_tail)
-    x->q_tail->next = r;
-  else
-    x->q_head = r;
-  x->q_tail = r;
-  x->q_len++;
   if (r->a.stream && r->hr)
     start_reply(r);
-  try_start(x);
+  if (r->a.kvx.mode == BH_KVX_REMOTE_PREFILL)
+    pull_kv(x, r);
+  else
+    enqueue(x, r);
 }
 
 /* ---- endpoints -------------------------------------------------------------- */
@@ -878,6 +991,17 @@ static void do_metrics(eworker *x, struct evhttp_request *hr) {
   metric(b, "vllm:prompt_tokens", "counter", m, (double)x->prompt_tokens);
   metric(b, "vllm:generation_tokens", "counter", m, (double)x->gen_tokens);
   metric(b, "vllm:request_success", "counter", m, (double)x->done);
+  /* the emulator's own (P/D): legs served, KV pulled over the link */
+  metric(b, "kvplane_engine_pd_prefill_legs", "counter", m,
+         (double)x->pd_prefill_legs);
+  metric(b, "kvplane_engine_pd_decode_legs", "counter", m,
+         (double)x->pd_decode_legs);
+  metric(b, "kvplane_engine_kv_pull_blocks", "counter", m,
+         (double)x->kv_pull_blocks);
+  metric(b, "kvplane_engine_kv_pull_bytes", "counter", m,
+         (double)x->kv_pull_bytes);
+  metric(b, "kvplane_engine_kv_pull_failed", "counter", m,
+         (double)x->kv_pull_failed);
   /* the emulator's own: requests whose client (the router) hung up */
   metric(b, "kvplane_engine_client_disconnects", "counter", m,
          (double)x->client_gone);
@@ -1224,6 +1348,11 @@ static int engine_setup(engine *e) {
   for (uint32_t v = 0; v < e->o.workers; v++) {
     e->w[v].e = e;
     e->w[v].id = v;
+    snprintf(e->w[v].engine_id, sizeof e->w[v].engine_id,
+             "kvplane-emu-%ld-%u", (long)getpid(), v);
+    e->w[v].role = e->o.n_prefill + e->o.n_decode == 0 ? "both"
+                   : v < e->o.n_prefill               ? "prefill"
+                                                      : "decode";
     e->w[v].efd = -1;
     pthread_mutex_init(&e->w[v].pmu, NULL);
     pthread_cond_init(&e->w[v].pcv, NULL);
@@ -1298,11 +1427,12 @@ static int announce(const engine *e) {
   json_t *ws = json_array();
   for (uint32_t v = 0; v < e->o.workers; v++) {
     const eworker *x = &e->w[v];
-    printf("worker %u %s kv_events %s replay %s\n", v, x->url, x->kv_ep,
-           x->replay_ep);
-    json_array_append_new(ws, json_pack("{s:s, s:s, s:s}", "url", x->url,
-                                        "kv_events", x->kv_ep, "kv_replay",
-                                        x->replay_ep));
+    printf("worker %u %s kv_events %s replay %s role %s\n", v, x->url,
+           x->kv_ep, x->replay_ep, x->role);
+    json_array_append_new(ws, json_pack("{s:s, s:s, s:s, s:s, s:s}", "url",
+                                        x->url, "kv_events", x->kv_ep,
+                                        "kv_replay", x->replay_ep, "role",
+                                        x->role, "engine_id", x->engine_id));
   }
   fflush(stdout);
   json_t *o = json_pack("{s:o, s:s, s:I, s:s, s:o, s:s, s:f}", "workers", ws,
@@ -1333,13 +1463,20 @@ static void engine_usage(FILE *f) {
         "         [--hbm-gb X | --hbm-blocks N] [--dram-gb X] [--nvme-gb X]\n"
         "         [--python-hash-seed S] [--kv-topic T] [--ready-file F]\n"
         "         [--req-log F] [--lora NAME[=PATH]]...\n"
+        "         [--prefill N --decode M] [--link-gbps X]\n"
+        "         [--link-latency-us X]\n"
         "N emulated vLLM 0.33 workers on loopback (docs/live.md).  Worker i\n"
         "serves HTTP on P+i (0: ephemeral, the default) and publishes KV\n"
         "events on tcp KV-port + 2i (replay ROUTER on + 2i + 1).\n"
         "--req-log F: one JSON line per request at its prefill's end (trace\n"
         "seconds since the first arrival; i = the X-Request-Id header).\n"
         "--lora NAME[=PATH]: a LoRA adapter served beside the base model, as\n"
-        "vLLM's --lora-modules (up to 8; PATH defaults to /loras/NAME).\n", f);
+        "vLLM's --lora-modules (up to 8; PATH defaults to /loras/NAME).\n"
+        "--prefill N --decode M: a P/D cluster of N + M workers (the first N\n"
+        "named prefill, the rest decode; every worker serves either leg by\n"
+        "its kv_transfer_params, as vLLM's kv_both); a decode leg pulls the\n"
+        "KV it lacks over a link of --link-gbps GB/s (default 25) and\n"
+        "--link-latency-us (default 50) per pull.\n", f);
 }
 
 static int parse_u32(const char *s, uint32_t *out) {
@@ -1399,6 +1536,10 @@ static int engine_opt(eng_opts *o, int c, const char *v) {
   case 'r': o->ready_file = v; return 0;
   case 'l': o->req_log = v; return 0;
   case 'A': return parse_lora(o, v);
+  case 'P': return parse_u32(v, &o->n_prefill);
+  case 'D': return parse_u32(v, &o->n_decode);
+  case 'G': return parse_pos(v, &o->link_gbps);
+  case 'Y': return parse_pos(v, &o->link_latency_us);
   default: return -1;
   }
 }
@@ -1414,6 +1555,8 @@ static int engine_args(eng_opts *o, int argc, char **argv) {
       {"nvme-gb", 1, 0, 'e'},      {"python-hash-seed", 1, 0, 's'},
       {"kv-topic", 1, 0, 'T'},     {"ready-file", 1, 0, 'r'},
       {"req-log", 1, 0, 'l'},      {"lora", 1, 0, 'A'},
+      {"prefill", 1, 0, 'P'},      {"decode", 1, 0, 'D'},
+      {"link-gbps", 1, 0, 'G'},    {"link-latency-us", 1, 0, 'Y'},
       {"help", 0, 0, 'h'},         {0, 0, 0, 0}};
   int c;
   optind = 1;
@@ -1428,6 +1571,18 @@ static int engine_args(eng_opts *o, int argc, char **argv) {
       engine_usage(stderr);
       return -1;
     }
+  }
+  if (o->n_prefill + o->n_decode > 0) {
+    if (o->n_prefill == 0 || o->n_decode == 0) {
+      fprintf(stderr, "kvplane-bench engine: --prefill and --decode go "
+                      "together, each at least 1\n");
+      return -1;
+    }
+    o->workers = o->n_prefill + o->n_decode;
+  }
+  if (!(o->link_gbps > 0)) {
+    fprintf(stderr, "kvplane-bench engine: --link-gbps must be > 0\n");
+    return -1;
   }
   if (optind < argc || o->workers == 0 || o->workers > 256 ||
       o->block_size == 0 || o->block_size > KVP_BLOCK_SIZE_MAX ||
@@ -1454,6 +1609,8 @@ int bh_engine_main(int argc, char **argv) {
   o->vocab = 128256;
   o->max_model_len = 131072;
   o->kv_topic = "";
+  o->link_gbps = 25;
+  o->link_latency_us = 50;
   int rc = engine_args(o, argc, argv);
   if (rc != 0)
     return rc > 0 ? 0 : 2;

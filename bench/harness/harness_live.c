@@ -213,7 +213,7 @@ static json_t *find_usage(struct evbuffer *b) {
 /* --req-log: what the client saw, in trace seconds since the first
  * arrival (the engine's and the simulator's lines carry the same i). */
 static void log_req(const live *L, const lreq *r, uint64_t prompt,
-                    uint64_t cached) {
+                    uint64_t cached, uint64_t out) {
   if (L->req_log == NULL)
     return;
   double k = L->o.time_scale, first = L->o.closed_loop || L->t->n_reqs == 0
@@ -221,10 +221,11 @@ static void log_req(const live *L, const lreq *r, uint64_t prompt,
                                           : L->t->reqs[0].t / L->o.speed;
   fprintf(L->req_log,
           "{\"i\":%u,\"w\":%u,\"send\":%.6f,\"ttft\":%.6f,\"e2e\":%.6f,"
-          "\"tokens\":%llu,\"cached\":%llu}\n",
+          "\"tokens\":%llu,\"cached\":%llu,\"out\":%llu}\n",
           r->i, r->tgt, (r->t_send - L->t0) * k - first, r->ttft * k,
           (now_s() - r->t_send) * k,
-          (unsigned long long)prompt, (unsigned long long)cached);
+          (unsigned long long)prompt, (unsigned long long)cached,
+          (unsigned long long)out);
 }
 
 static void record(live *L, lreq *r, json_t *usage) {
@@ -252,7 +253,12 @@ static void record(live *L, lreq *r, json_t *usage) {
   L->s_reused[bucket_of(L, r->i)] += (double)cached;
   L->cached_tokens += cached;
   L->ok++;
-  log_req(L, r, prompt, cached);
+  /* the completion tokens (TPOT = (e2e - ttft) / (out - 1), make_live) */
+  json_t *co = json_object_get(usage, "completion_tokens");
+  log_req(L, r, prompt, cached,
+          json_is_integer(co) && json_integer_value(co) >= 0
+              ? (uint64_t)json_integer_value(co)
+              : 0);
 }
 
 /* ---- the client ---------------------------------------------------------------- */

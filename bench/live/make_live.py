@@ -20,6 +20,13 @@ workers' tokenizer is byte-level; sglang-router's /v1/completions takes no
 token ids), on every row alike.  Imbalance is max / mean uncached prompt
 tokens per worker, read from the workers' /metrics after the replay (the
 offline rows: the simulator's max / mean prefill per worker).
+
+--pd: the P/D A/B (issue 41) instead: a P/D cluster (`engine --prefill 2
+--decode 2`) behind vllm-router's PD mode (cache_aware, and kv_aware fed the
+prefill workers' KV events with --pd-kv-events; power_of_two decode) and
+kvplane-routerd P/D (workers.roles), then the same routers without
+disaggregation on 4 workers; TTFT, time per output token (TPOT), the KV bytes
+the decode workers pulled, and the share of requests within the SLOs.
 """
 import argparse
 import json
@@ -163,6 +170,54 @@ def vllm_router(policy):
     return argv
 
 
+def vllm_router_pd(prefill_policy, decode_policy="power_of_two"):
+    """vllm-router 0.1.17's PD mode (--vllm-pd-disaggregation): its prefill
+    policy over the prefill workers (kv_aware: fed their KV events with
+    --pd-kv-events), its decode policy over the decode workers."""
+    def argv(ctx):
+        ws = ctx["workers"]
+        a = [os.path.join(ctx["venv"], "bin", "vllm-router"), "--host", "127.0.0.1",
+             "--port", str(ctx["port"]), "--vllm-pd-disaggregation"]
+        for w in ws:
+            a += ["--prefill" if w["role"] == "prefill" else "--decode", w["url"]]
+        a += ["--prefill-policy", prefill_policy, "--decode-policy", decode_policy,
+              "--prometheus-port", str(ctx["prom_port"]), "--log-level", "warning"]
+        if prefill_policy == "kv_aware":
+            for w in ws:
+                if w["role"] == "prefill":
+                    a += ["--pd-kv-events", w["url"] + "=" + w["kv_events"]]
+            a += ["--kv-event-block-size", str(ctx["block_size"]),
+                  "--kv-event-model", ctx["model"]]
+        return a
+    return argv
+
+
+def pd_rows(peers_ok, routerd):
+    """The P/D rows (a P/D cluster), then the same routers on 4 workers."""
+    pd, flat = [], []
+    if peers_ok is not True:
+        pd += [{"name": n, "label": l, "skipped": peers_ok} for n, l in (
+            ("vllm_pd_cache_aware", "vllm-router PD cache_aware"),
+            ("vllm_pd_kv_aware", "vllm-router PD kv_aware"))]
+        flat += [{"name": n, "label": l, "skipped": peers_ok} for n, l in (
+            ("vllm_kv_aware", "vllm-router kv_aware"),
+            ("vllm_cache_aware", "vllm-router cache_aware"))]
+    else:
+        pd += [{"name": "vllm_pd_cache_aware", "label": "vllm-router PD cache_aware",
+                "router": vllm_router_pd("cache_aware"), "peer": True},
+               {"name": "vllm_pd_kv_aware", "label": "vllm-router PD kv_aware",
+                "router": vllm_router_pd("kv_aware"), "peer": True}]
+        flat += [{"name": "vllm_kv_aware", "label": "vllm-router kv_aware",
+                  "router": vllm_router("kv_aware"), "peer": True},
+                 {"name": "vllm_cache_aware", "label": "vllm-router cache_aware",
+                  "router": vllm_router("cache_aware"), "peer": True}]
+    if routerd:
+        pd.append(dict(routerd_row(routerd, True), name="routerd_pd",
+                       label="kvplane-routerd P/D"))
+        flat.append(dict(routerd_row(routerd, True), reference=False))
+    return pd, flat
+
+
 def sglang_router(policy):
     def argv(ctx):
         a = [os.path.join(ctx["venv"], "bin", "python"), "-m",
@@ -200,7 +255,11 @@ def routerd_config(ctx, path):
              "  urls: [%s]" % ", ".join(w["url"] for w in ws),
              "  kv_events: [%s]" % ", ".join(w["kv_events"] for w in ws),
              "  kv_replay: [%s]" % ", ".join(w["kv_replay"] for w in ws),
-             "namespace:",
+             ]
+    if any(w.get("role", "both") != "both" for w in ws):  # a P/D cluster
+        lines += ["  roles: [%s]" % ", ".join(w["role"] for w in ws),
+                  "pd:", "  link_gbps: %g" % ctx.get("link_gbps", 25)]
+    lines += ["namespace:",
              "  model_id: %s" % ctx["model"]]
     # real engines: the calibrated model: and gpu: (the cost model's prefill
     # speed is the CPU workers', not an H100's); else the block size alone
@@ -289,16 +348,19 @@ def scrape(url):
 class EmulatedCluster:
     """A fresh emulated cluster (kvplane-bench engine) for every row."""
 
-    def __init__(self, a):
+    def __init__(self, a, extra=()):
         self.a = a
         self.eng = None
+        self.extra = list(extra)  # --prefill N --decode M (P/D)
 
     def start(self, d, bs):
         a = self.a
         ready = os.path.join(d, "engine.json")
         self.eng = Proc([a.bench, "engine", "--workers", str(a.workers), "--block-size",
                          str(bs), "--time-scale", str(a.time_scale), "--max-model-len",
-                         "1048576", "--ready-file", ready], os.path.join(d, "engine.log"))
+                         "1048576", "--ready-file", ready,
+                         "--req-log", os.path.join(d, "engine-req.jsonl")] + self.extra,
+                        os.path.join(d, "engine.log"))
         wait_for(lambda: os.path.exists(ready), 20, "the engine's ready file")
         with open(ready) as f:
             ctx = json.load(f)
@@ -353,7 +415,8 @@ def live_row(a, tr, bs, row, d, cluster):
     rt = None
     try:
         ctx, ready = cluster.start(d, bs)
-        ctx.update(port=free_port(), prom_port=free_port(), venv=a.venv, dir=d)
+        ctx.update(port=free_port(), prom_port=free_port(), venv=a.venv, dir=d,
+                   link_gbps=a.link_gbps)
         target = ["--direct", "--engine-file", ready]
         if row["router"]:
             rt = Proc(row["router"](ctx), os.path.join(d, "router.log"))
@@ -388,6 +451,7 @@ def live_row(a, tr, bs, row, d, cluster):
         cluster.check(d)
         after = [scrape(w["url"]) for w in ctx["workers"]]
         per = [(x[0] - b[0], x[1] - b[1]) for x, b in zip(after, base)]
+        pulled = sum(scrape_emul(w["url"], "kv_pull_bytes") for w in ctx["workers"])
     finally:
         if rt:
             rt.stop()
@@ -395,11 +459,50 @@ def live_row(a, tr, bs, row, d, cluster):
     res = result_of(os.path.join(d, "out", "results.json"), rc, per,
                     os.path.join(d, "live.log"))
     res.update(e2e_of(os.path.join(d, "req.live.jsonl")))
+    res.update(decode_of(os.path.join(d, "req.live.jsonl"), a))
+    res["xfer_bytes"] = pulled
+    # where prompts are prefilled (P/D: the prefill workers; else all): the
+    # workers' own prefix-cache hit rate (a decode worker counts what it
+    # pulled as cached)
+    pf = [x for x, w in zip(per, ctx["workers"]) if w.get("role", "both") != "decode"]
+    res["prefill_hit_rate"] = sum(h for _, h in pf) / max(1, sum(pt for pt, _ in pf))
     fj = os.path.join(d, "fleet", "fleet.json")
     if row.get("fleet") and os.path.exists(fj):
         with open(fj) as f:
             res["fleet"] = json.load(f)
     return res
+
+
+def scrape_emul(url, name):
+    """An emulated worker's own counter (kvplane_engine_NAME_total), 0 if none."""
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("kvplane_engine_%s_total{" % name):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def pct(v, q):
+    return v[min(len(v) - 1, int(q * len(v)))] if v else None
+
+
+def decode_of(path, a):
+    """Time per output token, (e2e - ttft) / (out - 1), p50 / p99 over the
+    requests with more than one token, and the share of requests within
+    the SLOs (TTFT <= slo_ttft and TPOT <= slo_tpot, trace seconds): the
+    replay's --req-log."""
+    try:
+        with open(path) as f:
+            rs = [json.loads(x) for x in f if x.strip()]
+    except (OSError, ValueError):
+        return {}
+    tp = sorted((r["e2e"] - r["ttft"]) / (r["out"] - 1) for r in rs
+                if r.get("out", 0) > 1)
+    good = sum(1 for r in rs if r["ttft"] <= a.slo_ttft and
+               (r.get("out", 0) <= 1 or
+                (r["e2e"] - r["ttft"]) / (r["out"] - 1) <= a.slo_tpot))
+    return {"tpot_p50": pct(tp, 0.5), "tpot_p99": pct(tp, 0.99),
+            "slo_share": good / len(rs) if rs else None}
 
 
 def e2e_of(path):
@@ -532,7 +635,8 @@ def table(sections):
 
 CSV_KEYS = ("trace", "row", "label", "reference", "requests", "errors", "hit_rate",
             "engine_hit_rate", "ttft_p50", "ttft_p95", "ttft_p99", "ttft_mean",
-            "e2e_p50", "e2e_mean", "imbalance", "wall_s")
+            "e2e_p50", "e2e_mean", "imbalance", "wall_s", "tpot_p50", "tpot_p99",
+            "xfer_bytes", "slo_share", "prefill_hit_rate")
 
 
 def write_results(a, sections, text):
@@ -595,6 +699,81 @@ def one_trace(a, tr, peers_ok, k, n, cluster):
             tr["limit"], "closed loop %d" % tr["closed_loop"] if tr["closed_loop"]
             else "at trace time", a.workers, bs, a.time_scale)
     return {"trace": tr["name"], "what": what, "block_size": bs, "rows": rows}
+
+
+def one_trace_pd(a, tr, peers_ok, k, n):
+    """--pd: the P/D rows on a 2 + 2 P/D cluster, then the flat rows on 4."""
+    d = os.path.join(a.out, tr["name"])
+    bs, _ = offline(a, tr, os.path.join(d, "offline"))  # the trace's block size
+    pd, flat = pd_rows(peers_ok, a.routerd)
+    flat = [] if a.pd_only else flat
+    rows = []
+    pd_cluster = EmulatedCluster(a, ["--prefill", str(a.prefill), "--decode",
+                                     str(a.decode), "--link-gbps", "%g" % a.link_gbps])
+    for group, cluster, tag in ((pd, pd_cluster, "P/D"),
+                                (flat, EmulatedCluster(a), "flat")):
+        for row in group:
+            base = {"name": row["name"], "label": row["label"], "pd": tag == "P/D",
+                    "reference": row["name"] == "routerd_pd"}
+            if row.get("skipped"):
+                rows.append(dict(base, skipped=row["skipped"]))
+                continue
+            log("[%d/%d] %s: %s %s ..." % (k, n, tr["name"], tag, row["label"]))
+            t0 = time.monotonic()
+            try:
+                r = dict(live_row(a, tr, bs, row, os.path.join(d, row["name"]),
+                                  cluster), **base)
+                log("      %d requests, TTFT p95 %s, TPOT p99 %s, %.0f s" % (
+                    r["requests"], ms(r["ttft_p95"]), ms(r.get("tpot_p99")),
+                    time.monotonic() - t0))
+            except (RuntimeError, OSError) as e:
+                r = dict(base, failed=str(e))
+                log("      FAILED: %s" % e)
+            rows.append(r)
+    what = "first %d requests, %s, P/D %d prefill + %d decode (link %g GB/s) / flat %d " \
+        "workers, block %d, time scale %g" % (
+            tr["limit"], "closed loop %d" % tr["closed_loop"] if tr["closed_loop"]
+            else "at trace time", a.prefill, a.decode, a.link_gbps,
+            a.prefill + a.decode, bs, a.time_scale)
+    return {"trace": tr["name"], "what": what, "block_size": bs, "rows": rows}
+
+
+PD_COLS = "%-30s %5s %4s %7s %8s %8s %8s %8s %8s %9s %6s"
+
+
+def pd_table(a, sections):
+    out = [PD_COLS % ("row", "reqs", "err", "pf hit%", "TTFT p50", "p95", "p99",
+                      "TPOT p50", "p99", "xfer GB", "slo%")]
+    for s in sections:
+        out += ["", "%s: %s" % (s["trace"], s["what"])]
+        for r in s["rows"]:
+            if r.get("failed") or r.get("skipped"):
+                out.append("%-30s  %s: %s" % (r["label"], "failed" if r.get("failed")
+                                              else "skipped", r.get("failed") or r["skipped"]))
+                continue
+            out.append(PD_COLS % (
+                r["label"] + (" *" if r["reference"] else ""), r["requests"],
+                "-" if r["errors"] is None else r["errors"],
+                "%.1f" % (100 * r.get("prefill_hit_rate", r["hit_rate"])),
+                ms(r["ttft_p50"]), ms(r["ttft_p95"]), ms(r["ttft_p99"]),
+                ms(r.get("tpot_p50")), ms(r.get("tpot_p99")),
+                "%.2f" % (r.get("xfer_bytes", 0) / 1e9),
+                "-" if r.get("slo_share") is None else "%.1f" % (100 * r["slo_share"])))
+        best = {}
+        for key in ("ttft_p95", "tpot_p99"):
+            ok = [r for r in s["rows"] if r.get("pd") and r.get(key) is not None
+                  and not r.get("failed")]
+            if ok:
+                best[key] = min(ok, key=lambda r: r[key])["label"]
+        out.append("best of the P/D rows: TTFT p95 %s; TPOT p99 %s" % (
+            best.get("ttft_p95", "-"), best.get("tpot_p99", "-")))
+    out += ["", "pf hit%: the prefix-cache hit rate where prompts are prefilled (the "
+            "prefill workers' /metrics; flat rows: every worker's).",
+            "TTFT, TPOT in trace seconds (live: x the time scale); TPOT = (e2e - "
+            "TTFT) / (completion tokens - 1); xfer: KV bytes the decode workers pulled "
+            "(their kvplane_engine_kv_pull_bytes); slo%%: requests with TTFT <= %gs and "
+            "TPOT <= %gms" % (a.slo_ttft, a.slo_tpot * 1e3)]
+    return "\n".join(out)
 
 
 # ---- real vLLM ---------------------------------------------------------------------
@@ -720,7 +899,22 @@ def main():
     ap.add_argument("--no-peers", action="store_true", help="direct and offline only")
     ap.add_argument("--routerd", default=os.environ.get("KVPLANE_ROUTERD"),
                     help="kvplane-routerd binary: adds its row (default $KVPLANE_ROUTERD)")
+    ap.add_argument("--pd", action="store_true",
+                    help="the P/D A/B (emulated): P/D rows on --prefill + --decode "
+                    "workers, then the flat rows on as many")
+    ap.add_argument("--pd-only", action="store_true",
+                    help="--pd: the P/D rows alone (repeat runs)")
+    ap.add_argument("--prefill", type=int, default=2, help="--pd: prefill workers")
+    ap.add_argument("--decode", type=int, default=2, help="--pd: decode workers")
+    ap.add_argument("--link-gbps", type=float, default=25,
+                    help="--pd: the emulated KV link (GB/s), and kvplane-routerd's price")
+    ap.add_argument("--slo-ttft", type=float, default=2.0,
+                    help="--pd: TTFT SLO, trace seconds (slo%%)")
+    ap.add_argument("--slo-tpot", type=float, default=0.05,
+                    help="--pd: TPOT SLO, trace seconds (slo%%)")
     a = ap.parse_args()
+    if a.pd:
+        return main_pd(a)
     a.workers = a.workers or (3 if a.engine == "vllm" else 4)
     if not os.access(a.bench, os.X_OK):
         sys.exit("make_live: %s is not built (make build-run)" % a.bench)
@@ -760,6 +954,27 @@ def main():
         "(%.0f s)" % (a.out, a.out, time.monotonic() - t0))
     failed = [r["label"] for s in sections for r in s["rows"] if r.get("failed")]
     return 1 if failed else 0
+
+
+def main_pd(a):
+    if a.engine != "emulated":
+        sys.exit("make_live: --pd runs on the emulated workers only (docs/routerd.md#pd)")
+    a.workers = a.prefill + a.decode
+    if not os.access(a.bench, os.X_OK):
+        sys.exit("make_live: %s is not built (make build-run)" % a.bench)
+    os.makedirs(a.out, exist_ok=True)
+    peers_ok = "--no-peers" if a.no_peers else ensure_peers(a.venv, a.out)
+    trs = [dict(t) for t in TRACES if t["name"] in a.traces.split(",")]
+    for t in trs:
+        t["limit"] = a.limit or t["limit"]
+    t0 = time.monotonic()
+    sections = [one_trace_pd(a, t, peers_ok, k, len(trs)) for k, t in enumerate(trs, 1)]
+    text = pd_table(a, sections)
+    write_results(a, sections, text)
+    log("\n" + text)
+    log("\nresults: %s/{table.txt,live.csv,live.json} (%.0f s)" % (
+        a.out, time.monotonic() - t0))
+    return 1 if any(r.get("failed") for s in sections for r in s["rows"]) else 0
 
 
 if __name__ == "__main__":

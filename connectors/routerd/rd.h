@@ -40,6 +40,7 @@
 #include "kvplane.h"
 #include "kvplane/events.h"
 #include "rd_idx_req.h"
+#include "rd_pd_msg.h"
 #include "rd_req.h"
 
 #define RD_URL_MAX 256
@@ -93,6 +94,11 @@ typedef struct rd_cfg {
   double approx_ttl_s;             /* routed records (text mode, no events) */
   /* workers: parallel lists joined with ',' ("-" = none) */
   char urls[8192], kv_events[8192], kv_replay[8192];
+  /* P/D (docs/routerd.md#pd): each worker's role, a parallel list of
+   * prefill / decode / both ("" = all both); pd: some worker is not both */
+  char roles[8192];
+  bool pd;
+  double pd_link_gbps, pd_link_latency_s; /* 0 = the cost model's remote */
   kvp_router_opts ropts;
   char policy[64];
   /* replicas: */
@@ -133,6 +139,14 @@ typedef enum rd_wstate {
 
 typedef struct rd_server rd_server;
 
+/* A worker's part in P/D (workers.roles): which leg it serves.  A request
+ * outside P/D is a RD_ROLE_BOTH leg (any worker). */
+typedef enum rd_role {
+  RD_ROLE_BOTH = 0,
+  RD_ROLE_PREFILL,
+  RD_ROLE_DECODE
+} rd_role;
+
 typedef struct rd_worker {
   rd_server *s;
   uint32_t id;
@@ -172,6 +186,10 @@ typedef struct rd_worker {
   uint64_t lora_mask;
   bool lora_known;
   kvp_worker_load load;
+  rd_role role; /* written under s->mu (rd_pd_set_role) */
+  /* P/D, under s->mu: prompt tokens of the decode legs this router relays
+   * to it now -- the KV its decode batch reads every step */
+  uint64_t pd_decode_tokens;
   /* counters */
   uint64_t requests, ok, retried_away, errors[4]; /* rd_err_reason */
   uint64_t scrapes, scrape_fail;
@@ -290,6 +308,13 @@ void rd_unlock(rd_server *s);
 struct evhttp_connection *rd_conn_get(rd_loop *l, rd_worker *w);
 void rd_conn_put(rd_loop *l, rd_worker *w, struct evhttp_connection *c);
 
+/* P/D counters (rd_pd.c): any loop adds (relaxed), /metrics reads */
+typedef struct rd_pd_stats {
+  atomic_uint_fast64_t calls, prefill_ok, prefill_retries, decode_retries,
+      bad_params, prefill_refused, pred_transfer_tokens, pred_transfer_bytes,
+      offered_blocks, decode_local_tokens;
+} rd_pd_stats;
+
 struct rd_server {
   rd_cfg cfg;      /* written by thread 0 under mu (rd_loop.cfg: copies) */
   pthread_mutex_t mu, rc_mu; /* the routing lock; receipts (rd.h's top) */
@@ -331,6 +356,7 @@ struct rd_server {
   struct rd_indexer *indexer;
   struct rd_sync *sync;         /* NULL: one replica */
   uint64_t *peer_req, *peer_tok; /* per slot: the peers' in-flight load */
+  rd_pd_stats pd;
 };
 
 double rd_now(void); /* monotonic seconds */
@@ -434,6 +460,32 @@ void rd_metrics_write(rd_server *s, struct evbuffer *b); /* any loop */
 /* The config's workers list applied (added / drained-removed); -1 when
  * some were refused (logged) */
 int rd_apply_workers(rd_server *s, const rd_cfg *c);
+
+/* ---- P/D (rd_pd.c) ------------------------------------------------------ */
+/* "prefill" / "decode" / "both" -> *out; 0 or -1 */
+int rd_role_parse(const char *name, rd_role *out);
+const char *rd_role_name(rd_role r);
+void rd_pd_set_role(rd_worker *w, rd_role r); /* takes s->mu */
+/* Whether w serves a leg of kind `leg` (BOTH: any request).  Under s->mu. */
+bool rd_role_serves(const rd_worker *w, rd_role leg);
+/* The decode leg's matches (under s->mu): each routable decode worker's own
+ * match wm[0..nm) (its index view of the prompt) gets the rest of the first
+ * n_pull blocks on the remote tier -- what crosses the link from the
+ * prefill worker, priced at routing.gpu's remote bandwidth (pd.link_gbps);
+ * a worker holding the prefix already pulls less.  wm has room for every
+ * worker slot.  Returns the new count. */
+size_t rd_pd_decode_matches(rd_server *s, kvp_worker_match *wm, size_t nm,
+                            uint64_t n_pull);
+/* The decode leg's candidates (under s->mu), into the eligible bit set
+ * elig (cleared first): of the routable decode workers, those whose
+ * transfer (the blocks of the first n_pull they lack, from wm) plus decode
+ * load (out_tokens x the KV of the decode legs relayed to them now, read
+ * every step at HBM bandwidth) is within 5 % (+ 0.1 ms) of the best: the
+ * cost model then chooses among them.  Returns how many. */
+uint32_t rd_pd_decode_eligible(rd_server *s, const kvp_worker_match *wm,
+                               size_t nm, uint64_t n_pull, uint64_t prompt,
+                               uint32_t out_tokens, uint64_t *elig);
+void rd_pd_metrics(rd_server *s, struct evbuffer *b); /* cfg.pd only */
 
 /* ---- SIGHUP (rd_reload.c) ------------------------------------------------ */
 /* Re-reads s->cfg.path; once it validates, applies every live setting

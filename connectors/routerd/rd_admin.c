@@ -243,5 +243,13 @@ int rd_apply_workers(rd_server *s, const rd_cfg *c) {
       bad++;
     }
   }
+  for (size_t k = 0; *item(c->urls, k, u, sizeof u); k++) { /* P/D roles */
+    rd_worker *w = rd_worker_find(s, u);
+    rd_role role = RD_ROLE_BOTH;
+    if (w && rd_role_parse(item(c->roles, k, r, sizeof r), &role) == 0)
+      rd_pd_set_role(w, role);
+    else if (w) /* no roles list: every worker serves both */
+      rd_pd_set_role(w, RD_ROLE_BOTH);
+  }
   return bad ? -1 : 0;
 }

@@ -88,6 +88,12 @@ static int bind_own(kvp_config *k, rd_cfg *c, char *err, size_t cap) {
       KVP_CFG_LIST("urls", c->urls, sizeof c->urls, 0, RD_WORKERS_MAX),
       KVP_CFG_LIST("kv_events", c->kv_events, sizeof c->kv_events, 0, RD_WORKERS_MAX),
       KVP_CFG_LIST("kv_replay", c->kv_replay, sizeof c->kv_replay, 0, RD_WORKERS_MAX),
+      KVP_CFG_LIST("roles", c->roles, sizeof c->roles, 0, RD_WORKERS_MAX),
+  };
+  const kvp_config_field df[] = { /* P/D: the KV link between workers */
+      KVP_CFG_F64("link_gbps", &c->pd_link_gbps, 0.001, 1e6),
+      KVP_CFG_DURATION("link_latency_us", &c->pd_link_latency_s, 1e-9, 60,
+                       1000000),
   };
   const kvp_config_field nf[] = {
       KVP_CFG_STR("model_id", c->model_id, sizeof c->model_id),
@@ -106,8 +112,9 @@ static int bind_own(kvp_config *k, rd_cfg *c, char *err, size_t cap) {
   const kvp_config_section secs[] = {{"routerd", rf, sizeof rf / sizeof *rf},
                                      {"workers", wf, sizeof wf / sizeof *wf},
                                      {"namespace", nf, sizeof nf / sizeof *nf},
-                                     {"replicas", pf, sizeof pf / sizeof *pf}};
-  for (size_t i = 0; i < 4; i++)
+                                     {"replicas", pf, sizeof pf / sizeof *pf},
+                                     {"pd", df, sizeof df / sizeof *df}};
+  for (size_t i = 0; i < sizeof secs / sizeof *secs; i++)
     if (kvp_config_bind(k, &secs[i], err, cap) < 0)
       return -1;
   return 0;
@@ -196,6 +203,33 @@ int rd_cfg_warn(const rd_cfg *c, FILE *f) {
   return n;
 }
 
+/* workers.roles: one per url, prefill / decode / both; P/D when some
+ * worker is not both, and then each leg has a worker */
+static int check_roles(kvp_config *k, rd_cfg *c, char *err, size_t cap) {
+  bool leg[3] = {false, false, false};
+  size_t n = 0;
+  for (const char *p = c->roles; *c->roles && p; n++) {
+    size_t len = strcspn(p, ",");
+    char name[16];
+    rd_role r;
+    snprintf(name, sizeof name, "%.*s", (int)(len < 15 ? len : 15), p);
+    if (len >= sizeof name || rd_role_parse(name, &r) < 0)
+      return where(k, "workers", "roles", err, cap, "expected prefill, "
+                   "decode or both for each url");
+    leg[r] = true;
+    p = p[len] ? p + len + 1 : NULL;
+  }
+  if (n && n != count_items(c->urls))
+    return where(k, "workers", "roles", err, cap,
+                 "one entry per url expected");
+  c->pd = leg[RD_ROLE_PREFILL] || leg[RD_ROLE_DECODE];
+  if (c->pd && !((leg[RD_ROLE_PREFILL] || leg[RD_ROLE_BOTH]) &&
+                 (leg[RD_ROLE_DECODE] || leg[RD_ROLE_BOTH])))
+    return where(k, "workers", "roles", err, cap, "P/D needs a worker for "
+                 "each leg: a prefill (or both) and a decode (or both)");
+  return 0;
+}
+
 static int check(kvp_config *k, rd_cfg *c, char *err, size_t cap) {
   char host[RD_URL_MAX];
   uint16_t port;
@@ -227,7 +261,7 @@ static int check(kvp_config *k, rd_cfg *c, char *err, size_t cap) {
   if (*c->kv_replay && count_items(c->kv_replay) != nu)
     return where(k, "workers", "kv_replay", err, cap,
                  "one entry per url expected ('-' for none)");
-  return 0;
+  return check_roles(k, c, err, cap);
 }
 
 /* a routing.policies list (kvplane-bench's, several to compare): its first
@@ -277,6 +311,10 @@ int rd_cfg_load(const char *path, rd_cfg *c, char *err, size_t cap) {
       check(k, c, err, cap) < 0)
     goto out;
   c->ropts.n_workers = (uint32_t)c->max_workers;
+  if (c->pd_link_gbps > 0) /* P/D: the decode leg's transfer price */
+    c->ropts.gpu.bw[KVP_TIER_REMOTE] = c->pd_link_gbps * 1e9;
+  if (c->pd_link_latency_s > 0)
+    c->ropts.gpu.latency_s[KVP_TIER_REMOTE] = c->pd_link_latency_s;
   c->ropts.replica_id = c->replica_id ? (uint32_t)c->replica_id
                                       : (uint32_t)getpid();
   rc = check_router(path, c, err, cap);

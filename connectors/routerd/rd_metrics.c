@@ -404,6 +404,8 @@ void rd_metrics_write(rd_server *s, struct evbuffer *out) {
   js_metrics(s, b);
   rd_unlock(s);
   rd_sync_metrics(s, b); /* replicas (any loop: see rd_sync_metrics) */
+  if (s->cfg.pd) /* P/D's counters and roles (takes s->mu itself) */
+    rd_pd_metrics(s, b);
   kvp_ledger_prometheus_write(s->ledger, ev_write, b);
   regroup(b, out);
   evbuffer_free(b);

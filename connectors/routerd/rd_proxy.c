@@ -5,7 +5,8 @@
  * the index the KV events feed) and relayed to the chosen worker with its
  * body unchanged (a tenant's cache_salt aside).  Connect errors and 5xx
  * before the first byte go to the next-best worker; after it, the stream
- * ends with an error event. */
+ * ends with an error event.  P/D (workers.roles): a prefill leg first, its
+ * answer read whole, then the decode leg relayed (docs/routerd.md#pd). */
 #include "rd.h"
 #include "rd_idx_req.h"
 
@@ -51,9 +52,29 @@ typedef struct rd_call {
   char tail[256];        /* last relayed bytes: usage.cached_tokens */
   size_t tail_len;
   double t0, t_first, t_render;
+  /* P/D (docs/routerd.md#pd): the leg being served (BOTH: no split) and
+   * what the prefill leg left for the decode leg */
+  rd_role leg;
+  struct {
+    char *body; /* the client's body (salted) */
+    size_t body_len;
+    uint64_t prompt; /* the prompt's tokens (route's) */
+    kvp_decision pre; /* the prefill choice */
+    char pre_url[RD_URL_MAX];
+    uint32_t pre_attempts;
+    double t_prefill; /* its answer came, s after t0 */
+    rd_pd_params params; /* its kv_transfer_params */
+    uint32_t out_tokens; /* the client's max_tokens (16 when not given) */
+    bool kv_held; /* prompt counted in c->w's pd_decode_tokens */
+    /* X-Request-Id on both legs: the client's, else one made up; vLLM takes
+     * it as the request's id, which older NIXL connectors match between
+     * the prefill and the decode instance (toy_proxy_server.py sends one) */
+    char xrid[RD_REQ_ID_MAX];
+  } pd;
 } rd_call;
 
 static void try_next(rd_call *c);
+static void decode_leg(rd_call *c, const char *params);
 
 void rd_reply_json(struct evhttp_request *hr, int code, const char *j) {
   struct evbuffer *b = evbuffer_new();
@@ -139,6 +160,7 @@ static void call_free(rd_call *c) {
   atomic_fetch_sub_explicit(&c->s->calls, 1, memory_order_relaxed);
   free(c->auth);
   free(c->body);
+  free(c->pd.body);
   free(c->keys);
   free(c);
 }
@@ -207,6 +229,37 @@ static bool receipts_on(rd_server *s) {
   return on;
 }
 
+/* P/D: the receipt's "pd" member (both choices, the transfer predicted
+ * and offered), "" outside P/D.  The main receipt is the leg's that
+ * answered the client (the decode leg's, or a prefill leg's refusal). */
+static void pd_receipt(const rd_call *c, char *out, size_t cap) {
+  const kvp_decision *pre = c->leg == RD_ROLE_DECODE ? &c->pd.pre : &c->d;
+  if (c->leg == RD_ROLE_BOTH)
+    return;
+  int n = snprintf(
+      out, cap,
+      "\"pd\":{\"leg\":\"%s\",\"prefill_worker\":\"%s\",\"prefill_attempts\":%u,"
+      "\"prefill_s\":%.6f,\"prefill_reason\":\"%s\",\"prefill_cached_tokens\":"
+      "%llu,\"prefill_uncached_tokens\":%llu,\"offered_blocks\":%u,"
+      "\"transfer_predicted_tokens\":%llu,\"transfer_predicted_bytes\":%llu,"
+      "\"transfer_predicted_s\":%.6f,\"decode_local_tokens\":%llu},",
+      c->leg == RD_ROLE_DECODE ? "decode" : "prefill",
+      c->leg == RD_ROLE_DECODE ? c->pd.pre_url : c->w ? c->w->url : "",
+      c->leg == RD_ROLE_DECODE ? c->pd.pre_attempts : c->attempts,
+      c->pd.t_prefill, kvp_reason_name((kvp_reason)pre->reason),
+      (unsigned long long)pre->avoided_tokens,
+      (unsigned long long)pre->uncached_tokens, c->pd.params.n_blocks,
+      (unsigned long long)(c->leg == RD_ROLE_DECODE
+                               ? c->d.reused_tier_tokens[KVP_TIER_REMOTE] : 0),
+      (unsigned long long)(c->leg == RD_ROLE_DECODE
+                               ? c->d.load_bytes[KVP_TIER_REMOTE] : 0),
+      c->leg == RD_ROLE_DECODE ? c->d.load_s : 0,
+      (unsigned long long)(c->leg == RD_ROLE_DECODE
+                               ? c->d.reused_tier_tokens[KVP_TIER_HBM] : 0));
+  if (n < 0 || (size_t)n >= cap) /* urls are bounded: never; but not cut */
+    *out = '\0';
+}
+
 /* One line per receipt, whole: fprintf under rc_mu, which a reload's
  * reopen (rd_reload.c) takes to swap the stream. */
 static void receipt(rd_call *c, const kvp_route_names *nm, bool found,
@@ -217,25 +270,28 @@ static void receipt(rd_call *c, const kvp_route_names *nm, bool found,
                          : -1;
   if (n < 0 || (size_t)n >= sizeof rec)
     return;
-  char repd[24] = "null";
+  char repd[24] = "null", pd[1024] = "";
   if (found)
     snprintf(repd, sizeof repd, "%llu", (unsigned long long)rep);
+  pd_receipt(c, pd, sizeof pd);
   pthread_mutex_lock(&s->rc_mu);
   if (s->receipts)
     fprintf(s->receipts,
             "{\"worker\":\"%s\",\"status\":%d,\"attempts\":%u,\"mode\":"
             "\"%s\",\"reported_cached_tokens\":%s,\"first_byte_s\":%.6f,"
-            "\"receipt\":%s}\n",
+            "%s\"receipt\":%s}\n",
             c->w ? c->w->url : "", c->code, c->attempts,
             c->text_mode ? "text" : "tokens", repd,
-            c->t_first > 0 ? c->t_first - c->t0 : 0, rec);
+            c->t_first > 0 ? c->t_first - c->t0 : 0, pd, rec);
   pthread_mutex_unlock(&s->rc_mu);
 }
 
 static void account(rd_call *c) {
   bool found = false;
   uint64_t rep = scan_cached(c->tail, c->tail_len, &found);
-  RD_COUNT(c->l, predicted_cached, c->d.avoided_tokens);
+  RD_COUNT(c->l, predicted_cached, c->leg == RD_ROLE_DECODE
+                                        ? c->pd.pre.avoided_tokens
+                                        : c->d.avoided_tokens);
   RD_COUNT(c->l, reported_cached, found ? rep : 0);
   RD_COUNT(c->l, reported_n, found);
   struct timespec ts;
@@ -244,8 +300,10 @@ static void account(rd_call *c) {
                         .session = *c->session ? c->session : NULL,
                         .unix_time_ns = (uint64_t)ts.tv_sec * 1000000000u +
                                         (uint64_t)ts.tv_nsec};
+  /* P/D: the prefill choice is the one that reused (or computed) */
+  const kvp_decision *ld = c->leg == RD_ROLE_DECODE ? &c->pd.pre : &c->d;
   if (c->code < 400) /* served: a refused request reused nothing */
-    kvp_ledger_add_decision(c->s->ledger, &c->d, &nm); /* its own mutex */
+    kvp_ledger_add_decision(c->s->ledger, ld, &nm); /* its own mutex */
   receipt(c, &nm, found, rep);
 }
 
@@ -270,6 +328,12 @@ static void complete_once(rd_call *c) {
 static void upstream_end(rd_call *c) {
   if (c->ct)
     evtimer_del(c->ct);
+  if (c->w && c->pd.kv_held) { /* claim_next's */
+    rd_lock(c->s);
+    c->w->pd_decode_tokens -= c->pd.prompt;
+    rd_unlock(c->s);
+    c->pd.kv_held = false;
+  }
   if (c->w) {
     if (c->uc) /* back in the pool: no cap on what it relays (render's) */
       evhttp_connection_set_max_body_size(c->uc, -1);
@@ -327,9 +391,26 @@ static bool can_retry(const rd_call *c) {
 static int on_up_header(struct evhttp_request *ur, void *arg) {
   rd_call *c = arg;
   c->code = evhttp_request_get_response_code(ur);
-  if (c->code >= 500 && can_retry(c))
+  /* a prefill leg's answer is read whole (its kv_transfer_params) */
+  if ((c->code >= 500 && can_retry(c)) || c->leg == RD_ROLE_PREFILL)
     c->held = c->held ? c->held : evbuffer_new();
   return c->hr ? 0 : -1;
+}
+
+/* P/D: the prefill worker, the transfer predicted (tokens the decode
+ * worker lacked) and offered (the prefill's remote_block_ids) */
+static void pd_headers(const rd_call *c, struct evkeyvalq *oh) {
+  char num[32];
+  evhttp_add_header(oh, "x-kvplane-prefill-worker", c->pd.pre_url);
+  evhttp_add_header(oh, "x-kvplane-prefill-reason",
+                    c->pd.pre_attempts > 1
+                        ? "retry"
+                        : kvp_reason_name((kvp_reason)c->pd.pre.reason));
+  snprintf(num, sizeof num, "%llu",
+           (unsigned long long)c->d.reused_tier_tokens[KVP_TIER_REMOTE]);
+  evhttp_add_header(oh, "x-kvplane-transfer-predicted-tokens", num);
+  snprintf(num, sizeof num, "%u", c->pd.params.n_blocks);
+  evhttp_add_header(oh, "x-kvplane-transfer-offered-blocks", num);
 }
 
 /* routerd.response_headers: auto sends them except on a tenant's request
@@ -352,8 +433,13 @@ static void start_reply(rd_call *c, struct evhttp_request *ur) {
     return;
   }
   evhttp_add_header(oh, "x-kvplane-worker", c->w->url);
-  snprintf(num, sizeof num, "%llu", (unsigned long long)c->d.avoided_tokens);
+  snprintf(num, sizeof num, "%llu",
+           (unsigned long long)(c->leg == RD_ROLE_DECODE
+                                    ? c->pd.pre.avoided_tokens
+                                    : c->d.avoided_tokens));
   evhttp_add_header(oh, "x-kvplane-cached-tokens", num);
+  if (c->leg == RD_ROLE_DECODE)
+    pd_headers(c, oh);
   evhttp_add_header(oh, "x-kvplane-reason",
                     c->attempts > 1 ? "retry"
                                     : kvp_reason_name((kvp_reason)c->d.reason));
@@ -437,6 +523,91 @@ static void end_client(rd_call *c, int status, const char *msg) {
   finish_client(c, status, msg);
 }
 
+/* P/D: the prefill worker refused (4xx, or 5xx with no retry left): the
+ * client gets its answer, as outside P/D. */
+static void prefill_refused(rd_call *c) {
+  rd_worker *w = c->w;
+  atomic_fetch_add_explicit(&c->s->pd.prefill_refused, 1,
+                            memory_order_relaxed);
+  if (c->hr && c->held_over) {
+    char m[160];
+    snprintf(m, sizeof m, "the prefill worker answered %d with a body over "
+             "routerd.max_upstream_body", c->code);
+    end_client(c, c->code, m);
+  } else if (c->hr)
+    relay_held(c);
+  if (c->code >= 500) {
+    rd_lock(c->s);
+    w->errors[RD_ERR_5XX]++;
+    rd_unlock(c->s);
+  } else
+    rd_worker_ok(w, false);
+  account(c);
+  upstream_end(c);
+  call_free(c);
+}
+
+/* P/D: the prefill worker answered 200 with kv_transfer_params the decode
+ * leg cannot use (err): a worker fault -- the next prefill worker, or a 502
+ * that says why. */
+static void prefill_bad(rd_call *c, const char *err) {
+  atomic_fetch_add_explicit(&c->s->pd.bad_params, 1, memory_order_relaxed);
+  kvp_log(KVP_LOG_WARN, "routerd", "P/D: prefill worker %s: %s", c->w->url,
+          err);
+  if (can_retry(c)) {
+    up_failed(c, RD_ERR_5XX);
+    return;
+  }
+  char m[512];
+  snprintf(m, sizeof m, "the prefill worker %s answered kv_transfer_params "
+           "the decode leg cannot use: %s", c->w->url, err);
+  rd_worker_failed(c->w, RD_ERR_5XX);
+  c->code = 502;
+  account(c);
+  upstream_end(c);
+  end_call(c, 502, m);
+}
+
+/* P/D: the prefill leg's whole answer is in c->held. */
+static void prefill_done(rd_call *c) {
+  if (c->code >= 500 && can_retry(c)) { /* the next prefill worker */
+    evbuffer_free(c->held);
+    c->held = NULL;
+    up_failed(c, RD_ERR_5XX);
+    return;
+  }
+  if (c->code != 200) {
+    prefill_refused(c);
+    return;
+  }
+  char err[300] = "the answer is over routerd.max_upstream_body", *params;
+  size_t n = evbuffer_get_length(c->held);
+  const char *b = n ? (const char *)evbuffer_pullup(c->held, -1) : "";
+  int rc = c->held_over || b == NULL
+               ? -1
+               : rd_pd_take_params(b, n, &c->pd.params, &params, err,
+                                   sizeof err);
+  evbuffer_free(c->held);
+  c->held = NULL;
+  c->held_over = false;
+  if (rc < 0) {
+    prefill_bad(c, err);
+    return;
+  }
+  rd_worker_ok(c->w, true);
+  c->pd.pre = c->d;
+  snprintf(c->pd.pre_url, sizeof c->pd.pre_url, "%s", c->w->url);
+  c->pd.pre_attempts = c->attempts;
+  c->pd.t_prefill = rd_now() - c->t0;
+  atomic_fetch_add_explicit(&c->s->pd.prefill_ok, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&c->s->pd.offered_blocks, c->pd.params.n_blocks,
+                            memory_order_relaxed);
+  complete_once(c); /* its prefill is over */
+  upstream_end(c);
+  decode_leg(c, params);
+  free(params);
+}
+
 static void on_up_done(struct evhttp_request *ur, void *arg) {
   rd_call *c = arg;
   rd_worker *w = c->w;
@@ -444,6 +615,10 @@ static void on_up_done(struct evhttp_request *ur, void *arg) {
   if (!ok) {
     up_failed(c, c->uerr_set && c->uerr == EVREQ_HTTP_TIMEOUT ? RD_ERR_TIMEOUT
                                                              : RD_ERR_CONNECT);
+    return;
+  }
+  if (c->leg == RD_ROLE_PREFILL) {
+    prefill_done(c);
     return;
   }
   if (c->held && can_retry(c)) { /* 5xx before the first byte */
@@ -544,6 +719,8 @@ static int start_upstream(rd_call *c, rd_worker *w) {
   evhttp_add_header(h, "Content-Type", "application/json");
   if (c->auth)
     evhttp_add_header(h, "Authorization", c->auth);
+  if (c->leg != RD_ROLE_BOTH) /* P/D: the same id on both legs */
+    evhttp_add_header(h, "X-Request-Id", c->pd.xrid);
   evbuffer_add(evhttp_request_get_output_buffer(c->ur), c->body, c->body_len);
   if (evhttp_make_request(c->uc, c->ur, EVHTTP_REQ_POST, c->path) < 0) {
     c->ur = NULL; /* freed by libevent */
@@ -573,8 +750,13 @@ static rd_worker *claim_next(rd_call *c) {
   for (uint32_t k = 0; k < s->n_w && w == NULL; k++) {
     uint32_t id = (c->l->rr + k) % s->n_w; /* one that has its adapter */
     if (untried(c, id) && rd_worker_serves(&s->w[id], c->lora) &&
+        rd_role_serves(&s->w[id], c->leg) &&
         rd_worker_claim(&s->w[id], true))
       w = &s->w[id];
+  }
+  if (w && c->leg == RD_ROLE_DECODE) { /* its KV, until upstream_end */
+    w->pd_decode_tokens += c->pd.prompt;
+    c->pd.kv_held = true;
   }
   rd_unlock(s);
   return w;
@@ -588,11 +770,20 @@ static void try_next(rd_call *c) {
     if (w == NULL)
       break;
     RD_COUNT(c->l, retries, c->attempts > 0);
+    if (c->attempts > 0 && c->leg != RD_ROLE_BOTH)
+      atomic_fetch_add_explicit(c->leg == RD_ROLE_PREFILL
+                                    ? &c->s->pd.prefill_retries
+                                    : &c->s->pd.decode_retries,
+                                1, memory_order_relaxed);
     if (start_upstream(c, w) == 0)
       return;
   }
   RD_COUNT(c->l, no_worker, 1);
-  end_call(c, 503, "no worker could take the request");
+  end_call(c, 503, c->leg == RD_ROLE_PREFILL ? "no prefill worker could "
+                   "take the request (P/D's first leg)"
+                   : c->leg == RD_ROLE_DECODE ? "no decode worker could take "
+                   "the request (P/D's second leg)"
+                   : "no worker could take the request");
 }
 
 /* ---- routing ---------------------------------------------------------------- */
@@ -662,6 +853,14 @@ static size_t query(rd_call *c, const kvp_key *keys, size_t nq, uint64_t now) {
   return k;
 }
 
+/* P/D: the prompt blocks the decode leg may pull -- those the prefill
+ * worker offered, of the nq queried (text mode: its blocks are the
+ * router's own, not the engine's: all nq) */
+static uint64_t pull_blocks(const rd_call *c, size_t nq) {
+  uint64_t n = c->pd.params.n_blocks;
+  return c->text_mode || n > nq ? nq : n;
+}
+
 /* The decision (under s->mu); *approx: the chosen worker publishes no KV
  * events (read under the lock: the slot is not claimed yet).  The lock's
  * wait and hold times go to /metrics: what more loops would contend on. */
@@ -678,12 +877,23 @@ static int decide(rd_call *c, kvp_route_request *rq, uint64_t now,
   uint64_t t1 = kvp_now_ns();
   rd_sync_turn_over(s, rq->session_id);
   rq->request_id = ++s->next_id;
-  if (c->lora >= 0) { /* only the workers that have its adapter loaded */
+  /* only the workers that have its adapter loaded (and serve its leg) */
+  if (c->lora >= 0 || c->leg != RD_ROLE_BOTH) {
     memset(elig, 0, sizeof elig);
     for (uint32_t w = 0; w < s->n_w; w++)
-      elig[w / 64] |= (uint64_t)rd_worker_serves(&s->w[w], c->lora) << (w % 64);
+      elig[w / 64] |= (uint64_t)(rd_worker_serves(&s->w[w], c->lora) &&
+                                 rd_role_serves(&s->w[w], c->leg))
+                      << (w % 64);
     rq->eligible = elig;
     rq->n_eligible_words = (s->n_w + 63) / 64;
+  }
+  if (c->leg == RD_ROLE_DECODE) { /* transfer + decode load; the prefix */
+    uint64_t dec[RD_WORKERS_MAX / 64];
+    rd_pd_decode_eligible(s, c->l->wm, nm, pull_blocks(c, nq), c->pd.prompt,
+                          c->pd.out_tokens, dec);
+    for (uint32_t i = 0; i < (s->n_w + 63) / 64; i++)
+      elig[i] &= dec[i];
+    nm = rd_pd_decode_matches(s, c->l->wm, nm, pull_blocks(c, nq));
   }
   int rc = kvp_router_route_matches(s->router, rq, c->l->wm, nm, &c->d);
   *approx = rc == 0 && (c->text_mode || *s->w[c->d.worker].kv_events == '\0');
@@ -720,8 +930,101 @@ static bool too_long(rd_call *c, uint64_t prompt) {
   return true;
 }
 
-static void route(rd_call *c) {
+/* P/D: a session's prefill choices keep their own affinity, apart from
+ * its decode choices (the router remembers one worker per session id) */
+#define RD_PD_PREFILL_SESSION 0x9e3779b97f4a7c15ull
+
+/* One leg's choice (the whole request outside P/D), then its first
+ * attempt; t0: when routing began (kvp_now_ns). */
+static void route_leg(rd_call *c, uint64_t t0) {
   rd_server *s = c->s;
+  rd_loop *l = c->l;
+  uint64_t sess = *c->session ? kvp_id64(c->session) : 0;
+  kvp_route_request rq = {
+      .keys = c->keys,
+      .n_blocks = c->n_keys,
+      .prompt_tokens = c->pd.prompt,
+      .session_id = sess && c->leg == RD_ROLE_PREFILL
+                        ? sess ^ RD_PD_PREFILL_SESSION : sess,
+      .tenant = *c->tenant ? kvp_id64(c->tenant) : 0,
+      .block_size = c->text_mode ? 0 : l->cfg.ropts.block_size};
+  size_t seen; /* the ledger's never_seen vs evicted */
+  if (kvp_index_seen_prefix(s->ix, c->keys, c->n_keys, &seen) == 0) {
+    rq.seen_blocks = (uint32_t)seen;
+    rq.flags |= KVP_ROUTE_SEEN;
+  }
+  bool approx;
+  int rc = decide(c, &rq, t0, &approx);
+  hist_record(l, l->h_route, kvp_now_ns() - t0);
+  if (rc < 0) {
+    char msg[192];
+    snprintf(msg, sizeof msg, "no %sworker %s%s is available",
+             c->leg == RD_ROLE_BOTH ? "" : c->leg == RD_ROLE_PREFILL
+                                               ? "prefill " : "decode ",
+             c->lora >= 0 ? "serving adapter " : "",
+             c->lora >= 0 ? s->lora[c->lora].name : "");
+    RD_COUNT(l, no_worker, 1);
+    end_call(c, rc == KVP_ESTATE ? 503 : 500,
+             rc == KVP_ESTATE ? msg : "routing failed (see the log)");
+    return;
+  }
+  RD_COUNT(l, reasons[c->d.reason % KVP_REASON_COUNT_], 1);
+  if (c->leg == RD_ROLE_DECODE) {
+    atomic_fetch_add_explicit(&s->pd.pred_transfer_tokens,
+                              c->d.reused_tier_tokens[KVP_TIER_REMOTE],
+                              memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->pd.pred_transfer_bytes,
+                              c->d.load_bytes[KVP_TIER_REMOTE],
+                              memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->pd.decode_local_tokens,
+                              c->d.reused_tier_tokens[KVP_TIER_HBM],
+                              memory_order_relaxed);
+  }
+  uint32_t id = c->d.worker;
+  if (approx) /* approximate residency, shared with the other replicas */
+    kvp_index_record_routed(s->ix, id, c->keys, c->n_keys, t0);
+  rd_sync_decision(s, c->d_url, &c->d, approx ? c->keys : NULL,
+                   approx ? c->n_keys : 0);
+  l->rr = id + 1;
+  try_next(c);
+}
+
+/* P/D: the prefill leg's body replaces the client's, kept for the decode
+ * leg.  -1: answered (400: a body jansson cannot re-encode). */
+static int pd_begin(rd_call *c, struct evhttp_request *hr) {
+  char err[256], *b;
+  size_t n;
+  const char *id =
+      hr ? evhttp_find_header(evhttp_request_get_input_headers(hr),
+                              "X-Request-Id")
+         : NULL;
+  if (id && *id && strlen(id) < sizeof c->pd.xrid &&
+      strcspn(id, "\r\n") == strlen(id))
+    snprintf(c->pd.xrid, sizeof c->pd.xrid, "%s", id);
+  else /* unique per router replica and request */
+    snprintf(c->pd.xrid, sizeof c->pd.xrid, "kvplane-pd-%u-%u-%llu-%llx",
+             c->l->cfg.ropts.replica_id, c->l->idx,
+             (unsigned long long)atomic_load_explicit(&c->l->cnt.requests,
+                                                      memory_order_relaxed),
+             (unsigned long long)kvp_now_ns());
+  if (rd_pd_prefill_body(c->body, c->body_len, &b, &n, err, sizeof err) < 0) {
+    RD_COUNT(c->l, bad_requests, 1);
+    end_call(c, 400, err);
+    return -1;
+  }
+  c->pd.body = c->body;
+  c->pd.body_len = c->body_len;
+  c->pd.out_tokens = rd_pd_max_tokens(c->body, c->body_len);
+  if (c->pd.out_tokens == 0) /* the OpenAI completions default */
+    c->pd.out_tokens = 16;
+  c->body = b;
+  c->body_len = n;
+  c->leg = RD_ROLE_PREFILL;
+  atomic_fetch_add_explicit(&c->s->pd.calls, 1, memory_order_relaxed);
+  return 0;
+}
+
+static void route(rd_call *c) {
   rd_loop *l = c->l;
   uint64_t prompt = c->q.n_tokens, t0 = kvp_now_ns();
   int rc = c->text_mode ? hash_text(c, &prompt)
@@ -734,39 +1037,34 @@ static void route(rd_call *c) {
     return;
   RD_COUNT(l, text_mode, c->text_mode);
   RD_COUNT(l, token_mode, !c->text_mode);
-  kvp_route_request rq = {
-      .keys = c->keys,
-      .n_blocks = c->n_keys,
-      .prompt_tokens = prompt,
-      .session_id = *c->session ? kvp_id64(c->session) : 0,
-      .tenant = *c->tenant ? kvp_id64(c->tenant) : 0,
-      .block_size = c->text_mode ? 0 : l->cfg.ropts.block_size};
-  size_t seen; /* the ledger's never_seen vs evicted */
-  if (kvp_index_seen_prefix(s->ix, c->keys, c->n_keys, &seen) == 0) {
-    rq.seen_blocks = (uint32_t)seen;
-    rq.flags |= KVP_ROUTE_SEEN;
-  }
-  bool approx;
-  rc = decide(c, &rq, t0, &approx);
-  hist_record(l, l->h_route, kvp_now_ns() - t0);
-  if (rc < 0) {
-    char msg[192];
-    snprintf(msg, sizeof msg, "no worker %s%s is available",
-             c->lora >= 0 ? "serving adapter " : "",
-             c->lora >= 0 ? s->lora[c->lora].name : "");
-    RD_COUNT(l, no_worker, 1);
-    end_call(c, rc == KVP_ESTATE ? 503 : 500,
-             rc == KVP_ESTATE ? msg : "routing failed (see the log)");
+  c->pd.prompt = prompt;
+  if (l->cfg.pd && pd_begin(c, c->hr) < 0)
+    return;
+  route_leg(c, t0);
+}
+
+/* P/D, the prefill leg answered with usable kv_transfer_params (params):
+ * the decode leg, with its own choice and its own retries. */
+static void decode_leg(rd_call *c, const char *params) {
+  char err[256], *b;
+  size_t n;
+  if (rd_pd_decode_body(c->pd.body, c->pd.body_len, params, &b, &n, err,
+                        sizeof err) < 0) {
+    end_call(c, 500, err);
     return;
   }
-  RD_COUNT(l, reasons[c->d.reason % KVP_REASON_COUNT_], 1);
-  uint32_t id = c->d.worker;
-  if (approx) /* approximate residency, shared with the other replicas */
-    kvp_index_record_routed(s->ix, id, c->keys, c->n_keys, t0);
-  rd_sync_decision(s, c->d_url, &c->d, approx ? c->keys : NULL,
-                   approx ? c->n_keys : 0);
-  l->rr = id + 1;
-  try_next(c);
+  free(c->body);
+  c->body = b;
+  c->body_len = n;
+  c->leg = RD_ROLE_DECODE;
+  c->attempts = 0;
+  memset(c->tried, 0, sizeof c->tried);
+  c->completed = false;
+  c->code = 0;
+  c->w = NULL;
+  memset(&c->d, 0, sizeof c->d);
+  c->d.worker = KVP_WORKER_NONE;
+  route_leg(c, kvp_now_ns());
 }
 
 /* ---- render: the worker applies the chat template and tokenizes -------------- */
@@ -983,6 +1281,9 @@ static void on_generate(rd_loop *l, struct evhttp_request *hr, rd_kind kind,
     return;
   }
   c->hr = hr;
+  /* a stream's last small writes (its [DONE], the chunked end) must not
+   * wait out the client's delayed ACK behind Nagle (~40 ms each) */
+  rd_conn_nodelay(evhttp_request_get_connection(hr));
   rd_guard_on_gone(l->guard, hr, on_client_gone, c);
   if (c->q.tokens)
     route(c);

@@ -45,6 +45,15 @@ static void check_ok(const bh_api_req *r, bh_api_kind k) {
     if (chars == 0 || chars > BH_API_SALT_MAX || k == BH_API_TOKENIZE)
       abort();
   }
+  const bh_api_kvx *x = &r->kvx; /* kv_transfer_params (P/D legs) */
+  if (x->mode > BH_KVX_REMOTE_PREFILL || x->n_blocks > BH_API_KVX_BLOCKS_MAX)
+    abort();
+  if (x->mode == BH_KVX_REMOTE_PREFILL &&
+      (x->engine_id[0] == '\0' || x->host[0] == '\0' || x->port == 0 ||
+       x->port > 65535))
+    abort();
+  if (x->mode != BH_KVX_REMOTE_PREFILL && (x->n_blocks || x->port))
+    abort();
 }
 
 static void check_err(const bh_api_err *e) {
@@ -78,7 +87,8 @@ static void check_same(const bh_api_req *a, const bh_api_err *ea, int ra,
       a->max_tokens_set != b->max_tokens_set ||
       strcmp(a->request_id, b->request_id) || a->lora_name != b->lora_name ||
       (a->cache_salt == NULL) != (b->cache_salt == NULL) ||
-      (a->cache_salt && strcmp(a->cache_salt, b->cache_salt)))
+      (a->cache_salt && strcmp(a->cache_salt, b->cache_salt)) ||
+      memcmp(&a->kvx, &b->kvx, sizeof a->kvx))
     abort();
 }
 

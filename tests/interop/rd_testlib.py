@@ -58,9 +58,10 @@ def metric_sum(text, name):
 
 
 def start_engine(bench, work, name, n, block_size, procs, loras=(),
-                 time_scale=20):
+                 time_scale=20, extra=()):
     """`kvplane-bench engine` with n emulated vLLM workers (and LoRA adapters
-    `loras`), its log in work/name.log; the process goes into procs.
+    `loras`, more arguments `extra`: --prefill N --decode M sets n itself),
+    its log in work/name.log; the process goes into procs.
     Returns (process, its ready file's "workers" list)."""
     ready = os.path.join(work, name + ".json")
     if os.path.exists(ready):
@@ -69,7 +70,8 @@ def start_engine(bench, work, name, n, block_size, procs, loras=(),
     p = subprocess.Popen([bench, "engine", "--workers", str(n), "--block-size",
                           str(block_size), "--time-scale", str(time_scale),
                           "--ready-file", ready]
-                         + [a for lo in loras for a in ("--lora", lo)],
+                         + [a for lo in loras for a in ("--lora", lo)]
+                         + list(extra),
                          stdout=log, stderr=subprocess.STDOUT)
     procs.append(p)
     for _ in range(200):
