@@ -2,6 +2,7 @@
 /* kvplane-routerd P/D: the two legs' bodies and the prefill worker's
  * kv_transfer_params (rd_pd_msg.h). */
 #include "rd_pd_msg.h"
+#include "rd_req.h"
 
 #include <jansson.h>
 #include <stdbool.h>
@@ -28,46 +29,6 @@ static json_t *load_object(const char *b, size_t n, char *err, size_t cap,
 
 /* ---- the bodies: top-level members dropped and appended, every other
  * byte kept as sent (a prompt of token ids is never re-encoded) --------- */
-static size_t skip_ws(const char *b, size_t i, size_t n) {
-  while (i < n && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r'))
-    i++;
-  return i;
-}
-
-/* b[i] == '"': the index past its closing quote, n when there is none */
-static size_t skip_str(const char *b, size_t i, size_t n) {
-  for (i++; i < n; i++) {
-    if (b[i] == '\\')
-      i++;
-    else if (b[i] == '"')
-      return i + 1;
-  }
-  return n;
-}
-
-/* a value from b[i]: the index of the ',' or '}' after a scalar, or past
- * the closing bracket of an object or array */
-static size_t skip_value(const char *b, size_t i, size_t n) {
-  size_t depth = 0;
-  while (i < n) {
-    char c = b[i];
-    if (c == '"') {
-      i = skip_str(b, i, n);
-      if (depth == 0)
-        return i;
-      continue;
-    }
-    if (c == '{' || c == '[')
-      depth++;
-    else if ((c == '}' || c == ']') && depth > 0 && --depth == 0)
-      return i + 1;
-    else if (depth == 0 && (c == ',' || c == '}' || c == ']'))
-      return i;
-    i++;
-  }
-  return n;
-}
-
 /* Index in drop[] of the key b[0..n) (its bytes as sent), or -1. */
 static int key_index(const char *b, size_t n, const char *const *drop,
                      size_t nd) {
@@ -86,17 +47,19 @@ static int key_index(const char *b, size_t n, const char *const *drop,
 static int rewrite(const char *body, size_t len, const char *const *drop,
                    size_t nd, const char *add, unsigned *seen, char **out,
                    size_t *out_len) {
-  size_t i = skip_ws(body, 0, len), al = strlen(add), k = 1;
+  size_t i = rd_json_skip_ws(body, 0, len), al = strlen(add), k = 1;
   char *o = malloc(len + al + 3);
   *seen = 0;
   if (o == NULL || i >= len || body[i] != '{')
     goto bad;
   o[0] = '{';
-  for (i = skip_ws(body, i + 1, len); i < len && body[i] == '"';) {
-    size_t k0 = i, k1 = skip_str(body, i, len), c = skip_ws(body, k1, len);
+  for (i = rd_json_skip_ws(body, i + 1, len); i < len && body[i] == '"';) {
+    size_t k0 = i, k1 = rd_json_skip_str(body, i, len);
+    size_t c = rd_json_skip_ws(body, k1, len);
     if (c >= len || body[c] != ':')
       goto bad;
-    size_t e = skip_value(body, skip_ws(body, c + 1, len), len);
+    size_t e =
+        rd_json_skip_value(body, rd_json_skip_ws(body, c + 1, len), len);
     int j = key_index(body + k0 + 1, k1 - k0 - 2, drop, nd);
     if (j >= 0)
       *seen |= 1u << j;
@@ -106,9 +69,9 @@ static int rewrite(const char *body, size_t len, const char *const *drop,
       memcpy(o + k, body + k0, e - k0);
       k += e - k0;
     }
-    i = skip_ws(body, e, len);
+    i = rd_json_skip_ws(body, e, len);
     if (i < len && body[i] == ',') /* a comma between members, or the end */
-      i = skip_ws(body, i + 1, len);
+      i = rd_json_skip_ws(body, i + 1, len);
     else if (i < len && body[i] != '}')
       goto bad;
   }
@@ -138,23 +101,25 @@ static uint32_t read_count(const char *b, size_t i, size_t n) {
 
 uint32_t rd_pd_max_tokens(const char *body, size_t len) {
   uint32_t mt = 0, mct = 0;
-  size_t i = skip_ws(body, 0, len);
+  size_t i = rd_json_skip_ws(body, 0, len);
   if (i >= len || body[i] != '{')
     return 0;
-  for (i = skip_ws(body, i + 1, len); i < len && body[i] == '"';) {
-    size_t k0 = i, k1 = skip_str(body, i, len), c = skip_ws(body, k1, len);
+  for (i = rd_json_skip_ws(body, i + 1, len); i < len && body[i] == '"';) {
+    size_t k0 = i, k1 = rd_json_skip_str(body, i, len);
+    size_t c = rd_json_skip_ws(body, k1, len);
     if (c >= len || body[c] != ':')
       return 0;
-    size_t v = skip_ws(body, c + 1, len), e = skip_value(body, v, len);
+    size_t v = rd_json_skip_ws(body, c + 1, len);
+    size_t e = rd_json_skip_value(body, v, len);
     size_t kl = k1 - k0 - 2;
     if (kl == 10 && memcmp(body + k0 + 1, "max_tokens", 10) == 0)
       mt = read_count(body, v, e);
     else if (kl == 21 &&
              memcmp(body + k0 + 1, "max_completion_tokens", 21) == 0)
       mct = read_count(body, v, e);
-    i = skip_ws(body, e, len);
+    i = rd_json_skip_ws(body, e, len);
     if (i < len && body[i] == ',')
-      i = skip_ws(body, i + 1, len);
+      i = rd_json_skip_ws(body, i + 1, len);
     else
       break;
   }

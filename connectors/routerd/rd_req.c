@@ -144,14 +144,14 @@ static int parse_messages(json_t *m, rd_req *r, rd_req_err *e) {
  * with that array spliced out ("prompt":0).  Anything else (a batch, a
  * negative or non-integer id, an escaped key) takes the jansson path, which
  * says what is wrong; the results are the same (tests/test_routerd_req.c). */
-static size_t skip_ws(const char *b, size_t i, size_t n) {
+size_t rd_json_skip_ws(const char *b, size_t i, size_t n) {
   while (i < n && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r'))
     i++;
   return i;
 }
 
 /* b[i] == '"': the index past the closing quote, or n */
-static size_t skip_str(const char *b, size_t i, size_t n) {
+size_t rd_json_skip_str(const char *b, size_t i, size_t n) {
   for (i++; i < n; i++)
     if (b[i] == '\\')
       i++;
@@ -161,12 +161,12 @@ static size_t skip_str(const char *b, size_t i, size_t n) {
 }
 
 /* one value (not validated: jansson does that); the index past it */
-static size_t skip_value(const char *b, size_t i, size_t n) {
+size_t rd_json_skip_value(const char *b, size_t i, size_t n) {
   size_t depth = 0;
   while (i < n) {
     char c = b[i];
     if (c == '"')
-      i = skip_str(b, i, n);
+      i = rd_json_skip_str(b, i, n);
     else if (c == '{' || c == '[')
       depth++, i++;
     else if (c == '}' || c == ']') {
@@ -221,7 +221,8 @@ static size_t number(const char *b, size_t i, size_t n, uint64_t *v) {
 static size_t take_fast_ids(const char *b, size_t i, size_t n, rd_req *r) {
   size_t cap = (n - i) / 2 + 1, k = 0;
   uint32_t *t = malloc(cap * sizeof *t);
-  for (i = skip_ws(b, i + 1, n); t != NULL && i < n; i = skip_ws(b, i, n)) {
+  for (i = rd_json_skip_ws(b, i + 1, n); t != NULL && i < n;
+       i = rd_json_skip_ws(b, i, n)) {
     uint64_t v;
     size_t d = i;
     i = number(b, i, n, &v);
@@ -232,7 +233,7 @@ static size_t take_fast_ids(const char *b, size_t i, size_t n, rd_req *r) {
       i++;
       continue;
     }
-    i = skip_ws(b, i, n);
+    i = rd_json_skip_ws(b, i, n);
     if (i < n && b[i] == ']') {
       r->tokens = t;
       r->n_tokens = k;
@@ -249,15 +250,15 @@ static size_t take_fast_ids(const char *b, size_t i, size_t n, rd_req *r) {
 /* The body without its top-level token-id prompt (taken into r), or NULL:
  * no such prompt, or no memory (the jansson path then runs as before). */
 static char *splice_prompt(const char *b, size_t n, rd_req *r, size_t *out) {
-  size_t i = skip_ws(b, 0, n);
+  size_t i = rd_json_skip_ws(b, 0, n);
   if (i >= n || b[i] != '{')
     return NULL;
-  for (i = skip_ws(b, i + 1, n); i < n && b[i] == '"'; ) {
-    size_t k0 = i + 1, k1 = skip_str(b, i, n);
-    i = skip_ws(b, k1, n);
+  for (i = rd_json_skip_ws(b, i + 1, n); i < n && b[i] == '"'; ) {
+    size_t k0 = i + 1, k1 = rd_json_skip_str(b, i, n);
+    i = rd_json_skip_ws(b, k1, n);
     if (i >= n || b[i] != ':')
       return NULL;
-    i = skip_ws(b, i + 1, n);
+    i = rd_json_skip_ws(b, i + 1, n);
     if (k1 - k0 == 7 && memcmp(b + k0, "prompt\"", 7) == 0) {
       size_t end = i < n && b[i] == '[' ? take_fast_ids(b, i, n, r) : 0;
       char *s = end ? malloc(n - (end - i) + 2) : NULL;
@@ -270,10 +271,10 @@ static char *splice_prompt(const char *b, size_t n, rd_req *r, size_t *out) {
       s[*out] = '\0';
       return s;
     }
-    i = skip_ws(b, skip_value(b, i, n), n);
+    i = rd_json_skip_ws(b, rd_json_skip_value(b, i, n), n);
     if (i >= n || b[i] != ',')
       return NULL;
-    i = skip_ws(b, i + 1, n);
+    i = rd_json_skip_ws(b, i + 1, n);
   }
   return NULL;
 }
@@ -336,23 +337,23 @@ void rd_req_free(rd_req *r) {
  * object this scan can walk (the caller parsed it with jansson first). */
 static bool find_salt(const char *b, size_t n, size_t *v0, size_t *v1,
                       size_t *close, bool *empty) {
-  size_t i = skip_ws(b, 0, n);
+  size_t i = rd_json_skip_ws(b, 0, n);
   if (i >= n || b[i] != '{')
     return false;
-  i = skip_ws(b, i + 1, n);
+  i = rd_json_skip_ws(b, i + 1, n);
   *empty = i < n && b[i] == '}';
   while (i < n && b[i] == '"') {
-    size_t k0 = i + 1, k1 = skip_str(b, i, n);
-    i = skip_ws(b, k1, n);
+    size_t k0 = i + 1, k1 = rd_json_skip_str(b, i, n);
+    i = rd_json_skip_ws(b, k1, n);
     if (i >= n || b[i] != ':')
       return false;
-    i = skip_ws(b, i + 1, n);
-    size_t end = skip_value(b, i, n);
+    i = rd_json_skip_ws(b, i + 1, n);
+    size_t end = rd_json_skip_value(b, i, n);
     if (k1 - k0 == 11 && memcmp(b + k0, "cache_salt\"", 11) == 0)
       *v0 = i, *v1 = end;
-    i = skip_ws(b, end, n);
+    i = rd_json_skip_ws(b, end, n);
     if (i < n && b[i] == ',')
-      i = skip_ws(b, i + 1, n);
+      i = rd_json_skip_ws(b, i + 1, n);
   }
   *close = i;
   return i < n && b[i] == '}';

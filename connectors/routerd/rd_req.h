@@ -43,6 +43,14 @@ typedef struct rd_req_err {
 
 /* Parses body[0..len).  Returns 0 (out filled; rd_req_free it) or -1 with
  * *err set and out empty.  Any bytes are safe; never reads past len. */
+/* Scanners over JSON bytes b[0..n) that jansson validates elsewhere (the
+ * splicers keep every byte they do not touch as sent): past whitespace;
+ * b[i] == '"' -> past its closing quote; past one value (a scalar stops at
+ * the ',', '}' or ']' after it).  n when the bytes end first. */
+size_t rd_json_skip_ws(const char *b, size_t i, size_t n);
+size_t rd_json_skip_str(const char *b, size_t i, size_t n);
+size_t rd_json_skip_value(const char *b, size_t i, size_t n);
+
 int rd_req_parse(rd_kind kind, const char *body, size_t len, rd_req *out,
                  rd_req_err *err);
 void rd_req_free(rd_req *r);
