@@ -68,9 +68,32 @@ TEST(fast_path_rejects_as_jansson) {
   expect_reject("{\"prompt\":[1,]}", NULL);
   expect_reject("{\"prompt\":[1,2]", NULL);
   expect_reject("{\"prompt\":[1,2]}x", NULL);
+  expect_reject("{\"prompt\":[1,2].5}", NULL); /* the splice must not */
+  expect_reject("{\"prompt\":[1,2]e5}", NULL); /* make a number of it */
+  expect_reject("{\"prompt\":[1,2]0}", NULL);
+  expect_reject("{\"prompt\":[1,2]l}", NULL);
   expect_reject("{\"a\":tru,\"prompt\":[1]}", NULL);
   expect_reject("{\"prompt\":[1],\"stream\":\"yes\"}", "stream");
   expect_reject("{\"x\":{\"prompt\":[5]}}", "prompt"); /* none at the top */
+}
+
+/* jansson 2.14 takes a NUL right after a number; the router never does
+ * (fuzz_routerd_req found the fast path and the salt splice disagreeing) */
+TEST(nul_bytes_rejected) {
+  static const char a[] = "{\"prompt\":[0,2]\0,\"max_tokens\":4}";
+  static const char b[] = "{\"prompt\":\"hi\",\"max_tokens\":4\0}";
+  static const char c[] = "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                          "\"n\":1\0}";
+  rd_req r;
+  rd_req_err e = {0};
+  ASSERT_EQ(rd_req_parse(RD_COMPLETIONS, a, sizeof a - 1, &r, &e), -1);
+  ASSERT_EQ(e.status, 400);
+  ASSERT_NULL(r.tokens);
+  ASSERT_EQ(rd_req_parse(RD_COMPLETIONS, b, sizeof b - 1, &r, &e), -1);
+  ASSERT_NULL(r.text);
+  ASSERT_EQ(rd_req_parse(RD_CHAT, c, sizeof c - 1, &r, &e), -1);
+  ASSERT_EQ(e.status, 400);
+  ASSERT_NOT_NULL(strstr(e.message, "NUL"));
 }
 
 /* ---- random bodies against jansson ----------------------------------------- */
@@ -272,4 +295,4 @@ TEST(salt_spliced_not_reserialised) {
 TEST_MAIN(TEST_ENTRY(salt_cannot_collide_or_be_forged),
           TEST_ENTRY(salt_spliced_not_reserialised),
           TEST_ENTRY(fast_path_reads_ids), TEST_ENTRY(fast_path_rejects_as_jansson),
-          TEST_ENTRY(random_bodies_match_jansson))
+          TEST_ENTRY(random_bodies_match_jansson), TEST_ENTRY(nul_bytes_rejected))
