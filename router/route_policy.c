@@ -1312,21 +1312,29 @@ int kvp_router_route_chosen(kvp_router *r, const kvp_route_request *req,
   return route_core(r, req, NULL, 0, fn, ctx, KVP_DECISION_CHOSEN_ONLY, out);
 }
 
-/* The index's view as the router's match array: workers it cannot route to
- * dropped, routed-only blocks counted as predicted HBM residency. */
-static size_t matches_from_index(kvp_router *r, size_t n) {
+int kvp_router_match(kvp_index *ix, const kvp_key *keys, size_t n_blocks,
+                     uint64_t now_ns, uint32_t n_workers,
+                     kvp_index_match *scratch, kvp_worker_match *out,
+                     size_t cap) {
+  if (ix == NULL || (cap > 0 && (scratch == NULL || out == NULL)))
+    return KVP_EINVAL;
+  size_t nq = n_blocks < KVP_INDEX_CHAIN_MAX ? n_blocks : KVP_INDEX_CHAIN_MAX;
+  int got = kvp_index_query(ix, keys, nq, now_ns, scratch, cap);
+  if (got < 0)
+    return got;
   size_t k = 0;
-  for (size_t i = 0; i < n; i++) {
-    const kvp_index_match *im = &r->ixm[i];
-    if (im->worker >= r->n)
+  for (size_t i = 0; i < (size_t)got && i < cap; i++) {
+    const kvp_index_match *im = &scratch[i];
+    if (im->worker >= n_workers) /* workers the caller cannot route to */
       continue;
-    kvp_worker_match *m = &r->wm[k++];
+    kvp_worker_match *m = &out[k++];
+    memset(m, 0, sizeof *m);
     m->worker = im->worker;
     memcpy(m->blocks, im->tier_blocks, sizeof m->blocks);
-    m->blocks[KVP_TIER_HBM] += im->routed_blocks;
+    m->blocks[KVP_TIER_HBM] += im->routed_blocks; /* where the prefill left them */
     m->flags = (im->uncertain || im->routed_blocks) ? KVP_MATCH_UNCERTAIN : 0;
   }
-  return k;
+  return (int)k;
 }
 
 int kvp_router_route(kvp_router *r, kvp_index *ix, const kvp_route_request *req,
@@ -1339,15 +1347,14 @@ int kvp_router_route(kvp_router *r, kvp_index *ix, const kvp_route_request *req,
     return rc;
   size_t nq =
       req->n_blocks < KVP_INDEX_CHAIN_MAX ? req->n_blocks : KVP_INDEX_CHAIN_MAX;
-  int got = kvp_index_query(ix, req->keys, nq, now_ns, r->ixm, r->n);
+  int got = kvp_router_match(ix, req->keys, req->n_blocks, now_ns, r->n, r->ixm,
+                             r->wm, r->n);
   uint8_t flags = got < 0 ? KVP_DECISION_NO_INDEX : 0;
   if (got < 0) /* fail open: a miss, never a failed request */
     KVP_LOGW(MOD, "index query failed (%s): routing on load only",
              kvp_err_name(got));
-  size_t nm =
-      got > 0 ? matches_from_index(r, (size_t)got < r->n ? (size_t)got : r->n)
-              : 0;
-  rc = route_core(r, req, r->wm, nm, NULL, NULL, flags, out);
+  rc = route_core(r, req, r->wm, got > 0 ? (size_t)got : 0, NULL, NULL, flags,
+                  out);
   if (rc < 0 || !r->o.record_routed)
     return rc;
   rc = kvp_index_record_routed(ix, out->worker, req->keys, nq, now_ns);

@@ -501,6 +501,73 @@ TEST(no_herding_across_replicas) {
 }
 
 /* ---- peer policies on hand-computed cases -------------------------------- */
+/* Match, then decide (kvp_router_match + kvp_router_route_matches), as a
+ * daemon runs them around its own lock: the matches are the index's, by
+ * hand, and the decision is kvp_router_route's on a twin router. */
+TEST(two_step_match_then_decide) {
+  kvp_router_opts o = {0};
+  o.block_size = 16;
+  o.n_workers = 4;
+  kvp_router *r1 = NULL, *r2 = NULL;
+  ASSERT_OK(kvp_router_create(&o, NULL, &r1));
+  ASSERT_OK(kvp_router_create(&o, NULL, &r2));
+  kvp_index *ix = index_new(6); /* workers 4, 5: not the router's */
+  convo c;
+  convo_init(&c, 8192);
+  kvp_route_request t = convo_turn(&c, 4096, 1); /* 256 blocks */
+  ASSERT_EQ(kvp_index_stored(ix, 1, 1, KVP_TIER_HBM, NULL, c.keys, 100), 100);
+  ASSERT_EQ(kvp_index_stored(ix, 2, 1, KVP_TIER_HBM, NULL, c.keys, 50), 50);
+  ASSERT_EQ(kvp_index_stored(ix, 2, 2, KVP_TIER_DRAM, &c.keys[49], &c.keys[50],
+                             30), 30);
+  ASSERT_EQ(kvp_index_stored(ix, 5, 1, KVP_TIER_HBM, NULL, c.keys, 200), 200);
+  ASSERT_EQ(kvp_index_record_routed(ix, 3, c.keys, 30, 1000), 30);
+  kvp_index_match scratch[6];
+  kvp_worker_match m[6];
+  int n = kvp_router_match(ix, c.keys, t.n_blocks, 2000, 4, scratch, m, 6);
+  ASSERT_EQ(n, 3);
+  uint32_t seen = 0;
+  for (int i = 0; i < n; i++) {
+    uint32_t hb = m[i].blocks[KVP_TIER_HBM], dr = m[i].blocks[KVP_TIER_DRAM];
+    seen |= 1u << m[i].worker;
+    if (m[i].worker == 1)
+      ASSERT_TRUE(hb == 100 && dr == 0 && m[i].flags == 0);
+    else if (m[i].worker == 2)
+      ASSERT_TRUE(hb == 50 && dr == 30 && m[i].flags == 0);
+    else /* routed, not stored: predicted HBM, uncertain */
+      ASSERT_TRUE(m[i].worker == 3 && hb == 30 && dr == 0 &&
+                  m[i].flags == KVP_MATCH_UNCERTAIN);
+  }
+  ASSERT_EQ(seen, 0xEu);
+  kvp_decision d1, d2;
+  ASSERT_OK(kvp_router_route(r1, ix, &t, 2000, &d1));
+  ASSERT_OK(kvp_router_route_matches(r2, &t, m, (size_t)n, &d2));
+  ASSERT_EQ(d1.worker, 1u);
+  ASSERT_EQ(d2.worker, d1.worker);
+  ASSERT_EQ(d2.avoided_tokens, d1.avoided_tokens);
+  ASSERT_EQ(d2.matched_elsewhere_tokens, d1.matched_elsewhere_tokens);
+  ASSERT_EQ(d2.n_top, d1.n_top);
+  for (uint32_t i = 0; i < d1.n_top; i++) {
+    ASSERT_EQ(d2.top[i].worker, d1.top[i].worker);
+    ASSERT_DOUBLE_NEAR(d2.top[i].recompute_s, d1.top[i].recompute_s, 0);
+  }
+  /* a prefix of the chain, a smaller cap, bad arguments */
+  ASSERT_EQ(kvp_router_match(ix, c.keys, 40, 2000, 4, scratch, m, 6), 3);
+  for (int i = 0; i < 3; i++)
+    ASSERT_TRUE(m[i].blocks[KVP_TIER_HBM] + m[i].blocks[KVP_TIER_DRAM] <= 40);
+  ASSERT_EQ(kvp_router_match(ix, c.keys, t.n_blocks, 2000, 2, scratch, m, 6),
+            1); /* only worker 1 is below 2 */
+  ASSERT_EQ(m[0].worker, 1u);
+  ASSERT_ERR(kvp_router_match(NULL, c.keys, 1, 0, 4, scratch, m, 6), KVP_EINVAL);
+  ASSERT_ERR(kvp_router_match(ix, c.keys, 1, 0, 4, NULL, m, 6), KVP_EINVAL);
+  ASSERT_ERR(kvp_router_match(ix, NULL, 1, 0, 4, scratch, m, 6), KVP_EINVAL);
+  kvp_hasher_destroy(c.h);
+  free(c.tok);
+  free(c.keys);
+  kvp_index_destroy(ix);
+  kvp_router_destroy(r1);
+  kvp_router_destroy(r2);
+}
+
 TEST(round_robin_skips_offline) {
   kvp_router *r = router_new(KVP_POLICY_ROUND_ROBIN, 3, 0);
   kvp_worker_load off = {0};
@@ -1769,4 +1836,4 @@ TEST_MAIN(TEST_ENTRY(policy_names_and_model_math),
           TEST_ENTRY(block_size_mismatch_refused),
           TEST_ENTRY(bad_cls_is_logged), TEST_ENTRY(decisions_into_the_ledger),
           TEST_ENTRY(decision_names_must_match_ids),
-          TEST_ENTRY(set_opts_live))
+          TEST_ENTRY(set_opts_live), TEST_ENTRY(two_step_match_then_decide))

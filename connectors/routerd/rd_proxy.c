@@ -828,29 +828,17 @@ static void hist_record(rd_loop *l, kvp_hist *h, uint64_t ns) {
   pthread_mutex_unlock(&l->hmu);
 }
 
-/* kvp_router_route with the index query taken out of the routing lock:
- * the query is lock-free and most of the routing time; the decision and
- * its in-flight accounting are what s->mu serialises.  The matches are
- * what kvp_router_route makes of the query (router/route_policy.c
- * matches_from_index).  A query cannot fail here (<= 256 workers, chains
- * cut to KVP_INDEX_CHAIN_MAX); if one did, the request routes on load. */
+/* Step one, outside s->mu: the index's per-worker matches
+ * (kvp_router_match: the query is lock-free and most of the routing time);
+ * the decision and its in-flight accounting (kvp_router_route_matches,
+ * step two) are what s->mu serialises.  A query cannot fail here (<= 256
+ * workers, chains cut to KVP_INDEX_CHAIN_MAX); if one did, the request
+ * routes on load. */
 static size_t query(rd_call *c, const kvp_key *keys, size_t nq, uint64_t now) {
-  rd_loop *l = c->l;
-  int got = kvp_index_query(c->s->ix, keys, nq, now, l->ixm, c->s->n_w);
-  size_t k = 0;
-  for (int i = 0; i < got && i < (int)c->s->n_w; i++) {
-    const kvp_index_match *im = &l->ixm[i];
-    if (im->worker >= c->s->n_w)
-      continue;
-    kvp_worker_match *m = &l->wm[k++];
-    memset(m, 0, sizeof *m);
-    m->worker = im->worker;
-    memcpy(m->blocks, im->tier_blocks, sizeof m->blocks);
-    m->blocks[KVP_TIER_HBM] += im->routed_blocks;
-    m->flags = (im->uncertain || im->routed_blocks) ? KVP_MATCH_UNCERTAIN : 0;
-  }
+  int got = kvp_router_match(c->s->ix, keys, nq, now, c->s->n_w, c->l->ixm,
+                             c->l->wm, c->s->n_w);
   c->d.flags = got < 0 ? KVP_DECISION_NO_INDEX : 0;
-  return k;
+  return got > 0 ? (size_t)got : 0;
 }
 
 /* P/D: the prompt blocks the decode leg may pull -- those the prefill

@@ -485,6 +485,25 @@ KVP_API int kvp_router_route_chosen(kvp_router *r,
                                     kvp_match_fn fn, void *ctx,
                                     kvp_decision *out);
 
+/* Step one of two (match, then decide): the per-worker matches that
+ * kvp_router_route would route on, for a caller that serialises the
+ * decision itself -- a daemon whose event loops share one router under a
+ * lock runs this lock-free step outside it, then
+ * kvp_router_route_matches(r, req, out, returned count, ...) inside.
+ * Queries the index over keys[0 .. min(n_blocks, KVP_INDEX_CHAIN_MAX)) with
+ * routed records valid at now_ns into scratch[cap] and converts: index
+ * workers >= n_workers dropped; a worker the index flags uncertain, or
+ * whose match rests on routed records, is KVP_MATCH_UNCERTAIN (routed
+ * blocks counted in HBM).  cap: n_workers gets every match.  Returns the
+ * number of matches written to out[cap], or the query's error (KVP_EINVAL:
+ * NULL ix/scratch/out with cap > 0, keys NULL with n_blocks > 0; KVP_ENOMEM):
+ * route on load alone then, as kvp_router_route does, and say so
+ * (KVP_DECISION_NO_INDEX).  Thread-safe: the index's rules. */
+KVP_API int kvp_router_match(kvp_index *ix, const kvp_key *keys,
+                             size_t n_blocks, uint64_t now_ns,
+                             uint32_t n_workers, kvp_index_match *scratch,
+                             kvp_worker_match *out, size_t cap);
+
 /* kvp_router_route_matches with the per-worker matches taken from the index:
  * kvp_index_query() over req->keys (at most KVP_INDEX_CHAIN_MAX blocks: a
  * prefix of a prefix match is still one) with routed records valid at
