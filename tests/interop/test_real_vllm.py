@@ -164,7 +164,8 @@ def prompt(n_blocks):
 
 # ---- the cluster ------------------------------------------------------------------
 fl = vf.Fleet(sys.executable, os.environ.get("KVP_VLLM_MODEL") or
-              os.path.join(ROOT, ".cache", "vllm-tiny"), 2, os.path.join(W, "fleet"))
+              os.path.join(ROOT, ".cache", "vllm-tiny"), 2, os.path.join(W, "fleet"),
+              opt_level=0)  # eager: no torch.compile at each start
 rd = None
 oracles = []
 try:

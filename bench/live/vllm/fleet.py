@@ -185,8 +185,13 @@ def group_alive(pgid):
 
 class Fleet:
     def __init__(self, python, model, n, workdir, cpus=None,
-                 kv_bytes=256 << 20, max_num_seqs=32, start_timeout=600):
+                 kv_bytes=256 << 20, max_num_seqs=32, start_timeout=600,
+                 opt_level=None):
         self.python, self.model, self.n, self.dir = python, model, n, workdir
+        # vLLM's -O level; None: its default (torch.compile, 13-42 s of each
+        # start here); 0 for tests: eager, the same KV and events, the
+        # compile left out (make live keeps the default: prefill speed)
+        self.opt_level = opt_level
         ncpu = os.cpu_count() or 1
         self.cpus = cpus if cpus else max(0.25, (ncpu - 0.5) / n)
         self.kv_bytes, self.max_num_seqs = kv_bytes, max_num_seqs
@@ -210,7 +215,8 @@ class Fleet:
                 "--kv-cache-memory-bytes", str(self.kv_bytes),
                 "--max-num-seqs", str(self.max_num_seqs),
                 "--kv-events-config", json.dumps(ev),
-                "--uvicorn-log-level", "warning"]
+                "--uvicorn-log-level", "warning"] + (
+                    [] if self.opt_level is None else ["-O%d" % self.opt_level])
 
     def env(self, i):
         e = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_SERVER_DEV_MODE="1",
