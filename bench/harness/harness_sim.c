@@ -258,7 +258,8 @@ struct sim {
   uint32_t *pull_from, *pull_to;
   kvp_worker_match *wm;
   kvp_index_match *ixm;
-  uint64_t *elig; /* (nw + 63) / 64 words */
+  uint64_t *elig; /* 2 x (nw + 63) / 64 words: decode leg's, prefill's */
+  double *pd_cost; /* per worker: decode_candidates' */
   /* index events published but not applied yet (see "index events") */
   struct pending *pend;
   size_t pend_n, pend_cap;
@@ -1108,7 +1109,7 @@ static void decode_candidates(struct sim *s, const bh_req *q, size_t *nm,
                               uint64_t n_pull) {
   double hbm = kvp_router_bandwidth(s->rt, KVP_TIER_HBM), best = -1;
   uint32_t out = q->out_tokens ? q->out_tokens : 16; /* routerd's default */
-  double cost[4096];
+  double *cost = s->pd_cost;
   for (uint32_t v = s->cl.pd_prefill; v < s->nw; v++) {
     uint64_t own = own_blocks(match_of(s, nm, v));
     uint64_t lack = own < n_pull ? n_pull - own : 0;
@@ -1232,8 +1233,10 @@ static int pd_setup(struct sim *s) {
   s->wm = calloc(s->nw, sizeof *s->wm);
   s->ixm = calloc(s->nw, sizeof *s->ixm);
   s->elig = calloc(2 * words, sizeof *s->elig);
+  s->pd_cost = calloc(s->nw, sizeof *s->pd_cost);
   if (s->leg == NULL || s->pull_from == NULL || s->pull_to == NULL ||
-      s->wm == NULL || s->ixm == NULL || s->elig == NULL)
+      s->wm == NULL || s->ixm == NULL || s->elig == NULL ||
+      s->pd_cost == NULL)
     return KVP_ENOMEM;
   for (uint32_t v = 0; v < s->cl.pd_prefill; v++)
     s->elig[words + v / 64] |= 1ull << (v % 64);
@@ -1435,6 +1438,7 @@ static void sim_teardown(struct sim *s) {
   free(s->wm);
   free(s->ixm);
   free(s->elig);
+  free(s->pd_cost);
   free(s->seen);
   free(s->pend);
   free(s->pend_keys);
