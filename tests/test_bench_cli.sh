@@ -268,4 +268,36 @@ KVP_BENCH_JOBS=x "$bench" run --quiet --no-progress --limit 50 --policies kvplan
   --out "$tmp/jenv" "$moon" 2> "$tmp/jenv.err" || fail "a bad KVP_BENCH_JOBS stopped the run"
 grep -q "KVP_BENCH_JOBS=x: not 1..1024 or auto; using auto" "$tmp/jenv.err" ||
   fail "a bad KVP_BENCH_JOBS went unsaid: $(cat "$tmp/jenv.err")"
+# P/D (issue 41): bad values are refused naming the option; a config's pd:
+# section runs the split, reported in the table and JSON
+refuse "--prefill 0" "--prefill: prefill workers, 1..4096" run --prefill 0 --decode 2 "$moon"
+refuse "--decode x" "--decode: decode workers, 1..4096" run --prefill 2 --decode x "$moon"
+refuse "--prefill alone" "--prefill and --decode go together" run --prefill 2 "$moon"
+refuse "--link-gbps 0" "--link-gbps: GB/s, 0.001..1e6" run --prefill 2 --decode 2 --link-gbps 0 "$moon"
+refuse "--link-latency-us -1" "--link-latency-us: microseconds, 0.001..6e7" \
+  run --prefill 2 --decode 2 --link-latency-us -1 "$moon"
+refuse "--workers vs P/D" "--workers 3 but --prefill 2 + --decode 2 = 4" \
+  run --workers 3 --prefill 2 --decode 2 "$moon"
+refuse "--workers auto with P/D" "--workers auto does not size a P/D cluster" \
+  run --workers auto --prefill 2 --decode 2 "$moon"
+printf 'pd:\n  prefill: 2\n  link_gbps: 0\n' > "$tmp/pd1.yaml"
+refuse "pd.link_gbps 0" "pd1.yaml:3: pd.link_gbps" run --config "$tmp/pd1.yaml" "$moon"
+printf 'pd:\n  prefill: 1\n  decode: 2\n  link_gbps: 10\n  link_latency_us: 20\n' > "$tmp/pd2.yaml"
+"$bench" run --no-progress --limit 300 --config "$tmp/pd2.yaml" --policies kvplane_cost,infinite \
+  --out "$tmp/pd" "$moon" > "$tmp/pd.out" 2> "$tmp/pd.err" || fail "P/D run: $(cat "$tmp/pd.err")"
+grep -q "P/D: 1 prefill + 2 decode workers, link 10 GB/s + 20 us" "$tmp/pd.out" ||
+  fail "no P/D line in the table: $(cat "$tmp/pd.out")"
+grep -q "infinite bound is not modelled; left out" "$tmp/pd.err" || fail "infinite left out silently"
+python3 - "$tmp/pd/results.json" <<'PY'
+import json, sys
+run = json.load(open(sys.argv[1]))["runs"][0]
+assert run["workers"] == 3 and run["pd"] == {"prefill": 1, "decode": 2, "link_gbps": 10.0,
+                                              "link_latency_us": 20.0}, run["pd"]
+[p] = run["policies"]
+pd = p["pd"]
+assert p["policy"] == "kvplane_cost" and p["requests"] == 300, p["policy"]
+assert pd["xfer_bytes"] > 0 and pd["tpot_s"]["p99"] >= pd["tpot_s"]["p50"] > 0, pd
+assert pd["roles"]["prefill"]["legs"] == pd["roles"]["decode"]["legs"] == 300, pd["roles"]
+assert pd["roles"]["prefill"]["out_tokens"] == 0 < pd["roles"]["decode"]["out_tokens"]
+PY
 echo "kvplane-bench cli ok"

@@ -414,6 +414,144 @@ static void load_generated(uint64_t seed, bh_trace *t) {
   free(buf);
 }
 
+/* P/D: 1 prefill + 2 decode workers, a 1 GB/s link of 1 ms a pull; block 4
+ * tokens of 131072 KV bytes each (Llama-3.1-8B): 524288 bytes a block.
+ *   r1 in=10 ids [1,2], out 3: prefill leg on p0 computes 10 tokens; the
+ *      decode leg pulls both offered blocks (1 ms + 2 x 524288 B / 1 GB/s)
+ *      to whichever decode worker (D), which computes the partial 2 tokens
+ *   r2 in=12 ids [1,2,3], out 3: p0 reuses 8 and computes 4; D holds [1,2]
+ *      from r1's pull: it lacks 1 block (1.52 ms), the other decode worker 3
+ *      (2.57 ms, past rd_pd.c's 5 % + 0.1 ms): D alone is a candidate, and
+ *      pulls one block; its prefill has nothing left to compute.
+ * Expectations computed here, not by the simulator's functions. */
+#define PD_TINY                                                                \
+  "{\"format\":\"kvplane-trace\",\"version\":1,\"block_size\":4}\n"            \
+  "{\"t\":0,\"in\":10,\"out\":3,\"hash_ids\":[1,2]}\n"                         \
+  "{\"t\":100,\"in\":12,\"out\":3,\"hash_ids\":[1,2,3]}\n"
+
+static bh_sim_opts pd_opts(int policy) {
+  bh_sim_opts o = tiny_opts(policy, 3);
+  o.cl.pd_prefill = 1;
+  o.cl.pd_decode = 2;
+  o.cl.link_gbps = 1;
+  o.cl.link_latency_us = 1000;
+  return o;
+}
+
+TEST(pd_exact) {
+  bh_trace t;
+  load(PD_TINY, &t);
+  const int pols[] = {KVP_POLICY_KVPLANE_COST, KVP_POLICY_PREFIX_GREEDY,
+                      KVP_POLICY_LEAST_LOADED, KVP_POLICY_ROUND_ROBIN};
+  const double F = 989e12 * 0.5, blk = 4 * 131072.0;
+  for (size_t p = 0; p < sizeof pols / sizeof *pols; p++) {
+    bh_sim_opts o = pd_opts(pols[p]);
+    bh_result r;
+    run(&t, &o, &r);
+    ASSERT_TRUE(r.pd);
+    /* the ledger holds the prefill legs: p0's reuse */
+    ASSERT_EQ(r.tot.prompt_tokens, 22u);
+    ASSERT_EQ(r.tot.reused_tokens, 8u);
+    /* transfer: r1 both blocks, r2 the one D lacks; r2's two local */
+    ASSERT_EQ(r.xfer_blocks, 3u);
+    ASSERT_EQ(r.xfer_bytes, (uint64_t)(3 * blk));
+    ASSERT_EQ(r.local_blocks, 2u);
+    /* TTFT = prefill leg + latency + bytes / link + the decode worker's
+     * prefill of what was not offered */
+    double t1 = flops(0, 10) / F + 1e-3 + 2 * blk / 1e9 + flops(8, 10) / F;
+    double t2 = flops(8, 12) / F + 1e-3 + 1 * blk / 1e9;
+    ASSERT_EQ(r.ttft.count, 2u);
+    ASSERT_DOUBLE_NEAR(r.ttft.max / 1e6, t1, 2e-6);
+    ASSERT_DOUBLE_NEAR(r.ttft.min / 1e6, t2, 2e-6);
+    /* TPOT = out x step / (out - 1), a step = 2 ms + (weights + KV) / HBM,
+     * alone in the batch */
+    double s1 = 2e-3 + (2 * 8.03e9 + 10 * 131072.0) / 3.35e12;
+    double s2 = 2e-3 + (2 * 8.03e9 + 12 * 131072.0) / 3.35e12;
+    ASSERT_EQ(r.tpot.count, 2u);
+    ASSERT_DOUBLE_NEAR(r.tpot.min / 1e6, 3 * s1 / 2, 2e-6);
+    ASSERT_DOUBLE_NEAR(r.tpot.max / 1e6, 3 * s2 / 2, 2e-6);
+    /* per role: p0 ran both prefill legs (10 + 4 tokens), D both decode
+     * legs (2 + 0 tokens computed, 6 decoded): decode imbalance 2 */
+    const bh_role_load *pr = &r.role[BH_ROLE_PREFILL];
+    const bh_role_load *de = &r.role[BH_ROLE_DECODE];
+    ASSERT_EQ(pr->workers, 1u);
+    ASSERT_EQ(pr->legs, 2u);
+    ASSERT_EQ(pr->prefill_tokens, 14u);
+    ASSERT_EQ(pr->out_tokens, 0u);
+    ASSERT_EQ(de->workers, 2u);
+    ASSERT_EQ(de->legs, 2u);
+    ASSERT_EQ(de->prefill_tokens, 2u);
+    ASSERT_EQ(de->out_tokens, 6u);
+    ASSERT_DOUBLE_NEAR(de->decode_s, 3 * s1 + 3 * s2, 1e-9);
+    ASSERT_DOUBLE_NEAR(de->imbalance, 2.0, 1e-9);
+    ASSERT_DOUBLE_NEAR(pr->imbalance, 1.0, 1e-12);
+    bh_result_free(&r);
+  }
+  bh_trace_free(&t);
+}
+
+/* P/D: the decode holder wins over the policy's own choice.  least_loaded
+ * over 1 prefill + 2 decode workers: the first request's decode leg goes to
+ * decode worker 1 (both idle: the lowest) and decodes for ~200 s; the
+ * second's would go to idle decode worker 2 (fewer requests), but worker 1
+ * holds [1,2] from the first pull, so only it is within rd_pd.c's 5 % +
+ * 0.1 ms (one block to pull, 1.52 ms, against three, 2.57 ms; its decode
+ * batch adds ~1 us): 2 + 1 blocks cross (2 + 3 if load had its way). */
+TEST(pd_holder_over_load) {
+  bh_trace t;
+  load("{\"format\":\"kvplane-trace\",\"version\":1,\"block_size\":4}\n"
+       "{\"t\":0,\"in\":8,\"out\":100000,\"hash_ids\":[1,2]}\n"
+       "{\"t\":100,\"in\":12,\"out\":2,\"hash_ids\":[1,2,3]}\n", &t);
+  bh_sim_opts o = pd_opts(KVP_POLICY_LEAST_LOADED);
+  bh_result r;
+  run(&t, &o, &r);
+  ASSERT_EQ(r.xfer_blocks, 3u);
+  ASSERT_EQ(r.local_blocks, 2u);
+  bh_result_free(&r);
+  bh_trace_free(&t);
+}
+
+/* P/D on a generated trace: every request runs both legs, prefill legs only
+ * on prefill workers and decode legs only on decode workers (random too);
+ * the bytes are the blocks x 524288; a split the cluster does not add up to,
+ * or the infinite bound, is refused with a message. */
+TEST(pd_roles) {
+  bh_trace t;
+  load_generated(3, &t);
+  const int pols[] = {KVP_POLICY_KVPLANE_COST, BH_POLICY_RANDOM};
+  for (size_t p = 0; p < 2; p++) {
+    bh_sim_opts o = tiny_opts(pols[p], 5);
+    o.cl.pd_prefill = 2;
+    o.cl.pd_decode = 3;
+    bh_result r;
+    run(&t, &o, &r);
+    ASSERT_EQ(r.role[BH_ROLE_PREFILL].legs, t.n_reqs);
+    ASSERT_EQ(r.role[BH_ROLE_DECODE].legs, t.n_reqs);
+    ASSERT_EQ(r.role[BH_ROLE_PREFILL].out_tokens, 0u);
+    ASSERT_EQ(r.ttft.count, t.n_reqs);
+    ASSERT_EQ(r.xfer_bytes, r.xfer_blocks * (uint64_t)t.block_size * 131072u);
+    ASSERT_EQ(r.role[BH_ROLE_PREFILL].prefill_tokens,
+              r.tot.recomputed_tokens);
+    ASSERT_GT(r.local_blocks, 0u); /* sessions decode where they did */
+    bh_result_free(&r);
+  }
+  char err[512];
+  bh_result r;
+  bh_sim_opts o = tiny_opts(KVP_POLICY_KVPLANE_COST, 5);
+  o.cl.pd_prefill = 2;
+  o.cl.pd_decode = 2; /* 4 != 5 workers */
+  ASSERT_EQ(bh_sim_run(&t, &o, &r, err, sizeof err), KVP_EINVAL);
+  ASSERT_TRUE(strstr(err, "P/D") != NULL);
+  bh_result_free(&r);
+  o.cl.pd_decode = 3;
+  o.policy = BH_POLICY_INFINITE;
+  ASSERT_EQ(bh_sim_run(&t, &o, &r, err, sizeof err), KVP_EINVAL);
+  ASSERT_TRUE(strstr(err, "infinite") != NULL);
+  bh_result_free(&r);
+  bh_trace_free(&t);
+}
+
+
 /* A generated agentic trace on small caches (every tier evicting): each
  * worker's residency in the router's index ends equal to its cache's (the
  * pending run's unannounced blocks included), its caches keep the
@@ -1138,7 +1276,7 @@ TEST(batch_memory) {
 }
 
 TEST_MAIN(TEST_ENTRY(config_router_agrees), TEST_ENTRY(cache_hint_stale), TEST_ENTRY(cache_table_robin_hood), TEST_ENTRY(cache_release_tail_first), TEST_ENTRY(index_bisects_as_it_walks), TEST_ENTRY(unread_index_not_fed), TEST_ENTRY(least_loaded_without_index), TEST_ENTRY(other_worker_cause_brute_force),
-          TEST_ENTRY(cache_match_agrees), TEST_ENTRY(cache_match_hinted), TEST_ENTRY(tiny_exact), TEST_ENTRY(tiny_tiers),
+          TEST_ENTRY(cache_match_agrees), TEST_ENTRY(cache_match_hinted), TEST_ENTRY(tiny_exact), TEST_ENTRY(tiny_tiers), TEST_ENTRY(pd_exact), TEST_ENTRY(pd_holder_over_load), TEST_ENTRY(pd_roles),
           TEST_ENTRY(routing_follows_events), TEST_ENTRY(prompt_drift),
           TEST_ENTRY(promote_from_last_tier), TEST_ENTRY(dram_policy_exact),
           TEST_ENTRY(deterministic),

@@ -186,6 +186,14 @@ typedef struct bh_cluster {
   bool nvme_admit_on;
   tier_admit_opts nvme_admit;
   double nvme_write_bw;
+  /* P/D (`run --prefill N --decode M`, the config's pd: section): workers
+   * [0, pd_prefill) take the prefill legs, the next pd_decode the decode
+   * legs, as `engine --prefill N --decode M` names them; 0 0 = no split.
+   * workers must be their sum.  The decode leg pulls the blocks it lacks
+   * over a link of link_gbps GB/s and link_latency_us a pull (0: the
+   * engine's defaults, BH_LINK_*_DEFAULT in harness_cache.h). */
+  uint32_t pd_prefill, pd_decode;
+  double link_gbps, link_latency_us;
 } bh_cluster;
 
 /* The simulated workers' DRAM / NVMe policy unless configured (README,
@@ -243,6 +251,21 @@ typedef struct bh_series {
                             capacity, at each bucket's end */
 } bh_series;
 
+/* P/D: one role's share of the work (bh_result.role[]). */
+typedef struct bh_role_load {
+  uint32_t workers;
+  uint64_t legs;           /* prefills run there (one per leg) */
+  uint64_t prefill_tokens; /* prompt tokens computed there */
+  uint64_t out_tokens;     /* tokens decoded there (prefill legs: none) */
+  double prefill_s;        /* prefill GPU seconds */
+  double decode_s;         /* decode seconds, summed over its requests */
+  /* max / mean per worker: prefill tokens computed (prefill role), decode
+   * seconds (decode role); 1 when the role did nothing */
+  double imbalance;
+} bh_role_load;
+
+enum { BH_ROLE_PREFILL = 0, BH_ROLE_DECODE = 1 };
+
 typedef struct bh_result {
   int policy;
   char name[32];
@@ -269,6 +292,19 @@ typedef struct bh_result {
                                changes (a tier move is two), the simulated
                                work bench_harness_scale normalises by */
   kvp_index_stats ix;
+  /* time per output token of each request with more than one, us: its
+   * decode time / (output tokens - 1), as `live` measures (e2e - TTFT) /
+   * (tokens - 1) */
+  kvp_hist *tpot_us;
+  kvp_hist_summary tpot;
+  /* P/D (cl.pd_prefill > 0): TTFT above is the decode leg's first token
+   * (prefill leg + transfer + the decode worker's queue and prefill of what
+   * was not offered); the ledger holds the prefill legs (the hit rate is
+   * the prefill workers'); blocks and KV bytes that crossed the link, and
+   * offered blocks the decode worker held already */
+  bool pd;
+  uint64_t xfer_blocks, xfer_bytes, local_blocks;
+  bh_role_load role[2]; /* BH_ROLE_PREFILL, BH_ROLE_DECODE */
   double sim_seconds;       /* simulated makespan */
   double wall_seconds;      /* host time to simulate */
   bh_series series;

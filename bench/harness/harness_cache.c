@@ -632,6 +632,18 @@ double bh_timing_step_s(const bh_timing *t, const uint64_t blocks[3],
          bh_timing_load_s(t, blocks) + bh_timing_prefill_s(t, from, to);
 }
 
+double bh_timing_link_bytes(const bh_timing *t, uint64_t blocks) {
+  return (double)blocks * (double)t->bs * t->kvb;
+}
+
+double bh_timing_link_s(const bh_timing *t, double gbps, double latency_us,
+                        uint64_t blocks) {
+  assert(gbps > 0);
+  return blocks ? latency_us * 1e-6 + bh_timing_link_bytes(t, blocks) /
+                                          (gbps * 1e9)
+                : 0;
+}
+
 uint64_t bh_timing_cut(const bh_timing *t, const uint8_t *tiers, uint64_t m,
                        uint64_t in_tokens) {
   uint64_t cnt[3] = {0, 0, 0}, cut = 0;

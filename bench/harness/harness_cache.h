@@ -236,6 +236,20 @@ double bh_timing_step_s(const bh_timing *t, const uint64_t blocks[3],
 double bh_timing_decode_s(const bh_timing *t, uint32_t decoding,
                           uint64_t decode_tokens, uint64_t in_tokens,
                           uint32_t out_tokens);
+/* ---- the P/D link (kvplane-bench engine --prefill/--decode, and run's) ----
+ * A decode leg pulls the prompt blocks it lacks from the prefill worker over
+ * one modelled link: latency + bytes / bandwidth, bytes = blocks x block
+ * size x the model's KV bytes per token; no contention between pulls.  The
+ * units are kvplane-routerd's pd.link_gbps (GB/s, 1e9 bytes) and
+ * pd.link_latency_us. */
+#define BH_LINK_GBPS_DEFAULT 25.0
+#define BH_LINK_LATENCY_US_DEFAULT 50.0
+/* KV bytes of `blocks` blocks. */
+double bh_timing_link_bytes(const bh_timing *t, uint64_t blocks);
+/* Seconds to pull `blocks` blocks over a link of gbps GB/s and latency_us
+ * (0 for no blocks: nothing crosses). */
+double bh_timing_link_s(const bh_timing *t, double gbps, double latency_us,
+                        uint64_t blocks);
 /* The payoff cut: of the m matched blocks (tiers[j] = tier of block j), the
  * prefix whose load plus the rest's prefill is cheapest. */
 uint64_t bh_timing_cut(const bh_timing *t, const uint8_t *tiers, uint64_t m,

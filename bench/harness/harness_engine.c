@@ -772,9 +772,8 @@ static void pull_kv(eworker *x, ereq *r) {
   while (m < k->n_blocks && bh_cache_find(&x->c, r->keys[m]) != BH_NONE)
     m++;
   uint32_t n = k->n_blocks - m;
-  double bytes = (double)n * (double)e->tm.kvb * e->o.block_size;
-  double s = n ? e->o.link_latency_us * 1e-6 + bytes / (e->o.link_gbps * 1e9)
-               : 0;
+  double bytes = bh_timing_link_bytes(&e->tm, n);
+  double s = bh_timing_link_s(&e->tm, e->o.link_gbps, e->o.link_latency_us, n);
   x->kv_pull_blocks += n;
   x->kv_pull_bytes += (uint64_t)bytes;
   r->pull_from = m;
@@ -1609,8 +1608,8 @@ int bh_engine_main(int argc, char **argv) {
   o->vocab = 128256;
   o->max_model_len = 131072;
   o->kv_topic = "";
-  o->link_gbps = 25;
-  o->link_latency_us = 50;
+  o->link_gbps = BH_LINK_GBPS_DEFAULT;
+  o->link_latency_us = BH_LINK_LATENCY_US_DEFAULT;
   int rc = engine_args(o, argc, argv);
   if (rc != 0)
     return rc > 0 ? 0 : 2;

@@ -32,6 +32,7 @@ typedef struct cli {
   double speed, drop, delay;
   uint32_t closed_loop;
   double auto_util; /* --workers auto[:U]: target utilisation; 0 = off */
+  bool workers_given; /* --workers N on the command line */
   uint64_t seed;
   const char *out_dir;
   bool quiet, progress, wide;
@@ -75,6 +76,12 @@ static void usage(FILE *f) {
       "  --workers auto[:U]   size the cluster to the trace's offered prefill "
       "load at\n"
       "                       utilisation U (default 0.7; docs/harness.md)\n"
+      "  --prefill N --decode M   P/D: N prefill + M decode workers (the\n"
+      "                       workers: N + M), as `engine --prefill N --decode M`;\n"
+      "                       the decode leg pulls the KV it lacks over a link of\n"
+      "  --link-gbps X        GB/s (default 25) and --link-latency-us X a pull\n"
+      "                       (default 50); config: pd.prefill, pd.decode,\n"
+      "                       pd.link_gbps, pd.link_latency_us (docs/harness.md)\n"
       "  --tier-policy P      DRAM and NVMe placement: lru|s3fifo (kvtier's "
       "policies;\n"
       "                       default lru); --hbm-policy, --dram-policy, "
@@ -244,6 +251,23 @@ static int bind_cluster(cli *c, kvp_config *cfg, cluster_keys *k, char *err,
   return kvp_config_bind(cfg, &s, err, cap);
 }
 
+/* `pd:` (P/D): the split, and the link under routerd's names and units. */
+static int bind_pd(cli *c, kvp_config *cfg, char *err, size_t cap) {
+  uint64_t pre = c->cl.pd_prefill, dec = c->cl.pd_decode;
+  double lat_s = c->cl.link_latency_us * 1e-6;
+  const kvp_config_field f[] = {
+      KVP_CFG_U64("prefill", &pre, 1, 4096),
+      KVP_CFG_U64("decode", &dec, 1, 4096),
+      KVP_CFG_F64("link_gbps", &c->cl.link_gbps, 0.001, 1e6),
+      KVP_CFG_DURATION("link_latency_us", &lat_s, 1e-9, 60, 1000000)};
+  const kvp_config_section s = {"pd", f, sizeof f / sizeof *f};
+  int rc = kvp_config_bind(cfg, &s, err, cap);
+  c->cl.pd_prefill = (uint32_t)pre;
+  c->cl.pd_decode = (uint32_t)dec;
+  c->cl.link_latency_us = lat_s * 1e6;
+  return rc;
+}
+
 typedef struct replay_keys {
   uint64_t seed, closed;
   char on_error[16], fmt[16];
@@ -357,6 +381,7 @@ static int load_config(cli *c, const char *path) {
                                         sizeof err)) >= 0 &&
       (rc = bind_replay(c, cfg, &rk, err, sizeof err)) >= 0 &&
       (rc = bind_tiers(c, cfg, err, sizeof err)) >= 0 &&
+      (rc = bind_pd(c, cfg, err, sizeof err)) >= 0 &&
       (rc = apply_cluster(c, cfg, &ck, err, sizeof err)) >= 0)
     rc = kvp_config_check_unbound(cfg, NULL, 0, err, sizeof err);
   if (rc >= 0)
@@ -379,7 +404,45 @@ static bool parse_workers(cli *c, const char *v) {
     return false;
   c->cl.workers = (uint32_t)u;
   c->auto_util = 0;
+  c->workers_given = true;
   return true;
+}
+
+/* P/D after every option: both counts or neither, the workers their sum;
+ * the infinite bound is left out (one shared cache moves no KV).  2 on a
+ * conflict (printed). */
+static int pd_finish(cli *c) {
+  bh_cluster *cl = &c->cl;
+  if (cl->pd_prefill == 0 && cl->pd_decode == 0)
+    return 0;
+  if (cl->pd_prefill == 0 || cl->pd_decode == 0)
+    return die_usage("--prefill and --decode go together (P/D needs both "
+                     "roles)", NULL);
+  uint32_t sum = cl->pd_prefill + cl->pd_decode;
+  if (sum > 4096)
+    return die_usage("P/D: --prefill + --decode: at most 4096 workers", NULL);
+  if (c->auto_util > 0)
+    return die_usage("--workers auto does not size a P/D cluster: give "
+                     "--prefill N --decode M", NULL);
+  if (c->workers_given && cl->workers != sum) {
+    fprintf(stderr, "kvplane-bench: --workers %u but --prefill %u + --decode "
+                    "%u = %u: leave --workers out with P/D\n", cl->workers,
+            cl->pd_prefill, cl->pd_decode, sum);
+    return 2;
+  }
+  cl->workers = sum;
+  size_t n = 0;
+  for (size_t p = 0; p < c->n_policies; p++)
+    if (c->policies[p] != BH_POLICY_INFINITE)
+      c->policies[n++] = c->policies[p];
+  if (n < c->n_policies && !c->quiet)
+    fprintf(stderr, "kvplane-bench: P/D: the infinite bound is not modelled; "
+                    "left out\n");
+  if (n == 0)
+    return die_usage("P/D: no policy left to run (infinite is not modelled)",
+                     NULL);
+  c->n_policies = n;
+  return 0;
 }
 
 /* Parses options; positional arguments are collected into pos. */
@@ -426,6 +489,21 @@ static int parse_opts(cli *c, int argc, char **argv, const char **pos,
         return die_usage("bad size (GB)", v);
       *(a[2] == 'h' ? &c->cl.hbm_gb : a[2] == 'd' ? &c->cl.dram_gb
                                                   : &c->cl.nvme_gb) = d;
+    } else if (!strcmp(a, "--prefill") || !strcmp(a, "--decode")) {
+      NEED();
+      if (!parse_u64(v, 4096, &u) || u == 0)
+        return die_usage(a[2] == 'p' ? "--prefill: prefill workers, 1..4096"
+                                     : "--decode: decode workers, 1..4096",
+                         v);
+      *(a[2] == 'p' ? &c->cl.pd_prefill : &c->cl.pd_decode) = (uint32_t)u;
+    } else if (!strcmp(a, "--link-gbps")) {
+      NEED();
+      if (!parse_double(v, 0.001, 1e6, &c->cl.link_gbps))
+        return die_usage("--link-gbps: GB/s, 0.001..1e6", v);
+    } else if (!strcmp(a, "--link-latency-us")) {
+      NEED();
+      if (!parse_double(v, 0.001, 6e7, &c->cl.link_latency_us))
+        return die_usage("--link-latency-us: microseconds, 0.001..6e7", v);
     } else if (!strcmp(a, "--tier-policy") || !strcmp(a, "--hbm-policy") ||
                !strcmp(a, "--dram-policy") || !strcmp(a, "--nvme-policy")) {
       NEED();
@@ -1223,6 +1301,8 @@ int main(int argc, char **argv) {
   if (pos == NULL)
     return 1;
   int rc = parse_opts(&c, argc - first, argv + first, pos, &n_pos);
+  if (rc == 0 && strcmp(cmd, "convert") != 0)
+    rc = pd_finish(&c);
   if (rc == 0) {
     if (!strcmp(cmd, "convert"))
       rc = cmd_convert(&c, pos, n_pos);

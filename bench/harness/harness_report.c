@@ -21,6 +21,12 @@ static double quant_ms(const bh_result *r, double q) {
   return (double)kvp_hist_quantile(r->ttft_us, q) / 1e3;
 }
 
+/* Time per output token, ms (NaN: no request had two tokens). */
+static double tpot_ms(const bh_result *r, double q) {
+  return r->tpot.count ? (double)kvp_hist_quantile(r->tpot_us, q) / 1e3
+                       : NAN;
+}
+
 static kvp_miss_cause top_cause(const kvp_ledger_totals *t) {
   int best = 0;
   for (int c = 1; c < KVP_MISS_COUNT_; c++)
@@ -142,6 +148,31 @@ static void table_compact(FILE *f, const bh_run *run) {
         "--wide: all\n", f);
 }
 
+/* P/D: per policy what the split adds (docs/harness.md, "P/D"). */
+static void table_pd(FILE *f, const bh_run *run) {
+  const bh_cluster *cl = run->cl;
+  fprintf(f, "P/D: %u prefill + %u decode workers, link %g GB/s + %g us a "
+             "pull; TTFT = prefill leg + pull + decode worker's first token\n",
+          cl->pd_prefill, cl->pd_decode, cl->link_gbps, cl->link_latency_us);
+  fprintf(f, "  %-18s %8s %8s %8s %9s %7s %8s %8s\n", "policy", "tpot_p50",
+          "tpot_p99", "xfer GB", "local%", "pf_imb", "dec_imb", "dec_tok");
+  for (size_t i = 0; i < run->n_res; i++) {
+    const bh_result *r = &run->res[i];
+    double off = (double)(r->xfer_blocks + r->local_blocks);
+    fprintf(f, "  %-18.18s %6.1fms %6.1fms %8.2f %8.1f%% %7.2f %8.2f %8llu\n",
+            r->name, tpot_ms(r, 0.5), tpot_ms(r, 0.99),
+            (double)r->xfer_bytes / 1e9,
+            off > 0 ? 100 * (double)r->local_blocks / off : 0,
+            r->role[BH_ROLE_PREFILL].imbalance,
+            r->role[BH_ROLE_DECODE].imbalance,
+            (unsigned long long)r->role[BH_ROLE_DECODE].prefill_tokens);
+  }
+  fputs("  xfer: KV the decode legs pulled; local%: offered blocks the decode "
+        "worker held already;\n  pf_imb, dec_imb: max/mean prefill tokens per "
+        "prefill worker, decode seconds per decode worker;\n  dec_tok: prompt "
+        "tokens the decode workers computed (what was not offered)\n", f);
+}
+
 void bh_report_table(FILE *f, const bh_run *run) {
   bh_report_table_opts(f, run, 0);
 }
@@ -152,6 +183,8 @@ void bh_report_table_opts(FILE *f, const bh_run *run, unsigned flags) {
     table_wide(f, run);
   else
     table_compact(f, run);
+  if (run->cl->pd_prefill > 0)
+    table_pd(f, run);
   if (!run->cl->nvme_admit_on)
     return;
   fprintf(f, "NVMe admission %s (write weight %g): blocks demoted into NVMe\n",
@@ -219,6 +252,33 @@ int bh_report_csv(FILE *f, const bh_run *runs, size_t n, bool header) {
 
 static json_t *jnum(double v) { return isfinite(v) ? json_real(v) : json_null(); }
 
+static json_t *role_json(const bh_role_load *l) {
+  return json_pack("{s:i, s:I, s:I, s:I, s:o, s:o, s:o}", "workers",
+                   (int)l->workers, "legs", (json_int_t)l->legs,
+                   "prefill_tokens", (json_int_t)l->prefill_tokens,
+                   "out_tokens", (json_int_t)l->out_tokens, "prefill_s",
+                   jnum(l->prefill_s), "decode_s", jnum(l->decode_s),
+                   "imbalance", jnum(l->imbalance));
+}
+
+/* P/D: the figures a live P/D row has (make_live.py --pd), under its names
+ * where it has one, and the per-role load. */
+static json_t *pd_json(const bh_result *r) {
+  const kvp_ledger_totals *x = &r->tot;
+  return json_pack(
+      "{s:I, s:I, s:I, s:o, s:{s:o, s:o, s:o, s:o}, s:{s:o, s:o}}",
+      "xfer_bytes", (json_int_t)r->xfer_bytes, "xfer_blocks",
+      (json_int_t)r->xfer_blocks, "local_blocks", (json_int_t)r->local_blocks,
+      "prefill_hit_rate",
+      jnum(x->prompt_tokens ? (double)x->reused_tokens / x->prompt_tokens
+                            : NAN),
+      "tpot_s", "p50", jnum(tpot_ms(r, 0.5) / 1e3), "p95",
+      jnum(tpot_ms(r, 0.95) / 1e3), "p99", jnum(tpot_ms(r, 0.99) / 1e3),
+      "mean", jnum(r->tpot.count ? r->tpot.mean / 1e6 : NAN), "roles",
+      "prefill", role_json(&r->role[BH_ROLE_PREFILL]), "decode",
+      role_json(&r->role[BH_ROLE_DECODE]));
+}
+
 static json_t *result_json(const bh_result *r) {
   const kvp_ledger_totals *x = &r->tot;
   json_t *o = json_object();
@@ -259,6 +319,8 @@ static json_t *result_json(const bh_result *r) {
   json_object_set_new(tt, "p99", jnum(quant_ms(r, 0.99) / 1e3));
   json_object_set_new(tt, "mean", jnum(r->ttft.mean / 1e6));
   json_object_set_new(o, "ttft_s", tt);
+  if (r->pd)
+    json_object_set_new(o, "pd", pd_json(r));
   json_object_set_new(o, "events_published",
                       json_integer((json_int_t)r->events_published));
   json_object_set_new(o, "events_dropped",
@@ -285,6 +347,14 @@ int bh_report_json(FILE *f, const bh_run *runs, size_t n) {
     json_object_set_new(o, "records_bad",
                         json_integer((json_int_t)t->records_bad));
     json_object_set_new(o, "workers", json_integer(runs[i].cl->workers));
+    if (runs[i].cl->pd_prefill > 0)
+      json_object_set_new(
+          o, "pd",
+          json_pack("{s:i, s:i, s:o, s:o}", "prefill",
+                    (int)runs[i].cl->pd_prefill, "decode",
+                    (int)runs[i].cl->pd_decode, "link_gbps",
+                    jnum(runs[i].cl->link_gbps), "link_latency_us",
+                    jnum(runs[i].cl->link_latency_us)));
     const bh_cluster *cl = runs[i].cl;
     json_object_set_new(
         o, "placement",

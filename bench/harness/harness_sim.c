@@ -84,6 +84,13 @@ void bh_sim_router_opts(const bh_sim_opts *o, uint32_t block_size,
   out->model = o->cl.model;
   out->gpu = o->cl.gpu;
   out->seed = o->seed;
+  if (o->cl.pd_prefill > 0) { /* the decode leg's price, as routerd's pd: */
+    out->gpu.bw[KVP_TIER_REMOTE] =
+        (o->cl.link_gbps > 0 ? o->cl.link_gbps : BH_LINK_GBPS_DEFAULT) * 1e9;
+    out->gpu.latency_s[KVP_TIER_REMOTE] =
+        (o->cl.link_latency_us > 0 ? o->cl.link_latency_us
+                                   : BH_LINK_LATENCY_US_DEFAULT) * 1e-6;
+  }
 }
 
 int bh_cluster_resolve(bh_cluster *c, uint32_t block_size) {
@@ -99,6 +106,15 @@ int bh_cluster_resolve(bh_cluster *c, uint32_t block_size) {
     c->nvme_blocks = (uint64_t)(c->nvme_gb * 1e9 / blk);
   if (c->hbm_blocks == 0)
     return KVP_EINVAL;
+  if ((c->pd_prefill > 0 || c->pd_decode > 0) &&
+      (c->pd_prefill == 0 || c->pd_decode == 0 ||
+       (uint64_t)c->pd_prefill + c->pd_decode != c->workers ||
+       c->link_gbps < 0 || c->link_latency_us < 0))
+    return KVP_EINVAL;
+  if (c->pd_prefill > 0 && c->link_gbps == 0)
+    c->link_gbps = BH_LINK_GBPS_DEFAULT;
+  if (c->pd_prefill > 0 && c->link_latency_us == 0)
+    c->link_latency_us = BH_LINK_LATENCY_US_DEFAULT;
   if (c->hbm_bw == 0)
     c->hbm_bw = 3.35e12;
   if (c->decode_base_s == 0)
@@ -130,7 +146,11 @@ static void bit_set(uint64_t *b, uint32_t id) {
 }
 
 /* ---- the simulation ---------------------------------------------------------- */
-enum { EV_ARRIVE, EV_PREFILL_DONE, EV_DECODE_DONE, EV_DELIVER };
+enum { EV_ARRIVE, EV_PREFILL_DONE, EV_DECODE_DONE, EV_DELIVER, EV_PULLED };
+
+/* P/D: which leg a request is in (sim.leg).  Outside P/D every request
+ * stays LEG_FLAT. */
+enum { LEG_FLAT, LEG_PREFILL, LEG_DECODE };
 
 typedef struct ev {
   double t;
@@ -173,6 +193,11 @@ typedef struct worker {
   uint32_t decoding;
   uint64_t decode_blocks, decode_tokens;
   uint64_t assigned; /* prefill tokens computed */
+  /* P/D: prompt tokens of the decode legs routed here and not done
+   * (routerd's pd_decode_tokens); per-role figures (bh_role_load) */
+  uint64_t pd_kv;
+  uint64_t legs, out_tokens;
+  double prefill_s, decode_s;
   uint32_t *found; /* cur's matched nodes (bh_cache_to_hbm_at's hints) */
   size_t found_cap;
   /* pending stored run (HBM): see flush_run */
@@ -226,6 +251,15 @@ struct sim {
   struct sess_hint *hint; /* per session name: see sess_hint */
   uint32_t *q_seen;    /* req_log: requests ahead of it on arrival */
   double t_first;      /* req_log: the first arrival (the log's zero) */
+  /* P/D (cl.pd_prefill > 0): per request its leg and the blocks its decode
+   * leg pulls, [pull_from, pull_to); scratch for the decode choice */
+  bool pd;
+  uint8_t *leg;
+  uint32_t *pull_from, *pull_to;
+  kvp_worker_match *wm;
+  kvp_index_match *ixm;
+  uint64_t *elig; /* 2 x (nw + 63) / 64 words: decode leg's, prefill's */
+  double *pd_cost; /* per worker: decode_candidates' */
   /* index events published but not applied yet (see "index events") */
   struct pending *pend;
   size_t pend_n, pend_cap;
@@ -604,6 +638,14 @@ static void verify_cause(struct sim *s, uint32_t w, const kvp_key *keys,
                           bit_has(s->seen, kid[m]);
 }
 
+/* The router's id of request i's leg: a P/D decode leg has its own. */
+static uint64_t leg_id(const struct sim *s, uint32_t i) {
+  return (s->pd && s->leg[i] == LEG_DECODE ? s->t->n_reqs : 0) +
+         (uint64_t)i + 1;
+}
+
+static int decode_leg(struct sim *s, uint32_t p, uint32_t i);
+
 static int start_prefill(struct sim *s, uint32_t w) {
   worker *x = &s->w[w];
   if (x->cur != NONE || x->q_len == 0)
@@ -614,6 +656,9 @@ static int start_prefill(struct sim *s, uint32_t w) {
   x->q_uncached -= s->est_uncached[i];
   x->cur = i;
   x->cur_start = s->now;
+  /* a P/D decode leg's prefill (of what it did not pull) is not the
+   * ledger's: the prefill leg's is */
+  bool ledger = !s->pd || s->leg[i] != LEG_DECODE;
   const bh_req *q = &s->t->reqs[i];
   const kvp_key *keys = s->t->keys + q->key_off;
   const uint32_t *kid = s->t->kid + q->key_off;
@@ -661,8 +706,9 @@ static int start_prefill(struct sim *s, uint32_t w) {
   r->miss_tokens[KVP_MISS_PARTIAL_BLOCK] = q->in_tokens - n * bs;
   r->miss_tokens[KVP_MISS_NOT_WORTH_LOADING] = (m - cut) * bs;
   const sess_hint *h = q->session ? &s->hint[q->session] : NULL;
-  uint64_t other = s->infinite ? m : run_elsewhere(s, w, keys, kid, m, n, h);
-  if (s->o->verify_causes && !s->infinite)
+  uint64_t other = s->infinite || !ledger
+                       ? m : run_elsewhere(s, w, keys, kid, m, n, h);
+  if (s->o->verify_causes && !s->infinite && ledger)
     verify_cause(s, w, keys, kid, m, n, h, other);
   uint64_t ev_end = other;
   if (!s->infinite)
@@ -706,6 +752,10 @@ static int start_prefill(struct sim *s, uint32_t w) {
     return rc;
   double dur = bh_timing_step_s(&s->tm, cnt, cut * bs, q->in_tokens);
   x->assigned += r->recomputed_tokens;
+  x->prefill_s += dur;
+  x->legs++;
+  if (!ledger)
+    return ev_push(s, s->now + dur, EV_PREFILL_DONE, w, i, NULL);
   /* time series: by arrival bucket */
   uint32_t b = bucket_of(s, i);
   s->s_prompt[b] += (double)q->in_tokens;
@@ -744,10 +794,12 @@ static int prefill_done(struct sim *s, uint32_t w, uint32_t i) {
   cache *c = cache_of(s, w);
   int rc = 0;
   bool fresh;
+  int leg = s->pd ? s->leg[i] : LEG_FLAT;
   double ttft = s->now - s->arrive[i];
   if (s->q_seen)
     log_req(s, w, i);
-  kvp_hist_record(s->res->ttft_us, (uint64_t)(ttft * 1e6 + 0.5));
+  if (leg != LEG_PREFILL) /* the client's first token */
+    kvp_hist_record(s->res->ttft_us, (uint64_t)(ttft * 1e6 + 0.5));
   /* The engine keeps every full block of the prompt in HBM, and frees
    * them as vLLM does, tail first: the blocks past the reused prefix enter
    * HBM last block first (a request that fills HBM evicts its own tail
@@ -761,7 +813,8 @@ static int prefill_done(struct sim *s, uint32_t w, uint32_t i) {
   for (uint64_t r = 0; r < nn; r++)
     s->rkeys[r] = keys[n - 1 - r];
   /* the session's next turn starts from these nodes (sess_hint) */
-  sess_hint *h = q->session && !s->infinite ? &s->hint[q->session] : NULL;
+  sess_hint *h = q->session && !s->infinite && leg != LEG_DECODE
+                    ? &s->hint[q->session] : NULL;
   uint32_t *hn = NULL;
   if (h != NULL && --h->left == 0) { /* its last request: no next turn */
     free(h->nodes);
@@ -790,12 +843,24 @@ static int prefill_done(struct sim *s, uint32_t w, uint32_t i) {
     return rc;
   if (!s->infinite)
     bh_cache_release(c, keys, x->found, from);
-  if (kvp_ledger_add(s->led, &x->rec) < 0)
+  if (leg != LEG_DECODE && kvp_ledger_add(s->led, &x->rec) < 0)
     s->res->ledger_rejects++;
   if (s->rt)
-    kvp_router_complete(s->rt, w, (uint64_t)i + 1);
+    kvp_router_complete(s->rt, w, leg_id(s, i));
   x->cur = NONE;
+  if (leg == LEG_PREFILL) { /* its answer: the decode leg goes out */
+    if ((rc = decode_leg(s, w, i)) < 0)
+      return rc;
+    rc = start_prefill(s, w);
+    set_load(s, w);
+    return rc;
+  }
   double d = decode_s(s, x, q);
+  if (q->out_tokens > 1)
+    kvp_hist_record(s->res->tpot_us,
+                    (uint64_t)(d / (q->out_tokens - 1) * 1e6 + 0.5));
+  x->decode_s += d;
+  x->out_tokens += q->out_tokens;
   x->decoding++;
   x->decode_blocks += q->n_blocks;
   x->decode_tokens += q->in_tokens;
@@ -812,6 +877,8 @@ static int decode_done(struct sim *s, uint32_t w, uint32_t i) {
   x->decoding--;
   x->decode_blocks -= q->n_blocks;
   x->decode_tokens -= q->in_tokens;
+  if (s->pd) /* a decode leg: its KV leaves the decode batch */
+    x->pd_kv -= q->in_tokens;
   s->done++;
   set_load(s, w);
   if (s->o->closed_loop && s->next_arrival < s->t->n_reqs)
@@ -861,10 +928,31 @@ static int cache_match(void *ctx, uint32_t w, kvp_worker_match *out) {
   return 0;
 }
 
+/* rd_proxy.c's RD_PD_PREFILL_SESSION: a session's prefill legs keep an
+ * affinity of their own, apart from its decode legs' */
+#define PD_PREFILL_SESSION 0x9e3779b97f4a7c15ull
+
+/* Request i as the router sees it (cls: its classification's storage). */
+static kvp_route_request route_request(const struct sim *s, uint32_t i,
+                                       kvp_classification *cls) {
+  const bh_req *q = &s->t->reqs[i];
+  *cls = (kvp_classification){.stable_end = q->stable_end,
+                              .semi_end = q->semi_end,
+                              .n_blocks = q->n_blocks};
+  memcpy(cls->tokens, q->cls_tokens, sizeof cls->tokens);
+  return (kvp_route_request){.keys = s->t->keys + q->key_off,
+                             .n_blocks = q->n_blocks,
+                             .prompt_tokens = q->in_tokens,
+                             .cls = cls,
+                             .session_id = q->session_id,
+                             .request_id = leg_id(s, i),
+                             .tenant = q->tenant};
+}
+
 static int route(struct sim *s, uint32_t i, uint32_t *out) {
   const bh_req *q = &s->t->reqs[i];
   if (s->o->policy == BH_POLICY_RANDOM) {
-    *out = (uint32_t)(rng_next(s) % s->nw);
+    *out = (uint32_t)(rng_next(s) % (s->pd ? s->cl.pd_prefill : s->nw));
     return 0;
   }
   if (s->infinite) { /* least pending prefill tokens, then lowest id */
@@ -880,17 +968,13 @@ static int route(struct sim *s, uint32_t i, uint32_t *out) {
     *out = best;
     return 0;
   }
-  kvp_classification cls = {.stable_end = q->stable_end,
-                            .semi_end = q->semi_end,
-                            .n_blocks = q->n_blocks};
-  memcpy(cls.tokens, q->cls_tokens, sizeof cls.tokens);
-  kvp_route_request rq = {.keys = s->t->keys + q->key_off,
-                          .n_blocks = q->n_blocks,
-                          .prompt_tokens = q->in_tokens,
-                          .cls = &cls,
-                          .session_id = q->session_id,
-                          .request_id = (uint64_t)i + 1,
-                          .tenant = q->tenant};
+  kvp_classification cls;
+  kvp_route_request rq = route_request(s, i, &cls);
+  if (s->pd) { /* the prefill leg: over the prefill workers */
+    rq.session_id ^= q->session_id ? PD_PREFILL_SESSION : 0;
+    rq.eligible = s->elig + (s->nw + 63) / 64; /* the prefill mask */
+    rq.n_eligible_words = (s->nw + 63) / 64;
+  }
   kvp_decision d;
   int rc;
   if (s->chosen_only) {
@@ -908,6 +992,8 @@ static int route(struct sim *s, uint32_t i, uint32_t *out) {
   s->est_uncached[i] = d.uncached_tokens;
   return 0;
 }
+
+static int enqueue(struct sim *s, uint32_t w, uint32_t i);
 
 static int arrive(struct sim *s, uint32_t i) {
   const bh_req *q = &s->t->reqs[i];
@@ -939,6 +1025,13 @@ static int arrive(struct sim *s, uint32_t i) {
   int rc = route(s, i, &w);
   if (rc < 0)
     return rc;
+  if (s->pd)
+    s->leg[i] = LEG_PREFILL;
+  return enqueue(s, w, i);
+}
+
+/* Request i (either leg) joins worker w's queue. */
+static int enqueue(struct sim *s, uint32_t w, uint32_t i) {
   worker *x = &s->w[w];
   if (s->q_seen)
     s->q_seen[i] = (uint32_t)x->q_len + (x->cur != NONE);
@@ -958,9 +1051,156 @@ static int arrive(struct sim *s, uint32_t i) {
   x->q_len++;
   x->q_uncached += s->est_uncached[i];
   s->req_worker[i] = w;
-  rc = start_prefill(s, w);
+  int rc = start_prefill(s, w);
   set_load(s, w);
   return rc;
+}
+
+/* ---- P/D: the decode leg (kvplane-routerd's rd_pd.c, the engine's pull) ----- */
+/* The decode workers' matches of keys[0..nq) into s->wm: the index's, as
+ * routerd queries it; where no index is kept (round_robin, least_loaded
+ * with every event at once), each decode worker's cache, which is what
+ * such an index would answer. */
+static size_t decode_matches(struct sim *s, const kvp_key *keys, size_t nq) {
+  if (s->ix_fed) {
+    pend_flush(s);
+    int got = kvp_router_match(s->ix, keys, nq, sec_to_ns(s->now), s->nw,
+                               s->ixm, s->wm, s->nw);
+    return got > 0 ? (size_t)got : 0; /* failed: on load alone, as routerd */
+  }
+  size_t nm = 0;
+  for (uint32_t v = s->cl.pd_prefill; v < s->nw; v++) {
+    uint64_t m = bh_cache_match(&s->w[v].c, keys, nq, s->xtiers, s->xnodes);
+    kvp_worker_match *wm = &s->wm[nm];
+    memset(wm, 0, sizeof *wm);
+    wm->worker = v;
+    for (uint64_t j = 0; j < m; j++)
+      wm->blocks[s->xtiers[j]]++;
+    nm += m > 0;
+  }
+  return nm;
+}
+
+/* v's entry in s->wm[0..*nm), appended (matching nothing) if absent. */
+static kvp_worker_match *match_of(struct sim *s, size_t *nm, uint32_t v) {
+  for (size_t k = 0; k < *nm; k++)
+    if (s->wm[k].worker == v)
+      return &s->wm[k];
+  kvp_worker_match *m = &s->wm[(*nm)++];
+  memset(m, 0, sizeof *m);
+  m->worker = v;
+  return m;
+}
+
+static uint64_t own_blocks(const kvp_worker_match *m) {
+  uint64_t own = 0;
+  for (int k = 0; k < KVP_TIER_COUNT_; k++)
+    own += k == KVP_TIER_REMOTE ? 0 : m->blocks[k];
+  return own;
+}
+
+/* rd_pd_decode_eligible: of the decode workers, those whose pull of the
+ * n_pull offered blocks they lack plus decode load (out steps, each
+ * reading the KV of the decode legs there and this one's at the cost
+ * model's HBM bandwidth) is within 5 % (+ 0.1 ms) of the best, into the
+ * mask s->elig; then rd_pd_decode_matches: the blocks each decode worker
+ * lacks are its match on the remote tier. */
+static void decode_candidates(struct sim *s, const bh_req *q, size_t *nm,
+                              uint64_t n_pull) {
+  double hbm = kvp_router_bandwidth(s->rt, KVP_TIER_HBM), best = -1;
+  uint32_t out = q->out_tokens ? q->out_tokens : 16; /* routerd's default */
+  double *cost = s->pd_cost;
+  for (uint32_t v = s->cl.pd_prefill; v < s->nw; v++) {
+    uint64_t own = own_blocks(match_of(s, nm, v));
+    uint64_t lack = own < n_pull ? n_pull - own : 0;
+    double step = hbm > 0 ? (double)(s->w[v].pd_kv + q->in_tokens) * s->kvb /
+                                hbm : 0;
+    cost[v] = bh_timing_link_s(&s->tm, s->cl.link_gbps, s->cl.link_latency_us,
+                               lack) + (double)out * step;
+    best = best < 0 || cost[v] < best ? cost[v] : best;
+  }
+  uint32_t words = (s->nw + 63) / 64;
+  memset(s->elig, 0, words * sizeof *s->elig);
+  for (uint32_t v = s->cl.pd_prefill; v < s->nw; v++) {
+    if (cost[v] <= best * 1.05 + 1e-4)
+      s->elig[v / 64] |= 1ull << (v % 64);
+    kvp_worker_match *m = match_of(s, nm, v);
+    uint64_t own = own_blocks(m);
+    if (own < n_pull)
+      m->blocks[KVP_TIER_REMOTE] += (uint32_t)(n_pull - own);
+  }
+}
+
+/* The decode leg's worker for request i, n_pull blocks offered. */
+static int route_decode(struct sim *s, uint32_t i, uint64_t n_pull,
+                        uint32_t *out) {
+  const bh_req *q = &s->t->reqs[i];
+  if (s->o->policy == BH_POLICY_RANDOM) {
+    *out = s->cl.pd_prefill + (uint32_t)(rng_next(s) % s->cl.pd_decode);
+    return 0;
+  }
+  size_t nq = q->n_blocks < KVP_INDEX_CHAIN_MAX ? q->n_blocks
+                                                : KVP_INDEX_CHAIN_MAX;
+  n_pull = n_pull < nq ? n_pull : nq; /* routerd's pull_blocks */
+  size_t nm = decode_matches(s, s->t->keys + q->key_off, nq);
+  decode_candidates(s, q, &nm, n_pull);
+  kvp_classification cls;
+  kvp_route_request rq = route_request(s, i, &cls);
+  rq.eligible = s->elig;
+  rq.n_eligible_words = (s->nw + 63) / 64;
+  kvp_decision d;
+  int rc = kvp_router_route_matches(s->rt, &rq, s->wm, nm, &d);
+  if (rc < 0)
+    return rc;
+  *out = d.worker;
+  s->est_uncached[i] = d.uncached_tokens;
+  return 0;
+}
+
+/* Request i's prefill leg ended on worker p: its answer offers the
+ * prompt's full blocks p holds now (the engine's keep_kv_ids); the decode
+ * leg is routed and pulls, as the engine's pull_kv, the offered blocks past
+ * its worker's own cached prefix over the link (EV_PULLED). */
+static int decode_leg(struct sim *s, uint32_t p, uint32_t i) {
+  const bh_req *q = &s->t->reqs[i];
+  const kvp_key *keys = s->t->keys + q->key_off;
+  uint64_t offered = bh_cache_match(&s->w[p].c, keys, q->n_blocks, s->xtiers,
+                                    s->xnodes);
+  s->leg[i] = LEG_DECODE;
+  uint32_t d;
+  int rc = route_decode(s, i, offered, &d);
+  if (rc < 0)
+    return rc;
+  uint64_t own = bh_cache_match(&s->w[d].c, keys, offered, s->xtiers,
+                                s->xnodes);
+  uint64_t lack = offered - own;
+  s->res->xfer_blocks += lack;
+  s->res->xfer_bytes += (uint64_t)bh_timing_link_bytes(&s->tm, lack);
+  s->res->local_blocks += own;
+  s->pull_from[i] = (uint32_t)own;
+  s->pull_to[i] = (uint32_t)offered;
+  s->w[d].pd_kv += q->in_tokens; /* routerd counts it from the dispatch */
+  double x = bh_timing_link_s(&s->tm, s->cl.link_gbps, s->cl.link_latency_us,
+                              lack);
+  return ev_push(s, s->now + x, EV_PULLED, d, i, NULL);
+}
+
+/* The pulled blocks are in decode worker d's HBM (published as its own,
+ * last first as a prefill stores them); the leg joins d's queue, where its
+ * prefill finds them cached and computes the rest (the engine's on_pulled). */
+static int pulled(struct sim *s, uint32_t d, uint32_t i) {
+  const bh_req *q = &s->t->reqs[i];
+  const kvp_key *keys = s->t->keys + q->key_off;
+  const uint32_t *kid = s->t->kid + q->key_off;
+  cache *c = &s->w[d].c;
+  bool fresh;
+  int rc = 0;
+  for (uint64_t j = s->pull_to[i]; j-- > s->pull_from[i] && rc == 0;)
+    rc = to_hbm(s, d, c, NONE, keys[j], kid[j], j ? &keys[j - 1] : NULL,
+                blk_class(q, j), &fresh, NULL);
+  if (rc == 0)
+    rc = flush_run(s, d);
+  return rc < 0 ? rc : enqueue(s, d, i);
 }
 
 static void progress(struct sim *s, size_t k, size_t n, bool end) {
@@ -981,6 +1221,26 @@ static void progress(struct sim *s, size_t k, size_t n, bool end) {
   bar[40] = '\0';
   fprintf(stderr, "\r  %-20s [%s] %3d%%%s", bh_policy_name(s->o->policy), bar,
           pct, end ? "\n" : "");
+}
+
+/* P/D's per-request legs, the decode choice's scratch, and the prefill
+ * workers' mask (s->elig's second half; the first is the decode leg's). */
+static int pd_setup(struct sim *s) {
+  size_t n = s->t->n_reqs, words = (s->nw + 63) / 64;
+  s->leg = calloc(n + 1, sizeof *s->leg);
+  s->pull_from = calloc(n + 1, sizeof *s->pull_from);
+  s->pull_to = calloc(n + 1, sizeof *s->pull_to);
+  s->wm = calloc(s->nw, sizeof *s->wm);
+  s->ixm = calloc(s->nw, sizeof *s->ixm);
+  s->elig = calloc(2 * words, sizeof *s->elig);
+  s->pd_cost = calloc(s->nw, sizeof *s->pd_cost);
+  if (s->leg == NULL || s->pull_from == NULL || s->pull_to == NULL ||
+      s->wm == NULL || s->ixm == NULL || s->elig == NULL ||
+      s->pd_cost == NULL)
+    return KVP_ENOMEM;
+  for (uint32_t v = 0; v < s->cl.pd_prefill; v++)
+    s->elig[words + v / 64] |= 1ull << (v % 64);
+  return 0;
 }
 
 static int sim_setup(struct sim *s, const bh_trace *t, const bh_sim_opts *o,
@@ -1010,8 +1270,16 @@ static int sim_setup(struct sim *s, const bh_trace *t, const bh_sim_opts *o,
   s->rng = o->seed ^ 0x6b76706c616e6562ull;
   int rc = bh_cluster_resolve(&s->cl, t->block_size);
   if (rc < 0) {
-    snprintf(err, cap, "bad cluster (workers 1..4096, HBM >= one block)");
+    snprintf(err, cap, "bad cluster (workers 1..4096, HBM >= one block; "
+             "P/D: prefill and decode workers both > 0, their sum the "
+             "workers, the link > 0)");
     return rc;
+  }
+  s->pd = s->cl.pd_prefill > 0;
+  if (s->pd && s->infinite) {
+    snprintf(err, cap, "P/D: the infinite bound is not modelled (its one "
+             "shared cache would move no KV)");
+    return KVP_EINVAL;
   }
   s->nw = s->cl.workers;
   s->kvb = kvp_model_kv_bytes_per_token(&s->cl.model);
@@ -1053,7 +1321,8 @@ static int sim_setup(struct sim *s, const bh_trace *t, const bh_sim_opts *o,
                                                       KVP_TIER_POLICY_LRU};
   if ((rc = kvp_index_create(&io, NULL, &s->ix)) < 0 ||
       (rc = kvp_ledger_create(NULL, NULL, &s->led)) < 0 ||
-      (rc = kvp_hist_create(NULL, &r->ttft_us)) < 0)
+      (rc = kvp_hist_create(NULL, &r->ttft_us)) < 0 ||
+      (rc = kvp_hist_create(NULL, &r->tpot_us)) < 0)
     return rc;
   s->w = calloc(s->nw, sizeof *s->w);
   size_t n = t->n_reqs;
@@ -1090,6 +1359,8 @@ static int sim_setup(struct sim *s, const bh_trace *t, const bh_sim_opts *o,
       s->tiers == NULL || s->rkeys == NULL ||
       s->xtiers == NULL || s->xnodes == NULL)
     return KVP_ENOMEM;
+  if (s->pd && (rc = pd_setup(s)) < 0)
+    return rc;
   /* batch simulations: the workers' arrays from a region the process keeps
    * between simulations (harness_region.h), so each after the first finds
    * their pages in memory */
@@ -1161,6 +1432,13 @@ static void sim_teardown(struct sim *s) {
     free(s->hint[k].nodes);
   free(s->hint);
   free(s->q_seen);
+  free(s->leg);
+  free(s->pull_from);
+  free(s->pull_to);
+  free(s->wm);
+  free(s->ixm);
+  free(s->elig);
+  free(s->pd_cost);
   free(s->seen);
   free(s->pend);
   free(s->pend_keys);
@@ -1208,6 +1486,9 @@ static int sim_loop(struct sim *s) {
     case EV_DECODE_DONE:
       rc = decode_done(s, e.a, (uint32_t)e.b);
       break;
+    case EV_PULLED:
+      rc = pulled(s, e.a, (uint32_t)e.b);
+      break;
     default: {
       delayed *d = e.p;
       pend_flush(s); /* published before it: applied before it */
@@ -1219,6 +1500,25 @@ static int sim_loop(struct sim *s) {
   }
   progress(s, n, n, true);
   return rc;
+}
+
+/* Workers [lo, hi)'s share (one P/D role). */
+static void role_sum(const struct sim *s, bh_role_load *r, uint32_t lo,
+                     uint32_t hi) {
+  double mx = 0;
+  r->workers = hi - lo;
+  for (uint32_t v = lo; v < hi; v++) {
+    const worker *x = &s->w[v];
+    r->legs += x->legs;
+    r->prefill_tokens += x->assigned;
+    r->out_tokens += x->out_tokens;
+    r->prefill_s += x->prefill_s;
+    r->decode_s += x->decode_s;
+    double load = lo == 0 ? (double)x->assigned : x->decode_s;
+    mx = load > mx ? load : mx;
+  }
+  double sum = lo == 0 ? (double)r->prefill_tokens : r->decode_s;
+  r->imbalance = sum > 0 ? mx / (sum / r->workers) : 1.0;
 }
 
 static void summarize(struct sim *s) {
@@ -1242,6 +1542,13 @@ static void summarize(struct sim *s) {
       mx = (double)s->w[v].assigned;
   }
   r->imbalance = sum > 0 ? mx / (sum / s->nw) : 1.0;
+  kvp_hist_summarize(r->tpot_us, &r->tpot);
+  r->pd = s->pd;
+  if (s->pd) {
+    role_sum(s, &r->role[BH_ROLE_PREFILL], 0, s->cl.pd_prefill);
+    role_sum(s, &r->role[BH_ROLE_DECODE], s->cl.pd_prefill, s->nw);
+    r->imbalance = r->role[BH_ROLE_PREFILL].imbalance;
+  }
   r->sim_seconds = s->now;
   bh_series *se = &r->series;
   sample_occupancy(s, se->n);
@@ -1459,6 +1766,7 @@ void bh_result_free(bh_result *r) {
   if (r == NULL)
     return;
   kvp_hist_destroy(r->ttft_us);
+  kvp_hist_destroy(r->tpot_us);
   free(r->series.hit);
   free(r->series.t);
   for (int k = 0; k < 3; k++)

@@ -26,7 +26,9 @@ offline rows: the simulator's max / mean prefill per worker).
 prefill workers' KV events with --pd-kv-events; power_of_two decode) and
 kvplane-routerd P/D (workers.roles), then the same routers without
 disaggregation on 4 workers; TTFT, time per output token (TPOT), the KV bytes
-the decode workers pulled, and the share of requests within the SLOs.
+the decode workers pulled, and the share of requests within the SLOs; beside
+them the offline prediction for the P/D cluster (`kvplane-bench run --prefill
+N --decode M`, the same replay).
 """
 import argparse
 import json
@@ -543,14 +545,22 @@ def result_of(path, rc, per, logpath):
 
 
 # ---- offline ------------------------------------------------------------------------
-def offline(a, tr, d):
+def offline(a, tr, d, pd=False):
+    """kvplane-bench run on tr's replay: kvplane_cost and round_robin on the
+    flat cluster, or (pd) kvplane_cost on the P/D one -- the same --prefill
+    / --decode / --link-gbps as the emulated workers, the simulator's P/D
+    model (docs/harness.md, "P/D")."""
     os.makedirs(d, exist_ok=True)
     argv = [a.bench, "run"]
     if tr.get("config"):  # the real engines' calibrated cluster
         argv += ["--config", tr["config"]]
-    argv += ["--workers", str(a.workers), "--dram-gb", "0",
-             "--nvme-gb", "0", "--no-tier-classes", "--policies",
-             "kvplane_cost,round_robin", "--limit", str(tr["limit"]), "--no-progress",
+    if pd:
+        argv += ["--prefill", str(a.prefill), "--decode", str(a.decode),
+                 "--link-gbps", "%g" % a.link_gbps, "--policies", "kvplane_cost"]
+    else:
+        argv += ["--workers", str(a.workers), "--policies", "kvplane_cost,round_robin"]
+    argv += ["--dram-gb", "0", "--nvme-gb", "0", "--no-tier-classes",
+             "--limit", str(tr["limit"]), "--no-progress",
              "--quiet", "--out", os.path.join(d, "out")]
     if tr["closed_loop"]:
         argv += ["--closed-loop", str(tr["closed_loop"])]
@@ -571,6 +581,12 @@ def offline(a, tr, d):
             "ttft_p99": p["ttft_s"]["p99"], "ttft_mean": p["ttft_s"]["mean"],
             "imbalance": p["imbalance"], "engine_hit_rate": None,
             "wall_s": p["wall_seconds"]}
+        if "pd" in p:  # the columns of a live P/D row, under their names
+            x = p["pd"]
+            rows[p["policy"]].update(
+                prefill_hit_rate=x["prefill_hit_rate"], xfer_bytes=x["xfer_bytes"],
+                tpot_p50=x["tpot_s"]["p50"], tpot_p99=x["tpot_s"]["p99"],
+                roles=x["roles"])
     return run["block_size"], rows
 
 
@@ -704,10 +720,16 @@ def one_trace(a, tr, peers_ok, k, n, cluster):
 def one_trace_pd(a, tr, peers_ok, k, n):
     """--pd: the P/D rows on a 2 + 2 P/D cluster, then the flat rows on 4."""
     d = os.path.join(a.out, tr["name"])
-    bs, _ = offline(a, tr, os.path.join(d, "offline"))  # the trace's block size
+    log("[%d/%d] %s: offline P/D prediction (kvplane-bench run --prefill %d --decode %d)"
+        % (k, n, tr["name"], a.prefill, a.decode))
+    bs, off = offline(a, tr, os.path.join(d, "offline-pd"), pd=True)
     pd, flat = pd_rows(peers_ok, a.routerd)
     flat = [] if a.pd_only else flat
-    rows = []
+    # the simulator's prediction for the P/D cluster: beside the live P/D
+    # rows, not one of them (the "best of" line compares the live ones)
+    rows = [dict(off["kvplane_cost"], name="offline_pd_kvplane_cost",
+                 label="offline P/D kvplane_cost", pd=False, offline=True,
+                 reference=False)]
     pd_cluster = EmulatedCluster(a, ["--prefill", str(a.prefill), "--decode",
                                      str(a.decode), "--link-gbps", "%g" % a.link_gbps])
     for group, cluster, tag in ((pd, pd_cluster, "P/D"),
@@ -772,7 +794,10 @@ def pd_table(a, sections):
             "TTFT, TPOT in trace seconds (live: x the time scale); TPOT = (e2e - "
             "TTFT) / (completion tokens - 1); xfer: KV bytes the decode workers pulled "
             "(their kvplane_engine_kv_pull_bytes); slo%%: requests with TTFT <= %gs and "
-            "TPOT <= %gms" % (a.slo_ttft, a.slo_tpot * 1e3)]
+            "TPOT <= %gms" % (a.slo_ttft, a.slo_tpot * 1e3),
+            "offline P/D: kvplane-bench run --prefill %d --decode %d --link-gbps %g on the same "
+            "replay (the simulator's P/D model, docs/harness.md; pf hit%% = its prefill legs'; "
+            "no slo%%)" % (a.prefill, a.decode, a.link_gbps)]
     return "\n".join(out)
 
 
