@@ -95,6 +95,41 @@ def test_other_kinds(dev):
     assert np.array_equal(out[0, :cl.block_bytes], cross[5].view(np.uint8).ravel())
 
 
+def test_vllm_kv_layout(dev):
+    """kvplane.vllm's choice of layout for a vLLM worker's KV cache: the
+    FlashAttention K/V planes as vllm_nhd_kv, blocks-first layouts whole."""
+    rng = np.random.default_rng(6)
+    fa = {f"l{i}": rng.standard_normal((2, NB, BS, H, D)).astype(np.float16)
+          for i in range(2)}
+    lay, tag = kvplane.vllm_kv_layout(dev, fa, NB, BS)
+    assert (lay.kind, lay.num_layers, tag) == ("vllm_nhd_kv", 2, f"kv2:{BS}x{H}x{D}")
+    out = np.empty((1, lay.block_bytes), dtype=np.uint8)
+    lay.gather([7], out)
+    ks, vs = [t[0] for t in fa.values()], [t[1] for t in fa.values()]
+    assert np.array_equal(out[0], reference_slot(ks, vs, 7))
+    # the CPU backend's [NB, H, BS, 2D]: each block one run, moved whole
+    cpu = {f"l{i}": rng.standard_normal((NB, H, BS, 2 * D)).astype(np.float16)
+           for i in range(3)}
+    lay2, tag2 = kvplane.vllm_kv_layout(dev, cpu, NB, BS)
+    assert (lay2.kind, lay2.num_layers, tag2) == ("mla", 3, f"{H}x{BS}x{2 * D}")
+    out2 = np.empty((1, lay2.block_bytes), dtype=np.uint8)
+    lay2.gather([5], out2)
+    want = np.concatenate([t[5].view(np.uint8).ravel() for t in cpu.values()])
+    assert np.array_equal(out2[0], want)
+    assert tag2 != tag
+    with pytest.raises(ValueError, match="not contiguous"):
+        kvplane.vllm_kv_layout(dev, {"l0": cpu["l0"][:, :, :, :D]}, NB, BS)
+    with pytest.raises(ValueError, match="neither blocks first"):
+        kvplane.vllm_kv_layout(dev, {"l0": np.zeros((H, NB, BS, D), np.float16)}, NB, BS)
+    with pytest.raises(ValueError, match="layer l1's KV cache has shape"):
+        kvplane.vllm_kv_layout(dev, {"l0": fa["l0"], "l1": fa["l1"][:, :, :, :1].copy()},
+                               NB, BS)
+    with pytest.raises(ValueError, match="not a multiple of block size"):
+        kvplane.vllm_kv_layout(dev, {"l0": np.zeros((NB, 3, 5), np.float16)}, NB, BS)
+    with pytest.raises(ValueError, match="no KV cache tensors"):
+        kvplane.vllm_kv_layout(dev, {}, NB, BS)
+
+
 class TorchLike:
     """What KvLayout reads of a torch tensor: data_ptr(), shape, dtype,
     element_size(), is_contiguous(), device.type."""

@@ -35,7 +35,7 @@ from .router import (Candidate, Decision, GpuSpec, ModelSpec, Policy, Router,
                      WorkerLoad, WorkerMatch)
 from .tier import Resident, TierEvent, TierStats, TierStore
 from .device import (Device, KvLayout, LayoutInfo, Stream, TierLink, TierLinkStats,
-                     backend_available)
+                     backend_available, vllm_kv_layout)
 
 __version__ = _ffi.string(_lib.kvp_version()).decode()
 
@@ -92,6 +92,6 @@ __all__ = [
     "Ledger", "Record", "Totals", "MissCause", "explain", "receipt_json",
     "TierStore", "TierEvent", "TierStats", "Resident",
     "EventsSubscriber", "EventSource",
-    "Device", "Stream", "KvLayout", "LayoutInfo", "TierLink", "TierLinkStats",
+    "Device", "Stream", "KvLayout", "LayoutInfo", "vllm_kv_layout", "TierLink", "TierLinkStats",
     "backend_available",
 ]

@@ -426,6 +426,60 @@ class KvLayout:
         self.close()
 
 
+def _c_contiguous(t: Any) -> bool:
+    c = getattr(t, "is_contiguous", None)
+    return bool(c()) if callable(c) else bool(t.flags.c_contiguous)
+
+
+def vllm_kv_layout(device: Device, kv_caches: Dict[str, Any], num_blocks: Optional[int],
+                   block_size: int) -> Tuple[KvLayout, str]:
+    """The KvLayout of a vLLM worker's paged KV cache (``register_kv_caches``'
+    {layer: tensor}), and a tag for the layout (block shape, no block count)
+    that keys kvtier's namespace, so blocks saved in one layout are never
+    read into another.  Two shapes: FlashAttention's K and V planes,
+    [2, num_blocks, block_size, kv_heads, head_dim] ("vllm_nhd_kv": a block
+    is two runs, gathered into one slot); and any layout whose first
+    dimension is the block (the CPU backend's [num_blocks, kv_heads,
+    block_size, 2 * head_dim], FlashInfer's [num_blocks, 2, ...], MLA): each
+    block one contiguous run, moved whole as [block_size, rest] rows.
+    Anything else raises ValueError naming the layer and its shape."""
+    items = list(kv_caches.items())
+    if not items:
+        raise ValueError("kvplane.vllm: no KV cache tensors")
+    for name, t in items:
+        if not _c_contiguous(t):
+            strides = list(t.stride()) if callable(getattr(t, "stride", None)) else "?"
+            raise ValueError(f"kvplane.vllm: layer {name}'s KV cache is not contiguous "
+                             f"(shape {list(t.shape)}, strides {strides}); the connector "
+                             "moves whole contiguous blocks")
+    shape = tuple(items[0][1].shape)
+    if (num_blocks is not None and len(shape) == 5 and shape[:3] == (2, num_blocks,
+                                                                     block_size)):
+        for name, t in items:
+            if tuple(t.shape) != shape:
+                raise ValueError(f"kvplane.vllm: layer {name}'s KV cache has shape "
+                                 f"{list(t.shape)}, layer {items[0][0]}'s {list(shape)}")
+        tag = "kv2:" + "x".join(str(d) for d in shape[2:])
+        return KvLayout(device, [t for _, t in items], kind="vllm_nhd_kv"), tag
+    views, shapes = [], set()
+    for name, t in items:
+        if num_blocks is not None and t.shape[0] != num_blocks:
+            raise ValueError(f"kvplane.vllm: layer {name}'s KV cache has shape "
+                             f"{list(t.shape)}: neither blocks first ({num_blocks} "
+                             f"blocks) nor FlashAttention's [2, {num_blocks}, "
+                             f"{block_size}, heads, head_dim], a layout this adapter "
+                             "does not move yet")
+        per_block = 1
+        for d in t.shape[1:]:
+            per_block *= int(d)
+        if per_block % block_size:
+            raise ValueError(f"kvplane.vllm: layer {name}: {per_block} elements a "
+                             f"block, not a multiple of block size {block_size}")
+        views.append(t.reshape(t.shape[0], block_size, per_block // block_size))
+        shapes.add("x".join(str(d) for d in t.shape[1:]))
+    return KvLayout(device, views, kind="mla"), ",".join(sorted(shapes))
+
+
 def _kind_name(code: int) -> str:
     return next((k for k, v in _KINDS.items() if v[0] == code), str(code))
 

@@ -66,8 +66,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole)
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from . import (Device, Extras, HashAlgo, Hasher, Key, KvLayout, KvplaneError, Namespace,
-               Tier, TierLink, TierStore)
+from . import (Device, Extras, HashAlgo, Hasher, Key, KvplaneError, Namespace, Tier,
+               TierLink, TierStore, vllm_kv_layout)
 
 log = logging.getLogger("kvplane.vllm")
 
@@ -512,32 +512,13 @@ class KvtierConnector(KVConnectorBase_V1):
     def register_kv_caches(self, kv_caches: Dict[str, torch.Tensor]) -> None:
         if self.store is not None:
             raise ValueError("kvplane.vllm: register_kv_caches called twice")
-        views, shapes = [], set()
-        for name, t in kv_caches.items():
-            if not t.is_contiguous():
-                raise ValueError(f"kvplane.vllm: layer {name}'s KV cache is not "
-                                 f"contiguous (shape {list(t.shape)}, strides "
-                                 f"{list(t.stride())}); the connector moves whole "
-                                 "contiguous blocks")
-            nb = getattr(self._kv_cache_config, "num_blocks", None)
-            if nb is not None and t.shape[0] != nb:
-                raise ValueError(f"kvplane.vllm: layer {name}'s KV cache has shape "
-                                 f"{list(t.shape)}: blocks are not its first dimension "
-                                 f"({nb} blocks; e.g. K and V in separate planes), a "
-                                 "layout this adapter does not move yet")
-            per_block = t[0].numel()
-            if per_block % self.block_size:
-                raise ValueError(f"kvplane.vllm: layer {name}: {per_block} elements a "
-                                 f"block, not a multiple of block size {self.block_size}")
-            # a block of a layer is one contiguous run (CPU backend: [H, BS,
-            # 2D], K then V per head): moved whole, as [BS, rest] opaque rows
-            views.append(t.view(t.shape[0], self.block_size, per_block // self.block_size))
-            shapes.add("x".join(str(d) for d in t.shape[1:]))
-        first = next(iter(kv_caches.values()))
-        backend = "cpu" if first.device.type == "cpu" else "cuda"
-        layout_id = f"vllm-{backend}:{first.dtype}:L{len(views)}:{','.join(sorted(shapes))}"
+        first = next(iter(kv_caches.values()), None)
+        backend = "cpu" if first is None or first.device.type == "cpu" else "cuda"
         dev = Device(backend)
-        layout = KvLayout(dev, views, kind="mla")
+        layout, tag = vllm_kv_layout(dev, kv_caches,
+                                     getattr(self._kv_cache_config, "num_blocks", None),
+                                     self.block_size)
+        layout_id = f"vllm-{backend}:{first.dtype}:L{layout.num_layers}:{tag}"
         tier = TierStore.from_config(self.opts.yaml)
         ns = Namespace(self.model_id, self.block_size, kv_layout=layout_id)
         tier.add_namespace(ns, block_bytes=layout.block_bytes)
@@ -546,7 +527,7 @@ class KvtierConnector(KVConnectorBase_V1):
         self._server = LookupServer(self.store, self._sock)
         self.store.flush()
         log.info("kvplane.vllm: %d layers, %d blocks of %d bytes, layout %s, nvme %s, "
-                 "lookups on %s", len(views), views[0].shape[0], layout.block_bytes,
+                 "lookups on %s", layout.num_layers, layout.num_blocks, layout.block_bytes,
                  layout_id, tier.nvme_dir, self._sock)
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
