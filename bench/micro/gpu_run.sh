@@ -9,15 +9,16 @@
 # with that machine's cuobjdump, compute-sanitizer memcheck, bench_kernels
 # (defaults), bench_tier_link --backend cuda (twice), then the kvplane wheel
 # installed with pip --target beside the machine's torch and transformers
-# and tests/e2e/llama_reuse.py and tests/e2e/reuse_e2e.py on it.
-# PARTS selects (default "tests memcheck bench link py"); NCU=1 adds an ncu profile
+# and tests/e2e/llama_reuse.py and tests/e2e/reuse_e2e.py on it, and
+# tests/e2e/vllm_layouts_cuda.py (kvplane.vllm's layouts over CUDA, part vllm).
+# PARTS selects (default "tests memcheck bench link py vllm"); NCU=1 adds an ncu profile
 # of the 2 KiB device-to-device gather and the D2D memcpy (ncu.txt).
 # Exit: 0 all ran and passed, else the number of failed steps.
 set -u
 cd "$(dirname "$0")/../.." || exit 2
 R=$(cd "${1:-build-gpu/run}" && pwd) || exit 2
 O=${OUT:-/tmp/out}; mkdir -p "$O"
-PARTS=${PARTS:-tests memcheck bench link py}
+PARTS=${PARTS:-tests memcheck bench link py vllm}
 fails=0
 step() { # name rc
   echo "== $1 rc=$2 (${SECONDS}s)" | tee -a "$O/summary.txt"
@@ -72,10 +73,13 @@ if on link; then
   step bench_tier_link $?
   grep -E '^\|' "$O/tier_link.txt" | cut -c1-160
 fi
-if on py; then
+S=
+if on py || on vllm; then
   S=$(mktemp -d)
   python3 -m pip install -q --disable-pip-version-check --no-index --find-links "$R/wheel/deps" \
     --target "$S" "$R"/wheel/kvplane-*.whl > "$O/py.txt" 2>&1; step pip_install_wheel $?
+fi
+if on py; then
   N=
   for d in /var/tmp "${HOME:-/nonexistent}" /tmp; do  # kvtier's slab files: O_DIRECT, not tmpfs
     [ -d "$d" ] && [ -w "$d" ] || continue
@@ -91,6 +95,11 @@ if on py; then
       step reuse_e2e $?; rm -rf "$N"
     else echo "no directory takes O_DIRECT"; step reuse_e2e 1; fi; } >> "$O/py.txt" 2>&1
   tail -25 "$O/py.txt"
+fi
+if on vllm; then
+  { PYTHONPATH=$S env -u LD_LIBRARY_PATH timeout 300 python3 tests/e2e/vllm_layouts_cuda.py
+    step vllm_layouts_cuda $?; } > "$O/vllm_layouts.txt" 2>&1
+  cat "$O/vllm_layouts.txt"
 fi
 rm -rf "$L"
 echo "gpu_run: $fails failed step(s)" | tee -a "$O/summary.txt"
