@@ -15,18 +15,6 @@ static int fail(char *err, size_t cap, const char *msg) {
   return -1;
 }
 
-static json_t *load_object(const char *b, size_t n, char *err, size_t cap,
-                           const char *what) {
-  json_error_t je;
-  json_t *o = json_loadb(b, n, JSON_REJECT_DUPLICATES, &je);
-  if (o != NULL && json_is_object(o))
-    return o;
-  snprintf(err, cap, "%s is not a JSON object (%s)", what,
-           o ? "another JSON value" : je.text);
-  json_decref(o);
-  return NULL;
-}
-
 /* ---- the bodies: top-level members dropped and appended, every other
  * byte kept as sent (a prompt of token ids is never re-encoded) --------- */
 /* Index in drop[] of the key b[0..n) (its bytes as sent), or -1. */
@@ -225,19 +213,59 @@ static int check_params(json_t *kv, rd_pd_params *p, char *err, size_t cap) {
   return take_blocks(json_object_get(kv, "remote_block_ids"), p, err, cap);
 }
 
+/* Where the answer's top-level kv_transfer_params value is: 1 ([*v0,
+ * *v1)), 0 (absent), -1 (not an object the scanners can walk), -2 (the
+ * member twice).  The answer is not parsed whole: a real vLLM's logprobs
+ * can hold a token that decodes to NUL as an object key ("\u0000"), which
+ * jansson refuses (test_vllm_pd met it); only the parameters are parsed. */
+static int find_params(const char *b, size_t n, size_t *v0, size_t *v1) {
+  int found = 0;
+  size_t i = rd_json_skip_ws(b, 0, n);
+  if (i >= n || b[i] != '{')
+    return -1;
+  for (i = rd_json_skip_ws(b, i + 1, n); i < n && b[i] == '"';) {
+    size_t k0 = i, k1 = rd_json_skip_str(b, i, n);
+    size_t c = rd_json_skip_ws(b, k1, n);
+    if (c >= n || b[c] != ':')
+      return -1;
+    size_t v = rd_json_skip_ws(b, c + 1, n), e = rd_json_skip_value(b, v, n);
+    if (k1 - k0 == 20 && memcmp(b + k0 + 1, "kv_transfer_params", 18) == 0) {
+      if (found++)
+        return -2;
+      *v0 = v;
+      *v1 = e;
+    }
+    i = rd_json_skip_ws(b, e, n);
+    if (i < n && b[i] == ',')
+      i = rd_json_skip_ws(b, i + 1, n);
+    else
+      break;
+  }
+  return i < n && b[i] == '}' ? found : -1;
+}
+
 int rd_pd_take_params(const char *reply, size_t len, rd_pd_params *p,
                       char **params, char *err, size_t cap) {
+  size_t v0 = 0, v1 = 0;
+  json_t *kv = NULL;
+  json_error_t je;
   memset(p, 0, sizeof *p);
   *params = NULL;
-  json_t *o = load_object(reply, len, err, cap, "the prefill's answer");
-  if (o == NULL)
+  int f = find_params(reply, len, &v0, &v1);
+  if (f < 0)
+    return fail(err, cap, f == -2 ? "the prefill's answer has two "
+                "kv_transfer_params members" : "the prefill's answer is not "
+                "a JSON object");
+  if (f == 1 && (kv = json_loadb(reply + v0, v1 - v0, JSON_REJECT_DUPLICATES |
+                                 JSON_DECODE_ANY | JSON_ALLOW_NUL, &je)) == NULL) {
+    snprintf(err, cap, "kv_transfer_params is not valid JSON (%s)", je.text);
     return -1;
-  json_t *kv = json_object_get(o, "kv_transfer_params");
+  }
   int rc = check_params(kv, p, err, cap);
   if (rc == 0 &&
       (*params = json_dumps(kv, JSON_COMPACT | JSON_REAL_PRECISION(17))) == NULL)
     rc = fail(err, cap, "out of memory");
-  json_decref(o);
+  json_decref(kv);
   if (rc < 0)
     memset(p, 0, sizeof *p);
   return rc;

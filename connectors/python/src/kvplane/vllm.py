@@ -14,7 +14,9 @@ Other extra-config keys: ``durable`` (default true: every saved block is
 written through to the NVMe slab files and fdatasynced before the step
 returns, so a restart finds it; false: DRAM only, NVMe by demotion),
 ``stats_file`` (a JSON file rewritten whenever the counters change) and
-``model_id`` (the namespace's model name; default vLLM's ``--model``).
+``model_id`` (the namespace's model name; default vLLM's ``--model``) and
+``pd_dir`` (prefill/decode disaggregation: a directory both instances of a
+P/D pair can read, see below).
 
 What it does, per request:
 
@@ -42,6 +44,27 @@ scheduler (vLLM's EngineCore process) asks it over a Unix socket, one JSON
 line each way (as LMCache's lookup server): a worker that cannot be asked
 is a miss, logged once.
 
+P/D (``pd_dir``): on a prefill instance (``kv_role`` ``kv_producer`` or
+``kv_both``) a request with ``kv_transfer_params.do_remote_decode`` has every
+full prompt block saved into kvtier and *handed off*: written to
+``pd_dir/<model tag>/<key>.kvb`` (a header naming the key, the KV layout and a
+BLAKE2b digest of the payload; written to a temporary name and renamed, so a
+reader sees a whole file or none; fsynced when ``durable``) before the step
+returns, so before the response.  ``request_finished`` then returns
+``kv_transfer_params`` in the NIXL connector's shape (``do_remote_prefill``,
+``remote_engine_id``, ``remote_block_ids``: the handed-off blocks,
+``remote_host`` / ``remote_port``: this instance, no channel is opened) plus
+``kvplane_handoff_blocks``.  On a decode instance (``kv_consumer`` or
+``kv_both``) a block its kvtier lacks is looked up in ``pd_dir`` by vLLM's
+own block hash when the scheduler asks (so blocks written by another process
+after this one started are found), verified (key, layout, length, digest) and
+put into its kvtier, then offered and loaded as any kvtier hit.  A missing
+or corrupt hand-off file is a counted miss (``pd_import_missing``,
+``pd_import_corrupt``) and vLLM computes the block; never wrong KV.  Each
+block is one file: kvtier's NVMe slab files are single-process (one store
+owns its slots), so two instances cannot share one ``nvme_dir``.  A
+``kv_consumer`` saves nothing into kvtier (its blocks came from the prefill).
+
 Limits (checked, with a clear error or a counted miss, never wrong KV):
 world size 1 (one worker per engine: no tensor/pipeline parallel yet); one
 KV cache group of full attention whose blocks are contiguous per layer;
@@ -51,10 +74,12 @@ saved).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import socket
+import struct
 import tempfile
 import threading
 import time
@@ -65,6 +90,7 @@ import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole)
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
+from vllm.v1.request import RequestStatus
 
 from . import (Device, Extras, HashAlgo, Hasher, Key, KvplaneError, Namespace, Tier,
                TierLink, TierStore, vllm_kv_layout)
@@ -84,13 +110,14 @@ class Options:
     durable: bool = True
     stats_file: Optional[str] = None
     model_id: Optional[str] = None
+    pd_dir: Optional[str] = None
 
 
 def read_options(extra: Dict[str, Any]) -> Options:
     """kv_connector_extra_config -> Options; a bad value raises ValueError
     naming the key (the engine then refuses to start: a config error is
     never a silent miss)."""
-    known = {"config", "durable", "stats_file", "model_id"}
+    known = {"config", "durable", "stats_file", "model_id", "pd_dir"}
     unknown = sorted(set(extra) - known)
     if unknown:
         raise ValueError(f"kvplane.vllm: kv_connector_extra_config: unknown key(s) "
@@ -117,7 +144,17 @@ def read_options(extra: Dict[str, Any]) -> Options:
     if model is not None and not isinstance(model, str):
         raise ValueError("kvplane.vllm: kv_connector_extra_config.model_id must be "
                          "a string")
-    return Options(text, path, durable, stats, model)
+    pd = extra.get("pd_dir")
+    if pd is not None and (not isinstance(pd, str) or not pd):
+        raise ValueError("kvplane.vllm: kv_connector_extra_config.pd_dir must be "
+                         "a directory path")
+    if pd is not None:
+        try:
+            os.makedirs(pd, exist_ok=True)
+        except OSError as e:
+            raise ValueError(f"kvplane.vllm: kv_connector_extra_config.pd_dir: "
+                             f"cannot create {pd}: {e.strerror}") from e
+    return Options(text, path, durable, stats, model, pd)
 
 
 # ---- the worker's store and its counters ---------------------------------------
@@ -133,7 +170,75 @@ COUNTERS = (
     "saves", "blocks_saved", "save_failed_blocks", "blocks_save_skipped",
     "blocks_replaced",    # suspect NVMe blocks vLLM recomputed: rewritten
     "lookup_ns", "load_ns", "save_ns",  # time spent (monotonic ns)
+    # P/D hand-off (pd_dir)
+    "pd_exported_blocks",  # prefill: blocks written to pd_dir
+    "pd_export_skipped",   # ... already there (same key, earlier request)
+    "pd_export_failed",    # ... not in kvtier / not written: the decode computes
+    "pd_imported_blocks",  # decode: blocks read from pd_dir into kvtier
+    "pd_import_missing",   # a do_remote_prefill request's block not in pd_dir
+    "pd_import_corrupt",   # a hand-off file that failed its checks: a miss
+    "pd_ns",
 )
+
+
+# ---- P/D hand-off: one file per block in a directory both instances read ----------
+_PD_MAGIC = b"KVPLPD01"
+_PD_HDR = struct.Struct("<8sQQQI16s")  # magic, key hi, lo, payload len, layout len, digest
+
+
+class Handoff:
+    """pd_dir/<tag>/<key>.kvb, tag = (model, block size): written whole
+    (temporary name, rename), read and verified whole."""
+
+    def __init__(self, root: str, model_id: str, block_size: int, durable: bool) -> None:
+        tag = hashlib.sha256(f"{model_id}\0{block_size}".encode()).hexdigest()[:16]
+        self.dir = os.path.join(root, tag)
+        os.makedirs(self.dir, exist_ok=True)
+        self.durable = durable
+
+    def path(self, k: Key) -> str:
+        return os.path.join(self.dir, f"{k.hi:016x}{k.lo:016x}.kvb")
+
+    def have(self, k: Key) -> bool:
+        return os.path.exists(self.path(k))
+
+    def write(self, k: Key, layout: bytes, payload: Any) -> None:
+        mv = memoryview(payload).cast("B")
+        dig = hashlib.blake2b(mv, digest_size=16).digest()
+        hdr = _PD_HDR.pack(_PD_MAGIC, k.hi, k.lo, len(mv), len(layout), dig) + layout
+        final = self.path(k)
+        tmp = f"{final}.{os.getpid()}.{threading.get_ident()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, hdr)
+            off = 0
+            while off < len(mv):
+                off += os.write(fd, mv[off:])
+            if self.durable:
+                os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, final)
+
+    def read(self, k: Key, layout: bytes, out: memoryview) -> str:
+        """'ok' (out holds the block), 'missing' or 'corrupt'."""
+        try:
+            with open(self.path(k), "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return "missing"
+        except OSError:
+            return "corrupt"
+        if len(data) < _PD_HDR.size:
+            return "corrupt"
+        magic, hi, lo, n, ln, dig = _PD_HDR.unpack_from(data)
+        body = memoryview(data)[_PD_HDR.size + ln:]
+        if (magic != _PD_MAGIC or hi != k.hi or lo != k.lo or n != len(out)
+                or data[_PD_HDR.size:_PD_HDR.size + ln] != layout or len(body) != n
+                or hashlib.blake2b(body, digest_size=16).digest() != dig):
+            return "corrupt"
+        out[:] = body
+        return "ok"
 
 
 class Store:
@@ -141,9 +246,13 @@ class Store:
     cache, with the connector's counters (written to stats_file)."""
 
     def __init__(self, opts: Options, store: TierStore, ns: Namespace,
-                 link: TierLink, block_bytes: int) -> None:
+                 link: TierLink, block_bytes: int, handoff: Optional[Handoff] = None,
+                 layout_id: str = "", consumer: bool = False) -> None:
         self.opts, self.store, self.ns, self.link = opts, store, ns, link
         self.block_bytes = block_bytes
+        self.handoff, self.layout = handoff, layout_id.encode()
+        self.consumer = consumer  # imports from pd_dir on a miss
+        self.xbuf = bytearray(block_bytes)  # hand-off export / import
         self.lock = threading.Lock()
         self.counters = {c: 0 for c in COUNTERS}
         self.dirty = True
@@ -156,7 +265,54 @@ class Store:
                 self.counters[name] += n
                 self.dirty = True
 
-    def lookup(self, keys: List[Key]) -> Tuple[int, int]:
+    def import_handoff(self, keys: List[Key], remote: bool) -> None:
+        """Blocks of the prefix kvtier lacks, read from pd_dir (another
+        instance's hand-off) into kvtier; stops at the first missing or bad
+        file (counted when the request came from a remote prefill).  Caller
+        holds self.lock."""
+        t0 = time.monotonic_ns()
+        c = self.counters
+        mv = memoryview(self.xbuf)
+        for k in keys:
+            if self.store.contains(self.ns, k) is not None:
+                continue
+            got = self.handoff.read(k, self.layout, mv)
+            if got == "missing":
+                c["pd_import_missing"] += int(remote)
+                break
+            if got == "corrupt":
+                c["pd_import_corrupt"] += 1
+                break
+            self.store.put(self.ns, k, mv)
+            c["pd_imported_blocks"] += 1
+        c["pd_ns"] += time.monotonic_ns() - t0
+        self.dirty = True
+
+    def export_handoff(self, keys: List[Key]) -> None:
+        """Writes keys' blocks (a prefix, just saved into kvtier) to pd_dir;
+        stops at the first one kvtier cannot give (the decode side computes
+        it and the rest)."""
+        t0 = time.monotonic_ns()
+        mv = memoryview(self.xbuf)
+        for k in keys:
+            if self.handoff.have(k):
+                self.count("pd_export_skipped")
+                continue
+            with self.lock:
+                got = self.store.get_into(self.ns, k, mv)
+                if got is not None and got[1] == self.block_bytes:
+                    try:
+                        self.handoff.write(k, self.layout, mv)
+                    except OSError as e:
+                        log.warning("kvplane.vllm: pd_dir write %s: %s", self.handoff.dir, e)
+                        got = None
+            if got is None:
+                self.count("pd_export_failed", len(keys) - keys.index(k))
+                break
+            self.count("pd_exported_blocks")
+        self.count("pd_ns", time.monotonic_ns() - t0)
+
+    def lookup(self, keys: List[Key], remote: bool = False) -> Tuple[int, int]:
         """How many of ``keys`` (a prefix) kvtier can give now, and how many
         of those were read back from NVMe.  The blocks are read, BATCH at a
         time, in one store call each (one GIL release per batch, not one per
@@ -166,6 +322,8 @@ class Store:
         t0 = time.monotonic_ns()
         n = nvme = bad = 0
         with self.lock:  # one scratch area
+            if self.handoff is not None and self.consumer:
+                self.import_handoff(keys, remote)
             for c in range(0, len(keys), self.BATCH):
                 ks = keys[c:c + self.BATCH]
                 before = self.store.stats().checksum_failures
@@ -263,7 +421,8 @@ class LookupServer:
                 try:
                     msg = json.loads(line)
                     if msg["op"] == "lookup":
-                        n, nvme = self.store.lookup([Key(h, lo) for h, lo in msg["keys"]])
+                        n, nvme = self.store.lookup([Key(h, lo) for h, lo in msg["keys"]],
+                                                    bool(msg.get("remote")))
                         reply: Dict[str, Any] = {"n": n, "nvme": nvme}
                     elif msg["op"] == "count":
                         self.store.count(msg["name"], int(msg["n"]))
@@ -321,6 +480,7 @@ class _Xfer:
     req_id: str
     keys: List[Key]
     block_ids: List[int]
+    export: bool = False       # P/D: hand the blocks off to pd_dir too
 
 
 @dataclass
@@ -337,6 +497,7 @@ class _Req:
     load_start: int = 0        # blocks [load_start, load_end) to load
     load_end: int = 0
     nvme_tokens: int = 0       # of the offered tokens, read back from NVMe
+    export: bool = False       # do_remote_decode on a producer with pd_dir
 
 
 def _key_of(digest: bytes) -> Key:
@@ -366,6 +527,13 @@ class KvtierConnector(KVConnectorBase_V1):
         self.model_id = self.opts.model_id or str(vllm_config.model_config.model)
         self._algo = str(getattr(cache, "prefix_caching_hash_algo", "sha256"))
         self._sock = socket_path(str(self._kv_transfer_config.engine_id))
+        ktc = self._kv_transfer_config
+        self._producer = ktc.kv_role in ("kv_producer", "kv_both")
+        self._consumer = ktc.kv_role in ("kv_consumer", "kv_both")
+        self._handoff: Optional[Handoff] = None
+        if self.opts.pd_dir is not None:
+            self._handoff = Handoff(self.opts.pd_dir, self.model_id, self.block_size,
+                                    self.opts.durable)
         self._hasher: Optional[Hasher] = None
         self._reqs: Dict[str, _Req] = {}
         self._load_errors: Set[int] = set()
@@ -441,15 +609,20 @@ class KvtierConnector(KVConnectorBase_V1):
         n_prompt = len(request.prompt_token_ids or [])
         r = _Req(keys, n_prompt)
         self._reqs[request.request_id] = r
+        kvp = request.kv_transfer_params or {}
+        r.export = bool(self._handoff is not None and self._producer
+                        and kvp.get("do_remote_decode"))
         start = num_computed_tokens // self.block_size
         limit = min(len(keys), (n_prompt - 1) // self.block_size)  # vLLM computes >= 1
         if start >= limit:
             return 0, False
-        got = self._ask({"op": "lookup", "keys": [[k.hi, k.lo] for k in keys[start:limit]]})
+        got = self._ask({"op": "lookup", "keys": [[k.hi, k.lo] for k in keys[start:limit]],
+                         "remote": bool(kvp.get("do_remote_prefill"))})
         if got is None:
             return 0, False
         n, nvme = int(got["n"]), int(got["nvme"])
-        r.saved = start + n
+        # a hand-off covers the whole prompt, vLLM's own hit and kvtier's too
+        r.saved = 0 if r.export else start + n
         if n == 0:
             return 0, False
         r.load_start, r.load_end = start, start + n
@@ -501,12 +674,31 @@ class KvtierConnector(KVConnectorBase_V1):
         done = min(r.n_prompt, num_computed + so.num_scheduled_tokens.get(req_id, 0))
         full = min(done // self.block_size, len(r.keys), len(ids))
         if full > r.saved:  # blocks completed by this step: saved after it
-            meta.saves.append(_Xfer(req_id, r.keys[r.saved:full], ids[r.saved:full]))
+            meta.saves.append(_Xfer(req_id, r.keys[r.saved:full], ids[r.saved:full],
+                                    r.export))
             r.saved = full
 
     def request_finished(self, request: Any, block_ids: List[int]) -> tuple:
-        self._reqs.pop(request.request_id, None)
-        return False, None
+        """A prefill leg (do_remote_decode, stopped by max_tokens, as the
+        NIXL connector): the kv_transfer_params the decode leg gets, naming
+        the prefix of full blocks handed off to pd_dir (checked there: the
+        worker wrote them before this step's output reached the scheduler)."""
+        r = self._reqs.pop(request.request_id, None)
+        kvp = request.kv_transfer_params or {}
+        if (self._handoff is None or not self._producer or not kvp.get("do_remote_decode")
+                or request.status != RequestStatus.FINISHED_LENGTH_CAPPED):
+            return False, None
+        n = 0  # no keys (multimodal, hash mismatch): the decode computes all
+        if r is not None and r.export:
+            full = min(len(r.keys), len(block_ids), r.n_prompt // self.block_size)
+            n = next((i for i in range(full) if not self._handoff.have(r.keys[i])), full)
+        ktc = self._kv_transfer_config
+        return False, {"do_remote_prefill": True, "do_remote_decode": False,
+                       "remote_engine_id": str(ktc.engine_id),
+                       "remote_block_ids": [int(b) for b in block_ids[:n]],
+                       "remote_host": socket.gethostname() or "localhost",
+                       "remote_port": int(ktc.kv_port),
+                       "kvplane_handoff_blocks": n}
 
     # ---- worker side ---------------------------------------------------------------
     def register_kv_caches(self, kv_caches: Dict[str, torch.Tensor]) -> None:
@@ -523,7 +715,8 @@ class KvtierConnector(KVConnectorBase_V1):
         ns = Namespace(self.model_id, self.block_size, kv_layout=layout_id)
         tier.add_namespace(ns, block_bytes=layout.block_bytes)
         link = TierLink(tier, dev, layout, ns)
-        self.store = Store(self.opts, tier, ns, link, layout.block_bytes)
+        self.store = Store(self.opts, tier, ns, link, layout.block_bytes, self._handoff,
+                           layout_id, self._consumer)
         self._server = LookupServer(self.store, self._sock)
         self.store.flush()
         log.info("kvplane.vllm: %d layers, %d blocks of %d bytes, layout %s, nvme %s, "
@@ -561,6 +754,8 @@ class KvtierConnector(KVConnectorBase_V1):
             return
         t0 = time.monotonic_ns()
         for x in meta.saves:
+            if self._kv_transfer_config.kv_role == "kv_consumer" and not x.export:
+                continue  # a decode instance's blocks came from the prefill
             todo = []
             for i, k in enumerate(x.keys):
                 t = st.store.contains(st.ns, k)
@@ -573,20 +768,24 @@ class KvtierConnector(KVConnectorBase_V1):
                 if t is None:
                     todo.append(i)
             st.count("blocks_save_skipped", len(x.keys) - len(todo))
-            if not todo:
-                continue
-            res = st.link.save([x.keys[i] for i in todo], [x.block_ids[i] for i in todo],
-                               durable=self.opts.durable)
-            ok = sum(1 for v in res if v >= 0)
-            st.count("saves")
-            st.count("blocks_saved", ok)
-            if ok != len(res):
-                st.count("save_failed_blocks", len(res) - ok)
-                self._warn_once("save", "kvplane.vllm: kvtier refused %d of %d blocks "
-                                "(first error %d)", len(res) - ok, len(res),
-                                next(v for v in res if v < 0))
+            if todo:
+                self._save(st, x, todo)
+            if x.export and st.handoff is not None:
+                st.export_handoff(x.keys)
         st.count("save_ns", time.monotonic_ns() - t0)
         st.flush()
+
+    def _save(self, st: Store, x: _Xfer, todo: List[int]) -> None:
+        res = st.link.save([x.keys[i] for i in todo], [x.block_ids[i] for i in todo],
+                           durable=self.opts.durable)
+        ok = sum(1 for v in res if v >= 0)
+        st.count("saves")
+        st.count("blocks_saved", ok)
+        if ok != len(res):
+            st.count("save_failed_blocks", len(res) - ok)
+            self._warn_once("save", "kvplane.vllm: kvtier refused %d of %d blocks "
+                            "(first error %d)", len(res) - ok, len(res),
+                            next(v for v in res if v < 0))
 
     def get_block_ids_with_load_errors(self) -> Set[int]:
         out, self._load_errors = self._load_errors, set()
