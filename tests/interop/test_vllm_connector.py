@@ -28,19 +28,15 @@ block size 32), one engine at a time.
 import json
 import os
 import random
-import signal
-import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "bench", "live", "vllm"))
 sys.path.insert(0, HERE)
 import fleet as vf  # noqa: E402
-from rd_testlib import check, failures, free_port  # noqa: E402
+from rd_testlib import check, failures  # noqa: E402
 
 W, PKG = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
 MODEL = os.environ.get("KVP_VLLM_MODEL", os.path.join(ROOT, ".cache", "vllm-tiny"))
@@ -57,55 +53,12 @@ P3 = [rng.randrange(1, vf.VOCAB) for _ in range(56 * BS + 3)]   # 56 full blocks
 KV_BYTES, MAX_LEN = 72 * 64 * 1024, 2048
 
 
-class Engine:
+class Engine(vf.Server):
     """One vLLM api_server, optionally with kvplane.vllm."""
 
     def __init__(self, tag, connector=None, core=0, wait=True):
-        self.tag, self.port = tag, free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-                "--model", MODEL, "--served-model-name", vf.MODEL_NAME,
-                "--host", "127.0.0.1", "--port", str(self.port),
-                "--enable-prefix-caching", "--block-size", str(BS),
-                "--enable-prompt-tokens-details",
-                "--kv-cache-memory-bytes", str(KV_BYTES), "--max-model-len", str(MAX_LEN),
-                "--max-num-seqs", "4", "-O0",  # eager: no torch.compile per start
-                "--uvicorn-log-level", "warning"]
-        if connector is not None:
-            argv += ["--kv-transfer-config", json.dumps(connector)]
-        env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_SERVER_DEV_MODE="1",
-                   PYTHONHASHSEED="0", VLLM_CPU_OMP_THREADS_BIND=str(core),
-                   VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
-                   TOKENIZERS_PARALLELISM="false", KVP_LOG="warn",
-                   PYTHONPATH=PKG + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        env.pop("VLLM_CPU_KVCACHE_SPACE", None)
-        self.logpath = os.path.join(W, f"vllm-{tag}.log")
-        self.logf = open(self.logpath, "ab")
-        self.t0 = time.monotonic()
-        self.p = subprocess.Popen(argv, env=env, stdout=self.logf,
-                                  stderr=subprocess.STDOUT, start_new_session=True,
-                                  cwd=W)
-        if wait:
-            self.wait()
-
-    def wait(self):
-        """Until /health answers (two engines may start at once)."""
-        t0, tag = self.t0, self.tag
-        while not vf.healthy(self.url):
-            if self.p.poll() is not None:
-                self.dump()
-                raise RuntimeError(f"vLLM {tag} exited ({self.p.returncode}) while "
-                                   f"starting; see {self.logpath}")
-            if time.monotonic() - t0 > 600:
-                self.stop()
-                raise RuntimeError(f"vLLM {tag} not healthy after 600 s")
-            time.sleep(1)
-        self.startup_s = time.monotonic() - t0
-        print(f"{tag}: vLLM healthy after {self.startup_s:.0f} s", flush=True)
-
-    def dump(self):
-        with open(self.logpath, errors="replace") as f:
-            print("".join(f.readlines()[-40:]), flush=True)
+        super().__init__(W, tag, MODEL, KV_BYTES, connector=connector, pkg=PKG, core=core,
+                         max_len=MAX_LEN, opt_level=0, wait=wait)
 
     def complete(self, prompt, max_tokens=8):
         body = {"model": vf.MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens,
@@ -118,21 +71,6 @@ class Engine:
         return {"tokens": c["logprobs"]["tokens"],
                 "logprobs": c["logprobs"]["token_logprobs"],
                 "cached": det.get("cached_tokens") or 0, "latency": dt}
-
-    def reset_prefix_cache(self):
-        req = urllib.request.Request(self.url + "/reset_prefix_cache", b"", method="POST")
-        with urllib.request.urlopen(req, timeout=30) as r:
-            r.read()
-
-    def stop(self):
-        if self.p.poll() is None:
-            os.killpg(self.p.pid, signal.SIGTERM)
-            try:
-                self.p.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.p.pid, signal.SIGKILL)
-                self.p.wait()
-        self.logf.close()
 
 
 def same_output(what, got, want, exact_logprobs=True):

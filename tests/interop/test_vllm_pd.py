@@ -54,20 +54,13 @@ KV_BYTES, MAX_LEN, MAX_TOKENS = 72 * 64 * 1024, 2048, 8
 procs = []
 
 
-class Engine:
-    """One vLLM api_server, optionally with kvplane.vllm (role, pd_dir)."""
+class Engine(vf.Server):
+    """One vLLM api_server, optionally with kvplane.vllm (role, pd_dir); the
+    caller waits for it (several start at once)."""
 
     def __init__(self, tag, role=None, core=0):
-        self.tag, self.port = tag, free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.stats = os.path.join(W, f"stats-{tag}.json")
-        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-                "--model", MODEL, "--served-model-name", vf.MODEL_NAME,
-                "--host", "127.0.0.1", "--port", str(self.port),
-                "--enable-prefix-caching", "--block-size", str(BS),
-                "--enable-prompt-tokens-details",
-                "--kv-cache-memory-bytes", str(KV_BYTES), "--max-model-len", str(MAX_LEN),
-                "--max-num-seqs", "4", "-O0", "--uvicorn-log-level", "warning"]
+        conn = None
         if role is not None:
             nvme = os.path.join(W, f"nvme-{tag}")
             os.makedirs(nvme, exist_ok=True)
@@ -75,38 +68,17 @@ class Engine:
             with open(cfg, "w") as f:
                 f.write(f"tiers:\n  dram_bytes: 64M\n  nvme_dir: {nvme}\n"
                         f"  nvme_bytes: 256M\n")
-            argv += ["--kv-transfer-config", json.dumps({
-                "kv_connector": "KvtierConnector",
-                "kv_connector_module_path": "kvplane.vllm", "kv_role": role,
-                "kv_load_failure_policy": "recompute",
-                "kv_connector_extra_config": {"config": cfg, "stats_file": self.stats,
-                                              "pd_dir": os.path.join(W, "pd")}})]
-        env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_SERVER_DEV_MODE="1",
-                   PYTHONHASHSEED="0", VLLM_CPU_OMP_THREADS_BIND=str(core),
-                   VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
-                   TOKENIZERS_PARALLELISM="false", KVP_LOG="warn",
-                   PYTHONPATH=PKG + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        env.pop("VLLM_CPU_KVCACHE_SPACE", None)
-        self.logpath = os.path.join(W, f"vllm-{tag}.log")
-        self.logf = open(self.logpath, "wb")
-        self.t0 = time.monotonic()
-        self.p = subprocess.Popen(argv, env=env, stdout=self.logf,
-                                  stderr=subprocess.STDOUT, start_new_session=True,
-                                  cwd=W)
+            conn = {"kv_connector": "KvtierConnector",
+                    "kv_connector_module_path": "kvplane.vllm", "kv_role": role,
+                    "kv_load_failure_policy": "recompute",
+                    "kv_connector_extra_config": {"config": cfg, "stats_file": self.stats,
+                                                  "pd_dir": os.path.join(W, "pd")}}
+        log = os.path.join(W, f"vllm-{tag}.log")
+        if os.path.exists(log):
+            os.unlink(log)
+        super().__init__(W, tag, MODEL, KV_BYTES, connector=conn, pkg=PKG, core=core,
+                         max_len=MAX_LEN, opt_level=0, wait=False)
         procs.append(self)
-
-    def wait(self):
-        while not vf.healthy(self.url):
-            if self.p.poll() is not None:
-                with open(self.logpath, errors="replace") as f:
-                    print("".join(f.readlines()[-40:]), flush=True)
-                raise RuntimeError(f"vLLM {self.tag} exited ({self.p.returncode}) "
-                                   f"while starting; see {self.logpath}")
-            if time.monotonic() - self.t0 > 600:
-                raise RuntimeError(f"vLLM {self.tag} not healthy after 600 s")
-            time.sleep(1)
-        print(f"{self.tag}: vLLM healthy after {time.monotonic() - self.t0:.0f} s",
-              flush=True)
 
     def counters(self):
         with open(self.stats) as f:
@@ -121,17 +93,6 @@ class Engine:
                 src = line.split('source="', 1)[1].split('"', 1)[0]
                 out[src] = out.get(src, 0) + float(line.rsplit(None, 1)[1])
         return out
-
-    def stop(self):
-        if self.p.poll() is None:
-            os.killpg(self.p.pid, signal.SIGTERM)
-            try:
-                self.p.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.p.pid, signal.SIGKILL)
-                self.p.wait()
-        if not self.logf.closed:
-            self.logf.close()
 
 
 def request(url, toks, **extra):

@@ -23,49 +23,22 @@ import argparse
 import json
 import os
 import random
-import signal
 import statistics
-import subprocess
 import sys
 import time
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, HERE)
 import fleet as vf  # noqa: E402
-sys.path.insert(0, os.path.dirname(HERE))
-from loopports import free_port  # noqa: E402
 
 
-class Engine:
+class Engine(vf.Server):
+    """vLLM as served (torch.compile on: prefill at its real speed)."""
+
     def __init__(self, a, tag, connector=None):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-                "--model", a.model, "--served-model-name", vf.MODEL_NAME,
-                "--host", "127.0.0.1", "--port", str(self.port),
-                "--enable-prefix-caching", "--block-size", str(vf.BLOCK),
-                "--enable-prompt-tokens-details",
-                "--kv-cache-memory-bytes", str(512 << 20), "--max-num-seqs", "4",
-                "--uvicorn-log-level", "warning"]
-        if connector is not None:
-            argv += ["--kv-transfer-config", json.dumps(connector)]
-        env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_SERVER_DEV_MODE="1",
-                   PYTHONHASHSEED="0", VLLM_CPU_OMP_THREADS_BIND="0",
-                   VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
-                   TOKENIZERS_PARALLELISM="false", KVP_LOG="warn",
-                   PYTHONPATH=a.pkg + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        env.pop("VLLM_CPU_KVCACHE_SPACE", None)
-        self.logf = open(os.path.join(a.work, f"ttft-{tag}.log"), "ab")
-        self.p = subprocess.Popen(argv, env=env, stdout=self.logf, stderr=subprocess.STDOUT,
-                                  start_new_session=True, cwd=a.work)
-        t0 = time.monotonic()
-        while not vf.healthy(self.url):
-            if self.p.poll() is not None or time.monotonic() - t0 > 600:
-                self.stop()
-                raise RuntimeError(f"vLLM {tag} did not start; see {self.logf.name}")
-            time.sleep(1)
+        super().__init__(a.work, "ttft-" + tag, a.model, 512 << 20, connector=connector,
+                         pkg=a.pkg)
         self.ttft([1, 2, 3] * 40)  # warm-up
 
     def ttft(self, prompt):
@@ -77,19 +50,6 @@ class Engine:
         det = (r.get("usage") or {}).get("prompt_tokens_details") or {}
         return dt, det.get("cached_tokens") or 0
 
-    def reset(self):
-        req = urllib.request.Request(self.url + "/reset_prefix_cache", b"", method="POST")
-        urllib.request.urlopen(req, timeout=30).read()
-
-    def stop(self):
-        if self.p.poll() is None:
-            os.killpg(self.p.pid, signal.SIGTERM)
-            try:
-                self.p.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.p.pid, signal.SIGKILL)
-                self.p.wait()
-        self.logf.close()
 
 
 def counters(stats_path):
@@ -107,7 +67,7 @@ def run(eng, prompts, rows, label, stats_path, reset_first=False):
     for size, ps in prompts.items():
         for p in ps:
             if reset_first:
-                eng.reset()
+                eng.reset_prefix_cache()
             c0 = counters(stats_path)
             dt, cached = eng.ttft(p)
             c1 = counters(stats_path)

@@ -160,6 +160,88 @@ class CpuShare:
                     pass
 
 
+# ---- one server ---------------------------------------------------------------
+class Server:
+    """One vLLM api_server on the tiny model outside a fleet (the connector
+    tests and benchmarks): prefix caching, 32-token blocks, cached_tokens in
+    usage, /reset_prefix_cache; optionally a KV connector (`connector`: the
+    --kv-transfer-config dict; `pkg`: a built kvplane package put first on
+    PYTHONPATH).  Its OpenMP thread on core `core`; opt_level 0 for tests
+    (eager, no torch.compile at start).  With wait=False the caller starts
+    several at once and calls wait() on each; stop() ends its whole process
+    group (EngineCore and the worker included)."""
+
+    def __init__(self, workdir, tag, model, kv_bytes, connector=None, pkg=None, core=0,
+                 max_len=None, max_num_seqs=4, opt_level=None, wait=True):
+        self.tag, self.port = tag, free_port()
+        self.url = "http://127.0.0.1:%d" % self.port
+        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+                "--model", model, "--served-model-name", MODEL_NAME,
+                "--host", "127.0.0.1", "--port", str(self.port),
+                "--enable-prefix-caching", "--block-size", str(BLOCK),
+                "--enable-prompt-tokens-details", "--kv-cache-memory-bytes", str(kv_bytes),
+                "--max-num-seqs", str(max_num_seqs), "--uvicorn-log-level", "warning"]
+        argv += ["--max-model-len", str(max_len)] if max_len else []
+        argv += ["-O%d" % opt_level] if opt_level is not None else []
+        argv += ["--kv-transfer-config", json.dumps(connector)] if connector else []
+        env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_SERVER_DEV_MODE="1",
+                   PYTHONHASHSEED="0", VLLM_CPU_OMP_THREADS_BIND=str(core),
+                   VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
+                   TOKENIZERS_PARALLELISM="false", KVP_LOG="warn")
+        if pkg:
+            env["PYTHONPATH"] = pkg + os.pathsep + os.environ.get("PYTHONPATH", "")
+        env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # --kv-cache-memory-bytes rules
+        self.logpath = os.path.join(workdir, "vllm-%s.log" % tag)
+        self.logf = open(self.logpath, "ab")
+        self.t0 = time.monotonic()
+        self.p = subprocess.Popen(argv, env=env, stdout=self.logf, stderr=subprocess.STDOUT,
+                                  start_new_session=True, cwd=workdir)
+        self.startup_s = None
+        if wait:
+            self.wait()
+
+    def wait(self, timeout=600):
+        """Until /health answers; raises (with the log's tail) if it exits."""
+        while not healthy(self.url):
+            if self.p.poll() is not None:
+                self.dump()
+                raise RuntimeError("vLLM %s exited (%s) while starting; see %s"
+                                   % (self.tag, self.p.returncode, self.logpath))
+            if time.monotonic() - self.t0 > timeout:
+                self.stop()
+                raise RuntimeError("vLLM %s not healthy after %d s" % (self.tag, timeout))
+            time.sleep(1)
+        self.startup_s = time.monotonic() - self.t0
+        print("%s: vLLM healthy after %.0f s" % (self.tag, self.startup_s), flush=True)
+
+    def dump(self):
+        with open(self.logpath, errors="replace") as f:
+            print("".join(f.readlines()[-40:]), flush=True)
+
+    def reset_prefix_cache(self):
+        req = urllib.request.Request(self.url + "/reset_prefix_cache", b"", method="POST")
+        with urllib.request.urlopen(req, timeout=30) as r:
+            r.read()
+
+    def stop(self):
+        if self.p.poll() is None:
+            os.killpg(self.p.pid, signal.SIGTERM)
+            try:
+                self.p.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.p.pid, signal.SIGKILL)
+                self.p.wait()
+        end = time.monotonic() + 30  # EngineCore may outlive the API server
+        while group_alive(self.p.pid) and time.monotonic() < end:
+            time.sleep(0.2)
+        try:
+            os.killpg(self.p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        if not self.logf.closed:
+            self.logf.close()
+
+
 # ---- the fleet ---------------------------------------------------------------
 def group_alive(pgid):
     """A process of group pgid still exists (a zombie leader not counted:
