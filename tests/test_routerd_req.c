@@ -7,6 +7,7 @@
 #include <jansson.h>
 
 #include "rd_idx_req.h"
+#include "rd_prom.h"
 #include "rd_req.h"
 #include "test_harness.h"
 
@@ -292,7 +293,46 @@ TEST(salt_spliced_not_reserialised) {
   ASSERT_NULL(rd_req_with_salt("[1]", 3, "kvp1-X_y", &n));
 }
 
+/* a worker's /metrics as vLLM 0.32 writes it: load, KV usage, and the KV
+ * capacity from cache_config_info's labels (P/D's free-KV check) */
+TEST(scrape_reads_vllm_metrics) {
+  const char *t =
+      "# HELP vllm:num_requests_running x\n"
+      "vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 2.0\n"
+      "vllm:num_requests_running{engine=\"1\",model_name=\"m\"} 1.0\n"
+      "vllm:num_requests_waiting{engine=\"0\"} 4\n"
+      "vllm:kv_cache_usage_perc{engine=\"0\"} 0.25\n"
+      "vllm:cache_config_info{block_size=\"32\",cache_dtype=\"auto\","
+      "note=\"a \\\"quoted\\\" ,num_gpu_blocks=\\\"9\",num_cpu_blocks=\"None\","
+      "num_gpu_blocks=\"72\"} 1.0\n";
+  rd_scrape m;
+  rd_scrape_parse(t, strlen(t), &m);
+  ASSERT_TRUE(m.has_running && m.has_waiting && m.has_kv_use);
+  ASSERT_DOUBLE_NEAR(m.running, 3.0, 0);
+  ASSERT_DOUBLE_NEAR(m.waiting, 4.0, 0);
+  ASSERT_DOUBLE_NEAR(m.kv_use, 0.25, 0);
+  ASSERT_EQ(m.kv_cap_tokens, 72u * 32u); /* not the quoted label's 9 */
+  static const char *const unknown[] = {
+      "vllm:cache_config_info{block_size=\"32\",num_gpu_blocks=\"None\"} 1\n",
+      "vllm:cache_config_info{block_size=\"32\"} 1\n",
+      "vllm:cache_config_info{num_gpu_blocks=\"72\",block_size=\"-1\"} 1\n",
+      "vllm:cache_config_info{num_gpu_blocks=\"1e20\",block_size=\"32\"} 1\n",
+      "vllm:cache_config_info{num_gpu_blocks=72,block_size=\"32\"} 1\n",
+      "vllm:cache_config_info{num_gpu_blocks=\"72",
+      "vllm:cache_config_info_x{num_gpu_blocks=\"72\",block_size=\"32\"} 1\n"};
+  for (size_t i = 0; i < sizeof unknown / sizeof *unknown; i++) {
+    rd_scrape_parse(unknown[i], strlen(unknown[i]), &m);
+    ASSERT_EQ(m.kv_cap_tokens, 0u);
+    ASSERT_FALSE(m.has_running);
+  }
+  /* the length bounds the read: the same text cut before the labels */
+  rd_scrape_parse(t, strlen(t) - 20, &m);
+  ASSERT_EQ(m.kv_cap_tokens, 0u);
+  ASSERT_TRUE(m.has_running);
+}
+
 TEST_MAIN(TEST_ENTRY(salt_cannot_collide_or_be_forged),
           TEST_ENTRY(salt_spliced_not_reserialised),
           TEST_ENTRY(fast_path_reads_ids), TEST_ENTRY(fast_path_rejects_as_jansson),
-          TEST_ENTRY(random_bodies_match_jansson), TEST_ENTRY(nul_bytes_rejected))
+          TEST_ENTRY(random_bodies_match_jansson), TEST_ENTRY(nul_bytes_rejected),
+          TEST_ENTRY(scrape_reads_vllm_metrics))

@@ -190,6 +190,9 @@ typedef struct rd_worker {
   /* P/D, under s->mu: prompt tokens of the decode legs this router relays
    * to it now -- the KV its decode batch reads every step */
   uint64_t pd_decode_tokens;
+  /* its KV cache in tokens (vLLM's cache_config_info, scraped, under
+   * s->mu: num_gpu_blocks x block_size); 0: not known */
+  uint64_t kv_cap_tokens;
   /* counters */
   uint64_t requests, ok, retried_away, errors[4]; /* rd_err_reason */
   uint64_t scrapes, scrape_fail;
@@ -312,7 +315,7 @@ void rd_conn_put(rd_loop *l, rd_worker *w, struct evhttp_connection *c);
 typedef struct rd_pd_stats {
   atomic_uint_fast64_t calls, prefill_ok, prefill_retries, decode_retries,
       bad_params, prefill_refused, pred_transfer_tokens, pred_transfer_bytes,
-      offered_blocks, decode_local_tokens;
+      offered_blocks, decode_local_tokens, decode_kv_full;
 } rd_pd_stats;
 
 struct rd_server {

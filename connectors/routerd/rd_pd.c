@@ -85,14 +85,41 @@ static double decode_cost(rd_server *s, const rd_worker *w, uint64_t lack,
   return xfer + (double)out_tokens * step;
 }
 
+/* The decode leg's KV (prompt + output) fits in what w has free: its
+ * capacity (vLLM's cache_config_info, scraped) less the larger of its
+ * scraped use and the decode legs this router has in flight there.  A
+ * worker that cannot hold it would preempt (vLLM recomputes a preempted
+ * request).  Capacity not known: it fits. */
+static bool kv_fits(const rd_worker *w, uint64_t need) {
+  if (w->kv_cap_tokens == 0)
+    return true;
+  double cap = (double)w->kv_cap_tokens, used = w->load.kv_util * cap;
+  if ((double)w->pd_decode_tokens > used)
+    used = (double)w->pd_decode_tokens;
+  return used + (double)need <= cap;
+}
+
+/* Routable decode workers; with room for the leg's KV when any has it
+ * (else all: the least bad by cost, counted). */
+static bool decode_candidate(const rd_worker *w, uint64_t need, bool room) {
+  return rd_worker_routable(w) && rd_role_serves(w, RD_ROLE_DECODE) &&
+         (!room || kv_fits(w, need));
+}
+
 uint32_t rd_pd_decode_eligible(rd_server *s, const kvp_worker_match *wm,
                                size_t nm, uint64_t n_pull, uint64_t prompt,
                                uint32_t out_tokens, uint64_t *elig) {
   double cost[RD_WORKERS_MAX], best = -1;
+  uint64_t need = prompt + out_tokens;
+  bool room = false;
+  for (uint32_t id = 0; id < s->n_w && !room; id++)
+    room = decode_candidate(&s->w[id], need, true);
+  if (!room)
+    atomic_fetch_add_explicit(&s->pd.decode_kv_full, 1, memory_order_relaxed);
   for (uint32_t id = 0; id < s->n_w; id++) {
     const rd_worker *w = &s->w[id];
     cost[id] = -1;
-    if (!rd_worker_routable(w) || !rd_role_serves(w, RD_ROLE_DECODE))
+    if (!decode_candidate(w, need, room))
       continue;
     uint64_t own = own_blocks(wm, nm, id);
     cost[id] = decode_cost(s, w, own < n_pull ? n_pull - own : 0, prompt,
@@ -141,6 +168,9 @@ void rd_pd_metrics(rd_server *s, struct evbuffer *b) {
           "offered (remote_block_ids)", LOAD(offered_blocks));
   counter(b, "decode_local_tokens_total", "prompt tokens the chosen decode "
           "worker held already (no transfer)", LOAD(decode_local_tokens));
+  counter(b, "decode_kv_full_total", "decode legs no decode worker had free "
+          "KV for (capacity from cache_config_info): chosen by cost alone",
+          LOAD(decode_kv_full));
   evbuffer_add_printf(b, "# HELP kvplane_routerd_worker_role its P/D role\n"
                       "# TYPE kvplane_routerd_worker_role gauge\n");
   rd_lock(s);

@@ -5,6 +5,7 @@
  * and freed by thread 0 only; what the front-door loops change or read
  * goes under s->mu (rd.h's top). */
 #include "rd.h"
+#include "rd_prom.h"
 
 #include "kvplane/events_nats.h"
 
@@ -346,48 +347,19 @@ void rd_workers_fini(rd_server *s) {
 
 /* ---- scrape: vLLM's /metrics (load) and /v1/models ------------------------ */
 
-/* Sums the samples of metric `name` (any labels) in Prometheus text. */
-static double prom_sum(const char *text, size_t len, const char *name,
-                       bool *found) {
-  size_t nl = strlen(name);
-  double sum = 0;
-  for (const char *p = text, *end = text + len; p < end;) {
-    const char *eol = memchr(p, '\n', (size_t)(end - p));
-    const char *le = eol ? eol : end;
-    if ((size_t)(le - p) > nl && memcmp(p, name, nl) == 0 &&
-        (p[nl] == '{' || p[nl] == ' ')) {
-      const char *v = memrchr(p, ' ', (size_t)(le - p));
-      char num[64];
-      size_t n = v ? (size_t)(le - v - 1) : 0;
-      if (n > 0 && n < sizeof num) {
-        memcpy(num, v + 1, n);
-        num[n] = '\0';
-        char *e;
-        double d = strtod(num, &e);
-        if (e != num && d == d) {
-          sum += d;
-          *found = true;
-        }
-      }
-    }
-    p = le + 1;
-  }
-  return sum;
-}
-
 static uint32_t clamp_u32(double v) {
   return v <= 0 ? 0 : v >= 4e9 ? 4000000000u : (uint32_t)v;
 }
 
 static void apply_metrics(rd_worker *w, const char *t, size_t n) {
-  bool f1 = false, f2 = false, f3 = false;
-  double run = prom_sum(t, n, "vllm:num_requests_running", &f1);
-  double wait = prom_sum(t, n, "vllm:num_requests_waiting", &f2);
-  double use = prom_sum(t, n, "vllm:kv_cache_usage_perc", &f3);
+  rd_scrape m;
+  rd_scrape_parse(t, n, &m);
   rd_lock(w->s);
-  w->load.running_requests = f1 ? clamp_u32(run) : 0;
-  w->load.queued_requests = f2 ? clamp_u32(wait) : 0;
-  w->load.kv_util = !f3 || use < 0 ? 0 : use > 1 ? 1 : use;
+  w->kv_cap_tokens = m.kv_cap_tokens;
+  w->load.running_requests = m.has_running ? clamp_u32(m.running) : 0;
+  w->load.queued_requests = m.has_waiting ? clamp_u32(m.waiting) : 0;
+  w->load.kv_util = !m.has_kv_use || m.kv_use < 0 ? 0
+                    : m.kv_use > 1 ? 1 : m.kv_use;
   rd_worker_sync(w);
   rd_unlock(w->s);
 }

@@ -246,6 +246,51 @@ class GoodParams(BadParams):
               "remote_request_id": "abc", "tp_size": 1}
 
 
+def kv_worker(blocks):
+    """A fake decode worker whose /metrics give its KV cache as vLLM 0.32
+    does (cache_config_info's labels): `blocks` blocks of BS tokens."""
+    class KV(Fake):
+        def do_GET(self):
+            if self.path != "/metrics":
+                return Fake.do_GET(self)
+            self.reply(200, "vllm:num_requests_running 0\n"
+                       "vllm:kv_cache_usage_perc 0.0\n"
+                       'vllm:cache_config_info{block_size="%d",num_gpu_blocks="%d",'
+                       'num_cpu_blocks="None"} 1.0\n' % (BS, blocks), "text/plain")
+    return fake_worker(KV)
+
+
+def test_decode_kv():
+    """Free KV memory: a decode worker whose KV cache cannot hold the
+    leg's prompt + output (its capacity from cache_config_info, scraped) is
+    not chosen while another can; when none can, the leg still goes out,
+    chosen by cost, and is counted."""
+    p, small, big = fake_worker(GoodParams), kv_worker(4), kv_worker(100000)
+    Fake.seen.clear()
+    _, front = start_router("pd-kv", [p, small, big], ["prefill", "decode", "decode"])
+    time.sleep(1)  # a few scrapes (every 50 ms)
+    got = []
+    for k in range(8):
+        code, h, _ = post(front, {"prompt": prompt(970 + k, 8), "max_tokens": 16})
+        got.append((code, h.get("x-kvplane-worker")))
+    check(all(c == 200 and w == big for c, w in got),
+          "3. decode legs skip the worker with 4 blocks of KV for 8-block "
+          "prompts: all on %s (%s)" % (big, got))
+    full = metric(urllib.request.urlopen(front + "/metrics").read().decode(),
+                  "kvplane_routerd_pd_decode_kv_full_total")
+    check(full == 0, "3. no leg lacked a worker with room (%s)" % full)
+    p2, s1, s2 = fake_worker(GoodParams), kv_worker(4), kv_worker(4)
+    _, front2 = start_router("pd-kv2", [p2, s1, s2], ["prefill", "decode", "decode"])
+    time.sleep(1)
+    codes = [post(front2, {"prompt": prompt(980 + k, 8), "max_tokens": 16})[0]
+             for k in range(3)]
+    full = metric(urllib.request.urlopen(front2 + "/metrics").read().decode(),
+                  "kvplane_routerd_pd_decode_kv_full_total")
+    check(codes == [200] * 3 and full == 3,
+          "3. no decode worker with room: served anyway by cost, counted "
+          "(%s, decode_kv_full %s)" % (codes, full))
+
+
 def test_request_ids():
     """Both legs carry one X-Request-Id (vLLM's request id, which older
     NIXL connectors match between the two instances): the client's, or one
@@ -441,6 +486,7 @@ def main():
         test_decode_load(front, ws)
         test_retries(ws)
         test_request_ids()
+        test_decode_kv()
         test_bad_params(ws)
         test_nodelay()
     finally:
