@@ -325,6 +325,12 @@ TEST(scrape_reads_vllm_metrics) {
     ASSERT_EQ(m.kv_cap_tokens, 0u);
     ASSERT_FALSE(m.has_running);
   }
+  /* +Inf and -Inf would sum to NaN: values that are not finite are skipped */
+  const char *inf = "vllm:num_requests_running +Inf\nvllm:num_requests_running -Inf\n"
+                    "vllm:num_requests_running 2\nvllm:kv_cache_usage_perc NaN\n";
+  rd_scrape_parse(inf, strlen(inf), &m);
+  ASSERT_TRUE(m.has_running && !m.has_kv_use);
+  ASSERT_DOUBLE_NEAR(m.running, 2.0, 0);
   /* the length bounds the read: the same text cut before the labels */
   rd_scrape_parse(t, strlen(t) - 20, &m);
   ASSERT_EQ(m.kv_cap_tokens, 0u);

@@ -2,10 +2,13 @@
 /* kvplane-routerd: a worker's /metrics text (rd_prom.h). */
 #include "rd_prom.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* Sums the samples of metric `name` (any labels) in Prometheus text. */
+/* Sums the samples of metric `name` (any labels) in Prometheus text; a
+ * value that is not a finite number (NaN, +-Inf: +Inf and -Inf would sum
+ * to NaN) is skipped. */
 static double prom_sum(const char *text, size_t len, const char *name,
                        bool *found) {
   size_t nl = strlen(name);
@@ -23,7 +26,7 @@ static double prom_sum(const char *text, size_t len, const char *name,
         num[n] = '\0';
         char *e;
         double d = strtod(num, &e);
-        if (e != num && d == d) {
+        if (e != num && isfinite(d)) {
           sum += d;
           *found = true;
         }
