@@ -49,6 +49,8 @@ import os
 import sys
 import time
 
+from e2e_util import pick_nvme_dir
+
 # Deterministic cuBLAS (must precede CUDA's initialisation): the restored and
 # the original continuation must be comparable bit for bit.
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -215,23 +217,6 @@ def poison(cache):
     for kc, vc in cache:
         kc.fill_(float("nan")), vc.fill_(float("nan"))
     torch.cuda.synchronize()
-
-
-def pick_nvme_dir(asked):
-    """A new directory for the slab files, inside the first directory whose
-    file system takes O_DIRECT (kvtier's slab files need it; tmpfs does not)."""
-    for d in ([asked] if asked else ["/var/tmp", "/tmp", "."]):
-        probe = os.path.join(d, f".kvp-odirect-{os.getpid()}")
-        try:
-            fd = os.open(probe, os.O_CREAT | os.O_RDWR | os.O_DIRECT, 0o600)
-        except OSError:
-            continue
-        os.close(fd)
-        os.unlink(probe)
-        sub = os.path.join(os.path.abspath(d), f"kvp-e2e-{os.getpid()}")
-        os.makedirs(sub)
-        return sub
-    raise RuntimeError(f"no directory here takes O_DIRECT (tried {asked or '/var/tmp, /tmp, .'})")
 
 
 def tier_yaml(block_bytes, nblocks, nvme_dir):
@@ -490,7 +475,7 @@ def main(a):
         model = Model(cfg["vocab"], cfg["d"], cfg["layers"], cfg["heads"], cfg["kv_heads"], cfg["head_dim"])
         model = model.to("cuda", torch.bfloat16).eval()
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
-        nvme_dir = pick_nvme_dir(a.nvme_dir)
+        nvme_dir = pick_nvme_dir(a.nvme_dir, "kvp-e2e")
         print_header(dev, cfg, nvme_dir)
         try:
             for n in [int(t) for t in a.tokens.split(",")]:

@@ -29,6 +29,8 @@ import os
 import shutil
 import sys
 
+from e2e_util import pick_nvme_dir
+
 LAYERS, NB, BS, H, D = 4, 96, 16, 8, 128
 SAVE_IDS = [3, 17, 40, 41, 77, 95]  # scattered blocks of cache A
 LOAD_IDS = [90, 0, 12, 13, 50, 64]  # where they go in cache B
@@ -48,22 +50,6 @@ try:
 except ImportError as e:
     print(f"FAIL: kvplane is not importable: {e}")
     sys.exit(1)
-
-
-def pick_nvme_dir(asked):
-    """A new directory for the slab files where O_DIRECT works (not tmpfs)."""
-    for d in ([asked] if asked else ["/var/tmp", "/tmp", "."]):
-        probe = os.path.join(d, f".kvp-odirect-{os.getpid()}")
-        try:
-            fd = os.open(probe, os.O_CREAT | os.O_RDWR | os.O_DIRECT, 0o600)
-        except OSError:
-            continue
-        os.close(fd)
-        os.unlink(probe)
-        sub = os.path.join(os.path.abspath(d), f"kvp-layouts-{os.getpid()}")
-        os.makedirs(sub)
-        return sub
-    raise RuntimeError("no directory here takes O_DIRECT")
 
 
 def shape_of(kind):
@@ -160,7 +146,7 @@ def main():
     ok, why = kvplane.backend_available(args.backend)
     if not ok:
         skip(f"kvplane's {args.backend} backend: {why}")
-    nvme = pick_nvme_dir(args.nvme_dir)
+    nvme = pick_nvme_dir(args.nvme_dir, "kvp-layouts")
     errors, tags = [], []
     try:
         with kvplane.Device(args.backend) as dev:
