@@ -6,7 +6,9 @@
  * order, duplicates, gaps with and without replay, a replay that no longer
  * has the batches, publisher restart, bad payloads, re-keying, hybrid
  * groups, stats.  vLLM's own publisher is driven by tests/interop. */
+#include <fcntl.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -678,6 +680,47 @@ static void test_replay_timeout(void) {
   fx_close(&f);
 }
 
+/* The event-loop form: one fd, the same one after the replay socket is
+ * reopened (a replay timeout), and watching only it is enough -- the
+ * reopened socket's answers wake it.  Before, the fds were the sockets' own
+ * ZMQ_FDs: a timeout closed one under the caller's event loop (libevent:
+ * "Epoll MOD ... Bad file descriptor", then a reused number). */
+static void test_loop_fd(void) {
+  fixture f;
+  fx_open(&f, true, KVP_EVENTS_ENGINE_HASH, 100);
+  int fds[8];
+  ASSERT_EQ(kvp_events_fds(f.ev, fds, 8), 1);
+  int fd = fds[0];
+  send_stored(&f, 0, H, 1, NULL, "GPU", true);
+  send_stored(&f, 1, &H[1], 1, &H[0], "GPU", false);
+  send_stored(&f, 2, &H[2], 1, &H[1], "GPU", true); /* a gap: a replay */
+  uint64_t end = kvp_now_ns() + 300 * 1000000ull;
+  while (kvp_now_ns() < end) /* nobody answers it: the socket is reopened */
+    ASSERT_OK(kvp_events_poll(f.ev, 2));
+  kvp_events_stats s = stats(f.ev);
+  ASSERT_GE(s.replay_failures, 1u);
+  ASSERT_EQ(kvp_events_fds(f.ev, fds, 8), 1);
+  ASSERT_EQ(fds[0], fd);
+  ASSERT_NE(fcntl(fd, F_GETFD), -1);
+  /* another gap: the reopened socket asks, and its answer must reach the
+   * loop through `fd` alone */
+  static const uint64_t L[2] = {0x5555555555555555ull, 0x6666666666666666ull};
+  send_stored(&f, 3, L, 1, &H[2], "GPU", false);
+  send_stored(&f, 4, &L[1], 1, L, "GPU", true);
+  uint64_t replayed = s.batches_replayed;
+  end = kvp_now_ns() + 3000 * 1000000ull;
+  while (kvp_now_ns() < end && stats(f.ev).batches_replayed == replayed) {
+    tp_serve(&f.t);
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, 10) > 0)
+      ASSERT_GE(kvp_events_poll(f.ev, 0), 0);
+  }
+  s = stats(f.ev);
+  ASSERT_GT(s.batches_replayed, replayed);
+  ASSERT_EQ(held(f.ix, L, 2, KVP_TIER_HBM), 2u); /* L[0] came by replay */
+  fx_close(&f);
+}
+
 static void test_restart(void) {
   fixture f;
   fx_open(&f, false, KVP_EVENTS_ENGINE_HASH, 0);
@@ -1227,6 +1270,7 @@ int main(void) {
   test_gap_lost(true);
   test_gap_lost(false);
   test_replay_timeout();
+  test_loop_fd();
   test_restart();
   test_restart_replayed();
   test_idle_probe();

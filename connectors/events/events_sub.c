@@ -10,7 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <xxhash.h>
 #include <zmq.h>
@@ -69,6 +71,11 @@ struct kvp_events {
   kvp_events_batch_fn on_batch;
   void *on_batch_opaque;
   zmq_pollitem_t *items;
+  /* One epoll set over every socket's ZMQ_FD: the event-loop form's single
+   * fd (kvp_events_fds), stable while sockets are closed and reopened (a
+   * reopened DEALER's ZMQ_FD is a new fd; a caller watching the old number
+   * would watch a closed fd, then whatever reuses it). */
+  int epfd;
   int mode; /* 0 none yet, 1 thread, 2 poll */
   bool started_replays;
   _Atomic bool running;
@@ -113,6 +120,22 @@ static int zerr(const char *what, const char *ep) {
   return KVP_EIO;
 }
 
+static int sys_err(const char *what, const char *ep) {
+  kvp_log(KVP_LOG_ERROR, EV_MOD, "%s %s: %s", what, ep, strerror(errno));
+  return KVP_EIO;
+}
+
+/* Adds (level-triggered) or removes socket `sock`'s ZMQ_FD in ev's epoll
+ * set; 0 or -1 (errno). */
+static int watch(kvp_events *ev, void *sock, int op) {
+  int fd;
+  size_t sz = sizeof fd;
+  if (zmq_getsockopt(sock, ZMQ_FD, &fd, &sz) != 0)
+    return -1;
+  struct epoll_event e = {.events = EPOLLIN, .data.fd = fd};
+  return epoll_ctl(ev->epfd, op, fd, &e);
+}
+
 static bool wants_bind(const source *s) {
   if (s->d.connect == KVP_EVENTS_AUTO)
     return strchr(s->endpoint, '*') != NULL;
@@ -142,24 +165,31 @@ static int open_sub(kvp_events *ev, source *s) {
       zmq_setsockopt(s->mon, ZMQ_RCVHWM, &zero, sizeof zero) != 0 ||
       zmq_connect(s->mon, mon) != 0)
     return zerr("monitor for", s->endpoint);
+  if (watch(ev, s->sub, EPOLL_CTL_ADD) < 0 ||
+      watch(ev, s->mon, EPOLL_CTL_ADD) < 0)
+    return sys_err("epoll_ctl for", s->endpoint);
   return 0;
 }
 
-static void close_dealer(source *s) {
-  if (s->dealer != NULL)
+static void close_dealer(kvp_events *ev, source *s) {
+  if (s->dealer != NULL) {
+    (void)watch(ev, s->dealer, EPOLL_CTL_DEL); /* before its fd closes */
     zmq_close(s->dealer);
+  }
   s->dealer = NULL;
 }
 
 static int open_dealer(kvp_events *ev, source *s) {
   int zero = 0;
-  close_dealer(s);
+  close_dealer(ev, s);
   s->dealer = zmq_socket(ev->zctx, ZMQ_DEALER);
   if (s->dealer == NULL)
     return zerr("zmq_socket(DEALER) for", s->replay_endpoint);
   (void)zmq_setsockopt(s->dealer, ZMQ_LINGER, &zero, sizeof zero);
   if (zmq_connect(s->dealer, s->replay_endpoint) != 0)
     return zerr("connect", s->replay_endpoint);
+  if (watch(ev, s->dealer, EPOLL_CTL_ADD) < 0)
+    return sys_err("epoll_ctl for", s->replay_endpoint);
   return 0;
 }
 
@@ -731,20 +761,14 @@ int kvp_events_stop(kvp_events *ev) {
 int kvp_events_fds(kvp_events *ev, int *fds, size_t cap) {
   if (ev == NULL || (fds == NULL && cap > 0))
     return KVP_EINVAL;
-  size_t n = 0;
-  for (size_t i = 0; i < ev->n_src; i++) {
-    void *socks[3] = {ev->src[i].sub, ev->src[i].dealer, ev->src[i].mon};
-    for (int k = 0; k < 3; k++) {
-      int fd;
-      size_t sz = sizeof fd;
-      if (socks[k] == NULL || zmq_getsockopt(socks[k], ZMQ_FD, &fd, &sz) != 0)
-        continue;
-      if (n < cap)
-        fds[n] = fd;
-      n++;
-    }
-  }
-  return (int)n;
+  bool sockets = false;
+  for (size_t i = 0; i < ev->n_src; i++)
+    sockets |= ev->src[i].sub != NULL;
+  if (!sockets)
+    return 0; /* external sources only: nothing to watch */
+  if (cap > 0)
+    fds[0] = ev->epfd;
+  return 1;
 }
 
 int kvp_events_on_batch(kvp_events *ev, kvp_events_batch_fn fn,
@@ -863,7 +887,7 @@ static void source_fini(kvp_events *ev, source *s) {
     zmq_close(s->mon);
   if (s->sub != NULL)
     zmq_close(s->sub);
-  close_dealer(s);
+  close_dealer(ev, s);
   for (size_t i = 0; i < s->n_pending; i++)
     zmq_msg_close(&s->pending[i].payload);
   size_t pmax = ev->o.pending_max ? ev->o.pending_max : 4096;
@@ -884,6 +908,8 @@ void kvp_events_destroy(kvp_events *ev) {
     source_fini(ev, &ev->src[i]);
   if (ev->zctx != NULL)
     zmq_ctx_term(ev->zctx);
+  if (ev->epfd >= 0)
+    close(ev->epfd);
   kvp_kv_decoder_destroy(ev->dec);
   const kvp_allocator *a = ev->ap;
   kvp_allocator copy = ev->alloc;
@@ -914,6 +940,10 @@ int kvp_events_create(kvp_index *ix, const kvp_events_source *sources,
   if (opts != NULL)
     ev->o = *opts;
   int rc = KVP_ENOMEM;
+  if ((ev->epfd = epoll_create1(EPOLL_CLOEXEC)) < 0) {
+    rc = sys_err("epoll_create1", "for the event-loop fd");
+    goto fail;
+  }
   ev->src = kvp__ev_calloc(ev->ap, n_sources, sizeof *ev->src);
   ev->items = kvp__ev_calloc(ev->ap, 3 * n_sources, sizeof *ev->items);
   ev->zctx = zmq_ctx_new();

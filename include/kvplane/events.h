@@ -235,10 +235,12 @@ KVP_API int kvp_events_stop(kvp_events *ev);
  * (the I/O thread runs: it probes by itself). */
 KVP_API int kvp_events_resync(kvp_events *ev, uint32_t source);
 
-/* Event-loop form: the ZeroMQ notification fds (ZMQ_FD: edge-triggered,
- * readable when a socket MAY have messages) of every socket, up to cap;
- * returns their count.  Call kvp_events_poll(ev, 0) whenever one is
- * readable and at least every kvp_events_poll's returned deadline. */
+/* Event-loop form: the fd to watch -- one epoll set over every socket's
+ * ZeroMQ notification fd, readable when a socket MAY have messages, the same
+ * fd while sockets are reopened.  Stores it in fds[0] (when cap > 0) and
+ * returns 1, or 0 when every source is external (nothing to watch).  Call
+ * kvp_events_poll(ev, 0) whenever it is readable and at least every 100 ms
+ * (replay deadlines and idle probes). */
 KVP_API int kvp_events_fds(kvp_events *ev, int *fds, size_t cap);
 /* Receives and applies what is there, waiting up to timeout_ms (-1 =
  * forever, 0 = not at all) for the first message.  Returns the number of

@@ -317,6 +317,16 @@ finally:
         rd.wait(30)
     fl.stop()
 
+# libevent's own complaints mean a watched fd was closed under it (a worker
+# restart reopened a replay socket whose fd routerd still watched: the
+# number was then reused by a client connection, which stalled)
+if rd is not None:
+    rd_log.close()
+    with open(os.path.join(W, "routerd.log")) as f:
+        bad = [x for x in f.read().splitlines() if x.startswith("[warn]") or x.startswith("[err]")]
+    check(not bad, "routerd's event loop never watched a closed fd (%d libevent warnings%s)"
+          % (len(bad), (": " + bad[0]) if bad else ""))
+
 if failures:
     print("FAILED: %d check(s)" % len(failures))
     sys.exit(1)
