@@ -246,6 +246,9 @@ def routerd_config(ctx, path):
              "routerd:",
              "  listen: 127.0.0.1:%d" % ctx["port"],
              "  policy: kvplane_cost",
+             # one line a request (its X-Request-Id is the trace index):
+             # bench/live/breakdown.py joins them to the client's req.live.jsonl
+             "  receipts: %s" % os.path.join(ctx["dir"], "receipts.jsonl"),
              # the emulation runs time_scale x faster: so must the router's
              # view of the workers' load (/metrics every 250 ms of trace time)
              "  scrape_interval: %.4fs" % scaled(ctx, 0.25),

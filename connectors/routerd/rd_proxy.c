@@ -9,6 +9,7 @@
  * answer read whole, then the decode leg relayed (docs/routerd.md#pd). */
 #include "rd.h"
 #include "rd_idx_req.h"
+#include "kvplane/text.h"
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -30,6 +31,8 @@ typedef struct rd_call {
   size_t body_len;
   char path[64];
   char tenant[RD_REQ_ID_MAX], session[RD_REQ_ID_MAX], salt[RD_SALT_MAX];
+  char client_rid[RD_REQ_ID_MAX]; /* the client's X-Request-Id, "" if none
+                                   * or longer than RD_ID_MAX (not cut) */
   char *auth; /* the client's Authorization (any length), or NULL */
   bool text_mode, completed, started, paused, done;
   bool rendering;    /* the upstream request is the render call */
@@ -270,18 +273,25 @@ static void receipt(rd_call *c, const kvp_route_names *nm, bool found,
                          : -1;
   if (n < 0 || (size_t)n >= sizeof rec)
     return;
-  char repd[24] = "null", pd[1024] = "";
+  char repd[24] = "null", pd[1024] = "", rid[6 * RD_REQ_ID_MAX + 8] = "null";
   if (found)
     snprintf(repd, sizeof repd, "%llu", (unsigned long long)rep);
   pd_receipt(c, pd, sizeof pd);
+  if (*c->client_rid) { /* JSON-escaped: any bytes a header may carry */
+    kvp_text t;
+    kvp_text_init(&t, rid, sizeof rid);
+    kvp_text_json_str(&t, c->client_rid);
+    if (kvp_text_len(&t) >= sizeof rid) /* \u00XX escapes: 6x; not cut */
+      snprintf(rid, sizeof rid, "null");
+  }
   pthread_mutex_lock(&s->rc_mu);
   if (s->receipts)
     fprintf(s->receipts,
             "{\"worker\":\"%s\",\"status\":%d,\"attempts\":%u,\"mode\":"
-            "\"%s\",\"reported_cached_tokens\":%s,\"first_byte_s\":%.6f,"
-            "%s\"receipt\":%s}\n",
+            "\"%s\",\"client_request_id\":%s,\"reported_cached_tokens\":%s,"
+            "\"first_byte_s\":%.6f,%s\"receipt\":%s}\n",
             c->w ? c->w->url : "", c->code, c->attempts,
-            c->text_mode ? "text" : "tokens", repd,
+            c->text_mode ? "text" : "tokens", rid, repd,
             c->t_first > 0 ? c->t_first - c->t0 : 0, pd, rec);
   pthread_mutex_unlock(&s->rc_mu);
 }
@@ -1247,6 +1257,8 @@ static int take_headers(rd_call *c, struct evhttp_request *hr) {
   }
   if (*c->session == '\0')
     snprintf(c->session, sizeof c->session, "%s", c->q.user);
+  if (copy_header(hr, "X-Request-Id", c->client_rid, sizeof c->client_rid) < 0)
+    *c->client_rid = '\0'; /* receipts say null; the header still goes on */
   return 0;
 }
 

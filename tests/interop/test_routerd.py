@@ -360,8 +360,23 @@ need = ["kvplane_routerd_requests_total", "kvplane_routerd_retries_total",
 check(code == 200 and all(n in m for n in need), "/metrics carries " + ", ".join(need))
 retries = [l for l in m.splitlines() if l.startswith("kvplane_routerd_retries_total ")]
 check(retries and int(retries[0].split()[1]) > 0, "retries were counted: %s" % retries)
-lines = open(receipts).read().splitlines()
+# the client's X-Request-Id is in its receipt, escaped (joins receipts to
+# client-side logs: bench/live/breakdown.py); an over-long one is null
+rid = 'rid-"q"\\ \x01-%d' % os.getpid()
+for h in ({"X-Request-Id": rid}, {"X-Request-Id": "x" * 300}):
+    code, _ = http("POST", base + "/v1/completions",
+                   {"model": MODEL, "prompt": [7] * 40, "max_tokens": 1}, h)
+    check(code == 200, "a request with X-Request-Id %r...: %d" % (h["X-Request-Id"][:12], code))
+for _ in range(50):  # a receipt is written as the request is accounted
+    lines = open(receipts).read().splitlines()
+    if lines and json.loads(lines[-1]).get("client_request_id", "absent") is None:
+        break
+    time.sleep(0.1)
 recs = [json.loads(l) for l in lines]
+rids = [r.get("client_request_id", "absent") for r in recs]
+check(rid in rids and rids[-1] is None and "absent" not in rids,
+      "receipts carry the client's X-Request-Id (escaped: %r), null when over-long"
+      % [x for x in rids if x not in (None, "absent")][-1:])
 check(len(recs) > 40 and all("receipt" in r and "worker" in r for r in recs),
       "one JSON receipt per request (%d)" % len(recs))
 
