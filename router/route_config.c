@@ -20,6 +20,7 @@ typedef struct route_cfg {
   double tflops, eff, bw_gbps[KVP_TIER_COUNT_], lat_s[KVP_TIER_COUNT_];
   double guard, aff, tie, temp, w_prefix, w_kv, w_queue;
   uint64_t gmin;
+  char guard_load[16];
 } route_cfg;
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -71,12 +72,20 @@ static int bind_gpu(kvp_config *c, route_cfg *r, char *err, size_t cap) {
   return kvp_config_bind(c, &s, err, cap);
 }
 
+/* routing.guard_load: "prefill" | "requests" -> kvp_guard_load, or -1. */
+static int guard_load_of(const char *v) {
+  return strcmp(v, "prefill") == 0    ? KVP_GUARD_LOAD_PREFILL
+         : strcmp(v, "requests") == 0 ? KVP_GUARD_LOAD_REQUESTS
+                                      : -1;
+}
+
 static int bind_routing(kvp_config *c, route_cfg *r, char *pol, size_t pcap,
                         char *err, size_t cap) {
   const kvp_config_field f[] = {
       KVP_CFG_LIST("policies", pol, pcap, 1, 64),
       KVP_CFG_F64("guard", &r->guard, 1, 1000),
       KVP_CFG_U64("guard_min_load", &r->gmin, 1, 1u << 20),
+      KVP_CFG_STR("guard_load", r->guard_load, sizeof r->guard_load),
       KVP_CFG_F64("affinity_eps_rel", &r->aff, 0, 10),
       KVP_CFG_F64("tie_rel", &r->tie, 0, 10),
       KVP_CFG_F64("dynamo_temperature", &r->temp, 0, 100),
@@ -84,7 +93,16 @@ static int bind_routing(kvp_config *c, route_cfg *r, char *pol, size_t pcap,
       KVP_CFG_F64("llmd_w_kv", &r->w_kv, 0, 1000),
       KVP_CFG_F64("llmd_w_queue", &r->w_queue, 0, 1000)};
   const kvp_config_section s = {"routing", f, NFIELDS(f)};
-  return kvp_config_bind(c, &s, err, cap);
+  int n = kvp_config_bind(c, &s, err, cap);
+  if (n >= 0 && r->guard_load[0] != '\0' && guard_load_of(r->guard_load) < 0) {
+    const char *name = "";
+    int line = kvp_config_key_line(c, "routing", "guard_load", &name);
+    if (cap > 0)
+      snprintf(err, cap, "%s:%d: routing.guard_load: '%s': expected prefill "
+               "or requests", name, line, r->guard_load);
+    return KVP_EINVAL;
+  }
+  return n;
 }
 
 /* The six model keys come together or not at all; then the spec must be
@@ -139,6 +157,8 @@ static void apply_routing(const kvp_config *c, const route_cfg *r,
     o->guard = r->guard;
   if (has(c, "routing", "guard_min_load"))
     o->guard_min_load = (uint32_t)r->gmin;
+  if (r->guard_load[0] != '\0')
+    o->guard_load = (uint32_t)guard_load_of(r->guard_load);
   if (has(c, "routing", "affinity_eps_rel"))
     o->affinity_eps_rel = r->aff;
   if (has(c, "routing", "tie_rel"))

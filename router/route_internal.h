@@ -32,7 +32,8 @@ typedef struct kvp__route_cand {
   uint32_t mflags;             /* KVP_MATCH_* */
   uint32_t cflags;             /* KVP_CAND_* */
   uint64_t matched_blocks, reused_blocks;
-  uint64_t load_req; /* guard load: requests */
+  uint64_t load_req; /* requests: queued + running + in flight */
+  uint64_t load_guard; /* the guard's load (opts.guard_load) */
   double guard_ref;  /* the load it was compared with */
   double queue_s, recompute_s, load_s, total_s;
   double score;  /* policy's own number, as in the receipt */

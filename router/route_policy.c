@@ -230,6 +230,7 @@ static bool ints_ok(const char *op, const kvp_router_opts *o) {
          u32_opt(op, "n_workers", o->n_workers, 1, KVP_WORKERS_MAX) &&
          u32_opt(op, "block_size", o->block_size, 1, KVP_BLOCK_SIZE_MAX) &&
          u32_opt(op, "guard_ref", o->guard_ref, 0, KVP_GUARD_MIN) &&
+         u32_opt(op, "guard_load", o->guard_load, 0, KVP_GUARD_LOAD_REQUESTS) &&
          u32_opt(op, "max_inflight", o->max_inflight, 1, 1u << 24) &&
          u32_opt(op, "max_sessions", o->max_sessions, 1, 1u << 24) &&
          u32_opt(op, "max_blocks", o->max_blocks, 1, 1u << 28);
@@ -728,6 +729,9 @@ static void cand_terms(kvp_router *r, const route_ctx *x, uint32_t w) {
   c->total_s = c->queue_s + c->recompute_s + c->load_s;
   c->load_req =
       (uint64_t)l->queued_requests + l->running_requests + r->ws[w].requests;
+  c->load_guard = r->o.guard_load == KVP_GUARD_LOAD_REQUESTS
+                      ? c->load_req
+                      : (uint64_t)l->queued_requests + r->ws[w].requests;
   c->guard_ref = 0.0;
   c->score = c->total_s;
   c->key[0] = c->total_s, c->key[1] = 0.0, c->key[2] = 0.0;
@@ -806,7 +810,7 @@ static void guard_collect(const kvp_router *r, guard_stats *g) {
   for (uint32_t w = 0; w < r->n; w++) {
     if (!online(r, w))
       continue;
-    uint64_t l = r->cand[w].load_req;
+    uint64_t l = r->cand[w].load_guard;
     g->sum += l, g->n++;
     if (l < g->min1)
       g->min2 = g->min1, g->min1 = l, g->min1_w = w;
@@ -830,9 +834,9 @@ static void guard_apply(kvp_router *r, pick *p) {
       continue;
     c->guard_ref = r->o.guard_ref == KVP_GUARD_MIN
                        ? (double)(w == g.min1_w ? g.min2 : g.min1)
-                       : (double)(g.sum - c->load_req) * inv_others;
-    if ((double)c->load_req > r->o.guard * c->guard_ref &&
-        c->load_req > r->o.guard_min_load)
+                       : (double)(g.sum - c->load_guard) * inv_others;
+    if ((double)c->load_guard > r->o.guard * c->guard_ref &&
+        c->load_guard > r->o.guard_min_load)
       c->cflags |= KVP_CAND_GUARDED, n_ex++;
   }
   if (n_ex < g.n)

@@ -83,7 +83,7 @@ static void reason_guard(kvp_text *b, const kvp__route_why *w,
       b,
       "guard: worker %u overloaded (load %" PRIu64 " > %.2gx %s %.3g "
       "of the others); chose worker %u, TTFT %.3g s vs %.3g s there",
-      w->best_unguarded, g->load_req, w->r->o.guard, ref, w->guard_ref,
+      w->best_unguarded, g->load_guard, w->r->o.guard, ref, w->guard_ref,
       d->worker, c->total_s, g->total_s);
 }
 

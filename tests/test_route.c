@@ -447,6 +447,68 @@ TEST(semi_stable_history_drives_affinity) {
   kvp_router_destroy(r);
 }
 
+/* The guard counts requests before their first token (queued + in flight):
+ * a holder busy decoding keeps its prompts (measured in make live: the
+ * request count guard sent turns away from holders with nothing queued,
+ * bench/live/breakdown.py); guard_load "requests" is the old rule. */
+TEST(guard_counts_requests_before_first_token) {
+  enum { W = 4, NB = 64 };
+  kvp_key *keys = keys_new(NB, 11);
+  kvp_worker_match m[W];
+  for (uint32_t w = 0; w < W; w++)
+    m[w] = hbm(w, w == 1 ? NB : 0);
+  kvp_route_request q = req_of(keys, NB, 0, 0, 0);
+  kvp_decision d;
+  for (int mode = 0; mode < 2; mode++) {
+    kvp_router_opts o = {0};
+    o.block_size = 16, o.n_workers = W, o.seed = 1;
+    o.guard_load = mode ? KVP_GUARD_LOAD_REQUESTS : 0;
+    kvp_router *r = NULL;
+    ASSERT_OK(kvp_router_create(&o, NULL, &r));
+    for (uint32_t w = 0; w < W; w++) /* worker 1: twelve decoding */
+      set_load(r, w, 0, w == 1 ? 12 : 1, 0, 0, 0.5);
+    ASSERT_OK(kvp_router_route_matches(r, &q, m, W, &d));
+    const kvp_route_candidate *c1 = cand_for(&d, 1);
+    ASSERT_NOT_NULL(c1);
+    if (mode == 0) {
+      ASSERT_EQ(d.worker, 1u);
+      ASSERT_EQ(d.reason, KVP_REASON_COST);
+      ASSERT_FALSE(c1->flags & KVP_CAND_GUARDED);
+    } else {
+      ASSERT_NE(d.worker, 1u);
+      ASSERT_EQ(d.reason, KVP_REASON_GUARD);
+      ASSERT_TRUE(c1->flags & KVP_CAND_GUARDED);
+      ASSERT_NOT_NULL(strstr(d.reason_text, "overloaded (load 12 > 2x mean 1"));
+    }
+    ASSERT_OK(kvp_router_complete(r, d.worker, d.request_id));
+    /* twelve waiting for their prefill: overloaded in either mode */
+    for (uint32_t w = 0; w < W; w++)
+      set_load(r, w, w == 1 ? 12 : 0, 1, 0, 0, 0.5);
+    ASSERT_OK(kvp_router_route_matches(r, &q, m, W, &d));
+    ASSERT_NE(d.worker, 1u);
+    ASSERT_EQ(d.reason, KVP_REASON_GUARD);
+    ASSERT_OK(kvp_router_complete(r, d.worker, d.request_id));
+    /* and this router's own prompts in flight count: twelve short ones sent
+     * to worker 1 (the only eligible one), nothing reported yet */
+    for (uint32_t w = 0; w < W; w++)
+      set_load(r, w, 0, 0, 0, 0, 0.0);
+    uint64_t only1 = 1u << 1;
+    kvp_route_request tiny = req_of(keys, 1, 0, 0, 0);
+    tiny.eligible = &only1, tiny.n_eligible_words = 1;
+    kvp_worker_match m1 = hbm(1, 1);
+    for (int i = 0; i < 12; i++) {
+      tiny.request_id = 1000 + (uint64_t)i;
+      ASSERT_OK(kvp_router_route_matches(r, &tiny, &m1, 1, &d));
+      ASSERT_EQ(d.worker, 1u);
+    }
+    ASSERT_OK(kvp_router_route_matches(r, &q, m, W, &d));
+    ASSERT_NE(d.worker, 1u);
+    ASSERT_EQ(d.reason, KVP_REASON_GUARD);
+    kvp_router_destroy(r);
+  }
+  free(keys);
+}
+
 /* ---- affinity and herding ------------------------------------------------ */
 TEST(affinity_within_epsilon) {
   kvp_router *r = router_new(KVP_POLICY_KVPLANE_COST, 4, 0);
@@ -1815,6 +1877,7 @@ TEST_MAIN(TEST_ENTRY(policy_names_and_model_math),
           TEST_ENTRY(cost_terms_by_hand_and_bandwidth_override),
           TEST_ENTRY(stable_prefix_everywhere_does_not_pull),
           TEST_ENTRY(semi_stable_history_drives_affinity),
+          TEST_ENTRY(guard_counts_requests_before_first_token),
           TEST_ENTRY(affinity_within_epsilon),
           TEST_ENTRY(no_herding_across_replicas),
           TEST_ENTRY(round_robin_skips_offline), TEST_ENTRY(round_robin_reads_no_matches),

@@ -240,7 +240,7 @@ def scaled(ctx, seconds):
     return max(0.005, seconds / float(ctx.get("time_scale") or 1))
 
 
-def routerd_config(ctx, path):
+def routerd_config(ctx, path, routing=None):
     ws = ctx["workers"]
     lines = ["# written by bench/live/make_live.py for kvplane-routerd",
              "routerd:",
@@ -270,19 +270,27 @@ def routerd_config(ctx, path):
     # speed is the CPU workers', not an H100's); else the block size alone
     lines += ctx.get("routerd_model_yaml") or ["model:",
                                                "  block_size: %d" % ctx["block_size"]]
+    if routing:  # a --routerd-variant row: its routing: keys
+        lines += ["routing:"] + ["  " + kv.strip() for kv in routing.split(";") if kv.strip()]
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
 
-def routerd_row(binary, token_ids):
+def routerd_row(binary, token_ids, variant=None):
     """token_ids: the client sends token ids (the router hashes them as
     sent); else text, which the router renders through a worker first --
     a loopback round trip and the worker's tokenization that the time scale
-    multiplies (x20 by default), where peers tokenize in process."""
+    multiplies (x20 by default), where peers tokenize in process.
+    variant: (name, "key: value; key: value") -- routing: keys of an extra
+    row (--routerd-variant), token ids, never the reference."""
     def argv(ctx):
         cfg = os.path.join(ctx["dir"], "routerd.yaml")
-        routerd_config(ctx, cfg)
+        routerd_config(ctx, cfg, variant[1] if variant else None)
         return [binary, "--config", cfg]
+    if variant:
+        return {"name": "routerd_" + variant[0],
+                "label": "kvplane-routerd, %s" % variant[1],
+                "router": argv, "peer": False, "reference": False, "token_ids": True}
     return {"name": "routerd" if token_ids else "routerd_text",
             "label": "kvplane-routerd" + ("" if token_ids else ", text (render)"),
             "router": argv, "peer": False, "reference": token_ids,
@@ -309,7 +317,12 @@ def fleet_row(binary, replicas, sync):
             "token_ids": True}
 
 
-def live_rows(peers_ok, routerd, fleets=True):
+def live_rows(peers_ok, routerd, fleets=True, variants=(), only=None):
+    rows = all_rows(peers_ok, routerd, fleets, variants)
+    return [r for r in rows if only is None or r["name"] in only]
+
+
+def all_rows(peers_ok, routerd, fleets, variants):
     rows = [{"name": "direct", "label": "direct round robin", "router": None,
              "peer": False},
             {"name": "direct_ids", "label": "direct round robin, token ids",
@@ -330,6 +343,7 @@ def live_rows(peers_ok, routerd, fleets=True):
         ]
     if routerd:
         rows.append(routerd_row(routerd, True))
+        rows += [routerd_row(routerd, True, v) for v in variants]
         rows.append(routerd_row(routerd, False))
         if fleets and find_bin("nats-server") and find_bin("nginx"):
             rows.append(fleet_row(routerd, 3, True))
@@ -684,7 +698,8 @@ def one_trace(a, tr, peers_ok, k, n, cluster):
                  label="kvplane (offline kvplane_cost)", reference=True),
             dict(off["round_robin"], name="offline_round_robin",
                  label="offline round_robin", reference=False)]
-    lrows = live_rows(peers_ok, a.routerd, fleets=a.engine != "vllm")
+    lrows = live_rows(peers_ok, a.routerd, fleets=a.engine != "vllm",
+                      variants=a.routerd_variant, only=a.rows)
     if any(r.get("reference") for r in lrows):
         rows[0]["reference"] = False
     for j, row in enumerate(lrows, 1):
@@ -925,6 +940,16 @@ def main():
     ap.add_argument("--no-isolation-check", dest="isolation", action="store_false",
                     help="vllm: skip the measurement of one worker's TTFT beside busy ones")
     ap.add_argument("--no-peers", action="store_true", help="direct and offline only")
+    ap.add_argument("--rows", type=lambda v: set(v.split(",")), default=None,
+                    help="live rows to run (names as in live.csv: direct, direct_ids, "
+                    "vllm_kv_aware, vllm_cache_aware, sglang_cache_aware, routerd, "
+                    "routerd_text, routerd_x3_nats, routerd_x3_nosync, routerd_NAME); "
+                    "the offline rows always run")
+    ap.add_argument("--routerd-variant", action="append", default=[],
+                    type=lambda v: tuple(v.split("=", 1)) if "=" in v else
+                    sys.exit("--routerd-variant NAME='key: value; ...'"),
+                    help="an extra kvplane-routerd row (routerd_NAME) with these routing: keys, "
+                    "e.g. noguard='guard: 1000' (repeatable; docs/config.md lists the keys)")
     ap.add_argument("--routerd", default=os.environ.get("KVPLANE_ROUTERD"),
                     help="kvplane-routerd binary: adds its row (default $KVPLANE_ROUTERD)")
     ap.add_argument("--pd", action="store_true",

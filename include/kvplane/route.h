@@ -18,8 +18,9 @@
  * prefix, laid out fastest tier first, the router reuses the prefix cut at the
  * tier boundary that minimises load_s + recompute_s, so a hit is used only
  * when loading it beats recomputing it ("payoff, not hits").  The cheapest
- * worker wins, except that (1) a worker whose request load (queued + running
- * + in flight) exceeds guard x the mean (or min) of the others' and
+ * worker wins, except that (1) a worker whose request load (opts.guard_load:
+ * by default the requests before their first token, queued + this router's
+ * in flight) exceeds guard x the mean (or min) of the others' and
  * guard_min_load is excluded unless every worker is, (2) a session
  * stays on its last worker while that worker is within epsilon of the best
  * (affinity that costs nothing), and (3) workers within the tie band are
@@ -201,6 +202,18 @@ typedef enum kvp_guard_ref {
   KVP_GUARD_MIN = 1   /* ... with their minimum */
 } kvp_guard_ref;
 
+/* What the guard counts as a worker's load. */
+typedef enum kvp_guard_load {
+  /* requests before their first token: queued (reported) + this router's in
+   * flight -- what delays a new request's prefill.  A worker busy decoding
+   * is not overloaded for TTFT: continuous batching schedules a new prefill
+   * at the next step. */
+  KVP_GUARD_LOAD_PREFILL = 0,
+  /* queued + running (prefill or decode) + in flight: every request the
+   * worker holds (the rule before 2026-11-29; SGLang's load) */
+  KVP_GUARD_LOAD_REQUESTS = 1
+} kvp_guard_load;
+
 /* Zero value = defaults, except n_workers and block_size (required).
  * Doubles must be finite and non-negative; 0 selects the default given.
  * Reserved fields (here and in every struct of this header) must be zero.
@@ -252,7 +265,8 @@ typedef struct kvp_router_opts {
   /* kvp_router_route(): record each routed chain in the index as routed to
    * the chosen worker (approximate mode, for engines without KV events). */
   uint32_t record_routed;
-  uint32_t reserved[14];
+  uint32_t guard_load; /* kvp_guard_load; 0 = prefill-stage requests */
+  uint32_t reserved[13];
 } kvp_router_opts;
 
 /* ---- the YAML config's `model:`, `gpu:` and `routing:` sections -----------
