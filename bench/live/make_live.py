@@ -289,7 +289,7 @@ def routerd_row(binary, token_ids, variant=None):
         return [binary, "--config", cfg]
     if variant:
         return {"name": "routerd_" + variant[0],
-                "label": "kvplane-routerd, %s" % variant[1],
+                "label": "kvplane-routerd (%s)" % variant[0],
                 "router": argv, "peer": False, "reference": False, "token_ids": True}
     return {"name": "routerd" if token_ids else "routerd_text",
             "label": "kvplane-routerd" + ("" if token_ids else ", text (render)"),
