@@ -18,6 +18,7 @@ typedef struct route_cfg {
   uint64_t layers, heads, kv_heads, head_dim, dtype, block_size;
   double params_b;
   double tflops, eff, bw_gbps[KVP_TIER_COUNT_], lat_s[KVP_TIER_COUNT_];
+  double overhead_s;
   double guard, aff, tie, temp, w_prefix, w_kv, w_queue;
   uint64_t gmin;
   char guard_load[16];
@@ -67,7 +68,8 @@ static int bind_gpu(kvp_config *c, route_cfg *r, char *err, size_t cap) {
       KVP_CFG_DURATION("dram_latency_us", &r->lat_s[KVP_TIER_DRAM], 1e-9, 1,
                        1000000),
       KVP_CFG_DURATION("nvme_latency_us", &r->lat_s[KVP_TIER_NVME], 1e-9, 1,
-                       1000000)};
+                       1000000),
+      KVP_CFG_DURATION("prefill_overhead_s", &r->overhead_s, 0, 60, 1)};
   const kvp_config_section s = {"gpu", f, NFIELDS(f)};
   return kvp_config_bind(c, &s, err, cap);
 }
@@ -143,6 +145,8 @@ static void apply_gpu(const kvp_config *c, const route_cfg *r,
     g->flops = r->tflops * 1e12;
   if (has(c, "gpu", "efficiency"))
     g->efficiency = r->eff;
+  if (has(c, "gpu", "prefill_overhead_s"))
+    g->prefill_overhead_s = r->overhead_s;
   for (int k = 0; k < KVP_TIER_COUNT_; k++) {
     if (bw_keys[k] != NULL && has(c, "gpu", bw_keys[k]))
       g->bw[k] = r->bw_gbps[k] * 1e9;

@@ -155,7 +155,9 @@ static bool u32_opt(const char *op, const char *f, uint32_t v, uint32_t lo,
 
 static bool gpu_resolve(const char *op, kvp_gpu_spec *g) {
   bool ok = dbl_opt(op, "gpu.flops", -1, &g->flops, 989e12, 1e20) &&
-            dbl_opt(op, "gpu.efficiency", -1, &g->efficiency, 0.5, 1.0);
+            dbl_opt(op, "gpu.efficiency", -1, &g->efficiency, 0.5, 1.0) &&
+            dbl_opt(op, "gpu.prefill_overhead_s", -1, &g->prefill_overhead_s,
+                    0.0, 60.0);
   for (int k = 0; k < KVP_TIER_COUNT_; k++)
     ok = ok && dbl_opt(op, "gpu.bw", k, &g->bw[k], default_bw[k], 1e16) &&
          dbl_opt(op, "gpu.latency_s", k, &g->latency_s[k], default_lat[k],
@@ -717,8 +719,11 @@ static void cand_terms(kvp_router *r, const route_ctx *x, uint32_t w) {
   }
   c->cflags = (c->mflags & KVP_MATCH_UNCERTAIN) ? KVP_CAND_UNCERTAIN : 0;
   c->cflags |= (w == x->session_w) ? KVP_CAND_AFFINE : 0;
+  /* the queue's prefill, then each request's fixed cost, its own included */
   c->queue_s =
-      (double)l->prefill_tokens * r->f_lin * r->inv_f_eff + r->ws[w].seconds;
+      (double)l->prefill_tokens * r->f_lin * r->inv_f_eff + r->ws[w].seconds +
+      (double)((uint64_t)l->queued_requests + r->ws[w].requests + 1) *
+          r->o.gpu.prefill_overhead_s;
   reuse_cut(r, x, c);
   if (c->cflags & KVP_CAND_UNCERTAIN) { /* expectation over a predicted hit */
     double p = r->o.uncertain_confidence;

@@ -510,16 +510,16 @@ TEST(router_keys) {
                     "gpu:\n  tflops: 400\n  efficiency: 0.4\n"
                     "  hbm_bandwidth_gbps: 2000\n  dram_bandwidth_gbps: 25\n"
                     "  nvme_bandwidth_gbps: 3\n  dram_latency_us: 15\n"
-                    "  nvme_latency_us: 0.2ms\n"
+                    "  nvme_latency_us: 0.2ms\n  prefill_overhead_s: 170ms\n"
                     "routing:\n  policies: [kvplane_cost, random]\n"
-                    "  guard: 1.5\n  guard_min_load: 2\n"
+                    "  guard: 1.5\n  guard_min_load: 2\n  guard_load: requests\n"
                     "  affinity_eps_rel: 0.1\n  tie_rel: 0.02\n"
                     "  dynamo_temperature: 0.5\n  llmd_w_prefix: 2.5\n"
                     "  llmd_w_kv: 1.5\n  llmd_w_queue: 3.5\n",
                     &o, pol, sizeof pol, err, sizeof err);
   if (n < 0)
     fprintf(stderr, "%s\n", err);
-  ASSERT_EQ(n, 23);
+  ASSERT_EQ(n, 25);
   ASSERT_EQ(o.n_workers, 3u); /* not a config key: kept */
   ASSERT_EQ(o.model.layers, 40u);
   ASSERT_EQ(o.model.heads, 40u);
@@ -536,6 +536,8 @@ TEST(router_keys) {
   ASSERT_DOUBLE_NEAR(o.gpu.bw[KVP_TIER_REMOTE], 0, 0);
   ASSERT_DOUBLE_NEAR(o.gpu.latency_s[KVP_TIER_DRAM], 15e-6, 1e-18);
   ASSERT_DOUBLE_NEAR(o.gpu.latency_s[KVP_TIER_NVME], 200e-6, 1e-18);
+  ASSERT_DOUBLE_NEAR(o.gpu.prefill_overhead_s, 0.17, 1e-15);
+  ASSERT_EQ(o.guard_load, (uint32_t)KVP_GUARD_LOAD_REQUESTS);
   ASSERT_STR_EQ(pol, "kvplane_cost,random");
   ASSERT_DOUBLE_NEAR(o.guard, 1.5, 0);
   ASSERT_EQ(o.guard_min_load, 2u);
@@ -595,6 +597,10 @@ TEST(router_bad) {
   router_refuses("gpu:\n  dram_latency_us: 2s\n",
              "t.yaml:2: gpu.dram_latency_us: expected a duration in [1e-09, "
              "1] s (10us, 2ms, 1s; a bare number counts us), got '2s'");
+  router_refuses("routing:\n  guard_load: decode\n",
+             "t.yaml:2: routing.guard_load: 'decode': expected prefill or requests");
+  router_refuses("gpu:\n  prefill_overhead_s: 2min\n",
+             "t.yaml:2: gpu.prefill_overhead_s: expected a duration");
   router_refuses("gpu:\n  efficiency: [0.5]\n",
              "t.yaml:2: gpu.efficiency: expected one value, got a list");
   /* a later section's error: the earlier sections' keys are not applied */

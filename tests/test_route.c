@@ -308,8 +308,9 @@ TEST(approximate_index_records_routes) {
 /* A toy model so every term is checkable: 2 layers, 2 heads, 1 KV head, head
  * dim 4, 2-byte KV, 1,000 parameters -> 32 B/token, 128 B per 4-token block;
  * FLOPs/token = 2,000 + 64 * context; achieved 1e6 x 0.5 = 5e5 FLOP/s. */
-static kvp_router *toy_router(uint32_t n) {
+static kvp_router *toy_router_with(uint32_t n, double overhead_s) {
   kvp_router_opts o = {0};
+  o.gpu.prefill_overhead_s = overhead_s;
   o.n_workers = n;
   o.block_size = 4;
   o.model = (kvp_model_spec){2, 2, 1, 4, 2, 0, 1000.0, {0}};
@@ -322,6 +323,8 @@ static kvp_router *toy_router(uint32_t n) {
   ASSERT_OK(kvp_router_create(&o, NULL, &r));
   return r;
 }
+
+static kvp_router *toy_router(uint32_t n) { return toy_router_with(n, 0.0); }
 
 TEST(cost_terms_by_hand_and_bandwidth_override) {
   kvp_router *r = toy_router(2);
@@ -375,6 +378,43 @@ TEST(cost_terms_by_hand_and_bandwidth_override) {
   ASSERT_OK(kvp_router_route_matches(r, &q, m, 2, &d));
   ASSERT_DOUBLE_NEAR(cand_for(&d, 0)->queue_s, 0.04, 1e-12);
   free(keys);
+  kvp_router_destroy(r);
+}
+
+/* gpu.prefill_overhead_s: each queued or in-flight request, and the routed
+ * one, adds it to queue_s -- a worker with few queued tokens but many short
+ * prompts waiting is slower than its FLOPs say (CPU vLLM: ~0.17 s each). */
+TEST(prefill_overhead_counts_per_request) {
+  kvp_router *r = toy_router_with(2, 0.1);
+  kvp_key *keys = keys_new(4, 1);
+  kvp_worker_match m[2] = {hbm(0, 3), hbm(1, 0)};
+  kvp_route_request q = req_of(keys, 4, 16, 0, 0);
+  kvp_decision d;
+  /* w0 holds 12 of 16: recompute [12,16) 0.022912 s; load 384 B / 1e5 =
+   * 0.00384 s; queue: its own overhead 0.1 s.  w1: recompute all 16:
+   * 0.07936 s + 0.1 s. */
+  ASSERT_OK(kvp_router_route_matches(r, &q, m, 2, &d));
+  ASSERT_EQ(d.worker, 0u);
+  ASSERT_DOUBLE_NEAR(cand_for(&d, 0)->queue_s, 0.1, 1e-12);
+  ASSERT_DOUBLE_NEAR(cand_for(&d, 0)->total_s, 0.1 + 0.022912 + 0.00384, 1e-12);
+  ASSERT_DOUBLE_NEAR(cand_for(&d, 1)->total_s, 0.1 + 0.07936, 1e-12);
+  /* now w0 has that request in flight: its recompute 0.022912 s + its
+   * overhead; and two reported queued requests of 0 tokens: 2 x 0.1 more.
+   * w0's queue 0.022912 + (2 + 1 + 1) x 0.1 = 0.422912 s; total 0.449664 s
+   * > w1's 0.17936 s: the short prompts' fixed costs move the third away */
+  set_load(r, 0, 2, 0, 0, 0, 0.0);
+  kvp_decision d2;
+  q.request_id = 77;
+  ASSERT_OK(kvp_router_route_matches(r, &q, m, 2, &d2));
+  ASSERT_DOUBLE_NEAR(cand_for(&d2, 0)->queue_s, 0.022912 + 0.4, 1e-12);
+  ASSERT_EQ(d2.worker, 1u);
+  /* with no overhead modelled w0 stays the cheaper (0.049664 s) */
+  kvp_router *z = toy_router(2);
+  set_load(z, 0, 2, 0, 0, 0, 0.0);
+  ASSERT_OK(kvp_router_route_matches(z, &q, m, 2, &d2));
+  ASSERT_EQ(d2.worker, 0u);
+  free(keys);
+  kvp_router_destroy(z);
   kvp_router_destroy(r);
 }
 
@@ -1878,6 +1918,7 @@ TEST_MAIN(TEST_ENTRY(policy_names_and_model_math),
           TEST_ENTRY(stable_prefix_everywhere_does_not_pull),
           TEST_ENTRY(semi_stable_history_drives_affinity),
           TEST_ENTRY(guard_counts_requests_before_first_token),
+          TEST_ENTRY(prefill_overhead_counts_per_request),
           TEST_ENTRY(affinity_within_epsilon),
           TEST_ENTRY(no_herding_across_replicas),
           TEST_ENTRY(round_robin_skips_offline), TEST_ENTRY(round_robin_reads_no_matches),

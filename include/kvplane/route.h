@@ -7,12 +7,14 @@
  *
  *   total_s(w)     = queue_s(w) + recompute_s(w) + load_s(w)
  *   queue_s(w)     = reported_prefill_tokens(w) * 2P / F  +  inflight_s(w)
+ *                    + (queued(w) + inflight_requests(w) + 1) * overhead
  *   recompute_s(w) = sum over the uncached tokens t in [u, N) of
  *                    (2P + 4 * layers * heads * head_dim * t) / F
  *   load_s(w)      = sum over tiers k of the reused blocks resident on k:
  *                    blocks_k * block_size * kv_bytes_per_token / bw_k + lat_k
  *
  * with N the prompt's tokens, P the parameter count, F = FLOP/s x efficiency,
+ * overhead = gpu.prefill_overhead_s (a prefill's fixed cost; 0 by default),
  * inflight_s the estimated prefill time of what this router sent to w and has
  * not seen complete, and u the reused prefix (tokens): of the worker's matched
  * prefix, laid out fastest tier first, the router reuses the prefix cut at the
@@ -145,7 +147,13 @@ typedef struct kvp_gpu_spec {
    * NVMe 100e-6, remote 50e-6.  (To model exactly none on a slower tier, pass
    * a tiny positive value.) */
   double latency_s[KVP_TIER_COUNT_];
-  uint32_t reserved[4];
+  /* seconds a prefill costs beyond its FLOPs, per request (the engine's
+   * scheduling, tokenising, its API round; measured on a CPU vLLM worker:
+   * ~0.17 s): each request queued or in flight on a worker waits on it, so
+   * it enters queue_s once per such request and once for the request
+   * routed; 0 = none (a GPU engine's is milliseconds) */
+  double prefill_overhead_s;
+  uint32_t reserved[2];
 } kvp_gpu_spec;
 
 /* Bytes of K and V per token: 2 * layers * kv_heads * head_dim * dtype_bytes

