@@ -240,6 +240,31 @@ def scaled(ctx, seconds):
     return max(0.005, seconds / float(ctx.get("time_scale") or 1))
 
 
+def with_keys(lines, spec):
+    """lines (a YAML config of top-level sections, two-space keys) with the
+    keys of spec ("key: v; sec.key: v"; no section = routing) set: replaced
+    where the section has the key, added to the section, or a new section."""
+    out = list(lines)
+    for kv in (x.strip() for x in spec.split(";") if x.strip()):
+        key, _, val = kv.partition(":")
+        sec, _, key = key.strip().rpartition(".")
+        sec = sec or "routing"
+        item = "  %s: %s" % (key, val.strip())
+        if sec + ":" not in out:
+            out += [sec + ":", item]
+            continue
+        at = out.index(sec + ":") + 1
+        end = at
+        while end < len(out) and out[end].startswith("  "):
+            end += 1
+        same = [j for j in range(at, end) if out[j].split(":")[0].strip() == key]
+        if same:
+            out[same[0]] = item
+        else:
+            out.insert(end, item)
+    return out
+
+
 def routerd_config(ctx, path, routing=None):
     ws = ctx["workers"]
     lines = ["# written by bench/live/make_live.py for kvplane-routerd",
@@ -270,8 +295,8 @@ def routerd_config(ctx, path, routing=None):
     # speed is the CPU workers', not an H100's); else the block size alone
     lines += ctx.get("routerd_model_yaml") or ["model:",
                                                "  block_size: %d" % ctx["block_size"]]
-    if routing:  # a --routerd-variant row: its routing: keys
-        lines += ["routing:"] + ["  " + kv.strip() for kv in routing.split(";") if kv.strip()]
+    if routing:  # a --routerd-variant row: its keys, "sec.key: v" or routing's
+        lines = with_keys(lines, routing)
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -948,8 +973,9 @@ def main():
     ap.add_argument("--routerd-variant", action="append", default=[],
                     type=lambda v: tuple(v.split("=", 1)) if "=" in v else
                     sys.exit("--routerd-variant NAME='key: value; ...'"),
-                    help="an extra kvplane-routerd row (routerd_NAME) with these routing: keys, "
-                    "e.g. noguard='guard: 1000' (repeatable; docs/config.md lists the keys)")
+                    help="an extra kvplane-routerd row (routerd_NAME) with these config keys "
+                    "(routing: unless named sec.key), e.g. noguard='guard: 1000' or "
+                    "nooh='gpu.prefill_overhead_s: 0' (repeatable; docs/config.md lists the keys)")
     ap.add_argument("--routerd", default=os.environ.get("KVPLANE_ROUTERD"),
                     help="kvplane-routerd binary: adds its row (default $KVPLANE_ROUTERD)")
     ap.add_argument("--pd", action="store_true",
