@@ -528,6 +528,15 @@ TEST(guard_counts_requests_before_first_token) {
     ASSERT_NE(d.worker, 1u);
     ASSERT_EQ(d.reason, KVP_REASON_GUARD);
     ASSERT_OK(kvp_router_complete(r, d.worker, d.request_id));
+    /* ... unless every other worker's predicted queue is longer (100,000
+     * reported prefill tokens each): the brake would only add wait */
+    for (uint32_t w = 0; w < W; w++)
+      set_load(r, w, w == 1 ? 12 : 0, 1, w == 1 ? 0 : 100000, 0, 0.5);
+    ASSERT_OK(kvp_router_route_matches(r, &q, m, W, &d));
+    ASSERT_EQ(d.worker, 1u);
+    ASSERT_EQ(d.reason, KVP_REASON_COST);
+    ASSERT_FALSE(cand_for(&d, 1)->flags & KVP_CAND_GUARDED);
+    ASSERT_OK(kvp_router_complete(r, d.worker, d.request_id));
     /* and this router's own prompts in flight count: twelve short ones sent
      * to worker 1 (the only eligible one), nothing reported yet */
     for (uint32_t w = 0; w < W; w++)

@@ -23,7 +23,8 @@
  * worker wins, except that (1) a worker whose request load (opts.guard_load:
  * by default the requests before their first token, queued + this router's
  * in flight) exceeds guard x the mean (or min) of the others' and
- * guard_min_load is excluded unless every worker is, (2) a session
+ * guard_min_load is excluded unless every worker is, or every worker left
+ * has a longer predicted queue than it (the brake would only add wait), (2) a session
  * stays on its last worker while that worker is within epsilon of the best
  * (affinity that costs nothing), and (3) workers within the tie band are
  * broken by a hash of (session or request id, worker, replica id), so router
