@@ -301,6 +301,15 @@ def routerd_config(ctx, path, routing=None):
         f.write("\n".join(lines) + "\n")
 
 
+def variant_arg(v):
+    """--routerd-variant NAME='key: v; sec.key: v' -> (NAME, keys)"""
+    name, eq, keys = v.partition("=")
+    if not eq or not name or not keys or not all(c.isalnum() or c == "_" for c in name):
+        raise argparse.ArgumentTypeError("expected NAME='key: value; sec.key: value', "
+                                         "NAME of letters, digits and _ (got %r)" % v)
+    return name, keys
+
+
 def routerd_row(binary, token_ids, variant=None):
     """token_ids: the client sends token ids (the router hashes them as
     sent); else text, which the router renders through a worker first --
@@ -344,6 +353,10 @@ def fleet_row(binary, replicas, sync):
 
 def live_rows(peers_ok, routerd, fleets=True, variants=(), only=None):
     rows = all_rows(peers_ok, routerd, fleets, variants)
+    unknown = sorted((only or set()) - {r["name"] for r in rows})
+    if unknown:
+        sys.exit("make_live: --rows %s: no such row here (rows: %s)" % (
+            ",".join(unknown), ", ".join(r["name"] for r in rows)))
     return [r for r in rows if only is None or r["name"] in only]
 
 
@@ -971,8 +984,7 @@ def main():
                     "routerd_text, routerd_x3_nats, routerd_x3_nosync, routerd_NAME); "
                     "the offline rows always run")
     ap.add_argument("--routerd-variant", action="append", default=[],
-                    type=lambda v: tuple(v.split("=", 1)) if "=" in v else
-                    sys.exit("--routerd-variant NAME='key: value; ...'"),
+                    type=variant_arg,
                     help="an extra kvplane-routerd row (routerd_NAME) with these config keys "
                     "(routing: unless named sec.key), e.g. noguard='guard: 1000' or "
                     "nooh='gpu.prefill_overhead_s: 0' (repeatable; docs/config.md lists the keys)")
