@@ -115,13 +115,9 @@ static char *offset_endpoint(const kvp_allocator *a, const char *ep,
 
 /* ---- sockets --------------------------------------------------------------------- */
 
+/* errno's text: zmq_strerror covers system errors too (epoll_ctl). */
 static int zerr(const char *what, const char *ep) {
   kvp_log(KVP_LOG_ERROR, EV_MOD, "%s %s: %s", what, ep, zmq_strerror(errno));
-  return KVP_EIO;
-}
-
-static int sys_err(const char *what, const char *ep) {
-  kvp_log(KVP_LOG_ERROR, EV_MOD, "%s %s: %s", what, ep, strerror(errno));
   return KVP_EIO;
 }
 
@@ -167,7 +163,7 @@ static int open_sub(kvp_events *ev, source *s) {
     return zerr("monitor for", s->endpoint);
   if (watch(ev, s->sub, EPOLL_CTL_ADD) < 0 ||
       watch(ev, s->mon, EPOLL_CTL_ADD) < 0)
-    return sys_err("epoll_ctl for", s->endpoint);
+    return zerr("epoll_ctl for", s->endpoint);
   return 0;
 }
 
@@ -189,7 +185,7 @@ static int open_dealer(kvp_events *ev, source *s) {
   if (zmq_connect(s->dealer, s->replay_endpoint) != 0)
     return zerr("connect", s->replay_endpoint);
   if (watch(ev, s->dealer, EPOLL_CTL_ADD) < 0)
-    return sys_err("epoll_ctl for", s->replay_endpoint);
+    return zerr("epoll_ctl for", s->replay_endpoint);
   return 0;
 }
 
@@ -941,7 +937,7 @@ int kvp_events_create(kvp_index *ix, const kvp_events_source *sources,
     ev->o = *opts;
   int rc = KVP_ENOMEM;
   if ((ev->epfd = epoll_create1(EPOLL_CLOEXEC)) < 0) {
-    rc = sys_err("epoll_create1", "for the event-loop fd");
+    rc = zerr("epoll_create1", "for the event-loop fd");
     goto fail;
   }
   ev->src = kvp__ev_calloc(ev->ap, n_sources, sizeof *ev->src);
