@@ -133,8 +133,9 @@ static size_t approx_expire_locked(kvp_index *ix, uint64_t now) {
   uint64_t ttl = atomic_load_explicit(&ix->attl, memory_order_relaxed);
   while (ix->lru_tail != 0) {
     arec *r = arec_at(ix, ix->lru_tail);
-    if (routed_live(atomic_load_explicit(&r->touch, memory_order_relaxed), now,
-                    ttl))
+    if (routed_live(atomic_load_explicit(&r->touch, memory_order_relaxed),
+                    atomic_load_explicit(&r->life_us, memory_order_relaxed),
+                    now, ttl))
       break;
     (void)arec_evict(ix, ix->lru_tail);
     n++;
@@ -154,8 +155,11 @@ static void approx_purge_locked(kvp_index *ix, uint32_t w) {
   }
 }
 
-/* Records (fp -> w at now); 1 when a record was created. */
-static int approx_record(kvp_index *ix, uint64_t fp, uint32_t w, uint64_t now) {
+/* Records (fp -> w at now) for life_us (0: a routed record, the index
+ * TTL); 1 when a record was created.  A routed record still live stays
+ * routed when a pending one refreshes it. */
+static int approx_record(kvp_index *ix, uint64_t fp, uint32_t w, uint64_t now,
+                         uint32_t life_us) {
   uint64_t h = mix64(fp);
   ktab *t = atomic_load_explicit(&ix->atab, memory_order_relaxed);
   kslot *ins = NULL, *s = kvp__tab_find(t, fp, h, &ins);
@@ -164,7 +168,14 @@ static int approx_record(kvp_index *ix, uint64_t fp, uint32_t w, uint64_t now) {
   for (uint32_t idx = head; idx != 0;) {
     arec *r = arec_at(ix, idx);
     if (r->worker == w) {
+      uint32_t was = atomic_load_explicit(&r->life_us, memory_order_relaxed);
+      if (life_us != 0 && was == 0 &&
+          routed_live(atomic_load_explicit(&r->touch, memory_order_relaxed),
+                      0, now,
+                      atomic_load_explicit(&ix->attl, memory_order_relaxed)))
+        life_us = 0;
       atomic_store_explicit(&r->touch, now, memory_order_relaxed);
+      atomic_store_explicit(&r->life_us, life_us, memory_order_relaxed);
       lru_unlink(ix, r);
       lru_push(ix, idx, r);
       return 0;
@@ -183,6 +194,7 @@ static int approx_record(kvp_index *ix, uint64_t fp, uint32_t w, uint64_t now) {
   r->worker = w;
   r->fp = fp;
   atomic_store_explicit(&r->touch, now, memory_order_relaxed);
+  atomic_store_explicit(&r->life_us, life_us, memory_order_relaxed);
   atomic_store_explicit(&r->next, head, memory_order_relaxed);
   if (s != NULL) {
     slot_set(s, idx); /* release: the record is complete before it is seen */
@@ -205,8 +217,8 @@ void kvp__index_purge_routed(kvp_index *ix, uint32_t w) {
   kvp__spin_unlock(&ix->alock);
 }
 
-int kvp_index_record_routed(kvp_index *ix, uint32_t worker_id,
-                            const kvp_key *keys, size_t n, uint64_t now_ns) {
+static int record(kvp_index *ix, uint32_t worker_id, const kvp_key *keys,
+                  size_t n, uint64_t now_ns, uint32_t life_us) {
   int rc = kvp__index_args(ix, 0, keys, n);
   if (rc < 0)
     return rc;
@@ -227,7 +239,7 @@ int kvp_index_record_routed(kvp_index *ix, uint32_t worker_id,
     (void)approx_expire_locked(ix, now_ns);
   for (size_t i = 0; rc == 0 && i < n; i++) {
     seen_note(ix, fp_of(keys[i]));
-    rc = approx_record(ix, fp_of(keys[i]), worker_id, now_ns);
+    rc = approx_record(ix, fp_of(keys[i]), worker_id, now_ns, life_us);
     created += rc > 0;
     rc = rc > 0 ? 0 : rc;
     while (atomic_load_explicit(&ix->acount, memory_order_relaxed) > ix->acap) {
@@ -237,6 +249,21 @@ int kvp_index_record_routed(kvp_index *ix, uint32_t worker_id,
   }
   kvp__spin_unlock(&ix->alock);
   return rc < 0 ? rc : created;
+}
+
+int kvp_index_record_routed(kvp_index *ix, uint32_t worker_id,
+                            const kvp_key *keys, size_t n, uint64_t now_ns) {
+  return record(ix, worker_id, keys, n, now_ns, 0);
+}
+
+int kvp_index_record_pending(kvp_index *ix, uint32_t worker_id,
+                             const kvp_key *keys, size_t n, uint64_t now_ns,
+                             uint64_t life_ns) {
+  if (life_ns == 0)
+    return ix == NULL ? KVP_EINVAL : 0;
+  uint64_t us = (life_ns + 999u) / 1000u; /* at least 1 us */
+  return record(ix, worker_id, keys, n, now_ns,
+                us > UINT32_MAX ? UINT32_MAX : (uint32_t)us);
 }
 
 int kvp_index_expire(kvp_index *ix, uint64_t now_ns) {

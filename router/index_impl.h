@@ -147,6 +147,10 @@ typedef struct arec {     /* a routing record: key routed to worker at touch */
   uint32_t worker;        /* written before the record is linked */
   uint64_t fp;            /* writer-only from here on */
   uint32_t lru_prev, lru_next; /* lru_next also links the free list */
+  /* a pending record's own lifetime in microseconds (record_pending), 0 =
+   * a routed record's (the index TTL); relaxed, read beside touch */
+  _Atomic uint32_t life_us;
+  uint32_t pad_;
 } arec;
 
 typedef struct aretired {
@@ -456,8 +460,12 @@ static inline arec *arec_at(kvp_index *ix, uint32_t idx) {
   return &c[(idx - 1) % APPROX_CHUNK];
 }
 
-static inline bool routed_live(uint64_t touch, uint64_t now, uint64_t ttl) {
-  return now < touch || now - touch < ttl;
+/* A record touched at `touch` matches at `now` for its own life (life_us,
+ * a pending record's) or else the index TTL, never beyond the TTL. */
+static inline bool routed_live(uint64_t touch, uint32_t life_us, uint64_t now,
+                               uint64_t ttl) {
+  uint64_t life = (uint64_t)life_us * 1000u;
+  return now < touch || now - touch < (life_us && life < ttl ? life : ttl);
 }
 
 /* The record directory and table for ix->acap records; KVP_ENOMEM. */

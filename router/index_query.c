@@ -188,8 +188,10 @@ static uint32_t routed_next(qctx *c, uint32_t *idx) {
   while (*idx != 0) {
     arec *r = arec_at(c->ix, *idx);
     uint32_t w = r->worker;
-    bool live = routed_live(
-        atomic_load_explicit(&r->touch, memory_order_relaxed), c->now, c->ttl);
+    bool live =
+        routed_live(atomic_load_explicit(&r->touch, memory_order_relaxed),
+                    atomic_load_explicit(&r->life_us, memory_order_relaxed),
+                    c->now, c->ttl);
     /* acquire: pairs with the releases of next in arec_evict and of the head
      * in approx_record */
     *idx = atomic_load_explicit(&r->next, memory_order_acquire);

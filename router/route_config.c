@@ -21,6 +21,8 @@ typedef struct route_cfg {
   double overhead_s;
   double guard, aff, tie, temp, w_prefix, w_kv, w_queue;
   uint64_t gmin;
+  double pending_s;
+  bool decay;
   char guard_load[16];
 } route_cfg;
 
@@ -88,6 +90,8 @@ static int bind_routing(kvp_config *c, route_cfg *r, char *pol, size_t pcap,
       KVP_CFG_F64("guard", &r->guard, 1, 1000),
       KVP_CFG_U64("guard_min_load", &r->gmin, 1, 1u << 20),
       KVP_CFG_STR("guard_load", r->guard_load, sizeof r->guard_load),
+      KVP_CFG_DURATION("pending", &r->pending_s, 0, 3600, 1),
+      KVP_CFG_BOOL("inflight_decay", &r->decay),
       KVP_CFG_F64("affinity_eps_rel", &r->aff, 0, 10),
       KVP_CFG_F64("tie_rel", &r->tie, 0, 10),
       KVP_CFG_F64("dynamo_temperature", &r->temp, 0, 100),
@@ -163,6 +167,11 @@ static void apply_routing(const kvp_config *c, const route_cfg *r,
     o->guard_min_load = (uint32_t)r->gmin;
   if (r->guard_load[0] != '\0')
     o->guard_load = (uint32_t)guard_load_of(r->guard_load);
+  if (has(c, "routing", "pending")) /* whole ms; a positive value >= 1 ms */
+    o->pending_ms = r->pending_s > 0 && r->pending_s < 1e-3
+                        ? 1u : (uint32_t)(r->pending_s * 1e3 + 0.5);
+  if (has(c, "routing", "inflight_decay"))
+    o->inflight_decay = r->decay;
   if (has(c, "routing", "affinity_eps_rel"))
     o->affinity_eps_rel = r->aff;
   if (has(c, "routing", "tie_rel"))

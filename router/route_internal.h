@@ -23,6 +23,10 @@ typedef struct kvp__route_ws {
   uint64_t tokens; /* uncached prefill tokens */
   uint64_t blocks; /* prompt blocks (Dynamo's active blocks) */
   double seconds;  /* their estimated prefill time */
+  /* with the callers' clock (KVP_ROUTE_NOW): the part of `seconds` left at
+   * work_t, running down from then; never read above `seconds` */
+  double work;
+  uint64_t work_t;
 } kvp__route_ws;
 
 /* One worker's figures for the decision in progress. */

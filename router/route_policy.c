@@ -235,7 +235,9 @@ static bool ints_ok(const char *op, const kvp_router_opts *o) {
          u32_opt(op, "guard_load", o->guard_load, 0, KVP_GUARD_LOAD_REQUESTS) &&
          u32_opt(op, "max_inflight", o->max_inflight, 1, 1u << 24) &&
          u32_opt(op, "max_sessions", o->max_sessions, 1, 1u << 24) &&
-         u32_opt(op, "max_blocks", o->max_blocks, 1, 1u << 28);
+         u32_opt(op, "max_blocks", o->max_blocks, 1, 1u << 28) &&
+         u32_opt(op, "pending_ms", o->pending_ms, 0, 3600000) &&
+         u32_opt(op, "inflight_decay", o->inflight_decay, 0, 1);
 }
 
 static int opts_resolve(const char *op, const kvp_router_opts *in,
@@ -462,23 +464,40 @@ static kvp__inflight *if_find(kvp_router *r, uint64_t id) {
   }
 }
 
-static void ws_apply(kvp_router *r, const kvp__inflight *e, int sign) {
+/* The in-flight prefill seconds still ahead on worker w at now (has_now:
+ * the caller gave its clock): what was left at the last routing less the
+ * time since, at most all of it. */
+static double ws_left(const kvp__route_ws *w, uint64_t now, bool has_now) {
+  if (!has_now)
+    return w->seconds;
+  double left = w->work - (now > w->work_t ? (double)(now - w->work_t) * 1e-9
+                                           : 0.0);
+  return left <= 0.0 ? 0.0 : left < w->seconds ? left : w->seconds;
+}
+
+static void ws_apply(kvp_router *r, const kvp__inflight *e, int sign,
+                     uint64_t now, bool has_now) {
   kvp__route_ws *w = &r->ws[e->worker];
   if (sign > 0) {
+    if (has_now) /* the work left now, then this request's */
+      w->work = ws_left(w, now, true), w->work_t = now;
     w->requests++, w->tokens += e->tokens, w->blocks += e->blocks;
     w->seconds += e->seconds;
+    w->work += e->seconds;
     return;
   }
   w->requests--, w->tokens -= e->tokens, w->blocks -= e->blocks;
   w->seconds -= e->seconds;
   if (w->requests == 0 || w->seconds < 0.0) /* no rounding residue */
     w->seconds = 0.0;
+  if (w->work > w->seconds) /* done: what is left is at most the rest */
+    w->work = w->seconds;
 }
 
 /* Backward-shift deletion keeps every probe chain gap-free (no tombstones). */
 static void if_remove(kvp_router *r, kvp__inflight *e) {
   size_t mask = r->inflight_mask, i = (size_t)(e - r->inflight);
-  ws_apply(r, e, -1);
+  ws_apply(r, e, -1, 0, false);
   for (size_t j = (i + 1) & mask; r->inflight[j].id != 0; j = (j + 1) & mask) {
     size_t home = if_home(r, r->inflight[j].id);
     if (((j - home) & mask) >= ((j - i) & mask)) {
@@ -491,7 +510,8 @@ static void if_remove(kvp_router *r, kvp__inflight *e) {
 }
 
 /* false when the table is at max_inflight (the request goes untracked). */
-static bool if_insert(kvp_router *r, const kvp__inflight *e) {
+static bool if_insert(kvp_router *r, const kvp__inflight *e, uint64_t now,
+                      bool has_now) {
   if (r->inflight_count >= r->o.max_inflight)
     return false;
   size_t i = if_home(r, e->id);
@@ -499,7 +519,7 @@ static bool if_insert(kvp_router *r, const kvp__inflight *e) {
     i = (i + 1) & r->inflight_mask;
   r->inflight[i] = *e;
   r->inflight_count++;
-  ws_apply(r, e, +1);
+  ws_apply(r, e, +1, now, has_now);
   return true;
 }
 
@@ -555,6 +575,7 @@ typedef struct route_ctx {
   uint64_t tie_key;    /* session id, else request id */
   uint32_t n_online;
   uint32_t session_w;                  /* the session's last worker, or NONE */
+  bool decay; /* in-flight seconds run down to req->now_ns */
   double s_per_block[KVP_TIER_COUNT_]; /* load time of one block per tier */
 } route_ctx;
 
@@ -623,8 +644,8 @@ static int ctx_validate(const kvp_router *r, const kvp_route_request *q) {
     return req_bad("request.prompt_tokens = %" PRIu64 ": fewer than n_blocks "
                    "x block_size = %" PRIu64 " or beyond max_blocks",
                    q->prompt_tokens, hashed);
-  if (!zeros(q->reserved, sizeof q->reserved))
-    return req_bad("request.reserved: must be zero");
+  if (q->flags & ~(KVP_ROUTE_SEEN | KVP_ROUTE_NOW))
+    return req_bad("request.flags = 0x%x: unknown bits", q->flags);
   if ((q->eligible == NULL) != (q->n_eligible_words == 0) ||
       q->n_eligible_words > (r->n + 63) / 64)
     return req_bad("request.eligible / n_eligible_words = %u: both or "
@@ -646,6 +667,7 @@ static int ctx_init(kvp_router *r, const kvp_route_request *q, route_ctx *x) {
   x->id = q->request_id ? q->request_id : (r->next_id | (1ull << 63));
   x->tie_key = q->session_id ? q->session_id : x->id;
   x->session_w = session_worker(r, q->session_id);
+  x->decay = r->o.inflight_decay && (q->flags & KVP_ROUTE_NOW);
   for (int k = 0; k < KVP_TIER_COUNT_; k++) /* divide once per decision */
     x->s_per_block[k] = r->bs * r->kvb / kvp_router_bandwidth(r, (kvp_tier)k);
   for (uint32_t w = 0; w < r->n; w++)
@@ -721,7 +743,8 @@ static void cand_terms(kvp_router *r, const route_ctx *x, uint32_t w) {
   c->cflags |= (w == x->session_w) ? KVP_CAND_AFFINE : 0;
   /* the queue's prefill, then each request's fixed cost, its own included */
   c->queue_s =
-      (double)l->prefill_tokens * r->f_lin * r->inv_f_eff + r->ws[w].seconds +
+      (double)l->prefill_tokens * r->f_lin * r->inv_f_eff +
+      ws_left(&r->ws[w], x->req->now_ns, x->decay) +
       (double)((uint64_t)l->queued_requests + r->ws[w].requests + 1) *
           r->o.gpu.prefill_overhead_s;
   reuse_cut(r, x, c);
@@ -1216,7 +1239,7 @@ static void commit(kvp_router *r, const route_ctx *x, kvp_decision *d) {
   kvp__inflight e = {
       d->request_id,      d->worker,     0,
       d->uncached_tokens, x->req_blocks, r->cand[d->worker].recompute_s};
-  if (!if_insert(r, &e))
+  if (!if_insert(r, &e, x->req->now_ns, x->decay))
     d->flags |= KVP_DECISION_UNTRACKED;
   if (x->req->session_id) {
     kvp__session *s = session_slot(r, x->req->session_id);
@@ -1360,6 +1383,31 @@ int kvp_router_match(kvp_index *ix, const kvp_key *keys, size_t n_blocks,
   return (int)k;
 }
 
+int kvp_router_record_pending(kvp_index *ix, const kvp_route_request *req,
+                              const kvp_decision *d, uint32_t pending_ms,
+                              uint64_t now_ns) {
+  if (ix == NULL || req == NULL || d == NULL ||
+      (req->keys == NULL && req->n_blocks > 0))
+    return KVP_EINVAL;
+  if (pending_ms == 0 || d->worker == KVP_WORKER_NONE || d->n_top == 0 ||
+      d->top[0].worker != d->worker || d->block_size == 0)
+    return 0;
+  size_t nq =
+      req->n_blocks < KVP_INDEX_CHAIN_MAX ? req->n_blocks : KVP_INDEX_CHAIN_MAX;
+  uint64_t held = d->top[0].matched_tokens / d->block_size;
+  if (held >= nq)
+    return 0;
+  double life_s = d->top[0].total_s + pending_ms * 1e-3;
+  uint64_t life_ns = life_s < 3600.0 ? (uint64_t)(life_s * 1e9) + 1
+                                     : 3600000000000ull;
+  int rc = kvp_index_record_pending(ix, d->worker, req->keys + held, nq - held,
+                                    now_ns, life_ns);
+  if (rc < 0)
+    KVP_LOGW(MOD, "record_pending(worker %u): %s", d->worker,
+             kvp_err_name(rc));
+  return rc < 0 ? rc : 0;
+}
+
 int kvp_router_route(kvp_router *r, kvp_index *ix, const kvp_route_request *req,
                      uint64_t now_ns, kvp_decision *out) {
   decision_none(out);
@@ -1378,8 +1426,13 @@ int kvp_router_route(kvp_router *r, kvp_index *ix, const kvp_route_request *req,
              kvp_err_name(got));
   rc = route_core(r, req, r->wm, got > 0 ? (size_t)got : 0, NULL, NULL, flags,
                   out);
-  if (rc < 0 || !r->o.record_routed)
+  if (rc < 0)
     return rc;
+  if (!r->o.record_routed) {
+    if (kvp_router_record_pending(ix, req, out, r->o.pending_ms, now_ns) < 0)
+      out->flags |= KVP_DECISION_NOT_RECORDED;
+    return 0;
+  }
   rc = kvp_index_record_routed(ix, out->worker, req->keys, nq, now_ns);
   if (rc < 0) {
     KVP_LOGW(MOD, "record_routed(worker %u): %s", out->worker,

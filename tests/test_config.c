@@ -515,11 +515,14 @@ TEST(router_keys) {
                     "  guard: 1.5\n  guard_min_load: 2\n  guard_load: requests\n"
                     "  affinity_eps_rel: 0.1\n  tie_rel: 0.02\n"
                     "  dynamo_temperature: 0.5\n  llmd_w_prefix: 2.5\n"
-                    "  llmd_w_kv: 1.5\n  llmd_w_queue: 3.5\n",
+                    "  llmd_w_kv: 1.5\n  llmd_w_queue: 3.5\n"
+                    "  pending: 1.5s\n  inflight_decay: on\n",
                     &o, pol, sizeof pol, err, sizeof err);
   if (n < 0)
     fprintf(stderr, "%s\n", err);
-  ASSERT_EQ(n, 25);
+  ASSERT_EQ(n, 27);
+  ASSERT_EQ(o.pending_ms, 1500u);
+  ASSERT_EQ(o.inflight_decay, 1u);
   ASSERT_EQ(o.n_workers, 3u); /* not a config key: kept */
   ASSERT_EQ(o.model.layers, 40u);
   ASSERT_EQ(o.model.heads, 40u);
@@ -599,6 +602,10 @@ TEST(router_bad) {
              "1] s (10us, 2ms, 1s; a bare number counts us), got '2s'");
   router_refuses("routing:\n  guard_load: decode\n",
              "t.yaml:2: routing.guard_load: 'decode': expected prefill or requests");
+  router_refuses("routing:\n  pending: 2h\n",
+             "t.yaml:2: routing.pending: expected a duration");
+  router_refuses("routing:\n  inflight_decay: maybe\n",
+             "t.yaml:2: routing.inflight_decay: expected true or false");
   router_refuses("gpu:\n  prefill_overhead_s: 2min\n",
              "t.yaml:2: gpu.prefill_overhead_s: expected a duration");
   router_refuses("gpu:\n  efficiency: [0.5]\n",

@@ -493,6 +493,51 @@ TEST(approx_ttl) {
   kvp_index_destroy(ix);
 }
 
+/* Pending records (an engine with events, a prefill in progress): their
+ * own lifetime, never beyond the TTL; a live routed record keeps its TTL. */
+TEST(approx_pending_life) {
+  kvp_index_opts o = {.max_workers = 8, .approx_ttl_ns = 100000};
+  kvp_index *ix = NULL;
+  ASSERT_OK(kvp_index_create(&o, NULL, &ix));
+  ASSERT_OK(kvp_index_worker_add(ix, 1));
+  ASSERT_OK(kvp_index_worker_add(ix, 2));
+  kvp_key k[8];
+  run(k, 400, 8);
+  kvp_index_match m[MAXM];
+  /* 5 us of life from t = 1 ms */
+  ASSERT_EQ(kvp_index_record_pending(ix, 1, k, 4, 1000000, 5000), 4);
+  ASSERT_EQ(kvp_index_query(ix, k, 8, 1004999, m, MAXM), 1);
+  ASSERT_EQ(m[0].worker, 1u);
+  ASSERT_EQ(m[0].routed_blocks, 4u);
+  ASSERT_EQ(kvp_index_query(ix, k, 8, 1005000, m, MAXM), 0); /* its life */
+  /* a life beyond the TTL is the TTL */
+  ASSERT_EQ(kvp_index_record_pending(ix, 2, k, 2, 2000000, 10000000000ull), 2);
+  ASSERT_EQ(kvp_index_query(ix, k, 8, 2099999, m, MAXM), 1);
+  ASSERT_EQ(kvp_index_query(ix, k, 8, 2100000, m, MAXM), 0);
+  /* a live routed record refreshed by a pending one stays routed */
+  ASSERT_EQ(kvp_index_record_routed(ix, 1, &k[4], 1, 3000000), 1);
+  ASSERT_EQ(kvp_index_record_pending(ix, 1, &k[4], 1, 3000010, 1000), 0);
+  ASSERT_EQ(kvp_index_query(ix, &k[4], 1, 3050000, m, MAXM), 1);
+  /* a pending record refreshed as routed gets the TTL */
+  ASSERT_EQ(kvp_index_record_pending(ix, 1, &k[6], 1, 3000020, 1000), 1);
+  ASSERT_EQ(kvp_index_record_routed(ix, 1, &k[6], 1, 3000500), 0);
+  ASSERT_EQ(kvp_index_query(ix, &k[6], 1, 3090000, m, MAXM), 1);
+  /* life 0 records nothing; bad arguments as record_routed */
+  kvp_index_stats s0, s1;
+  ASSERT_OK(kvp_index_stats_get(ix, &s0));
+  ASSERT_EQ(kvp_index_record_pending(ix, 1, &k[5], 3, 4000000, 0), 0);
+  ASSERT_OK(kvp_index_stats_get(ix, &s1));
+  ASSERT_EQ(s1.routed, s0.routed);
+  ASSERT_ERR(kvp_index_record_pending(ix, 9, k, 1, 1, 1), KVP_ERANGE);
+  ASSERT_ERR(kvp_index_record_pending(ix, 3, k, 1, 1, 1), KVP_ENOENT);
+  ASSERT_ERR(kvp_index_record_pending(NULL, 1, k, 1, 1, 1), KVP_EINVAL);
+  ASSERT_ERR(kvp_index_record_pending(NULL, 1, k, 1, 1, 0), KVP_EINVAL);
+  /* expire() drops the pending records past their life */
+  ASSERT_EQ(kvp_index_expire(ix, 200000000), (int)s1.routed);
+  ASSERT_OK(kvp__index_verify(ix));
+  kvp_index_destroy(ix);
+}
+
 TEST(approx_lru_cap) {
   kvp_index_opts o = {.max_workers = 100, .approx_capacity = 8};
   kvp_index *ix = NULL;
@@ -1881,7 +1926,7 @@ TEST_MAIN(TEST_ENTRY(prefetch_changes_nothing), TEST_ENTRY(long_probes_fast),
           TEST_ENTRY(query_tiers_fast), TEST_ENTRY(query_tiers_wide),
           TEST_ENTRY(worker_ids_across_groups), TEST_ENTRY(gap_and_resync),
           TEST_ENTRY(resync_keeps_common_keys),
-          TEST_ENTRY(digest_equality_and_divergence), TEST_ENTRY(approx_ttl),
+          TEST_ENTRY(digest_equality_and_divergence), TEST_ENTRY(approx_ttl), TEST_ENTRY(approx_pending_life),
           TEST_ENTRY(approx_lru_cap), TEST_ENTRY(seen_prefix), TEST_ENTRY(bad_input),
           TEST_ENTRY(allocator_accounting), TEST_ENTRY(out_of_memory),
           TEST_ENTRY(paths_agree_with_model),

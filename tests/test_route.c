@@ -326,6 +326,19 @@ static kvp_router *toy_router_with(uint32_t n, double overhead_s) {
 
 static kvp_router *toy_router(uint32_t n) { return toy_router_with(n, 0.0); }
 
+static kvp_router *toy_router_decaying(uint32_t n) {
+  kvp_router_opts o = {0};
+  o.n_workers = n;
+  o.block_size = 4;
+  o.model = (kvp_model_spec){2, 2, 1, 4, 2, 0, 1000.0, {0}};
+  o.gpu.flops = 1e6;
+  o.gpu.efficiency = 0.5;
+  o.inflight_decay = 1;
+  kvp_router *r = NULL;
+  ASSERT_OK(kvp_router_create(&o, NULL, &r));
+  return r;
+}
+
 TEST(cost_terms_by_hand_and_bandwidth_override) {
   kvp_router *r = toy_router(2);
   kvp_key *keys = keys_new(4, 1);
@@ -416,6 +429,128 @@ TEST(prefill_overhead_counts_per_request) {
   free(keys);
   kvp_router_destroy(z);
   kvp_router_destroy(r);
+}
+
+/* KVP_ROUTE_NOW: the in-flight prefill seconds run down with the caller's
+ * clock (one toy worker; a cold 16-token prompt is 0.07936 s). */
+TEST(inflight_runs_down_with_the_clock) {
+  kvp_router *r = toy_router_decaying(1);
+  kvp_router *off = toy_router(1); /* opts.inflight_decay 0: the clock is
+                                      ignored, A counts whole */
+  kvp_key *keys = keys_new(4, 1);
+  kvp_decision d;
+  kvp_route_request q = req_of(keys, 4, 16, 0, 1);
+  q.flags = KVP_ROUTE_NOW;
+  q.now_ns = 1000000000; /* A at 1.00 s: nothing ahead */
+  ASSERT_OK(kvp_router_route_matches(r, &q, NULL, 0, &d));
+  ASSERT_DOUBLE_NEAR(d.top[0].queue_s, 0.0, 1e-12);
+  ASSERT_OK(kvp_router_route_matches(off, &q, NULL, 0, &d));
+  q.request_id = 2, q.now_ns = 9000000000ull;
+  ASSERT_OK(kvp_router_route_matches(off, &q, NULL, 0, &d));
+  ASSERT_DOUBLE_NEAR(d.top[0].queue_s, 0.07936, 1e-12);
+  kvp_router_destroy(off);
+  q.request_id = 1;
+  q.request_id = 2, q.now_ns = 1050000000; /* B at 1.05 s: A's 0.02936 left */
+  ASSERT_OK(kvp_router_route_matches(r, &q, NULL, 0, &d));
+  ASSERT_DOUBLE_NEAR(d.top[0].queue_s, 0.07936 - 0.05, 1e-9);
+  /* without the clock: every in-flight second, as before (A + B) */
+  q.request_id = 3, q.flags = 0;
+  ASSERT_OK(kvp_router_route_matches(r, &q, NULL, 0, &d));
+  ASSERT_DOUBLE_NEAR(d.top[0].queue_s, 2 * 0.07936, 1e-12);
+  /* C completes: what is left never rises above what is in flight (A + B),
+   * and runs down from the last routing with the clock (1.05 s) */
+  ASSERT_OK(kvp_router_complete(r, 0, 3));
+  q.request_id = 4, q.flags = KVP_ROUTE_NOW, q.now_ns = 1100000000;
+  ASSERT_OK(kvp_router_route_matches(r, &q, NULL, 0, &d));
+  ASSERT_DOUBLE_NEAR(d.top[0].queue_s, 2 * 0.07936 - 0.05, 1e-9);
+  /* a clock behind the last routing counts no time elapsed */
+  q.request_id = 5, q.now_ns = 900000000;
+  ASSERT_OK(kvp_router_route_matches(r, &q, NULL, 0, &d));
+  ASSERT_DOUBLE_NEAR(d.top[0].queue_s, 3 * 0.07936 - 0.05, 1e-9);
+  /* long after: nothing left, though four are still in flight */
+  q.request_id = 6, q.now_ns = 9000000000ull;
+  ASSERT_OK(kvp_router_route_matches(r, &q, NULL, 0, &d));
+  ASSERT_DOUBLE_NEAR(d.top[0].queue_s, 0.0, 1e-12);
+  double sec;
+  uint64_t n;
+  ASSERT_OK(kvp_router_inflight(r, 0, &n, NULL, &sec));
+  ASSERT_EQ(n, 5u); /* A, B, 4, 5, 6 */
+  ASSERT_DOUBLE_NEAR(sec, 5 * 0.07936, 1e-12);
+  q.flags = 0x4; /* unknown flag bits */
+  ASSERT_ERR(kvp_router_route_matches(r, &q, NULL, 0, &d), KVP_EINVAL);
+  free(keys);
+  kvp_router_destroy(r);
+}
+
+static kvp_router *toy_pending_router(uint32_t pending_ms) {
+  kvp_router_opts o = {0};
+  o.n_workers = 2;
+  o.block_size = 4;
+  o.model = (kvp_model_spec){2, 2, 1, 4, 2, 0, 1000.0, {0}};
+  o.gpu.flops = 1e6;
+  o.gpu.efficiency = 0.5;
+  o.gpu.bw[KVP_TIER_HBM] = 1e5;
+  o.pending_ms = pending_ms;
+  o.inflight_decay = 1;
+  kvp_router *r = NULL;
+  ASSERT_OK(kvp_router_create(&o, NULL, &r));
+  return r;
+}
+
+/* opts.pending_ms: a prefill in progress on an engine with events is seen
+ * (as a predicted match) by the requests that arrive before its events.
+ * Turn A (16 tokens, 0.07936 s cold) goes to X at 1.00 s; B (A + 4 tokens)
+ * arrives at t.  On X: A's prefill left, then B's 4 new tokens with the
+ * pending 16 discounted as predicted: 0.8 x 0.02496 + 0.2 x 0.10432 + 0.8 x
+ * 512 B / 1e5; on the idle Y: 0.10432 s cold. */
+TEST(pending_prefill_seen_before_events) {
+  kvp_key *keys = keys_new(5, 7);
+  for (int pass = 0; pass < 3; pass++) {
+    /* pass 0: B at 1.06 s -> X (0.01936 + 0.044928 < 0.10432);
+     * pass 1: B at 1.001 s -> Y (0.07836 + 0.044928 > 0.10432);
+     * pass 2: pending off, B at 1.06 s -> Y (X matches nothing) */
+    kvp_router *r = toy_pending_router(pass == 2 ? 0 : 100);
+    kvp_index *ix = index_new(2);
+    kvp_decision d;
+    kvp_route_request a = req_of(keys, 4, 16, 0, 1);
+    a.flags = KVP_ROUTE_NOW, a.now_ns = 1000000000;
+    ASSERT_OK(kvp_router_route(r, ix, &a, a.now_ns, &d));
+    ASSERT_FALSE(d.flags & KVP_DECISION_NOT_RECORDED);
+    uint32_t x = d.worker, y = 1 - x;
+    kvp_index_match m[2];
+    int got = kvp_index_query(ix, keys, 5, 1010000000, m, 2);
+    if (pass == 2) {
+      ASSERT_EQ(got, 0);
+    } else { /* A's 4 blocks pending on X for 0.07936 + 0.1 s */
+      ASSERT_EQ(got, 1);
+      ASSERT_EQ(m[0].worker, x);
+      ASSERT_EQ(m[0].routed_blocks, 4u);
+      ASSERT_EQ(kvp_index_query(ix, keys, 5, 1179350000, m, 2), 1);
+      ASSERT_EQ(kvp_index_query(ix, keys, 5, 1179370000, m, 2), 0);
+    }
+    kvp_route_request b = req_of(keys, 5, 20, 0, 2);
+    b.flags = KVP_ROUTE_NOW, b.now_ns = pass == 1 ? 1001000000 : 1060000000;
+    ASSERT_OK(kvp_router_route(r, ix, &b, b.now_ns, &d));
+    const kvp_route_candidate *cx = cand_for(&d, x), *cy = cand_for(&d, y);
+    ASSERT_NOT_NULL(cx);
+    ASSERT_NOT_NULL(cy);
+    ASSERT_DOUBLE_NEAR(cy->total_s, 0.10432, 1e-9);
+    double q = 0.07936 - (pass == 1 ? 0.001 : 0.06);
+    ASSERT_DOUBLE_NEAR(cx->queue_s, q, 1e-9);
+    if (pass < 2) {
+      ASSERT_EQ(cx->matched_tokens, 16u);
+      ASSERT_TRUE(cx->flags & KVP_CAND_UNCERTAIN);
+      ASSERT_DOUBLE_NEAR(cx->total_s, q + 0.8 * 0.02496 + 0.2 * 0.10432 +
+                                          0.8 * 0.00512, 1e-9);
+    }
+    ASSERT_EQ(d.worker, pass == 0 ? x : y);
+    /* B went to X: only its block past A's is recorded; to Y: all five */
+    ASSERT_EQ(kvp_index_query(ix, keys, 5, b.now_ns + 1000, m, 2),
+              (pass == 2 ? 0 : pass == 0 ? 1 : 2));
+    kvp_index_destroy(ix);
+    kvp_router_destroy(r);
+  }
+  free(keys);
 }
 
 /* ---- segment classes ----------------------------------------------------- */
@@ -1457,7 +1592,7 @@ TEST(bad_input_changes_nothing) {
   BAD_ROUTE(&b, NULL, 0);
   cls.n_blocks = 64, cls.stable_end = 10, cls.semi_end = 5;
   BAD_ROUTE(&b, NULL, 0);
-  b = q, b.reserved[0] = 1;
+  b = q, b.flags = 0x80; /* unknown flag bits */
   BAD_ROUTE(&b, NULL, 0);
 #undef BAD_ROUTE
   ASSERT_ERR(kvp_router_route_matches(NULL, &q, NULL, 0, &d), KVP_EINVAL);
@@ -1928,6 +2063,8 @@ TEST_MAIN(TEST_ENTRY(policy_names_and_model_math),
           TEST_ENTRY(semi_stable_history_drives_affinity),
           TEST_ENTRY(guard_counts_requests_before_first_token),
           TEST_ENTRY(prefill_overhead_counts_per_request),
+          TEST_ENTRY(inflight_runs_down_with_the_clock),
+          TEST_ENTRY(pending_prefill_seen_before_events),
           TEST_ENTRY(affinity_within_epsilon),
           TEST_ENTRY(no_herding_across_replicas),
           TEST_ENTRY(round_robin_skips_offline), TEST_ENTRY(round_robin_reads_no_matches),

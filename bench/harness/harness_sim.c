@@ -946,7 +946,9 @@ static kvp_route_request route_request(const struct sim *s, uint32_t i,
                              .cls = cls,
                              .session_id = q->session_id,
                              .request_id = leg_id(s, i),
-                             .tenant = q->tenant};
+                             .tenant = q->tenant,
+                             .flags = KVP_ROUTE_NOW,
+                             .now_ns = sec_to_ns(s->now)};
 }
 
 static int route(struct sim *s, uint32_t i, uint32_t *out) {
@@ -1262,7 +1264,7 @@ static int sim_setup(struct sim *s, const bh_trace *t, const bh_sim_opts *o,
       kvp_policy_reads_matches((kvp_policy)o->policy) &&
       !kvp_policy_compares_matches((kvp_policy)o->policy) &&
       !o->verify_index && o->drop_events == 0 && o->delay_events_s == 0 &&
-      !o->router.record_routed;
+      !o->router.record_routed && !o->router.pending_ms;
   s->ix_fed = !s->infinite && !s->chosen_only &&
               (o->verify_index ||
                (o->policy < KVP_POLICY_COUNT_ &&

@@ -916,6 +916,9 @@ static int decide(rd_call *c, kvp_route_request *rq, uint64_t now,
       elig[i] &= dec[i];
     nm = rd_pd_decode_matches(s, c->l->wm, nm, pull_blocks(c, nq));
   }
+  rq->flags |= KVP_ROUTE_NOW; /* in-flight prefill runs down (under s->mu:
+                                 the clock each decision sees only rises) */
+  rq->now_ns = t1;
   int rc = kvp_router_route_matches(s->router, rq, c->l->wm, nm, &c->d);
   *approx = rc == 0 && (c->text_mode || *s->w[c->d.worker].kv_events == '\0');
   if (rc == 0 && s->sync) /* the slot is not claimed yet: copied here */
@@ -929,6 +932,11 @@ static int decide(rd_call *c, kvp_route_request *rq, uint64_t now,
   c->d.flags |= rc == 0 ? flags : 0;
   if (rc == 0 && c->l->cfg.ropts.record_routed && /* as kvp_router_route */
       kvp_index_record_routed(s->ix, c->d.worker, rq->keys, nq, now) < 0)
+    c->d.flags |= KVP_DECISION_NOT_RECORDED;
+  else if (rc == 0 && !*approx && !c->l->cfg.ropts.record_routed &&
+           c->leg != RD_ROLE_DECODE && /* its prefill in progress, seen */
+           kvp_router_record_pending(s->ix, rq, &c->d,
+                                     c->l->cfg.ropts.pending_ms, t1) < 0)
     c->d.flags |= KVP_DECISION_NOT_RECORDED;
   return rc;
 }

@@ -239,6 +239,19 @@ KVP_API int kvp_index_worker_keys(kvp_index *ix, uint32_t worker,
 KVP_API int kvp_index_record_routed(kvp_index *ix, uint32_t worker,
                                     const kvp_key *keys, size_t n,
                                     uint64_t now_ns);
+/* A prefill in progress on an engine WITH events: records keys[0..n) as
+ * routed to `worker` at now_ns for life_ns only (at most the index TTL,
+ * approx_ttl_ns), so that queries see the chain on that worker before the
+ * engine's events report its blocks (they do once the prefill ran: a
+ * request arriving meanwhile would otherwise find no holder).  Pass what
+ * the worker does not already hold, for about the predicted time to first
+ * token plus the events' delay.  Such records are routed records in every
+ * other way (routed_blocks, stats.routed, capacity, purge); a routed record
+ * still live that one refreshes stays routed (the index TTL).  life_ns 0
+ * records nothing.  Returns as kvp_index_record_routed. */
+KVP_API int kvp_index_record_pending(kvp_index *ix, uint32_t worker,
+                                     const kvp_key *keys, size_t n,
+                                     uint64_t now_ns, uint64_t life_ns);
 /* Drops every routed record expired at now_ns (they no longer match anyway;
  * this returns their memory).  Returns how many, or KVP_EINVAL. */
 KVP_API int kvp_index_expire(kvp_index *ix, uint64_t now_ns);

