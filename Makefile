@@ -52,7 +52,7 @@ run: build-run
 # `deps` installs) as the reference.  LIVE_ARGS: bench/live/make_live.py
 # --help (--time-scale, --workers, --traces, --limit).  ~5 min on 2 cores.
 # ENGINE=vllm: the same rows on REAL vLLM workers (vLLM's CPU build in the
-# git-ignored .venv-vllm, installed when missing; a tiny model built here;
+# per-user ~/.cache/kvplane/venv-vllm-*, installed when missing; a tiny model built here;
 # each worker in its own CPU cgroup), the traces scaled to them and the
 # offline prediction calibrated on them (docs/live.md).  ~30 min on 2 cores.
 ENGINE ?= emulated

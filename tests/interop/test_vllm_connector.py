@@ -58,7 +58,7 @@ class Engine(vf.Server):
 
     def __init__(self, tag, connector=None, core=0, wait=True):
         super().__init__(W, tag, MODEL, KV_BYTES, connector=connector, pkg=PKG, core=core,
-                         max_len=MAX_LEN, opt_level=0, wait=wait)
+                         max_len=MAX_LEN, opt_level=0, wait=wait, single_process=True)
 
     def complete(self, prompt, max_tokens=8):
         body = {"model": vf.MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens,

