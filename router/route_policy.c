@@ -475,12 +475,17 @@ static double ws_left(const kvp__route_ws *w, uint64_t now, bool has_now) {
   return left <= 0.0 ? 0.0 : left < w->seconds ? left : w->seconds;
 }
 
+/* sign > 0: e routed; has_clock: at the caller's time now; decay: its
+ * in-flight seconds run down (else they are kept whole, and the time they
+ * were last added, so that a reload turning decay on starts from there). */
 static void ws_apply(kvp_router *r, const kvp__inflight *e, int sign,
-                     uint64_t now, bool has_now) {
+                     uint64_t now, bool has_clock, bool decay) {
   kvp__route_ws *w = &r->ws[e->worker];
   if (sign > 0) {
-    if (has_now) /* the work left now, then this request's */
-      w->work = ws_left(w, now, true), w->work_t = now;
+    if (has_clock) { /* the work left now, then this request's */
+      w->work = decay ? ws_left(w, now, true) : w->work;
+      w->work_t = now;
+    }
     w->requests++, w->tokens += e->tokens, w->blocks += e->blocks;
     w->seconds += e->seconds;
     w->work += e->seconds;
@@ -497,7 +502,7 @@ static void ws_apply(kvp_router *r, const kvp__inflight *e, int sign,
 /* Backward-shift deletion keeps every probe chain gap-free (no tombstones). */
 static void if_remove(kvp_router *r, kvp__inflight *e) {
   size_t mask = r->inflight_mask, i = (size_t)(e - r->inflight);
-  ws_apply(r, e, -1, 0, false);
+  ws_apply(r, e, -1, 0, false, false);
   for (size_t j = (i + 1) & mask; r->inflight[j].id != 0; j = (j + 1) & mask) {
     size_t home = if_home(r, r->inflight[j].id);
     if (((j - home) & mask) >= ((j - i) & mask)) {
@@ -511,7 +516,7 @@ static void if_remove(kvp_router *r, kvp__inflight *e) {
 
 /* false when the table is at max_inflight (the request goes untracked). */
 static bool if_insert(kvp_router *r, const kvp__inflight *e, uint64_t now,
-                      bool has_now) {
+                      bool has_clock, bool decay) {
   if (r->inflight_count >= r->o.max_inflight)
     return false;
   size_t i = if_home(r, e->id);
@@ -519,7 +524,7 @@ static bool if_insert(kvp_router *r, const kvp__inflight *e, uint64_t now,
     i = (i + 1) & r->inflight_mask;
   r->inflight[i] = *e;
   r->inflight_count++;
-  ws_apply(r, e, +1, now, has_now);
+  ws_apply(r, e, +1, now, has_clock, decay);
   return true;
 }
 
@@ -1239,7 +1244,8 @@ static void commit(kvp_router *r, const route_ctx *x, kvp_decision *d) {
   kvp__inflight e = {
       d->request_id,      d->worker,     0,
       d->uncached_tokens, x->req_blocks, r->cand[d->worker].recompute_s};
-  if (!if_insert(r, &e, x->req->now_ns, x->decay))
+  if (!if_insert(r, &e, x->req->now_ns,
+                 (x->req->flags & KVP_ROUTE_NOW) != 0, x->decay))
     d->flags |= KVP_DECISION_UNTRACKED;
   if (x->req->session_id) {
     kvp__session *s = session_slot(r, x->req->session_id);

@@ -478,6 +478,22 @@ TEST(inflight_runs_down_with_the_clock) {
   ASSERT_DOUBLE_NEAR(sec, 5 * 0.07936, 1e-12);
   q.flags = 0x4; /* unknown flag bits */
   ASSERT_ERR(kvp_router_route_matches(r, &q, NULL, 0, &d), KVP_EINVAL);
+  kvp_router_destroy(r);
+
+  /* decay turned on by a reload: what was routed meanwhile runs down from
+   * its latest routing (3.0 s), not from the router's start */
+  kvp_router_opts o = {0};
+  o.n_workers = 1, o.block_size = 4, o.gpu.flops = 1e6, o.gpu.efficiency = 0.5;
+  o.model = (kvp_model_spec){2, 2, 1, 4, 2, 0, 1000.0, {0}};
+  ASSERT_OK(kvp_router_create(&o, NULL, &r));
+  q = req_of(keys, 4, 16, 0, 1);
+  q.flags = KVP_ROUTE_NOW, q.now_ns = 3000000000ull;
+  ASSERT_OK(kvp_router_route_matches(r, &q, NULL, 0, &d));
+  o.inflight_decay = 1;
+  ASSERT_OK(kvp_router_set_opts(r, &o));
+  q.request_id = 2, q.now_ns = 3010000000ull;
+  ASSERT_OK(kvp_router_route_matches(r, &q, NULL, 0, &d));
+  ASSERT_DOUBLE_NEAR(d.top[0].queue_s, 0.07936 - 0.01, 1e-9);
   free(keys);
   kvp_router_destroy(r);
 }
