@@ -446,7 +446,8 @@ typedef struct kvp_route_candidate {
 #define KVP_DECISION_ALL_GUARDED 0x2u /* every worker over the guard */
 #define KVP_DECISION_REPLACED 0x4u /* request id was in flight (retry): moved */
 #define KVP_DECISION_NO_INDEX 0x8u /* index query failed: routed on load only */
-#define KVP_DECISION_NOT_RECORDED 0x10u /* record_routed failed (see log) */
+#define KVP_DECISION_NOT_RECORDED 0x10u /* record_routed / record_pending
+                                          failed (see log) */
 #define KVP_DECISION_SEEN 0x40u /* seen_blocks given (KVP_ROUTE_SEEN) */
 #define KVP_DECISION_CHOSEN_ONLY 0x20u /* kvp_router_route_chosen: only the
                                           chosen worker's match was read */
