@@ -439,14 +439,21 @@ TEST(digest_equality_and_divergence) {
 /* ---- approximate mode
  * ------------------------------------------------------------ */
 
-TEST(approx_ttl) {
-  kvp_index_opts o = {.max_workers = 8, .approx_ttl_ns = 100};
+/* An index of 8 worker ids, workers 1 and 2 added, routed records living
+ * ttl_ns; k[0..8) a chain from seed. */
+static kvp_index *approx_index(uint64_t ttl_ns, kvp_key k[8], uint64_t seed) {
+  kvp_index_opts o = {.max_workers = 8, .approx_ttl_ns = ttl_ns};
   kvp_index *ix = NULL;
   ASSERT_OK(kvp_index_create(&o, NULL, &ix));
   ASSERT_OK(kvp_index_worker_add(ix, 1));
   ASSERT_OK(kvp_index_worker_add(ix, 2));
+  run(k, seed, 8);
+  return ix;
+}
+
+TEST(approx_ttl) {
   kvp_key k[8];
-  run(k, 300, 8);
+  kvp_index *ix = approx_index(100, k, 300);
   ASSERT_EQ(kvp_index_record_routed(ix, 1, k, 4, 1000), 4);
   kvp_index_match m[MAXM];
   ASSERT_EQ(kvp_index_query(ix, k, 8, 1099, m, MAXM), 1);
@@ -496,13 +503,8 @@ TEST(approx_ttl) {
 /* Pending records (an engine with events, a prefill in progress): their
  * own lifetime, never beyond the TTL; a live routed record keeps its TTL. */
 TEST(approx_pending_life) {
-  kvp_index_opts o = {.max_workers = 8, .approx_ttl_ns = 100000};
-  kvp_index *ix = NULL;
-  ASSERT_OK(kvp_index_create(&o, NULL, &ix));
-  ASSERT_OK(kvp_index_worker_add(ix, 1));
-  ASSERT_OK(kvp_index_worker_add(ix, 2));
   kvp_key k[8];
-  run(k, 400, 8);
+  kvp_index *ix = approx_index(100000, k, 400);
   kvp_index_match m[MAXM];
   /* 5 us of life from t = 1 ms */
   ASSERT_EQ(kvp_index_record_pending(ix, 1, k, 4, 1000000, 5000), 4);

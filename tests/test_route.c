@@ -308,9 +308,8 @@ TEST(approximate_index_records_routes) {
 /* A toy model so every term is checkable: 2 layers, 2 heads, 1 KV head, head
  * dim 4, 2-byte KV, 1,000 parameters -> 32 B/token, 128 B per 4-token block;
  * FLOPs/token = 2,000 + 64 * context; achieved 1e6 x 0.5 = 5e5 FLOP/s. */
-static kvp_router *toy_router_with(uint32_t n, double overhead_s) {
+static kvp_router_opts toy_opts(uint32_t n) {
   kvp_router_opts o = {0};
-  o.gpu.prefill_overhead_s = overhead_s;
   o.n_workers = n;
   o.block_size = 4;
   o.model = (kvp_model_spec){2, 2, 1, 4, 2, 0, 1000.0, {0}};
@@ -319,24 +318,27 @@ static kvp_router *toy_router_with(uint32_t n, double overhead_s) {
   o.gpu.bw[KVP_TIER_HBM] = 1e5;
   o.gpu.bw[KVP_TIER_DRAM] = 1e4;
   o.gpu.latency_s[KVP_TIER_DRAM] = 1e-3;
+  return o;
+}
+
+static kvp_router *toy_router_of(const kvp_router_opts *o) {
   kvp_router *r = NULL;
-  ASSERT_OK(kvp_router_create(&o, NULL, &r));
+  ASSERT_OK(kvp_router_create(o, NULL, &r));
   return r;
+}
+
+static kvp_router *toy_router_with(uint32_t n, double overhead_s) {
+  kvp_router_opts o = toy_opts(n);
+  o.gpu.prefill_overhead_s = overhead_s;
+  return toy_router_of(&o);
 }
 
 static kvp_router *toy_router(uint32_t n) { return toy_router_with(n, 0.0); }
 
 static kvp_router *toy_router_decaying(uint32_t n) {
-  kvp_router_opts o = {0};
-  o.n_workers = n;
-  o.block_size = 4;
-  o.model = (kvp_model_spec){2, 2, 1, 4, 2, 0, 1000.0, {0}};
-  o.gpu.flops = 1e6;
-  o.gpu.efficiency = 0.5;
+  kvp_router_opts o = toy_opts(n);
   o.inflight_decay = 1;
-  kvp_router *r = NULL;
-  ASSERT_OK(kvp_router_create(&o, NULL, &r));
-  return r;
+  return toy_router_of(&o);
 }
 
 TEST(cost_terms_by_hand_and_bandwidth_override) {
@@ -482,10 +484,8 @@ TEST(inflight_runs_down_with_the_clock) {
 
   /* decay turned on by a reload: what was routed meanwhile runs down from
    * its latest routing (3.0 s), not from the router's start */
-  kvp_router_opts o = {0};
-  o.n_workers = 1, o.block_size = 4, o.gpu.flops = 1e6, o.gpu.efficiency = 0.5;
-  o.model = (kvp_model_spec){2, 2, 1, 4, 2, 0, 1000.0, {0}};
-  ASSERT_OK(kvp_router_create(&o, NULL, &r));
+  kvp_router_opts o = toy_opts(1);
+  r = toy_router_of(&o);
   q = req_of(keys, 4, 16, 0, 1);
   q.flags = KVP_ROUTE_NOW, q.now_ns = 3000000000ull;
   ASSERT_OK(kvp_router_route_matches(r, &q, NULL, 0, &d));
@@ -499,18 +499,10 @@ TEST(inflight_runs_down_with_the_clock) {
 }
 
 static kvp_router *toy_pending_router(uint32_t pending_ms) {
-  kvp_router_opts o = {0};
-  o.n_workers = 2;
-  o.block_size = 4;
-  o.model = (kvp_model_spec){2, 2, 1, 4, 2, 0, 1000.0, {0}};
-  o.gpu.flops = 1e6;
-  o.gpu.efficiency = 0.5;
-  o.gpu.bw[KVP_TIER_HBM] = 1e5;
+  kvp_router_opts o = toy_opts(2);
   o.pending_ms = pending_ms;
   o.inflight_decay = 1;
-  kvp_router *r = NULL;
-  ASSERT_OK(kvp_router_create(&o, NULL, &r));
-  return r;
+  return toy_router_of(&o);
 }
 
 /* opts.pending_ms: a prefill in progress on an engine with events is seen
