@@ -331,6 +331,7 @@ int kvp_index_create(const kvp_index_opts *opts, const kvp_allocator *alloc,
   ix->max_workers = o.max_workers ? o.max_workers : KVP_WORKERS_MAX;
   ix->fast = ix->max_workers <= 64;
   ix->closed = o.prefix_closed != 0;
+  ix->arec_pf = true;
   ix->acap = o.approx_capacity ? o.approx_capacity : APPROX_CAP_DEFAULT;
   atomic_init(&ix->attl, o.approx_ttl_ns ? o.approx_ttl_ns : TTL_DEFAULT_NS);
   atomic_store_explicit(&ix->bytes, sizeof *ix, memory_order_relaxed);

@@ -187,6 +187,7 @@ struct kvp_index {
   _Atomic uint64_t attl;
   _Atomic(arec *) *adir; /* record chunks; see arec_at */
   uint32_t adir_n, aused, afree, lru_head, lru_tail;
+  bool arec_pf; /* record() prefetches keys ahead (off: benchmark baseline) */
   aretired *aret;
   size_t aret_n, aret_cap;
 

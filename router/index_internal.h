@@ -111,4 +111,9 @@ unsigned kvp__index_home_only_shards(kvp_index *ix);
  * benchmark compare both query plans on one index).  No query in flight. */
 void kvp__index_set_prefix_closed(kvp_index *ix, bool on);
 
+/* Turns the prefetching of kvp_index_record_routed/_pending on (the
+ * default) or off: bench_route compares both on one index.  No writer in
+ * flight. */
+void kvp__index_set_record_prefetch(kvp_index *ix, bool on);
+
 #endif /* KVP_INDEX_INTERNAL_H */

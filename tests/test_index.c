@@ -585,6 +585,56 @@ TEST(approx_lru_cap) {
   kvp_index_destroy(ix);
 }
 
+/* kvp_index_record_routed fetches keys ahead (REC_FAR / REC_NEAR in
+ * index_approx.c): hints only.  Two indexes fed the same random routings --
+ * long chains sharing prefixes, refreshes, pending records, a capacity that
+ * evicts and a TTL that expires -- one with the prefetching off, answer
+ * every query alike and keep the same counts. */
+TEST(approx_prefetch_changes_nothing) {
+  kvp_index *ix[2];
+  for (int v = 0; v < 2; v++) {
+    kvp_index_opts o = {.max_workers = 8, .approx_capacity = 3000,
+                        .approx_ttl_ns = 5000};
+    ASSERT_OK(kvp_index_create(&o, NULL, &ix[v]));
+    for (uint32_t w = 0; w < 8; w++)
+      ASSERT_OK(kvp_index_worker_add(ix[v], w));
+  }
+  kvp__index_set_record_prefetch(ix[1], false);
+  static kvp_key ch[16][300];
+  for (int c = 0; c < 16; c++) /* 4 families: the first 40 keys shared */
+    for (int i = 0; i < 300; i++)
+      ch[c][i] = K(i < 40 ? 100000u * (unsigned)(c % 4) + (unsigned)i
+                          : 1000000u * (unsigned)(c + 1) + (unsigned)i);
+  kvp_index_match m[2][MAXM];
+  for (uint64_t t = 1; t < 4000; t++) {
+    int c = (int)kvt_rand_below(16);
+    size_t n = 1 + kvt_rand_below(300);
+    uint32_t w = (uint32_t)kvt_rand_below(8);
+    bool pend = kvt_rand_below(4) == 0;
+    int r0 = pend ? kvp_index_record_pending(ix[0], w, ch[c], n, t * 10, 700)
+                  : kvp_index_record_routed(ix[0], w, ch[c], n, t * 10);
+    int r1 = pend ? kvp_index_record_pending(ix[1], w, ch[c], n, t * 10, 700)
+                  : kvp_index_record_routed(ix[1], w, ch[c], n, t * 10);
+    ASSERT_EQ(r0, r1);
+    int q = (int)kvt_rand_below(16);
+    int a = kvp_index_query(ix[0], ch[q], 300, t * 10 + 5, m[0], MAXM);
+    int b = kvp_index_query(ix[1], ch[q], 300, t * 10 + 5, m[1], MAXM);
+    ASSERT_EQ(a, b);
+    ASSERT_TRUE(a >= 0);
+    ASSERT_MEM_EQ(m[0], m[1], (size_t)a * sizeof m[0][0]);
+  }
+  kvp_index_stats s0, s1;
+  ASSERT_OK(kvp_index_stats_get(ix[0], &s0));
+  ASSERT_OK(kvp_index_stats_get(ix[1], &s1));
+  ASSERT_EQ(s0.routed, s1.routed);
+  ASSERT_EQ(s0.routed_evicted, s1.routed_evicted);
+  ASSERT_GT(s0.routed_evicted, 0u); /* the capacity was reached */
+  for (int v = 0; v < 2; v++) {
+    ASSERT_OK(kvp__index_verify(ix[v]));
+    kvp_index_destroy(ix[v]);
+  }
+}
+
 /* ---- bad input
  * -------------------------------------------------------------------- */
 
@@ -1929,7 +1979,8 @@ TEST_MAIN(TEST_ENTRY(prefetch_changes_nothing), TEST_ENTRY(long_probes_fast),
           TEST_ENTRY(worker_ids_across_groups), TEST_ENTRY(gap_and_resync),
           TEST_ENTRY(resync_keeps_common_keys),
           TEST_ENTRY(digest_equality_and_divergence), TEST_ENTRY(approx_ttl), TEST_ENTRY(approx_pending_life),
-          TEST_ENTRY(approx_lru_cap), TEST_ENTRY(seen_prefix), TEST_ENTRY(bad_input),
+          TEST_ENTRY(approx_lru_cap), TEST_ENTRY(approx_prefetch_changes_nothing),
+          TEST_ENTRY(seen_prefix), TEST_ENTRY(bad_input),
           TEST_ENTRY(allocator_accounting), TEST_ENTRY(out_of_memory),
           TEST_ENTRY(paths_agree_with_model),
           TEST_ENTRY(many_holders_spill_and_shrink),

@@ -218,6 +218,101 @@ TEST(random_bodies_match_jansson) {
   ASSERT_GT(took, 19000u); /* the generator makes valid bodies */
 }
 
+/* ---- the wide id scan against the byte scan and jansson --------------------
+ * Long arrays (the 64-byte scan needs 80 bytes ahead) with every separator
+ * JSON allows, ids of 1-11 digits, and now and then a leading zero, an id
+ * past 2^31 (in about one body in four), a stray byte or a cut: both scans give jansson's answer. */
+static size_t gen_long(char *b, size_t cap, size_t *n_ids, bool *plain) {
+  static const char *const sep[] = {",", ",", ",", ", ", " , ", ",\n  ",
+                                    ",\t"};
+  size_t n = (size_t)sprintf(b, "{\"model\":\"m\",\"prompt\":[");
+  size_t ids = 1 + kvt_rand_below(kvt_rand_below(2) ? 64 : 3000);
+  unsigned style = (unsigned)kvt_rand_below(3); /* 0: ",", 1: mixed, 2: ", " */
+  *plain = true;
+  for (size_t i = 0; i < ids && n + 64 < cap; i++) {
+    if (i > 0) {
+      const char *s = style == 0 ? ","
+                      : style == 2 ? ", "
+                                   : sep[kvt_rand_below(7)];
+      n += (size_t)sprintf(b + n, "%s", s);
+    }
+    uint64_t v = kvt_rand_below(5) == 0 ? kvt_rand_below(10)
+                                        : kvt_rand_below(200000);
+    if (kvt_rand_below(ids * 6) == 0) /* ~1 body in 6 has one */
+      v = (uint64_t)INT32_MAX + kvt_rand_below(3) - 1; /* 2^31 - 2 .. 2^31 */
+    if (kvt_rand_below(ids * 12) == 0)
+      v = 10000000000ull + kvt_rand_below(1000); /* 11 digits */
+    if (kvt_rand_below(ids * 12) == 0)
+      b[n++] = '0', *plain = false; /* a leading zero */
+    n += (size_t)sprintf(b + n, "%llu", (unsigned long long)v);
+    *plain = *plain && v <= INT32_MAX;
+  }
+  n += (size_t)sprintf(b + n, "]%s,\"max_tokens\":1}",
+                       kvt_rand_below(2) ? " " : "");
+  *n_ids = ids;
+  return n;
+}
+
+static void parse_both(const char *b, size_t n) {
+  rd_req r1, r2;
+  rd_req_err e1, e2;
+  rd_req_wide_scan = true;
+  int a = rd_req_parse(RD_COMPLETIONS, b, n, &r1, &e1);
+  rd_req_wide_scan = false;
+  int c = rd_req_parse(RD_COMPLETIONS, b, n, &r2, &e2);
+  rd_req_wide_scan = true;
+  ASSERT_EQ(a, c);
+  if (a == 0) {
+    ASSERT_EQ(r1.n_tokens, r2.n_tokens);
+    ASSERT_EQ(r1.tokens == NULL, r2.tokens == NULL);
+    if (r1.tokens)
+      ASSERT_MEM_EQ(r1.tokens, r2.tokens, r1.n_tokens * sizeof *r1.tokens);
+    rd_req_free(&r1);
+    rd_req_free(&r2);
+  }
+}
+
+TEST(wide_scan_matches_byte_scan) {
+  static char b[64 << 10];
+  static uint32_t t[64 << 10], want[64 << 10];
+  size_t plain_n = 0;
+  for (int it = 0; it < 3000; it++) {
+    size_t n_ids, nw = 0;
+    bool plain;
+    size_t n = gen_long(b, sizeof b - 64, &n_ids, &plain);
+    /* jansson's ids; then the wide scan alone from the first id */
+    json_t *o = json_loadb(b, n, 0, NULL), *p = json_object_get(o, "prompt");
+    if (plain)
+      ASSERT_NOT_NULL(o);
+    for (size_t i = 0; plain && i < json_array_size(p); i++)
+      want[nw++] = (uint32_t)json_integer_value(json_array_get(p, i));
+    json_decref(o);
+    size_t at = (size_t)(strchr(b, '[') - b) + 1, k = 0, end = 0;
+    size_t go = rd_ids_wide(b, at, n, t, &k, sizeof t / sizeof *t, &end);
+    if (plain) { /* what it read is jansson's, and it read all but the tail
+                    (the 64-byte scan stops 80 bytes before the end) */
+      ASSERT_TRUE(end != 0 || go != 0);
+      ASSERT_TRUE(end != 0 ? k == nw : k <= nw);
+      ASSERT_MEM_EQ(t, want, k * sizeof *t);
+      if (end != 0)
+        ASSERT_EQ(b[end - 1], ']');
+      ASSERT_TRUE(end != 0 || go + 100 >= n);
+      plain_n += n_ids > 64;
+    }
+    parse_both(b, n);
+    for (int m = 0; m < 3; m++) { /* a stray byte, or the body cut */
+      static const char alpha[] = "{}[],:\" \\0123-.e\n";
+      size_t pos = kvt_rand_below(n);
+      char save = b[pos];
+      b[pos] = alpha[kvt_rand_below(sizeof alpha - 1)];
+      parse_both(b, n);
+      b[pos] = save;
+      parse_both(b, pos);
+    }
+  }
+  ASSERT_GT(plain_n, 500u); /* the generator makes long plain arrays */
+}
+
 /* The derived cache salt: no client-chosen (tenant, salt) pair collides
  * with another, none names another tenant's salt, and every salt is made
  * of the characters vLLM takes, at most 128 of them. */
@@ -341,4 +436,5 @@ TEST_MAIN(TEST_ENTRY(salt_cannot_collide_or_be_forged),
           TEST_ENTRY(salt_spliced_not_reserialised),
           TEST_ENTRY(fast_path_reads_ids), TEST_ENTRY(fast_path_rejects_as_jansson),
           TEST_ENTRY(random_bodies_match_jansson), TEST_ENTRY(nul_bytes_rejected),
+          TEST_ENTRY(wide_scan_matches_byte_scan),
           TEST_ENTRY(scrape_reads_vllm_metrics))

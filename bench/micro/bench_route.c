@@ -315,6 +315,96 @@ static void report(const paths *p) {
          p->agree == o->reps ? "" : "  DISAGREE");
 }
 
+/* ---- approximate mode: recording where a chain was routed ---------------
+ * Without KV events (kvplane-routerd in front of workers that publish none)
+ * every decision records the chosen worker for each block of the prompt
+ * (kvp_index_record_routed): 2,048 keys for a 32K-token prompt.  Timed on
+ * an approximate index of ~2M routing records, kvplane's prefetching
+ * record against the same code with prefetching off (the baseline),
+ * alternating request by request; both must leave the same answers. */
+typedef struct approx_run {
+  kvp_index *ix;
+  const opts *o;
+  kvp_key *keys;  /* chains, PROMPT_TOKENS / BS keys each */
+  uint32_t chains;
+  kvp_hist *h[2]; /* [0] prefetch on, [1] off */
+  uint64_t now;
+} approx_run;
+
+static void approx_chain(const approx_run *a, uint32_t c, kvp_key *k) {
+  for (uint32_t i = 0; i < PROMPT_TOKENS / BS; i++) /* chained, distinct */
+    k[i] = (kvp_key){.hi = mix64(c + 1),
+                     .lo = mix64(a->o->seed ^ ((uint64_t)c << 32 | i))};
+}
+
+static void approx_measure(const opts *o) {
+  const uint32_t nb = PROMPT_TOKENS / BS;
+  approx_run a = {.o = o, .chains = o->quick ? 16 : 1024};
+  kvp_index_opts io = {0};
+  io.max_workers = o->workers;
+  io.approx_capacity = (uint64_t)a.chains * nb + nb;
+  io.approx_ttl_ns = 3600ull * 1000000000ull;
+  int rc = kvp_index_create(&io, NULL, &a.ix);
+  if (rc < 0)
+    bench_die("kvp_index_create (approximate)", rc);
+  for (uint32_t i = 0; i < o->workers; i++)
+    if ((rc = kvp_index_worker_add(a.ix, i)) < 0)
+      bench_die("kvp_index_worker_add", rc);
+  a.keys = bench_calloc((size_t)a.chains * nb, sizeof *a.keys);
+  uint64_t t0 = kvp_now_ns();
+  for (uint32_t c = 0; c < a.chains; c++) {
+    approx_chain(&a, c, a.keys + (size_t)c * nb);
+    rc = kvp_index_record_routed(a.ix, c % o->workers, a.keys + (size_t)c * nb,
+                                 nb, ++a.now);
+    if (rc < 0)
+      bench_die("kvp_index_record_routed", rc);
+  }
+  printf("\napproximate mode (no KV events): %u chains of %u keys routed "
+         "over %u workers (%.1f s)\n",
+         a.chains, nb, o->workers, bench_secs_since(t0));
+  a.h[0] = bench_hist(), a.h[1] = bench_hist();
+  int reps = o->quick ? 40 : o->reps, warm = reps / 10 + 1;
+  for (int r = -warm; r < reps; r++) { /* a returning prompt: a refresh */
+    uint32_t c = (uint32_t)(mix64(o->seed + (uint64_t)r + 77) % a.chains);
+    int off = (r & 1);
+    kvp__index_set_record_prefetch(a.ix, !off);
+    uint64_t s = kvp_now_ns();
+    rc = kvp_index_record_routed(a.ix, c % o->workers,
+                                 a.keys + (size_t)c * nb, nb, ++a.now);
+    uint64_t e = kvp_now_ns();
+    if (rc != 0) /* every key was there: none created */
+      bench_die("kvp_index_record_routed (refresh)", rc < 0 ? rc : KVP_EIO);
+    if (r >= 0)
+      kvp_hist_record(a.h[off], e - s);
+  }
+  kvp__index_set_record_prefetch(a.ix, true);
+  /* the same answers: every chain still matches in full on its worker */
+  int agree = 0, checks = o->quick ? 16 : 64;
+  kvp_index_match m[4];
+  for (int i = 0; i < checks; i++) {
+    uint32_t c = (uint32_t)(mix64(o->seed + (uint64_t)i + 5) % a.chains);
+    int n = kvp_index_query(a.ix, a.keys + (size_t)c * nb, nb, ++a.now, m, 4);
+    agree += n >= 1 && m[0].worker == c % o->workers &&
+             m[0].prefix_blocks == nb;
+  }
+  bench_table_head(&table, "   (us)");
+  bench_row_hist(&table, "record 2,048 (prefetch)", a.h[0]);
+  bench_row_hist(&table, "record 2,048 (baseline)", a.h[1]);
+  kvp_hist_summary x, y;
+  kvp_hist_summarize(a.h[0], &x);
+  kvp_hist_summarize(a.h[1], &y);
+  printf("  baseline / prefetch: p50 %.2fx, p99 %.2fx\n",
+         (double)y.p50 / x.p50, (double)y.p99 / x.p99);
+  printf("  chains found whole on their worker after: %d / %d%s\n", agree,
+         checks, agree == checks ? "" : "  WRONG");
+  kvp_hist_destroy(a.h[0]);
+  kvp_hist_destroy(a.h[1]);
+  free(a.keys);
+  kvp_index_destroy(a.ix);
+  if (agree != checks)
+    exit(1);
+}
+
 /* ---- driver -------------------------------------------------------------- */
 static int parse(int argc, char **argv, opts *o) {
   *o = (opts){64, 10000000, 3000, 0, 1, false};
@@ -394,6 +484,7 @@ int main(int argc, char **argv) {
     agree += p.agree, total += o.reps;
   }
   paths_free(&p);
+  approx_measure(&o);
   kvp_index_destroy(w.ix);
   kvp_hasher_destroy(w.h);
   bench_sets_free(w.sets, o.workers);

@@ -29,7 +29,9 @@
 #include <event2/bufferevent.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 
 typedef void (*gone_cb)(struct evhttp_connection *, void *);
 
@@ -41,6 +43,7 @@ typedef struct guard_fd {
   double since; /* the request now arriving began; 0 none */
   bool busy;    /* it arrived whole: being answered */
   bool refused; /* over max_connections: 503 sent, closing */
+  bool ahead;   /* read_ahead is adding to its input (no recursion) */
 } guard_fd;
 
 struct rd_guard {
@@ -88,16 +91,54 @@ static guard_fd *slot_of_conn(rd_guard *g, struct evhttp_connection *cn) {
   return s && s->cn == cn ? s : NULL;
 }
 
+/* libevent 2.1 reads a socket at most 4 KiB a loop pass (EVBUFFER_MAX_READ
+ * in evbuffer_read): a 32K-token prompt's ~220 KB body took ~55 passes,
+ * each an epoll_wait, a FIONREAD ioctl and a readv.  After a read that
+ * filled its 4 KiB, whatever else the socket holds (up to READ_AHEAD) is
+ * read here into the same buffer, in one readv; evhttp then finds it there
+ * as if libevent had read it.  Errors and EOF are left for libevent's next
+ * read to find. */
+#define READ_AHEAD ((size_t)1 << 20)
+
+static void read_ahead(guard_fd *s, struct evbuffer *in, evutil_socket_t fd) {
+  int avail = 0;
+  if (ioctl(fd, FIONREAD, &avail) < 0 || avail <= 0)
+    return;
+  size_t want = (size_t)avail < READ_AHEAD ? (size_t)avail : READ_AHEAD;
+  struct evbuffer_iovec v[2];
+  int nv = evbuffer_reserve_space(in, (ev_ssize_t)want, v, 2);
+  if (nv <= 0)
+    return;
+  struct iovec io[2];
+  for (int i = 0; i < nv; i++)
+    io[i] = (struct iovec){v[i].iov_base, v[i].iov_len};
+  ssize_t r = readv(fd, io, nv);
+  if (r <= 0)
+    return; /* the reservation lapses uncommitted */
+  size_t left = (size_t)r;
+  int nc = 0;
+  for (; nc < nv && left > 0; nc++) {
+    v[nc].iov_len = left < v[nc].iov_len ? left : v[nc].iov_len;
+    left -= v[nc].iov_len;
+  }
+  s->ahead = true; /* committing calls on_input again */
+  evbuffer_commit_space(in, v, nc);
+  s->ahead = false;
+}
+
 static void on_input(struct evbuffer *in, const struct evbuffer_cb_info *info,
                      void *arg) {
-  (void)in;
   struct bufferevent *bev = arg;
   if (info->n_added == 0)
     return;
   rd_guard *g = guard_of(bufferevent_get_base(bev));
   evutil_socket_t fd = bufferevent_getfd(bev);
   guard_fd *s = g ? slot(g, fd) : NULL;
-  if (s == NULL || s->bev != bev || s->busy) /* not admitted: unguarded */
+  if (s == NULL || s->bev != bev) /* not admitted: unguarded */
+    return;
+  if (info->n_added >= 4096 && !s->ahead && !s->refused)
+    read_ahead(s, in, fd);
+  if (s->busy)
     return;
   double now = rd_now();
   if (s->since == 0) {

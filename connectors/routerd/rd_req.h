@@ -51,6 +51,15 @@ size_t rd_json_skip_ws(const char *b, size_t i, size_t n);
 size_t rd_json_skip_str(const char *b, size_t i, size_t n);
 size_t rd_json_skip_value(const char *b, size_t i, size_t n);
 
+/* true (the default): token ids are scanned 64 bytes at a time; false: one
+ * byte at a time (the benchmark's baseline; tests run both).  Same results. */
+extern bool rd_req_wide_scan;
+/* The wide scan itself (tests): ids from b[p] (a number due there) into
+ * t[*k..cap); returns where a byte-by-byte scan would go on, 0 when the
+ * array is not plain ids, and sets *end past ']' when it ended here. */
+size_t rd_ids_wide(const char *b, size_t p, size_t n, uint32_t *t, size_t *k,
+                   size_t cap, size_t *end);
+
 int rd_req_parse(rd_kind kind, const char *body, size_t len, rd_req *out,
                  rd_req_err *err);
 void rd_req_free(rd_req *r);

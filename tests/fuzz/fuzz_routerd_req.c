@@ -58,9 +58,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     return 0;
   rd_kind k = data[0] & 1 ? RD_CHAT : RD_COMPLETIONS;
   const char *body = (const char *)data + 1;
-  rd_req r;
-  rd_req_err e;
-  if (rd_req_parse(k, body, size - 1, &r, &e) == 0) {
+  rd_req r, b;
+  rd_req_err e, be;
+  /* the 64-byte id scan and the byte-by-byte one read alike */
+  rd_req_wide_scan = false;
+  int brc = rd_req_parse(k, body, size - 1, &b, &be);
+  rd_req_wide_scan = true;
+  int rc = rd_req_parse(k, body, size - 1, &r, &e);
+  if (rc != brc || (rc == 0 && (r.n_tokens != b.n_tokens ||
+                                (r.tokens == NULL) != (b.tokens == NULL) ||
+                                (r.tokens && memcmp(r.tokens, b.tokens,
+                                                    r.n_tokens * 4) != 0))))
+    abort();
+  if (brc == 0)
+    rd_req_free(&b);
+  if (rc == 0) {
     check_ok(&r, body, size - 1);
     rd_req_free(&r);
   } else {
