@@ -332,7 +332,7 @@ typedef struct approx_run {
 } approx_run;
 
 static void approx_chain(const approx_run *a, uint32_t c, kvp_key *k) {
-  for (uint32_t i = 0; i < PROMPT_TOKENS / BS; i++) /* chained, distinct */
+  for (uint32_t i = 0; i < PROMPT_TOKENS / BS; i++) /* distinct keys */
     k[i] = (kvp_key){.hi = mix64(c + 1),
                      .lo = mix64(a->o->seed ^ ((uint64_t)c << 32 | i))};
 }

@@ -429,53 +429,42 @@ while time.time() < end:
             break
     except OSError:
         time.sleep(0.05)
+def drip(head, piece, every):
+    """head, then piece every `every` s on one connection until the router
+    closes it (or 4 s pass) -> (closed, seconds taken)"""
+    s = socket.create_connection(("127.0.0.1", port3), timeout=5)
+    s.sendall(head)
+    t0, closed = time.time(), False
+    while time.time() - t0 < 4 and not closed:
+        try:
+            s.sendall(piece)
+            time.sleep(every)
+        except OSError:
+            closed = True
+            break
+        s.setblocking(False)
+        try:
+            closed = s.recv(1024) == b""
+        except BlockingIOError:
+            pass
+        except OSError:
+            closed = True
+        s.setblocking(True)
+    took = time.time() - t0
+    s.close()
+    return closed, took
+
+
 # a byte every 0.2 s: the idle timeout (10 s) never fires, the deadline does
-s = socket.create_connection(("127.0.0.1", port3), timeout=5)
-s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
-t0, closed = time.time(), False
-while time.time() - t0 < 4 and not closed:
-    try:
-        s.sendall(b"X")
-        time.sleep(0.2)
-    except OSError:
-        closed = True
-        break
-    s.setblocking(False)
-    try:
-        closed = s.recv(1024) == b""
-    except BlockingIOError:
-        pass
-    except OSError:
-        closed = True
-    s.setblocking(True)
-took = time.time() - t0
-s.close()
+closed, took = drip(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n", b"X", 0.2)
 check(closed and took < 2.5, "slowloris: cut by client_request_timeout 1s (closed %s after "
       "%.1f s)" % (closed, took))
 check(metric(front3, "kvplane_routerd_client_connections_cut_total") >= 1,
       "the cut connection is counted")
 # the same deadline for a body sent in pieces larger than libevent's 4 KiB
 # reads (the router reads ahead of libevent there): 5,000 bytes every 0.25 s
-s = socket.create_connection(("127.0.0.1", port3), timeout=5)
-s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 400000\r\n\r\n")
-t0, closed = time.time(), False
-while time.time() - t0 < 4 and not closed:
-    try:
-        s.sendall(b"1," * 2500)
-        time.sleep(0.25)
-    except OSError:
-        closed = True
-        break
-    s.setblocking(False)
-    try:
-        closed = s.recv(1024) == b""
-    except BlockingIOError:
-        pass
-    except OSError:
-        closed = True
-    s.setblocking(True)
-took = time.time() - t0
-s.close()
+closed, took = drip(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                    b"Content-Length: 400000\r\n\r\n", b"1," * 2500, 0.25)
 check(closed and took < 2.5, "a body in 5,000-byte pieces: cut by client_request_timeout "
       "1s too (closed %s after %.1f s)" % (closed, took))
 # max_inflight 1: a second request while one waits on the slow worker
